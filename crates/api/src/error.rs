@@ -1,0 +1,230 @@
+//! API errors, rendered as Kubernetes `Status` objects.
+
+use serde_json::{Value, json};
+
+/// One invalid field of an object, as listed in `Status.details.causes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    /// Kubernetes cause type: `FieldValueRequired`, `FieldValueInvalid`, `FieldValueNotSupported`,
+    /// `FieldValueForbidden`, `FieldValueDuplicate`, `FieldValueTooLong`.
+    pub reason: &'static str,
+    /// JSON path of the field, dotted: `spec.template.spec.containers[0].image`.
+    pub field: String,
+    pub message: String,
+}
+
+impl Cause {
+    pub fn new(reason: &'static str, field: impl Into<String>, message: impl Into<String>) -> Self {
+        Cause { reason, field: field.into(), message: message.into() }
+    }
+    pub fn required(field: impl Into<String>) -> Self {
+        Cause::new("FieldValueRequired", field, "Required value")
+    }
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Cause::new("FieldValueInvalid", field, message)
+    }
+    pub fn forbidden(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Cause::new("FieldValueForbidden", field, message)
+    }
+    pub fn not_supported(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Cause::new("FieldValueNotSupported", field, message)
+    }
+}
+
+/// What an API call can fail with; each variant maps to one HTTP code and `Status.reason`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    NotFound { kind: String, name: String, message: String },
+    #[error("{message}")]
+    AlreadyExists { kind: String, name: String, message: String },
+    #[error("{message}")]
+    Conflict { kind: String, name: String, message: String },
+    #[error("{message}")]
+    Invalid { kind: String, name: String, message: String, causes: Vec<Cause> },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Expired(String),
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
+    RequestEntityTooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("{0}")]
+    NotAcceptable(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    ServiceUnavailable(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// `pods "web-0" not found`, the way Kubernetes phrases it.
+    pub fn not_found(plural: &str, name: &str) -> Self {
+        ApiError::NotFound { kind: plural.into(), name: name.into(), message: format!("{plural} \"{name}\" not found") }
+    }
+    pub fn already_exists(plural: &str, name: &str) -> Self {
+        ApiError::AlreadyExists {
+            kind: plural.into(),
+            name: name.into(),
+            message: format!("{plural} \"{name}\" already exists"),
+        }
+    }
+    pub fn conflict(plural: &str, name: &str, why: &str) -> Self {
+        ApiError::Conflict {
+            kind: plural.into(),
+            name: name.into(),
+            message: format!("Operation cannot be fulfilled on {plural} \"{name}\": {why}"),
+        }
+    }
+    /// `Deployment.apps "web" is invalid: spec.replicas: Invalid value: -1: must be >= 0`.
+    pub fn invalid(kind: &str, name: &str, causes: Vec<Cause>) -> Self {
+        let details: Vec<String> = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
+        ApiError::Invalid {
+            kind: kind.into(),
+            name: name.into(),
+            message: format!("{kind} \"{name}\" is invalid: {}", details.join(", ")),
+            causes,
+        }
+    }
+
+    pub fn code(&self) -> u16 {
+        match self {
+            ApiError::NotFound { .. } => 404,
+            ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } => 409,
+            ApiError::Invalid { .. } => 422,
+            ApiError::BadRequest(_) => 400,
+            ApiError::Expired(_) => 410,
+            ApiError::MethodNotAllowed(_) => 405,
+            ApiError::RequestEntityTooLarge(_) => 413,
+            ApiError::UnsupportedMediaType(_) => 415,
+            ApiError::NotAcceptable(_) => 406,
+            ApiError::Forbidden(_) => 403,
+            ApiError::ServiceUnavailable(_) => 503,
+            ApiError::Internal(_) => 500,
+        }
+    }
+
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ApiError::NotFound { .. } => "NotFound",
+            ApiError::AlreadyExists { .. } => "AlreadyExists",
+            ApiError::Conflict { .. } => "Conflict",
+            ApiError::Invalid { .. } => "Invalid",
+            ApiError::BadRequest(_) => "BadRequest",
+            ApiError::Expired(_) => "Expired",
+            ApiError::MethodNotAllowed(_) => "MethodNotAllowed",
+            ApiError::RequestEntityTooLarge(_) => "RequestEntityTooLarge",
+            ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
+            ApiError::NotAcceptable(_) => "NotAcceptable",
+            ApiError::Forbidden(_) => "Forbidden",
+            ApiError::ServiceUnavailable(_) => "ServiceUnavailable",
+            ApiError::Internal(_) => "InternalError",
+        }
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ApiError::NotFound { .. })
+    }
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, ApiError::Conflict { .. })
+    }
+    pub fn is_already_exists(&self) -> bool {
+        matches!(self, ApiError::AlreadyExists { .. })
+    }
+
+    /// The `Status` object (`kind: Status`, `status: Failure`) a client receives.
+    pub fn to_status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.to_string(),
+            "reason": self.reason(),
+            "code": self.code(),
+        });
+        let details = match self {
+            ApiError::NotFound { kind, name, .. }
+            | ApiError::AlreadyExists { kind, name, .. }
+            | ApiError::Conflict { kind, name, .. } => Some(json!({ "name": name, "kind": kind })),
+            ApiError::Invalid { kind, name, causes, .. } => Some(json!({
+                "name": name,
+                "kind": kind,
+                "causes": causes.iter().map(|c| json!({
+                    "reason": c.reason, "message": c.message, "field": c.field,
+                })).collect::<Vec<_>>(),
+            })),
+            _ => None,
+        };
+        if let Some(d) = details {
+            status["details"] = d;
+        }
+        status
+    }
+
+    /// Rebuilds an error from a `Status` object received from a server.
+    pub fn from_status(status: &Value) -> Self {
+        let message = status.get("message").and_then(Value::as_str).unwrap_or("unknown error").to_string();
+        let details = status.get("details");
+        let field = |k: &str| details.and_then(|d| d.get(k)).and_then(Value::as_str).unwrap_or("").to_string();
+        match status.get("reason").and_then(Value::as_str).unwrap_or("") {
+            "NotFound" => ApiError::NotFound { kind: field("kind"), name: field("name"), message },
+            "AlreadyExists" => ApiError::AlreadyExists { kind: field("kind"), name: field("name"), message },
+            "Conflict" => ApiError::Conflict { kind: field("kind"), name: field("name"), message },
+            "Invalid" => {
+                let causes = details
+                    .and_then(|d| d.get("causes"))
+                    .and_then(Value::as_array)
+                    .map(|cs| {
+                        cs.iter()
+                            .map(|c| Cause {
+                                reason: cause_reason(c.get("reason").and_then(Value::as_str).unwrap_or("")),
+                                field: c.get("field").and_then(Value::as_str).unwrap_or("").to_string(),
+                                message: c.get("message").and_then(Value::as_str).unwrap_or("").to_string(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                ApiError::Invalid { kind: field("kind"), name: field("name"), message, causes }
+            }
+            "BadRequest" => ApiError::BadRequest(message),
+            "Expired" | "Gone" => ApiError::Expired(message),
+            "MethodNotAllowed" => ApiError::MethodNotAllowed(message),
+            "RequestEntityTooLarge" => ApiError::RequestEntityTooLarge(message),
+            "Forbidden" => ApiError::Forbidden(message),
+            "ServiceUnavailable" => ApiError::ServiceUnavailable(message),
+            _ => ApiError::Internal(message),
+        }
+    }
+}
+
+fn cause_reason(r: &str) -> &'static str {
+    match r {
+        "FieldValueRequired" => "FieldValueRequired",
+        "FieldValueNotSupported" => "FieldValueNotSupported",
+        "FieldValueForbidden" => "FieldValueForbidden",
+        "FieldValueDuplicate" => "FieldValueDuplicate",
+        "FieldValueTooLong" => "FieldValueTooLong",
+        _ => "FieldValueInvalid",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_status_names_every_field() {
+        let e = ApiError::invalid("Deployment", "web", vec![Cause::invalid("spec.replicas", "must be >= 0")]);
+        let s = e.to_status();
+        assert_eq!(s["code"], 422);
+        assert_eq!(s["reason"], "Invalid");
+        assert_eq!(s["details"]["causes"][0]["field"], "spec.replicas");
+        assert_eq!(ApiError::from_status(&s), e);
+    }
+}
