@@ -1,0 +1,19 @@
+use crate::Revision;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("key {key} not found")]
+    NotFound { key: String },
+    #[error("key {key} already exists")]
+    AlreadyExists { key: String },
+    #[error("key {key} is at revision {actual}, not {expected}")]
+    Conflict { key: String, expected: Revision, actual: Revision },
+    #[error("revision {requested} is older than the retained history (oldest watchable: {oldest})")]
+    Expired { requested: Revision, oldest: Revision },
+    #[error("watcher fell too far behind and was dropped; re-list and watch again")]
+    Lagged,
+    #[error("store is closed")]
+    Closed,
+    #[error("storage backend: {0}")]
+    Backend(String),
+}

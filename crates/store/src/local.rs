@@ -1,0 +1,85 @@
+//! `LocalStore`: the store of one process, in memory or backed by redb.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, RwLock, mpsc};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use crate::durable::{self, Reply};
+use crate::state::{State, Write};
+use crate::{HistoryLimits, KeyValue, ListResult, Revision, Store, StoreError, WatchStream};
+
+/// Reads are served from memory in both backends. Writes either apply at once under the lock
+/// (in-memory: nothing to wait for, so tests on tokio's paused clock see them immediately) or go
+/// through the redb committer, which answers only after the fsync.
+#[derive(Clone)]
+pub struct LocalStore {
+    state: Arc<RwLock<State>>,
+    committer: Option<mpsc::Sender<(Write, Reply)>>,
+}
+
+impl LocalStore {
+    /// A store that lives as long as the process.
+    pub fn in_memory(limits: HistoryLimits) -> Self {
+        LocalStore { state: Arc::new(RwLock::new(State::new(BTreeMap::new(), 0, limits))), committer: None }
+    }
+
+    /// A durable store in the redb file at `path` (created if absent).
+    pub fn open_redb(path: &Path, limits: HistoryLimits) -> Result<Self, StoreError> {
+        let (state, committer) = durable::open(path, limits)?;
+        Ok(LocalStore { state, committer: Some(committer) })
+    }
+
+    async fn write(&self, w: Write) -> Result<KeyValue, StoreError> {
+        match &self.committer {
+            Some(committer) => {
+                let (tx, rx) = oneshot::channel();
+                committer.send((w, tx)).map_err(|_| StoreError::Closed)?;
+                rx.await.map_err(|_| StoreError::Closed)?
+            }
+            None => {
+                let mut state = self.state.write().map_err(|_| StoreError::Closed)?;
+                let event = state.prepare(w, state.revision + 1, &BTreeMap::new())?;
+                let kv = event.kv.clone();
+                state.apply(event);
+                Ok(kv)
+            }
+        }
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&State) -> T) -> Result<T, StoreError> {
+        Ok(f(&*self.state.read().map_err(|_| StoreError::Closed)?))
+    }
+}
+
+#[async_trait]
+impl Store for LocalStore {
+    async fn create(&self, key: &str, value: Bytes) -> Result<KeyValue, StoreError> {
+        self.write(Write::Create { key: key.to_string(), value }).await
+    }
+    async fn update(&self, key: &str, value: Bytes, expected: Option<Revision>) -> Result<KeyValue, StoreError> {
+        self.write(Write::Update { key: key.to_string(), value, expected }).await
+    }
+    async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<KeyValue, StoreError> {
+        self.write(Write::Delete { key: key.to_string(), expected }).await
+    }
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        self.read(|s| s.get(key))
+    }
+    async fn list(&self, prefix: &str, start_after: Option<&str>, limit: Option<usize>) -> Result<ListResult, StoreError> {
+        self.read(|s| s.list(prefix, start_after, limit))
+    }
+    fn count(&self, prefix: &str) -> usize {
+        self.read(|s| s.count(prefix)).unwrap_or(0)
+    }
+    fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream, StoreError> {
+        let (replay, rx) = self.read(|s| s.start_watch(prefix, from))??;
+        Ok(WatchStream::new(prefix.to_string(), from, replay, rx))
+    }
+    fn revision(&self) -> Revision {
+        self.read(|s| s.revision).unwrap_or(0)
+    }
+}

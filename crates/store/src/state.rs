@@ -1,0 +1,168 @@
+//! The in-memory state every backend serves reads from: current values, the revision, and the
+//! bounded history that watches replay.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Bound;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::broadcast;
+
+use crate::{Event, EventKind, KeyValue, ListResult, Revision, StoreError};
+
+/// How much write history is kept for watches to replay.
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryLimits {
+    pub max_events: usize,
+    pub max_age: Duration,
+    /// Events a live watcher may fall behind before it is dropped with `Lagged`.
+    pub watcher_buffer: usize,
+}
+
+impl Default for HistoryLimits {
+    fn default() -> Self {
+        HistoryLimits { max_events: 100_000, max_age: Duration::from_secs(15 * 60), watcher_buffer: 100_000 }
+    }
+}
+
+/// One requested write.
+#[derive(Debug, Clone)]
+pub(crate) enum Write {
+    Create { key: String, value: Bytes },
+    Update { key: String, value: Bytes, expected: Option<Revision> },
+    Delete { key: String, expected: Option<Revision> },
+}
+
+pub(crate) struct State {
+    pub(crate) objects: BTreeMap<String, KeyValue>,
+    pub(crate) revision: Revision,
+    history: VecDeque<(Arc<Event>, Instant)>,
+    /// Smallest `from_revision` a watch can start at: every event after it is still in `history`.
+    watchable_from: Revision,
+    limits: HistoryLimits,
+    pub(crate) events: broadcast::Sender<Arc<Event>>,
+}
+
+impl State {
+    pub(crate) fn new(objects: BTreeMap<String, KeyValue>, revision: Revision, limits: HistoryLimits) -> Self {
+        let (events, _) = broadcast::channel(limits.watcher_buffer.max(1));
+        State { objects, revision, history: VecDeque::new(), watchable_from: revision, limits, events }
+    }
+
+    /// Checks `write` against the current state plus `pending` (writes earlier in the same batch,
+    /// not applied yet) and returns the event it would produce at revision `rev`.
+    pub(crate) fn prepare(
+        &self,
+        write: Write,
+        rev: Revision,
+        pending: &BTreeMap<String, Option<KeyValue>>,
+    ) -> Result<Event, StoreError> {
+        let current = |key: &str| -> Option<KeyValue> {
+            match pending.get(key) {
+                Some(v) => v.clone(),
+                None => self.objects.get(key).cloned(),
+            }
+        };
+        let check = |key: &str, cur: &KeyValue, expected: Option<Revision>| match expected {
+            Some(e) if e != cur.mod_revision => {
+                Err(StoreError::Conflict { key: key.to_string(), expected: e, actual: cur.mod_revision })
+            }
+            _ => Ok(()),
+        };
+        match write {
+            Write::Create { key, value } => {
+                if current(&key).is_some() {
+                    return Err(StoreError::AlreadyExists { key });
+                }
+                let kv = KeyValue { key, value, create_revision: rev, mod_revision: rev };
+                Ok(Event { kind: EventKind::Created, kv, prev: None })
+            }
+            Write::Update { key, value, expected } => {
+                let Some(prev) = current(&key) else { return Err(StoreError::NotFound { key }) };
+                check(&key, &prev, expected)?;
+                let kv = KeyValue { key, value, create_revision: prev.create_revision, mod_revision: rev };
+                Ok(Event { kind: EventKind::Updated, kv, prev: Some(prev) })
+            }
+            Write::Delete { key, expected } => {
+                let Some(prev) = current(&key) else { return Err(StoreError::NotFound { key }) };
+                check(&key, &prev, expected)?;
+                let kv = KeyValue { mod_revision: rev, ..prev.clone() };
+                Ok(Event { kind: EventKind::Deleted, kv, prev: Some(prev) })
+            }
+        }
+    }
+
+    /// Applies a prepared event: updates the objects and revision, records history, notifies
+    /// watchers. Events must be applied in revision order.
+    pub(crate) fn apply(&mut self, event: Event) {
+        debug_assert_eq!(event.revision(), self.revision + 1);
+        self.revision = event.revision();
+        match event.kind {
+            EventKind::Deleted => {
+                self.objects.remove(&event.kv.key);
+            }
+            _ => {
+                self.objects.insert(event.kv.key.clone(), event.kv.clone());
+            }
+        }
+        let event = Arc::new(event);
+        let now = Instant::now();
+        self.history.push_back((event.clone(), now));
+        while let Some((oldest, at)) = self.history.front() {
+            if self.history.len() > self.limits.max_events || now.duration_since(*at) > self.limits.max_age {
+                self.watchable_from = oldest.revision();
+                self.history.pop_front();
+            } else {
+                break;
+            }
+        }
+        // No receivers is fine: nobody is watching.
+        let _ = self.events.send(event);
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<KeyValue> {
+        self.objects.get(key).cloned()
+    }
+
+    pub(crate) fn list(&self, prefix: &str, start_after: Option<&str>, limit: Option<usize>) -> ListResult {
+        let start = match start_after {
+            Some(after) if after >= prefix => Bound::Excluded(after.to_string()),
+            _ => Bound::Included(prefix.to_string()),
+        };
+        let mut items = Vec::new();
+        let mut more = false;
+        for (k, v) in self.objects.range((start, Bound::Unbounded)) {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            if limit.is_some_and(|l| items.len() >= l) {
+                more = true;
+                break;
+            }
+            items.push(v.clone());
+        }
+        ListResult { items, revision: self.revision, more }
+    }
+
+    pub(crate) fn count(&self, prefix: &str) -> usize {
+        self.objects.range(prefix.to_string()..).take_while(|(k, _)| k.starts_with(prefix)).count()
+    }
+
+    /// The retained events after `from` under `prefix`, and a live subscription that continues
+    /// exactly where they end (taken under the same lock, so nothing falls between them).
+    pub(crate) fn start_watch(
+        &self,
+        prefix: &str,
+        from: Revision,
+    ) -> Result<(Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>), StoreError> {
+        if from < self.watchable_from {
+            return Err(StoreError::Expired { requested: from, oldest: self.watchable_from });
+        }
+        let rx = self.events.subscribe();
+        let start = self.history.partition_point(|(e, _)| e.revision() <= from);
+        let replay =
+            self.history.range(start..).filter(|(e, _)| e.kv.key.starts_with(prefix)).map(|(e, _)| e.clone()).collect();
+        Ok((replay, rx))
+    }
+}

@@ -1,0 +1,72 @@
+//! Watch streams: the retained history after a revision, then live events, filtered by prefix.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use futures::stream::BoxStream;
+use tokio::sync::broadcast::{self, error::RecvError};
+
+use crate::{Event, Revision, StoreError};
+
+/// A stream of events under one prefix. Ends with `Err(Lagged)` if the consumer falls further
+/// behind than the store's watcher buffer; writers are never slowed by a watcher.
+pub struct WatchStream {
+    inner: BoxStream<'static, Result<Arc<Event>, StoreError>>,
+}
+
+impl WatchStream {
+    pub(crate) fn new(
+        prefix: String,
+        from: Revision,
+        replay: Vec<Arc<Event>>,
+        rx: broadcast::Receiver<Arc<Event>>,
+    ) -> Self {
+        struct S {
+            prefix: String,
+            last: Revision,
+            replay: VecDeque<Arc<Event>>,
+            rx: broadcast::Receiver<Arc<Event>>,
+            done: bool,
+        }
+        let state = S { prefix, last: from, replay: replay.into(), rx, done: false };
+        let inner = futures::stream::unfold(state, |mut s| async move {
+            if s.done {
+                return None;
+            }
+            if let Some(e) = s.replay.pop_front() {
+                s.last = e.revision();
+                return Some((Ok(e), s));
+            }
+            loop {
+                match s.rx.recv().await {
+                    // Events up to `last` were already replayed from history.
+                    Ok(e) if e.revision() <= s.last => continue,
+                    Ok(e) if !e.kv.key.starts_with(&s.prefix) => continue,
+                    Ok(e) => {
+                        s.last = e.revision();
+                        return Some((Ok(e), s));
+                    }
+                    Err(RecvError::Lagged(_)) => {
+                        s.done = true;
+                        return Some((Err(StoreError::Lagged), s));
+                    }
+                    Err(RecvError::Closed) => {
+                        s.done = true;
+                        return Some((Err(StoreError::Closed), s));
+                    }
+                }
+            }
+        });
+        WatchStream { inner: Box::pin(inner) }
+    }
+}
+
+impl Stream for WatchStream {
+    type Item = Result<Arc<Event>, StoreError>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}

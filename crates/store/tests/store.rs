@@ -1,0 +1,229 @@
+//! Behaviour of both backends, checked the same way.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use proptest::prelude::*;
+use shepherd_store::{EventKind, HistoryLimits, LocalStore, Store, StoreError};
+
+fn backends() -> Vec<(&'static str, LocalStore, Option<tempfile::TempDir>)> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let redb = LocalStore::open_redb(&dir.path().join("s.redb"), HistoryLimits::default()).expect("open");
+    vec![("memory", LocalStore::in_memory(HistoryLimits::default()), None), ("redb", redb, Some(dir))]
+}
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+#[tokio::test]
+async fn stale_revision_is_a_conflict_and_changes_nothing() {
+    for (name, store, _dir) in backends() {
+        let kv = store.create("/a", b("1")).await.expect("create");
+        let kv2 = store.update("/a", b("2"), Some(kv.mod_revision)).await.expect("update");
+        assert!(kv2.mod_revision > kv.mod_revision, "{name}");
+        assert_eq!(kv2.create_revision, kv.create_revision);
+        let err = store.update("/a", b("3"), Some(kv.mod_revision)).await.expect_err("stale update");
+        assert!(matches!(err, StoreError::Conflict { .. }), "{name}: {err}");
+        let err = store.delete("/a", Some(kv.mod_revision)).await.expect_err("stale delete");
+        assert!(matches!(err, StoreError::Conflict { .. }), "{name}: {err}");
+        assert_eq!(store.get("/a").await.expect("get").expect("present").value, b("2"));
+        assert_eq!(store.revision(), kv2.mod_revision, "{name}: rejected writes take no revision");
+        let err = store.create("/a", b("x")).await.expect_err("duplicate create");
+        assert!(matches!(err, StoreError::AlreadyExists { .. }), "{name}");
+        let err = store.update("/missing", b("x"), None).await.expect_err("update missing");
+        assert!(matches!(err, StoreError::NotFound { .. }), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn list_pages_by_prefix_in_key_order() {
+    for (name, store, _dir) in backends() {
+        for k in ["/p/b", "/p/a", "/p/c", "/q/a", "/o/z"] {
+            store.create(k, b(k)).await.expect("create");
+        }
+        let page = store.list("/p/", None, Some(2)).await.expect("list");
+        let keys: Vec<_> = page.items.iter().map(|kv| kv.key.as_str()).collect();
+        assert_eq!(keys, ["/p/a", "/p/b"], "{name}");
+        assert!(page.more);
+        assert_eq!(page.revision, store.revision());
+        let rest = store.list("/p/", Some("/p/b"), Some(2)).await.expect("list");
+        assert_eq!(rest.items.len(), 1);
+        assert!(!rest.more, "{name}");
+        assert_eq!(store.count("/p/"), 3);
+    }
+}
+
+#[tokio::test]
+async fn watch_older_than_history_is_expired() {
+    let limits = HistoryLimits { max_events: 3, ..HistoryLimits::default() };
+    let store = LocalStore::in_memory(limits);
+    for i in 0..10 {
+        store.create(&format!("/k{i}"), b("v")).await.expect("create");
+    }
+    match store.watch("/", 2) {
+        Err(StoreError::Expired { requested: 2, oldest }) => assert_eq!(oldest, 7),
+        other => panic!("expected Expired, got {:?}", other.map(|_| ())),
+    }
+    let mut w = store.watch("/", 7).expect("watch from the oldest retained");
+    let revs: Vec<u64> = (0..3).map(|_| 0).collect::<Vec<_>>();
+    let mut got = Vec::new();
+    for _ in revs {
+        got.push(w.next().await.expect("event").expect("ok").revision());
+    }
+    assert_eq!(got, [8, 9, 10]);
+}
+
+#[tokio::test]
+async fn a_watcher_that_falls_behind_is_dropped_and_writers_go_on() {
+    let limits = HistoryLimits { watcher_buffer: 4, ..HistoryLimits::default() };
+    let store = LocalStore::in_memory(limits);
+    let mut w = store.watch("/", 0).expect("watch");
+    for i in 0..20 {
+        store.create(&format!("/k{i}"), b("v")).await.expect("writers are never blocked by a watcher");
+    }
+    let mut saw_lagged = false;
+    while let Some(e) = w.next().await {
+        if let Err(StoreError::Lagged) = e {
+            saw_lagged = true;
+            break;
+        }
+    }
+    assert!(saw_lagged);
+    assert!(w.next().await.is_none(), "the stream ends after Lagged");
+}
+
+#[tokio::test]
+async fn redb_store_keeps_every_write_across_reopen_and_refuses_a_second_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let rev;
+    {
+        let store = LocalStore::open_redb(&path, HistoryLimits::default()).expect("open");
+        store.create("/a", b("1")).await.expect("create");
+        let kv = store.create("/b", b("2")).await.expect("create");
+        store.delete("/a", None).await.expect("delete");
+        rev = store.revision();
+        assert!(rev > kv.mod_revision);
+        let second = LocalStore::open_redb(&path, HistoryLimits::default());
+        let err = second.err().expect("second open must fail");
+        assert!(err.to_string().contains("already open"), "{err}");
+    }
+    // The committer thread holds the database until its channel closes; give it a moment.
+    let mut reopened = None;
+    for _ in 0..50 {
+        match LocalStore::open_redb(&path, HistoryLimits::default()) {
+            Ok(s) => {
+                reopened = Some(s);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    let store = reopened.expect("reopen");
+    assert_eq!(store.revision(), rev);
+    assert!(store.get("/a").await.expect("get").is_none());
+    let bkv = store.get("/b").await.expect("get").expect("present");
+    assert_eq!(bkv.value, b("2"));
+    let next = store.create("/c", b("3")).await.expect("create");
+    assert_eq!(next.mod_revision, rev + 1, "revisions continue after a restart");
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create(u8),
+    Update(u8),
+    Delete(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![(0u8..8).prop_map(Op::Create), (0u8..8).prop_map(Op::Update), (0u8..8).prop_map(Op::Delete)]
+}
+
+async fn run_concurrently(store: &LocalStore, clients: Vec<Vec<Op>>) -> usize {
+    let store = Arc::new(store.clone());
+    let mut tasks = Vec::new();
+    for ops in clients {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut ok = 0;
+            for op in ops {
+                let r = match op {
+                    Op::Create(k) => store.create(&format!("/k/{k}"), b("c")).await,
+                    Op::Update(k) => {
+                        let cur = store.get(&format!("/k/{k}")).await.ok().flatten();
+                        store.update(&format!("/k/{k}"), b("u"), cur.map(|c| c.mod_revision)).await
+                    }
+                    Op::Delete(k) => store.delete(&format!("/k/{k}"), None).await,
+                };
+                ok += r.is_ok() as usize;
+            }
+            ok
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        ok += t.await.expect("client task");
+    }
+    ok
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Concurrent writers produce one strictly increasing history without holes, and a watch from
+    /// any retained revision replays exactly the writes after it, which rebuild the final state.
+    #[test]
+    fn concurrent_writes_give_a_gapless_history_that_watches_replay(
+        clients in proptest::collection::vec(proptest::collection::vec(op(), 1..20), 1..5),
+        from_frac in 0.0f64..1.0,
+        durable in any::<bool>(),
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+        rt.block_on(async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let store = if durable {
+                LocalStore::open_redb(&dir.path().join("s.redb"), HistoryLimits::default()).expect("open")
+            } else {
+                LocalStore::in_memory(HistoryLimits::default())
+            };
+            let mut all = store.watch("/k/", 0).expect("watch");
+            let ok = run_concurrently(&store, clients).await;
+            let last = store.revision();
+            prop_assert_eq!(last as usize, ok, "every successful write takes exactly one revision");
+
+            let mut events = Vec::new();
+            while events.len() < ok {
+                let e = tokio::time::timeout(Duration::from_secs(5), all.next()).await
+                    .expect("event in time").expect("open").expect("ok");
+                events.push(e);
+            }
+            for (i, e) in events.iter().enumerate() {
+                prop_assert_eq!(e.revision(), i as u64 + 1, "strictly increasing, no gap, no duplicate");
+            }
+
+            // Replaying from a middle revision yields exactly the suffix.
+            let from = (last as f64 * from_frac) as u64;
+            let mut w = store.watch("/k/", from).expect("watch from retained revision");
+            let mut replay = Vec::new();
+            while (replay.len() as u64) < last - from {
+                replay.push(w.next().await.expect("open").expect("ok"));
+            }
+            prop_assert_eq!(replay.iter().map(|e| e.revision()).collect::<Vec<_>>(), (from + 1..=last).collect::<Vec<_>>());
+
+            // Applying the full history rebuilds the store's final contents.
+            let mut model = std::collections::BTreeMap::new();
+            for e in &events {
+                match e.kind {
+                    EventKind::Deleted => { model.remove(&e.kv.key); }
+                    _ => { model.insert(e.kv.key.clone(), e.kv.clone()); }
+                }
+            }
+            let listed = store.list("/k/", None, None).await.expect("list");
+            prop_assert_eq!(listed.items, model.into_values().collect::<Vec<_>>());
+            Ok(())
+        })?;
+    }
+}
