@@ -1,8 +1,13 @@
 //! Shepherd's object model: the kinds it serves, validation and defaulting, label and field
 //! selectors, and API errors as Kubernetes `Status` objects.
 
+pub mod defaults;
 pub mod error;
 pub mod kinds;
+mod quantity;
+pub mod selector;
+pub mod validation;
 
 pub use error::{ApiError, Cause};
 pub use kinds::ResourceInfo;
+pub use selector::{FieldSelector, LabelSelector};

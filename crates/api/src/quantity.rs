@@ -1,0 +1,114 @@
+//! Kubernetes resource quantities (`100m`, `0.5`, `128Mi`, `1e3`), parsed exactly.
+
+/// A quantity as `mantissa * 10^exp10 * 2^exp2`, so `0.1` CPU is exactly 100 millicores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Quantity {
+    negative: bool,
+    mantissa: u128,
+    exp10: i32,
+    exp2: u32,
+}
+
+/// More significant digits than this cannot be scaled without overflowing `i128`.
+const MAX_DIGITS: usize = 30;
+
+impl Quantity {
+    pub(crate) fn parse(s: &str) -> Result<Quantity, String> {
+        let bad = || format!("quantity \"{s}\" must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'");
+        let (negative, body) = match s.as_bytes().first() {
+            Some(b'-') => (true, &s[1..]),
+            Some(b'+') => (false, &s[1..]),
+            _ => (false, s),
+        };
+        let num_len = body.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(body.len());
+        let (number, suffix) = body.split_at(num_len);
+        let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
+        if (int_part.is_empty() && frac_part.is_empty()) || frac_part.contains('.') {
+            return Err(bad());
+        }
+        let (exp10, exp2): (i32, u32) = match suffix {
+            "" => (0, 0),
+            "n" => (-9, 0),
+            "u" => (-6, 0),
+            "m" => (-3, 0),
+            "k" => (3, 0),
+            "M" => (6, 0),
+            "G" => (9, 0),
+            "T" => (12, 0),
+            "P" => (15, 0),
+            "E" => (18, 0),
+            "Ki" => (0, 10),
+            "Mi" => (0, 20),
+            "Gi" => (0, 30),
+            "Ti" => (0, 40),
+            "Pi" => (0, 50),
+            "Ei" => (0, 60),
+            _ => {
+                let exp = suffix.strip_prefix(['e', 'E']).ok_or_else(bad)?;
+                let digits = exp.strip_prefix(['+', '-']).unwrap_or(exp);
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || digits.len() > 4 {
+                    return Err(bad());
+                }
+                (exp.parse::<i32>().map_err(|_| bad())?, 0)
+            }
+        };
+        let digits = format!("{int_part}{frac_part}");
+        let digits = digits.trim_start_matches('0');
+        if digits.len() > MAX_DIGITS {
+            return Err(format!("quantity \"{s}\" has too many significant digits"));
+        }
+        let mantissa = if digits.is_empty() { 0 } else { digits.parse::<u128>().map_err(|_| bad())? };
+        let frac_len = i32::try_from(frac_part.len()).map_err(|_| bad())?;
+        Ok(Quantity { negative, mantissa, exp10: exp10 - frac_len, exp2 })
+    }
+
+    pub(crate) fn is_negative(&self) -> bool {
+        self.negative && self.mantissa != 0
+    }
+
+    pub(crate) fn to_f64(self) -> f64 {
+        let v = self.mantissa as f64 * 10f64.powi(self.exp10) * 2f64.powi(self.exp2 as i32);
+        if self.negative { -v } else { v }
+    }
+
+    /// The value in units of `10^-scale`, rounded up (Kubernetes rounds `0.0001` CPU up to `1m`).
+    pub(crate) fn scaled_ceil(self, scale: i32) -> Result<i128, String> {
+        let too_large = || "quantity is too large".to_string();
+        if self.mantissa == 0 {
+            return Ok(0);
+        }
+        let mut n = i128::try_from(self.mantissa).map_err(|_| too_large())?;
+        n = n.checked_mul(1i128.checked_shl(self.exp2).ok_or_else(too_large)?).ok_or_else(too_large)?;
+        let exp = self.exp10 + scale;
+        let magnitude = if exp >= 0 {
+            let factor = 10i128.checked_pow(u32::try_from(exp).map_err(|_| too_large())?).ok_or_else(too_large)?;
+            n.checked_mul(factor).ok_or_else(too_large)?
+        } else {
+            match 10i128.checked_pow(exp.unsigned_abs()) {
+                // The divisor exceeds any representable mantissa: a positive remainder rounds up to 1.
+                None => 1,
+                Some(div) => n / div + i128::from(n % div != 0),
+            }
+        };
+        Ok(if self.negative { -magnitude } else { magnitude })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fractions_scale_exactly_without_float_rounding() {
+        let q = Quantity::parse("0.1").unwrap();
+        assert_eq!(q.scaled_ceil(3), Ok(100));
+        assert_eq!(Quantity::parse("1.1").unwrap().scaled_ceil(3), Ok(1100));
+    }
+
+    #[test]
+    fn garbage_is_rejected() {
+        for s in ["", ".", "1..2", "abc", "1K", "1 Mi", "1e", "1e+", "Mi", "1.2.3", "--1", "1e99999"] {
+            assert!(Quantity::parse(s).is_err(), "{s:?}");
+        }
+    }
+}

@@ -1,0 +1,981 @@
+//! Object validation: names and metadata, the Kubernetes schema (unknown fields and wrong JSON
+//! types), fields Shepherd does not implement, and per-kind rules; every bad field is reported.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Endpoints, Event, Namespace, Node, Pod, Service};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::{ApiError, Cause};
+use crate::kinds::ResourceInfo;
+use crate::quantity::Quantity;
+use crate::selector::LabelSelector;
+
+/// Where in an object an unsupported field sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// `spec` of a Pod, `spec.template.spec` of a Deployment or ReplicaSet.
+    PodSpec,
+    /// Each entry of a pod spec's `containers`.
+    Container,
+    /// Each entry of a container's `env`.
+    EnvVar,
+    /// A container's `livenessProbe` and `readinessProbe`.
+    Probe,
+    /// `spec` of a Service.
+    ServiceSpec,
+}
+
+/// Real Kubernetes fields Shepherd does not implement (yet): setting one is a 422 rather than a
+/// silently ignored wish. Remove a line when the feature lands.
+const UNSUPPORTED: &[(Scope, &str)] = &[
+    (Scope::PodSpec, "volumes"),
+    (Scope::PodSpec, "initContainers"),
+    (Scope::PodSpec, "ephemeralContainers"),
+    (Scope::PodSpec, "hostNetwork"),
+    (Scope::PodSpec, "hostPID"),
+    (Scope::PodSpec, "hostIPC"),
+    (Scope::PodSpec, "securityContext"),
+    (Scope::PodSpec, "serviceAccountName"),
+    (Scope::PodSpec, "affinity.podAffinity"),
+    (Scope::PodSpec, "affinity.podAntiAffinity"),
+    (Scope::PodSpec, "topologySpreadConstraints"),
+    (Scope::PodSpec, "overhead"),
+    (Scope::PodSpec, "runtimeClassName"),
+    (Scope::PodSpec, "readinessGates"),
+    (Scope::PodSpec, "resourceClaims"),
+    (Scope::PodSpec, "schedulingGates"),
+    (Scope::PodSpec, "dnsConfig"),
+    (Scope::PodSpec, "hostAliases"),
+    (Scope::Container, "volumeMounts"),
+    (Scope::Container, "volumeDevices"),
+    (Scope::Container, "securityContext"),
+    (Scope::Container, "lifecycle"),
+    (Scope::Container, "startupProbe"),
+    (Scope::Container, "envFrom"),
+    (Scope::Container, "resizePolicy"),
+    (Scope::Container, "stdin"),
+    (Scope::Container, "tty"),
+    (Scope::EnvVar, "valueFrom"),
+    (Scope::Probe, "grpc"),
+    (Scope::ServiceSpec, "externalName"),
+    (Scope::ServiceSpec, "loadBalancerIP"),
+];
+
+const NOT_SUPPORTED: &str = "not supported by Shepherd";
+
+/// Total size of all annotation keys and values, as Kubernetes limits it.
+const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
+
+const DNS1123_LABEL_RULE: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or \
+     '-', start and end with an alphanumeric character, and be at most 63 characters";
+const DNS1123_SUBDOMAIN_RULE: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric \
+     characters, '-' or '.', start and end with an alphanumeric character, and be at most 253 characters";
+const QUALIFIED_NAME_RULE: &str = "a qualified name must consist of alphanumeric characters, '-', '_' or '.', start \
+     and end with an alphanumeric character, be at most 63 characters, with an optional DNS subdomain prefix and '/' \
+     (e.g. 'example.com/MyName')";
+const LABEL_VALUE_RULE: &str = "a valid label value must be an empty string or consist of alphanumeric characters, \
+     '-', '_' or '.', start and end with an alphanumeric character, and be at most 63 characters";
+const PORT_NAME_RULE: &str = "a port name must be at most 15 lower case alphanumeric characters or '-', contain at \
+     least one letter, start and end with an alphanumeric character, and not contain '--'";
+const PORT_RANGE_RULE: &str = "must be between 1 and 65535, inclusive";
+
+const POD_UPDATE_RULE: &str = "pod updates may not change fields other than `spec.containers[*].image`, \
+     `spec.activeDeadlineSeconds` and `spec.tolerations` (only additions to existing tolerations); \
+     `spec.nodeName` is set through the binding subresource";
+
+// ---------------------------------------------------------------------------------------------
+// Name validators
+// ---------------------------------------------------------------------------------------------
+
+fn is_lower_alnum(c: u8) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit()
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters: namespace and service names.
+pub fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|&c| is_lower_alnum(c) || c == b'-')
+        && is_lower_alnum(b[0])
+        && is_lower_alnum(b[b.len() - 1])
+}
+
+/// Dot-separated DNS-1123 labels, at most 253 characters: most object names.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(|part| {
+        let b = part.as_bytes();
+        !b.is_empty()
+            && b.iter().all(|&c| is_lower_alnum(c) || c == b'-')
+            && is_lower_alnum(b[0])
+            && is_lower_alnum(b[b.len() - 1])
+    })
+}
+
+/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]` up to 63 characters, possibly empty.
+fn is_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() <= 63
+        && (b.is_empty()
+            || (b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+                && b.iter().all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))))
+}
+
+/// A label or annotation key: `name` or `prefix/name`, where the prefix is a DNS-1123 subdomain
+/// and the name is 1 to 63 alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.
+pub fn is_qualified_name(s: &str) -> bool {
+    let (prefix, name) = match s.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    !name.is_empty() && is_name_part(name) && prefix.is_none_or(is_dns1123_subdomain)
+}
+
+/// A label value: empty, or up to 63 alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.
+pub fn is_label_value(s: &str) -> bool {
+    is_name_part(s)
+}
+
+/// An IANA service name, as container port names must be (`http`, `metrics-1`).
+fn is_port_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 15
+        && b.iter().all(|&c| is_lower_alnum(c) || c == b'-')
+        && b.iter().any(u8::is_ascii_lowercase)
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+        && !s.contains("--")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantities
+// ---------------------------------------------------------------------------------------------
+
+/// Parses a Kubernetes quantity (`100m`, `1.5`, `128Mi`, `1G`, `1e3`) to its numeric value.
+pub fn parse_quantity(s: &str) -> Result<f64, String> {
+    let v = Quantity::parse(s)?.to_f64();
+    if v.is_finite() { Ok(v) } else { Err(format!("quantity \"{s}\" is too large")) }
+}
+
+/// A CPU quantity in millicores, rounded up (`0.5` and `500m` are 500); negatives are an error.
+pub fn cpu_millis(s: &str) -> Result<i64, String> {
+    non_negative_scaled(s, 3)
+}
+
+/// A memory quantity in bytes, rounded up (`128Mi` is 134217728, `1G` is 10^9); negatives are an error.
+pub fn memory_bytes(s: &str) -> Result<i64, String> {
+    non_negative_scaled(s, 0)
+}
+
+fn non_negative_scaled(s: &str, scale: i32) -> Result<i64, String> {
+    let q = Quantity::parse(s)?;
+    if q.is_negative() {
+        return Err("must be greater than or equal to 0".into());
+    }
+    let v = q.scaled_ceil(scale)?;
+    i64::try_from(v).map_err(|_| format!("quantity \"{s}\" is too large"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+// ---------------------------------------------------------------------------------------------
+
+/// Validates an object of kind `res` as sent by a client, after defaulting.
+pub fn validate(res: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
+    let causes = causes_for(res, obj);
+    finish(res, obj, causes)
+}
+
+/// Validates `new` as a replacement for the stored `old`: everything [`validate`] checks, plus the
+/// fields that may not change after creation.
+pub fn validate_update(res: &ResourceInfo, old: &Value, new: &Value) -> Result<(), ApiError> {
+    let mut c = causes_for(res, new);
+    for field in ["name", "namespace", "uid", "creationTimestamp"] {
+        let path = format!("metadata.{field}");
+        let sent = str_at(new, &path).unwrap_or("");
+        let stored = str_at(old, &path).unwrap_or("");
+        if !sent.is_empty() && sent != stored {
+            c.push(Cause::invalid(path, format!("Invalid value: \"{sent}\": field is immutable")));
+        }
+    }
+    match res.kind {
+        "Deployment" | "ReplicaSet" => {
+            if let (Some(o), Some(n)) = (at(old, "spec.selector"), at(new, "spec.selector")) {
+                let same = match (LabelSelector::from_k8s(o), LabelSelector::from_k8s(n)) {
+                    (Ok(a), Ok(b)) => a == b,
+                    _ => strip_nulls(o) == strip_nulls(n),
+                };
+                if !same {
+                    c.push(Cause::invalid("spec.selector", format!("Invalid value: {}: field is immutable", n)));
+                }
+            }
+        }
+        "Pod" => {
+            if let (Some(o), Some(n)) = (at(old, "spec"), at(new, "spec"))
+                && !pod_spec_update_allowed(o, n)
+            {
+                c.push(Cause::forbidden("spec", POD_UPDATE_RULE));
+            }
+        }
+        "Service" => {
+            let stored = str_at(old, "spec.clusterIP").unwrap_or("");
+            let sent = str_at(new, "spec.clusterIP").unwrap_or("");
+            if !stored.is_empty() && !sent.is_empty() && sent != stored {
+                c.push(Cause::invalid("spec.clusterIP", format!("Invalid value: \"{sent}\": field is immutable")));
+            }
+        }
+        _ => {}
+    }
+    finish(res, new, c)
+}
+
+fn finish(res: &ResourceInfo, obj: &Value, causes: Vec<Cause>) -> Result<(), ApiError> {
+    if causes.is_empty() {
+        return Ok(());
+    }
+    let name = str_at(obj, "metadata.name")
+        .filter(|n| !n.is_empty())
+        .or_else(|| str_at(obj, "metadata.generateName"))
+        .unwrap_or("");
+    Err(ApiError::invalid(res.kind, name, causes))
+}
+
+fn causes_for(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
+    let mut c = Vec::new();
+    if !obj.is_object() {
+        c.push(Cause::invalid("", "an object must be a JSON object"));
+        return c;
+    }
+    validate_metadata(res, obj, &mut c);
+    check_schema(res, obj, &mut c);
+    match res.kind {
+        "Pod" => {
+            check_unsupported_in_pod_spec(obj.get("spec"), "spec", &mut c);
+            validate_pod_spec(obj.get("spec"), "spec", &mut c);
+        }
+        "Deployment" | "ReplicaSet" => {
+            check_unsupported_in_pod_spec(at(obj, "spec.template.spec"), "spec.template.spec", &mut c);
+            validate_workload(res, obj, &mut c);
+        }
+        "Service" => {
+            check_unsupported(Scope::ServiceSpec, obj.get("spec"), "spec", &mut c);
+            validate_service(obj, &mut c);
+        }
+        "Endpoints" => validate_endpoints(obj, &mut c),
+        _ => {}
+    }
+    c
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON helpers
+// ---------------------------------------------------------------------------------------------
+
+/// The non-null value at a dotted path.
+fn at<'a>(v: &'a Value, dotted: &str) -> Option<&'a Value> {
+    dotted.split('.').try_fold(v, |v, k| v.get(k)).filter(|v| !v.is_null())
+}
+
+fn str_at<'a>(v: &'a Value, dotted: &str) -> Option<&'a str> {
+    at(v, dotted).and_then(Value::as_str)
+}
+
+fn int_at(v: &Value, dotted: &str) -> Option<i64> {
+    at(v, dotted).and_then(Value::as_i64)
+}
+
+fn join(base: &str, key: &str) -> String {
+    if base.is_empty() { key.to_string() } else { format!("{base}.{key}") }
+}
+
+fn strip_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(m.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), strip_nulls(v))).collect()),
+        Value::Array(a) => Value::Array(a.iter().map(strip_nulls).collect()),
+        other => other.clone(),
+    }
+}
+
+fn invalid_value(field: impl Into<String>, value: &Value, why: &str) -> Cause {
+    Cause::invalid(field, format!("Invalid value: {value}: {why}"))
+}
+
+fn unsupported_value(field: impl Into<String>, value: &str, supported: &[&str]) -> Cause {
+    let list: Vec<String> = supported.iter().map(|s| format!("\"{s}\"")).collect();
+    Cause::not_supported(field, format!("Unsupported value: \"{value}\": supported values: {}", list.join(", ")))
+}
+
+fn check_one_of(v: &Value, key: &str, base: &str, supported: &[&str], c: &mut Vec<Cause>) {
+    if let Some(s) = str_at(v, key)
+        && !supported.contains(&s)
+    {
+        c.push(unsupported_value(join(base, key), s, supported));
+    }
+}
+
+fn check_min(v: &Value, key: &str, base: &str, min: i64, c: &mut Vec<Cause>) {
+    if let Some(n) = int_at(v, key)
+        && n < min
+    {
+        c.push(invalid_value(join(base, key), &Value::from(n), &format!("must be greater than or equal to {min}")));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metadata
+// ---------------------------------------------------------------------------------------------
+
+fn validate_metadata(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
+    let meta = obj.get("metadata").unwrap_or(&Value::Null);
+    if !meta.is_object() && !meta.is_null() {
+        return; // the schema check names the type error
+    }
+    let (name_ok, rule): (fn(&str) -> bool, &str) = match res.kind {
+        "Namespace" | "Service" => (is_dns1123_label, DNS1123_LABEL_RULE),
+        _ => (is_dns1123_subdomain, DNS1123_SUBDOMAIN_RULE),
+    };
+    let name = str_at(meta, "name").unwrap_or("");
+    let generate = str_at(meta, "generateName").unwrap_or("");
+    if name.is_empty() {
+        if generate.is_empty() {
+            c.push(Cause::new("FieldValueRequired", "metadata.name", "name or generateName is required"));
+        }
+    } else if !name_ok(name) {
+        c.push(invalid_value("metadata.name", &Value::from(name), rule));
+    }
+    if !generate.is_empty() {
+        // A prefix may end in '-' (`web-`), which a random suffix then follows.
+        let completed = match generate.strip_suffix('-') {
+            Some(stem) => format!("{stem}a"),
+            None => generate.to_string(),
+        };
+        if !name_ok(&completed) {
+            c.push(invalid_value("metadata.generateName", &Value::from(generate), rule));
+        }
+    }
+    if let Some(ns) = str_at(meta, "namespace").filter(|ns| !ns.is_empty()) {
+        if !res.namespaced {
+            c.push(Cause::forbidden("metadata.namespace", format!("not allowed on cluster-scoped {}", res.plural)));
+        } else if !is_dns1123_label(ns) {
+            c.push(invalid_value("metadata.namespace", &Value::from(ns), DNS1123_LABEL_RULE));
+        }
+    }
+    validate_labels(meta.get("labels"), "metadata.labels", c);
+    if let Some(Value::Object(annotations)) = meta.get("annotations") {
+        let mut total = 0;
+        for (k, v) in annotations {
+            total += k.len() + v.as_str().map_or(0, str::len);
+            if !is_qualified_name(k) {
+                c.push(invalid_value("metadata.annotations", &Value::from(k.as_str()), QUALIFIED_NAME_RULE));
+            }
+        }
+        if total > ANNOTATIONS_MAX_BYTES {
+            c.push(Cause::new(
+                "FieldValueTooLong",
+                "metadata.annotations",
+                format!("Too long: may not be more than {ANNOTATIONS_MAX_BYTES} bytes (got {total})"),
+            ));
+        }
+    }
+}
+
+/// A map of label keys to label values (`metadata.labels`, `spec.selector`, `nodeSelector`).
+fn validate_labels(labels: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
+    let Some(Value::Object(labels)) = labels else { return };
+    for (k, v) in labels {
+        if !is_qualified_name(k) {
+            c.push(invalid_value(path, &Value::from(k.as_str()), &format!("label key: {QUALIFIED_NAME_RULE}")));
+        }
+        if let Some(s) = v.as_str()
+            && !is_label_value(s)
+        {
+            c.push(invalid_value(path, v, &format!("value of label \"{k}\": {LABEL_VALUE_RULE}")));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schema: unknown fields and JSON type errors, judged by the k8s-openapi types
+// ---------------------------------------------------------------------------------------------
+
+fn check_schema(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
+    let mut input = obj.clone();
+    if let Some(m) = input.as_object_mut() {
+        // Routing already matched these; a mismatch is the server's business, not a field error.
+        m.remove("apiVersion");
+        m.remove("kind");
+    }
+    let typed = match res.kind {
+        "Pod" => round_trip::<Pod>(&input),
+        "Deployment" => round_trip::<Deployment>(&input),
+        "ReplicaSet" => round_trip::<ReplicaSet>(&input),
+        "Service" => round_trip::<Service>(&input),
+        "Endpoints" => round_trip::<Endpoints>(&input),
+        "Namespace" => round_trip::<Namespace>(&input),
+        "Node" => round_trip::<Node>(&input),
+        "Event" => round_trip::<Event>(&input),
+        "Lease" => round_trip::<Lease>(&input),
+        _ => return,
+    };
+    match typed {
+        Ok(out) => unknown_fields(&input, &out, "", c),
+        Err(cause) => c.push(cause),
+    }
+}
+
+/// Deserializes into the typed form and serializes back; fields the type does not know vanish.
+fn round_trip<T: DeserializeOwned + Serialize>(input: &Value) -> Result<Value, Cause> {
+    let typed: T = serde_path_to_error::deserialize(input.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        Cause::invalid(path, e.inner().to_string())
+    })?;
+    serde_json::to_value(&typed).map_err(|e| Cause::invalid("", e.to_string()))
+}
+
+fn unknown_fields(input: &Value, output: &Value, path: &str, c: &mut Vec<Cause>) {
+    match (input, output) {
+        (Value::Object(i), Value::Object(o)) => {
+            for (k, v) in i {
+                if v.is_null() {
+                    continue;
+                }
+                let p = join(path, k);
+                match o.get(k) {
+                    None | Some(Value::Null) => c.push(Cause::not_supported(p, format!("unknown field \"{k}\""))),
+                    Some(out) => unknown_fields(v, out, &p, c),
+                }
+            }
+        }
+        (Value::Array(i), Value::Array(o)) => {
+            for (n, (iv, ov)) in i.iter().zip(o).enumerate() {
+                unknown_fields(iv, ov, &format!("{path}[{n}]"), c);
+            }
+        }
+        _ => {}
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fields Shepherd does not implement
+// ---------------------------------------------------------------------------------------------
+
+/// A field counts as set when it asks for something: `false`, `""`, `{}` and `[]` are what
+/// `kubectl get -o yaml` prints for "off", and rejecting them would only break round trips.
+fn is_set(v: &Value) -> bool {
+    match v {
+        Value::Null | Value::Bool(false) => false,
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        _ => true,
+    }
+}
+
+fn check_unsupported(scope: Scope, v: Option<&Value>, base: &str, c: &mut Vec<Cause>) {
+    let Some(v) = v else { return };
+    for (_, field) in UNSUPPORTED.iter().filter(|(s, _)| *s == scope) {
+        if at(v, field).is_some_and(is_set) {
+            c.push(Cause::forbidden(join(base, field), NOT_SUPPORTED));
+        }
+    }
+}
+
+fn check_unsupported_in_pod_spec(spec: Option<&Value>, base: &str, c: &mut Vec<Cause>) {
+    let Some(spec) = spec else { return };
+    check_unsupported(Scope::PodSpec, Some(spec), base, c);
+    let Some(Value::Array(containers)) = spec.get("containers") else { return };
+    for (i, ct) in containers.iter().enumerate() {
+        let cp = format!("{base}.containers[{i}]");
+        check_unsupported(Scope::Container, Some(ct), &cp, c);
+        if let Some(Value::Array(env)) = ct.get("env") {
+            for (j, e) in env.iter().enumerate() {
+                check_unsupported(Scope::EnvVar, Some(e), &format!("{cp}.env[{j}]"), c);
+            }
+        }
+        for probe in ["livenessProbe", "readinessProbe"] {
+            check_unsupported(Scope::Probe, ct.get(probe), &join(&cp, probe), c);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pods
+// ---------------------------------------------------------------------------------------------
+
+fn validate_pod_spec(spec: Option<&Value>, p: &str, c: &mut Vec<Cause>) {
+    let Some(spec) = spec.filter(|s| !s.is_null()) else {
+        c.push(Cause::required(p));
+        return;
+    };
+    if !spec.is_object() {
+        return;
+    }
+    match spec.get("containers") {
+        Some(Value::Array(cs)) if !cs.is_empty() => {
+            let mut names = BTreeSet::new();
+            for (i, ct) in cs.iter().enumerate() {
+                validate_container(ct, &format!("{p}.containers[{i}]"), &mut names, c);
+            }
+        }
+        None | Some(Value::Null) | Some(Value::Array(_)) => {
+            c.push(Cause::new("FieldValueRequired", join(p, "containers"), "Required value: at least one container"));
+        }
+        Some(_) => {}
+    }
+    check_one_of(spec, "restartPolicy", p, &["Always", "OnFailure", "Never"], c);
+    check_one_of(spec, "dnsPolicy", p, &["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"], c);
+    check_min(spec, "terminationGracePeriodSeconds", p, 0, c);
+    check_min(spec, "activeDeadlineSeconds", p, 1, c);
+    if let Some(node) = str_at(spec, "nodeName")
+        && !node.is_empty()
+        && !is_dns1123_subdomain(node)
+    {
+        c.push(invalid_value(join(p, "nodeName"), &Value::from(node), DNS1123_SUBDOMAIN_RULE));
+    }
+    validate_labels(spec.get("nodeSelector"), &join(p, "nodeSelector"), c);
+}
+
+fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut Vec<Cause>) {
+    if !ct.is_object() {
+        return;
+    }
+    match str_at(ct, "name").filter(|n| !n.is_empty()) {
+        None => c.push(Cause::required(join(p, "name"))),
+        Some(n) if !is_dns1123_label(n) => c.push(invalid_value(join(p, "name"), &Value::from(n), DNS1123_LABEL_RULE)),
+        Some(n) if !names.insert(n.to_string()) => {
+            c.push(Cause::new("FieldValueDuplicate", join(p, "name"), format!("Duplicate value: \"{n}\"")));
+        }
+        Some(_) => {}
+    }
+    if str_at(ct, "image").is_none_or(|i| i.trim().is_empty()) {
+        c.push(Cause::required(join(p, "image")));
+    }
+    check_one_of(ct, "imagePullPolicy", p, &["Always", "IfNotPresent", "Never"], c);
+    if let Some(Value::Array(ports)) = ct.get("ports") {
+        let mut port_names = BTreeSet::new();
+        for (j, port) in ports.iter().enumerate() {
+            let pp = format!("{p}.ports[{j}]");
+            match port.get("containerPort") {
+                None | Some(Value::Null) => c.push(Cause::required(join(&pp, "containerPort"))),
+                Some(v) => check_port_number(v, &join(&pp, "containerPort"), c),
+            }
+            if let Some(h) = int_at(port, "hostPort")
+                && !(0..=65535).contains(&h)
+            {
+                c.push(invalid_value(join(&pp, "hostPort"), &Value::from(h), PORT_RANGE_RULE));
+            }
+            check_one_of(port, "protocol", &pp, &["TCP", "UDP", "SCTP"], c);
+            if let Some(name) = str_at(port, "name").filter(|n| !n.is_empty()) {
+                if !is_port_name(name) {
+                    c.push(invalid_value(join(&pp, "name"), &Value::from(name), PORT_NAME_RULE));
+                } else if !port_names.insert(name) {
+                    c.push(Cause::new("FieldValueDuplicate", join(&pp, "name"), format!("Duplicate value: \"{name}\"")));
+                }
+            }
+        }
+    }
+    if let Some(Value::Array(env)) = ct.get("env") {
+        for (j, e) in env.iter().enumerate() {
+            if e.is_object() && str_at(e, "name").is_none_or(str::is_empty) {
+                c.push(Cause::required(format!("{p}.env[{j}].name")));
+            }
+        }
+    }
+    if let Some(r) = ct.get("resources") {
+        validate_resources(r, &join(p, "resources"), c);
+    }
+    for (probe, liveness) in [("livenessProbe", true), ("readinessProbe", false)] {
+        if let Some(pr) = at(ct, probe) {
+            validate_probe(pr, &join(p, probe), liveness, c);
+        }
+    }
+}
+
+fn check_port_number(v: &Value, path: &str, c: &mut Vec<Cause>) {
+    if let Some(n) = v.as_i64()
+        && !(1..=65535).contains(&n)
+    {
+        c.push(invalid_value(path, v, PORT_RANGE_RULE));
+    }
+}
+
+/// A port given as a number or as the name of a container port (probes, `targetPort`).
+fn check_port_ref(v: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
+    match v {
+        None | Some(Value::Null) => c.push(Cause::required(path)),
+        Some(Value::String(s)) if !is_port_name(s) => {
+            c.push(invalid_value(path, &Value::from(s.as_str()), &format!("must be a port number or name; {PORT_NAME_RULE}")));
+        }
+        Some(n @ Value::Number(_)) => check_port_number(n, path, c),
+        Some(_) => {}
+    }
+}
+
+fn quantity_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn validate_resources(r: &Value, p: &str, c: &mut Vec<Cause>) {
+    let mut parsed: [BTreeMap<&str, (i128, String)>; 2] = Default::default();
+    for (slot, which) in ["requests", "limits"].into_iter().enumerate() {
+        let Some(Value::Object(m)) = r.get(which) else { continue };
+        for (k, v) in m {
+            let Some(text) = quantity_text(v) else { continue };
+            let value = match k.as_str() {
+                "cpu" => cpu_millis(&text).map(i128::from),
+                "memory" => memory_bytes(&text).map(i128::from),
+                _ => Quantity::parse(&text).and_then(|q| {
+                    if q.is_negative() { Err("must be greater than or equal to 0".into()) } else { q.scaled_ceil(3) }
+                }),
+            };
+            match value {
+                Ok(n) => {
+                    parsed[slot].insert(k.as_str(), (n, text));
+                }
+                Err(e) => c.push(invalid_value(format!("{p}.{which}.{k}"), &Value::from(text), &e)),
+            }
+        }
+    }
+    let [requests, limits] = &parsed;
+    for (k, (req, text)) in requests {
+        if let Some((lim, lim_text)) = limits.get(k)
+            && req > lim
+        {
+            c.push(invalid_value(
+                format!("{p}.requests.{k}"),
+                &Value::from(text.as_str()),
+                &format!("must be less than or equal to {k} limit of {lim_text}"),
+            ));
+        }
+    }
+}
+
+fn validate_probe(pr: &Value, p: &str, liveness: bool, c: &mut Vec<Cause>) {
+    if !pr.is_object() {
+        return;
+    }
+    let handlers: Vec<&str> = ["exec", "httpGet", "tcpSocket", "grpc"].into_iter().filter(|h| at(pr, h).is_some()).collect();
+    match handlers.as_slice() {
+        [] => c.push(Cause::new("FieldValueRequired", p, "must specify a handler type: exec, httpGet or tcpSocket")),
+        [_] => {}
+        [_, extra @ ..] => {
+            for h in extra {
+                c.push(Cause::forbidden(join(p, h), "may not specify more than 1 handler type"));
+            }
+        }
+    }
+    if let Some(exec) = at(pr, "exec")
+        && exec.get("command").and_then(Value::as_array).is_none_or(Vec::is_empty)
+    {
+        c.push(Cause::required(format!("{p}.exec.command")));
+    }
+    if let Some(http) = at(pr, "httpGet") {
+        check_port_ref(http.get("port"), &format!("{p}.httpGet.port"), c);
+        check_one_of(http, "scheme", &join(p, "httpGet"), &["HTTP", "HTTPS"], c);
+    }
+    if let Some(tcp) = at(pr, "tcpSocket") {
+        check_port_ref(tcp.get("port"), &format!("{p}.tcpSocket.port"), c);
+    }
+    check_min(pr, "initialDelaySeconds", p, 0, c);
+    for key in ["timeoutSeconds", "periodSeconds", "successThreshold", "failureThreshold"] {
+        check_min(pr, key, p, 1, c);
+    }
+    if liveness
+        && let Some(n) = int_at(pr, "successThreshold")
+        && n != 1
+    {
+        c.push(invalid_value(join(p, "successThreshold"), &Value::from(n), "must be 1"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deployments and ReplicaSets
+// ---------------------------------------------------------------------------------------------
+
+fn validate_workload(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
+    let Some(spec) = at(obj, "spec") else {
+        c.push(Cause::required("spec"));
+        return;
+    };
+    if !spec.is_object() {
+        return;
+    }
+    let kind = res.kind.to_ascii_lowercase();
+    check_min(spec, "replicas", "spec", 0, c);
+    check_min(spec, "minReadySeconds", "spec", 0, c);
+
+    let selector = match at(spec, "selector") {
+        None => {
+            c.push(Cause::required("spec.selector"));
+            None
+        }
+        Some(sel) => selector_of(sel, "spec.selector", &kind, c),
+    };
+
+    let Some(template) = at(spec, "template") else {
+        c.push(Cause::required("spec.template"));
+        return;
+    };
+    validate_labels(at(template, "metadata.labels"), "spec.template.metadata.labels", c);
+    if let Some(sel) = selector
+        && !sel.matches_object(template)
+    {
+        let labels = at(template, "metadata.labels").cloned().unwrap_or_else(|| Value::Object(Default::default()));
+        c.push(invalid_value("spec.template.metadata.labels", &labels, "`selector` does not match template `labels`"));
+    }
+    validate_pod_spec(template.get("spec"), "spec.template.spec", c);
+    if let Some(rp) = str_at(template, "spec.restartPolicy")
+        && matches!(rp, "OnFailure" | "Never")
+    {
+        c.push(unsupported_value("spec.template.spec.restartPolicy", rp, &["Always"]));
+    }
+
+    if res.kind == "Deployment" {
+        check_min(spec, "revisionHistoryLimit", "spec", 0, c);
+        if let Some(deadline) = int_at(spec, "progressDeadlineSeconds") {
+            let min_ready = int_at(spec, "minReadySeconds").unwrap_or(0);
+            if deadline <= min_ready {
+                c.push(invalid_value(
+                    "spec.progressDeadlineSeconds",
+                    &Value::from(deadline),
+                    "must be greater than minReadySeconds",
+                ));
+            }
+        }
+        if let Some(strategy) = at(spec, "strategy") {
+            validate_strategy(strategy, c);
+        }
+    }
+}
+
+/// Checks a `metav1.LabelSelector` field by field; returns it when it is usable for matching.
+fn selector_of(sel: &Value, p: &str, kind: &str, c: &mut Vec<Cause>) -> Option<LabelSelector> {
+    let Value::Object(fields) = sel else { return None };
+    let before = c.len();
+    validate_labels(fields.get("matchLabels"), &join(p, "matchLabels"), c);
+    if let Some(Value::Array(exprs)) = fields.get("matchExpressions") {
+        for (i, e) in exprs.iter().enumerate() {
+            let ep = format!("{p}.matchExpressions[{i}]");
+            let key = str_at(e, "key").unwrap_or("");
+            if key.is_empty() {
+                c.push(Cause::required(join(&ep, "key")));
+            } else if !is_qualified_name(key) {
+                c.push(invalid_value(join(&ep, "key"), &Value::from(key), QUALIFIED_NAME_RULE));
+            }
+            let values = e.get("values").and_then(Value::as_array).map_or(0, Vec::len);
+            match str_at(e, "operator") {
+                None => c.push(Cause::required(join(&ep, "operator"))),
+                Some("In" | "NotIn") if values == 0 => {
+                    c.push(Cause::new("FieldValueRequired", join(&ep, "values"), "must be specified when `operator` is 'In' or 'NotIn'"));
+                }
+                Some("Exists" | "DoesNotExist") if values > 0 => {
+                    c.push(Cause::forbidden(join(&ep, "values"), "may not be specified when `operator` is 'Exists' or 'DoesNotExist'"));
+                }
+                Some("In" | "NotIn" | "Exists" | "DoesNotExist") => {}
+                Some(op) => c.push(unsupported_value(join(&ep, "operator"), op, &["In", "NotIn", "Exists", "DoesNotExist"])),
+            }
+            if let Some(Value::Array(vs)) = e.get("values") {
+                for v in vs {
+                    if v.as_str().is_some_and(|s| !is_label_value(s)) {
+                        c.push(invalid_value(join(&ep, "values"), v, LABEL_VALUE_RULE));
+                    }
+                }
+            }
+        }
+    }
+    if c.len() > before {
+        return None;
+    }
+    let known = Value::Object(
+        fields.iter().filter(|(k, _)| *k == "matchLabels" || *k == "matchExpressions").map(|(k, v)| (k.clone(), v.clone())).collect(),
+    );
+    let parsed = match LabelSelector::from_k8s(&known) {
+        Ok(s) => s,
+        Err(e) => {
+            c.push(Cause::invalid(p, e.to_string()));
+            return None;
+        }
+    };
+    // A shorthand map (`selector: {app: web}`) is already reported as unknown fields.
+    let only_known = fields.len() == known.as_object().map_or(0, |m| m.len());
+    if parsed.is_empty() && only_known {
+        c.push(Cause::invalid(p, format!("Invalid value: {sel}: empty selector is invalid for {kind}")));
+    }
+    (!parsed.is_empty()).then_some(parsed)
+}
+
+enum Amount {
+    Count(i64),
+    Percent(i64),
+}
+
+fn int_or_percent(v: Option<&Value>, path: &str, c: &mut Vec<Cause>) -> Option<Amount> {
+    let v = v.filter(|v| !v.is_null())?;
+    let amount = match v {
+        Value::Number(n) => n.as_i64().map(Amount::Count),
+        Value::String(s) => s.strip_suffix('%').and_then(|d| d.parse::<u32>().ok()).map(|p| Amount::Percent(i64::from(p))),
+        _ => return None,
+    };
+    match amount {
+        Some(Amount::Count(n)) if n < 0 => {
+            c.push(invalid_value(path, v, "must be greater than or equal to 0"));
+            None
+        }
+        None => {
+            c.push(invalid_value(path, v, "must be an integer or a percentage (e.g. '25%')"));
+            None
+        }
+        some => some,
+    }
+}
+
+fn validate_strategy(strategy: &Value, c: &mut Vec<Cause>) {
+    let ty = str_at(strategy, "type");
+    check_one_of(strategy, "type", "spec.strategy", &["RollingUpdate", "Recreate"], c);
+    let Some(rolling) = at(strategy, "rollingUpdate") else { return };
+    if ty == Some("Recreate") {
+        c.push(Cause::forbidden("spec.strategy.rollingUpdate", "may not be specified when strategy `type` is 'Recreate'"));
+        return;
+    }
+    let surge_path = "spec.strategy.rollingUpdate.maxSurge";
+    let unavailable_path = "spec.strategy.rollingUpdate.maxUnavailable";
+    let surge = int_or_percent(rolling.get("maxSurge"), surge_path, c);
+    let unavailable = int_or_percent(rolling.get("maxUnavailable"), unavailable_path, c);
+    if let Some(Amount::Percent(p)) = unavailable
+        && p > 100
+    {
+        c.push(Cause::invalid(unavailable_path, format!("Invalid value: \"{p}%\": must not be greater than 100%")));
+    }
+    let zero = |a: &Option<Amount>| matches!(a, Some(Amount::Count(0) | Amount::Percent(0)));
+    if zero(&surge) && zero(&unavailable) {
+        c.push(Cause::invalid(unavailable_path, "may not be 0 when `maxSurge` is 0"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Services and Endpoints
+// ---------------------------------------------------------------------------------------------
+
+fn validate_service(obj: &Value, c: &mut Vec<Cause>) {
+    let Some(spec) = at(obj, "spec") else {
+        c.push(Cause::required("spec"));
+        return;
+    };
+    if !spec.is_object() {
+        return;
+    }
+    if let Some(ty) = str_at(spec, "type")
+        && ty != "ClusterIP"
+    {
+        c.push(unsupported_value("spec.type", ty, &["ClusterIP"]));
+    }
+    let cluster_ip = str_at(spec, "clusterIP").unwrap_or("");
+    if !cluster_ip.is_empty() && cluster_ip != "None" && cluster_ip.parse::<IpAddr>().is_err() {
+        c.push(invalid_value("spec.clusterIP", &Value::from(cluster_ip), "must be a valid IP address or \"None\""));
+    }
+    check_one_of(spec, "sessionAffinity", "spec", &["None", "ClientIP"], c);
+    validate_labels(spec.get("selector"), "spec.selector", c);
+    let ports = match spec.get("ports") {
+        Some(Value::Array(ports)) => ports.as_slice(),
+        Some(v) if !v.is_null() => return,
+        _ => &[],
+    };
+    if ports.is_empty() && cluster_ip != "None" {
+        c.push(Cause::required("spec.ports"));
+    }
+    let mut names = BTreeSet::new();
+    for (i, port) in ports.iter().enumerate() {
+        let pp = format!("spec.ports[{i}]");
+        match port.get("port") {
+            None | Some(Value::Null) => c.push(Cause::required(join(&pp, "port"))),
+            Some(v) => check_port_number(v, &join(&pp, "port"), c),
+        }
+        check_one_of(port, "protocol", &pp, &["TCP", "UDP", "SCTP"], c);
+        match str_at(port, "name").filter(|n| !n.is_empty()) {
+            None if ports.len() > 1 => c.push(Cause::required(join(&pp, "name"))),
+            None => {}
+            Some(n) if !is_dns1123_label(n) => c.push(invalid_value(join(&pp, "name"), &Value::from(n), DNS1123_LABEL_RULE)),
+            Some(n) if !names.insert(n) => {
+                c.push(Cause::new("FieldValueDuplicate", join(&pp, "name"), format!("Duplicate value: \"{n}\"")));
+            }
+            Some(_) => {}
+        }
+        if let Some(target) = port.get("targetPort").filter(|t| !t.is_null()) {
+            check_port_ref(Some(target), &join(&pp, "targetPort"), c);
+        }
+        if int_at(port, "nodePort").is_some_and(|n| n != 0) {
+            c.push(Cause::forbidden(join(&pp, "nodePort"), "may not be used when `type` is 'ClusterIP'"));
+        }
+    }
+}
+
+fn validate_endpoints(obj: &Value, c: &mut Vec<Cause>) {
+    let Some(Value::Array(subsets)) = obj.get("subsets") else { return };
+    for (i, subset) in subsets.iter().enumerate() {
+        let sp = format!("subsets[{i}]");
+        for list in ["addresses", "notReadyAddresses"] {
+            let Some(Value::Array(addrs)) = subset.get(list) else { continue };
+            for (j, a) in addrs.iter().enumerate() {
+                let ip = str_at(a, "ip").unwrap_or("");
+                let path = format!("{sp}.{list}[{j}].ip");
+                if ip.is_empty() {
+                    c.push(Cause::required(path));
+                } else if ip.parse::<IpAddr>().is_err() {
+                    c.push(invalid_value(path, &Value::from(ip), "must be a valid IP address"));
+                }
+            }
+        }
+        let Some(Value::Array(ports)) = subset.get("ports") else { continue };
+        for (j, port) in ports.iter().enumerate() {
+            let pp = format!("{sp}.ports[{j}]");
+            match port.get("port") {
+                None | Some(Value::Null) => c.push(Cause::required(join(&pp, "port"))),
+                Some(v) => check_port_number(v, &join(&pp, "port"), c),
+            }
+            check_one_of(port, "protocol", &pp, &["TCP", "UDP", "SCTP"], c);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Updates
+// ---------------------------------------------------------------------------------------------
+
+/// True when `new` differs from `old` only in what a pod update may change.
+fn pod_spec_update_allowed(old: &Value, new: &Value) -> bool {
+    let tolerations = |v: &Value| -> Vec<Value> {
+        v.get("tolerations").and_then(Value::as_array).map(|a| a.iter().map(strip_nulls).collect()).unwrap_or_default()
+    };
+    let (old_tolerations, new_tolerations) = (tolerations(old), tolerations(new));
+    if !old_tolerations.iter().all(|t| new_tolerations.contains(t)) {
+        return false;
+    }
+    let masked = |v: &Value| -> Value {
+        let mut v = strip_nulls(v);
+        if let Some(m) = v.as_object_mut() {
+            m.remove("activeDeadlineSeconds");
+            m.remove("tolerations");
+            if let Some(Value::Array(cs)) = m.get_mut("containers") {
+                for ct in cs.iter_mut().filter_map(Value::as_object_mut) {
+                    ct.remove("image");
+                }
+            }
+        }
+        v
+    };
+    masked(old) == masked(new)
+}
+
