@@ -1,5 +1,14 @@
 //! Shepherd's reconcile engine: informers, work queue, backoff, resync and the controller loop.
 
+pub mod cache;
 pub mod client;
+pub mod metrics;
+pub mod ratelimit;
+pub(crate) mod workqueue;
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+
+pub use cache::{Cache, Change};
 pub use client::{Client, DeleteParams, ListParams, ObjectList, Patch, Propagation, WatchEvent};
+pub use metrics::Metrics;

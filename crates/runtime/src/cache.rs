@@ -1,0 +1,329 @@
+//! The informer's local copy of one kind, indexed for the lookups controllers make.
+//!
+//! Guarantees:
+//! - each object is held once, as an `Arc<Value>`; readers get cheap clones of that `Arc`, and the
+//!   indexes hold keys, never copies of objects;
+//! - the indexes (namespace, label `key=value`, controller owner uid, `spec.nodeName`) always agree
+//!   with the objects: both change under the same write lock;
+//! - a copy of an object older than the cached one (by `metadata.resourceVersion`) never replaces
+//!   it, so a late or replayed event cannot move the cache backwards.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use serde_json::Value;
+
+/// A change the cache went through, handed to informer subscribers.
+#[derive(Debug, Clone)]
+pub enum Change {
+    Added(Arc<Value>),
+    Updated { old: Arc<Value>, new: Arc<Value> },
+    Deleted(Arc<Value>),
+}
+
+impl Change {
+    /// The object as it stands after the change (the last known state for a deletion).
+    pub fn object(&self) -> &Arc<Value> {
+        match self {
+            Change::Added(o) | Change::Deleted(o) => o,
+            Change::Updated { new, .. } => new,
+        }
+    }
+}
+
+/// `namespace/name` for namespaced objects, `name` for cluster-scoped ones; `None` without a name.
+pub fn object_key(obj: &Value) -> Option<String> {
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str)?;
+    match obj.pointer("/metadata/namespace").and_then(Value::as_str) {
+        Some(ns) if !ns.is_empty() => Some(format!("{ns}/{name}")),
+        _ => Some(name.to_string()),
+    }
+}
+
+/// The revision in `metadata.resourceVersion`, if it is a decimal u64.
+pub fn resource_version(obj: &Value) -> Option<u64> {
+    obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|rv| rv.parse().ok())
+}
+
+/// The uid of the owner reference marked `controller: true`, with that owner's kind and name.
+pub fn controller_owner(obj: &Value) -> Option<(&str, &str, &str)> {
+    obj.pointer("/metadata/ownerReferences")?.as_array()?.iter().find_map(|r| {
+        if r.get("controller").and_then(Value::as_bool) != Some(true) {
+            return None;
+        }
+        Some((r.get("kind")?.as_str()?, r.get("name")?.as_str()?, r.get("uid")?.as_str()?))
+    })
+}
+
+/// An object store for one kind with secondary indexes. Shared by every controller of a process.
+#[derive(Debug, Default)]
+pub struct Cache {
+    state: RwLock<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    objects: HashMap<String, Arc<Value>>,
+    by_namespace: Index,
+    by_label: Index,
+    by_owner: Index,
+    by_node: Index,
+}
+
+/// Index value to the keys of the objects carrying it. `BTreeSet` keeps lookups in key order.
+type Index = HashMap<String, BTreeSet<String>>;
+
+/// The index values one object contributes.
+struct IndexValues {
+    namespace: Option<String>,
+    labels: Vec<String>,
+    owner: Option<String>,
+    node: Option<String>,
+}
+
+impl IndexValues {
+    fn of(obj: &Value) -> Self {
+        let str_at = |p: &str| obj.pointer(p).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
+        let labels = obj
+            .pointer("/metadata/labels")
+            .and_then(Value::as_object)
+            .map(|l| l.iter().filter_map(|(k, v)| Some(format!("{k}={}", v.as_str()?))).collect())
+            .unwrap_or_default();
+        IndexValues {
+            namespace: str_at("/metadata/namespace"),
+            labels,
+            owner: controller_owner(obj).map(|(_, _, uid)| uid.to_string()),
+            node: str_at("/spec/nodeName"),
+        }
+    }
+}
+
+fn index_insert(index: &mut Index, value: Option<&String>, key: &str) {
+    if let Some(v) = value {
+        index.entry(v.clone()).or_default().insert(key.to_string());
+    }
+}
+
+fn index_remove(index: &mut Index, value: Option<&String>, key: &str) {
+    if let Some(v) = value
+        && let Some(keys) = index.get_mut(v)
+    {
+        keys.remove(key);
+        if keys.is_empty() {
+            index.remove(v);
+        }
+    }
+}
+
+impl State {
+    fn unindex(&mut self, key: &str, obj: &Value) {
+        let v = IndexValues::of(obj);
+        index_remove(&mut self.by_namespace, v.namespace.as_ref(), key);
+        for l in &v.labels {
+            index_remove(&mut self.by_label, Some(l), key);
+        }
+        index_remove(&mut self.by_owner, v.owner.as_ref(), key);
+        index_remove(&mut self.by_node, v.node.as_ref(), key);
+    }
+
+    fn index(&mut self, key: &str, obj: &Value) {
+        let v = IndexValues::of(obj);
+        index_insert(&mut self.by_namespace, v.namespace.as_ref(), key);
+        for l in &v.labels {
+            index_insert(&mut self.by_label, Some(l), key);
+        }
+        index_insert(&mut self.by_owner, v.owner.as_ref(), key);
+        index_insert(&mut self.by_node, v.node.as_ref(), key);
+    }
+
+    fn upsert(&mut self, key: String, obj: Value) -> Option<Change> {
+        let new = Arc::new(obj);
+        match self.objects.get(&key).cloned() {
+            Some(old) => {
+                if let (Some(have), Some(got)) = (resource_version(&old), resource_version(&new))
+                    && got <= have
+                {
+                    return None;
+                }
+                self.unindex(&key, &old);
+                self.index(&key, &new);
+                self.objects.insert(key, new.clone());
+                Some(Change::Updated { old, new })
+            }
+            None => {
+                self.index(&key, &new);
+                self.objects.insert(key, new.clone());
+                Some(Change::Added(new))
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &str, last_known: Option<Value>) -> Option<Change> {
+        let old = self.objects.remove(key)?;
+        self.unindex(key, &old);
+        // The deletion event carries the final state; fall back to what was cached.
+        Some(Change::Deleted(last_known.map(Arc::new).unwrap_or(old)))
+    }
+
+    fn lookup(&self, index: &Index, value: &str) -> Vec<Arc<Value>> {
+        index
+            .get(value)
+            .map(|keys| keys.iter().filter_map(|k| self.objects.get(k).cloned()).collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Cache {
+    fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The object stored under `key` (`namespace/name` or `name`).
+    pub fn get(&self, key: &str) -> Option<Arc<Value>> {
+        self.read().objects.get(key).cloned()
+    }
+
+    /// Every cached object, in no particular order.
+    pub fn list(&self) -> Vec<Arc<Value>> {
+        self.read().objects.values().cloned().collect()
+    }
+
+    /// Every cached key, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.read().objects.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.read().objects.is_empty()
+    }
+
+    /// Objects in one namespace.
+    pub fn by_namespace(&self, namespace: &str) -> Vec<Arc<Value>> {
+        let s = self.read();
+        s.lookup(&s.by_namespace, namespace)
+    }
+
+    /// Objects carrying the label `key=value`.
+    pub fn by_label(&self, key: &str, value: &str) -> Vec<Arc<Value>> {
+        let s = self.read();
+        s.lookup(&s.by_label, &format!("{key}={value}"))
+    }
+
+    /// Objects whose controlling owner reference has this uid.
+    pub fn by_controller_uid(&self, uid: &str) -> Vec<Arc<Value>> {
+        let s = self.read();
+        s.lookup(&s.by_owner, uid)
+    }
+
+    /// Pods bound to a node (`spec.nodeName`).
+    pub fn by_node_name(&self, node: &str) -> Vec<Arc<Value>> {
+        let s = self.read();
+        s.lookup(&s.by_node, node)
+    }
+
+    /// Applies an added or modified object; `None` when it was not newer than the cached copy.
+    pub(crate) fn apply_upsert(&self, obj: Value) -> Option<Change> {
+        let key = object_key(&obj)?;
+        self.write().upsert(key, obj)
+    }
+
+    /// Applies a deletion; `None` when the object was not cached.
+    pub(crate) fn apply_delete(&self, obj: Value) -> Option<Change> {
+        let key = object_key(&obj)?;
+        self.write().remove(&key, Some(obj))
+    }
+
+    /// Makes the cache equal to a fresh list and returns what differed: objects the list has and
+    /// the cache lacked or held an older copy of, and cached objects the list no longer has.
+    pub(crate) fn replace(&self, items: Vec<Value>) -> Vec<Change> {
+        let mut s = self.write();
+        let mut changes = Vec::new();
+        let mut listed = std::collections::HashSet::with_capacity(items.len());
+        for obj in items {
+            let Some(key) = object_key(&obj) else { continue };
+            listed.insert(key.clone());
+            // `upsert` ignores equal or older revisions, so unchanged objects emit nothing.
+            changes.extend(s.upsert(key, obj));
+        }
+        let gone: Vec<String> = s.objects.keys().filter(|k| !listed.contains(*k)).cloned().collect();
+        for key in gone {
+            changes.extend(s.remove(&key, None));
+        }
+        changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, rv: u64, node: &str, owner_uid: &str) -> Value {
+        json!({
+            "metadata": {
+                "name": name, "namespace": "ns", "resourceVersion": rv.to_string(),
+                "labels": { "app": "web" },
+                "ownerReferences": [{ "kind": "ReplicaSet", "name": "rs", "uid": owner_uid, "controller": true }],
+            },
+            "spec": { "nodeName": node },
+        })
+    }
+
+    fn names(objs: Vec<Arc<Value>>) -> Vec<String> {
+        objs.iter().filter_map(|o| object_key(o)).collect()
+    }
+
+    #[test]
+    fn indexes_follow_an_object_as_it_moves_between_nodes() {
+        let c = Cache::default();
+        c.apply_upsert(pod("a", 1, "n1", "u1"));
+        c.apply_upsert(pod("b", 2, "n1", "u1"));
+        assert_eq!(names(c.by_node_name("n1")), ["ns/a", "ns/b"]);
+        c.apply_upsert(pod("a", 3, "n2", "u2"));
+        assert_eq!(names(c.by_node_name("n1")), ["ns/b"]);
+        assert_eq!(names(c.by_node_name("n2")), ["ns/a"]);
+        assert_eq!(names(c.by_controller_uid("u1")), ["ns/b"]);
+        assert_eq!(names(c.by_label("app", "web")), ["ns/a", "ns/b"]);
+        c.apply_delete(pod("b", 4, "n1", "u1"));
+        assert!(c.by_node_name("n1").is_empty());
+        assert_eq!(names(c.by_namespace("ns")), ["ns/a"]);
+    }
+
+    #[test]
+    fn an_older_copy_never_replaces_a_newer_one() {
+        let c = Cache::default();
+        c.apply_upsert(pod("a", 5, "n2", "u"));
+        assert!(c.apply_upsert(pod("a", 4, "n1", "u")).is_none());
+        assert_eq!(c.get("ns/a").map(|o| o["spec"]["nodeName"].clone()), Some(json!("n2")));
+    }
+
+    #[test]
+    fn replace_reports_exactly_the_missed_adds_updates_and_deletes() {
+        let c = Cache::default();
+        c.apply_upsert(pod("same", 1, "n", "u"));
+        c.apply_upsert(pod("changed", 2, "n", "u"));
+        c.apply_upsert(pod("gone", 3, "n", "u"));
+        let changes = c.replace(vec![pod("same", 1, "n", "u"), pod("changed", 7, "n", "u"), pod("new", 8, "n", "u")]);
+        let mut seen: Vec<String> = changes
+            .iter()
+            .map(|ch| match ch {
+                Change::Added(o) => format!("added {}", o["metadata"]["name"]),
+                Change::Updated { new, .. } => format!("updated {}", new["metadata"]["name"]),
+                Change::Deleted(o) => format!("deleted {}", o["metadata"]["name"]),
+            })
+            .collect();
+        seen.sort();
+        assert_eq!(seen, [r#"added "new""#, r#"deleted "gone""#, r#"updated "changed""#]);
+        assert_eq!(c.keys(), ["ns/changed", "ns/new", "ns/same"]);
+    }
+}
