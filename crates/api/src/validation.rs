@@ -979,3 +979,438 @@ fn pod_spec_update_allowed(old: &Value, new: &Value) -> bool {
     masked(old) == masked(new)
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::{DEPLOYMENT, ENDPOINTS, EVENT, LEASE, NAMESPACE, NODE, POD, REPLICASET, SERVICE};
+    use serde_json::json;
+
+    /// The `(field, reason)` of every cause, or an empty list when the object is valid.
+    fn causes(res: &ResourceInfo, obj: &Value) -> Vec<(String, &'static str)> {
+        match validate(res, obj) {
+            Ok(()) => Vec::new(),
+            Err(ApiError::Invalid { causes, .. }) => causes.into_iter().map(|c| (c.field, c.reason)).collect(),
+            Err(other) => panic!("expected 422, got {other:?}"),
+        }
+    }
+
+    fn fields(res: &ResourceInfo, obj: &Value) -> Vec<String> {
+        causes(res, obj).into_iter().map(|(f, _)| f).collect()
+    }
+
+    fn assert_reports(res: &ResourceInfo, obj: &Value, field: &str, reason: &str) {
+        let got = causes(res, obj);
+        assert!(got.iter().any(|(f, r)| f == field && *r == reason), "expected {reason} on {field}, got {got:?}");
+    }
+
+    fn seed_deployment() -> Value {
+        json!({"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web"},"spec":{"replicas":3,
+            "selector":{"matchLabels":{"app":"web"}},"template":{"metadata":{"labels":{"app":"web"}},
+            "spec":{"containers":[{"name":"web","image":"minimal"}]}}}})
+    }
+
+    fn pod(spec: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-0", "namespace": "default"}, "spec": spec})
+    }
+
+    fn service(spec: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": spec})
+    }
+
+    #[test]
+    fn the_seed_objects_are_valid_before_and_after_defaulting() {
+        let mut objects = vec![
+            (&DEPLOYMENT, seed_deployment()),
+            (&REPLICASET, {
+                let mut rs = seed_deployment();
+                rs["kind"] = json!("ReplicaSet");
+                rs["metadata"]["name"] = json!("web-5d8f7c");
+                rs
+            }),
+            (&POD, pod(json!({"containers": [{"name": "web", "image": "minimal", "ports": [{"containerPort": 8080, "name": "http"}],
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": 1, "memory": "128Mi"}},
+                "readinessProbe": {"httpGet": {"port": "http", "path": "/healthz"}},
+                "livenessProbe": {"tcpSocket": {"port": 8080}}, "env": [{"name": "MODE", "value": "demo"}]}],
+                "hostNetwork": false, "securityContext": {}}))),
+            (&SERVICE, service(json!({"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}))),
+            (&NAMESPACE, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})),
+            (&NODE, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1.example",
+                "labels": {"kubernetes.io/hostname": "node-1"}}, "status": {"capacity": {"cpu": "2", "memory": "4Gi"}}})),
+            (&LEASE, json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "node-1", "namespace": "kube-node-lease"},
+                "spec": {"holderIdentity": "node-1", "leaseDurationSeconds": 40, "renewTime": "2025-01-01T00:00:00.000000Z"}})),
+            (&EVENT, json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "web-0.17f3a", "namespace": "default"},
+                "involvedObject": {"kind": "Pod", "name": "web-0"}, "reason": "Scheduled", "message": "assigned", "count": 1})),
+            (&ENDPOINTS, json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "web", "namespace": "default"},
+                "subsets": [{"addresses": [{"ip": "10.0.0.5"}], "ports": [{"port": 8080, "protocol": "TCP"}]}]})),
+        ];
+        for (res, obj) in &mut objects {
+            assert_eq!(validate(res, obj), Ok(()), "{} before defaulting", res.kind);
+            crate::defaults::apply_defaults(res, obj);
+            assert_eq!(validate(res, obj), Ok(()), "{} after defaulting", res.kind);
+        }
+    }
+
+    #[test]
+    fn every_bad_field_is_reported_in_one_error() {
+        let mut d = seed_deployment();
+        d["spec"]["replicas"] = json!(-1);
+        d["spec"]["template"]["spec"]["containers"][0]["image"] = json!("");
+        d["spec"]["template"]["spec"]["containers"][0]["ports"] = json!([{"containerPort": 70000}]);
+        d["metadata"]["labels"] = json!({"bad key": "x"});
+        let err = validate(&DEPLOYMENT, &d).unwrap_err();
+        assert_eq!(err.code(), 422);
+        let msg = err.to_string();
+        assert!(msg.starts_with("Deployment \"web\" is invalid"), "{msg}");
+        let got = fields(&DEPLOYMENT, &d);
+        for f in [
+            "spec.replicas",
+            "spec.template.spec.containers[0].image",
+            "spec.template.spec.containers[0].ports[0].containerPort",
+            "metadata.labels",
+        ] {
+            assert!(got.iter().any(|g| g == f), "{f} missing from {got:?}");
+        }
+        assert_eq!(got.len(), 4, "{got:?}");
+    }
+
+    #[test]
+    fn unknown_fields_are_named_with_their_full_path() {
+        let mut d = seed_deployment();
+        d["spec"]["template"]["spec"]["containers"][0]["imagePolicy"] = json!("Always");
+        d["spec"]["replica"] = json!(2);
+        d["metadata"]["label"] = json!({"a": "b"});
+        d["spec"]["template"]["spec"]["nodeSelector"] = Value::Null;
+        let got = causes(&DEPLOYMENT, &d);
+        assert_eq!(got.len(), 3, "{got:?}");
+        for f in ["spec.template.spec.containers[0].imagePolicy", "spec.replica", "metadata.label"] {
+            assert!(got.contains(&(f.to_string(), "FieldValueNotSupported")), "{f}: {got:?}");
+        }
+        let err = validate(&DEPLOYMENT, &d).unwrap_err().to_status();
+        assert!(err["message"].as_str().unwrap_or("").contains("unknown field \"imagePolicy\""), "{err}");
+    }
+
+    #[test]
+    fn a_shorthand_selector_is_rejected_as_an_unknown_field() {
+        let mut d = seed_deployment();
+        d["spec"]["selector"] = json!({"app": "web"});
+        assert_eq!(causes(&DEPLOYMENT, &d), vec![("spec.selector.app".to_string(), "FieldValueNotSupported")]);
+    }
+
+    #[test]
+    fn a_wrong_json_type_is_a_422_naming_the_field() {
+        let p = pod(json!({"containers": [{"name": "web", "image": "minimal", "ports": [{"containerPort": "80"}]}]}));
+        assert_reports(&POD, &p, "spec.containers[0].ports[0].containerPort", "FieldValueInvalid");
+        let d = json!({"metadata": {"name": "web"}, "spec": {"replicas": "three"}});
+        assert_reports(&DEPLOYMENT, &d, "spec.replicas", "FieldValueInvalid");
+        for garbage in [json!([1, 2]), json!("pod"), json!({"spec": "x", "metadata": {"name": "a"}}), json!({"metadata": 7})] {
+            assert_eq!(validate(&POD, &garbage).map_err(|e| e.code()), Err(422), "{garbage}");
+        }
+    }
+
+    #[test]
+    fn kubernetes_features_shepherd_lacks_are_refused_by_name() {
+        let p = pod(json!({
+            "containers": [{"name": "web", "image": "minimal", "volumeMounts": [{"name": "data", "mountPath": "/d"}],
+                "tty": true, "env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "hostNetwork": true,
+            "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "db"}}}]}},
+        }));
+        let got = causes(&POD, &p);
+        for f in [
+            "spec.volumes",
+            "spec.hostNetwork",
+            "spec.affinity.podAffinity",
+            "spec.containers[0].volumeMounts",
+            "spec.containers[0].tty",
+            "spec.containers[0].env[0].valueFrom",
+        ] {
+            assert!(got.contains(&(f.to_string(), "FieldValueForbidden")), "{f}: {got:?}");
+        }
+        assert_eq!(got.len(), 6, "{got:?}");
+
+        let mut d = seed_deployment();
+        d["spec"]["template"]["spec"]["initContainers"] = json!([{"name": "init", "image": "busybox"}]);
+        assert_eq!(causes(&DEPLOYMENT, &d), vec![("spec.template.spec.initContainers".to_string(), "FieldValueForbidden")]);
+    }
+
+    #[test]
+    fn services_accept_only_cluster_ip_and_check_their_ports() {
+        let s = service(json!({"type": "LoadBalancer", "loadBalancerIP": "1.2.3.4", "ports": [{"port": 80}]}));
+        assert_reports(&SERVICE, &s, "spec.type", "FieldValueNotSupported");
+        assert_reports(&SERVICE, &s, "spec.loadBalancerIP", "FieldValueForbidden");
+        let s = service(json!({"externalName": "example.com", "ports": [{"port": 80}]}));
+        assert_reports(&SERVICE, &s, "spec.externalName", "FieldValueForbidden");
+
+        let s = service(json!({"selector": {"app": "web"}, "ports": [
+            {"name": "http", "port": 80, "targetPort": "http"},
+            {"name": "http", "port": 443, "targetPort": 0},
+            {"port": 0, "targetPort": "8080"},
+        ]}));
+        let got = fields(&SERVICE, &s);
+        assert_eq!(
+            got,
+            vec!["spec.ports[1].name", "spec.ports[1].targetPort", "spec.ports[2].port", "spec.ports[2].name",
+                "spec.ports[2].targetPort"]
+        );
+        assert_eq!(fields(&SERVICE, &service(json!({"selector": {"app": "web"}}))), vec!["spec.ports"]);
+        assert_eq!(fields(&SERVICE, &service(json!({"clusterIP": "None"}))), Vec::<String>::new());
+    }
+
+    #[test]
+    fn names_follow_the_rule_of_their_kind() {
+        let ns = |name: &str| json!({"metadata": {"name": name}});
+        assert_eq!(fields(&NAMESPACE, &ns("My_NS")), vec!["metadata.name"]);
+        assert_eq!(fields(&NAMESPACE, &ns("a.b")), vec!["metadata.name"]);
+        assert_eq!(fields(&SERVICE, &json!({"metadata": {"name": "a.b"}, "spec": {"ports": [{"port": 1}]}})), vec!["metadata.name"]);
+        assert_eq!(fields(&NODE, &ns("node-1.example.com")), Vec::<String>::new());
+        assert_eq!(fields(&NODE, &ns(&"a".repeat(254))), vec!["metadata.name"]);
+        assert_eq!(fields(&NAMESPACE, &ns(&"a".repeat(64))), vec!["metadata.name"]);
+
+        assert_eq!(fields(&NODE, &json!({"metadata": {"generateName": "node-"}})), Vec::<String>::new());
+        assert_eq!(fields(&NODE, &json!({"metadata": {"generateName": "Node-"}})), vec!["metadata.generateName"]);
+        assert_eq!(causes(&NODE, &json!({"metadata": {}})), vec![("metadata.name".to_string(), "FieldValueRequired")]);
+        assert_eq!(causes(&NODE, &json!({})), vec![("metadata.name".to_string(), "FieldValueRequired")]);
+        let p = json!({"metadata": {"name": "p", "namespace": "Team_A"}, "spec": {"containers": [{"name": "a", "image": "i"}]}});
+        assert_eq!(fields(&POD, &p), vec!["metadata.namespace"]);
+        assert_eq!(fields(&NODE, &json!({"metadata": {"name": "n", "namespace": "default"}})), vec!["metadata.namespace"]);
+    }
+
+    #[test]
+    fn labels_and_annotations_are_checked() {
+        let node = |meta: Value| json!({"metadata": meta});
+        assert_eq!(fields(&NODE, &node(json!({"name": "n", "labels": {"example.com/role": "", "ok": "A-b_c.1"}}))), Vec::<String>::new());
+        assert_eq!(fields(&NODE, &node(json!({"name": "n", "labels": {"-bad": "x", "good": "bad value"}}))).len(), 2);
+        assert_eq!(fields(&NODE, &node(json!({"name": "n", "labels": {"Bad_Prefix/x": "y"}}))), vec!["metadata.labels"]);
+        assert_eq!(fields(&NODE, &node(json!({"name": "n", "labels": {"k": "v".repeat(64)}}))), vec!["metadata.labels"]);
+        assert_eq!(fields(&NODE, &node(json!({"name": "n", "annotations": {"note": "any text: /, spaces"}}))), Vec::<String>::new());
+        assert_eq!(
+            causes(&NODE, &node(json!({"name": "n", "annotations": {"big": "x".repeat(256 * 1024)}}))),
+            vec![("metadata.annotations".to_string(), "FieldValueTooLong")]
+        );
+    }
+
+    #[test]
+    fn containers_need_unique_names_and_an_image() {
+        let p = pod(json!({"containers": [{"name": "web", "image": "a"}, {"name": "web", "image": " "}, {"image": "b"},
+            {"name": "Web", "image": "c"}]}));
+        assert_eq!(
+            causes(&POD, &p),
+            vec![
+                ("spec.containers[1].name".to_string(), "FieldValueDuplicate"),
+                ("spec.containers[1].image".to_string(), "FieldValueRequired"),
+                ("spec.containers[2].name".to_string(), "FieldValueRequired"),
+                ("spec.containers[3].name".to_string(), "FieldValueInvalid"),
+            ]
+        );
+        assert_eq!(fields(&POD, &pod(json!({"containers": []}))), vec!["spec.containers"]);
+        assert_eq!(fields(&POD, &json!({"metadata": {"name": "p"}})), vec!["spec"]);
+    }
+
+    #[test]
+    fn pod_level_fields_are_range_checked() {
+        let p = pod(json!({"containers": [{"name": "a", "image": "i", "ports": [
+                {"containerPort": 80, "protocol": "HTTP", "name": "web-server-port-1"}, {"containerPort": 81, "hostPort": 70000}]}],
+            "restartPolicy": "Sometimes", "terminationGracePeriodSeconds": -1}));
+        assert_eq!(
+            fields(&POD, &p),
+            vec![
+                "spec.containers[0].ports[0].protocol",
+                "spec.containers[0].ports[0].name",
+                "spec.containers[0].ports[1].hostPort",
+                "spec.restartPolicy",
+                "spec.terminationGracePeriodSeconds",
+            ]
+        );
+    }
+
+    #[test]
+    fn resource_quantities_must_parse_and_requests_may_not_exceed_limits() {
+        let with = |resources: Value| pod(json!({"containers": [{"name": "a", "image": "i", "resources": resources}]}));
+        let ok = with(json!({"requests": {"cpu": "0.5", "memory": "1Gi"}, "limits": {"cpu": "500m", "memory": "1073741824"}}));
+        assert_eq!(fields(&POD, &ok), Vec::<String>::new());
+        let bad = with(json!({"requests": {"cpu": "2", "memory": "12Xi", "nvidia.com/gpu": "-1"}, "limits": {"cpu": "1"}}));
+        assert_eq!(
+            fields(&POD, &bad),
+            vec![
+                "spec.containers[0].resources.requests.memory",
+                "spec.containers[0].resources.requests.nvidia.com/gpu",
+                "spec.containers[0].resources.requests.cpu",
+            ]
+        );
+        let msg = validate(&POD, &bad).unwrap_err().to_string();
+        assert!(msg.contains("must be less than or equal to cpu limit of 1"), "{msg}");
+    }
+
+    #[test]
+    fn probes_need_exactly_one_handler_and_a_sensible_port() {
+        let with = |probe: Value| pod(json!({"containers": [{"name": "a", "image": "i", "livenessProbe": probe}]}));
+        assert_eq!(fields(&POD, &with(json!({"periodSeconds": 5}))), vec!["spec.containers[0].livenessProbe"]);
+        assert_eq!(
+            causes(&POD, &with(json!({"exec": {"command": ["true"]}, "tcpSocket": {"port": 80}}))),
+            vec![("spec.containers[0].livenessProbe.tcpSocket".to_string(), "FieldValueForbidden")]
+        );
+        assert_eq!(
+            fields(&POD, &with(json!({"httpGet": {"port": 0}, "periodSeconds": 0, "successThreshold": 2}))),
+            vec![
+                "spec.containers[0].livenessProbe.httpGet.port",
+                "spec.containers[0].livenessProbe.periodSeconds",
+                "spec.containers[0].livenessProbe.successThreshold",
+            ]
+        );
+        assert_eq!(fields(&POD, &with(json!({"tcpSocket": {"port": "Not_A_Name"}}))), vec!["spec.containers[0].livenessProbe.tcpSocket.port"]);
+        assert_eq!(fields(&POD, &with(json!({"exec": {"command": []}}))), vec!["spec.containers[0].livenessProbe.exec.command"]);
+        assert_eq!(fields(&POD, &with(json!({"grpc": {"port": 9000}}))), vec!["spec.containers[0].livenessProbe.grpc"]);
+    }
+
+    #[test]
+    fn workload_selectors_must_exist_and_match_the_template() {
+        let mut d = seed_deployment();
+        d["spec"]["selector"] = json!({"matchLabels": {"app": "api"}});
+        assert_eq!(fields(&DEPLOYMENT, &d), vec!["spec.template.metadata.labels"]);
+        d["spec"]["selector"] = json!({});
+        assert_eq!(fields(&DEPLOYMENT, &d), vec!["spec.selector"]);
+        d["spec"]["selector"] = json!({"matchExpressions": [{"key": "app", "operator": "Near", "values": ["web"]}]});
+        assert_eq!(fields(&DEPLOYMENT, &d), vec!["spec.selector.matchExpressions[0].operator"]);
+        d["spec"]["selector"] = json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["web", "api"]}]});
+        assert_eq!(fields(&DEPLOYMENT, &d), Vec::<String>::new());
+        d["spec"].as_object_mut().map(|s| s.remove("selector"));
+        assert_eq!(causes(&REPLICASET, &d), vec![("spec.selector".to_string(), "FieldValueRequired")]);
+        d["spec"].as_object_mut().map(|s| s.remove("template"));
+        assert_eq!(fields(&REPLICASET, &d), vec!["spec.selector", "spec.template"]);
+    }
+
+    #[test]
+    fn deployment_strategy_and_timing_rules_are_enforced() {
+        let with = |patch: Value| {
+            let mut d = seed_deployment();
+            if let (Some(spec), Value::Object(p)) = (d["spec"].as_object_mut(), patch) {
+                spec.extend(p);
+            }
+            d
+        };
+        let rolling = |surge: Value, unavailable: Value| {
+            with(json!({"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable}}}))
+        };
+        assert_eq!(fields(&DEPLOYMENT, &rolling(json!("25%"), json!(0))), Vec::<String>::new());
+        assert_eq!(fields(&DEPLOYMENT, &rolling(json!(0), json!("0%"))), vec!["spec.strategy.rollingUpdate.maxUnavailable"]);
+        assert_eq!(fields(&DEPLOYMENT, &rolling(json!("25"), json!(-1))).len(), 2);
+        assert_eq!(fields(&DEPLOYMENT, &rolling(json!(1), json!("150%"))), vec!["spec.strategy.rollingUpdate.maxUnavailable"]);
+        let recreate = with(json!({"strategy": {"type": "Recreate", "rollingUpdate": {"maxSurge": 1}}}));
+        assert_eq!(causes(&DEPLOYMENT, &recreate), vec![("spec.strategy.rollingUpdate".to_string(), "FieldValueForbidden")]);
+        assert_eq!(fields(&DEPLOYMENT, &with(json!({"strategy": {"type": "BlueGreen"}}))), vec!["spec.strategy.type"]);
+        assert_eq!(
+            fields(&DEPLOYMENT, &with(json!({"minReadySeconds": 30, "progressDeadlineSeconds": 30, "revisionHistoryLimit": -1}))),
+            vec!["spec.revisionHistoryLimit", "spec.progressDeadlineSeconds"]
+        );
+        let mut never = seed_deployment();
+        never["spec"]["template"]["spec"]["restartPolicy"] = json!("Never");
+        assert_eq!(causes(&DEPLOYMENT, &never), vec![("spec.template.spec.restartPolicy".to_string(), "FieldValueNotSupported")]);
+    }
+
+    #[test]
+    fn endpoints_ports_and_addresses_are_checked() {
+        let e = json!({"metadata": {"name": "web", "namespace": "default"}, "subsets": [
+            {"addresses": [{"ip": "10.0.0.300"}], "ports": [{"port": 0}, {"port": 80, "protocol": "ICMP"}]}]});
+        assert_eq!(
+            fields(&ENDPOINTS, &e),
+            vec!["subsets[0].addresses[0].ip", "subsets[0].ports[0].port", "subsets[0].ports[1].protocol"]
+        );
+    }
+
+    #[test]
+    fn quantities_convert_the_way_the_scheduler_counts_them() {
+        assert_eq!(cpu_millis("100m"), Ok(100));
+        assert_eq!(cpu_millis("0.5"), Ok(500));
+        assert_eq!(cpu_millis("0.1"), Ok(100));
+        assert_eq!(cpu_millis("2"), Ok(2000));
+        assert_eq!(cpu_millis("0.0001"), Ok(1), "rounded up like Kubernetes");
+        assert_eq!(cpu_millis("1k"), Ok(1_000_000));
+        assert_eq!(memory_bytes("128Mi"), Ok(128 * 1024 * 1024));
+        assert_eq!(memory_bytes("1G"), Ok(1_000_000_000));
+        assert_eq!(memory_bytes("1e3"), Ok(1000));
+        assert_eq!(memory_bytes("1.5Ki"), Ok(1536));
+        assert_eq!(memory_bytes("4096"), Ok(4096));
+        assert_eq!(memory_bytes("1Ei"), Ok(1 << 60));
+        assert!(memory_bytes("16Ei").is_err(), "does not fit in i64");
+        assert!(cpu_millis("-1").is_err());
+        assert!(memory_bytes("1MB").is_err());
+        assert_eq!(parse_quantity("1.5"), Ok(1.5));
+        assert_eq!(parse_quantity("250m"), Ok(0.25));
+        assert_eq!(parse_quantity("2Ki"), Ok(2048.0));
+        assert_eq!(parse_quantity("-2"), Ok(-2.0));
+    }
+
+    #[test]
+    fn name_validators_follow_kubernetes() {
+        assert!(is_dns1123_label("web-0") && !is_dns1123_label("web.0") && !is_dns1123_label("-a") && !is_dns1123_label(""));
+        assert!(is_dns1123_subdomain("a.b-c.d") && !is_dns1123_subdomain("a..b") && !is_dns1123_subdomain("A"));
+        assert!(is_qualified_name("app.kubernetes.io/name") && is_qualified_name("A_b.c") && !is_qualified_name("a/b/c"));
+        assert!(!is_qualified_name("example.com/") && !is_qualified_name(&"a".repeat(64)) && !is_qualified_name("/a"));
+        assert!(is_label_value("") && is_label_value("v1.2_3") && !is_label_value("a b") && !is_label_value("-a"));
+    }
+
+    #[test]
+    fn updates_may_not_change_identity_or_selectors() {
+        let old = {
+            let mut d = seed_deployment();
+            d["metadata"]["uid"] = json!("1111");
+            d["metadata"]["namespace"] = json!("default");
+            d
+        };
+        let mut new = old.clone();
+        new["spec"]["replicas"] = json!(5);
+        assert_eq!(validate_update(&DEPLOYMENT, &old, &new), Ok(()));
+        new["metadata"].as_object_mut().map(|m| m.remove("uid"));
+        assert_eq!(validate_update(&DEPLOYMENT, &old, &new), Ok(()), "an omitted uid is copied by the server");
+        new["metadata"]["uid"] = json!("2222");
+        new["metadata"]["name"] = json!("web2");
+        new["spec"]["selector"] = json!({"matchLabels": {"app": "web", "tier": "fe"}});
+        new["spec"]["template"]["metadata"]["labels"]["tier"] = json!("fe");
+        let err = validate_update(&DEPLOYMENT, &old, &new).unwrap_err();
+        let ApiError::Invalid { causes, .. } = err else { panic!("expected 422") };
+        let got: Vec<&str> = causes.iter().map(|c| c.field.as_str()).collect();
+        assert_eq!(got, vec!["metadata.name", "metadata.uid", "spec.selector"]);
+        assert!(causes.iter().all(|c| c.message.contains("immutable")));
+    }
+
+    #[test]
+    fn pod_updates_may_change_only_images_deadlines_and_added_tolerations() {
+        let old = pod(json!({"containers": [{"name": "a", "image": "v1"}], "restartPolicy": "Always",
+            "tolerations": [{"key": "k", "operator": "Exists"}]}));
+        let change = |f: &dyn Fn(&mut Value)| {
+            let mut new = old.clone();
+            f(&mut new["spec"]);
+            validate_update(&POD, &old, &new).map_err(|e| match e {
+                ApiError::Invalid { causes, .. } => causes.into_iter().map(|c| (c.field, c.reason)).collect::<Vec<_>>(),
+                other => panic!("{other:?}"),
+            })
+        };
+        assert_eq!(change(&|s| s["containers"][0]["image"] = json!("v2")), Ok(()));
+        assert_eq!(change(&|s| s["activeDeadlineSeconds"] = json!(60)), Ok(()));
+        assert_eq!(
+            change(&|s| s["tolerations"].as_array_mut().into_iter().for_each(|t| t.push(json!({"key": "x", "operator": "Exists"})))),
+            Ok(())
+        );
+        let forbidden = Err(vec![("spec".to_string(), "FieldValueForbidden")]);
+        assert_eq!(change(&|s| s["tolerations"] = json!([])), forbidden);
+        assert_eq!(change(&|s| s["restartPolicy"] = json!("Never")), forbidden);
+        assert_eq!(change(&|s| s["nodeName"] = json!("node-1")), forbidden);
+        assert_eq!(change(&|s| s["containers"][0]["ports"] = json!([{"containerPort": 80}])), forbidden);
+    }
+
+    #[test]
+    fn a_service_keeps_its_cluster_ip() {
+        let old = service(json!({"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}));
+        let mut new = old.clone();
+        new["spec"]["clusterIP"] = json!("10.96.0.11");
+        assert_eq!(fields(&SERVICE, &new), Vec::<String>::new());
+        let err = validate_update(&SERVICE, &old, &new).unwrap_err();
+        assert!(err.to_string().contains("spec.clusterIP"), "{err}");
+        new["spec"]["clusterIP"] = json!("10.96.0.10");
+        assert_eq!(validate_update(&SERVICE, &old, &new), Ok(()));
+    }
+}
