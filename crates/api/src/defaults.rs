@@ -165,3 +165,147 @@ fn default_service_spec(spec: &mut Map<String, Value>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::{DEPLOYMENT, NAMESPACE, NODE, POD, REPLICASET, SERVICE};
+    use crate::validation::validate;
+
+    fn seed_deployment() -> Value {
+        json!({"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web"},"spec":{"replicas":3,
+            "selector":{"matchLabels":{"app":"web"}},"template":{"metadata":{"labels":{"app":"web"}},
+            "spec":{"containers":[{"name":"web","image":"minimal"}]}}}})
+    }
+
+    fn defaulted(res: &ResourceInfo, mut obj: Value) -> Value {
+        apply_defaults(res, &mut obj);
+        obj
+    }
+
+    #[test]
+    fn the_seed_deployment_gets_what_kubernetes_would_fill_in() {
+        let d = defaulted(&DEPLOYMENT, seed_deployment());
+        assert_eq!(d["spec"]["replicas"], 3, "a sent value is kept");
+        assert_eq!(d["spec"]["strategy"], json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}));
+        assert_eq!(d["spec"]["revisionHistoryLimit"], 10);
+        assert_eq!(d["spec"]["progressDeadlineSeconds"], 600);
+        assert!(d["spec"].get("minReadySeconds").is_none());
+        let pod = &d["spec"]["template"]["spec"];
+        assert_eq!(pod["restartPolicy"], "Always");
+        assert_eq!(pod["terminationGracePeriodSeconds"], 30);
+        assert_eq!(pod["dnsPolicy"], "ClusterFirst");
+        assert_eq!(pod["schedulerName"], "default-scheduler");
+        let c = &pod["containers"][0];
+        assert_eq!(c["terminationMessagePath"], "/dev/termination-log");
+        assert_eq!(c["terminationMessagePolicy"], "File");
+        assert_eq!(c["imagePullPolicy"], "Always", "an untagged image means latest");
+        assert_eq!(validate(&DEPLOYMENT, &d), Ok(()));
+    }
+
+    #[test]
+    fn values_the_client_sent_are_never_overwritten_and_defaulting_twice_changes_nothing() {
+        let mut d = seed_deployment();
+        d["spec"]["strategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0}});
+        d["spec"]["revisionHistoryLimit"] = json!(2);
+        d["spec"]["template"]["spec"]["restartPolicy"] = json!("OnFailure");
+        d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(0);
+        d["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = json!("Never");
+        let once = defaulted(&DEPLOYMENT, d);
+        assert_eq!(once["spec"]["strategy"]["rollingUpdate"], json!({"maxSurge": 0, "maxUnavailable": "25%"}));
+        assert_eq!(once["spec"]["revisionHistoryLimit"], 2);
+        assert_eq!(once["spec"]["template"]["spec"]["restartPolicy"], "OnFailure");
+        assert_eq!(once["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], 0);
+        assert_eq!(once["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"], "Never");
+        assert_eq!(defaulted(&DEPLOYMENT, once.clone()), once);
+    }
+
+    #[test]
+    fn recreate_strategy_gets_no_rolling_update_parameters() {
+        let mut d = seed_deployment();
+        d["spec"]["strategy"] = json!({"type": "Recreate"});
+        let d = defaulted(&DEPLOYMENT, d);
+        assert_eq!(d["spec"]["strategy"], json!({"type": "Recreate"}));
+        assert_eq!(validate(&DEPLOYMENT, &d), Ok(()));
+    }
+
+    #[test]
+    fn image_pull_policy_follows_the_tag() {
+        for (image, policy) in [
+            ("nginx", "Always"),
+            ("nginx:latest", "Always"),
+            ("nginx:1.27", "IfNotPresent"),
+            ("registry.local:5000/app", "Always"),
+            ("registry.local:5000/app:v2", "IfNotPresent"),
+            ("nginx@sha256:0123abcd", "IfNotPresent"),
+        ] {
+            let p = defaulted(&POD, json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a", "image": image}]}}));
+            assert_eq!(p["spec"]["containers"][0]["imagePullPolicy"], policy, "{image}");
+        }
+    }
+
+    #[test]
+    fn ports_and_probes_get_their_defaults() {
+        let p = defaulted(&POD, json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a", "image": "i:1",
+            "ports": [{"containerPort": 80}, {"containerPort": 53, "protocol": "UDP"}],
+            "readinessProbe": {"httpGet": {"port": 80}, "periodSeconds": 2},
+            "livenessProbe": {"tcpSocket": {"port": 80}}}]}}));
+        let c = &p["spec"]["containers"][0];
+        assert_eq!(c["ports"][0]["protocol"], "TCP");
+        assert_eq!(c["ports"][1]["protocol"], "UDP");
+        assert_eq!(c["readinessProbe"], json!({"httpGet": {"port": 80, "path": "/", "scheme": "HTTP"}, "periodSeconds": 2,
+            "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 3}));
+        assert_eq!(c["livenessProbe"]["periodSeconds"], 10);
+        assert_eq!(validate(&POD, &p), Ok(()));
+    }
+
+    #[test]
+    fn replica_sets_default_to_one_replica() {
+        let mut rs = seed_deployment();
+        rs["spec"].as_object_mut().map(|s| s.remove("replicas"));
+        let rs = defaulted(&REPLICASET, rs);
+        assert_eq!(rs["spec"]["replicas"], 1);
+        assert!(rs["spec"].get("strategy").is_none(), "ReplicaSets have no strategy");
+        assert_eq!(rs["spec"]["template"]["spec"]["restartPolicy"], "Always");
+    }
+
+    #[test]
+    fn services_target_their_own_port_unless_told_otherwise() {
+        let s = defaulted(&SERVICE, json!({"metadata": {"name": "web"}, "spec": {"selector": {"app": "web"},
+            "ports": [{"name": "http", "port": 80}, {"name": "alt", "port": 81, "targetPort": "http"}]}}));
+        assert_eq!(s["spec"]["type"], "ClusterIP");
+        assert_eq!(s["spec"]["sessionAffinity"], "None");
+        assert_eq!(s["spec"]["ports"][0], json!({"name": "http", "port": 80, "targetPort": 80, "protocol": "TCP"}));
+        assert_eq!(s["spec"]["ports"][1]["targetPort"], "http");
+    }
+
+    #[test]
+    fn namespaces_start_active_and_nodes_are_left_alone() {
+        let ns = defaulted(&NAMESPACE, json!({"metadata": {"name": "team-a"}}));
+        assert_eq!(ns, json!({"metadata": {"name": "team-a"}, "status": {"phase": "Active"}}));
+        let terminating = json!({"metadata": {"name": "old"}, "status": {"phase": "Terminating"}});
+        assert_eq!(defaulted(&NAMESPACE, terminating.clone()), terminating);
+        let node = json!({"metadata": {"name": "n1"}, "spec": {}});
+        assert_eq!(defaulted(&NODE, node.clone()), node);
+    }
+
+    #[test]
+    fn a_shorthand_selector_is_left_for_validation_to_reject() {
+        let mut d = seed_deployment();
+        d["spec"]["selector"] = json!({"app": "web"});
+        let d = defaulted(&DEPLOYMENT, d);
+        assert_eq!(d["spec"]["selector"], json!({"app": "web"}));
+        let err = validate(&DEPLOYMENT, &d).unwrap_err().to_string();
+        assert!(err.contains("spec.selector.app: unknown field \"app\""), "{err}");
+    }
+
+    #[test]
+    fn missing_or_malformed_specs_are_not_invented() {
+        let p = defaulted(&POD, json!({"metadata": {"name": "p"}}));
+        assert!(p.get("spec").is_none());
+        let d = defaulted(&DEPLOYMENT, json!({"metadata": {"name": "d"}, "spec": {"template": "oops"}}));
+        assert_eq!(d["spec"]["template"], "oops");
+        let weird = defaulted(&POD, json!({"metadata": {"name": "p"}, "spec": {"containers": "web"}}));
+        assert_eq!(weird["spec"]["containers"], "web");
+    }
+}
