@@ -2,6 +2,8 @@
 
 pub mod cache;
 pub mod client;
+pub mod faults;
+pub mod informer;
 pub mod metrics;
 pub mod ratelimit;
 pub(crate) mod workqueue;
@@ -11,4 +13,6 @@ pub mod testing;
 
 pub use cache::{Cache, Change};
 pub use client::{Client, DeleteParams, ListParams, ObjectList, Patch, Propagation, WatchEvent};
+pub use faults::{ReconcileFaults, WatchFaults};
+pub use informer::{Informer, InformerFactory};
 pub use metrics::Metrics;

@@ -1,0 +1,489 @@
+//! Shared informers: one list-then-watch per kind per process, feeding a cache and its subscribers.
+//!
+//! Guarantees:
+//! - one `Informer` per kind per `InformerFactory`, shared by every controller that asks for it;
+//! - it lists, then watches from exactly the list's revision, so nothing between the two is missed;
+//! - on a watch error or `Expired` it lists again and diffs the cache against the list, delivering
+//!   the adds, updates and deletes it missed as ordinary changes;
+//! - `resync` does the same on request (the hybrid and level modes' safety net) and returns once
+//!   the cache reflects a list taken after the call;
+//! - a subscriber sees every change to the cache exactly once and in order; a subscriber added
+//!   late first receives every cached object as `Added`. Subscribers run on the informer's task
+//!   under its dispatch lock: they must be quick and must not subscribe or unsubscribe.
+//! - the event source is the `Client` trait, so the same informer serves in-process and remote use.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use serde_json::Value;
+use shepherd_api::{ApiError, ResourceInfo};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, info, warn};
+
+use crate::cache::{Cache, Change, resource_version};
+use crate::client::{Client, ListParams, WatchEvent};
+use crate::faults::WatchFaults;
+use crate::metrics::{KindLabels, Metrics};
+
+/// A subscriber callback.
+pub type Handler = Arc<dyn Fn(&Change) + Send + Sync>;
+
+/// Identifies a subscription, to remove it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HandlerId(u64);
+
+type ResyncReply = oneshot::Sender<Result<(), ApiError>>;
+
+/// Keeps the cache of one kind in step with the API and tells subscribers what changed.
+pub struct Informer {
+    res: ResourceInfo,
+    client: Arc<dyn Client>,
+    cache: Arc<Cache>,
+    /// Held while applying a change to the cache and calling subscribers, so a new subscriber's
+    /// replay of the cache and the live changes after it neither overlap nor leave a gap.
+    handlers: Mutex<Vec<(HandlerId, Handler)>>,
+    next_handler: AtomicU64,
+    synced: watch::Sender<bool>,
+    resync_tx: mpsc::UnboundedSender<ResyncReply>,
+    resync_rx: Mutex<Option<mpsc::UnboundedReceiver<ResyncReply>>>,
+    faults: Arc<WatchFaults>,
+    metrics: InformerMetrics,
+    last_list: Mutex<Option<jiff::Timestamp>>,
+    started: AtomicBool,
+}
+
+struct InformerMetrics {
+    events: Counter,
+    dropped: Counter,
+    relists: Counter,
+    last_resync: Gauge<f64, AtomicU64>,
+    objects: Gauge,
+}
+
+impl Informer {
+    fn new(res: ResourceInfo, client: Arc<dyn Client>, faults: Arc<WatchFaults>, metrics: &Metrics) -> Self {
+        let labels = KindLabels { kind: res.kind.to_string() };
+        let m = metrics.inner();
+        let (resync_tx, resync_rx) = mpsc::unbounded_channel();
+        Informer {
+            res,
+            client,
+            cache: Arc::default(),
+            handlers: Mutex::default(),
+            next_handler: AtomicU64::new(0),
+            synced: watch::Sender::new(false),
+            resync_tx,
+            resync_rx: Mutex::new(Some(resync_rx)),
+            faults,
+            metrics: InformerMetrics {
+                events: m.informer_events.get_or_create_owned(&labels),
+                dropped: m.informer_dropped_events.get_or_create_owned(&labels),
+                relists: m.informer_relists.get_or_create_owned(&labels),
+                last_resync: m.informer_last_resync.get_or_create_owned(&labels),
+                objects: m.informer_objects.get_or_create_owned(&labels),
+            },
+            last_list: Mutex::default(),
+            started: AtomicBool::new(false),
+        }
+    }
+
+    /// The kind this informer watches.
+    pub fn resource(&self) -> &ResourceInfo {
+        &self.res
+    }
+
+    /// The cache this informer fills.
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.cache
+    }
+
+    /// Waits until the first list has reached the cache.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.subscribe();
+        let _ = rx.wait_for(|synced| *synced).await;
+    }
+
+    /// When the last full list completed (start, recovery or resync).
+    pub fn last_list(&self) -> Option<jiff::Timestamp> {
+        *self.last_list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Subscribes to changes; the subscriber first receives every cached object as `Added`.
+    pub fn subscribe(&self, handler: impl Fn(&Change) + Send + Sync + 'static) -> HandlerId {
+        let id = HandlerId(self.next_handler.fetch_add(1, Ordering::Relaxed));
+        let mut handlers = self.lock_handlers();
+        for obj in self.cache.list() {
+            handler(&Change::Added(obj));
+        }
+        handlers.push((id, Arc::new(handler)));
+        id
+    }
+
+    pub fn unsubscribe(&self, id: HandlerId) {
+        self.lock_handlers().retain(|(h, _)| *h != id);
+    }
+
+    /// Lists from the API now, diffs the cache against the list (subscribers get what changed),
+    /// and restarts the watch from the list's revision. Returns once the cache reflects the list.
+    pub async fn resync(&self) -> Result<(), ApiError> {
+        if !self.started.load(Ordering::Acquire) {
+            return Err(ApiError::ServiceUnavailable(format!("the {} informer is not running", self.res.kind)));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.resync_tx
+            .send(tx)
+            .map_err(|_| ApiError::ServiceUnavailable(format!("the {} informer has stopped", self.res.kind)))?;
+        rx.await.unwrap_or_else(|_| Err(ApiError::ServiceUnavailable(format!("the {} informer has stopped", self.res.kind))))
+    }
+
+    fn lock_handlers(&self) -> MutexGuard<'_, Vec<(HandlerId, Handler)>> {
+        self.handlers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Spawns the list-watch loop once; later calls do nothing.
+    fn start(self: &Arc<Self>, shutdown: watch::Receiver<bool>) {
+        if self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Some(resync_rx) = self.resync_rx.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        tokio::spawn(self.clone().run(resync_rx, shutdown));
+    }
+
+    async fn run(self: Arc<Self>, mut resync_rx: mpsc::UnboundedReceiver<ResyncReply>, mut shutdown: watch::Receiver<bool>) {
+        let kind = self.res.kind;
+        let mut waiters: Vec<ResyncReply> = Vec::new();
+        let mut retry = Retry::default();
+        let all = ListParams::default();
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            let listed = tokio::select! {
+                _ = shutdown.changed() => return,
+                r = self.client.list(&self.res, &all) => r,
+            };
+            let list = match listed {
+                Ok(list) => list,
+                Err(e) => {
+                    warn!(kind, error = %e, "listing failed; retrying");
+                    waiters.drain(..).for_each(|w| drop(w.send(Err(e.clone()))));
+                    if !pause(&mut shutdown, retry.next()).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let mut revision = list.resource_version;
+            self.apply_list(list.items);
+            waiters.drain(..).for_each(|w| drop(w.send(Ok(()))));
+            debug!(kind, revision, "listed; watching");
+
+            let mut stream = None;
+            loop {
+                if stream.is_none() {
+                    let opened = tokio::select! {
+                        _ = shutdown.changed() => return,
+                        r = self.client.watch(&self.res, &all, revision) => r,
+                    };
+                    match opened {
+                        Ok(events) => stream = Some(events),
+                        Err(ApiError::Expired(_)) => {
+                            info!(kind, revision, "watch revision expired; relisting");
+                            break;
+                        }
+                        Err(e) => {
+                            warn!(kind, error = %e, "opening the watch failed; relisting");
+                            if !pause(&mut shutdown, retry.next()).await {
+                                return;
+                            }
+                            break;
+                        }
+                    }
+                }
+                let Some(events) = stream.as_mut() else { continue };
+                let outcome = tokio::select! {
+                    _ = shutdown.changed() => return,
+                    Some(reply) = resync_rx.recv() => {
+                        waiters.push(reply);
+                        while let Ok(reply) = resync_rx.try_recv() {
+                            waiters.push(reply);
+                        }
+                        Outcome::Relist
+                    }
+                    event = events.next() => match event {
+                        Some(Ok(event)) => {
+                            retry.reset();
+                            if let Some(rv) = self.apply_event(event) {
+                                revision = revision.max(rv);
+                            }
+                            Outcome::Continue
+                        }
+                        Some(Err(ApiError::Expired(msg))) => {
+                            info!(kind, revision, %msg, "watch expired; relisting");
+                            Outcome::Relist
+                        }
+                        Some(Err(e)) => {
+                            warn!(kind, error = %e, "watch failed; relisting");
+                            Outcome::Relist
+                        }
+                        None => Outcome::Ended,
+                    },
+                };
+                match outcome {
+                    Outcome::Continue => {}
+                    Outcome::Relist => break,
+                    Outcome::Ended => {
+                        // The server ended the watch cleanly: resume from the revision reached.
+                        stream = None;
+                        if !pause(&mut shutdown, retry.next()).await {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Diffs the cache against a full list and tells subscribers what differed.
+    fn apply_list(&self, items: Vec<Value>) {
+        let handlers = self.lock_handlers();
+        let changes = self.cache.replace(items);
+        for change in &changes {
+            handlers.iter().for_each(|(_, h)| h(change));
+        }
+        drop(handlers);
+        let now = jiff::Timestamp::now();
+        *self.last_list.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+        self.metrics.relists.inc();
+        self.metrics.last_resync.set(now.as_millisecond() as f64 / 1000.0);
+        self.metrics.objects.set(self.cache.len() as i64);
+        self.synced.send_replace(true);
+        if !changes.is_empty() {
+            debug!(kind = self.res.kind, missed = changes.len(), "list found changes the watch had not delivered");
+        }
+    }
+
+    /// Applies one watch event (unless fault injection drops it); returns the revision it carries.
+    fn apply_event(&self, event: WatchEvent) -> Option<u64> {
+        let (obj, deleted) = match event {
+            WatchEvent::Bookmark(rv) => return Some(rv),
+            WatchEvent::Added(o) | WatchEvent::Modified(o) => (o, false),
+            WatchEvent::Deleted(o) => (o, true),
+        };
+        let rv = resource_version(&obj);
+        self.metrics.events.inc();
+        if self.faults.should_drop() {
+            self.metrics.dropped.inc();
+            return rv;
+        }
+        let handlers = self.lock_handlers();
+        let change = if deleted { self.cache.apply_delete(obj) } else { self.cache.apply_upsert(obj) };
+        if let Some(change) = change {
+            handlers.iter().for_each(|(_, h)| h(&change));
+        }
+        drop(handlers);
+        self.metrics.objects.set(self.cache.len() as i64);
+        rv
+    }
+}
+
+enum Outcome {
+    Continue,
+    Relist,
+    Ended,
+}
+
+/// Sleeps `delay` unless shutdown comes first; `false` on shutdown.
+async fn pause(shutdown: &mut watch::Receiver<bool>, delay: Duration) -> bool {
+    tokio::select! {
+        _ = shutdown.changed() => false,
+        _ = tokio::time::sleep(delay) => true,
+    }
+}
+
+/// Delay between failed list/watch attempts: 200 ms doubling to 30 s, reset by a received event.
+#[derive(Default)]
+struct Retry {
+    failures: u32,
+}
+
+impl Retry {
+    fn next(&mut self) -> Duration {
+        let delay = Duration::from_millis(200).saturating_mul(1u32 << self.failures.min(8));
+        self.failures = self.failures.saturating_add(1);
+        delay.min(Duration::from_secs(30))
+    }
+
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// Hands out one shared `Informer` per kind. Informers run from `start` until the factory shuts down.
+pub struct InformerFactory {
+    client: Arc<dyn Client>,
+    metrics: Metrics,
+    faults: Arc<WatchFaults>,
+    informers: Mutex<HashMap<(&'static str, &'static str), Arc<Informer>>>,
+    started: AtomicBool,
+    shutdown: watch::Sender<bool>,
+}
+
+impl InformerFactory {
+    pub fn new(client: Arc<dyn Client>, metrics: Metrics) -> Self {
+        InformerFactory {
+            client,
+            metrics,
+            faults: Arc::default(),
+            informers: Mutex::default(),
+            started: AtomicBool::new(false),
+            shutdown: watch::Sender::new(false),
+        }
+    }
+
+    /// The client informers list and watch through.
+    pub fn client(&self) -> &Arc<dyn Client> {
+        &self.client
+    }
+
+    /// The informer of `res`, created on first use (and started at once if the factory runs).
+    pub fn informer(&self, res: &ResourceInfo) -> Arc<Informer> {
+        let mut informers = self.informers.lock().unwrap_or_else(|e| e.into_inner());
+        let informer = informers
+            .entry((res.group, res.kind))
+            .or_insert_with(|| Arc::new(Informer::new(*res, self.client.clone(), self.faults.clone(), &self.metrics)))
+            .clone();
+        if self.started.load(Ordering::Acquire) {
+            informer.start(self.shutdown.subscribe());
+        }
+        informer
+    }
+
+    /// The cache of `res` (shorthand for `informer(res).cache()`).
+    pub fn cache(&self, res: &ResourceInfo) -> Arc<Cache> {
+        self.informer(res).cache().clone()
+    }
+
+    /// Starts every informer created so far and any created later. Needs a Tokio runtime.
+    pub fn start(&self) {
+        self.started.store(true, Ordering::Release);
+        let informers: Vec<Arc<Informer>> =
+            self.informers.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for informer in informers {
+            informer.start(self.shutdown.subscribe());
+        }
+    }
+
+    /// Fault injection on every informer of this factory (off by default).
+    pub fn watch_faults(&self) -> &Arc<WatchFaults> {
+        &self.faults
+    }
+
+    /// Stops every informer's list-watch loop.
+    pub fn shut_down(&self) {
+        self.shutdown.send_replace(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{DeleteParams, Patch};
+    use crate::testing::MemoryClient;
+    use serde_json::json;
+    use shepherd_api::kinds::POD;
+
+    fn pod(name: &str) -> Value {
+        json!({ "metadata": { "name": name, "namespace": "ns" }, "spec": { "nodeName": "n1" } })
+    }
+
+    fn recorder(informer: &Informer) -> Arc<Mutex<Vec<String>>> {
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let s = seen.clone();
+        informer.subscribe(move |c| {
+            let name = c.object()["metadata"]["name"].as_str().unwrap_or("?").to_string();
+            let what = match c {
+                Change::Added(_) => "add",
+                Change::Updated { .. } => "update",
+                Change::Deleted(_) => "delete",
+            };
+            s.lock().unwrap().push(format!("{what} {name}"));
+        });
+        seen
+    }
+
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_informer_per_kind_is_shared_and_replays_the_cache_to_late_subscribers() {
+        let client = Arc::new(MemoryClient::new());
+        client.create(&POD, None, pod("a")).await.unwrap();
+        let factory = InformerFactory::new(client.clone(), Metrics::new());
+        let first = factory.informer(&POD);
+        assert!(Arc::ptr_eq(&first, &factory.informer(&POD)));
+        factory.start();
+        first.wait_synced().await;
+        let seen = recorder(&first);
+        client.create(&POD, None, pod("b")).await.unwrap();
+        settle().await;
+        assert_eq!(*seen.lock().unwrap(), ["add a", "add b"]);
+        assert_eq!(first.cache().by_node_name("n1").len(), 2);
+        assert_eq!(client.open_watches(), 1, "one watch per kind, however many users");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_an_expired_watch_the_relist_delivers_exactly_what_was_missed() {
+        let client = Arc::new(MemoryClient::new());
+        for n in ["keep", "change", "remove"] {
+            client.create(&POD, None, pod(n)).await.unwrap();
+        }
+        let factory = InformerFactory::new(client.clone(), Metrics::new());
+        let informer = factory.informer(&POD);
+        factory.start();
+        informer.wait_synced().await;
+        let seen = recorder(&informer);
+        seen.lock().unwrap().clear();
+
+        client.set_drop_watch_events(true);
+        client.patch(&POD, Some("ns"), "change", Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}))).await.unwrap();
+        client.delete(&POD, Some("ns"), "remove", &DeleteParams::default()).await.unwrap();
+        client.create(&POD, None, pod("new")).await.unwrap();
+        client.set_drop_watch_events(false);
+        settle().await;
+        assert!(seen.lock().unwrap().is_empty(), "the lost events are not seen yet");
+
+        client.compact();
+        client.break_watches(ApiError::Expired("too old".into()));
+        settle().await;
+        let mut got = seen.lock().unwrap().clone();
+        got.sort();
+        assert_eq!(got, ["add new", "delete remove", "update change"]);
+        assert_eq!(informer.cache().keys(), ["ns/change", "ns/keep", "ns/new"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropped_watch_events_never_reach_the_cache_until_a_resync() {
+        let client = Arc::new(MemoryClient::new());
+        let factory = InformerFactory::new(client.clone(), Metrics::new());
+        let informer = factory.informer(&POD);
+        factory.start();
+        informer.wait_synced().await;
+        factory.watch_faults().set_drop_fraction(1.0);
+        client.create(&POD, None, pod("a")).await.unwrap();
+        settle().await;
+        assert!(informer.cache().is_empty());
+        informer.resync().await.unwrap();
+        assert_eq!(informer.cache().keys(), ["ns/a"]);
+    }
+}
