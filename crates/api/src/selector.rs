@@ -548,6 +548,16 @@ mod tests {
         }
 
         #[test]
+        fn any_typed_string_parses_or_is_a_bad_request(s in "[ a-z!=(),/.äé-]{0,24}") {
+            if let Err(e) = LabelSelector::parse(&s) {
+                prop_assert_eq!(e.code(), 400);
+            }
+            if let Err(e) = FieldSelector::parse(&s) {
+                prop_assert_eq!(e.code(), 400);
+            }
+        }
+
+        #[test]
         fn matching_agrees_with_a_plain_model(
             reqs in proptest::collection::vec(arb_requirement(), 0..5),
             map in proptest::collection::btree_map(arb_key(), arb_value(), 0..5),

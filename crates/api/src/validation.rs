@@ -1413,4 +1413,45 @@ mod tests {
         new["spec"]["clusterIP"] = json!("10.96.0.10");
         assert_eq!(validate_update(&SERVICE, &old, &new), Ok(()));
     }
+
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let key = prop_oneof![
+            Just("metadata"), Just("name"), Just("labels"), Just("spec"), Just("containers"), Just("image"),
+            Just("ports"), Just("containerPort"), Just("selector"), Just("matchLabels"), Just("matchExpressions"),
+            Just("template"), Just("strategy"), Just("rollingUpdate"), Just("maxSurge"), Just("resources"),
+            Just("requests"), Just("cpu"), Just("livenessProbe"), Just("httpGet"), Just("port"), Just("targetPort"),
+            Just("subsets"), Just("operator"), Just("values"), Just("env"), Just("x"),
+        ]
+        .prop_map(str::to_string);
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            "[a-zA-Z0-9%./-]{0,6}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 64, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map(key.clone(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_json_never_panics_and_only_ever_yields_422(old in arb_json(), new in arb_json()) {
+            for res in crate::kinds::ALL {
+                let mut defaulted = new.clone();
+                crate::defaults::apply_defaults(res, &mut defaulted);
+                for result in [validate(res, &new), validate(res, &defaulted), validate_update(res, &old, &new)] {
+                    if let Err(e) = result {
+                        proptest::prop_assert_eq!(e.code(), 422);
+                    }
+                }
+            }
+        }
+    }
 }
