@@ -1,1 +1,74 @@
-//! placeholder
+//! Kubernetes-shaped HTTP API over the Shepherd store: REST paths, verbs, watch, discovery,
+//! Status errors, metrics; and the in-process client that controllers use.
+
+mod client;
+mod codec;
+mod discovery;
+mod http;
+mod metrics;
+mod service;
+mod table;
+mod watch;
+
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::registry::Registry;
+use shepherd_store::Store;
+
+pub use client::LocalClient;
+pub use http::{HttpConfig, LogSource};
+pub use metrics::Metrics;
+pub use service::{ApiService, DeleteOptions, Deleted, ListOptions, Part, PatchType, SYSTEM_NAMESPACES};
+pub use table::{human_age, pod_status};
+pub use watch::{WatchOptions, WireEvent};
+
+/// The API server: the object service, its metrics registry and the HTTP router over them.
+#[derive(Clone)]
+pub struct ApiServer {
+    service: ApiService,
+    registry: Arc<Mutex<Registry>>,
+    config: Arc<HttpConfig>,
+    logs: Option<Arc<dyn LogSource>>,
+}
+
+impl ApiServer {
+    /// Builds a server over `store`, creating the system namespaces if they are missing.
+    pub async fn new(store: Arc<dyn Store>, config: HttpConfig) -> Result<Self, shepherd_api::ApiError> {
+        let metrics = Arc::new(Metrics::default());
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let service = ApiService::new(store, metrics);
+        service.ensure_system_namespaces().await?;
+        Ok(ApiServer { service, registry: Arc::new(Mutex::new(registry)), config: Arc::new(config), logs: None })
+    }
+
+    pub fn service(&self) -> &ApiService {
+        &self.service
+    }
+
+    /// A client that calls the service directly, with the same validation as HTTP.
+    pub fn client(&self) -> LocalClient {
+        LocalClient::new(self.service.clone())
+    }
+
+    /// The metrics registry, for other components to register theirs into `/metrics`.
+    pub fn registry(&self) -> Arc<Mutex<Registry>> {
+        self.registry.clone()
+    }
+
+    /// Serves pod logs through `GET .../pods/{name}/log`.
+    pub fn with_logs(mut self, logs: Arc<dyn LogSource>) -> Self {
+        self.logs = Some(logs);
+        self
+    }
+
+    /// The HTTP routes; callers may merge more (debug endpoints) before serving.
+    pub fn router(&self) -> axum::Router {
+        http::router(http::AppState {
+            svc: self.service.clone(),
+            registry: self.registry.clone(),
+            config: self.config.clone(),
+            logs: self.logs.clone(),
+        })
+    }
+}

@@ -1,0 +1,147 @@
+//! `LocalClient`: the in-process implementation of the controllers' `Client`, calling the
+//! service layer directly (no HTTP, same validation, same watch semantics).
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use serde_json::Value;
+use shepherd_api::ApiError;
+use shepherd_api::kinds::ResourceInfo;
+use shepherd_runtime::{Client, DeleteParams, ListParams, ObjectList, Patch, WatchEvent};
+
+use crate::codec;
+use crate::service::{ApiService, DeleteOptions, ListOptions, Part, PatchType};
+use crate::watch::WatchOptions;
+
+#[derive(Clone)]
+pub struct LocalClient {
+    svc: ApiService,
+}
+
+impl LocalClient {
+    pub fn new(svc: ApiService) -> Self {
+        LocalClient { svc }
+    }
+}
+
+fn name_of(obj: &Value) -> Result<String, ApiError> {
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| ApiError::BadRequest("metadata.name is required for an update".into()))
+}
+
+fn namespace_of<'a>(res: &ResourceInfo, ns: Option<&'a str>, obj: &'a Value) -> Option<&'a str> {
+    if !res.namespaced {
+        return None;
+    }
+    ns.or_else(|| obj.pointer("/metadata/namespace").and_then(Value::as_str)).or(Some("default"))
+}
+
+fn patch_parts(patch: Patch) -> (PatchType, Value) {
+    match patch {
+        Patch::Merge(v) => (PatchType::Merge, v),
+        Patch::Json(v) => (PatchType::Json, v),
+    }
+}
+
+/// `ResourceInfo` values handed to the client are copies; the service wants the registry's own.
+fn registered(res: &ResourceInfo) -> Result<&'static ResourceInfo, ApiError> {
+    shepherd_api::kinds::by_plural(res.group, res.plural)
+        .ok_or_else(|| ApiError::NotFound { kind: res.plural.into(), name: String::new(), message: format!("unknown resource {}", res.plural) })
+}
+
+#[async_trait]
+impl Client for LocalClient {
+    async fn get(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        codec::decode(&self.svc.get(res, namespace, name).await?)
+    }
+
+    async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
+        let opts = ListOptions {
+            label_selector: params.label_selector.clone(),
+            field_selector: params.field_selector.clone(),
+            ..Default::default()
+        };
+        let page = self.svc.list(res, params.namespace.as_deref(), &opts).await?;
+        let items: Result<Vec<Value>, ApiError> = page.items.iter().map(codec::decode).collect();
+        Ok(ObjectList { items: items?, resource_version: page.revision })
+    }
+
+    async fn watch(
+        &self,
+        res: &ResourceInfo,
+        params: &ListParams,
+        resource_version: u64,
+    ) -> Result<BoxStream<'static, Result<WatchEvent, ApiError>>, ApiError> {
+        let opts = WatchOptions {
+            label_selector: params.label_selector.clone(),
+            field_selector: params.field_selector.clone(),
+            resource_version: Some(resource_version),
+            ..Default::default()
+        };
+        let stream = self.svc.watch(registered(res)?, params.namespace.as_deref(), opts).await?;
+        Ok(stream
+            .map(|e| {
+                let obj: Value = serde_json::from_slice(&e.object)
+                    .map_err(|err| ApiError::Internal(format!("decoding watch event: {err}")))?;
+                match e.kind {
+                    "ADDED" => Ok(WatchEvent::Added(obj)),
+                    "MODIFIED" => Ok(WatchEvent::Modified(obj)),
+                    "DELETED" => Ok(WatchEvent::Deleted(obj)),
+                    "BOOKMARK" => Ok(WatchEvent::Bookmark(
+                        obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|r| r.parse().ok()).unwrap_or(0),
+                    )),
+                    _ => Err(ApiError::from_status(&obj)),
+                }
+            })
+            .boxed())
+    }
+
+    async fn create(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        let ns = namespace_of(res, namespace, &obj).map(str::to_string);
+        codec::decode(&self.svc.create(res, ns.as_deref(), obj).await?)
+    }
+
+    async fn update(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        let name = name_of(&obj)?;
+        let ns = namespace_of(res, namespace, &obj).map(str::to_string);
+        codec::decode(&self.svc.update(res, ns.as_deref(), &name, obj, Part::Main).await?)
+    }
+
+    async fn update_status(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        let name = name_of(&obj)?;
+        let ns = namespace_of(res, namespace, &obj).map(str::to_string);
+        let part = if res.has_status { Part::Status } else { Part::Main };
+        codec::decode(&self.svc.update(res, ns.as_deref(), &name, obj, part).await?)
+    }
+
+    async fn patch(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
+        let (t, p) = patch_parts(patch);
+        codec::decode(&self.svc.patch(res, namespace, name, t, &p, Part::Main).await?)
+    }
+
+    async fn patch_status(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
+        let (t, p) = patch_parts(patch);
+        let part = if res.has_status { Part::Status } else { Part::Main };
+        codec::decode(&self.svc.patch(res, namespace, name, t, &p, part).await?)
+    }
+
+    async fn delete(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, params: &DeleteParams) -> Result<Option<Value>, ApiError> {
+        let opts = DeleteOptions {
+            propagation_policy: params.propagation.map(|p| p.as_str().to_string()),
+            grace_period_seconds: params.grace_period_seconds,
+            precondition_uid: params.precondition_uid.clone(),
+            precondition_resource_version: params.precondition_resource_version,
+        };
+        match self.svc.delete(res, namespace, name, &opts).await? {
+            crate::service::Deleted::Gone(_) => Ok(None),
+            crate::service::Deleted::Pending(kv) => Ok(Some(codec::decode(&kv)?)),
+        }
+    }
+
+    async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError> {
+        self.svc.bind(namespace, name, node_name).await.map(|_| ())
+    }
+}

@@ -1,0 +1,605 @@
+//! HTTP routing: the Kubernetes REST paths, verbs and content types, mapped onto `ApiService`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use futures::StreamExt;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+use shepherd_api::ApiError;
+use shepherd_api::kinds::{self, ResourceInfo};
+
+use crate::codec;
+use crate::discovery;
+use crate::service::{ApiService, DeleteOptions, Deleted, ListOptions, Part, PatchType, parse_resource_version};
+use crate::table;
+use crate::watch::{WatchOptions, WireEvent};
+
+/// Settings of the HTTP layer.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Largest accepted request body, in bytes (Kubernetes: 3 MiB).
+    pub max_body_bytes: usize,
+    /// When set, every request must carry `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+    pub bookmark_interval: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig { max_body_bytes: 3 * 1024 * 1024, token: None, bookmark_interval: Duration::from_secs(10) }
+    }
+}
+
+/// Serves `GET .../pods/{name}/log`; provided by whoever runs the node agents.
+#[async_trait::async_trait]
+pub trait LogSource: Send + Sync + 'static {
+    async fn logs(&self, namespace: &str, pod: &str, query: &HashMap<String, String>) -> Result<Body, ApiError>;
+}
+
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub(crate) svc: ApiService,
+    pub(crate) registry: Arc<std::sync::Mutex<Registry>>,
+    pub(crate) config: Arc<HttpConfig>,
+    pub(crate) logs: Option<Arc<dyn LogSource>>,
+}
+
+fn json_response(code: StatusCode, body: Vec<u8>) -> Response {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = code;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+pub(crate) fn error_response(e: &ApiError) -> Response {
+    let code = StatusCode::from_u16(e.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json_response(code, e.to_status().to_string().into_bytes())
+}
+
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }))
+        .route("/version", get(|| async { axum::Json(discovery::version()) }))
+        .route("/metrics", get(metrics))
+        .route("/api", get(|| async { axum::Json(discovery::core_versions()) }))
+        .route("/apis", get(|| async { axum::Json(discovery::groups()) }))
+        .route("/api/{*rest}", any(dispatch_core))
+        .route("/apis/{*rest}", any(dispatch_groups))
+        .fallback(|req: Request| async move {
+            error_response(&ApiError::NotFound {
+                kind: String::new(),
+                name: String::new(),
+                message: format!("the server could not find the requested resource ({})", req.uri().path()),
+            })
+        })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
+        .with_state(state)
+}
+
+async fn authenticate(State(app): State<AppState>, req: Request, next: axum::middleware::Next) -> Response {
+    if let Some(token) = &app.config.token {
+        let ok = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| t == token);
+        if !ok && req.uri().path() != "/healthz" {
+            let mut r = json_response(
+                StatusCode::UNAUTHORIZED,
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "Unauthorized: a valid bearer token is required", "reason": "Unauthorized", "code": 401})
+                .to_string()
+                .into_bytes(),
+            );
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    next.run(req).await
+}
+
+async fn metrics(State(app): State<AppState>) -> Response {
+    for res in kinds::ALL {
+        let n = app.svc.store.count(&res.key_prefix()) as i64;
+        app.svc.metrics.objects.get_or_create(&crate::metrics::ResourceLabel { resource: res.plural.into() }).set(n);
+    }
+    let mut out = String::new();
+    let encoded = match app.registry.lock() {
+        Ok(reg) => prometheus_client::encoding::text::encode(&mut out, &reg).map_err(|e| e.to_string()),
+        Err(_) => Err("metrics registry poisoned".to_string()),
+    };
+    match encoded {
+        Ok(()) => {
+            let mut r = Response::new(Body::from(out));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            );
+            r
+        }
+        Err(e) => error_response(&ApiError::Internal(e)),
+    }
+}
+
+/// A request resolved to a resource: which one, in which namespace, which object, which subresource.
+#[derive(Debug)]
+struct Target {
+    res: &'static ResourceInfo,
+    namespace: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+fn resolve(group: &str, version: &str, rest: &[&str]) -> Result<Target, ApiError> {
+    let unknown = |what: &str| ApiError::NotFound {
+        kind: String::new(),
+        name: String::new(),
+        message: format!("the server could not find the requested resource ({what})"),
+    };
+    if version != "v1" {
+        return Err(unknown(&format!("version {version}")));
+    }
+    let lookup = |plural: &str| kinds::by_plural(group, plural).ok_or_else(|| unknown(plural));
+    let owned = |s: &&str| s.to_string();
+    match rest {
+        ["namespaces", ns, plural, tail @ ..] if kinds::by_plural(group, plural).is_some_and(|r| r.namespaced) => {
+            let res = lookup(plural)?;
+            match tail {
+                [] => Ok(Target { res, namespace: Some(ns.to_string()), name: None, sub: None }),
+                [name] => Ok(Target { res, namespace: Some(ns.to_string()), name: Some(name.to_string()), sub: None }),
+                [name, sub] => Ok(Target { res, namespace: Some(ns.to_string()), name: Some(name.to_string()), sub: Some(sub.to_string()) }),
+                _ => Err(unknown(&rest.join("/"))),
+            }
+        }
+        [plural] => Ok(Target { res: lookup(plural)?, namespace: None, name: None, sub: None }),
+        [plural, name] => {
+            let res = lookup(plural)?;
+            if res.namespaced {
+                return Err(unknown(&rest.join("/")));
+            }
+            Ok(Target { res, namespace: None, name: Some(name.to_string()), sub: None })
+        }
+        [plural, name, sub] => {
+            let res = lookup(plural)?;
+            if res.namespaced {
+                return Err(unknown(&rest.join("/")));
+            }
+            Ok(Target { res, namespace: None, name: rest.get(1).map(owned), sub: Some(sub.to_string()).filter(|_| !name.is_empty()) })
+        }
+        _ => Err(unknown(&rest.join("/"))),
+    }
+}
+
+async fn dispatch_core(State(app): State<AppState>, req: Request) -> Response {
+    let path = req.uri().path().trim_start_matches("/api/").trim_end_matches('/').to_string();
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match segs.as_slice() {
+        ["v1"] => axum::Json(discovery::resources("").unwrap_or(json!({}))).into_response(),
+        [version, rest @ ..] => {
+            let t = resolve("", version, rest);
+            serve(app, t, req).await
+        }
+        _ => error_response(&ApiError::not_found("paths", &path)),
+    }
+}
+
+async fn dispatch_groups(State(app): State<AppState>, req: Request) -> Response {
+    let path = req.uri().path().trim_start_matches("/apis/").trim_end_matches('/').to_string();
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match segs.as_slice() {
+        [group] => match discovery::group(group) {
+            Some(g) => axum::Json(g).into_response(),
+            None => error_response(&ApiError::not_found("groups", group)),
+        },
+        [group, "v1"] => match discovery::resources(group) {
+            Some(r) => axum::Json(r).into_response(),
+            None => error_response(&ApiError::not_found("groups", group)),
+        },
+        [group, version, rest @ ..] => {
+            let t = resolve(group, version, rest);
+            serve(app, t, req).await
+        }
+        _ => error_response(&ApiError::not_found("paths", &path)),
+    }
+}
+
+fn wants_table(headers: &HeaderMap) -> bool {
+    headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("as=Table"))
+}
+
+async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large = || ApiError::RequestEntityTooLarge(format!("request body is larger than the limit of {limit} bytes"));
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(req.into_body(), limit).await.map_err(|_| too_large())
+}
+
+fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::BadRequest("request body is empty; a JSON object is required".into()));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("malformed JSON in request body: {e}")))
+}
+
+fn content_type(headers: &HeaderMap) -> String {
+    headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json").to_string()
+}
+
+fn check_json_body(headers: &HeaderMap) -> Result<(), ApiError> {
+    let ct = content_type(headers);
+    if ct.starts_with("application/json") || ct.starts_with("*/*") {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType(format!("content type {ct:?} is not supported: send application/json")))
+    }
+}
+
+fn verb_name(method: &Method, t: &Target, query: &HashMap<String, String>) -> &'static str {
+    let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    match (method.as_str(), &t.name) {
+        ("GET", None) if watching => "WATCH",
+        ("GET", None) => "LIST",
+        ("GET", Some(_)) => "GET",
+        ("POST", _) => "POST",
+        ("PUT", _) => "PUT",
+        ("PATCH", _) => "PATCH",
+        ("DELETE", None) => "DELETECOLLECTION",
+        ("DELETE", Some(_)) => "DELETE",
+        _ => "OTHER",
+    }
+}
+
+async fn serve(app: AppState, target: Result<Target, ApiError>, req: Request) -> Response {
+    let started = Instant::now();
+    let query: HashMap<String, String> =
+        Query::<HashMap<String, String>>::try_from_uri(req.uri()).map(|q| q.0).unwrap_or_default();
+    let t = match target {
+        Ok(t) => t,
+        Err(e) => return error_response(&e),
+    };
+    let verb = verb_name(req.method(), &t, &query);
+    let resource = match &t.sub {
+        Some(s) => format!("{}/{}", t.res.plural, s),
+        None => t.res.plural.to_string(),
+    };
+    let response = match handle(&app, &t, &query, req).await {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
+    };
+    app.svc.metrics.observe_request(verb, &resource, response.status().as_u16(), started);
+    response
+}
+
+fn object_response(code: StatusCode, kv: &shepherd_store::KeyValue) -> Response {
+    json_response(code, codec::render(kv))
+}
+
+fn list_options(query: &HashMap<String, String>) -> Result<ListOptions, ApiError> {
+    let limit = match query.get("limit").map(|l| l.parse::<i64>()) {
+        None => None,
+        Some(Ok(l)) if l > 0 => Some(l as usize),
+        Some(Ok(_)) => None,
+        Some(Err(_)) => return Err(ApiError::BadRequest("limit must be a whole number".into())),
+    };
+    Ok(ListOptions {
+        label_selector: query.get("labelSelector").cloned(),
+        field_selector: query.get("fieldSelector").cloned(),
+        limit,
+        continue_token: query.get("continue").cloned(),
+    })
+}
+
+fn reject_unsupported(query: &HashMap<String, String>) -> Result<(), ApiError> {
+    if query.contains_key("dryRun") {
+        return Err(ApiError::BadRequest("dryRun is not supported by Shepherd".into()));
+    }
+    Ok(())
+}
+
+async fn handle(
+    app: &AppState,
+    t: &Target,
+    query: &HashMap<String, String>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let svc = &app.svc;
+    let res = t.res;
+    let ns = t.namespace.as_deref();
+    let method = req.method().clone();
+    let headers = req.headers().clone();
+    reject_unsupported(query)?;
+    match (&method, t.name.as_deref(), t.sub.as_deref()) {
+        (&Method::GET, None, None) => {
+            if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
+                return watch(app, t, query, &headers).await;
+            }
+            let page = svc.list(res, ns, &list_options(query)?).await?;
+            if wants_table(&headers) {
+                let objects: Result<Vec<Value>, ApiError> = page.items.iter().map(codec::decode).collect();
+                let mut tbl = table::table(res, &objects?, &page.revision.to_string());
+                if let Some(c) = page.continue_token {
+                    tbl["metadata"]["continue"] = json!(c);
+                }
+                return Ok(json_response(StatusCode::OK, tbl.to_string().into_bytes()));
+            }
+            let mut out = Vec::with_capacity(page.items.iter().map(|kv| kv.value.len() + 24).sum::<usize>() + 256);
+            out.extend_from_slice(format!("{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{{\"resourceVersion\":\"{}\"",
+                res.list_kind(), res.api_version(), page.revision).as_bytes());
+            if let Some(c) = &page.continue_token {
+                out.extend_from_slice(format!(",\"continue\":\"{c}\"").as_bytes());
+            }
+            out.extend_from_slice(b"},\"items\":[");
+            for (i, kv) in page.items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                codec::render_into(kv, &mut out);
+            }
+            out.extend_from_slice(b"]}");
+            Ok(json_response(StatusCode::OK, out))
+        }
+        (&Method::GET, Some(name), None) => {
+            let kv = svc.get(res, ns, name).await?;
+            if wants_table(&headers) {
+                let tbl = table::table(res, &[codec::decode(&kv)?], &kv.mod_revision.to_string());
+                return Ok(json_response(StatusCode::OK, tbl.to_string().into_bytes()));
+            }
+            Ok(object_response(StatusCode::OK, &kv))
+        }
+        (&Method::GET, Some(name), Some("status")) if res.has_status => {
+            Ok(object_response(StatusCode::OK, &svc.get(res, ns, name).await?))
+        }
+        (&Method::GET, Some(name), Some("scale")) if res.has_scale => {
+            let kv = svc.get(res, ns, name).await?;
+            Ok(json_response(StatusCode::OK, scale_of(&codec::decode(&kv)?).to_string().into_bytes()))
+        }
+        (&Method::GET, Some(name), Some("log")) if res.kind == "Pod" => {
+            let ns = ns.unwrap_or("default");
+            svc.get(res, Some(ns), name).await?;
+            match &app.logs {
+                Some(src) => {
+                    let body = src.logs(ns, name, query).await?;
+                    let mut r = Response::new(body);
+                    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+                    Ok(r)
+                }
+                None => Err(ApiError::ServiceUnavailable(
+                    "no node agent serves logs in this server; logs are available in standalone mode".into(),
+                )),
+            }
+        }
+        (&Method::POST, None, None) => {
+            check_json_body(&headers)?;
+            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
+            let kv = svc.create(res, ns, body).await?;
+            Ok(object_response(StatusCode::CREATED, &kv))
+        }
+        (&Method::POST, Some(name), Some("binding")) if res.kind == "Pod" => {
+            check_json_body(&headers)?;
+            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
+            let node = body.pointer("/target/name").and_then(Value::as_str).unwrap_or("");
+            svc.bind(ns.unwrap_or("default"), name, node).await?;
+            let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
+            Ok(json_response(StatusCode::CREATED, ok.to_string().into_bytes()))
+        }
+        (&Method::PUT, Some(name), sub) => {
+            check_json_body(&headers)?;
+            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
+            match sub {
+                None => Ok(object_response(StatusCode::OK, &svc.update(res, ns, name, body, Part::Main).await?)),
+                Some("status") if res.has_status => {
+                    Ok(object_response(StatusCode::OK, &svc.update(res, ns, name, body, Part::Status).await?))
+                }
+                Some("scale") if res.has_scale => {
+                    let replicas = scale_replicas(&body)?;
+                    let rv = parse_resource_version(body.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or(""))?;
+                    let kv = svc.mutate(res, ns, name, rv, |old| {
+                        let mut new = old.clone();
+                        new["spec"]["replicas"] = json!(replicas);
+                        Ok(new)
+                    }).await?;
+                    Ok(json_response(StatusCode::OK, scale_of(&codec::decode(&kv)?).to_string().into_bytes()))
+                }
+                Some(s) => Err(ApiError::not_found("subresources", s)),
+            }
+        }
+        (&Method::PATCH, Some(name), sub) => {
+            let ct = content_type(&headers);
+            let patch_type = if ct.starts_with("application/merge-patch+json") {
+                PatchType::Merge
+            } else if ct.starts_with("application/json-patch+json") {
+                PatchType::Json
+            } else if ct.starts_with("application/strategic-merge-patch+json") {
+                PatchType::StrategicMerge
+            } else if ct.starts_with("application/apply-patch") {
+                return Err(ApiError::UnsupportedMediaType(
+                    "server-side apply is not supported by Shepherd: use client-side apply (kubectl apply without --server-side)".into(),
+                ));
+            } else {
+                return Err(ApiError::UnsupportedMediaType(format!(
+                    "patch content type {ct:?} is not supported: use application/merge-patch+json, application/json-patch+json or application/strategic-merge-patch+json"
+                )));
+            };
+            let patch = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
+            match sub {
+                None => Ok(object_response(StatusCode::OK, &svc.patch(res, ns, name, patch_type, &patch, Part::Main).await?)),
+                Some("status") if res.has_status => {
+                    Ok(object_response(StatusCode::OK, &svc.patch(res, ns, name, patch_type, &patch, Part::Status).await?))
+                }
+                Some("scale") if res.has_scale => {
+                    let kv = svc.mutate(res, ns, name, None, |old| {
+                        let mut scale = scale_of(old);
+                        let patched = match patch_type {
+                            PatchType::Json => {
+                                let ops: json_patch::Patch = serde_json::from_value(patch.clone())
+                                    .map_err(|e| ApiError::BadRequest(format!("invalid JSON patch: {e}")))?;
+                                json_patch::patch(&mut scale, &ops).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+                                scale
+                            }
+                            _ => {
+                                json_patch::merge(&mut scale, &patch);
+                                scale
+                            }
+                        };
+                        let mut new = old.clone();
+                        new["spec"]["replicas"] = json!(scale_replicas(&patched)?);
+                        Ok(new)
+                    }).await?;
+                    Ok(json_response(StatusCode::OK, scale_of(&codec::decode(&kv)?).to_string().into_bytes()))
+                }
+                Some(s) => Err(ApiError::not_found("subresources", s)),
+            }
+        }
+        (&Method::DELETE, Some(name), None) => {
+            let body = read_body(req, app.config.max_body_bytes).await?;
+            let opts = delete_options(query, &body)?;
+            match svc.delete(res, ns, name, &opts).await? {
+                Deleted::Gone(kv) => Ok(object_response(StatusCode::OK, &kv)),
+                Deleted::Pending(kv) => Ok(object_response(StatusCode::ACCEPTED, &kv)),
+            }
+        }
+        (&Method::DELETE, None, None) => {
+            let body = read_body(req, app.config.max_body_bytes).await?;
+            let opts = delete_options(query, &body)?;
+            let page = svc.list(res, ns, &list_options(query)?).await?;
+            let mut deleted = Vec::new();
+            for kv in &page.items {
+                let obj = codec::decode(kv)?;
+                let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+                let item_ns = obj.pointer("/metadata/namespace").and_then(Value::as_str);
+                match svc.delete(res, item_ns, name, &opts).await {
+                    Ok(d) => deleted.push(codec::decode(d.kv())?),
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let list = json!({"kind": res.list_kind(), "apiVersion": res.api_version(),
+                "metadata": {"resourceVersion": svc.store.revision().to_string()}, "items": deleted});
+            Ok(json_response(StatusCode::OK, list.to_string().into_bytes()))
+        }
+        _ => Err(ApiError::MethodNotAllowed(format!(
+            "{} is not allowed on {}{}",
+            method,
+            res.plural,
+            t.sub.as_deref().map(|s| format!("/{s}")).unwrap_or_default()
+        ))),
+    }
+}
+
+fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<DeleteOptions, ApiError> {
+    let mut opts = DeleteOptions {
+        propagation_policy: query.get("propagationPolicy").cloned(),
+        grace_period_seconds: match query.get("gracePeriodSeconds") {
+            Some(g) => Some(g.parse().map_err(|_| ApiError::BadRequest("gracePeriodSeconds must be a whole number".into()))?),
+            None => None,
+        },
+        ..Default::default()
+    };
+    if !body.is_empty() {
+        let b = parse_json(body)?;
+        if let Some(p) = b.get("propagationPolicy").and_then(Value::as_str) {
+            opts.propagation_policy = Some(p.to_string());
+        }
+        if let Some(g) = b.get("gracePeriodSeconds").and_then(Value::as_i64) {
+            opts.grace_period_seconds = Some(g);
+        }
+        if b.get("orphanDependents") == Some(&json!(true)) && opts.propagation_policy.is_none() {
+            opts.propagation_policy = Some("Orphan".into());
+        }
+        if let Some(uid) = b.pointer("/preconditions/uid").and_then(Value::as_str) {
+            opts.precondition_uid = Some(uid.to_string());
+        }
+        if let Some(rv) = b.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
+            opts.precondition_resource_version = parse_resource_version(rv)?;
+        }
+    }
+    Ok(opts)
+}
+
+/// The `autoscaling/v1` Scale view of a Deployment or ReplicaSet.
+fn scale_of(obj: &Value) -> Value {
+    let selector = obj.pointer("/spec/selector/matchLabels").and_then(Value::as_object).map(|m| {
+        m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(",")
+    });
+    json!({
+        "kind": "Scale", "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": obj.pointer("/metadata/name"), "namespace": obj.pointer("/metadata/namespace"),
+            "uid": obj.pointer("/metadata/uid"), "resourceVersion": obj.pointer("/metadata/resourceVersion"),
+            "creationTimestamp": obj.pointer("/metadata/creationTimestamp"),
+        },
+        "spec": {"replicas": obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0)},
+        "status": {"replicas": obj.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0), "selector": selector.unwrap_or_default()},
+    })
+}
+
+fn scale_replicas(scale: &Value) -> Result<i64, ApiError> {
+    match scale.pointer("/spec/replicas") {
+        Some(Value::Number(n)) if n.as_i64().is_some_and(|r| r >= 0) => Ok(n.as_i64().unwrap_or(0)),
+        Some(_) => Err(ApiError::invalid("Scale", "", vec![shepherd_api::Cause::invalid("spec.replicas", "must be a whole number >= 0")])),
+        None => Err(ApiError::invalid("Scale", "", vec![shepherd_api::Cause::required("spec.replicas")])),
+    }
+}
+
+async fn watch(app: &AppState, t: &Target, query: &HashMap<String, String>, headers: &HeaderMap) -> Result<Response, ApiError> {
+    let rv = parse_resource_version(query.get("resourceVersion").map(String::as_str).unwrap_or(""))?;
+    let send_initial = match query.get("sendInitialEvents").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => {
+            if query.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
+                return Err(ApiError::BadRequest(
+                    "sendInitialEvents=true requires resourceVersionMatch=NotOlderThan".into(),
+                ));
+            }
+            true
+        }
+        Some(other) => return Err(ApiError::BadRequest(format!("sendInitialEvents={other} is not a boolean"))),
+    };
+    let timeout = match query.get("timeoutSeconds") {
+        Some(s) => Some(Duration::from_secs(s.parse().map_err(|_| ApiError::BadRequest("timeoutSeconds must be a whole number".into()))?)),
+        None => None,
+    };
+    let opts = WatchOptions {
+        label_selector: query.get("labelSelector").cloned(),
+        field_selector: query.get("fieldSelector").cloned(),
+        resource_version: rv,
+        allow_bookmarks: query.get("allowWatchBookmarks").is_some_and(|b| b == "true"),
+        send_initial_events: send_initial,
+        timeout,
+        bookmark_interval: Some(app.config.bookmark_interval),
+    };
+    let events = app.svc.watch(t.res, t.namespace.as_deref(), opts).await?;
+    let res = t.res;
+    let as_table = wants_table(headers);
+    let lines = events.map(move |e: WireEvent| {
+        let e = if as_table && matches!(e.kind, "ADDED" | "MODIFIED" | "DELETED") {
+            match serde_json::from_slice::<Value>(&e.object) {
+                Ok(obj) => {
+                    let rv = obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("").to_string();
+                    WireEvent { kind: e.kind, object: table::table(res, &[obj], &rv).to_string().into_bytes() }
+                }
+                Err(_) => e,
+            }
+        } else {
+            e
+        };
+        Ok::<_, std::io::Error>(Bytes::from(e.to_line()))
+    });
+    let mut r = Response::new(Body::from_stream(lines));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+    Ok(r)
+}

@@ -1,0 +1,800 @@
+//! The API's operations on objects, shared by the HTTP handlers and the in-process client.
+//!
+//! Everything a write goes through lives here, in one order: decode, check kind and namespace,
+//! default, set server-owned metadata, validate, then one store write with a precondition. A
+//! rejected request returns before the store is touched, so it writes nothing.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use shepherd_api::kinds::{self, ResourceInfo};
+use shepherd_api::selector::{FieldSelector, LabelSelector};
+use shepherd_api::{ApiError, defaults, validation};
+use shepherd_store::{KeyValue, Revision, Store, StoreError};
+
+use crate::codec;
+use crate::metrics::Metrics;
+
+/// Namespaces that exist from the first start, as in Kubernetes.
+pub const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// How many times a write that lost a race without a client precondition is retried.
+const UPDATE_RETRIES: usize = 16;
+
+#[derive(Debug, Clone, Default)]
+pub struct ListOptions {
+    pub label_selector: Option<String>,
+    pub field_selector: Option<String>,
+    pub limit: Option<usize>,
+    pub continue_token: Option<String>,
+}
+
+/// A page of a list: the objects, the revision it was read at, and where the next page starts.
+pub struct ListPage {
+    pub items: Vec<KeyValue>,
+    pub revision: Revision,
+    pub continue_token: Option<String>,
+}
+
+/// Which part of an object a write replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Main,
+    Status,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchType {
+    Merge,
+    Json,
+    /// Accepted for kubectl: applied as a merge patch in which lists of named objects
+    /// (containers, ports, env) merge by `name`.
+    StrategicMerge,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOptions {
+    pub propagation_policy: Option<String>,
+    pub grace_period_seconds: Option<i64>,
+    pub precondition_uid: Option<String>,
+    pub precondition_resource_version: Option<Revision>,
+}
+
+/// What a delete did.
+pub enum Deleted {
+    /// The object is gone; this was its last state.
+    Gone(KeyValue),
+    /// The object stays, marked with `deletionTimestamp`, until its finalizers are removed or its
+    /// node agent confirms a pod has stopped.
+    Pending(KeyValue),
+}
+
+impl Deleted {
+    pub fn kv(&self) -> &KeyValue {
+        match self {
+            Deleted::Gone(kv) | Deleted::Pending(kv) => kv,
+        }
+    }
+}
+
+/// The object API over one store.
+#[derive(Clone)]
+pub struct ApiService {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+pub(crate) fn now_rfc3339() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn store_err(res: &ResourceInfo, name: &str, e: StoreError) -> ApiError {
+    match e {
+        StoreError::NotFound { .. } => ApiError::not_found(&res.qualified_plural(), name),
+        StoreError::AlreadyExists { .. } => ApiError::already_exists(&res.qualified_plural(), name),
+        StoreError::Conflict { .. } => ApiError::conflict(
+            &res.qualified_plural(),
+            name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        ),
+        StoreError::Expired { requested, oldest } => ApiError::Expired(format!(
+            "too old resource version: {requested} ({oldest})"
+        )),
+        StoreError::Lagged => ApiError::Expired("watch fell behind; re-list and watch again".into()),
+        StoreError::Closed => ApiError::ServiceUnavailable("the store is shutting down".into()),
+        StoreError::Backend(m) => ApiError::Internal(m),
+    }
+}
+
+fn meta(obj: &Value) -> Option<&serde_json::Map<String, Value>> {
+    obj.get("metadata").and_then(Value::as_object)
+}
+
+fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+    meta(obj).and_then(|m| m.get(field)).and_then(Value::as_str)
+}
+
+fn meta_mut(obj: &mut Value) -> &mut serde_json::Map<String, Value> {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = json!({});
+    }
+    match obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        Some(m) => m,
+        None => unreachable!("metadata was just made an object"),
+    }
+}
+
+fn finalizers(obj: &Value) -> usize {
+    meta(obj).and_then(|m| m.get("finalizers")).and_then(Value::as_array).map_or(0, Vec::len)
+}
+
+/// Parses a resourceVersion given by a client. Empty means "none".
+pub fn parse_resource_version(rv: &str) -> Result<Option<Revision>, ApiError> {
+    if rv.is_empty() {
+        return Ok(None);
+    }
+    rv.parse::<Revision>()
+        .map(Some)
+        .map_err(|_| ApiError::BadRequest(format!("resourceVersion {rv:?} is not a valid resource version")))
+}
+
+/// Everything except metadata and status: what `metadata.generation` counts changes of.
+fn spec_part(obj: &Value) -> Value {
+    let mut o = obj.clone();
+    if let Some(m) = o.as_object_mut() {
+        m.remove("metadata");
+        m.remove("status");
+    }
+    o
+}
+
+/// Random suffix for `generateName`, from the same alphabet Kubernetes uses (no vowels, no
+/// look-alike digits), so names never spell words.
+fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let id = uuid::Uuid::new_v4();
+    id.as_bytes().iter().take(5).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect()
+}
+
+/// The continue token: the revision of the first page and the last key returned, hex-encoded.
+fn encode_continue(revision: Revision, last_key: &str) -> String {
+    let raw = format!("{revision}\n{last_key}");
+    raw.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
+    let bad = || ApiError::BadRequest("continue token is invalid; start the list again without it".into());
+    if token.len() % 2 != 0 {
+        return Err(bad());
+    }
+    let bytes: Result<Vec<u8>, _> =
+        (0..token.len()).step_by(2).map(|i| u8::from_str_radix(token.get(i..i + 2).unwrap_or("zz"), 16)).collect();
+    let raw = String::from_utf8(bytes.map_err(|_| bad())?).map_err(|_| bad())?;
+    let (rev, key) = raw.split_once('\n').ok_or_else(bad)?;
+    Ok((rev.parse().map_err(|_| bad())?, key.to_string()))
+}
+
+/// Merge patch (RFC 7386), with strategic-merge behaviour for lists of named objects when asked.
+fn merge_patch(target: &mut Value, patch: &Value, strategic: bool) {
+    let Some(p) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let Some(t) = target.as_object_mut() else { return };
+    for (k, v) in p {
+        if k == "$patch" || k.starts_with("$setElementOrder") || k.starts_with("$retainKeys") {
+            continue;
+        }
+        if v.is_null() {
+            t.remove(k);
+        } else if strategic && is_named_list(v) && t.get(k).is_some_and(is_named_list) {
+            let Some(Value::Array(existing)) = t.get_mut(k) else { continue };
+            for item in v.as_array().into_iter().flatten() {
+                let name = item.get("name");
+                let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
+                match existing.iter().position(|e| e.get("name") == name) {
+                    Some(i) if delete => {
+                        existing.remove(i);
+                    }
+                    Some(i) => merge_patch(&mut existing[i], item, true),
+                    None if !delete => existing.push(item.clone()),
+                    None => {}
+                }
+            }
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v, strategic);
+        }
+    }
+}
+
+fn is_named_list(v: &Value) -> bool {
+    v.as_array().is_some_and(|a| !a.is_empty() && a.iter().all(|e| e.get("name").is_some_and(Value::is_string)))
+}
+
+impl ApiService {
+    pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Self {
+        ApiService { store, metrics }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Creates the namespaces every cluster has, if they are missing.
+    pub async fn ensure_system_namespaces(&self) -> Result<(), ApiError> {
+        for ns in SYSTEM_NAMESPACES {
+            let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+            match self.create(&kinds::NAMESPACE, None, obj).await {
+                Ok(_) | Err(ApiError::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn key(res: &ResourceInfo, ns: Option<&str>, name: &str) -> String {
+        res.key(ns, name)
+    }
+
+    fn require_namespace<'a>(res: &ResourceInfo, ns: Option<&'a str>) -> Result<Option<&'a str>, ApiError> {
+        match (res.namespaced, ns) {
+            (true, None) => Err(ApiError::BadRequest(format!("{} are namespaced: a namespace is required", res.plural))),
+            (true, Some(ns)) => Ok(Some(ns)),
+            (false, _) => Ok(None),
+        }
+    }
+
+    pub async fn get(&self, res: &ResourceInfo, ns: Option<&str>, name: &str) -> Result<KeyValue, ApiError> {
+        let ns = Self::require_namespace(res, ns)?;
+        self.store
+            .get(&Self::key(res, ns, name))
+            .await
+            .map_err(|e| store_err(res, name, e))?
+            .ok_or_else(|| ApiError::not_found(&res.qualified_plural(), name))
+    }
+
+    pub async fn list(&self, res: &ResourceInfo, ns: Option<&str>, opts: &ListOptions) -> Result<ListPage, ApiError> {
+        let labels = opts.label_selector.as_deref().map(LabelSelector::parse).transpose()?;
+        let fields = opts.field_selector.as_deref().map(FieldSelector::parse).transpose()?;
+        let prefix = match (res.namespaced, ns) {
+            (true, Some(ns)) => res.namespace_prefix(ns),
+            _ => res.key_prefix(),
+        };
+        let (first_revision, start_after) = match &opts.continue_token {
+            Some(t) if !t.is_empty() => {
+                let (rev, key) = decode_continue(t)?;
+                (Some(rev), Some(key))
+            }
+            _ => (None, None),
+        };
+        let filtering = labels.as_ref().is_some_and(|l| !l.is_empty()) || fields.as_ref().is_some_and(|f| !f.is_empty());
+        let mut items = Vec::new();
+        let mut cursor = start_after;
+        let mut revision = None;
+        let mut more;
+        // With a selector, keep reading until the page is full of matches or the keys run out.
+        loop {
+            let want = opts.limit.map(|l| l.saturating_sub(items.len()));
+            let page = self
+                .store
+                .list(&prefix, cursor.as_deref(), want.map(|w| w.max(1)))
+                .await
+                .map_err(|e| store_err(res, "", e))?;
+            revision.get_or_insert(page.revision);
+            more = page.more;
+            cursor = page.items.last().map(|kv| kv.key.clone()).or(cursor);
+            for kv in page.items {
+                if filtering {
+                    let obj = codec::decode(&kv)?;
+                    if !labels.as_ref().is_none_or(|l| l.matches_object(&obj))
+                        || !fields.as_ref().is_none_or(|f| f.matches(&obj))
+                    {
+                        continue;
+                    }
+                }
+                items.push(kv);
+            }
+            if !more || opts.limit.is_none_or(|l| items.len() >= l) {
+                break;
+            }
+        }
+        let revision = first_revision.or(revision).unwrap_or(0);
+        let continue_token = match (more, &cursor) {
+            (true, Some(last)) => Some(encode_continue(revision, last)),
+            _ => None,
+        };
+        Ok(ListPage { items, revision, continue_token })
+    }
+
+    /// Checks `apiVersion`/`kind` of a request body against the resource it was sent to, and
+    /// fills them in when absent.
+    fn check_type(res: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
+        if !obj.is_object() {
+            return Err(ApiError::BadRequest("request body must be a JSON object".into()));
+        }
+        let api_version = res.api_version();
+        match obj.get("apiVersion").and_then(Value::as_str) {
+            None | Some("") => obj["apiVersion"] = json!(api_version),
+            Some(v) if v == api_version => {}
+            Some(v) => {
+                return Err(ApiError::BadRequest(format!(
+                    "the API version in the data ({v}) does not match the expected API version ({api_version})"
+                )));
+            }
+        }
+        match obj.get("kind").and_then(Value::as_str) {
+            None | Some("") => obj["kind"] = json!(res.kind),
+            Some(k) if k == res.kind => {}
+            Some(k) => {
+                return Err(ApiError::BadRequest(format!(
+                    "the kind in the data ({k}) does not match the expected kind ({})",
+                    res.kind
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Places the object in the request's namespace, refusing a body that names another one.
+    fn check_namespace(res: &ResourceInfo, ns: Option<&str>, obj: &mut Value) -> Result<(), ApiError> {
+        let body_ns = meta_str(obj, "namespace").map(str::to_string);
+        let m = meta_mut(obj);
+        match (res.namespaced, ns) {
+            (true, Some(ns)) => {
+                if let Some(b) = body_ns.filter(|b| !b.is_empty() && b != ns) {
+                    return Err(ApiError::BadRequest(format!(
+                        "the namespace of the provided object ({b}) does not match the namespace sent on the request ({ns})"
+                    )));
+                }
+                m.insert("namespace".into(), json!(ns));
+            }
+            (true, None) => return Self::require_namespace(res, None).map(|_| ()),
+            (false, _) => {
+                m.remove("namespace");
+            }
+        }
+        Ok(())
+    }
+
+    async fn namespace_must_exist(&self, res: &ResourceInfo, ns: Option<&str>) -> Result<(), ApiError> {
+        if let (true, Some(ns)) = (res.namespaced, ns) {
+            let ns_obj = self.store.get(&kinds::NAMESPACE.key(None, ns)).await.map_err(|e| store_err(res, ns, e))?;
+            match ns_obj {
+                None => return Err(ApiError::not_found("namespaces", ns)),
+                Some(kv) => {
+                    let v = codec::decode(&kv)?;
+                    if meta(&v).is_some_and(|m| m.contains_key("deletionTimestamp")) {
+                        return Err(ApiError::Forbidden(format!(
+                            "unable to create new content in namespace {ns} because it is being terminated"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn create(&self, res: &ResourceInfo, ns: Option<&str>, mut obj: Value) -> Result<KeyValue, ApiError> {
+        Self::check_type(res, &mut obj)?;
+        Self::check_namespace(res, ns, &mut obj)?;
+        let ns = if res.namespaced { meta_str(&obj, "namespace").map(str::to_string) } else { None };
+        {
+            let m = meta_mut(&mut obj);
+            let name = m.get("name").and_then(Value::as_str).unwrap_or("").to_string();
+            let generate = m.get("generateName").and_then(Value::as_str).unwrap_or("").to_string();
+            if name.is_empty() && !generate.is_empty() {
+                m.insert("name".into(), json!(format!("{generate}{}", random_suffix())));
+            }
+            for server_owned in ["uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
+                "deletionGracePeriodSeconds", "generation", "managedFields", "selfLink"] {
+                m.remove(server_owned);
+            }
+            m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+            m.insert("creationTimestamp".into(), json!(now_rfc3339()));
+            m.insert("generation".into(), json!(1));
+        }
+        reset_status_on_create(res, &mut obj);
+        defaults::apply_defaults(res, &mut obj);
+        let name = meta_str(&obj, "name").unwrap_or("").to_string();
+        validation::validate(res, &obj)?;
+        self.namespace_must_exist(res, ns.as_deref()).await?;
+        let bytes = codec::encode(&obj)?;
+        let started = Instant::now();
+        let r = self.store.create(&Self::key(res, ns.as_deref(), &name), bytes).await;
+        self.metrics.observe_store_write(started);
+        r.map_err(|e| store_err(res, &name, e))
+    }
+
+    /// Replaces an object (or only its status), as `PUT` does. A `metadata.resourceVersion` in
+    /// the body is a precondition; without one the write wins over concurrent ones.
+    pub async fn update(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        mut body: Value,
+        part: Part,
+    ) -> Result<KeyValue, ApiError> {
+        Self::check_type(res, &mut body)?;
+        Self::check_namespace(res, ns, &mut body)?;
+        match meta_str(&body, "name") {
+            Some(n) if n == name => {}
+            Some("") | None => {
+                meta_mut(&mut body).insert("name".into(), json!(name));
+            }
+            Some(n) => {
+                return Err(ApiError::BadRequest(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )));
+            }
+        }
+        let precondition = parse_resource_version(meta_str(&body, "resourceVersion").unwrap_or(""))?;
+        self.mutate(res, ns, name, precondition, |old| Ok(merge_update(res, old, &body, part))).await
+    }
+
+    /// Applies a patch to the current object (or its status), retrying if another writer got in
+    /// first, unless the patch itself carries a resourceVersion.
+    pub async fn patch(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        patch_type: PatchType,
+        patch: &Value,
+        part: Part,
+    ) -> Result<KeyValue, ApiError> {
+        let precondition = match patch_type {
+            PatchType::Json => None,
+            _ => parse_resource_version(
+                patch.get("metadata").and_then(|m| m.get("resourceVersion")).and_then(Value::as_str).unwrap_or(""),
+            )?,
+        };
+        self.mutate(res, ns, name, precondition, |old| {
+            let patched = apply_patch(old, patch_type, patch)?;
+            Ok(merge_update(res, old, &patched, part))
+        })
+        .await
+    }
+
+    /// The read-modify-write every update goes through: read, compute the new object, validate,
+    /// write with the revision read as precondition; on a lost race, read again.
+    pub(crate) async fn mutate(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        precondition: Option<Revision>,
+        f: impl Fn(&Value) -> Result<Value, ApiError>,
+    ) -> Result<KeyValue, ApiError> {
+        let ns = Self::require_namespace(res, ns)?;
+        let key = Self::key(res, ns, name);
+        for _ in 0..UPDATE_RETRIES {
+            let current = self.get(res, ns, name).await?;
+            if precondition.is_some_and(|p| p != current.mod_revision) {
+                return Err(store_err(res, name, StoreError::Conflict {
+                    key: key.clone(),
+                    expected: precondition.unwrap_or(0),
+                    actual: current.mod_revision,
+                }));
+            }
+            let old = codec::decode(&current)?;
+            let mut new = f(&old)?;
+            defaults::apply_defaults(res, &mut new);
+            if spec_part(&new) != spec_part(&old) {
+                let generation = meta(&old).and_then(|m| m.get("generation")).and_then(Value::as_i64).unwrap_or(1);
+                meta_mut(&mut new).insert("generation".into(), json!(generation + 1));
+            }
+            // Compare without resourceVersion: an update that changes nothing writes nothing.
+            let mut unchanged = new.clone();
+            meta_mut(&mut unchanged).insert("resourceVersion".into(), json!(current.mod_revision.to_string()));
+            if unchanged == old {
+                return Ok(current);
+            }
+            validation::validate_update(res, &old, &new)?;
+            let started = Instant::now();
+            let deleting = meta(&new).is_some_and(|m| m.contains_key("deletionTimestamp")) && finalizers(&new) == 0;
+            let graceful_pod = res.kind == "Pod" && is_graceful_pending(&new);
+            let result = if deleting && !graceful_pod {
+                // The last finalizer is gone from an object being deleted: it goes now.
+                self.store.delete(&key, Some(current.mod_revision)).await
+            } else {
+                self.store.update(&key, codec::encode(&new)?, Some(current.mod_revision)).await
+            };
+            self.metrics.observe_store_write(started);
+            match result {
+                Ok(kv) => return Ok(kv),
+                Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
+                Err(e) => return Err(store_err(res, name, e)),
+            }
+        }
+        Err(ApiError::conflict(&res.qualified_plural(), name, "too many concurrent writers; try again"))
+    }
+
+    pub async fn delete(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<Deleted, ApiError> {
+        if let Some(p) = opts.propagation_policy.as_deref()
+            && !["Background", "Foreground", "Orphan"].contains(&p)
+        {
+            return Err(ApiError::BadRequest(format!(
+                "propagationPolicy {p:?} is not supported: use Background, Foreground or Orphan"
+            )));
+        }
+        if opts.grace_period_seconds.is_some_and(|g| g < 0) {
+            return Err(ApiError::BadRequest("gracePeriodSeconds must be >= 0".into()));
+        }
+        let ns = Self::require_namespace(res, ns)?;
+        let key = Self::key(res, ns, name);
+        for _ in 0..UPDATE_RETRIES {
+            let current = self.get(res, ns, name).await?;
+            let obj = codec::decode(&current)?;
+            if let Some(uid) = &opts.precondition_uid {
+                let actual = meta_str(&obj, "uid").unwrap_or("");
+                if uid != actual {
+                    return Err(ApiError::conflict(&res.qualified_plural(), name, &format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"
+                    )));
+                }
+            }
+            if let Some(rv) = opts.precondition_resource_version
+                && rv != current.mod_revision
+            {
+                return Err(ApiError::conflict(&res.qualified_plural(), name, &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    current.mod_revision
+                )));
+            }
+            let grace = self.grace_period(res, &obj, opts);
+            let marked = meta(&obj).is_some_and(|m| m.contains_key("deletionTimestamp"));
+            let started = Instant::now();
+            let result = if finalizers(&obj) > 0 || grace > 0 {
+                if marked && finalizers(&obj) > 0 {
+                    return Ok(Deleted::Pending(current));
+                }
+                if marked && grace > 0 {
+                    return Ok(Deleted::Pending(current));
+                }
+                // Mark, and keep the object until its finalizers or its node agent let it go.
+                let mut new = obj.clone();
+                let when = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(grace);
+                let m = meta_mut(&mut new);
+                m.insert("deletionTimestamp".into(), json!(when.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()));
+                m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+                if finalizers(&new) == 0 && grace == 0 {
+                    self.store.delete(&key, Some(current.mod_revision)).await.map(Deleted::Gone)
+                } else {
+                    let bytes = codec::encode(&new)?;
+                    self.store.update(&key, bytes, Some(current.mod_revision)).await.map(Deleted::Pending)
+                }
+            } else {
+                self.store.delete(&key, Some(current.mod_revision)).await.map(Deleted::Gone)
+            };
+            self.metrics.observe_store_write(started);
+            match result {
+                Ok(Deleted::Gone(kv)) => {
+                    if res.kind == "Namespace" {
+                        self.delete_namespace_contents(name).await?;
+                    }
+                    return Ok(Deleted::Gone(kv));
+                }
+                Ok(d) => return Ok(d),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(store_err(res, name, e)),
+            }
+        }
+        Err(ApiError::conflict(&res.qualified_plural(), name, "too many concurrent writers; try again"))
+    }
+
+    /// Pods on a node get a grace period for their agent to stop them; everything else goes at
+    /// once (unless finalizers hold it).
+    fn grace_period(&self, res: &ResourceInfo, obj: &Value, opts: &DeleteOptions) -> i64 {
+        if res.kind != "Pod" {
+            return 0;
+        }
+        let bound = obj.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+        let finished = matches!(obj.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"));
+        if !bound || finished {
+            return 0;
+        }
+        opts.grace_period_seconds
+            .or_else(|| obj.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64))
+            .unwrap_or(30)
+            .max(0)
+    }
+
+    /// Removes everything left in a deleted namespace.
+    async fn delete_namespace_contents(&self, ns: &str) -> Result<(), ApiError> {
+        for res in kinds::ALL.iter().filter(|r| r.namespaced) {
+            let page = self.store.list(&res.namespace_prefix(ns), None, None).await.map_err(|e| store_err(res, ns, e))?;
+            for kv in page.items {
+                match self.store.delete(&kv.key, None).await {
+                    Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                    Err(e) => return Err(store_err(res, &kv.key, e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `pods/{name}/binding`: assigns a pod to a node, once.
+    pub async fn bind(&self, ns: &str, name: &str, node_name: &str) -> Result<KeyValue, ApiError> {
+        if node_name.is_empty() {
+            return Err(ApiError::invalid("Binding", name, vec![shepherd_api::Cause::required("target.name")]));
+        }
+        let res = &kinds::POD;
+        self.mutate(res, Some(ns), name, None, |old| {
+            let current = old.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
+            if !current.is_empty() {
+                return Err(ApiError::conflict("pods/binding", name, &format!(
+                    "pod {name} is already assigned to node \"{current}\""
+                )));
+            }
+            if meta(old).is_some_and(|m| m.contains_key("deletionTimestamp")) {
+                return Err(ApiError::conflict("pods/binding", name, "pod is being deleted"));
+            }
+            let mut new = old.clone();
+            new["spec"]["nodeName"] = json!(node_name);
+            set_condition(&mut new, "PodScheduled", "True", None, None);
+            Ok(new)
+        })
+        .await
+    }
+}
+
+/// Whether a pod marked for deletion is still waiting for its agent (grace period not zero).
+fn is_graceful_pending(obj: &Value) -> bool {
+    meta(obj).and_then(|m| m.get("deletionGracePeriodSeconds")).and_then(Value::as_i64).is_some_and(|g| g > 0)
+}
+
+/// Sets a condition in `status.conditions`, keeping `lastTransitionTime` when the status is unchanged.
+pub(crate) fn set_condition(obj: &mut Value, type_: &str, status: &str, reason: Option<&str>, message: Option<&str>) {
+    if !obj.get("status").is_some_and(Value::is_object) {
+        obj["status"] = json!({});
+    }
+    let conditions = &mut obj["status"]["conditions"];
+    if !conditions.is_array() {
+        *conditions = json!([]);
+    }
+    let Some(list) = conditions.as_array_mut() else { return };
+    let now = now_rfc3339();
+    let mut cond = json!({"type": type_, "status": status, "lastTransitionTime": now, "lastProbeTime": null});
+    if let Some(r) = reason {
+        cond["reason"] = json!(r);
+    }
+    if let Some(m) = message {
+        cond["message"] = json!(m);
+    }
+    match list.iter_mut().find(|c| c.get("type").and_then(Value::as_str) == Some(type_)) {
+        Some(existing) => {
+            if existing.get("status").and_then(Value::as_str) == Some(status) {
+                cond["lastTransitionTime"] = existing.get("lastTransitionTime").cloned().unwrap_or(json!(now));
+            }
+            *existing = cond;
+        }
+        None => list.push(cond),
+    }
+}
+
+/// What a create keeps of a client-sent status: kinds with a status subresource start from a
+/// clean one, as in Kubernetes (a node agent's registration keeps its node's status).
+fn reset_status_on_create(res: &ResourceInfo, obj: &mut Value) {
+    let Some(o) = obj.as_object_mut() else { return };
+    match res.kind {
+        "Pod" => {
+            o.insert("status".into(), json!({"phase": "Pending"}));
+        }
+        "Namespace" => {
+            o.insert("status".into(), json!({"phase": "Active"}));
+        }
+        "Deployment" | "ReplicaSet" | "Service" => {
+            o.remove("status");
+        }
+        _ => {}
+    }
+}
+
+/// Builds the object an update writes: the body for the part being replaced, the stored object
+/// for everything the server owns.
+fn merge_update(res: &ResourceInfo, old: &Value, body: &Value, part: Part) -> Value {
+    let mut new = match part {
+        Part::Main => body.clone(),
+        Part::Status => {
+            let mut n = old.clone();
+            match body.get("status") {
+                Some(s) => n["status"] = s.clone(),
+                None => {
+                    if let Some(o) = n.as_object_mut() {
+                        o.remove("status");
+                    }
+                }
+            }
+            n
+        }
+    };
+    if part == Part::Main && res.has_status {
+        match old.get("status") {
+            Some(s) => new["status"] = s.clone(),
+            None => {
+                if let Some(o) = new.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+        }
+    }
+    let old_meta = meta(old).cloned().unwrap_or_default();
+    let m = meta_mut(&mut new);
+    for owned in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "name", "namespace"] {
+        match old_meta.get(owned) {
+            Some(v) => {
+                m.insert(owned.into(), v.clone());
+            }
+            None => {
+                m.remove(owned);
+            }
+        }
+    }
+    m.remove("managedFields");
+    m.remove("selfLink");
+    // The scheduler's decision is made through `binding`, never undone by an update.
+    if res.kind == "Pod"
+        && let Some(node) = old.pointer("/spec/nodeName").and_then(Value::as_str).filter(|n| !n.is_empty())
+        && new.get("spec").is_some_and(Value::is_object)
+    {
+        new["spec"]["nodeName"] = json!(node);
+    }
+    new
+}
+
+fn apply_patch(old: &Value, patch_type: PatchType, patch: &Value) -> Result<Value, ApiError> {
+    let mut new = old.clone();
+    match patch_type {
+        PatchType::Merge | PatchType::StrategicMerge => {
+            if !patch.is_object() {
+                return Err(ApiError::BadRequest("a merge patch must be a JSON object".into()));
+            }
+            merge_patch(&mut new, patch, patch_type == PatchType::StrategicMerge);
+        }
+        PatchType::Json => {
+            let ops: json_patch::Patch = serde_json::from_value(patch.clone())
+                .map_err(|e| ApiError::BadRequest(format!("invalid JSON patch: {e}")))?;
+            json_patch::patch(&mut new, &ops).map_err(|e| ApiError::Invalid {
+                kind: String::new(),
+                name: String::new(),
+                message: format!("the JSON patch could not be applied: {e}"),
+                causes: vec![],
+            })?;
+        }
+    }
+    Ok(new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continue_tokens_round_trip_and_garbage_is_a_bad_request() {
+        let t = encode_continue(42, "/registry/core/pods/default/web-7");
+        assert_eq!(decode_continue(&t).expect("decode"), (42, "/registry/core/pods/default/web-7".to_string()));
+        assert!(matches!(decode_continue("zz"), Err(ApiError::BadRequest(_))));
+        assert!(matches!(decode_continue("abc"), Err(ApiError::BadRequest(_))));
+    }
+
+    #[test]
+    fn strategic_merge_patches_containers_by_name() {
+        let mut obj = json!({"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]}});
+        merge_patch(&mut obj, &json!({"spec": {"containers": [{"name": "b", "image": "z"}]}}), true);
+        assert_eq!(obj["spec"]["containers"][0]["image"], "x");
+        assert_eq!(obj["spec"]["containers"][1]["image"], "z");
+        merge_patch(&mut obj, &json!({"spec": {"containers": [{"name": "b", "image": "q"}]}}), false);
+        assert_eq!(obj["spec"]["containers"].as_array().map(Vec::len), Some(1), "plain merge patch replaces lists");
+    }
+}

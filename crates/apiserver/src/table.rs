@@ -1,0 +1,262 @@
+//! Server-side printing: the `Table` form kubectl asks for (`Accept: ...;as=Table`), with the
+//! columns a Kubernetes user expects for each kind.
+
+use serde_json::{Value, json};
+use shepherd_api::kinds::ResourceInfo;
+
+/// `5s`, `3m20s`, `4h10m`, `2d3h`, `400d`: the ages kubectl shows.
+pub fn human_age(seconds: i64) -> String {
+    let s = seconds.max(0);
+    match s {
+        0..120 => format!("{s}s"),
+        120..600 => format!("{}m{}s", s / 60, s % 60),
+        600..10800 => format!("{}m", s / 60),
+        10800..28800 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+        28800..172800 => format!("{}h", s / 3600),
+        172800..2592000 => format!("{}d{}h", s / 86400, (s % 86400) / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+fn age(obj: &Value, field: &str) -> String {
+    let ts = obj.pointer(field).and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    match ts {
+        Some(t) => human_age(jiff::Timestamp::now().as_second() - t.as_second()),
+        None => "<unknown>".into(),
+    }
+}
+
+fn s<'a>(obj: &'a Value, ptr: &str) -> &'a str {
+    obj.pointer(ptr).and_then(Value::as_str).unwrap_or("")
+}
+
+fn i(obj: &Value, ptr: &str) -> i64 {
+    obj.pointer(ptr).and_then(Value::as_i64).unwrap_or(0)
+}
+
+fn or_none(v: &str) -> String {
+    if v.is_empty() { "<none>".into() } else { v.into() }
+}
+
+fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
+    obj.pointer("/status/conditions")?.as_array()?.iter().find(|c| c["type"] == type_)
+}
+
+/// The STATUS column of a pod, as kubectl derives it: the phase, overridden by a container's
+/// waiting or terminated reason, and `Terminating` once deletion started.
+pub fn pod_status(pod: &Value) -> String {
+    if pod.pointer("/metadata/deletionTimestamp").is_some() {
+        return "Terminating".into();
+    }
+    let mut status = s(pod, "/status/phase").to_string();
+    if !s(pod, "/status/reason").is_empty() {
+        status = s(pod, "/status/reason").to_string();
+    }
+    for cs in pod.pointer("/status/containerStatuses").and_then(Value::as_array).into_iter().flatten() {
+        let waiting = s(cs, "/state/waiting/reason");
+        let terminated = s(cs, "/state/terminated/reason");
+        if !waiting.is_empty() && waiting != "ContainerCreating" || (!waiting.is_empty() && status == "Pending") {
+            status = waiting.to_string();
+        } else if !terminated.is_empty() && status != "Succeeded" {
+            status = terminated.to_string();
+        }
+    }
+    if status.is_empty() { "Unknown".into() } else { status }
+}
+
+fn pod_ready(pod: &Value) -> String {
+    let total = pod.pointer("/spec/containers").and_then(Value::as_array).map_or(0, Vec::len);
+    let ready = pod
+        .pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .map_or(0, |cs| cs.iter().filter(|c| c["ready"] == true).count());
+    format!("{ready}/{total}")
+}
+
+fn pod_restarts(pod: &Value) -> i64 {
+    pod.pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .map_or(0, |cs| cs.iter().map(|c| c["restartCount"].as_i64().unwrap_or(0)).sum())
+}
+
+fn node_status(node: &Value) -> String {
+    let mut st = match condition(node, "Ready").map(|c| s(c, "/status")) {
+        Some("True") => "Ready".to_string(),
+        Some(_) => "NotReady".to_string(),
+        None => "Unknown".to_string(),
+    };
+    if node.pointer("/spec/unschedulable") == Some(&json!(true)) {
+        st.push_str(",SchedulingDisabled");
+    }
+    st
+}
+
+fn node_roles(node: &Value) -> String {
+    let roles: Vec<&str> = node
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|l| l.keys().filter_map(|k| k.strip_prefix("node-role.kubernetes.io/")).collect())
+        .unwrap_or_default();
+    if roles.is_empty() { "<none>".into() } else { roles.join(",") }
+}
+
+fn service_ports(svc: &Value) -> String {
+    let ports: Vec<String> = svc
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|p| format!("{}/{}", i(p, "/port"), p.get("protocol").and_then(Value::as_str).unwrap_or("TCP")))
+        .collect();
+    if ports.is_empty() { "<none>".into() } else { ports.join(",") }
+}
+
+fn endpoints(ep: &Value) -> String {
+    let mut out = Vec::new();
+    for subset in ep.get("subsets").and_then(Value::as_array).into_iter().flatten() {
+        let ports: Vec<i64> =
+            subset.get("ports").and_then(Value::as_array).into_iter().flatten().map(|p| i(p, "/port")).collect();
+        for a in subset.get("addresses").and_then(Value::as_array).into_iter().flatten() {
+            let ip = s(a, "/ip");
+            if ports.is_empty() {
+                out.push(ip.to_string());
+            }
+            for p in &ports {
+                out.push(format!("{ip}:{p}"));
+            }
+        }
+    }
+    if out.is_empty() {
+        return "<none>".into();
+    }
+    let more = out.len().saturating_sub(3);
+    out.truncate(3);
+    let mut s = out.join(",");
+    if more > 0 {
+        s.push_str(&format!(" + {more} more..."));
+    }
+    s
+}
+
+fn containers(obj: &Value, ptr: &str, field: &str) -> String {
+    obj.pointer(ptr)
+        .and_then(Value::as_array)
+        .map(|cs| cs.iter().map(|c| s(c, field)).collect::<Vec<_>>().join(","))
+        .unwrap_or_default()
+}
+
+fn selector_string(obj: &Value) -> String {
+    let labels = obj.pointer("/spec/selector/matchLabels").and_then(Value::as_object);
+    labels
+        .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(","))
+        .unwrap_or_default()
+}
+
+type Column = (&'static str, &'static str, u8);
+
+/// Column names, types and priorities (priority 1 shows only with `-o wide`), then the cells.
+fn columns(res: &ResourceInfo) -> Vec<Column> {
+    let name = ("Name", "string", 0);
+    let age = ("Age", "string", 0);
+    match res.kind {
+        "Pod" => vec![name, ("Ready", "string", 0), ("Status", "string", 0), ("Restarts", "integer", 0), age,
+            ("IP", "string", 1), ("Node", "string", 1)],
+        "Deployment" => vec![name, ("Ready", "string", 0), ("Up-to-date", "integer", 0), ("Available", "integer", 0), age,
+            ("Containers", "string", 1), ("Images", "string", 1), ("Selector", "string", 1)],
+        "ReplicaSet" => vec![name, ("Desired", "integer", 0), ("Current", "integer", 0), ("Ready", "integer", 0), age,
+            ("Containers", "string", 1), ("Images", "string", 1), ("Selector", "string", 1)],
+        "Node" => vec![name, ("Status", "string", 0), ("Roles", "string", 0), age, ("Version", "string", 0),
+            ("Internal-IP", "string", 1), ("OS-Image", "string", 1)],
+        "Service" => vec![name, ("Type", "string", 0), ("Cluster-IP", "string", 0), ("External-IP", "string", 0),
+            ("Port(s)", "string", 0), age, ("Selector", "string", 1)],
+        "Endpoints" => vec![name, ("Endpoints", "string", 0), age],
+        "Namespace" => vec![name, ("Status", "string", 0), age],
+        "Event" => vec![("Last Seen", "string", 0), ("Type", "string", 0), ("Reason", "string", 0),
+            ("Object", "string", 0), ("Message", "string", 0)],
+        "Lease" => vec![name, ("Holder", "string", 0), age],
+        _ => vec![name, age],
+    }
+}
+
+fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
+    let name = json!(s(o, "/metadata/name"));
+    let created = json!(age(o, "/metadata/creationTimestamp"));
+    match res.kind {
+        "Pod" => vec![name, json!(pod_ready(o)), json!(pod_status(o)), json!(pod_restarts(o)), created,
+            json!(or_none(s(o, "/status/podIP"))), json!(or_none(s(o, "/spec/nodeName")))],
+        "Deployment" => vec![name, json!(format!("{}/{}", i(o, "/status/readyReplicas"), i(o, "/spec/replicas"))),
+            json!(i(o, "/status/updatedReplicas")), json!(i(o, "/status/availableReplicas")), created,
+            json!(containers(o, "/spec/template/spec/containers", "/name")),
+            json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
+        "ReplicaSet" => vec![name, json!(i(o, "/spec/replicas")), json!(i(o, "/status/replicas")),
+            json!(i(o, "/status/readyReplicas")), created,
+            json!(containers(o, "/spec/template/spec/containers", "/name")),
+            json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
+        "Node" => {
+            let ip = o.pointer("/status/addresses").and_then(Value::as_array)
+                .and_then(|a| a.iter().find(|x| x["type"] == "InternalIP")).map(|a| s(a, "/address")).unwrap_or("");
+            vec![name, json!(node_status(o)), json!(node_roles(o)), created, json!(s(o, "/status/nodeInfo/kubeletVersion")),
+                json!(or_none(ip)), json!(or_none(s(o, "/status/nodeInfo/osImage")))]
+        }
+        "Service" => vec![name, json!(s(o, "/spec/type")), json!(or_none(s(o, "/spec/clusterIP"))), json!("<none>"),
+            json!(service_ports(o)), created,
+            json!(o.pointer("/spec/selector").and_then(Value::as_object).map(|m| m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(",")).unwrap_or_else(|| "<none>".into()))],
+        "Endpoints" => vec![name, json!(endpoints(o)), created],
+        "Namespace" => vec![name, json!(s(o, "/status/phase")), created],
+        "Event" => {
+            let seen = if o.pointer("/lastTimestamp").is_some_and(Value::is_string) { "/lastTimestamp" } else { "/metadata/creationTimestamp" };
+            vec![json!(age(o, seen)), json!(s(o, "/type")), json!(s(o, "/reason")),
+                json!(format!("{}/{}", s(o, "/involvedObject/kind").to_lowercase(), s(o, "/involvedObject/name"))),
+                json!(s(o, "/message"))]
+        }
+        "Lease" => vec![name, json!(or_none(s(o, "/spec/holderIdentity"))), created],
+        _ => vec![name, created],
+    }
+}
+
+/// A `meta.k8s.io/v1` Table of `objects`; each row carries the object's metadata, so kubectl can
+/// show namespaces and labels.
+pub fn table(res: &ResourceInfo, objects: &[Value], resource_version: &str) -> Value {
+    let defs: Vec<Value> = columns(res)
+        .into_iter()
+        .map(|(n, t, p)| json!({"name": n, "type": t, "format": if n == "Name" { "name" } else { "" }, "description": "", "priority": p}))
+        .collect();
+    let rows: Vec<Value> = objects
+        .iter()
+        .map(|o| {
+            json!({"cells": cells(res, o), "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                "metadata": o.get("metadata").cloned().unwrap_or(json!({}))}})
+        })
+        .collect();
+    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": defs, "rows": rows})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        assert_eq!(human_age(5), "5s");
+        assert_eq!(human_age(200), "3m20s");
+        assert_eq!(human_age(3000), "50m");
+        assert_eq!(human_age(4 * 3600 + 600), "4h10m");
+        assert_eq!(human_age(3 * 86400 + 7200), "3d2h");
+    }
+
+    #[test]
+    fn pod_rows_show_readiness_status_and_restarts() {
+        let pod = json!({"metadata": {"name": "web-0"}, "spec": {"containers": [{"name": "c"}], "nodeName": "n1"},
+            "status": {"phase": "Running", "podIP": "10.0.0.5", "containerStatuses": [
+                {"ready": false, "restartCount": 4, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}});
+        let t = table(&shepherd_api::kinds::POD, &[pod], "9");
+        let row = &t["rows"][0]["cells"];
+        assert_eq!(row[0], "web-0");
+        assert_eq!(row[1], "0/1");
+        assert_eq!(row[2], "CrashLoopBackOff");
+        assert_eq!(row[3], 4);
+        assert_eq!(row[6], "n1");
+    }
+}
