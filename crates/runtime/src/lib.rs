@@ -2,8 +2,11 @@
 
 pub mod cache;
 pub mod client;
+pub mod controller;
+pub mod debug;
 pub mod faults;
 pub mod informer;
+pub mod manager;
 pub mod metrics;
 pub mod ratelimit;
 pub(crate) mod workqueue;
@@ -12,7 +15,9 @@ pub(crate) mod workqueue;
 pub mod testing;
 
 pub use cache::{Cache, Change};
+pub use controller::{Action, Controller, Reconciler, TriggerMode};
 pub use client::{Client, DeleteParams, ListParams, ObjectList, Patch, Propagation, WatchEvent};
 pub use faults::{ReconcileFaults, WatchFaults};
 pub use informer::{Informer, InformerFactory};
+pub use manager::Manager;
 pub use metrics::Metrics;

@@ -1,0 +1,536 @@
+//! The controller loop: turn informer events, resyncs or ticks into keys, and reconcile each key.
+//!
+//! Guarantees:
+//! - a key is reconciled by at most one worker at a time, and a key enqueued many times before a
+//!   worker takes it is reconciled once (the work queue's guarantees);
+//! - an error requeues the key with per-key exponential backoff; `Action::RequeueAfter` requeues it
+//!   after the given delay; success resets the key's backoff;
+//! - a panic inside `reconcile` is caught, logged with the controller and key, counted, and treated
+//!   as an error; the worker, the controller and every other controller keep running;
+//! - every update event enqueues its key, including updates that change only metadata (an
+//!   annotation such as `shepherd.io/force-resync` is how a user asks for a reconcile);
+//! - trigger modes: `Level` enqueues nothing on events and every `interval` re-lists from the API
+//!   and enqueues every key; `Edge` enqueues on events only; `Hybrid` (default) enqueues on events
+//!   and every resync period (with jitter) re-lists from the API, diffs it into the cache and
+//!   enqueues every key, so a change whose event was lost is still reconciled within one period.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+use rand::Rng;
+use serde_json::Value;
+use shepherd_api::ResourceInfo;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{Instrument, error, info_span, warn};
+
+use crate::cache::{Change, controller_owner, object_key};
+use crate::faults::{Fault, ReconcileFaults};
+use crate::informer::{HandlerId, Informer, InformerFactory};
+use crate::metrics::{ControllerLabels, Metrics, ResultLabels};
+use crate::ratelimit::{RateLimiter, default_rate_limiter};
+use crate::workqueue::WorkQueue;
+
+/// What a reconcile failed with. Any error type converts into it with `?`.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// What to do with a key after a successful reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing until the next event (or resync).
+    Done,
+    /// Reconcile the key again after this delay (for example to re-check a timeout).
+    RequeueAfter(Duration),
+}
+
+/// Brings one object (named by its key, `namespace/name` or `name`) to its desired state.
+/// Must be idempotent. Closures `Fn(String) -> impl Future<Output = Result<Action, Error>>` qualify.
+#[async_trait]
+pub trait Reconciler: Send + Sync + 'static {
+    async fn reconcile(&self, key: &str) -> Result<Action, Error>;
+}
+
+#[async_trait]
+impl<F, Fut> Reconciler for F
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    async fn reconcile(&self, key: &str) -> Result<Action, Error> {
+        self(key.to_string()).await
+    }
+}
+
+/// When a controller looks at its objects.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TriggerMode {
+    /// No event-driven work: every `interval`, re-list from the API and enqueue every key.
+    Level { interval: Duration },
+    /// Events only. Fast, and stuck forever when an event is lost.
+    Edge,
+    /// Events, plus every `resync` (± `jitter` as a fraction) a re-list diffed into the cache and
+    /// every key enqueued.
+    Hybrid { resync: Duration, jitter: f64 },
+}
+
+impl TriggerMode {
+    /// Level-triggered with the seed's 5 s ticker.
+    pub fn level() -> Self {
+        TriggerMode::Level { interval: Duration::from_secs(5) }
+    }
+
+    pub fn edge() -> Self {
+        TriggerMode::Edge
+    }
+
+    /// Hybrid with a 5 minute resync and ±10% jitter.
+    pub fn hybrid() -> Self {
+        TriggerMode::Hybrid { resync: Duration::from_secs(300), jitter: 0.1 }
+    }
+
+    /// `level`, `edge` or `hybrid`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TriggerMode::Level { .. } => "level",
+            TriggerMode::Edge => "edge",
+            TriggerMode::Hybrid { .. } => "hybrid",
+        }
+    }
+
+    /// The level interval or the hybrid resync period.
+    pub fn period(&self) -> Option<Duration> {
+        match self {
+            TriggerMode::Level { interval } => Some(*interval),
+            TriggerMode::Edge => None,
+            TriggerMode::Hybrid { resync, .. } => Some(*resync),
+        }
+    }
+
+    /// The same mode with another period (ignored for `Edge`).
+    pub fn with_period(self, period: Duration) -> Self {
+        match self {
+            TriggerMode::Level { .. } => TriggerMode::Level { interval: period },
+            TriggerMode::Edge => TriggerMode::Edge,
+            TriggerMode::Hybrid { jitter, .. } => TriggerMode::Hybrid { resync: period, jitter },
+        }
+    }
+}
+
+impl Default for TriggerMode {
+    fn default() -> Self {
+        TriggerMode::hybrid()
+    }
+}
+
+impl FromStr for TriggerMode {
+    type Err = String;
+
+    /// Parses a flag value: `level`, `edge` or `hybrid`, with their default periods.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "level" => Ok(TriggerMode::level()),
+            "edge" => Ok(TriggerMode::edge()),
+            "hybrid" => Ok(TriggerMode::hybrid()),
+            other => Err(format!("unknown trigger mode {other:?}: expected level, edge or hybrid")),
+        }
+    }
+}
+
+/// Maps an object of a watched kind to the keys of primary objects to reconcile.
+pub type Mapper = Arc<dyn Fn(&Value) -> Vec<String> + Send + Sync>;
+
+/// A controller declaration: its primary kind, what else it watches, how it reconciles and runs.
+/// Run it by adding it to a `Manager`.
+pub struct Controller {
+    pub(crate) name: String,
+    primary: ResourceInfo,
+    reconciler: Arc<dyn Reconciler>,
+    workers: usize,
+    mode: TriggerMode,
+    owns: Vec<ResourceInfo>,
+    watches: Vec<(ResourceInfo, Mapper)>,
+    rate_limiter: Option<Box<dyn RateLimiter>>,
+    faults: ReconcileFaults,
+    shutdown_grace: Duration,
+}
+
+impl Controller {
+    /// A controller named `name` (its queue and metrics label) reconciling objects of `primary`.
+    /// Defaults: 1 worker, hybrid mode, the default rate limiter, 30 s shutdown grace.
+    pub fn new(name: impl Into<String>, primary: &ResourceInfo, reconciler: impl Reconciler) -> Self {
+        Controller {
+            name: name.into(),
+            primary: *primary,
+            reconciler: Arc::new(reconciler),
+            workers: 1,
+            mode: TriggerMode::default(),
+            owns: Vec::new(),
+            watches: Vec::new(),
+            rate_limiter: None,
+            faults: ReconcileFaults::default(),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+
+    /// How many keys may be reconciled at once (at least 1).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n.max(1);
+        self
+    }
+
+    pub fn mode(mut self, mode: TriggerMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Watches `owned`: a change to an object whose controller ownerReference points at a
+    /// primary-kind object enqueues that owner (a pod change enqueues its ReplicaSet).
+    pub fn owns(mut self, owned: &ResourceInfo) -> Self {
+        self.owns.push(*owned);
+        self
+    }
+
+    /// Watches `kind` and enqueues whatever keys `mapper` returns for a changed object (a node
+    /// change can enqueue the pods bound to it, found through the pod cache's node index).
+    pub fn watches(mut self, kind: &ResourceInfo, mapper: impl Fn(&Value) -> Vec<String> + Send + Sync + 'static) -> Self {
+        self.watches.push((*kind, Arc::new(mapper)));
+        self
+    }
+
+    /// Replaces the default backoff (5 ms doubling to 1000 s, within a 10/s burst 100 bucket).
+    pub fn rate_limiter(mut self, limiter: impl RateLimiter) -> Self {
+        self.rate_limiter = Some(Box::new(limiter));
+        self
+    }
+
+    /// Makes a fraction of reconcile calls fail or panic (tests and experiments only).
+    pub fn faults(mut self, faults: ReconcileFaults) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// How long in-flight reconciles may run after shutdown before they are abandoned.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// Sets up the queue and the state the manager reports; `run` does the rest.
+    pub(crate) fn prepare(self, metrics: &Metrics) -> (Arc<ControllerState>, Prepared) {
+        let limiter = self.rate_limiter.unwrap_or_else(|| Box::new(default_rate_limiter()));
+        let labels = ControllerLabels { controller: self.name.clone() };
+        let m = metrics.inner();
+        let result = |result: &'static str| m.reconcile_total.get_or_create_owned(&ResultLabels { controller: self.name.clone(), result });
+        let state = Arc::new(ControllerState {
+            name: self.name.clone(),
+            primary: self.primary,
+            mode: self.mode,
+            workers: self.workers,
+            queue: WorkQueue::new(&self.name, limiter, metrics),
+            last_errors: Mutex::default(),
+            last_resync: Mutex::default(),
+            metrics: ControllerMetrics {
+                success: result("success"),
+                error: result("error"),
+                requeue: result("requeue"),
+                panic: result("panic"),
+                errors: m.reconcile_errors.get_or_create_owned(&labels),
+                panics: m.reconcile_panics.get_or_create_owned(&labels),
+                time: m.reconcile_time.get_or_create_owned(&labels),
+            },
+        });
+        let prepared = Prepared {
+            primary: self.primary,
+            reconciler: self.reconciler,
+            owns: self.owns,
+            watches: self.watches,
+            faults: self.faults,
+            shutdown_grace: self.shutdown_grace,
+        };
+        (state, prepared)
+    }
+}
+
+pub(crate) struct Prepared {
+    primary: ResourceInfo,
+    reconciler: Arc<dyn Reconciler>,
+    owns: Vec<ResourceInfo>,
+    watches: Vec<(ResourceInfo, Mapper)>,
+    faults: ReconcileFaults,
+    shutdown_grace: Duration,
+}
+
+/// What a running controller shares with the manager's debug view.
+pub(crate) struct ControllerState {
+    pub name: String,
+    pub primary: ResourceInfo,
+    pub mode: TriggerMode,
+    pub workers: usize,
+    pub queue: Arc<WorkQueue>,
+    /// The last error of every key currently failing.
+    pub last_errors: Mutex<HashMap<String, String>>,
+    pub last_resync: Mutex<Option<jiff::Timestamp>>,
+    pub metrics: ControllerMetrics,
+}
+
+pub(crate) struct ControllerMetrics {
+    pub success: Counter,
+    pub error: Counter,
+    pub requeue: Counter,
+    pub panic: Counter,
+    pub errors: Counter,
+    pub panics: Counter,
+    time: Histogram,
+}
+
+impl ControllerState {
+    fn set_error(&self, key: &str, error: Option<String>) {
+        let mut errors = self.last_errors.lock().unwrap_or_else(|e| e.into_inner());
+        match error {
+            Some(e) => errors.insert(key.to_string(), e),
+            None => errors.remove(key),
+        };
+    }
+
+    fn enqueue_all(&self, informer: &Informer) {
+        for key in informer.cache().keys() {
+            self.queue.add(&key);
+        }
+        *self.last_resync.lock().unwrap_or_else(|e| e.into_inner()) = Some(jiff::Timestamp::now());
+    }
+}
+
+/// The key of the primary-kind object that controls `obj`, if any.
+fn owner_key(obj: &Value, primary: &ResourceInfo) -> Option<String> {
+    let (kind, name, _) = controller_owner(obj)?;
+    if kind != primary.kind {
+        return None;
+    }
+    match obj.pointer("/metadata/namespace").and_then(Value::as_str) {
+        Some(ns) if primary.namespaced => Some(format!("{ns}/{name}")),
+        _ => Some(name.to_string()),
+    }
+}
+
+/// The objects a change concerns: the new state, and for updates the old one too (an object
+/// that moved away from an owner or node must still wake the one it left).
+fn touched(change: &Change) -> Vec<&Value> {
+    match change {
+        Change::Updated { old, new } => vec![new.as_ref(), old.as_ref()],
+        other => vec![other.object().as_ref()],
+    }
+}
+
+/// Runs a prepared controller until `shutdown` turns true, then drains within the grace period.
+pub(crate) async fn run(
+    state: Arc<ControllerState>,
+    prepared: Prepared,
+    factory: Arc<InformerFactory>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Prepared { primary, reconciler, owns, watches, faults, shutdown_grace } = prepared;
+    let queue = state.queue.clone();
+    let primary_informer = factory.informer(&primary);
+    let mut all_informers = vec![primary_informer.clone()];
+    let mut subscriptions: Vec<(Arc<Informer>, HandlerId)> = Vec::new();
+
+    let event_driven = !matches!(state.mode, TriggerMode::Level { .. });
+    if event_driven {
+        let q = queue.clone();
+        let id = primary_informer.subscribe(move |change| {
+            if let Some(key) = object_key(change.object()) {
+                q.add(&key);
+            }
+        });
+        subscriptions.push((primary_informer.clone(), id));
+    }
+    for owned in &owns {
+        let informer = factory.informer(owned);
+        if event_driven {
+            let q = queue.clone();
+            let id = informer.subscribe(move |change| {
+                for obj in touched(change) {
+                    if let Some(key) = owner_key(obj, &primary) {
+                        q.add(&key);
+                    }
+                }
+            });
+            subscriptions.push((informer.clone(), id));
+        }
+        all_informers.push(informer);
+    }
+    for (kind, mapper) in &watches {
+        let informer = factory.informer(kind);
+        if event_driven {
+            let (q, mapper) = (queue.clone(), mapper.clone());
+            let id = informer.subscribe(move |change| {
+                for obj in touched(change) {
+                    mapper(obj).iter().for_each(|key| q.add(key));
+                }
+            });
+            subscriptions.push((informer.clone(), id));
+        }
+        all_informers.push(informer);
+    }
+    factory.start();
+
+    let synced = futures::future::join_all(all_informers.iter().map(|i| i.wait_synced()));
+    tokio::select! {
+        _ = synced => {}
+        _ = shutdown.changed() => {
+            queue.shut_down();
+            subscriptions.iter().for_each(|(i, id)| i.unsubscribe(*id));
+            return;
+        }
+    }
+
+    let ticker = tokio::spawn(tick(state.clone(), primary_informer.clone(), all_informers));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..state.workers {
+        workers.spawn(work(state.clone(), reconciler.clone(), faults));
+    }
+
+    let _ = shutdown.wait_for(|stop| *stop).await;
+    ticker.abort();
+    queue.shut_down();
+    subscriptions.iter().for_each(|(i, id)| i.unsubscribe(*id));
+    if !queue.wait_idle(Instant::now() + shutdown_grace).await {
+        warn!(controller = %state.name, grace = ?shutdown_grace, "abandoning reconciles still running after the shutdown grace period");
+    }
+    workers.abort_all();
+    while workers.join_next().await.is_some() {}
+}
+
+/// The level ticker or the hybrid resync loop; returns at once for edge controllers.
+async fn tick(state: Arc<ControllerState>, primary: Arc<Informer>, informers: Vec<Arc<Informer>>) {
+    let relist_and_enqueue = || async {
+        for informer in &informers {
+            if let Err(e) = informer.resync().await {
+                warn!(controller = %state.name, kind = informer.resource().kind, error = %e, "re-list failed; using the cache as it is");
+            }
+        }
+        state.enqueue_all(&primary);
+    };
+    match state.mode {
+        TriggerMode::Edge => {}
+        TriggerMode::Level { interval } => {
+            // The informer's initial list is fresh: enqueue at once, re-list at each later tick.
+            state.enqueue_all(&primary);
+            loop {
+                tokio::time::sleep(interval).await;
+                relist_and_enqueue().await;
+            }
+        }
+        TriggerMode::Hybrid { resync, jitter } => loop {
+            tokio::time::sleep(jittered(resync, jitter)).await;
+            relist_and_enqueue().await;
+        },
+    }
+}
+
+fn jittered(period: Duration, jitter: f64) -> Duration {
+    let j = jitter.clamp(0.0, 1.0);
+    if j == 0.0 {
+        return period;
+    }
+    let factor = 1.0 + rand::rng().random_range(-j..=j);
+    period.mul_f64(factor)
+}
+
+/// One worker: take a key, reconcile it under `catch_unwind`, record the outcome, release the key.
+async fn work(state: Arc<ControllerState>, reconciler: Arc<dyn Reconciler>, faults: ReconcileFaults) {
+    while let Some(key) = state.queue.get().await {
+        let span = info_span!("reconcile", controller = %state.name, key = %key);
+        let started = Instant::now();
+        let call = {
+            let (reconciler, key) = (reconciler.clone(), key.clone());
+            async move {
+                match faults.roll() {
+                    Some(Fault::Panic) => panic!("injected panic (fault injection)"),
+                    Some(Fault::Fail) => Err::<Action, Error>("injected failure (fault injection)".into()),
+                    None => reconciler.reconcile(&key).await,
+                }
+            }
+        };
+        let outcome = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
+        state.metrics.time.observe(started.elapsed().as_secs_f64());
+        let q = &state.queue;
+        match outcome {
+            Ok(Ok(Action::Done)) => {
+                state.metrics.success.inc();
+                q.forget(&key);
+                state.set_error(&key, None);
+            }
+            Ok(Ok(Action::RequeueAfter(delay))) => {
+                state.metrics.requeue.inc();
+                q.forget(&key);
+                state.set_error(&key, None);
+                q.add_after(&key, delay);
+            }
+            Ok(Err(e)) => {
+                state.metrics.error.inc();
+                state.metrics.errors.inc();
+                warn!(controller = %state.name, %key, error = %e, retries = q.retries(&key), "reconcile failed; backing off");
+                state.set_error(&key, Some(e.to_string()));
+                q.add_rate_limited(&key);
+            }
+            Err(payload) => {
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".to_string());
+                state.metrics.panic.inc();
+                state.metrics.panics.inc();
+                state.metrics.errors.inc();
+                error!(controller = %state.name, %key, panic = %message, "reconcile panicked; treating it as an error");
+                state.set_error(&key, Some(format!("panic: {message}")));
+                q.add_rate_limited(&key);
+            }
+        }
+        q.done(&key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use shepherd_api::kinds::REPLICASET;
+
+    #[test]
+    fn trigger_modes_parse_from_flags_with_their_default_periods() {
+        assert_eq!("level".parse::<TriggerMode>(), Ok(TriggerMode::Level { interval: Duration::from_secs(5) }));
+        assert_eq!("hybrid".parse::<TriggerMode>().map(|m| m.period()), Ok(Some(Duration::from_secs(300))));
+        assert_eq!("edge".parse::<TriggerMode>(), Ok(TriggerMode::Edge));
+        assert!("sometimes".parse::<TriggerMode>().is_err());
+        assert_eq!(TriggerMode::default().name(), "hybrid");
+    }
+
+    #[test]
+    fn a_pod_maps_to_its_controlling_replicaset_only() {
+        let pod = json!({"metadata": {"name": "web-0", "namespace": "ns", "ownerReferences": [
+            {"kind": "Deployment", "name": "d", "uid": "1"},
+            {"kind": "ReplicaSet", "name": "web", "uid": "2", "controller": true},
+        ]}});
+        assert_eq!(owner_key(&pod, &REPLICASET).as_deref(), Some("ns/web"));
+        let orphan = json!({"metadata": {"name": "x", "namespace": "ns"}});
+        assert_eq!(owner_key(&orphan, &REPLICASET), None);
+    }
+
+    #[test]
+    fn jitter_stays_within_ten_percent() {
+        for _ in 0..1000 {
+            let d = jittered(Duration::from_secs(300), 0.1);
+            assert!(d >= Duration::from_secs(270) && d <= Duration::from_secs(330), "{d:?}");
+        }
+    }
+}

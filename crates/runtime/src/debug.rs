@@ -1,0 +1,113 @@
+//! The `/debug/controllers` view: what each controller is doing and which keys are stuck in backoff.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::controller::ControllerState;
+use crate::informer::InformerFactory;
+
+/// Every running controller, as served by `/debug/controllers`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ControllersSnapshot {
+    pub controllers: Vec<ControllerSnapshot>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ControllerSnapshot {
+    pub name: String,
+    pub kind: String,
+    /// `level`, `edge` or `hybrid`.
+    pub mode: String,
+    /// Level interval or hybrid resync period.
+    pub period_seconds: Option<f64>,
+    pub workers: usize,
+    /// Keys ready for a worker.
+    pub queue_depth: usize,
+    /// Keys being reconciled now.
+    pub in_flight: usize,
+    /// Keys waiting out a backoff after failures, soonest first.
+    pub backoff: Vec<BackoffEntry>,
+    /// When this controller last enqueued every key (level tick or hybrid resync).
+    pub last_resync: Option<String>,
+    /// When the primary kind's informer last completed a full list.
+    pub last_list: Option<String>,
+    pub reconciles: ReconcileCounts,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackoffEntry {
+    pub key: String,
+    pub retries: u32,
+    pub next_attempt_in_seconds: f64,
+    pub next_attempt_at: String,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ReconcileCounts {
+    pub success: u64,
+    pub error: u64,
+    pub requeue: u64,
+    pub panic: u64,
+}
+
+pub(crate) fn snapshot(controllers: &[Arc<ControllerState>], factory: &InformerFactory) -> ControllersSnapshot {
+    let now = Instant::now();
+    let wall = jiff::Timestamp::now();
+    let controllers = controllers
+        .iter()
+        .map(|c| {
+            let errors = c.last_errors.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let backoff = c
+                .queue
+                .delayed()
+                .into_iter()
+                .filter_map(|(key, due)| {
+                    let retries = c.queue.retries(&key);
+                    if retries == 0 {
+                        return None;
+                    }
+                    let wait = due.saturating_duration_since(now);
+                    let at = jiff::SignedDuration::try_from(wait).ok().and_then(|d| wall.checked_add(d).ok());
+                    Some(BackoffEntry {
+                        last_error: errors.get(&key).cloned(),
+                        key,
+                        retries,
+                        next_attempt_in_seconds: wait.as_secs_f64(),
+                        next_attempt_at: at.map(|t| t.to_string()).unwrap_or_default(),
+                    })
+                })
+                .collect();
+            ControllerSnapshot {
+                name: c.name.clone(),
+                kind: c.primary.kind.to_string(),
+                mode: c.mode.name().to_string(),
+                period_seconds: c.mode.period().map(|p| p.as_secs_f64()),
+                workers: c.workers,
+                queue_depth: c.queue.len(),
+                in_flight: c.queue.in_flight(),
+                backoff,
+                last_resync: c.last_resync.lock().unwrap_or_else(|e| e.into_inner()).map(|t| t.to_string()),
+                last_list: factory.informer(&c.primary).last_list().map(|t| t.to_string()),
+                reconciles: ReconcileCounts {
+                    success: c.metrics.success.get(),
+                    error: c.metrics.error.get(),
+                    requeue: c.metrics.requeue.get(),
+                    panic: c.metrics.panic.get(),
+                },
+            }
+        })
+        .collect();
+    ControllersSnapshot { controllers }
+}
+
+impl ControllersSnapshot {
+    /// The snapshot as JSON, ready to serve.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+    }
+}
