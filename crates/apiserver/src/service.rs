@@ -470,6 +470,20 @@ impl ApiService {
         precondition: Option<Revision>,
         f: impl Fn(&Value) -> Result<Value, ApiError>,
     ) -> Result<KeyValue, ApiError> {
+        self.mutate_checked(res, ns, name, precondition, true, f).await
+    }
+
+    /// `mutate`, optionally without the update rules (for `binding`, the one writer allowed to
+    /// set a pod's `spec.nodeName`).
+    async fn mutate_checked(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        precondition: Option<Revision>,
+        check_update: bool,
+        f: impl Fn(&Value) -> Result<Value, ApiError>,
+    ) -> Result<KeyValue, ApiError> {
         let ns = Self::require_namespace(res, ns)?;
         let key = Self::key(res, ns, name);
         for _ in 0..UPDATE_RETRIES {
@@ -494,7 +508,11 @@ impl ApiService {
             if unchanged == old {
                 return Ok(current);
             }
-            validation::validate_update(res, &old, &new)?;
+            if check_update {
+                validation::validate_update(res, &old, &new)?;
+            } else {
+                validation::validate(res, &new)?;
+            }
             let started = Instant::now();
             let deleting = meta(&new).is_some_and(|m| m.contains_key("deletionTimestamp")) && finalizers(&new) == 0;
             let graceful_pod = res.kind == "Pod" && is_graceful_pending(&new);
@@ -630,7 +648,7 @@ impl ApiService {
             return Err(ApiError::invalid("Binding", name, vec![shepherd_api::Cause::required("target.name")]));
         }
         let res = &kinds::POD;
-        self.mutate(res, Some(ns), name, None, |old| {
+        self.mutate_checked(res, Some(ns), name, None, false, |old| {
             let current = old.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
             if !current.is_empty() {
                 return Err(ApiError::conflict("pods/binding", name, &format!(
