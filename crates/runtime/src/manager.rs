@@ -79,3 +79,432 @@ impl Manager {
         debug::snapshot(&running, &self.factory)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::Cache;
+    use crate::client::Patch;
+    use crate::controller::{Action, Error, TriggerMode};
+    use crate::testing::MemoryClient;
+    use serde_json::{Value, json};
+    use shepherd_api::kinds::{ENDPOINTS, NODE, POD, REPLICASET, SERVICE};
+    use shepherd_api::{ApiError, ResourceInfo};
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    use tokio::sync::oneshot;
+    use tokio::time::Instant;
+
+    // The toy controller: every Service ("source") has an Endpoints object ("derived") of the
+    // same name whose `value` equals the source's `spec.value`. It reads the source from the
+    // shared cache, as real controllers do, and writes the derived object through the client.
+
+    fn source(name: &str, value: &str) -> Value {
+        json!({ "metadata": { "name": name, "namespace": "ns" }, "spec": { "value": value } })
+    }
+
+    async fn sync_derived(client: &MemoryClient, sources: &Cache, key: &str) -> Result<Action, Error> {
+        let (ns, name) = key.split_once('/').ok_or("key without a namespace")?;
+        let Some(src) = sources.get(key) else {
+            return match client.delete(&ENDPOINTS, Some(ns), name, &Default::default()).await {
+                Ok(_) => Ok(Action::Done),
+                Err(e) if e.is_not_found() => Ok(Action::Done),
+                Err(e) => Err(e.into()),
+            };
+        };
+        let want = src["spec"]["value"].clone();
+        match client.get(&ENDPOINTS, Some(ns), name).await {
+            Ok(current) if current["value"] == want => {}
+            Ok(_) => {
+                client.patch(&ENDPOINTS, Some(ns), name, Patch::Merge(json!({ "value": want }))).await?;
+            }
+            Err(e) if e.is_not_found() => {
+                client.create(&ENDPOINTS, Some(ns), json!({ "metadata": { "name": name }, "value": want })).await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(Action::Done)
+    }
+
+    async fn derived(client: &MemoryClient, name: &str) -> Option<String> {
+        client.get(&ENDPOINTS, Some("ns"), name).await.ok().and_then(|o| o["value"].as_str().map(str::to_string))
+    }
+
+    async fn all_derived_are(client: &MemoryClient, names: &[String], value: &str) -> bool {
+        for n in names {
+            if derived(client, n).await.as_deref() != Some(value) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Polls `cond` on the paused clock in 10 ms steps; returns the time it took, or `None` after `limit`.
+    async fn wait_until<F, Fut>(limit: Duration, mut cond: F) -> Option<Duration>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let start = Instant::now();
+        while start.elapsed() <= limit {
+            if cond().await {
+                return Some(start.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
+    }
+
+    struct Running {
+        manager: Arc<Manager>,
+        stop: Option<oneshot::Sender<()>>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Running {
+        fn start(manager: Manager) -> Self {
+            let manager = Arc::new(manager);
+            let (stop, stopped) = oneshot::channel::<()>();
+            let m = manager.clone();
+            let task = tokio::spawn(async move {
+                m.run(async {
+                    let _ = stopped.await;
+                })
+                .await
+            });
+            Running { manager, stop: Some(stop), task }
+        }
+
+        async fn stop(mut self) {
+            if let Some(stop) = self.stop.take() {
+                let _ = stop.send(());
+            }
+            let _ = (&mut self.task).await;
+        }
+    }
+
+    fn toy_manager(client: &Arc<MemoryClient>, mode: TriggerMode) -> Manager {
+        let manager = Manager::new(client.clone());
+        let sources = manager.informers().cache(&SERVICE);
+        let c = client.clone();
+        manager.add(
+            Controller::new("toy", &SERVICE, move |key: String| {
+                let (c, sources) = (c.clone(), sources.clone());
+                async move { sync_derived(&c, &sources, &key).await }
+            })
+            .mode(mode)
+            .workers(2),
+        );
+        manager
+    }
+
+    async fn create_sources(client: &MemoryClient, n: usize, value: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        for i in 0..n {
+            let name = format!("s{i}");
+            client.create(&SERVICE, None, source(&name, value)).await.unwrap();
+            names.push(name);
+        }
+        names
+    }
+
+    async fn set_all_sources(client: &MemoryClient, names: &[String], value: &str) {
+        for n in names {
+            client.patch(&SERVICE, Some("ns"), n, Patch::Merge(json!({ "spec": { "value": value } }))).await.unwrap();
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hybrid_reconciles_every_change_within_one_resync_even_when_every_watch_event_is_lost() {
+        let client = Arc::new(MemoryClient::new());
+        let names = create_sources(&client, 5, "1").await;
+        let period = Duration::from_secs(60);
+        let running = Running::start(toy_manager(&client, TriggerMode::hybrid().with_period(period)));
+        assert!(wait_until(Duration::from_secs(1), || all_derived_are(&client, &names, "1")).await.is_some());
+
+        running.manager.informers().watch_faults().set_drop_fraction(1.0);
+        set_all_sources(&client, &names, "2").await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(all_derived_are(&client, &names, "1").await, "with every event lost nothing moves before the resync");
+
+        let took = wait_until(period * 2, || all_derived_are(&client, &names, "2")).await;
+        let took = took.expect("hybrid must converge without any watch event");
+        assert!(took <= period.mul_f64(1.1), "converged after {took:?}, more than one resync period (±10%)");
+        running.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn edge_stays_stuck_forever_when_its_watch_events_are_lost() {
+        let client = Arc::new(MemoryClient::new());
+        let names = create_sources(&client, 5, "1").await;
+        let running = Running::start(toy_manager(&client, TriggerMode::edge()));
+        assert!(wait_until(Duration::from_secs(1), || all_derived_are(&client, &names, "1")).await.is_some());
+
+        running.manager.informers().watch_faults().set_drop_fraction(1.0);
+        set_all_sources(&client, &names, "2").await;
+        tokio::time::sleep(Duration::from_secs(24 * 3600)).await;
+        assert!(all_derived_are(&client, &names, "1").await, "edge never learns of the change: stuck, as the seeds warn");
+        let cached = running.manager.informers().cache(&SERVICE).get("ns/s0");
+        assert_eq!(cached.map(|o| o["spec"]["value"].clone()), Some(json!("1")));
+        running.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn level_ignores_events_and_reconciles_only_at_the_tick() {
+        let client = Arc::new(MemoryClient::new());
+        let names = create_sources(&client, 5, "1").await;
+        let started = Instant::now();
+        let running = Running::start(toy_manager(&client, TriggerMode::level()));
+        assert!(wait_until(Duration::from_secs(1), || all_derived_are(&client, &names, "1")).await.is_some());
+
+        tokio::time::sleep_until(started + Duration::from_secs(1)).await;
+        set_all_sources(&client, &names, "2").await; // events flow, level does not listen
+        tokio::time::sleep_until(started + Duration::from_millis(4900)).await;
+        assert!(all_derived_are(&client, &names, "1").await, "nothing happens between ticks");
+        let took = wait_until(Duration::from_secs(1), || all_derived_are(&client, &names, "2")).await;
+        assert!(took.is_some(), "the 5 s tick reconciles the change");
+        let at = started.elapsed();
+        assert!(at >= Duration::from_secs(5) && at <= Duration::from_millis(5100), "reconciled at {at:?}");
+        running.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconciler_panicking_on_every_third_call_still_converges_and_other_controllers_are_unaffected() {
+        let client = Arc::new(MemoryClient::new());
+        let names = create_sources(&client, 10, "1").await;
+        for i in 0..5 {
+            client.create(&NODE, None, json!({ "metadata": { "name": format!("n{i}") } })).await.unwrap();
+        }
+        let manager = Manager::new(client.clone());
+        let sources = manager.informers().cache(&SERVICE);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let panics = Arc::new(AtomicUsize::new(0));
+        let (c, calls2, panics2) = (client.clone(), calls.clone(), panics.clone());
+        manager.add(
+            Controller::new("panicky", &SERVICE, move |key: String| {
+                let (c, sources, calls, panics) = (c.clone(), sources.clone(), calls2.clone(), panics2.clone());
+                async move {
+                    if calls.fetch_add(1, Ordering::SeqCst) % 3 == 2 {
+                        panics.fetch_add(1, Ordering::SeqCst);
+                        panic!("every third call panics ({key})");
+                    }
+                    sync_derived(&c, &sources, &key).await
+                }
+            })
+            .workers(3),
+        );
+        let seen_nodes: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let seen = seen_nodes.clone();
+        manager.add(Controller::new("steady", &NODE, move |key: String| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().insert(key);
+                Ok(Action::Done)
+            }
+        }));
+        let running = Running::start(manager);
+
+        let took = wait_until(Duration::from_secs(10), || all_derived_are(&client, &names, "1")).await;
+        assert!(took.is_some(), "every key converges despite the panics");
+        assert_eq!(seen_nodes.lock().unwrap().len(), 5, "the other controller reconciled all its keys");
+        assert!(panics.load(Ordering::SeqCst) >= 3);
+
+        let snapshot = running.manager.snapshot();
+        let by_name = |n: &str| snapshot.controllers.iter().find(|c| c.name == n).cloned().unwrap();
+        assert_eq!(by_name("panicky").reconciles.panic, panics.load(Ordering::SeqCst) as u64);
+        assert_eq!(by_name("steady").reconciles.panic, 0);
+        assert_eq!(by_name("steady").reconciles.success, 5);
+
+        let mut registry = prometheus_client::registry::Registry::default();
+        running.manager.metrics().register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let expected = format!(r#"controller_reconcile_panics_total{{controller="panicky"}} {}"#, panics.load(Ordering::SeqCst));
+        assert!(text.contains(&expected), "{text}");
+        running.stop().await;
+    }
+
+    /// A reconciler that records every key it is called with.
+    fn recording(manager: &Manager, name: &str, primary: &ResourceInfo, mode: TriggerMode) -> Arc<Mutex<Vec<String>>> {
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let s = seen.clone();
+        manager.add(
+            Controller::new(name, primary, move |key: String| {
+                let s = s.clone();
+                async move {
+                    s.lock().unwrap().push(key);
+                    Ok(Action::Done)
+                }
+            })
+            .mode(mode),
+        );
+        seen
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_change_enqueues_its_replicaset_and_a_node_change_enqueues_the_pods_bound_to_it() {
+        let client = Arc::new(MemoryClient::new());
+        client.create(&REPLICASET, None, json!({ "metadata": { "name": "web", "namespace": "ns" } })).await.unwrap();
+        client.create(&NODE, None, json!({ "metadata": { "name": "n1" } })).await.unwrap();
+        let manager = Manager::new(client.clone());
+        let rs_seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let s = rs_seen.clone();
+        manager.add(
+            Controller::new("replicaset", &REPLICASET, move |key: String| {
+                let s = s.clone();
+                async move {
+                    s.lock().unwrap().push(key);
+                    Ok(Action::Done)
+                }
+            })
+            .owns(&POD)
+            .mode(TriggerMode::edge()),
+        );
+        let pods = manager.informers().cache(&POD);
+        let pod_seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let s = pod_seen.clone();
+        manager.add(
+            Controller::new("pod-on-node", &POD, move |key: String| {
+                let s = s.clone();
+                async move {
+                    s.lock().unwrap().push(key);
+                    Ok(Action::Done)
+                }
+            })
+            .watches(&NODE, move |node| {
+                let name = node["metadata"]["name"].as_str().unwrap_or_default();
+                pods.by_node_name(name).iter().filter_map(|p| crate::cache::object_key(p)).collect()
+            })
+            .mode(TriggerMode::edge()),
+        );
+        let running = Running::start(manager);
+        assert!(wait_until(Duration::from_secs(1), || async { rs_seen.lock().unwrap().len() == 1 }).await.is_some());
+
+        let pod = json!({ "metadata": { "name": "web-0", "namespace": "ns", "ownerReferences": [
+            { "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "x", "controller": true }
+        ] }, "spec": { "nodeName": "n1" } });
+        client.create(&POD, None, pod).await.unwrap();
+        assert!(wait_until(Duration::from_secs(1), || async { rs_seen.lock().unwrap().len() == 2 }).await.is_some());
+        assert_eq!(*rs_seen.lock().unwrap(), ["ns/web", "ns/web"]);
+
+        pod_seen.lock().unwrap().clear();
+        client.patch(&NODE, None, "n1", Patch::Merge(json!({ "status": { "phase": "NotReady" } }))).await.unwrap();
+        assert!(wait_until(Duration::from_secs(1), || async { !pod_seen.lock().unwrap().is_empty() }).await.is_some());
+        assert_eq!(*pod_seen.lock().unwrap(), ["ns/web-0"]);
+        running.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_force_resync_annotation_alone_triggers_a_reconcile() {
+        let client = Arc::new(MemoryClient::new());
+        create_sources(&client, 1, "1").await;
+        let manager = Manager::new(client.clone());
+        let seen = recording(&manager, "annotated", &SERVICE, TriggerMode::edge());
+        let running = Running::start(manager);
+        assert!(wait_until(Duration::from_secs(1), || async { seen.lock().unwrap().len() == 1 }).await.is_some());
+        let patch = json!({ "metadata": { "annotations": { "shepherd.io/force-resync": "1" } } });
+        client.patch(&SERVICE, Some("ns"), "s0", Patch::Merge(patch)).await.unwrap();
+        assert!(wait_until(Duration::from_secs(1), || async { seen.lock().unwrap().len() == 2 }).await.is_some());
+        running.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_key_shows_in_the_debug_view_with_its_backoff_and_last_error() {
+        let client = Arc::new(MemoryClient::new());
+        create_sources(&client, 2, "1").await;
+        let manager = Manager::new(client.clone());
+        manager.add(Controller::new("picky", &SERVICE, |key: String| async move {
+            if key == "ns/s1" {
+                return Err(ApiError::Conflict { kind: "services".into(), name: "s1".into(), message: "s1 is cursed".into() }.into());
+            }
+            Ok(Action::Done)
+        }));
+        let running = Running::start(manager);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let json = running.manager.snapshot().to_json();
+        let c = &json["controllers"][0];
+        assert_eq!(c["name"], "picky");
+        assert_eq!(c["mode"], "hybrid");
+        assert_eq!(c["backoff"][0]["key"], "ns/s1");
+        assert_eq!(c["backoff"][0]["lastError"], "s1 is cursed");
+        assert!(c["backoff"][0]["retries"].as_u64().unwrap_or(0) >= 3, "{json}");
+        assert_eq!(c["reconciles"]["success"], 1);
+        running.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_lets_an_in_flight_reconcile_finish_within_the_grace_period() {
+        let client = Arc::new(MemoryClient::new());
+        create_sources(&client, 1, "1").await;
+        let manager = Manager::new(client.clone());
+        let finished = Arc::new(AtomicUsize::new(0));
+        let f = finished.clone();
+        manager.add(
+            Controller::new("slow", &SERVICE, move |_key: String| {
+                let f = f.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    f.fetch_add(1, Ordering::SeqCst);
+                    Ok(Action::Done)
+                }
+            })
+            .shutdown_grace(Duration::from_secs(10)),
+        );
+        let running = Running::start(manager);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        running.stop().await;
+        assert_eq!(finished.load(Ordering::SeqCst), 1, "the reconcile in flight at shutdown completed");
+    }
+
+    /// Reconcile latency from write to reconcile start with events flowing (hybrid mode), on the
+    /// real clock. A measurement, not an assertion:
+    /// `cargo test --release -p shepherd-runtime -- --ignored --nocapture reconcile_latency`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore]
+    async fn reconcile_latency_from_write_to_reconcile_start() {
+        let client = Arc::new(MemoryClient::new());
+        let names = create_sources(&client, 100, "0").await;
+        let manager = Manager::new(client.clone());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, std::time::Instant)>();
+        let sources = manager.informers().cache(&SERVICE);
+        manager.add(
+            Controller::new("latency", &SERVICE, move |key: String| {
+                let started = std::time::Instant::now();
+                let value = sources.get(&key).and_then(|o| o["spec"]["value"].as_str().map(str::to_string));
+                let _ = tx.send((format!("{key}={}", value.unwrap_or_default()), started));
+                async { Ok(Action::Done) }
+            })
+            .workers(4),
+        );
+        let running = Running::start(manager);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        while rx.try_recv().is_ok() {}
+        let mut samples = Vec::new();
+        for round in 1..=20 {
+            for n in &names {
+                let value = round.to_string();
+                let wrote = std::time::Instant::now();
+                client.patch(&SERVICE, Some("ns"), n, Patch::Merge(json!({ "spec": { "value": value } }))).await.unwrap();
+                let want = format!("ns/{n}={value}");
+                loop {
+                    let Some((got, at)) = rx.recv().await else { break };
+                    if got == want {
+                        samples.push(at.duration_since(wrote));
+                        break;
+                    }
+                }
+            }
+        }
+        samples.sort();
+        let pct = |p: f64| samples[((samples.len() as f64 - 1.0) * p) as usize];
+        println!(
+            "reconcile latency over {} writes: p50 {:?}, p99 {:?}, max {:?}",
+            samples.len(),
+            pct(0.50),
+            pct(0.99),
+            pct(1.0)
+        );
+        running.stop().await;
+    }
+}

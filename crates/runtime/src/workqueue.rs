@@ -487,8 +487,8 @@ mod tests {
                 }
                 // Drain: finish held work, let every timer fire, take everything left.
                 for _ in 0..10 {
-                    for w in 0..3 {
-                        if let Some(k) = held[w].take() { q.done(&k) }
+                    for slot in held.iter_mut() {
+                        if let Some(k) = slot.take() { q.done(&k) }
                     }
                     tokio::time::advance(Duration::from_millis(100)).await;
                     for w in 0..3 { take(w, &mut held, &mut owed, &q); }
