@@ -432,6 +432,48 @@ mod tests {
         assert!(processed.load(Ordering::Relaxed) >= 17);
     }
 
+    /// Keys per second through the queue with 4 workers and a trivial reconciler. A measurement:
+    /// `cargo test --release -p shepherd-runtime -- --ignored --nocapture queue_throughput`.
+    #[test]
+    #[ignore]
+    fn queue_throughput_with_four_workers_and_a_trivial_reconciler() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async {
+            const KEYS: usize = 200_000;
+            let q = queue();
+            let processed = Arc::new(AtomicUsize::new(0));
+            let keys: Vec<String> = (0..KEYS).map(|i| format!("ns/obj-{i}")).collect();
+            let started = std::time::Instant::now();
+            let mut workers = Vec::new();
+            for _ in 0..4 {
+                let (q, processed) = (q.clone(), processed.clone());
+                workers.push(tokio::spawn(async move {
+                    while let Some(k) = q.get().await {
+                        std::hint::black_box(&k);
+                        q.forget(&k);
+                        q.done(&k);
+                        processed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }));
+            }
+            for k in &keys {
+                q.add(k);
+            }
+            while processed.load(Ordering::Relaxed) < KEYS {
+                tokio::task::yield_now().await;
+            }
+            let elapsed = started.elapsed();
+            q.shut_down();
+            for w in workers {
+                let _ = w.await;
+            }
+            println!(
+                "work queue: {KEYS} distinct keys through 4 workers in {elapsed:?} = {:.0} keys/s",
+                KEYS as f64 / elapsed.as_secs_f64()
+            );
+        });
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Add(u8),
