@@ -571,27 +571,34 @@ impl ApiService {
                 )));
             }
             let grace = self.grace_period(res, &obj, opts);
-            let marked = meta(&obj).is_some_and(|m| m.contains_key("deletionTimestamp"));
+            if meta(&obj).is_some_and(|m| m.contains_key("deletionTimestamp")) && (finalizers(&obj) > 0 || grace > 0) {
+                return Ok(Deleted::Pending(current));
+            }
+            // Foreground and Orphan are carried out by the garbage collector, which removes
+            // these finalizers when the dependents are gone or released.
+            let mut new = obj.clone();
+            let policy_finalizer = match opts.propagation_policy.as_deref() {
+                Some("Foreground") => Some("foregroundDeletion"),
+                Some("Orphan") => Some("orphan"),
+                _ => None,
+            };
+            if let Some(f) = policy_finalizer {
+                let list = meta_mut(&mut new).entry("finalizers").or_insert_with(|| json!([]));
+                if let Some(a) = list.as_array_mut()
+                    && !a.iter().any(|x| x == f)
+                {
+                    a.push(json!(f));
+                }
+            }
             let started = Instant::now();
-            let result = if finalizers(&obj) > 0 || grace > 0 {
-                if marked && finalizers(&obj) > 0 {
-                    return Ok(Deleted::Pending(current));
-                }
-                if marked && grace > 0 {
-                    return Ok(Deleted::Pending(current));
-                }
+            let result = if finalizers(&new) > 0 || grace > 0 {
                 // Mark, and keep the object until its finalizers or its node agent let it go.
-                let mut new = obj.clone();
                 let when = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(grace);
                 let m = meta_mut(&mut new);
                 m.insert("deletionTimestamp".into(), json!(when.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()));
                 m.insert("deletionGracePeriodSeconds".into(), json!(grace));
-                if finalizers(&new) == 0 && grace == 0 {
-                    self.store.delete(&key, Some(current.mod_revision)).await.map(Deleted::Gone)
-                } else {
-                    let bytes = codec::encode(&new)?;
-                    self.store.update(&key, bytes, Some(current.mod_revision)).await.map(Deleted::Pending)
-                }
+                let bytes = codec::encode(&new)?;
+                self.store.update(&key, bytes, Some(current.mod_revision)).await.map(Deleted::Pending)
             } else {
                 self.store.delete(&key, Some(current.mod_revision)).await.map(Deleted::Gone)
             };
