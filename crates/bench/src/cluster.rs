@@ -1,0 +1,48 @@
+//! Starting and observing real Shepherd processes.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+pub struct Process {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Process {
+    /// Starts `shepherd <args> --listen 127.0.0.1:0` and reads the address it prints.
+    pub fn start(binary: &Path, args: &[&str]) -> anyhow::Result<Process> {
+        let mut child = Command::new(binary)
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting {}: {e} (build it with cargo build --release)", binary.display()))?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let url = line.split_whitespace().last().unwrap_or("").to_string();
+        anyhow::ensure!(url.starts_with("http://"), "unexpected first line from shepherd: {line:?}");
+        Ok(Process { child, url })
+    }
+
+    /// Resident set size in MiB, from /proc.
+    pub fn rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0.0, |kib| kib / 1024.0)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

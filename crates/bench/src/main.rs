@@ -1,0 +1,52 @@
+//! `shepherd-bench`: starts real Shepherd processes, drives them through the public API only, and
+//! writes what it measured as JSON under `bench/results/` and as Markdown on stdout.
+
+mod cluster;
+mod report;
+mod store;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "shepherd-bench", about = "Reproducible measurements of Shepherd")]
+struct Cli {
+    /// The `shepherd` binary to measure (build it with `cargo build --release`).
+    #[arg(long, default_value = "target/release/shepherd")]
+    shepherd: std::path::PathBuf,
+    /// Where JSON results go.
+    #[arg(long, default_value = "bench/results")]
+    out: std::path::PathBuf,
+    /// Run every scenario at a tiny size (CI's smoke check).
+    #[arg(long)]
+    smoke: bool,
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// Durable creates/s with 1 and 64 clients; list of N pods p50/p99; server RSS with N pods.
+    Store {
+        #[arg(long, default_value_t = 10_000)]
+        pods: usize,
+        #[arg(long, default_value_t = 2_000)]
+        sequential: usize,
+        #[arg(long, default_value_t = 100)]
+        list_runs: usize,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let machine = report::Machine::read();
+    println!("machine: {machine}");
+    let result = match cli.scenario {
+        Scenario::Store { pods, sequential, list_runs } => {
+            let (pods, sequential, list_runs) = if cli.smoke { (200, 50, 5) } else { (pods, sequential, list_runs) };
+            store::run(&cli.shepherd, pods, sequential, list_runs).await?
+        }
+    };
+    report::write(&cli.out, &machine, &result)?;
+    Ok(())
+}
