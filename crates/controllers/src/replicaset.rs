@@ -1,0 +1,487 @@
+//! The ReplicaSet controller: keeps `spec.replicas` active pods, named `<owner>-<ordinal>`, per
+//! ReplicaSet, adopting matching orphans and releasing pods whose labels stop matching.
+//!
+//! Pods are named after the Deployment that owns the ReplicaSet (else the ReplicaSet itself) with
+//! the lowest ordinal no pod in the namespace uses, so the seed's Deployment `web` runs `web-0`,
+//! `web-1`, `web-2`. Deterministic names make creation idempotent: a retried create meets
+//! AlreadyExists, and a live read tells whether the pod is ours (counted) or another
+//! ReplicaSet's (the next free ordinal is tried instead).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use shepherd_api::selector::LabelSelector;
+use shepherd_api::{ApiError, kinds};
+use shepherd_runtime::cache::object_key;
+use shepherd_runtime::controller::Error;
+use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Reconciler};
+use tokio::time::Instant;
+
+use crate::config::ControllerConfig;
+use crate::events::{EventRecorder, EventType};
+use crate::podutil::{self, POD_TEMPLATE_HASH};
+
+/// Most pods created or deleted by one reconcile; the pods' own events bring the key back for more.
+const BURST: usize = 500;
+/// Creations start one at a time and double per successful batch up to this many at once, so a
+/// ReplicaSet whose pods are all rejected fails after one request, not hundreds.
+const MAX_BATCH: usize = 64;
+/// How long a create or delete this controller made may go unseen by the cache before it stops
+/// counting on it (the informer re-lists long before this; it only bounds a lost event).
+const EXPECTATION_TTL: Duration = Duration::from_secs(60);
+
+/// Builds the ReplicaSet controller. It reads pods and ReplicaSets from the manager's shared caches.
+pub fn replicaset_controller(client: Arc<dyn Client>, manager: &Manager, config: &ControllerConfig) -> Controller {
+    let replicasets = manager.informers().cache(&kinds::REPLICASET);
+    let reconciler = ReplicaSetReconciler {
+        events: EventRecorder::new(client.clone(), "replicaset-controller"),
+        client,
+        pods: manager.informers().cache(&kinds::POD),
+        replicasets: replicasets.clone(),
+        expectations: Mutex::default(),
+    };
+    Controller::new("replicaset", &kinds::REPLICASET, reconciler)
+        .owns(&kinds::POD)
+        // An orphan wakes every ReplicaSet whose selector it matches, so one of them adopts it.
+        .watches(&kinds::POD, move |pod| {
+            if podutil::controller_ref(pod).is_some() {
+                return Vec::new();
+            }
+            let Some(ns) = podutil::namespace(pod) else { return Vec::new() };
+            replicasets
+                .by_namespace(ns)
+                .iter()
+                .filter(|rs| selector_of(rs).is_ok_and(|s| s.matches_object(pod)))
+                .filter_map(|rs| object_key(rs))
+                .collect()
+        })
+        .workers(config.workers)
+        .mode(config.mode)
+}
+
+fn selector_of(rs: &Value) -> Result<LabelSelector, ApiError> {
+    LabelSelector::from_k8s(rs.pointer("/spec/selector").unwrap_or(&Value::Null))
+}
+
+/// Creates and deletes this controller made that the cache has not shown yet, by pod name and uid.
+/// Without them a reconcile right after a create would see too few pods and create more.
+#[derive(Default)]
+struct Expectations {
+    creating: HashMap<String, (String, Instant)>,
+    deleting: HashMap<String, (String, Instant)>,
+}
+
+impl Expectations {
+    /// Forgets what the cache now reflects (or what is too old to wait for).
+    fn prune(&mut self, pods: &HashMap<&str, &Value>) {
+        let fresh = |at: &Instant| at.elapsed() < EXPECTATION_TTL;
+        self.creating.retain(|name, (uid, at)| fresh(at) && pods.get(name.as_str()).is_none_or(|p| podutil::uid(p) != uid));
+        self.deleting.retain(|name, (uid, at)| {
+            fresh(at) && pods.get(name.as_str()).is_some_and(|p| podutil::uid(p) == uid && !podutil::is_deleting(p))
+        })
+    }
+
+    fn is_being_deleted(&self, pod: &Value) -> bool {
+        self.deleting.get(podutil::name(pod)).is_some_and(|(uid, _)| uid == podutil::uid(pod))
+    }
+}
+
+struct ReplicaSetReconciler {
+    client: Arc<dyn Client>,
+    pods: Arc<Cache>,
+    replicasets: Arc<Cache>,
+    events: EventRecorder,
+    /// By ReplicaSet key. A key is reconciled by one worker at a time, so each entry has one writer.
+    expectations: Mutex<HashMap<String, Expectations>>,
+}
+
+/// What a create of one pod name came to.
+enum Created {
+    /// Created now, or found already created for this ReplicaSet by an earlier try: its uid.
+    Ours(String),
+    /// The name belongs to a pod of someone else; try another ordinal.
+    Taken,
+}
+
+#[async_trait]
+impl Reconciler for ReplicaSetReconciler {
+    async fn reconcile(&self, key: &str) -> Result<Action, Error> {
+        let Some(rs) = self.replicasets.get(key) else {
+            self.lock_expectations().remove(key);
+            return Ok(Action::Done);
+        };
+        self.sync(key, &rs).await
+    }
+}
+
+impl ReplicaSetReconciler {
+    fn lock_expectations(&self) -> std::sync::MutexGuard<'_, HashMap<String, Expectations>> {
+        self.expectations.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn sync(&self, key: &str, rs: &Value) -> Result<Action, Error> {
+        let ns = podutil::namespace(rs).unwrap_or("default");
+        let selector = match selector_of(rs) {
+            Ok(s) if !s.is_empty() => s,
+            _ => {
+                let msg = "spec.selector is empty or invalid; no pods are managed";
+                self.events.record(rs, EventType::Warning, "InvalidSelector", msg).await;
+                return Ok(Action::Done);
+            }
+        };
+        let rs_uid = podutil::uid(rs);
+        let prefix = pod_name_prefix(rs);
+        let in_namespace = self.pods.by_namespace(ns);
+        let mut errors: Vec<String> = Vec::new();
+
+        // Claim: keep what is ours and matches, release what stopped matching, adopt orphans.
+        let mut owned: Vec<Arc<Value>> = Vec::new();
+        let mut orphans: Vec<Arc<Value>> = Vec::new();
+        for pod in &in_namespace {
+            match podutil::controller_uid(pod) {
+                Some(u) if u == rs_uid => {
+                    if selector.matches_object(pod) || podutil::is_deleting(pod) {
+                        owned.push(pod.clone());
+                    } else if let Err(e) = self.release(pod, rs_uid).await {
+                        errors.push(e.to_string());
+                    }
+                }
+                None if selector.matches_object(pod) && !podutil::is_deleting(pod) => orphans.push(pod.clone()),
+                _ => {}
+            }
+        }
+        if !orphans.is_empty() && !podutil::is_deleting(rs) {
+            match self.adopt_all(rs, &orphans).await {
+                Ok(adopted) => owned.extend(adopted),
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+
+        let min_ready = Duration::from_secs(rs.pointer("/spec/minReadySeconds").and_then(Value::as_u64).unwrap_or(0));
+        let replicas = rs.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(1) as usize;
+
+        if !podutil::is_deleting(rs)
+            && let Err(e) = self.manage_replicas(key, rs, &owned, &in_namespace, &prefix, replicas).await
+        {
+            errors.push(e);
+        }
+
+        let (status, wait) = {
+            let expectations = self.lock_expectations();
+            let exp = expectations.get(key);
+            let active: Vec<&Value> = owned
+                .iter()
+                .map(|p| p.as_ref())
+                .filter(|p| podutil::is_active(p) && !exp.is_some_and(|e| e.is_being_deleted(p)))
+                .collect();
+            compute_status(rs, &active, min_ready, errors.first().map(String::as_str))
+        };
+        self.write_status(rs, status).await?;
+        if !errors.is_empty() {
+            return Err(errors.join("; ").into());
+        }
+        Ok(wait.map_or(Action::Done, Action::RequeueAfter))
+    }
+
+    /// Creates or deletes pods so that active pods (plus creations the cache has not shown yet)
+    /// equal `replicas`. Failed pods are deleted and replaced.
+    async fn manage_replicas(
+        &self,
+        key: &str,
+        rs: &Value,
+        owned: &[Arc<Value>],
+        in_namespace: &[Arc<Value>],
+        prefix: &str,
+        replicas: usize,
+    ) -> Result<(), String> {
+        let by_name: HashMap<&str, &Value> = owned.iter().map(|p| (podutil::name(p), p.as_ref())).collect();
+        let (pending_creates, mut active) = {
+            let mut all = self.lock_expectations();
+            let exp = all.entry(key.to_string()).or_default();
+            exp.prune(&by_name);
+            let active: Vec<Arc<Value>> =
+                owned.iter().filter(|p| podutil::is_active(p) && !exp.is_being_deleted(p)).cloned().collect();
+            (exp.creating.len(), active)
+        };
+
+        // Ordinals in use anywhere in the namespace under this prefix, and names we are creating.
+        let mut taken: BTreeSet<u64> = in_namespace.iter().filter_map(|p| podutil::ordinal(podutil::name(p), prefix)).collect();
+        if let Some(exp) = self.lock_expectations().get(key) {
+            taken.extend(exp.creating.keys().filter_map(|n| podutil::ordinal(n, prefix)));
+        }
+
+        let failed: Vec<&Arc<Value>> = owned.iter().filter(|p| podutil::phase(p) == "Failed" && !podutil::is_deleting(p)).collect();
+        for pod in failed {
+            match self.delete_pod(key, pod).await {
+                Ok(gone) => {
+                    let msg = format!("Deleted failed pod: {}", podutil::name(pod));
+                    self.events.record(rs, EventType::Normal, "SuccessfulDelete", &msg).await;
+                    if gone && let Some(o) = podutil::ordinal(podutil::name(pod), prefix) {
+                        taken.remove(&o);
+                    }
+                }
+                Err(e) => return Err(self.failed(rs, "FailedDelete", &e).await),
+            }
+        }
+
+        let have = active.len() + pending_creates;
+        if have < replicas {
+            let want = (replicas - have).min(BURST);
+            self.create_pods(key, rs, prefix, want, &mut taken).await?;
+        } else if have > replicas {
+            let excess = (have - replicas).min(BURST).min(active.len());
+            active.sort_by(|a, b| podutil::victim_order(a, b, prefix));
+            let victims: Vec<Arc<Value>> = active.into_iter().take(excess).collect();
+            let results = futures::future::join_all(victims.iter().map(|p| self.delete_pod(key, p))).await;
+            for (pod, r) in victims.iter().zip(results) {
+                match r {
+                    Ok(_) => {
+                        let msg = format!("Deleted pod: {}", podutil::name(pod));
+                        self.events.record(rs, EventType::Normal, "SuccessfulDelete", &msg).await;
+                    }
+                    Err(e) => return Err(self.failed(rs, "FailedDelete", &e).await),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates `want` pods at the lowest free ordinals, in doubling batches.
+    async fn create_pods(&self, key: &str, rs: &Value, prefix: &str, want: usize, taken: &mut BTreeSet<u64>) -> Result<(), String> {
+        let mut remaining = want;
+        let mut batch = 1usize;
+        let mut next = 0u64;
+        while remaining > 0 {
+            let mut names = Vec::new();
+            for _ in 0..batch.min(remaining) {
+                while taken.contains(&next) {
+                    next += 1;
+                }
+                taken.insert(next);
+                names.push(format!("{prefix}-{next}"));
+            }
+            let results = futures::future::join_all(names.iter().map(|n| self.create_pod(rs, n))).await;
+            let mut failure = None;
+            for (name, r) in names.iter().zip(results) {
+                match r {
+                    Ok(Created::Ours(uid)) => {
+                        remaining -= 1;
+                        if let Some(exp) = self.lock_expectations().get_mut(key) {
+                            exp.creating.insert(name.clone(), (uid, Instant::now()));
+                        }
+                        let msg = format!("Created pod: {name}");
+                        self.events.record(rs, EventType::Normal, "SuccessfulCreate", &msg).await;
+                    }
+                    Ok(Created::Taken) => {}
+                    Err(e) => failure = Some(e),
+                }
+            }
+            if let Some(e) = failure {
+                return Err(self.failed(rs, "FailedCreate", &e).await);
+            }
+            batch = (batch * 2).min(MAX_BATCH);
+        }
+        Ok(())
+    }
+
+    async fn create_pod(&self, rs: &Value, name: &str) -> Result<Created, ApiError> {
+        let ns = podutil::namespace(rs);
+        match self.client.create(&kinds::POD, ns, pod_from_template(rs, name)).await {
+            Ok(pod) => Ok(Created::Ours(podutil::uid(&pod).to_string())),
+            Err(e) if e.is_already_exists() => match self.client.get(&kinds::POD, ns, name).await {
+                Ok(pod) if podutil::controller_uid(&pod) == Some(podutil::uid(rs)) && podutil::is_active(&pod) => {
+                    Ok(Created::Ours(podutil::uid(&pod).to_string()))
+                }
+                Ok(_) => Ok(Created::Taken),
+                // Gone again between the create and the read: let the next reconcile retry it.
+                Err(e) if e.is_not_found() => Ok(Created::Taken),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes a pod if it is still the one we saw; `Ok(true)` when it is gone at once (unbound
+    /// pods), `Ok(false)` while its node agent stops it.
+    async fn delete_pod(&self, key: &str, pod: &Value) -> Result<bool, ApiError> {
+        let params = DeleteParams { precondition_uid: Some(podutil::uid(pod).to_string()), ..Default::default() };
+        let gone = match self.client.delete(&kinds::POD, podutil::namespace(pod), podutil::name(pod), &params).await {
+            Ok(remaining) => remaining.is_none(),
+            // Already gone, or replaced by another pod of the same name: either way not ours to delete.
+            Err(e) if e.is_not_found() || e.is_conflict() => true,
+            Err(e) => return Err(e),
+        };
+        if let Some(exp) = self.lock_expectations().get_mut(key) {
+            exp.deleting.insert(podutil::name(pod).to_string(), (podutil::uid(pod).to_string(), Instant::now()));
+        }
+        Ok(gone)
+    }
+
+    async fn failed(&self, rs: &Value, reason: &str, e: &ApiError) -> String {
+        let msg = format!("{reason} for {}: {e}", podutil::name(rs));
+        self.events.record(rs, EventType::Warning, reason, &e.to_string()).await;
+        msg
+    }
+
+    /// Takes orphans after checking, live, that this ReplicaSet is still the one we cached and
+    /// not being deleted. Each adoption is conditional on the pod's resourceVersion, so of two
+    /// ReplicaSets racing for an orphan exactly one wins.
+    async fn adopt_all(&self, rs: &Value, orphans: &[Arc<Value>]) -> Result<Vec<Arc<Value>>, ApiError> {
+        let fresh = self.client.get(&kinds::REPLICASET, podutil::namespace(rs), podutil::name(rs)).await?;
+        if podutil::uid(&fresh) != podutil::uid(rs) || podutil::is_deleting(&fresh) {
+            return Ok(Vec::new());
+        }
+        let mut adopted = Vec::new();
+        for pod in orphans {
+            let patch = podutil::adopt_patch(pod, rs, &kinds::REPLICASET);
+            match self.client.patch(&kinds::POD, podutil::namespace(pod), podutil::name(pod), Patch::Merge(patch)).await {
+                Ok(p) => {
+                    let msg = format!("Adopted pod: {}", podutil::name(pod));
+                    self.events.record(rs, EventType::Normal, "Adopted", &msg).await;
+                    adopted.push(Arc::new(p));
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(adopted)
+    }
+
+    async fn release(&self, pod: &Value, rs_uid: &str) -> Result<(), ApiError> {
+        let patch = podutil::release_patch(pod, rs_uid);
+        match self.client.patch(&kinds::POD, podutil::namespace(pod), podutil::name(pod), Patch::Merge(patch)).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn write_status(&self, rs: &Value, status: Value) -> Result<(), ApiError> {
+        let current = rs.get("status").cloned().unwrap_or_else(|| json!({}));
+        if same_status(&current, &status) {
+            return Ok(());
+        }
+        let patch = json!({"status": status});
+        match self.client.patch_status(&kinds::REPLICASET, podutil::namespace(rs), podutil::name(rs), Patch::Merge(patch)).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The name pods of this ReplicaSet start with: its Deployment's name, else its own.
+fn pod_name_prefix(rs: &Value) -> String {
+    match podutil::controller_ref(rs) {
+        Some(r) if r.get("kind").and_then(Value::as_str) == Some("Deployment") => {
+            r.get("name").and_then(Value::as_str).unwrap_or(podutil::name(rs)).to_string()
+        }
+        _ => podutil::name(rs).to_string(),
+    }
+}
+
+/// A pod of `rs` named `name`: the template's labels (with the ReplicaSet's pod-template-hash),
+/// annotations and spec, controlled by the ReplicaSet.
+fn pod_from_template(rs: &Value, name: &str) -> Value {
+    let template = rs.pointer("/spec/template").cloned().unwrap_or_else(|| json!({}));
+    let mut labels = template.pointer("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
+    if let Some(hash) = podutil::str_at(rs, "/metadata/labels/pod-template-hash") {
+        labels.entry(POD_TEMPLATE_HASH).or_insert_with(|| json!(hash));
+    }
+    let mut metadata = json!({
+        "name": name,
+        "labels": labels,
+        "ownerReferences": [podutil::owner_reference_to(rs, &kinds::REPLICASET)],
+    });
+    if let Some(ns) = podutil::namespace(rs) {
+        metadata["namespace"] = json!(ns);
+    }
+    if let Some(a) = template.pointer("/metadata/annotations").filter(|a| a.is_object()) {
+        metadata["annotations"] = a.clone();
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template.get("spec").cloned().unwrap_or_else(|| json!({}))})
+}
+
+/// The status `kubectl get rs` shows, and how long until a ready pod becomes available.
+fn compute_status(rs: &Value, active: &[&Value], min_ready: Duration, failure: Option<&str>) -> (Value, Option<Duration>) {
+    let template_labels = rs.pointer("/spec/template/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
+    let now = podutil::now();
+    let mut ready = 0;
+    let mut available = 0;
+    let mut fully_labeled = 0;
+    let mut wait: Option<Duration> = None;
+    for pod in active {
+        let labels = podutil::labels(pod);
+        if template_labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+            fully_labeled += 1;
+        }
+        if podutil::is_ready(pod) {
+            ready += 1;
+        }
+        match podutil::availability(pod, min_ready, now) {
+            Ok(true) => available += 1,
+            Ok(false) => {}
+            Err(w) => wait = Some(wait.map_or(w, |cur| cur.min(w))),
+        }
+    }
+    let mut status = json!({
+        "replicas": active.len(),
+        "fullyLabeledReplicas": fully_labeled,
+        "readyReplicas": ready,
+        "availableReplicas": available,
+        "observedGeneration": podutil::generation(rs),
+    });
+    let mut conditions: Vec<Value> = rs
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .map(|c| c.iter().filter(|c| c.get("type").and_then(Value::as_str) != Some("ReplicaFailure")).cloned().collect())
+        .unwrap_or_default();
+    if let Some(message) = failure {
+        let previous = rs.pointer("/status/conditions").and_then(Value::as_array).and_then(|c| {
+            c.iter().find(|c| c.get("type").and_then(Value::as_str) == Some("ReplicaFailure")).cloned()
+        });
+        let since = previous
+            .and_then(|p| p.get("lastTransitionTime").cloned())
+            .unwrap_or_else(|| json!(podutil::format_time(now)));
+        conditions.push(json!({"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+            "message": message, "lastTransitionTime": since}));
+    }
+    if !conditions.is_empty() {
+        status["conditions"] = json!(conditions);
+    }
+    // Rounded up to whole seconds: timestamps have second precision.
+    let wait = wait.map(|w| Duration::from_secs(w.as_secs() + u64::from(w.subsec_nanos() > 0)));
+    (status, wait)
+}
+
+/// Equal in every field this controller writes.
+fn same_status(current: &Value, new: &Value) -> bool {
+    let fields = ["replicas", "fullyLabeledReplicas", "readyReplicas", "availableReplicas", "observedGeneration"];
+    let num = |v: &Value, f: &str| v.get(f).and_then(Value::as_i64).unwrap_or(0);
+    fields.iter().all(|f| num(current, f) == num(new, f))
+        && current.get("conditions").filter(|c| c.as_array().is_some_and(|a| !a.is_empty()))
+            == new.get("conditions").filter(|c| c.as_array().is_some_and(|a| !a.is_empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_of_a_deployment_replicaset_are_named_after_the_deployment() {
+        let rs = json!({"metadata": {"name": "web-5d8f7c", "namespace": "default", "uid": "u",
+            "labels": {"pod-template-hash": "5d8f7c"},
+            "ownerReferences": [{"kind": "Deployment", "name": "web", "uid": "d", "controller": true}]},
+            "spec": {"template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": []}}}});
+        assert_eq!(pod_name_prefix(&rs), "web");
+        let pod = pod_from_template(&rs, "web-0");
+        assert_eq!(pod["metadata"]["labels"], json!({"app": "web", "pod-template-hash": "5d8f7c"}));
+        assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "u");
+        assert_eq!(pod["metadata"]["ownerReferences"][0]["blockOwnerDeletion"], true);
+        let bare = json!({"metadata": {"name": "cache", "uid": "u"}});
+        assert_eq!(pod_name_prefix(&bare), "cache");
+    }
+}
