@@ -33,6 +33,15 @@ pub struct EventRecorder {
     seen: Arc<Mutex<HashMap<String, String>>>,
 }
 
+/// `<object>.<16 hex digits>`, as Kubernetes names events. A `generateName` of `<object>.` would
+/// be rejected: a name prefix must itself be a valid name, and it may not end in a dot.
+fn event_name(object: &str) -> String {
+    static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = jiff::Timestamp::now().as_nanosecond() as u64;
+    let seq = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{object}.{:016x}", nanos.wrapping_add(seq))
+}
+
 fn now() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
@@ -70,7 +79,7 @@ impl EventRecorder {
         let t = now();
         let event = json!({
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": format!("{name}."), "namespace": ns},
+            "metadata": {"name": event_name(&name), "namespace": ns},
             "involvedObject": {"kind": kind, "name": name, "namespace": obj.pointer("/metadata/namespace"),
                 "uid": uid, "apiVersion": obj.get("apiVersion"), "resourceVersion": obj.pointer("/metadata/resourceVersion")},
             "reason": reason, "message": message, "type": type_.as_str(), "count": 1,
