@@ -4,6 +4,7 @@ pub mod config;
 pub mod events;
 pub mod podutil;
 pub mod replicaset;
+pub mod scheduler;
 
 pub use config::ControllerConfig;
 pub use events::{EventRecorder, EventType};

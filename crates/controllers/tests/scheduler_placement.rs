@@ -1,0 +1,317 @@
+//! The scheduler against the real in-process API server: where pods land, what an unschedulable
+//! pod says, and that each pod is bound once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use serde_json::{Value, json};
+use shepherd_api::{ApiError, ResourceInfo, kinds};
+use shepherd_apiserver::{ApiServer, HttpConfig};
+use shepherd_controllers::scheduler::{SchedulerConfig, scheduler};
+use shepherd_runtime::{Client, DeleteParams, ListParams, Manager, ObjectList, Patch, WatchEvent};
+use shepherd_store::{HistoryLimits, LocalStore};
+use tokio::sync::oneshot;
+
+/// Delegates to the real client and counts `bind_pod` calls per pod.
+struct CountingBinds {
+    inner: Arc<dyn Client>,
+    binds: Mutex<HashMap<String, usize>>,
+}
+
+#[async_trait]
+impl Client for CountingBinds {
+    async fn get(&self, res: &ResourceInfo, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.inner.get(res, ns, name).await
+    }
+    async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
+        self.inner.list(res, params).await
+    }
+    async fn watch(
+        &self,
+        res: &ResourceInfo,
+        params: &ListParams,
+        rv: u64,
+    ) -> Result<BoxStream<'static, Result<WatchEvent, ApiError>>, ApiError> {
+        self.inner.watch(res, params, rv).await
+    }
+    async fn create(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        self.inner.create(res, ns, obj).await
+    }
+    async fn update(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        self.inner.update(res, ns, obj).await
+    }
+    async fn update_status(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        self.inner.update_status(res, ns, obj).await
+    }
+    async fn patch(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
+        self.inner.patch(res, ns, name, patch).await
+    }
+    async fn patch_status(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
+        self.inner.patch_status(res, ns, name, patch).await
+    }
+    async fn delete(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, p: &DeleteParams) -> Result<Option<Value>, ApiError> {
+        self.inner.delete(res, ns, name, p).await
+    }
+    async fn bind_pod(&self, ns: &str, name: &str, node: &str) -> Result<(), ApiError> {
+        *self.binds.lock().unwrap().entry(format!("{ns}/{name}")).or_default() += 1;
+        self.inner.bind_pod(ns, name, node).await
+    }
+}
+
+struct Cluster {
+    client: Arc<dyn Client>,
+    counting: Arc<CountingBinds>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Cluster {
+    async fn new() -> Cluster {
+        let store = Arc::new(LocalStore::in_memory(HistoryLimits::default()));
+        let server = ApiServer::new(store, HttpConfig::default()).await.expect("api server starts");
+        let client: Arc<dyn Client> = Arc::new(server.client());
+        let counting = Arc::new(CountingBinds { inner: client.clone(), binds: Mutex::default() });
+        Cluster { client, counting, stop: None, task: None }
+    }
+
+    fn start_scheduler(&mut self) {
+        let c: Arc<dyn Client> = self.counting.clone();
+        let manager = Arc::new(Manager::new(c.clone()));
+        manager.add(scheduler(c, &manager, SchedulerConfig::default()));
+        let (stop, stopped) = oneshot::channel::<()>();
+        self.stop = Some(stop);
+        self.task = Some(tokio::spawn(async move {
+            manager
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await
+        }));
+    }
+
+    async fn shut_down(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+
+    async fn node(&self, name: &str, cpu: &str, labels: Value, taints: Value) {
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"taints": taints},
+            "status": {"allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "110"},
+                "capacity": {"cpu": cpu, "memory": "8Gi", "pods": "110"},
+                "conditions": [{"type": "Ready", "status": "True"}]}});
+        self.client.create(&kinds::NODE, None, node).await.expect("node created");
+    }
+
+    /// Creates a pod requesting `cpu`; `extra` is merged into its spec.
+    async fn pod(&self, name: &str, cpu: &str, extra: Value) {
+        let mut spec = json!({"containers": [{"name": "app", "image": "web:1",
+            "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}]});
+        if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+            s.extend(e.clone());
+        }
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec});
+        self.client.create(&kinds::POD, Some("default"), pod).await.expect("pod created");
+    }
+
+    async fn owned_pod(&self, name: &str, owner_uid: &str) {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": owner_uid, "controller": true}]},
+            "spec": {"containers": [{"name": "app", "image": "web:1"}]}});
+        self.client.create(&kinds::POD, Some("default"), pod).await.expect("pod created");
+    }
+
+    async fn node_of(&self, pod: &str) -> Option<String> {
+        let p = self.client.get(&kinds::POD, Some("default"), pod).await.ok()?;
+        p.pointer("/spec/nodeName").and_then(Value::as_str).map(str::to_string)
+    }
+
+    async fn wait_for_node(&self, pod: &str) -> String {
+        for _ in 0..500 {
+            if let Some(n) = self.node_of(pod).await {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("pod {pod} was never scheduled");
+    }
+
+    async fn pod_scheduled_condition(&self, pod: &str) -> Option<Value> {
+        let p = self.client.get(&kinds::POD, Some("default"), pod).await.ok()?;
+        p.pointer("/status/conditions")?.as_array()?.iter().find(|c| c["type"] == "PodScheduled").cloned()
+    }
+
+    async fn wait_for_unschedulable(&self, pod: &str) -> String {
+        for _ in 0..500 {
+            if let Some(c) = self.pod_scheduled_condition(pod).await
+                && c["status"] == "False"
+            {
+                assert_eq!(c["reason"], "Unschedulable");
+                return c["message"].as_str().unwrap_or("").to_string();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("pod {pod} was never marked unschedulable");
+    }
+
+    async fn events_about(&self, pod: &str, reason: &str) -> Vec<Value> {
+        let list = self.client.list(&kinds::EVENT, &ListParams::namespace("default")).await.expect("events listed");
+        list.items.into_iter().filter(|e| e["involvedObject"]["name"] == pod && e["reason"] == reason).collect()
+    }
+}
+
+#[tokio::test]
+async fn resource_fit_counts_the_pods_already_bound_to_a_node() {
+    let mut c = Cluster::new().await;
+    c.node("busy", "2", json!({}), json!([])).await;
+    c.node("idle", "2", json!({}), json!([])).await;
+    c.pod("already-there", "1500m", json!({"nodeName": "busy"})).await;
+    c.start_scheduler();
+
+    c.pod("first", "1", json!({})).await;
+    assert_eq!(c.wait_for_node("first").await, "idle", "busy has only 500m left");
+    c.pod("second", "1", json!({})).await;
+    assert_eq!(c.wait_for_node("second").await, "idle", "idle has exactly 1 cpu left");
+    c.pod("third", "1", json!({})).await;
+    assert_eq!(c.wait_for_unschedulable("third").await, "0/2 nodes are available: 2 Insufficient cpu.");
+
+    // Deleting a bound pod frees its room and the waiting pod is retried at once.
+    c.client
+        .delete(&kinds::POD, Some("default"), "already-there", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+        .await
+        .expect("pod deleted");
+    assert_eq!(c.wait_for_node("third").await, "busy");
+    c.shut_down().await;
+}
+
+#[tokio::test]
+async fn taints_node_selectors_and_required_node_affinity_are_respected() {
+    let mut c = Cluster::new().await;
+    c.node("gpu", "8", json!({"zone": "a", "cores": "64"}), json!([{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}])).await;
+    c.node("plain-a", "8", json!({"zone": "a", "cores": "8"}), json!([])).await;
+    c.node("plain-b", "8", json!({"zone": "b", "cores": "8"}), json!([])).await;
+    c.start_scheduler();
+
+    c.pod("wants-b", "100m", json!({"nodeSelector": {"zone": "b"}})).await;
+    c.pod("not-b", "100m", json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+        {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["b"]}]}]}}}})).await;
+    c.pod("big-iron", "100m", json!({
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": [{"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["32"]}]}]}}}})).await;
+    c.pod("no-such-zone", "100m", json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+        {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["c"]}]}]}}}})).await;
+
+    assert_eq!(c.wait_for_node("wants-b").await, "plain-b");
+    assert_eq!(c.wait_for_node("not-b").await, "plain-a", "the gpu node's taint is not tolerated");
+    assert_eq!(c.wait_for_node("big-iron").await, "gpu");
+    assert_eq!(
+        c.wait_for_unschedulable("no-such-zone").await,
+        "0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, 1 node(s) had untolerated taint {dedicated: gpu}."
+    );
+    c.shut_down().await;
+}
+
+#[tokio::test]
+async fn pods_of_one_owner_spread_across_nodes() {
+    let mut c = Cluster::new().await;
+    for n in ["n1", "n2", "n3"] {
+        c.node(n, "4", json!({}), json!([])).await;
+    }
+    // Another owner's pods crowd n1 a little; spreading is per owner.
+    c.start_scheduler();
+    for i in 0..6 {
+        c.owned_pod(&format!("web-{i}"), "rs-uid-1").await;
+    }
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..6 {
+        *per_node.entry(c.wait_for_node(&format!("web-{i}")).await).or_default() += 1;
+    }
+    assert_eq!(per_node, BTreeMap::from([("n1".into(), 2), ("n2".into(), 2), ("n3".into(), 2)]));
+    c.shut_down().await;
+}
+
+#[tokio::test]
+async fn an_unschedulable_pod_says_why_once_and_is_placed_when_a_node_joins() {
+    let mut c = Cluster::new().await;
+    c.node("small-1", "1", json!({}), json!([])).await;
+    c.node("small-2", "1", json!({}), json!([])).await;
+    c.node("reserved", "16", json!({}), json!([{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}])).await;
+    c.start_scheduler();
+
+    c.pod("large", "4", json!({})).await;
+    let message = c.wait_for_unschedulable("large").await;
+    assert_eq!(message, "0/3 nodes are available: 2 Insufficient cpu, 1 node(s) had untolerated taint {dedicated: gpu}.");
+
+    // Unrelated changes retry the pod but do not repeat the event.
+    c.client
+        .patch(&kinds::NODE, None, "small-1", Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})))
+        .await
+        .expect("node patched");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let events = c.events_about("large", "FailedScheduling").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["count"], 1);
+    assert_eq!(events[0]["message"], message);
+    assert_eq!(c.node_of("large").await, None);
+
+    c.node("big", "8", json!({}), json!([])).await;
+    assert_eq!(c.wait_for_node("large").await, "big");
+    let condition = c.pod_scheduled_condition("large").await.expect("condition set");
+    assert_eq!(condition["status"], "True");
+    c.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_cordoned_or_not_ready_node_gets_no_pods() {
+    let mut c = Cluster::new().await;
+    c.node("cordoned", "8", json!({}), json!([])).await;
+    c.client.patch(&kinds::NODE, None, "cordoned", Patch::Merge(json!({"spec": {"unschedulable": true}}))).await.expect("cordoned");
+    c.node("sick", "8", json!({}), json!([])).await;
+    c.client
+        .patch_status(&kinds::NODE, None, "sick", Patch::Merge(json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})))
+        .await
+        .expect("sick");
+    c.start_scheduler();
+    c.pod("p", "100m", json!({})).await;
+    assert_eq!(
+        c.wait_for_unschedulable("p").await,
+        "0/2 nodes are available: 1 node(s) were not ready, 1 node(s) were unschedulable."
+    );
+    c.client.patch(&kinds::NODE, None, "cordoned", Patch::Merge(json!({"spec": {"unschedulable": false}}))).await.expect("uncordoned");
+    assert_eq!(c.wait_for_node("p").await, "cordoned");
+    c.shut_down().await;
+}
+
+#[tokio::test]
+async fn every_pod_is_bound_exactly_once() {
+    let mut c = Cluster::new().await;
+    for i in 0..10 {
+        c.node(&format!("n{i}"), "4", json!({}), json!([])).await;
+    }
+    c.start_scheduler();
+    for i in 0..300 {
+        c.pod(&format!("p{i}"), "100m", json!({})).await;
+    }
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..300 {
+        *per_node.entry(c.wait_for_node(&format!("p{i}")).await).or_default() += 1;
+    }
+    // Settle: later events (status patches, binding echoes) must not bind again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let binds = c.counting.binds.lock().unwrap().clone();
+    assert_eq!(binds.len(), 300);
+    let twice: Vec<_> = binds.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "pods bound more than once: {twice:?}");
+    // 300 pods of 100m on ten 4-cpu nodes: nobody is over capacity (40 pods each at most).
+    assert!(per_node.values().all(|n| *n <= 40), "{per_node:?}");
+    c.shut_down().await;
+}
