@@ -1,11 +1,14 @@
 //! Shepherd's controllers, each a reconciler on the engine in `shepherd-runtime`.
 
 pub mod config;
+pub mod deployment;
 pub mod events;
+pub mod gc;
 pub mod podutil;
 pub mod replicaset;
-pub mod scheduler;
 
 pub use config::ControllerConfig;
+pub use deployment::deployment_controller;
 pub use events::{EventRecorder, EventType};
+pub use gc::garbage_collector;
 pub use replicaset::replicaset_controller;
