@@ -6,6 +6,7 @@ pub mod events;
 pub mod gc;
 pub mod podutil;
 pub mod replicaset;
+pub mod scheduler;
 
 pub use config::ControllerConfig;
 pub use deployment::deployment_controller;
