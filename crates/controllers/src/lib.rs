@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod deployment;
+pub mod endpoints;
 pub mod events;
 pub mod gc;
 pub mod podutil;
