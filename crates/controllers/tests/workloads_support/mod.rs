@@ -157,3 +157,87 @@ fn spawn_start(client: &Arc<dyn Client>, pod: &Value, startup: Duration) {
         mark_ready(&client, &name).await;
     });
 }
+
+/// A client that stops answering (hangs, as a process about to be killed does) once it has
+/// created `creates` pods or deleted `deletes` objects; everything else passes through.
+pub struct Stalling {
+    inner: Arc<dyn Client>,
+    creates: std::sync::atomic::AtomicI64,
+    deletes: std::sync::atomic::AtomicI64,
+}
+
+impl Stalling {
+    pub fn new(inner: Arc<dyn Client>, creates: i64, deletes: i64) -> Arc<dyn Client> {
+        Arc::new(Stalling { inner, creates: creates.into(), deletes: deletes.into() })
+    }
+
+    async fn gate(counter: &std::sync::atomic::AtomicI64) {
+        if counter.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) <= 0 {
+            futures::future::pending::<()>().await;
+        }
+    }
+}
+
+use shepherd_api::{ApiError, ResourceInfo};
+use shepherd_runtime::{DeleteParams, ObjectList};
+
+#[async_trait::async_trait]
+impl Client for Stalling {
+    async fn get(&self, res: &ResourceInfo, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.inner.get(res, ns, name).await
+    }
+    async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
+        self.inner.list(res, params).await
+    }
+    async fn watch(
+        &self,
+        res: &ResourceInfo,
+        params: &ListParams,
+        rv: u64,
+    ) -> Result<futures::stream::BoxStream<'static, Result<WatchEvent, ApiError>>, ApiError> {
+        self.inner.watch(res, params, rv).await
+    }
+    async fn create(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        if res.kind == "Pod" {
+            Self::gate(&self.creates).await;
+        }
+        self.inner.create(res, ns, obj).await
+    }
+    async fn update(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        self.inner.update(res, ns, obj).await
+    }
+    async fn update_status(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        self.inner.update_status(res, ns, obj).await
+    }
+    async fn patch(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
+        self.inner.patch(res, ns, name, patch).await
+    }
+    async fn patch_status(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
+        self.inner.patch_status(res, ns, name, patch).await
+    }
+    async fn delete(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, params: &DeleteParams) -> Result<Option<Value>, ApiError> {
+        Self::gate(&self.deletes).await;
+        self.inner.delete(res, ns, name, params).await
+    }
+    async fn bind_pod(&self, ns: &str, name: &str, node: &str) -> Result<(), ApiError> {
+        self.inner.bind_pod(ns, name, node).await
+    }
+}
+
+/// A manager running only the garbage collector, through `client`.
+pub fn garbage_collector_only(client: &Arc<dyn Client>) -> Running {
+    let manager = Manager::new(client.clone());
+    for c in shepherd_controllers::garbage_collector(client.clone(), &manager, &config()) {
+        manager.add(c.shutdown_grace(Duration::from_millis(100)));
+    }
+    Running::start(manager)
+}
+
+/// The workload controllers without the garbage collector, through `client`.
+pub fn workload_controllers_only(client: &Arc<dyn Client>) -> Running {
+    let manager = Manager::new(client.clone());
+    let cfg = config();
+    manager.add(shepherd_controllers::replicaset_controller(client.clone(), &manager, &cfg).shutdown_grace(Duration::from_millis(100)));
+    manager.add(shepherd_controllers::deployment_controller(client.clone(), &manager, &cfg).shutdown_grace(Duration::from_millis(100)));
+    Running::start(manager)
+}
