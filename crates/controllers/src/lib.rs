@@ -5,6 +5,7 @@ pub mod deployment;
 pub mod endpoints;
 pub mod events;
 pub mod gc;
+pub mod nodelifecycle;
 pub mod podutil;
 pub mod replicaset;
 pub mod scheduler;
