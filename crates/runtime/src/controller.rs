@@ -166,10 +166,15 @@ impl Controller {
     /// A controller named `name` (its queue and metrics label) reconciling objects of `primary`.
     /// Defaults: 1 worker, hybrid mode, the default rate limiter, 30 s shutdown grace.
     pub fn new(name: impl Into<String>, primary: &ResourceInfo, reconciler: impl Reconciler) -> Self {
+        Controller::with_reconciler(name, primary, Arc::new(reconciler))
+    }
+
+    /// Like `new`, for a reconciler already shared as a trait object.
+    pub fn with_reconciler(name: impl Into<String>, primary: &ResourceInfo, reconciler: Arc<dyn Reconciler>) -> Self {
         Controller {
             name: name.into(),
             primary: *primary,
-            reconciler: Arc::new(reconciler),
+            reconciler,
             workers: 1,
             mode: TriggerMode::default(),
             owns: Vec::new(),

@@ -325,6 +325,31 @@ mod tests {
         running.stop().await;
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn injected_reconcile_faults_are_retried_until_every_key_converges() {
+        let client = Arc::new(MemoryClient::new());
+        let names = create_sources(&client, 20, "1").await;
+        let manager = Manager::new(client.clone());
+        let sources = manager.informers().cache(&SERVICE);
+        let c = client.clone();
+        let faults = crate::faults::ReconcileFaults { fail_fraction: 0.3, panic_fraction: 0.2 };
+        manager.add(
+            Controller::new("faulty", &SERVICE, move |key: String| {
+                let (c, sources) = (c.clone(), sources.clone());
+                async move { sync_derived(&c, &sources, &key).await }
+            })
+            .faults(faults)
+            .workers(4),
+        );
+        let running = Running::start(manager);
+        let took = wait_until(Duration::from_secs(60), || all_derived_are(&client, &names, "1")).await;
+        assert!(took.is_some(), "every key converges through injected failures and panics");
+        let snapshot = running.manager.snapshot();
+        let counts = &snapshot.controllers[0].reconciles;
+        assert!(counts.error + counts.panic > 0, "with half the calls faulty some must have failed: {counts:?}");
+        running.stop().await;
+    }
+
     /// A reconciler that records every key it is called with.
     fn recording(manager: &Manager, name: &str, primary: &ResourceInfo, mode: TriggerMode) -> Arc<Mutex<Vec<String>>> {
         let seen: Arc<Mutex<Vec<String>>> = Arc::default();
