@@ -72,7 +72,7 @@ pub fn is_deleting(obj: &Value) -> bool {
 }
 
 pub fn has_finalizer(obj: &Value, finalizer: &str) -> bool {
-    finalizers(obj).iter().any(|f| *f == finalizer)
+    finalizers(obj).contains(&finalizer)
 }
 
 pub fn finalizers(obj: &Value) -> Vec<&str> {

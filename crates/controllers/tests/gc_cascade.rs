@@ -104,7 +104,7 @@ async fn a_garbage_collector_that_crashes_mid_cascade_leaves_no_orphans_after_a_
     workloads.stop().await;
 
     // The first collector stops answering after two deletions, as if killed mid-cascade.
-    let crashing = garbage_collector_only(&Stalling::new(client.clone(), i64::MAX, 2));
+    let crashing = garbage_collector_only(&Stalling::client(client.clone(), i64::MAX, 2));
     client.delete(&kinds::DEPLOYMENT, Some("default"), "web", &DeleteParams::default()).await.unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
     let left = count(&client, &kinds::REPLICASET).await + count(&client, &kinds::POD).await;

@@ -11,7 +11,7 @@ use workloads_support::*;
 async fn a_replicaset_controller_restarted_mid_reconcile_converges_without_duplicates() {
     let client = api().await;
     // The first controller stops answering after four pod creations, in the middle of a batch.
-    let first = workload_controllers_only(&Stalling::new(client.clone(), 4, i64::MAX));
+    let first = workload_controllers_only(&Stalling::client(client.clone(), 4, i64::MAX));
     client.create(&kinds::DEPLOYMENT, Some("default"), deployment("web", 10, "minimal")).await.unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
     let partial = active_pod_names(&client, "web-").await;

@@ -167,7 +167,7 @@ pub struct Stalling {
 }
 
 impl Stalling {
-    pub fn new(inner: Arc<dyn Client>, creates: i64, deletes: i64) -> Arc<dyn Client> {
+    pub fn client(inner: Arc<dyn Client>, creates: i64, deletes: i64) -> Arc<dyn Client> {
         Arc::new(Stalling { inner, creates: creates.into(), deletes: deletes.into() })
     }
 
