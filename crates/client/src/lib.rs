@@ -1,0 +1,260 @@
+//! `RemoteClient`: Shepherd's controller `Client` over the HTTP API, for components that run in
+//! another process than the API server (node agents, remote controllers). It speaks the plain
+//! Kubernetes REST API through the `kube` crate, so it would work against any Kubernetes server.
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use http::{Method, Request};
+use serde_json::{Value, json};
+use shepherd_api::kinds::{self, ResourceInfo};
+use shepherd_api::ApiError;
+use shepherd_runtime::{Client, DeleteParams, ListParams, ObjectList, Patch, WatchEvent};
+
+/// How long a server-side watch runs before the client starts a new one from its last revision.
+const WATCH_TIMEOUT_SECONDS: u32 = 290;
+
+#[derive(Clone)]
+pub struct RemoteClient {
+    client: kube::Client,
+}
+
+impl RemoteClient {
+    pub fn new(client: kube::Client) -> Self {
+        RemoteClient { client }
+    }
+
+    /// A client for the server at `url` (`http://127.0.0.1:9876`), with an optional bearer token.
+    pub fn connect(url: &str, token: Option<&str>) -> Result<Self, ApiError> {
+        let uri: http::Uri = url.parse().map_err(|e| ApiError::BadRequest(format!("invalid server URL {url:?}: {e}")))?;
+        let mut config = kube::Config::new(uri);
+        config.default_namespace = "default".into();
+        if let Some(t) = token {
+            config.auth_info.token = Some(t.to_string().into());
+        }
+        let client = kube::Client::try_from(config).map_err(|e| ApiError::Internal(format!("building client for {url}: {e}")))?;
+        Ok(RemoteClient { client })
+    }
+
+    pub fn kube(&self) -> &kube::Client {
+        &self.client
+    }
+
+    async fn call(&self, method: Method, url: String, body: Option<(&str, Vec<u8>)>) -> Result<Value, ApiError> {
+        let mut req = Request::builder().method(method).uri(url);
+        let bytes = match body {
+            Some((ct, b)) => {
+                req = req.header(http::header::CONTENT_TYPE, ct);
+                b
+            }
+            None => Vec::new(),
+        };
+        let req = req.body(bytes).map_err(|e| ApiError::Internal(format!("building request: {e}")))?;
+        self.client.request::<Value>(req).await.map_err(from_kube)
+    }
+}
+
+/// Turns a kube error into the API error it carries, keeping reason, code and causes.
+pub fn from_kube(e: kube::Error) -> ApiError {
+    match e {
+        kube::Error::Api(status) => match serde_json::to_value(&*status) {
+            Ok(v) => {
+                let mut v = v;
+                if v.get("reason").and_then(Value::as_str).is_none_or(str::is_empty) && v["code"] == 410 {
+                    v["reason"] = json!("Expired");
+                }
+                ApiError::from_status(&v)
+            }
+            Err(_) => ApiError::Internal(status.to_string()),
+        },
+        other => ApiError::ServiceUnavailable(format!("API server unreachable: {other}")),
+    }
+}
+
+/// `/api/v1/namespaces/ns/pods` or `/apis/apps/v1/deployments`.
+fn collection(res: &ResourceInfo, ns: Option<&str>) -> String {
+    let base = if res.group.is_empty() { format!("/api/{}", res.version) } else { format!("/apis/{}/{}", res.group, res.version) };
+    match (res.namespaced, ns) {
+        (true, Some(ns)) => format!("{base}/namespaces/{ns}/{}", res.plural),
+        _ => format!("{base}/{}", res.plural),
+    }
+}
+
+fn item(res: &ResourceInfo, ns: Option<&str>, name: &str) -> String {
+    format!("{}/{}", collection(res, ns), name)
+}
+
+fn query(params: &ListParams, extra: &[(&'static str, String)]) -> String {
+    let mut q: Vec<(&str, String)> = Vec::new();
+    if let Some(l) = &params.label_selector {
+        q.push(("labelSelector", l.clone()));
+    }
+    if let Some(f) = &params.field_selector {
+        q.push(("fieldSelector", f.clone()));
+    }
+    q.extend(extra.iter().cloned());
+    let encoded: Vec<String> = q.into_iter().map(|(k, v)| format!("{k}={}", encode(&v))).collect();
+    if encoded.is_empty() { String::new() } else { format!("?{}", encoded.join("&")) }
+}
+
+/// Percent-encodes a query value.
+fn encode(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(b as char),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+fn name_ns<'a>(res: &ResourceInfo, ns: Option<&'a str>, obj: &'a Value) -> Result<(Option<&'a str>, &'a str), ApiError> {
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::BadRequest("metadata.name is required".into()))?;
+    let ns = if res.namespaced {
+        ns.or_else(|| obj.pointer("/metadata/namespace").and_then(Value::as_str)).or(Some("default"))
+    } else {
+        None
+    };
+    Ok((ns, name))
+}
+
+fn json_body(v: &Value) -> Result<Vec<u8>, ApiError> {
+    serde_json::to_vec(v).map_err(|e| ApiError::Internal(format!("encoding request: {e}")))
+}
+
+fn patch_body(p: &Patch) -> Result<(&'static str, Vec<u8>), ApiError> {
+    Ok(match p {
+        Patch::Merge(v) => ("application/merge-patch+json", json_body(v)?),
+        Patch::Json(v) => ("application/json-patch+json", json_body(v)?),
+    })
+}
+
+#[async_trait]
+impl Client for RemoteClient {
+    async fn get(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.call(Method::GET, item(res, namespace, name), None).await
+    }
+
+    async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
+        let url = format!("{}{}", collection(res, params.namespace.as_deref()), query(params, &[]));
+        let list = self.call(Method::GET, url, None).await?;
+        let resource_version = list
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0);
+        let items = match list.get("items") {
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|i| {
+                    let mut i = i.clone();
+                    // Lists may omit each item's apiVersion/kind; controllers expect them.
+                    i["apiVersion"] = json!(res.api_version());
+                    i["kind"] = json!(res.kind);
+                    i
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Ok(ObjectList { items, resource_version })
+    }
+
+    async fn watch(
+        &self,
+        res: &ResourceInfo,
+        params: &ListParams,
+        resource_version: u64,
+    ) -> Result<BoxStream<'static, Result<WatchEvent, ApiError>>, ApiError> {
+        let url = format!(
+            "{}{}",
+            collection(res, params.namespace.as_deref()),
+            query(params, &[
+                ("watch", "true".into()),
+                ("resourceVersion", resource_version.to_string()),
+                ("allowWatchBookmarks", "true".into()),
+                ("timeoutSeconds", WATCH_TIMEOUT_SECONDS.to_string()),
+            ])
+        );
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(url)
+            .body(Vec::new())
+            .map_err(|e| ApiError::Internal(format!("building request: {e}")))?;
+        let events = self.client.request_events::<Value>(req).await.map_err(from_kube)?;
+        Ok(StreamExt::map(events, |e: Result<kube::api::WatchEvent<Value>, kube::Error>| {
+                e.map_err(from_kube).and_then(|e| match e {
+                    kube::api::WatchEvent::Added(o) => Ok(WatchEvent::Added(o)),
+                    kube::api::WatchEvent::Modified(o) => Ok(WatchEvent::Modified(o)),
+                    kube::api::WatchEvent::Deleted(o) => Ok(WatchEvent::Deleted(o)),
+                    kube::api::WatchEvent::Bookmark(b) => Ok(WatchEvent::Bookmark(b.metadata.resource_version.parse().unwrap_or(0))),
+                    kube::api::WatchEvent::Error(e) => Err(ApiError::from_status(&json!({
+                        "reason": if e.code == 410 { "Expired".to_string() } else { e.reason.clone() },
+                        "message": e.message, "code": e.code,
+                    }))),
+                })
+            })
+            .boxed())
+    }
+
+    async fn create(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        let ns = if res.namespaced {
+            namespace.or_else(|| obj.pointer("/metadata/namespace").and_then(Value::as_str)).or(Some("default"))
+        } else {
+            None
+        };
+        self.call(Method::POST, collection(res, ns), Some(("application/json", json_body(&obj)?))).await
+    }
+
+    async fn update(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        let (ns, name) = name_ns(res, namespace, &obj)?;
+        self.call(Method::PUT, item(res, ns, name), Some(("application/json", json_body(&obj)?))).await
+    }
+
+    async fn update_status(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        let (ns, name) = name_ns(res, namespace, &obj)?;
+        let url = if res.has_status { format!("{}/status", item(res, ns, name)) } else { item(res, ns, name) };
+        self.call(Method::PUT, url, Some(("application/json", json_body(&obj)?))).await
+    }
+
+    async fn patch(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
+        self.call(Method::PATCH, item(res, namespace, name), Some(patch_body(&patch)?)).await
+    }
+
+    async fn patch_status(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
+        let url = if res.has_status { format!("{}/status", item(res, namespace, name)) } else { item(res, namespace, name) };
+        self.call(Method::PATCH, url, Some(patch_body(&patch)?)).await
+    }
+
+    async fn delete(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, params: &DeleteParams) -> Result<Option<Value>, ApiError> {
+        let mut opts = json!({"kind": "DeleteOptions", "apiVersion": "v1"});
+        if let Some(p) = params.propagation {
+            opts["propagationPolicy"] = json!(p.as_str());
+        }
+        if let Some(g) = params.grace_period_seconds {
+            opts["gracePeriodSeconds"] = json!(g);
+        }
+        if let Some(uid) = &params.precondition_uid {
+            opts["preconditions"]["uid"] = json!(uid);
+        }
+        if let Some(rv) = params.precondition_resource_version {
+            opts["preconditions"]["resourceVersion"] = json!(rv.to_string());
+        }
+        let after = self.call(Method::DELETE, item(res, namespace, name), Some(("application/json", json_body(&opts)?))).await?;
+        // The server answers with the object: still there (marked) or its last state.
+        let still_there = after.pointer("/metadata/deletionTimestamp").is_some()
+            && self.get(res, namespace, name).await.is_ok();
+        Ok(still_there.then_some(after))
+    }
+
+    async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError> {
+        let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node_name}});
+        let url = format!("{}/binding", item(&kinds::POD, Some(namespace), name));
+        self.call(Method::POST, url, Some(("application/json", json_body(&binding)?))).await.map(|_| ())
+    }
+}

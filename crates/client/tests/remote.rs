@@ -1,0 +1,75 @@
+//! The remote client against a real API server on a loopback socket.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::json;
+use shepherd_api::kinds;
+use shepherd_apiserver::{ApiServer, HttpConfig};
+use shepherd_client::RemoteClient;
+use shepherd_runtime::{Client, DeleteParams, ListParams, Patch, WatchEvent};
+use shepherd_store::{HistoryLimits, LocalStore};
+
+async fn serve(limits: HistoryLimits) -> RemoteClient {
+    let store = Arc::new(LocalStore::in_memory(limits));
+    let server = ApiServer::new(store, HttpConfig::default()).await.expect("server");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, server.router()).await });
+    RemoteClient::connect(&format!("http://{addr}"), None).expect("client")
+}
+
+fn pod(name: &str) -> serde_json::Value {
+    json!({"metadata": {"name": name, "labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "minimal"}]}})
+}
+
+#[tokio::test]
+async fn the_remote_client_does_everything_a_controller_needs() {
+    let c = serve(HistoryLimits::default()).await;
+    let list = c.list(&kinds::POD, &ListParams::namespace("default")).await.expect("list");
+    assert!(list.items.is_empty());
+    let mut watch = c.watch(&kinds::POD, &ListParams::namespace("default"), list.resource_version).await.expect("watch");
+
+    let created = c.create(&kinds::POD, Some("default"), pod("a")).await.expect("create");
+    assert_eq!(created["kind"], "Pod");
+    let ev = tokio::time::timeout(Duration::from_secs(5), watch.next()).await.expect("in time").expect("event").expect("ok");
+    assert!(matches!(ev, WatchEvent::Added(ref o) if o["metadata"]["name"] == "a"), "{ev:?}");
+
+    let err = c.create(&kinds::POD, Some("default"), pod("a")).await.expect_err("duplicate");
+    assert!(err.is_already_exists(), "{err:?}");
+    let err = c.get(&kinds::POD, Some("default"), "missing").await.expect_err("missing");
+    assert!(err.is_not_found(), "{err:?}");
+
+    let mut stale = created.clone();
+    c.patch(&kinds::POD, Some("default"), "a", Patch::Merge(json!({"metadata": {"labels": {"v": "2"}}}))).await.expect("patch");
+    stale["metadata"]["labels"]["v"] = json!("3");
+    let err = c.update(&kinds::POD, Some("default"), stale).await.expect_err("stale");
+    assert!(err.is_conflict(), "{err:?}");
+
+    let st = c.patch_status(&kinds::POD, Some("default"), "a", Patch::Merge(json!({"status": {"phase": "Running"}}))).await.expect("status");
+    assert_eq!(st["status"]["phase"], "Running");
+    c.bind_pod("default", "a", "n1").await.expect("bind");
+    let err = c.bind_pod("default", "a", "n2").await.expect_err("second bind");
+    assert!(err.is_conflict(), "{err:?}");
+
+    let sel = c.list(&kinds::POD, &ListParams::default().fields("spec.nodeName=n1")).await.expect("list");
+    assert_eq!(sel.items.len(), 1);
+    assert_eq!(sel.items[0]["kind"], "Pod");
+
+    let marked = c.delete(&kinds::POD, Some("default"), "a", &DeleteParams::default()).await.expect("delete");
+    assert!(marked.is_some(), "a bound pod is marked, not removed");
+    let gone = c.delete(&kinds::POD, Some("default"), "a", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.expect("delete");
+    assert!(gone.is_none());
+}
+
+#[tokio::test]
+async fn an_expired_watch_is_reported_as_expired() {
+    let c = serve(HistoryLimits { max_events: 2, ..HistoryLimits::default() }).await;
+    for i in 0..5 {
+        c.create(&kinds::POD, Some("default"), pod(&format!("p{i}"))).await.expect("create");
+    }
+    let mut w = c.watch(&kinds::POD, &ListParams::namespace("default"), 1).await.expect("watch starts");
+    let first = tokio::time::timeout(Duration::from_secs(5), w.next()).await.expect("in time").expect("an item");
+    assert!(matches!(first, Err(shepherd_api::ApiError::Expired(_))), "{first:?}");
+}
