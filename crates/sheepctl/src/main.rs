@@ -1,1 +1,247 @@
-fn main() {}
+//! sheepctl: the command line for Shepherd, shaped like kubectl.
+
+mod apply;
+mod connection;
+mod delete;
+mod describe;
+mod get;
+mod info;
+mod logs;
+mod manifest;
+mod merge_patch;
+mod metadata_edit;
+mod printer;
+mod resource;
+mod rollout;
+mod scale;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, CommandFactory, Parser, Subcommand};
+
+use connection::{Cluster, ConnectionFlags};
+
+#[derive(Parser)]
+#[command(name = "sheepctl", version, about = "Drive a Shepherd cluster from the terminal, the way kubectl drives Kubernetes")]
+struct Cli {
+    /// API server URL (default: $SHEPHERD_API, else the kubeconfig's current context, else http://127.0.0.1:9876).
+    #[arg(long, global = true)]
+    server: Option<String>,
+    /// Bearer token sent with every request.
+    #[arg(long, global = true)]
+    token: Option<String>,
+    /// Namespace to work in (default: the kubeconfig context's, else "default").
+    #[arg(short = 'n', long, global = true)]
+    namespace: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create or update objects from manifests (JSON or YAML; FILE, DIR or - for stdin).
+    Apply {
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<String>,
+    },
+    /// List objects as tables, or print them as JSON, YAML or names.
+    Get(GetCmd),
+    /// Show an object's details, conditions and events.
+    Describe {
+        /// KIND NAME..., or KIND/NAME...
+        #[arg(required = true)]
+        resource: Vec<String>,
+    },
+    /// Delete objects by kind and name, or those in manifests.
+    Delete {
+        /// KIND NAME..., or KIND/NAME...
+        resource: Vec<String>,
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<String>,
+        /// What happens to the objects the deleted one owns.
+        #[arg(long, value_enum, default_value = "background")]
+        cascade: delete::Cascade,
+        /// Wait until the objects are gone.
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits, in seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        /// Treat "not found" as success.
+        #[arg(long)]
+        ignore_not_found: bool,
+    },
+    /// Set the number of replicas of a deployment or replica set.
+    Scale {
+        /// deployment/NAME, or deployment NAME.
+        #[arg(required = true)]
+        resource: Vec<String>,
+        #[arg(long)]
+        replicas: i32,
+    },
+    /// Follow or restart the rollout of a deployment.
+    #[command(subcommand)]
+    Rollout(RolloutCmd),
+    /// Print a container's output.
+    Logs {
+        pod: String,
+        /// Container name (defaults to the pod's only container).
+        #[arg(short = 'c', long)]
+        container: Option<String>,
+        /// Keep streaming new output.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only the last N lines.
+        #[arg(long)]
+        tail: Option<i64>,
+        /// The previous, terminated instance of the container.
+        #[arg(short = 'p', long)]
+        previous: bool,
+    },
+    /// List events (as `get events`), optionally watching for new ones.
+    Events {
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        #[arg(short = 'w', long)]
+        watch: bool,
+    },
+    /// List the nodes (as `get nodes`).
+    Nodes {
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<get::Output>,
+    },
+    /// Show the server address, its version and what it holds.
+    Info,
+    /// Show the client and server versions.
+    Version,
+    /// Set (KEY=VALUE) or remove (KEY-) annotations.
+    Annotate {
+        /// KIND NAME KEY=VALUE... KEY-...
+        #[arg(required = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// Set (KEY=VALUE) or remove (KEY-) labels.
+    Label {
+        /// KIND NAME KEY=VALUE... KEY-...
+        #[arg(required = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// Print a shell completion script.
+    Completion { shell: clap_complete::Shell },
+}
+
+#[derive(Args)]
+struct GetCmd {
+    /// KIND [NAME...], or KIND/NAME...
+    #[arg(required = true)]
+    resource: Vec<String>,
+    #[arg(short = 'o', long, value_enum)]
+    output: Option<get::Output>,
+    /// Label selector (`app=web`, `tier in (a,b)`, `!canary`).
+    #[arg(short = 'l', long)]
+    selector: Option<String>,
+    /// Field selector (metadata.name, metadata.namespace, spec.nodeName, status.phase).
+    #[arg(long)]
+    field_selector: Option<String>,
+    /// Across all namespaces.
+    #[arg(short = 'A', long)]
+    all_namespaces: bool,
+    /// After listing, print a row for every change.
+    #[arg(short = 'w', long)]
+    watch: bool,
+}
+
+#[derive(Subcommand)]
+enum RolloutCmd {
+    /// Wait for a deployment's rollout, printing its progress.
+    Status {
+        #[arg(required = true)]
+        resource: Vec<String>,
+        /// Give up after this many seconds.
+        #[arg(long)]
+        timeout: Option<u64>,
+    },
+    /// Restart a deployment's pods through a rollout.
+    Restart {
+        #[arg(required = true)]
+        resource: Vec<String>,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            let text = format!("{e:#}");
+            eprintln!("Error: {}", text.lines().map(str::trim).collect::<Vec<_>>().join(" "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs one command; `Ok(false)` means a failure was already reported.
+async fn run(cli: Cli) -> anyhow::Result<bool> {
+    if let Command::Completion { shell } = cli.command {
+        clap_complete::generate(shell, &mut Cli::command(), "sheepctl", &mut std::io::stdout());
+        return Ok(true);
+    }
+    let flags = ConnectionFlags { server: cli.server, token: cli.token, namespace: cli.namespace };
+    let cluster = Cluster::connect(&flags).await?;
+    match cli.command {
+        Command::Apply { files } => apply::run(&cluster, &files).await,
+        Command::Get(g) => {
+            let args = get::GetArgs {
+                resource: g.resource,
+                output: g.output,
+                selector: g.selector,
+                field_selector: g.field_selector,
+                all_namespaces: g.all_namespaces,
+                watch: g.watch,
+            };
+            get::run(&cluster, &args).await
+        }
+        Command::Describe { resource } => describe::run(&cluster, &resource).await,
+        Command::Delete { resource, files, cascade, wait, timeout, ignore_not_found } => {
+            let args = delete::DeleteArgs { resource, files, cascade, wait, timeout: Duration::from_secs(timeout), ignore_not_found };
+            delete::run(&cluster, &args).await
+        }
+        Command::Scale { resource, replicas } => scale::run(&cluster, &resource, replicas).await.map(|()| true),
+        Command::Rollout(RolloutCmd::Status { resource, timeout }) => {
+            rollout::status(&cluster, &resource, timeout.map(Duration::from_secs)).await.map(|()| true)
+        }
+        Command::Rollout(RolloutCmd::Restart { resource }) => rollout::restart(&cluster, &resource).await.map(|()| true),
+        Command::Logs { pod, container, follow, tail, previous } => {
+            logs::run(&cluster, &logs::LogsArgs { pod, container, follow, tail, previous }).await.map(|()| true)
+        }
+        Command::Events { all_namespaces, watch } => {
+            let args = get::GetArgs {
+                resource: vec!["events".into()],
+                output: None,
+                selector: None,
+                field_selector: None,
+                all_namespaces,
+                watch,
+            };
+            get::run(&cluster, &args).await
+        }
+        Command::Nodes { output } => {
+            let args = get::GetArgs { resource: vec!["nodes".into()], output, selector: None, field_selector: None, all_namespaces: false, watch: false };
+            get::run(&cluster, &args).await
+        }
+        Command::Info => info::info(&cluster).await.map(|()| true),
+        Command::Version => info::version(&cluster).await.map(|()| true),
+        Command::Annotate { args, overwrite } => {
+            metadata_edit::run(&cluster, metadata_edit::Field::Annotations, &args, overwrite).await.map(|()| true)
+        }
+        Command::Label { args, overwrite } => metadata_edit::run(&cluster, metadata_edit::Field::Labels, &args, overwrite).await.map(|()| true),
+        Command::Completion { .. } => Ok(true),
+    }
+}

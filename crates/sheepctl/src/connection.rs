@@ -1,0 +1,191 @@
+//! Which server sheepctl talks to, and the raw requests it sends there through the `kube` client.
+
+
+use anyhow::{Context, anyhow};
+use futures::AsyncBufRead;
+use http::{HeaderValue, Method, Request, header};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::Value;
+
+/// The address used when nothing else names a server: what `shepherd standalone` listens on.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:9876";
+
+const START_HINT: &str = "start Shepherd with: cargo run --release --bin shepherd -- standalone";
+
+/// `Accept` header asking the server to print a `Table` (server-side printing, as kubectl does).
+pub const TABLE_ACCEPT: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+
+/// Flags that choose the server, the credentials and the namespace.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionFlags {
+    pub server: Option<String>,
+    pub token: Option<String>,
+    pub namespace: Option<String>,
+}
+
+/// A client bound to one server, plus the namespace commands default to.
+pub struct Cluster {
+    client: kube::Client,
+    /// The server URL as the user would type it, for error messages.
+    pub server: String,
+    pub namespace: String,
+}
+
+/// A failed request, kept apart so callers can treat "not found" as an answer, not an error.
+#[derive(Debug)]
+pub enum RequestError {
+    /// The server answered with a `Status`.
+    Api(Box<kube::core::Status>),
+    /// The server could not be reached or the answer could not be read.
+    Transport(anyhow::Error),
+}
+
+impl RequestError {
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, RequestError::Api(s) if s.code == 404 && s.reason == "NotFound")
+    }
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestError::Api(s) => f.write_str(&status_message(s)),
+            RequestError::Transport(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+/// The line a user sees for a server rejection: the server's own message (which names the
+/// object and, for `Invalid`, each field), with the reason added when the message lacks it.
+fn status_message(s: &kube::core::Status) -> String {
+    let message = s.message.trim();
+    let self_explaining = matches!(s.reason.as_str(), "NotFound" | "AlreadyExists" | "Invalid" | "Conflict");
+    match (message.is_empty(), self_explaining || s.reason.is_empty()) {
+        (true, _) => format!("the server rejected the request ({}, HTTP {})", s.reason, s.code),
+        (false, true) => message.to_string(),
+        (false, false) => format!("{message} ({})", s.reason),
+    }
+}
+
+impl Cluster {
+    /// Resolves the server: `--server`, else `SHEPHERD_API`, else the kubeconfig's current
+    /// context, else [`DEFAULT_SERVER`].
+    pub async fn connect(flags: &ConnectionFlags) -> anyhow::Result<Cluster> {
+        let from_flag_or_env = flags
+            .server
+            .clone()
+            .or_else(|| std::env::var("SHEPHERD_API").ok().filter(|s| !s.trim().is_empty()));
+        let (mut config, server) = match from_flag_or_env {
+            Some(url) => (plain_config(&url)?, url),
+            None => match kubeconfig_config().await {
+                Some(config) => {
+                    let url = config.cluster_url.to_string().trim_end_matches('/').to_string();
+                    (config, url)
+                }
+                None => (plain_config(DEFAULT_SERVER)?, DEFAULT_SERVER.to_string()),
+            },
+        };
+        if let Some(token) = &flags.token {
+            let value = HeaderValue::from_str(&format!("Bearer {token}")).context("the token contains characters not allowed in an HTTP header")?;
+            config.headers.push((header::AUTHORIZATION, value));
+        }
+        // A 503 (for example "no logs in this server") should be reported, not retried.
+        config.default_retry = false;
+        let namespace = flags.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
+        let client = kube::Client::try_from(config).map_err(|e| anyhow!("cannot build a client for {server}: {e}"))?;
+        Ok(Cluster { client, server, namespace })
+    }
+
+    fn build(&self, method: Method, path: &str, accept: Option<&str>, content_type: Option<&str>, body: Vec<u8>) -> Result<Request<Vec<u8>>, RequestError> {
+        let mut req = Request::builder().method(method).uri(path);
+        if let Some(a) = accept {
+            req = req.header(header::ACCEPT, a);
+        }
+        if let Some(c) = content_type {
+            req = req.header(header::CONTENT_TYPE, c);
+        }
+        req.body(body).map_err(|e| RequestError::Transport(anyhow!("invalid request path {path}: {e}")))
+    }
+
+    fn translate(&self, e: kube::Error) -> RequestError {
+        match e {
+            kube::Error::Api(status) => RequestError::Api(status),
+            other => RequestError::Transport(self.transport_error(&other)),
+        }
+    }
+
+    /// Explains a failure to reach the server: which address, and how to start one.
+    fn transport_error(&self, e: &kube::Error) -> anyhow::Error {
+        let mut root: &dyn std::error::Error = e;
+        let mut refused = false;
+        let mut chain = Some(e as &dyn std::error::Error);
+        while let Some(err) = chain {
+            if let Some(io) = err.downcast_ref::<std::io::Error>() {
+                refused |= matches!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+            }
+            refused |= err.to_string().contains("Connection refused");
+            root = err;
+            chain = err.source();
+        }
+        if refused {
+            anyhow!("cannot connect to the Shepherd API at {} (connection refused); {START_HINT}", self.server)
+        } else {
+            anyhow!("cannot talk to the Shepherd API at {}: {root}; is Shepherd running there? {START_HINT}", self.server)
+        }
+    }
+
+    async fn text(&self, req: Request<Vec<u8>>) -> Result<String, RequestError> {
+        self.client.request_text(req).await.map_err(|e| self.translate(e))
+    }
+
+    async fn json(&self, req: Request<Vec<u8>>) -> Result<Value, RequestError> {
+        let text = self.text(req).await?;
+        serde_json::from_str(&text).map_err(|e| RequestError::Transport(anyhow!("the server at {} sent a response that is not JSON: {e}", self.server)))
+    }
+
+    pub async fn get(&self, path: &str) -> Result<Value, RequestError> {
+        self.json(self.build(Method::GET, path, Some("application/json"), None, Vec::new())?).await
+    }
+
+    /// GET asking for the server-side printed `Table`.
+    pub async fn get_table(&self, path: &str) -> Result<Value, RequestError> {
+        self.json(self.build(Method::GET, path, Some(TABLE_ACCEPT), None, Vec::new())?).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Result<Value, RequestError> {
+        let req = self.build(Method::POST, path, Some("application/json"), Some("application/json"), body.to_string().into_bytes())?;
+        self.json(req).await
+    }
+
+    pub async fn merge_patch(&self, path: &str, patch: &Value) -> Result<Value, RequestError> {
+        let req = self.build(Method::PATCH, path, Some("application/json"), Some("application/merge-patch+json"), patch.to_string().into_bytes())?;
+        self.json(req).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Result<Value, RequestError> {
+        self.json(self.build(Method::DELETE, path, Some("application/json"), None, Vec::new())?).await
+    }
+
+    /// A streamed response (watch events, logs), read as it arrives.
+    pub async fn stream(&self, path: &str, accept: &str) -> Result<impl AsyncBufRead + Unpin + use<>, RequestError> {
+        let req = self.build(Method::GET, path, Some(accept), None, Vec::new())?;
+        let body = self.client.request_stream(req).await.map_err(|e| self.translate(e))?;
+        Ok(Box::pin(body))
+    }
+}
+
+fn plain_config(url: &str) -> anyhow::Result<kube::Config> {
+    let uri: http::Uri = url.parse().with_context(|| format!("{url:?} is not a valid server URL (expected something like {DEFAULT_SERVER})"))?;
+    if uri.scheme().is_none() || uri.host().is_none() {
+        anyhow::bail!("{url:?} is not a valid server URL (expected something like {DEFAULT_SERVER})");
+    }
+    Ok(kube::Config::new(uri))
+}
+
+/// The current context of `KUBECONFIG` or `~/.kube/config`, when there is one.
+async fn kubeconfig_config() -> Option<kube::Config> {
+    let kubeconfig = Kubeconfig::read().ok()?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.ok()
+}

@@ -1,0 +1,348 @@
+//! `sheepctl describe`: an object's fields, conditions and events, for a human.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+use shepherd_api::kinds::ResourceInfo;
+
+use crate::apply::LAST_APPLIED;
+use crate::connection::Cluster;
+use crate::{printer, resource};
+
+pub async fn run(cluster: &Cluster, target: &[String]) -> anyhow::Result<bool> {
+    let (res, names) = resource::kind_and_names(target)?;
+    let names = if names.is_empty() {
+        let list = cluster.get(&resource::collection_path(res, Some(&cluster.namespace))).await?;
+        list["items"].as_array().into_iter().flatten()
+            .filter_map(|o| o.pointer("/metadata/name").and_then(Value::as_str).map(String::from)).collect()
+    } else {
+        names
+    };
+    let mut ok = true;
+    for (i, name) in names.iter().enumerate() {
+        let obj = match cluster.get(&resource::object_path(res, &cluster.namespace, name)).await {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("Error: {e}");
+                ok = false;
+                continue;
+            }
+        };
+        let events = events_of(cluster, &obj).await?;
+        if i > 0 {
+            println!();
+        }
+        print!("{}", describe(res, &obj, &events));
+    }
+    Ok(ok)
+}
+
+/// The events whose `involvedObject` is this object. The server's field selectors do not cover
+/// `involvedObject.*`, so the namespace's events are filtered here, by uid when the event has one.
+async fn events_of(cluster: &Cluster, obj: &Value) -> anyhow::Result<Vec<Value>> {
+    let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
+    let uid = s(obj, "/metadata/uid");
+    let name = s(obj, "/metadata/name");
+    let kind = s(obj, "/kind");
+    let list = cluster.get(&resource::collection_path(&shepherd_api::kinds::EVENT, Some(ns))).await?;
+    let mut events: Vec<Value> = list["items"].as_array().into_iter().flatten()
+        .filter(|e| {
+            let euid = s(e, "/involvedObject/uid");
+            if !euid.is_empty() && !uid.is_empty() {
+                return euid == uid;
+            }
+            s(e, "/involvedObject/name") == name && (s(e, "/involvedObject/kind").is_empty() || s(e, "/involvedObject/kind") == kind)
+        })
+        .cloned()
+        .collect();
+    events.sort_by_key(|e| last_seen(e).map(|t| t.as_second()).unwrap_or(0));
+    Ok(events)
+}
+
+fn s<'a>(v: &'a Value, ptr: &str) -> &'a str {
+    v.pointer(ptr).and_then(Value::as_str).unwrap_or("")
+}
+
+fn timestamp(v: &Value, ptr: &str) -> Option<jiff::Timestamp> {
+    v.pointer(ptr).and_then(Value::as_str).and_then(|t| t.parse().ok())
+}
+
+fn last_seen(e: &Value) -> Option<jiff::Timestamp> {
+    timestamp(e, "/lastTimestamp").or_else(|| timestamp(e, "/eventTime")).or_else(|| timestamp(e, "/metadata/creationTimestamp"))
+}
+
+/// `5s`, `3m20s`, `4h`: kubectl's short ages.
+pub fn age(t: Option<jiff::Timestamp>) -> String {
+    let Some(t) = t else { return "<unknown>".into() };
+    let secs = (jiff::Timestamp::now().as_second() - t.as_second()).max(0);
+    match secs {
+        0..120 => format!("{secs}s"),
+        120..600 => format!("{}m{}s", secs / 60, secs % 60),
+        600..10800 => format!("{}m", secs / 60),
+        10800..28800 => format!("{}h{}m", secs / 3600, (secs % 3600) / 60),
+        28800..172800 => format!("{}h", secs / 3600),
+        172800..2592000 => format!("{}d{}h", secs / 86400, (secs % 86400) / 3600),
+        _ => format!("{}d", secs / 86400),
+    }
+}
+
+/// `a=1\n<pad>b=2`, or `<none>`: kubectl's multi-line maps.
+fn map_lines(map: Option<&Value>, pad: usize, skip: &[&str]) -> String {
+    let entries: Vec<String> = map.and_then(Value::as_object).into_iter().flatten()
+        .filter(|(k, _)| !skip.contains(&k.as_str()))
+        .map(|(k, v)| format!("{k}={}", v.as_str().map(String::from).unwrap_or_else(|| v.to_string())))
+        .collect();
+    if entries.is_empty() { "<none>".into() } else { entries.join(&format!("\n{}", " ".repeat(pad))) }
+}
+
+fn field(out: &mut String, width: usize, name: &str, value: &str) {
+    let label = format!("{name}:");
+    let _ = writeln!(out, "{label:<width$}{value}");
+}
+
+fn common_header(out: &mut String, obj: &Value, w: usize, namespaced: bool) {
+    field(out, w, "Name", s(obj, "/metadata/name"));
+    if namespaced {
+        field(out, w, "Namespace", s(obj, "/metadata/namespace"));
+    }
+}
+
+fn meta_maps(out: &mut String, obj: &Value, w: usize) {
+    field(out, w, "Labels", &map_lines(obj.pointer("/metadata/labels"), w, &[]));
+    field(out, w, "Annotations", &map_lines(obj.pointer("/metadata/annotations"), w, &[LAST_APPLIED]));
+}
+
+fn conditions(out: &mut String, obj: &Value, with_reason: bool) {
+    let Some(conds) = obj.pointer("/status/conditions").and_then(Value::as_array).filter(|c| !c.is_empty()) else { return };
+    let mut t = printer::TextTable { header: vec!["Type".into(), "Status".into()], rows: Vec::new() };
+    if with_reason {
+        t.header.push("Reason".into());
+    }
+    for c in conds {
+        let mut row = vec![s(c, "/type").to_string(), s(c, "/status").to_string()];
+        if with_reason {
+            row.push(s(c, "/reason").to_string());
+        }
+        t.rows.push(row);
+    }
+    let dashes: Vec<String> = t.header.iter().map(|h| "-".repeat(h.len())).collect();
+    t.rows.insert(0, dashes);
+    out.push_str("Conditions:\n");
+    for line in printer::render(&t).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+}
+
+fn events_section(out: &mut String, events: &[Value]) {
+    if events.is_empty() {
+        out.push_str("Events:  <none>\n");
+        return;
+    }
+    let mut t = printer::TextTable {
+        header: ["Type", "Reason", "Age", "From", "Message"].map(String::from).to_vec(),
+        rows: vec![["----", "------", "----", "----", "-------"].map(String::from).to_vec()],
+    };
+    for e in events {
+        let count = e.get("count").and_then(Value::as_i64).unwrap_or(1);
+        let mut seen = age(last_seen(e));
+        if count > 1 {
+            seen = format!("{seen} (x{count} over {})", age(timestamp(e, "/firstTimestamp")));
+        }
+        let from = [s(e, "/source/component"), s(e, "/reportingComponent")].into_iter().find(|c| !c.is_empty()).unwrap_or("").to_string();
+        t.rows.push(vec![s(e, "/type").into(), s(e, "/reason").into(), seen, from, s(e, "/message").into()]);
+    }
+    out.push_str("Events:\n");
+    for line in printer::render(&t).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+}
+
+/// The full text of `describe` for one object.
+pub fn describe(res: &ResourceInfo, obj: &Value, events: &[Value]) -> String {
+    let mut out = String::new();
+    match res.kind {
+        "Pod" => pod(&mut out, obj),
+        "Deployment" => deployment(&mut out, obj),
+        _ => generic(&mut out, res, obj),
+    }
+    events_section(&mut out, events);
+    out
+}
+
+fn controlled_by(obj: &Value) -> Option<String> {
+    obj.pointer("/metadata/ownerReferences").and_then(Value::as_array)?.iter()
+        .find(|o| o["controller"] == true)
+        .map(|o| format!("{}/{}", s(o, "/kind"), s(o, "/name")))
+}
+
+fn pod(out: &mut String, p: &Value) {
+    let w = 18;
+    common_header(out, p, w, true);
+    field(out, w, "Node", &match (s(p, "/spec/nodeName"), s(p, "/status/hostIP")) {
+        ("", _) => "<none>".to_string(),
+        (n, "") => n.to_string(),
+        (n, ip) => format!("{n}/{ip}"),
+    });
+    if let Some(start) = p.pointer("/status/startTime").and_then(Value::as_str) {
+        field(out, w, "Start Time", start);
+    }
+    meta_maps(out, p, w);
+    let status = if p.pointer("/metadata/deletionTimestamp").is_some() { "Terminating".to_string() } else { or_none(s(p, "/status/phase")) };
+    field(out, w, "Status", &status);
+    field(out, w, "IP", s(p, "/status/podIP"));
+    if let Some(c) = controlled_by(p) {
+        field(out, w, "Controlled By", &c);
+    }
+    out.push_str("Containers:\n");
+    let statuses = p.pointer("/status/containerStatuses").and_then(Value::as_array).cloned().unwrap_or_default();
+    for c in p.pointer("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
+        let cname = s(c, "/name");
+        let _ = writeln!(out, "  {cname}:");
+        let cw = 20;
+        let sub = |out: &mut String, k: &str, v: &str| {
+            let label = format!("{k}:");
+            let _ = writeln!(out, "    {label:<cw$}{v}");
+        };
+        sub(out, "Image", s(c, "/image"));
+        if let Some(cmd) = c.get("command").and_then(Value::as_array) {
+            sub(out, "Command", &cmd.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "));
+        }
+        if let Some(args) = c.get("args").and_then(Value::as_array) {
+            sub(out, "Args", &args.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "));
+        }
+        let ports: Vec<String> = c.get("ports").and_then(Value::as_array).into_iter().flatten()
+            .map(|p| format!("{}/{}", p["containerPort"], p.get("protocol").and_then(Value::as_str).unwrap_or("TCP"))).collect();
+        sub(out, "Port", &if ports.is_empty() { "<none>".into() } else { ports.join(", ") });
+        let cs = statuses.iter().find(|st| st["name"] == cname);
+        let state = cs.and_then(|st| st.get("state")).and_then(Value::as_object).and_then(|m| m.iter().next());
+        match state {
+            Some((k, detail)) => {
+                let mut word = k.clone();
+                if let Some(first) = word.get_mut(0..1) {
+                    first.make_ascii_uppercase();
+                }
+                sub(out, "State", &word);
+                if let Some(reason) = detail.get("reason").and_then(Value::as_str) {
+                    sub(out, "  Reason", reason);
+                }
+                if let Some(started) = detail.get("startedAt").and_then(Value::as_str) {
+                    sub(out, "  Started", started);
+                }
+            }
+            None => sub(out, "State", "Waiting"),
+        }
+        sub(out, "Ready", if cs.is_some_and(|st| st["ready"] == true) { "True" } else { "False" });
+        sub(out, "Restart Count", &cs.and_then(|st| st["restartCount"].as_i64()).unwrap_or(0).to_string());
+        let env: Vec<String> = c.get("env").and_then(Value::as_array).into_iter().flatten()
+            .map(|e| format!("{}={}", s(e, "/name"), s(e, "/value"))).collect();
+        if !env.is_empty() {
+            sub(out, "Environment", &env.join(&format!("\n{}", " ".repeat(4 + cw))));
+        }
+    }
+    conditions(out, p, false);
+    field(out, w, "Node-Selectors", &map_lines(p.pointer("/spec/nodeSelector"), w, &[]));
+}
+
+fn or_none(v: &str) -> String {
+    if v.is_empty() { "<none>".into() } else { v.into() }
+}
+
+fn deployment(out: &mut String, d: &Value) {
+    let w = 24;
+    common_header(out, d, w, true);
+    field(out, w, "CreationTimestamp", s(d, "/metadata/creationTimestamp"));
+    meta_maps(out, d, w);
+    field(out, w, "Selector", &selector(d));
+    let n = |p: &str| d.pointer(p).and_then(Value::as_i64).unwrap_or(0);
+    field(out, w, "Replicas", &format!("{} desired | {} updated | {} total | {} available | {} unavailable",
+        d.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1), n("/status/updatedReplicas"), n("/status/replicas"),
+        n("/status/availableReplicas"), n("/status/unavailableReplicas")));
+    let strategy = or_none(s(d, "/spec/strategy/type"));
+    field(out, w, "StrategyType", &strategy);
+    field(out, w, "MinReadySeconds", &n("/spec/minReadySeconds").to_string());
+    if strategy == "RollingUpdate" {
+        let v = |p: &str| d.pointer(p).map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string())).unwrap_or_else(|| "25%".into());
+        field(out, w, "RollingUpdateStrategy", &format!("{} max unavailable, {} max surge",
+            v("/spec/strategy/rollingUpdate/maxUnavailable"), v("/spec/strategy/rollingUpdate/maxSurge")));
+    }
+    out.push_str("Pod Template:\n");
+    let _ = writeln!(out, "  Labels:  {}", map_lines(d.pointer("/spec/template/metadata/labels"), 11, &[]));
+    if d.pointer("/spec/template/metadata/annotations").is_some() {
+        let _ = writeln!(out, "  Annotations:  {}", map_lines(d.pointer("/spec/template/metadata/annotations"), 16, &[]));
+    }
+    out.push_str("  Containers:\n");
+    for c in d.pointer("/spec/template/spec/containers").and_then(Value::as_array).into_iter().flatten() {
+        let _ = writeln!(out, "   {}:", s(c, "/name"));
+        let _ = writeln!(out, "    Image:      {}", s(c, "/image"));
+        let ports: Vec<String> = c.get("ports").and_then(Value::as_array).into_iter().flatten()
+            .map(|p| format!("{}/{}", p["containerPort"], p.get("protocol").and_then(Value::as_str).unwrap_or("TCP"))).collect();
+        let _ = writeln!(out, "    Port:       {}", if ports.is_empty() { "<none>".into() } else { ports.join(", ") });
+    }
+    conditions(out, d, true);
+}
+
+fn selector(d: &Value) -> String {
+    let mut parts: Vec<String> = d.pointer("/spec/selector/matchLabels").and_then(Value::as_object).into_iter().flatten()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect();
+    for e in d.pointer("/spec/selector/matchExpressions").and_then(Value::as_array).into_iter().flatten() {
+        let values: Vec<&str> = e["values"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        parts.push(format!("{} {} ({})", s(e, "/key"), s(e, "/operator").to_lowercase(), values.join(",")));
+    }
+    if parts.is_empty() { "<none>".into() } else { parts.join(",") }
+}
+
+/// Kinds without a dedicated layout: metadata, then spec and status as indented fields.
+fn generic(out: &mut String, res: &ResourceInfo, obj: &Value) {
+    let w = 18;
+    common_header(out, obj, w, res.namespaced);
+    meta_maps(out, obj, w);
+    field(out, w, "CreationTimestamp", s(obj, "/metadata/creationTimestamp"));
+    for (key, v) in obj.as_object().into_iter().flatten() {
+        if matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
+            continue;
+        }
+        let mut title = key.clone();
+        if let Some(f) = title.get_mut(0..1) {
+            f.make_ascii_uppercase();
+        }
+        nested(out, &title, v, 0);
+    }
+}
+
+fn nested(out: &mut String, key: &str, v: &Value, depth: usize) {
+    let pad = "  ".repeat(depth);
+    match v {
+        Value::Object(m) if m.is_empty() => {
+            let _ = writeln!(out, "{pad}{key}:  <none>");
+        }
+        Value::Object(m) => {
+            let _ = writeln!(out, "{pad}{key}:");
+            for (k, x) in m {
+                nested(out, k, x, depth + 1);
+            }
+        }
+        Value::Array(a) if a.is_empty() => {
+            let _ = writeln!(out, "{pad}{key}:  <none>");
+        }
+        Value::Array(a) => {
+            let _ = writeln!(out, "{pad}{key}:");
+            for x in a {
+                match x {
+                    Value::Object(m) => {
+                        for (i, (k, y)) in m.iter().enumerate() {
+                            let k = if i == 0 { format!("- {k}") } else { format!("  {k}") };
+                            nested(out, &k, y, depth + 1);
+                        }
+                    }
+                    other => nested(out, "-", other, depth + 1),
+                }
+            }
+        }
+        Value::String(s) => {
+            let _ = writeln!(out, "{pad}{key}:  {s}");
+        }
+        other => {
+            let _ = writeln!(out, "{pad}{key}:  {other}");
+        }
+    }
+}

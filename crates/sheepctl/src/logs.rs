@@ -1,0 +1,37 @@
+//! `sheepctl logs`: streams a container's output from the pod's `log` subresource.
+
+use futures::AsyncReadExt;
+use std::io::Write;
+
+use crate::connection::Cluster;
+use crate::resource;
+
+pub struct LogsArgs {
+    pub pod: String,
+    pub container: Option<String>,
+    pub follow: bool,
+    pub tail: Option<i64>,
+    pub previous: bool,
+}
+
+pub async fn run(cluster: &Cluster, args: &LogsArgs) -> anyhow::Result<()> {
+    let name = args.pod.strip_prefix("pod/").or_else(|| args.pod.strip_prefix("pods/")).unwrap_or(&args.pod);
+    let path = format!("{}/log", resource::object_path(&shepherd_api::kinds::POD, &cluster.namespace, name));
+    let query = resource::query(&[
+        ("container", args.container.clone()),
+        ("follow", args.follow.then(|| "true".to_string())),
+        ("tailLines", args.tail.filter(|t| *t >= 0).map(|t| t.to_string())),
+        ("previous", args.previous.then(|| "true".to_string())),
+    ]);
+    let mut body = cluster.stream(&format!("{path}{query}"), "text/plain, */*").await?;
+    let mut buf = vec![0u8; 8192];
+    let mut out = std::io::stdout().lock();
+    loop {
+        let n = body.read(&mut buf).await.map_err(|e| anyhow::anyhow!("reading logs of pod \"{name}\": {e}"))?;
+        if n == 0 {
+            return Ok(());
+        }
+        out.write_all(&buf[..n])?;
+        out.flush()?;
+    }
+}

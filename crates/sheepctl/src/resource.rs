@@ -1,0 +1,89 @@
+//! Turning what a user typed (`deploy`, `deployment/web`) into resources and REST paths.
+
+use anyhow::bail;
+use shepherd_api::kinds::{self, ResourceInfo};
+
+/// Resolves a resource name the way kubectl does: plural, singular, short name or kind.
+pub fn resolve(typed: &str) -> anyhow::Result<&'static ResourceInfo> {
+    match kinds::resolve(typed) {
+        Some(r) => Ok(r),
+        None => bail!("the server doesn't have a resource type \"{typed}\""),
+    }
+}
+
+/// Splits `KIND NAME...` or `KIND/NAME ...` arguments into one resource and its names.
+pub fn kind_and_names(args: &[String]) -> anyhow::Result<(&'static ResourceInfo, Vec<String>)> {
+    let Some(first) = args.first() else {
+        bail!("you must specify the type of resource, for example: sheepctl get pods");
+    };
+    if first.contains('/') {
+        let mut kind = None;
+        let mut names = Vec::new();
+        for arg in args {
+            let Some((k, name)) = arg.split_once('/') else {
+                bail!("there is no need to specify a resource type as a separate argument when passing arguments in resource/name form (got {arg:?})");
+            };
+            let res = resolve(k)?;
+            if kind.is_some_and(|prev: &ResourceInfo| prev.kind != res.kind) {
+                bail!("all resources must be of one kind here (got {} and {})", kind.map(|k| k.kind).unwrap_or(""), res.kind);
+            }
+            if name.is_empty() {
+                bail!("{arg:?} names no object: write {k}/NAME");
+            }
+            kind = Some(res);
+            names.push(name.to_string());
+        }
+        let res = kind.ok_or_else(|| anyhow::anyhow!("no resource given"))?;
+        return Ok((res, names));
+    }
+    Ok((resolve(first)?, args[1..].to_vec()))
+}
+
+/// `deployment.apps` or `pod`: how kubectl prefixes an object's name in messages.
+pub fn type_name(res: &ResourceInfo) -> String {
+    if res.group.is_empty() { res.singular.to_string() } else { format!("{}.{}", res.singular, res.group) }
+}
+
+/// `deployment.apps/web`.
+pub fn object_ref(res: &ResourceInfo, name: &str) -> String {
+    format!("{}/{}", type_name(res), name)
+}
+
+/// The collection path: `/apis/apps/v1/namespaces/default/deployments`, or across all
+/// namespaces when `namespace` is `None`.
+pub fn collection_path(res: &ResourceInfo, namespace: Option<&str>) -> String {
+    let base = if res.group.is_empty() {
+        format!("/api/{}", res.version)
+    } else {
+        format!("/apis/{}/{}", res.group, res.version)
+    };
+    match (res.namespaced, namespace) {
+        (true, Some(ns)) => format!("{base}/namespaces/{}/{}", encode(ns), res.plural),
+        _ => format!("{base}/{}", res.plural),
+    }
+}
+
+/// The path of one object.
+pub fn object_path(res: &ResourceInfo, namespace: &str, name: &str) -> String {
+    format!("{}/{}", collection_path(res, Some(namespace)), encode(name))
+}
+
+/// Percent-encodes a path segment or query value.
+pub fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Builds `?a=b&c=d` from the pairs whose value is present.
+pub fn query(pairs: &[(&str, Option<String>)]) -> String {
+    let parts: Vec<String> =
+        pairs.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode(v)))).collect();
+    if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
+}
