@@ -267,3 +267,51 @@ async fn a_removed_nodes_pods_are_failed_and_deleted() {
     ]);
     c.shut_down().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_nodes_replicaset_pods_are_replaced_on_another_node() {
+    use shepherd_controllers::scheduler::{SchedulerConfig, scheduler};
+    use shepherd_controllers::{ControllerConfig, replicaset_controller};
+
+    let mut c = Cluster::new().await;
+    c.node("a").await;
+    c.node("b").await;
+    let manager = Arc::new(Manager::new(c.client.clone()));
+    manager.add(node_lifecycle_controller(c.client.clone(), &manager, NodeLifecycleConfig::default()));
+    manager.add(scheduler(c.client.clone(), &manager, SchedulerConfig::default()));
+    manager.add(replicaset_controller(c.client.clone(), &manager, &ControllerConfig::default()));
+    let (stop, stopped) = oneshot::channel::<()>();
+    c.stop = Some(stop);
+    let m = manager.clone();
+    c.task = Some(tokio::spawn(async move {
+        m.run(async {
+            let _ = stopped.await;
+        })
+        .await
+    }));
+    let _renewing = keep_renewing(c.client.clone(), "b");
+    let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"replicas": 4, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "app", "image": "web:1"}]}}}});
+    c.client.create(&kinds::REPLICASET, Some("default"), rs).await.expect("replicaset created");
+    let start = Instant::now();
+
+    let placement = || async {
+        let pods = c.client.list(&kinds::POD, &ListParams::namespace("default")).await.expect("pods listed");
+        let mut nodes: Vec<String> = pods
+            .items
+            .iter()
+            .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none())
+            .map(|p| p.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("-").to_string())
+            .collect();
+        nodes.sort();
+        nodes
+    };
+    until(start, 5.0).await;
+    assert_eq!(placement().await, ["a", "a", "b", "b"], "replicas spread over both nodes");
+
+    // Node a never renews: unknown at 40 s, its pods evicted at 100 s and replaced on b.
+    until(start, 102.0).await;
+    assert_eq!(placement().await, ["b", "b", "b", "b"]);
+    c.shut_down().await;
+}
