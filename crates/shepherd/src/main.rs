@@ -1,5 +1,7 @@
 //! The Shepherd daemon: `shepherd server`, `shepherd standalone`.
 
+mod control_plane;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -7,7 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use control_plane::ControllerArgs;
 use shepherd_apiserver::{ApiServer, HttpConfig};
+use shepherd_runtime::{Client, Manager};
 use shepherd_store::{HistoryLimits, LocalStore, Store};
 
 #[derive(Parser)]
@@ -51,6 +55,8 @@ struct ServerArgs {
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 10)]
     bookmark_seconds: u64,
+    #[command(flatten)]
+    controllers: ControllerArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -95,6 +101,21 @@ async fn run_server(args: ServerArgs, standalone: bool) -> anyhow::Result<()> {
         bookmark_interval: Duration::from_secs(args.bookmark_seconds.max(1)),
     };
     let server = ApiServer::new(store.clone(), config).await.map_err(|e| anyhow::anyhow!("starting API server: {e}"))?;
+    let client: Arc<dyn Client> = Arc::new(server.client());
+    let manager = Arc::new(Manager::new(client.clone()));
+    let enabled = args.controllers.install(client.clone(), &manager)?;
+    if let Ok(mut registry) = server.registry().lock() {
+        manager.metrics().register(&mut registry);
+    }
+    let debug_manager = manager.clone();
+    let router = server.router().route(
+        "/debug/controllers",
+        axum::routing::get(move || {
+            let m = debug_manager.clone();
+            async move { axum::Json(m.snapshot().to_json()) }
+        }),
+    );
+
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -102,8 +123,23 @@ async fn run_server(args: ServerArgs, standalone: bool) -> anyhow::Result<()> {
     let mode = if standalone { "standalone" } else { "server" };
     // The first line on stdout is the address, so scripts and tests can read it.
     println!("shepherd {mode} listening on http://{addr}");
-    tracing::info!(%addr, data_dir = %args.data_dir.display(), revision = store.revision(), "shepherd {mode} ready");
-    axum::serve(listener, server.router()).with_graceful_shutdown(shutdown_signal()).await?;
+    tracing::info!(%addr, data_dir = %args.data_dir.display(), revision = store.revision(), controllers = ?enabled, "shepherd {mode} ready");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let controllers = {
+        let manager = manager.clone();
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(async move { manager.run(stop).await })
+    };
+    let serving = axum::serve(listener, router).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let serving = tokio::spawn(async move { serving.await });
+    shutdown_signal().await;
+    stop_tx.send_replace(true);
+    let _ = controllers.await;
+    serving.await??;
     tracing::info!("shut down cleanly");
     Ok(())
 }

@@ -1,0 +1,155 @@
+//! The controllers and scheduler of `shepherd server` and `standalone`, and their flags.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use shepherd_controllers::endpoints::{ClusterIpConfig, ServiceIpRange, cluster_ip_allocator, endpoints_controller};
+use shepherd_controllers::nodelifecycle::{NodeLifecycleConfig, node_lifecycle_controller};
+use shepherd_controllers::scheduler::{SchedulerConfig, scheduler};
+use shepherd_controllers::{ControllerConfig, deployment_controller, garbage_collector, replicaset_controller};
+use shepherd_runtime::{Client, Manager, TriggerMode};
+
+/// Every controller `shepherd` runs, by the name used in flags.
+pub const CONTROLLERS: &[&str] =
+    &["deployment", "replicaset", "endpoints", "clusterip", "nodelifecycle", "garbagecollector", "scheduler"];
+
+#[derive(Args, Clone, Debug)]
+pub struct ControllerArgs {
+    /// Controllers to run: `all`, `none`, or a comma-separated list of deployment, replicaset,
+    /// endpoints, clusterip, nodelifecycle, garbagecollector, scheduler.
+    #[arg(long, default_value = "all")]
+    pub controllers: String,
+    /// Default trigger mode: `hybrid` (events plus periodic resync), `level` (re-list on a
+    /// ticker only) or `edge` (events only).
+    #[arg(long, default_value = "hybrid")]
+    pub controller_mode: TriggerMode,
+    /// Resync period in hybrid mode, tick interval in level mode (seconds). Defaults: hybrid
+    /// 300, level 5.
+    #[arg(long)]
+    pub resync_seconds: Option<f64>,
+    /// Default workers per controller.
+    #[arg(long, default_value_t = 4)]
+    pub controller_workers: usize,
+    /// Per-controller override, repeatable: `NAME:mode=level,interval=5,workers=2`.
+    #[arg(long = "controller", value_name = "NAME:SETTINGS")]
+    pub overrides: Vec<String>,
+    /// A node whose lease is older than this is Ready=Unknown and tainted (seconds).
+    #[arg(long, default_value_t = 40.0)]
+    pub node_grace_seconds: f64,
+    /// How long an unknown node keeps its pods before they are evicted (seconds).
+    #[arg(long, default_value_t = 60.0)]
+    pub pod_eviction_seconds: f64,
+    /// Range Services' cluster IPs are allocated from.
+    #[arg(long, default_value = "10.96.0.0/16")]
+    pub service_cluster_ip_range: String,
+    /// Fault injection for experiments: drop this fraction (0..1) of watch events before they
+    /// reach the controllers' caches.
+    #[arg(long, default_value_t = 0.0)]
+    pub drop_watch_events: f64,
+}
+
+fn with_period(mode: TriggerMode, seconds: Option<f64>) -> anyhow::Result<TriggerMode> {
+    match seconds {
+        None => Ok(mode),
+        Some(s) if s > 0.0 && s.is_finite() => Ok(mode.with_period(Duration::from_secs_f64(s))),
+        Some(s) => bail!("a resync interval must be a positive number of seconds, not {s}"),
+    }
+}
+
+impl ControllerArgs {
+    fn enabled(&self) -> anyhow::Result<Vec<&'static str>> {
+        match self.controllers.trim() {
+            "all" => Ok(CONTROLLERS.to_vec()),
+            "none" | "" => Ok(Vec::new()),
+            list => list
+                .split(',')
+                .map(|n| {
+                    let n = n.trim();
+                    CONTROLLERS.iter().find(|c| **c == n).copied().with_context(|| {
+                        format!("unknown controller {n:?} in --controllers; known: {}", CONTROLLERS.join(", "))
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// The run settings of each controller: the defaults, then its `--controller` override.
+    fn configs(&self) -> anyhow::Result<HashMap<&'static str, ControllerConfig>> {
+        let base = ControllerConfig {
+            workers: self.controller_workers.max(1),
+            mode: with_period(self.controller_mode, self.resync_seconds)?,
+        };
+        let mut out: HashMap<&'static str, ControllerConfig> = CONTROLLERS.iter().map(|c| (*c, base)).collect();
+        for o in &self.overrides {
+            let (name, settings) = o.split_once(':').with_context(|| format!("--controller {o:?}: expected NAME:key=value,..."))?;
+            let name = CONTROLLERS
+                .iter()
+                .find(|c| **c == name)
+                .with_context(|| format!("--controller {o:?}: unknown controller {name:?}"))?;
+            let cfg = out.entry(name).or_insert(base);
+            let mut interval = None;
+            for kv in settings.split(',').filter(|s| !s.is_empty()) {
+                let (k, v) = kv.split_once('=').with_context(|| format!("--controller {o:?}: {kv:?} is not key=value"))?;
+                match k {
+                    "mode" => cfg.mode = v.parse().map_err(|e: String| anyhow::anyhow!("--controller {o:?}: {e}"))?,
+                    "workers" => cfg.workers = v.parse::<usize>().with_context(|| format!("--controller {o:?}: workers"))?.max(1),
+                    "interval" | "resync" => interval = Some(v.parse::<f64>().with_context(|| format!("--controller {o:?}: {k}"))?),
+                    other => bail!("--controller {o:?}: unknown setting {other:?} (mode, workers, interval)"),
+                }
+            }
+            cfg.mode = with_period(cfg.mode, interval.or(self.resync_seconds))?;
+        }
+        Ok(out)
+    }
+
+    /// Adds the enabled controllers to `manager`.
+    pub fn install(&self, client: Arc<dyn Client>, manager: &Manager) -> anyhow::Result<Vec<&'static str>> {
+        let enabled = self.enabled()?;
+        let configs = self.configs()?;
+        let range: ServiceIpRange = self.service_cluster_ip_range.parse()?;
+        if !(0.0..=1.0).contains(&self.drop_watch_events) {
+            bail!("--drop-watch-events must be between 0 and 1");
+        }
+        manager.informers().watch_faults().set_drop_fraction(self.drop_watch_events);
+        for name in &enabled {
+            let cfg = configs[name];
+            match *name {
+                "deployment" => {
+                    manager.add(deployment_controller(client.clone(), manager, &cfg));
+                }
+                "replicaset" => {
+                    manager.add(replicaset_controller(client.clone(), manager, &cfg));
+                }
+                "endpoints" => {
+                    manager.add(endpoints_controller(client.clone(), manager, cfg));
+                }
+                "clusterip" => {
+                    manager.add(cluster_ip_allocator(client.clone(), manager, ClusterIpConfig { run: cfg, range }));
+                }
+                "nodelifecycle" => {
+                    let config = NodeLifecycleConfig {
+                        run: cfg,
+                        grace_period: Duration::from_secs_f64(self.node_grace_seconds.max(0.1)),
+                        eviction_timeout: Duration::from_secs_f64(self.pod_eviction_seconds.max(0.0)),
+                        ..NodeLifecycleConfig::default()
+                    };
+                    manager.add(node_lifecycle_controller(client.clone(), manager, config));
+                }
+                "garbagecollector" => {
+                    for c in garbage_collector(client.clone(), manager, &cfg) {
+                        manager.add(c);
+                    }
+                }
+                "scheduler" => {
+                    let config = SchedulerConfig { run: cfg, ..SchedulerConfig::default() };
+                    manager.add(scheduler(client.clone(), manager, config));
+                }
+                _ => {}
+            }
+        }
+        Ok(enabled)
+    }
+}
