@@ -49,15 +49,15 @@ pub async fn run(cluster: &Cluster, files: &[String]) -> anyhow::Result<bool> {
 }
 
 /// The object as it will be stored: the file's fields plus the annotation recording them.
+/// The recorded copy keeps an `annotations: {}` when the file had none, as kubectl's does, so
+/// either tool finds the other's record identical.
 fn with_last_applied(obj: &Value) -> Value {
     let mut recorded = obj.clone();
-    if let Some(a) = recorded.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
-        a.remove(LAST_APPLIED);
-        if a.is_empty() {
-            if let Some(meta) = recorded.get_mut("metadata").and_then(Value::as_object_mut) {
-                meta.remove("annotations");
-            }
+    match recorded.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
+        Some(a) => {
+            a.remove(LAST_APPLIED);
         }
+        None => recorded["metadata"]["annotations"] = json!({}),
     }
     let mut out = obj.clone();
     let text = recorded.to_string() + "\n";

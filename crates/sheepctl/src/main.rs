@@ -118,7 +118,7 @@ enum Command {
     /// Set (KEY=VALUE) or remove (KEY-) annotations.
     Annotate {
         /// KIND NAME KEY=VALUE... KEY-...
-        #[arg(required = true, allow_hyphen_values = true)]
+        #[arg(required = true)]
         args: Vec<String>,
         #[arg(long)]
         overwrite: bool,
@@ -126,7 +126,7 @@ enum Command {
     /// Set (KEY=VALUE) or remove (KEY-) labels.
     Label {
         /// KIND NAME KEY=VALUE... KEY-...
-        #[arg(required = true, allow_hyphen_values = true)]
+        #[arg(required = true)]
         args: Vec<String>,
         #[arg(long)]
         overwrite: bool,
