@@ -1,0 +1,228 @@
+//! Finds the host's cgroup controllers (v1, v2 or both mounted) and gives containers their limits.
+//!
+//! Detection reads `/proc/self/mountinfo` instead of assuming a layout: a controller is used
+//! through its v1 hierarchy when one is mounted, else through the unified (v2) hierarchy when
+//! that lists it in `cgroup.controllers`, else not at all (the limit is skipped, with a warning).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use tracing::{info, warn};
+
+#[derive(Debug, Clone)]
+enum Hierarchy {
+    V1(PathBuf),
+    V2(PathBuf),
+}
+
+/// The controllers this host lets the agent use.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cgroups {
+    memory: Option<Hierarchy>,
+    cpu: Option<Hierarchy>,
+    pids: Option<Hierarchy>,
+}
+
+/// The cgroups made for one container instance.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ContainerCgroups {
+    /// `cgroup.procs` of each; the container's process writes `0` to each before it executes.
+    pub procs_files: Vec<PathBuf>,
+    pub dirs: Vec<PathBuf>,
+    /// Where the kernel counts OOM kills for the memory cgroup (v1 `memory.oom_control`, v2 `memory.events`).
+    pub oom_file: Option<PathBuf>,
+}
+
+/// Limits for one container.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Limits {
+    pub memory_bytes: Option<u64>,
+    pub cpu_millis: Option<u64>,
+    pub pids: Option<u64>,
+}
+
+const GROUP: &str = "shepherd";
+
+impl Cgroups {
+    /// Reads the mount table; an unreadable one means no cgroups.
+    pub fn detect() -> Cgroups {
+        let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
+            warn!("cannot read /proc/self/mountinfo: running containers without cgroup limits");
+            return Cgroups::default();
+        };
+        let found = Cgroups::from_mountinfo(&mountinfo, |root| fs::read_to_string(root.join("cgroup.controllers")).ok());
+        info!(memory = ?found.memory, cpu = ?found.cpu, pids = ?found.pids, "cgroup controllers found");
+        found
+    }
+
+    fn from_mountinfo(mountinfo: &str, v2_controllers: impl Fn(&Path) -> Option<String>) -> Cgroups {
+        let mut v1: Vec<(PathBuf, Vec<String>)> = Vec::new();
+        let mut v2: Option<PathBuf> = None;
+        for line in mountinfo.lines() {
+            let Some((left, right)) = line.split_once(" - ") else { continue };
+            let Some(mount_point) = left.split(' ').nth(4) else { continue };
+            let mut r = right.split(' ');
+            let (fstype, _source, options) = (r.next(), r.next(), r.next().unwrap_or(""));
+            match fstype {
+                Some("cgroup") => v1.push((PathBuf::from(mount_point), options.split(',').map(str::to_string).collect())),
+                Some("cgroup2") => v2 = Some(PathBuf::from(mount_point)),
+                _ => {}
+            }
+        }
+        let v2_list: Vec<String> = v2
+            .as_deref()
+            .and_then(&v2_controllers)
+            .map(|s| s.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default();
+        let pick = |name: &str| -> Option<Hierarchy> {
+            if let Some((mount, _)) = v1.iter().find(|(_, opts)| opts.iter().any(|o| o == name)) {
+                return Some(Hierarchy::V1(mount.clone()));
+            }
+            match &v2 {
+                Some(root) if v2_list.iter().any(|c| c == name) => Some(Hierarchy::V2(root.clone())),
+                _ => None,
+            }
+        };
+        Cgroups { memory: pick("memory"), cpu: pick("cpu"), pids: pick("pids") }
+    }
+
+    pub fn has_memory(&self) -> bool {
+        self.memory.is_some()
+    }
+
+    /// Creates the cgroups of `name` with `limits`. Failures are logged and that limit skipped.
+    pub fn create(&self, name: &str, limits: Limits) -> ContainerCgroups {
+        let mut out = ContainerCgroups::default();
+        let mut settings: Vec<(&Hierarchy, Vec<(&str, String)>, &str)> = Vec::new();
+        if let (Some(h), Some(bytes)) = (&self.memory, limits.memory_bytes) {
+            let files = match h {
+                Hierarchy::V1(_) => vec![("memory.limit_in_bytes", bytes.to_string())],
+                Hierarchy::V2(_) => vec![("memory.max", bytes.to_string()), ("memory.swap.max", "0".into())],
+            };
+            settings.push((h, files, "memory"));
+        }
+        if let (Some(h), Some(millis)) = (&self.cpu, limits.cpu_millis) {
+            let quota = (millis * 100).max(1000);
+            let files = match h {
+                Hierarchy::V1(_) => vec![("cpu.cfs_period_us", "100000".into()), ("cpu.cfs_quota_us", quota.to_string())],
+                Hierarchy::V2(_) => vec![("cpu.max", format!("{quota} 100000"))],
+            };
+            settings.push((h, files, "cpu"));
+        }
+        if let (Some(h), Some(pids)) = (&self.pids, limits.pids) {
+            settings.push((h, vec![("pids.max", pids.to_string())], "pids"));
+        }
+        let mut v2_dir: Option<PathBuf> = None;
+        for (h, files, controller) in settings {
+            let dir = match h {
+                Hierarchy::V1(mount) => mount.join(GROUP).join(name),
+                Hierarchy::V2(root) => {
+                    let _ = fs::create_dir_all(root.join(GROUP));
+                    let _ = fs::write(root.join("cgroup.subtree_control"), format!("+{controller}"));
+                    let _ = fs::write(root.join(GROUP).join("cgroup.subtree_control"), format!("+{controller}"));
+                    root.join(GROUP).join(name)
+                }
+            };
+            if let Err(e) = fs::create_dir_all(&dir) {
+                warn!(cgroup = %dir.display(), error = %e, "cannot create cgroup; skipping the {controller} limit");
+                continue;
+            }
+            for (file, value) in files {
+                if let Err(e) = fs::write(dir.join(file), &value) {
+                    warn!(cgroup = %dir.display(), file, error = %e, "cannot set cgroup limit");
+                }
+            }
+            if controller == "memory" {
+                out.oom_file = Some(match h {
+                    Hierarchy::V1(_) => dir.join("memory.oom_control"),
+                    Hierarchy::V2(_) => dir.join("memory.events"),
+                });
+            }
+            match h {
+                Hierarchy::V2(_) if v2_dir.as_ref() == Some(&dir) => {}
+                Hierarchy::V2(_) => {
+                    v2_dir = Some(dir.clone());
+                    out.procs_files.push(dir.join("cgroup.procs"));
+                    out.dirs.push(dir);
+                }
+                Hierarchy::V1(_) => {
+                    out.procs_files.push(dir.join("cgroup.procs"));
+                    out.dirs.push(dir);
+                }
+            }
+        }
+        out
+    }
+
+    /// The cgroup directories `create` would make for `name` (to clean up after a restart).
+    pub fn dirs_of(&self, name: &str) -> Vec<PathBuf> {
+        [&self.memory, &self.cpu, &self.pids]
+            .into_iter()
+            .flatten()
+            .map(|h| match h {
+                Hierarchy::V1(m) | Hierarchy::V2(m) => m.join(GROUP).join(name),
+            })
+            .collect()
+    }
+}
+
+/// How many OOM kills the kernel counted in a memory cgroup (`oom_kill N` in either file format).
+pub(crate) fn oom_kills(oom_file: &Path) -> u64 {
+    fs::read_to_string(oom_file)
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+/// Removes a container's cgroup directories (only possible once they hold no process).
+pub(crate) fn remove_dirs(dirs: &[PathBuf]) {
+    for d in dirs {
+        if d.exists()
+            && let Err(e) = fs::remove_dir(d)
+        {
+            warn!(cgroup = %d.display(), error = %e, "cannot remove cgroup");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn a_hybrid_host_uses_v1_controllers_where_they_are_mounted_and_v2_for_the_rest() {
+        let c = Cgroups::from_mountinfo(HYBRID, |_| Some("pids".into()));
+        assert!(matches!(c.memory, Some(Hierarchy::V1(ref p)) if p == Path::new("/sys/fs/cgroup/memory")));
+        assert!(matches!(c.cpu, Some(Hierarchy::V1(_))));
+        assert!(matches!(c.pids, Some(Hierarchy::V2(ref p)) if p == Path::new("/sys/fs/cgroup/unified")));
+    }
+
+    #[test]
+    fn a_v2_only_host_without_delegated_controllers_gets_no_limits() {
+        let only_v2 = "41 23 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let c = Cgroups::from_mountinfo(only_v2, |_| Some(String::new()));
+        assert!(c.memory.is_none() && c.cpu.is_none() && c.pids.is_none());
+        let c = Cgroups::from_mountinfo(only_v2, |_| Some("cpu memory pids".into()));
+        assert!(matches!(c.memory, Some(Hierarchy::V2(_))));
+    }
+
+    #[test]
+    fn oom_kills_are_read_from_either_file_format() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("memory.oom_control");
+        fs::write(&f, "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n").expect("write");
+        assert_eq!(oom_kills(&f), 2);
+        fs::write(&f, "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n").expect("write");
+        assert_eq!(oom_kills(&f), 1);
+        assert_eq!(oom_kills(&dir.path().join("missing")), 0);
+    }
+}

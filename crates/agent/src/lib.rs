@@ -1,0 +1,266 @@
+//! Shepherd's node agent: registers a node, heartbeats through its Lease, and runs the pods bound
+//! to it through a runtime (`process`: host processes; `simulated`: no processes, many nodes per
+//! agent process for scale tests).
+//!
+//! ```ignore
+//! let agent = Agent::new(client, AgentConfig::new("node-1", "/var/lib/shepherd/agent")).await?;
+//! let logs = agent.logs();            // serve GET .../pods/{name}/log from this
+//! agent.run(ctrl_c()).await?;
+//! ```
+
+mod backoff;
+mod cgroup;
+mod logs;
+mod node;
+mod pods;
+mod probe;
+mod process;
+mod quantity;
+mod runtime;
+mod simulated;
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::future::Future;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use shepherd_api::kinds;
+use shepherd_runtime::{Action, Client, Controller, Manager, Metrics, TriggerMode};
+use tokio::sync::mpsc;
+use tracing::info;
+
+pub use logs::{LogQuery, LogStream, PodLogs};
+pub use pods::SIMULATE_FAIL_ANNOTATION;
+pub use process::MINIMAL_IMAGE;
+pub use simulated::SimulatedBehaviour;
+
+/// Which runtime runs the containers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RuntimeKind {
+    /// Host processes, with namespaces and cgroups when running as root.
+    Process,
+    /// No processes: containers become Running after a delay (or fail).
+    Simulated(SimulatedBehaviour),
+}
+
+/// Settings of one agent.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The node's name (for simulated nodes: unused, see `Agent::simulated`).
+    pub node_name: String,
+    /// Container state and logs live here; it must survive agent restarts for re-adoption.
+    pub data_dir: PathBuf,
+    /// The node's InternalIP; also every pod's podIP and hostIP (containers share the host network).
+    pub node_ip: String,
+    pub runtime: RuntimeKind,
+    /// How often the Lease is renewed and the Node checked.
+    pub lease_interval: Duration,
+    pub lease_duration_seconds: i64,
+    /// Pods reconciled at once.
+    pub workers: usize,
+    /// The engine's trigger mode for pod events (hybrid: events plus a periodic re-list).
+    pub mode: TriggerMode,
+    /// Restart back-off: first delay, doubling up to `restart_backoff_max`.
+    pub restart_backoff_initial: Duration,
+    pub restart_backoff_max: Duration,
+    /// A container's log is rotated (one previous file kept) beyond this size.
+    pub log_max_bytes: u64,
+    /// `pids.max` of each container's cgroup, where the pids controller is available.
+    pub pids_limit: Option<u64>,
+}
+
+impl AgentConfig {
+    /// Defaults: process runtime, 127.0.0.1, lease renewed every 10 s for 40 s, back-off 10 s to
+    /// 5 min, logs rotated at 10 MiB, 4 workers, hybrid mode with a 5 minute re-list.
+    pub fn new(node_name: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        AgentConfig {
+            node_name: node_name.into(),
+            data_dir: data_dir.into(),
+            node_ip: "127.0.0.1".into(),
+            runtime: RuntimeKind::Process,
+            lease_interval: Duration::from_secs(10),
+            lease_duration_seconds: 40,
+            workers: 4,
+            mode: TriggerMode::hybrid(),
+            restart_backoff_initial: Duration::from_secs(10),
+            restart_backoff_max: Duration::from_secs(300),
+            log_max_bytes: 10 * 1024 * 1024,
+            pids_limit: Some(4096),
+        }
+    }
+}
+
+/// Why an agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot use data directory {path}: {source}")]
+    DataDir { path: PathBuf, source: std::io::Error },
+    #[error("data directory {0} is in use by another agent; stop it or choose another --data-dir")]
+    Locked(PathBuf),
+}
+
+/// A node agent (or a set of simulated nodes), ready to run.
+pub struct Agent {
+    client: Arc<dyn Client>,
+    config: AgentConfig,
+    nodes: Vec<node::NodeIdentity>,
+    manager: Manager,
+    pods: Arc<pods::PodManager>,
+    _lock: Option<File>,
+}
+
+fn lock_data_dir(dir: &Path) -> Result<File, AgentError> {
+    let err = |source| AgentError::DataDir { path: dir.to_path_buf(), source };
+    fs::create_dir_all(dir).map_err(err)?;
+    let file = File::create(dir.join("agent.lock")).map_err(err)?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(AgentError::Locked(dir.to_path_buf()));
+    }
+    Ok(file)
+}
+
+impl Agent {
+    /// One node named `config.node_name` on this host. Takes over the containers an earlier run
+    /// of an agent on the same data directory left running. Needs a Tokio runtime.
+    pub async fn new(client: Arc<dyn Client>, config: AgentConfig) -> Result<Agent, AgentError> {
+        let identity = node::NodeIdentity::of_host(&config.node_name, &config.node_ip, config.lease_duration_seconds);
+        Agent::build(client, config, vec![identity])
+    }
+
+    /// `count` simulated nodes named `{prefix}0`, `{prefix}1`, ... in this one agent, each with its
+    /// own Node and Lease; one pod informer serves them all. `config.runtime` must be simulated
+    /// (a process runtime is replaced by the default simulated behaviour).
+    pub async fn simulated(client: Arc<dyn Client>, mut config: AgentConfig, count: usize, prefix: &str) -> Result<Agent, AgentError> {
+        if config.runtime == RuntimeKind::Process {
+            config.runtime = RuntimeKind::Simulated(SimulatedBehaviour::default());
+        }
+        let nodes = (0..count)
+            .map(|i| node::NodeIdentity {
+                name: format!("{prefix}{i}"),
+                ip: format!("10.{}.{}.{}", 64 + (i >> 16) % 64, (i >> 8) & 255, i & 255),
+                cpu: "8".into(),
+                memory: "32Gi".into(),
+                lease_duration_seconds: config.lease_duration_seconds,
+            })
+            .collect();
+        Agent::build(client, config, nodes)
+    }
+
+    fn build(client: Arc<dyn Client>, config: AgentConfig, nodes: Vec<node::NodeIdentity>) -> Result<Agent, AgentError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (runtime, lock): (Arc<dyn runtime::Runtime>, Option<File>) = match &config.runtime {
+            RuntimeKind::Process => {
+                let lock = lock_data_dir(&config.data_dir)?;
+                let pc = process::ProcessConfig {
+                    data_dir: config.data_dir.clone(),
+                    log_max_bytes: config.log_max_bytes,
+                    pids_limit: config.pids_limit,
+                };
+                (Arc::new(process::ProcessRuntime::new(pc, tx)), Some(lock))
+            }
+            RuntimeKind::Simulated(b) => (Arc::new(simulated::SimulatedRuntime::new(*b, tx)), None),
+        };
+        let manager = Manager::new(client.clone());
+        let cache = manager.informers().cache(&kinds::POD);
+        let addresses: HashMap<String, String> = nodes.iter().map(|n| (n.name.clone(), n.ip.clone())).collect();
+        let pc = pods::PodConfig { backoff_initial: config.restart_backoff_initial, backoff_max: config.restart_backoff_max };
+        let pods = pods::PodManager::new(client.clone(), cache, addresses, runtime, pc, rx);
+        Ok(Agent { client, config, nodes, manager, pods, _lock: lock })
+    }
+
+    /// Serves this agent's container logs (wire it into the API server's `LogSource`).
+    pub fn logs(&self) -> PodLogs {
+        PodLogs { managers: vec![Arc::downgrade(&self.pods)] }
+    }
+
+    /// The names of the nodes this agent runs.
+    pub fn node_names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// The agent's engine metrics (queue, reconcile, informer), to register in a registry.
+    pub fn metrics(&self) -> &Metrics {
+        self.manager.metrics()
+    }
+
+    /// The host pid of a running container's main process (`None` for simulated containers).
+    pub fn container_pid(&self, namespace: &str, pod: &str, uid: &str, container: &str) -> Option<u32> {
+        let id = runtime::ContainerId { pod_key: format!("{namespace}/{pod}"), pod_uid: uid.into(), name: container.into() };
+        self.pods.runtime().pid(&id)
+    }
+
+    /// Runs until `shutdown` completes. Containers keep running afterwards (as they do when the
+    /// agent is killed); the next agent on the same data directory takes them over.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+        let Agent { client, config, nodes, manager, pods, _lock } = self;
+        info!(nodes = nodes.len(), runtime = ?config.runtime, "node agent starting");
+        let reconciler = pods.clone();
+        manager.add(
+            Controller::new("node-agent", &kinds::POD, move |key: String| {
+                let pods = reconciler.clone();
+                async move {
+                    pods.reconcile(&key).await?;
+                    Ok(Action::Done)
+                }
+            })
+            .workers(config.workers)
+            .mode(config.mode),
+        );
+        let mut background = tokio::task::JoinSet::new();
+        let spread = config.lease_interval.as_millis().max(1) as u64;
+        let count = nodes.len().max(1) as u64;
+        for (i, n) in nodes.into_iter().enumerate() {
+            let jitter = if count > 1 { Duration::from_millis(spread * i as u64 / count) } else { Duration::ZERO };
+            background.spawn(node::heartbeat(client.clone(), n, config.lease_interval, jitter));
+        }
+        let informer = manager.informers().informer(&kinds::POD);
+        let sweeper = pods.clone();
+        let period = config.mode.period().unwrap_or(Duration::from_secs(300));
+        background.spawn(async move {
+            informer.wait_synced().await;
+            loop {
+                sweeper.sweep_orphans();
+                tokio::time::sleep(period).await;
+            }
+        });
+        manager.run(shutdown).await;
+        background.abort_all();
+        while background.join_next().await.is_some() {}
+        pods.runtime().detach();
+        info!("node agent stopped; containers left running for the next agent");
+        Ok(())
+    }
+}
+
+/// Whether the process runtime can limit memory here (root and a memory cgroup controller);
+/// `None` when it can, else the reason it cannot.
+pub fn memory_limits_unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("the agent is not running as root".into());
+    }
+    if !cgroup::Cgroups::detect().has_memory() {
+        return Some("no memory cgroup controller is mounted (v1) or delegated (v2)".into());
+    }
+    None
+}
+
+/// `shepherd agent --server URL --node-name NAME`: one agent until `shutdown`.
+pub async fn run_agent(client: Arc<dyn Client>, config: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+    Agent::new(client, config).await?.run(shutdown).await
+}
+
+/// `shepherd agent --simulate-nodes N --node-name-prefix P`: `count` simulated nodes until `shutdown`.
+pub async fn run_simulated_nodes(
+    client: Arc<dyn Client>,
+    config: AgentConfig,
+    count: usize,
+    prefix: &str,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    Agent::simulated(client, config, count, prefix).await?.run(shutdown).await
+}

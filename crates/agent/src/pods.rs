@@ -1,0 +1,723 @@
+//! The pod manager: the agent's reconciler. Desired state is the pods bound to its node(s);
+//! actual state is what the runtime runs. One reconcile of a pod starts what should run,
+//! restarts what exited (with back-off), stops what should not run, and reports the pod's status.
+//!
+//! Triggers: pod events from the engine's informer, plus runtime and probe events (an exit, a
+//! readiness change) that arrive on channels and run the same reconcile at once. The engine has
+//! no hook to enqueue a key from outside, so those run outside its work queue; a per-pod async
+//! mutex held for the whole reconcile keeps the "one reconcile per key at a time" guarantee.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde_json::{Value, json};
+use shepherd_api::kinds;
+use shepherd_runtime::{Cache, Client, DeleteParams, Patch};
+use tokio::sync::{Mutex as AsyncMutex, mpsc};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::backoff::Backoff;
+use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
+use crate::quantity;
+use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, Runtime, RuntimeEvent};
+
+/// The annotation that makes the simulated runtime fail a pod's containers.
+pub const SIMULATE_FAIL_ANNOTATION: &str = "shepherd.io/simulate-fail";
+
+type Error = shepherd_runtime::controller::Error;
+
+#[derive(Debug, Clone)]
+pub(crate) struct PodConfig {
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+#[derive(Debug, Clone)]
+enum CState {
+    NotStarted,
+    Creating { instance: u64, started_at: Timestamp },
+    Running { instance: u64, started_at: Timestamp },
+    Exited { instance: u64, exit: Exit, message: Option<String> },
+}
+
+struct ContainerRecord {
+    id: ContainerId,
+    image: String,
+    state: CState,
+    /// The exit before the current instance (`lastState`).
+    last: Option<Exit>,
+    restart_count: u32,
+    backoff: Backoff,
+    restart_at: Option<Instant>,
+    ready: bool,
+    probes: Vec<AbortHandle>,
+    probes_for: Option<u64>,
+    /// The instance a stop was asked for (so it is asked once).
+    stop_sent: Option<u64>,
+}
+
+impl ContainerRecord {
+    fn new(id: ContainerId, image: String, config: &PodConfig) -> Self {
+        ContainerRecord {
+            id,
+            image,
+            state: CState::NotStarted,
+            last: None,
+            restart_count: 0,
+            backoff: Backoff::new(config.backoff_initial, config.backoff_max),
+            restart_at: None,
+            ready: false,
+            probes: Vec::new(),
+            probes_for: None,
+            stop_sent: None,
+        }
+    }
+
+    fn live_instance(&self) -> Option<u64> {
+        match self.state {
+            CState::Creating { instance, .. } | CState::Running { instance, .. } => Some(instance),
+            _ => None,
+        }
+    }
+
+    fn stop_probes(&mut self) {
+        self.probes.drain(..).for_each(|p| p.abort());
+        self.probes_for = None;
+    }
+}
+
+struct PodRecord {
+    uid: String,
+    grace: Duration,
+    containers: Vec<ContainerRecord>,
+}
+
+impl PodRecord {
+    fn container(&mut self, name: &str) -> Option<&mut ContainerRecord> {
+        self.containers.iter_mut().find(|c| c.id.name == name)
+    }
+}
+
+pub(crate) struct PodManager {
+    client: Arc<dyn Client>,
+    pods: Arc<Cache>,
+    /// Node name to the address its pods report (hostIP and podIP).
+    nodes: HashMap<String, String>,
+    runtime: Arc<dyn Runtime>,
+    config: PodConfig,
+    records: Mutex<HashMap<String, Arc<AsyncMutex<PodRecord>>>>,
+    /// The earliest pending timer per pod key, so timers do not pile up.
+    timers: Mutex<HashMap<String, Instant>>,
+    probe_tx: mpsc::UnboundedSender<ProbeEvent>,
+    this: Weak<PodManager>,
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+/// Kubernetes `Time`: RFC 3339 in UTC, whole seconds.
+pub(crate) fn k8s_time(t: Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn should_restart(policy: &str, code: i32) -> bool {
+    match policy {
+        "Never" => false,
+        "OnFailure" => code != 0,
+        _ => true,
+    }
+}
+
+impl PodManager {
+    /// Builds the manager, taking over the containers the runtime found from an earlier run.
+    pub fn new(
+        client: Arc<dyn Client>,
+        pods: Arc<Cache>,
+        nodes: HashMap<String, String>,
+        runtime: Arc<dyn Runtime>,
+        config: PodConfig,
+        runtime_events: mpsc::UnboundedReceiver<RuntimeEvent>,
+    ) -> Arc<PodManager> {
+        let (probe_tx, probe_rx) = mpsc::unbounded_channel();
+        let adopted = runtime.adopt();
+        let manager = Arc::new_cyclic(|this| PodManager {
+            client,
+            pods,
+            nodes,
+            runtime,
+            config,
+            records: Mutex::default(),
+            timers: Mutex::default(),
+            probe_tx,
+            this: this.clone(),
+        });
+        manager.take_over(adopted);
+        tokio::spawn(dispatch(manager.this.clone(), runtime_events, probe_rx));
+        manager
+    }
+
+    fn take_over(&self, adopted: Vec<Adopted>) {
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        for a in adopted {
+            let rec = records.entry(a.id.pod_key.clone()).or_insert_with(|| {
+                Arc::new(AsyncMutex::new(PodRecord { uid: a.id.pod_uid.clone(), grace: Duration::from_secs(30), containers: Vec::new() }))
+            });
+            let Ok(mut rec) = rec.try_lock() else { continue };
+            if rec.uid != a.id.pod_uid {
+                // Two incarnations of one pod name on disk: the older one is stopped as an orphan
+                // when its runtime state is found again after this one is gone.
+                warn!(pod = %a.id.pod_key, "containers of two pod incarnations found; keeping one");
+                self.runtime.stop(&a.id, a.instance, Duration::ZERO);
+                continue;
+            }
+            let mut c = ContainerRecord::new(a.id.clone(), a.image, &self.config);
+            c.restart_count = a.restart_count;
+            c.state = match a.exited {
+                None => CState::Running { instance: a.instance, started_at: a.started_at },
+                Some(exit) => CState::Exited { instance: a.instance, exit, message: None },
+            };
+            rec.containers.push(c);
+        }
+    }
+
+    /// Pod keys the manager holds state for (adopted or running), to reconcile after a restart.
+    pub fn known_keys(&self) -> Vec<String> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
+    }
+
+    pub fn runtime(&self) -> &Arc<dyn Runtime> {
+        &self.runtime
+    }
+
+    /// Reconciles `key` now, outside the engine's queue (runtime and probe events, timers).
+    pub fn kick(&self, key: &str) {
+        let Some(this) = self.this.upgrade() else { return };
+        let key = key.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = this.reconcile(&key).await {
+                warn!(pod = %key, error = %e, "reconcile after a runtime event failed; retrying in 1 s");
+                this.wake_at(&key, Instant::now() + Duration::from_secs(1));
+            }
+        });
+    }
+
+    /// Reconciles `key` again at `at` (or earlier if already due earlier).
+    fn wake_at(&self, key: &str, at: Instant) {
+        {
+            let mut timers = self.timers.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = timers.get(key)
+                && *t <= at
+                && *t > Instant::now()
+            {
+                return;
+            }
+            timers.insert(key.to_string(), at);
+        }
+        let (this, key) = (self.this.clone(), key.to_string());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let Some(this) = this.upgrade() else { return };
+            {
+                let mut timers = this.timers.lock().unwrap_or_else(|e| e.into_inner());
+                if timers.get(&key) == Some(&at) {
+                    timers.remove(&key);
+                }
+            }
+            this.kick(&key);
+        });
+    }
+
+    fn mine(&self, pod: &Value) -> bool {
+        self.nodes.contains_key(str_at(pod, "/spec/nodeName"))
+    }
+
+    /// One reconcile of one pod key. Idempotent.
+    pub async fn reconcile(&self, key: &str) -> Result<(), Error> {
+        let pod = self.pods.get(key).filter(|p| self.mine(p));
+        let existing = self.records.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned();
+
+        // A record of a pod that is gone or was replaced by a new incarnation: stop and forget it.
+        if let Some(rec_arc) = &existing {
+            let mut rec = rec_arc.lock().await;
+            let current = pod.as_ref().is_some_and(|p| str_at(p, "/metadata/uid") == rec.uid);
+            if !current {
+                let grace = rec.grace;
+                if self.stop_all(&mut rec, grace) {
+                    for c in &rec.containers {
+                        self.runtime.remove(&c.id);
+                    }
+                    info!(pod = %key, uid = %rec.uid, "pod gone: its containers are stopped and removed");
+                    drop(rec);
+                    let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+                    if records.get(key).is_some_and(|r| Arc::ptr_eq(r, rec_arc)) {
+                        records.remove(key);
+                    }
+                } else {
+                    self.wake_at(key, Instant::now() + grace + Duration::from_secs(2));
+                    return Ok(());
+                }
+            }
+        }
+        let Some(pod) = pod else { return Ok(()) };
+        let uid = str_at(&pod, "/metadata/uid").to_string();
+        let rec_arc = {
+            let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+            records
+                .entry(key.to_string())
+                .or_insert_with(|| {
+                    Arc::new(AsyncMutex::new(PodRecord { uid: uid.clone(), grace: Duration::from_secs(30), containers: Vec::new() }))
+                })
+                .clone()
+        };
+        let mut rec = rec_arc.lock().await;
+        if rec.uid != uid {
+            self.wake_at(key, Instant::now() + Duration::from_millis(100));
+            return Ok(());
+        }
+        rec.grace = Duration::from_secs(pod.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_u64).unwrap_or(30));
+        self.sync_containers(&mut rec, &pod, key);
+
+        let deleting = pod.pointer("/metadata/deletionTimestamp").is_some();
+        let phase = str_at(&pod, "/status/phase");
+        if deleting {
+            let grace = pod
+                .pointer("/metadata/deletionGracePeriodSeconds")
+                .and_then(Value::as_u64)
+                .map(Duration::from_secs)
+                .unwrap_or(rec.grace);
+            if !self.stop_all(&mut rec, grace) {
+                self.wake_at(key, Instant::now() + grace + Duration::from_secs(2));
+                return Ok(());
+            }
+            let (ns, name) = key.split_once('/').ok_or("pod key without a namespace")?;
+            let params = DeleteParams { grace_period_seconds: Some(0), precondition_uid: Some(uid.clone()), ..Default::default() };
+            match self.client.delete(&kinds::POD, Some(ns), name, &params).await {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) if matches!(e, shepherd_api::ApiError::Conflict { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            info!(pod = %key, "containers stopped; pod removed");
+            for c in &rec.containers {
+                self.runtime.remove(&c.id);
+            }
+            drop(rec);
+            let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+            if records.get(key).is_some_and(|r| Arc::ptr_eq(r, &rec_arc)) {
+                records.remove(key);
+            }
+            return Ok(());
+        }
+
+        let terminal_in_api = phase == "Failed" || phase == "Succeeded";
+        if terminal_in_api {
+            // Set by the agent itself (nothing left to run) or by the node lifecycle controller
+            // (eviction): either way nothing runs or restarts any more.
+            let grace = rec.grace;
+            self.stop_all(&mut rec, grace);
+            return Ok(());
+        }
+
+        let policy = str_at(&pod, "/spec/restartPolicy").to_string();
+        let now = Instant::now();
+        let mut wake: Option<Instant> = None;
+        let specs: Vec<Value> = pod.pointer("/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
+        for spec in &specs {
+            let name = spec.get("name").and_then(Value::as_str).unwrap_or("");
+            let Some(c) = rec.container(name) else { continue };
+            let start = match &c.state {
+                CState::NotStarted => true,
+                CState::Exited { exit, .. } if should_restart(&policy, exit.code) => match c.restart_at {
+                    Some(at) if at > now => {
+                        wake = Some(wake.map_or(at, |w| w.min(at)));
+                        false
+                    }
+                    _ => true,
+                },
+                _ => false,
+            };
+            if start {
+                self.start_container(&pod, spec, c).await;
+                if let Some(at) = c.restart_at.filter(|_| matches!(c.state, CState::Exited { .. })) {
+                    wake = Some(wake.map_or(at, |w| w.min(at)));
+                }
+            }
+            if let CState::Running { instance, .. } = c.state
+                && c.probes_for != Some(instance)
+            {
+                self.start_probes(&pod, spec, c, instance);
+            }
+        }
+        self.write_status(&pod, &rec, &policy).await?;
+        if let Some(at) = wake {
+            self.wake_at(key, at);
+        }
+        Ok(())
+    }
+
+    /// Adds records for containers in the spec that have none yet.
+    fn sync_containers(&self, rec: &mut PodRecord, pod: &Value, key: &str) {
+        let api_restarts: HashMap<&str, u32> = pod
+            .pointer("/status/containerStatuses")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| Some((s.get("name")?.as_str()?, s.get("restartCount")?.as_u64()? as u32)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let specs = pod.pointer("/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
+        for spec in &specs {
+            let name = spec.get("name").and_then(Value::as_str).unwrap_or("");
+            let image = spec.get("image").and_then(Value::as_str).unwrap_or("").to_string();
+            let api_count = api_restarts.get(name).copied().unwrap_or(0);
+            match rec.container(name) {
+                Some(c) => {
+                    c.restart_count = c.restart_count.max(api_count);
+                    c.image = image;
+                }
+                None => {
+                    let id = ContainerId { pod_key: key.to_string(), pod_uid: rec.uid.clone(), name: name.to_string() };
+                    let mut c = ContainerRecord::new(id, image, &self.config);
+                    c.restart_count = api_count;
+                    rec.containers.push(c);
+                }
+            }
+        }
+        // Keep spec order for status reporting.
+        let order: Vec<&str> = specs.iter().filter_map(|s| s.get("name").and_then(Value::as_str)).collect();
+        rec.containers.sort_by_key(|c| order.iter().position(|n| *n == c.id.name).unwrap_or(usize::MAX));
+    }
+
+    async fn start_container(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord) {
+        let strings = |field: &str| -> Vec<String> {
+            spec.get(field)
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+                .unwrap_or_default()
+        };
+        let env = spec
+            .get("env")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| Some((e.get("name")?.as_str()?.to_string(), e.get("value").and_then(Value::as_str).unwrap_or("").to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let restarting = !matches!(c.state, CState::NotStarted);
+        let restart_count = if restarting { c.restart_count + 1 } else { c.restart_count };
+        let hostname = pod
+            .pointer("/spec/hostname")
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| str_at(pod, "/metadata/name"))
+            .to_string();
+        let cs = ContainerSpec {
+            id: c.id.clone(),
+            image: c.image.clone(),
+            command: strings("command"),
+            args: strings("args"),
+            env,
+            working_dir: spec.get("workingDir").and_then(Value::as_str).map(str::to_string),
+            hostname,
+            memory_limit_bytes: spec.pointer("/resources/limits/memory").and_then(quantity::text).and_then(|q| quantity::bytes(&q)),
+            cpu_limit_millis: spec.pointer("/resources/limits/cpu").and_then(quantity::text).and_then(|q| quantity::millicores(&q)),
+            simulate_fail: pod.pointer(&format!("/metadata/annotations/{}", SIMULATE_FAIL_ANNOTATION.replace('/', "~1"))).and_then(Value::as_str)
+                == Some("true"),
+            restart_count,
+        };
+        let previous = match &c.state {
+            CState::Exited { exit, .. } => Some(exit.clone()),
+            _ => None,
+        };
+        match self.runtime.start(&cs).await {
+            Ok(started) => {
+                if let Some(p) = previous {
+                    c.last = Some(p);
+                }
+                c.restart_count = restart_count;
+                c.ready = false;
+                c.stop_sent = None;
+                c.stop_probes();
+                c.state = if started.running {
+                    CState::Running { instance: started.instance, started_at: started.started_at }
+                } else {
+                    CState::Creating { instance: started.instance, started_at: started.started_at }
+                };
+            }
+            Err(message) => {
+                warn!(pod = %c.id.pod_key, container = %c.id.name, error = %message, "container could not start");
+                let now = Timestamp::now();
+                if let Some(p) = previous {
+                    c.last = Some(p);
+                }
+                c.restart_count = restart_count;
+                let exit = Exit { code: 128, reason: "StartError".into(), started_at: now, finished_at: now };
+                let delay = c.backoff.next(Duration::ZERO);
+                c.restart_at = Some(Instant::now() + delay);
+                c.state = CState::Exited { instance: 0, exit, message: Some(message) };
+            }
+        }
+    }
+
+    fn start_probes(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord, instance: u64) {
+        c.stop_probes();
+        c.probes_for = Some(instance);
+        let ip = self.nodes.get(str_at(pod, "/spec/nodeName")).cloned().unwrap_or_else(|| "127.0.0.1".into());
+        for (field, kind) in [("readinessProbe", ProbeKind::Readiness), ("livenessProbe", ProbeKind::Liveness)] {
+            if let Some(p) = spec.get(field).filter(|p| p.is_object()) {
+                c.probes.push(probe::spawn(kind, p, spec, &ip, c.id.clone(), instance, self.probe_tx.clone()));
+            }
+        }
+        if spec.get("readinessProbe").is_none_or(Value::is_null) {
+            c.ready = true;
+        }
+    }
+
+    /// Asks every live container to stop within `grace`; true once none is live.
+    fn stop_all(&self, rec: &mut PodRecord, grace: Duration) -> bool {
+        let mut all_ended = true;
+        for c in &mut rec.containers {
+            c.restart_at = None;
+            if let Some(instance) = c.live_instance() {
+                all_ended = false;
+                if c.stop_sent != Some(instance) {
+                    c.stop_sent = Some(instance);
+                    c.stop_probes();
+                    c.ready = false;
+                    self.runtime.stop(&c.id, instance, grace);
+                }
+            }
+        }
+        all_ended
+    }
+
+    /// Applies a runtime event to its container's record; returns the pod key to reconcile.
+    async fn apply_runtime_event(&self, event: RuntimeEvent) -> Option<String> {
+        let id = match &event {
+            RuntimeEvent::Running { id, .. } | RuntimeEvent::Exited { id, .. } => id.clone(),
+        };
+        let rec = self.records.lock().unwrap_or_else(|e| e.into_inner()).get(&id.pod_key).cloned()?;
+        let mut rec = rec.lock().await;
+        if rec.uid != id.pod_uid {
+            return Some(id.pod_key);
+        }
+        let c = rec.container(&id.name)?;
+        match event {
+            RuntimeEvent::Running { instance, .. } => {
+                if let CState::Creating { instance: i, started_at } = c.state
+                    && i == instance
+                {
+                    c.state = CState::Running { instance, started_at };
+                }
+            }
+            RuntimeEvent::Exited { instance, exit, .. } => {
+                if c.live_instance() != Some(instance) {
+                    return None;
+                }
+                let ran_for = exit.finished_at.duration_since(exit.started_at).unsigned_abs();
+                let delay = c.backoff.next(ran_for);
+                c.restart_at = Some(Instant::now() + delay);
+                c.stop_probes();
+                c.ready = false;
+                debug!(pod = %id.pod_key, container = %id.name, code = exit.code, "container exited; restart back-off {delay:?}");
+                c.state = CState::Exited { instance, exit, message: None };
+            }
+        }
+        Some(id.pod_key)
+    }
+
+    async fn apply_probe_event(&self, event: ProbeEvent) -> Option<String> {
+        let rec = self.records.lock().unwrap_or_else(|e| e.into_inner()).get(&event.id.pod_key).cloned()?;
+        let mut rec = rec.lock().await;
+        let grace = rec.grace;
+        if rec.uid != event.id.pod_uid {
+            return None;
+        }
+        let c = rec.container(&event.id.name)?;
+        if c.live_instance() != Some(event.instance) {
+            return None;
+        }
+        match event.outcome {
+            ProbeOutcome::Ready(r) => c.ready = r,
+            ProbeOutcome::LivenessFailed(why) => {
+                info!(pod = %event.id.pod_key, container = %event.id.name, reason = %why, "liveness probe failed; restarting the container");
+                c.ready = false;
+                c.stop_probes();
+                self.runtime.stop(&c.id, event.instance, grace);
+            }
+        }
+        Some(event.id.pod_key)
+    }
+
+    fn container_status(&self, c: &ContainerRecord, policy: &str) -> Value {
+        let terminated = |e: &Exit, message: &Option<String>| {
+            let mut t = json!({
+                "exitCode": e.code, "reason": e.reason,
+                "startedAt": k8s_time(e.started_at), "finishedAt": k8s_time(e.finished_at),
+            });
+            if let Some(m) = message {
+                t["message"] = json!(m);
+            }
+            json!({ "terminated": t })
+        };
+        let (state, started, instance) = match &c.state {
+            CState::NotStarted => (json!({"waiting": {"reason": "ContainerCreating"}}), false, None),
+            CState::Creating { instance, .. } => (json!({"waiting": {"reason": "ContainerCreating"}}), false, Some(*instance)),
+            CState::Running { instance, started_at } => {
+                (json!({"running": {"startedAt": k8s_time(*started_at)}}), true, Some(*instance))
+            }
+            CState::Exited { exit, message, instance } if should_restart(policy, exit.code) && c.restart_at.is_some() => {
+                let reason = if exit.reason == "StartError" { "RunContainerError" } else { "CrashLoopBackOff" };
+                let mut waiting = json!({"reason": reason, "message": format!("back-off restarting failed container {} of pod {}", c.id.name, c.id.pod_key)});
+                if let Some(m) = message {
+                    waiting["message"] = json!(m);
+                }
+                (json!({"waiting": waiting}), false, Some(*instance))
+            }
+            CState::Exited { exit, message, instance } => (terminated(exit, message), false, Some(*instance)),
+        };
+        let last = match (&c.state, &c.last) {
+            (CState::Exited { exit, message, .. }, _) if should_restart(policy, exit.code) && c.restart_at.is_some() => {
+                terminated(exit, message)
+            }
+            (_, Some(l)) => terminated(l, &None),
+            _ => json!({}),
+        };
+        let mut s = json!({
+            "name": c.id.name, "image": c.image, "imageID": "",
+            "state": state, "lastState": last,
+            "ready": c.ready && started, "restartCount": c.restart_count, "started": started,
+        });
+        if let Some(i) = instance.filter(|i| *i > 0) {
+            s["containerID"] = json!(format!("shepherd://{}/{}/{}", c.id.pod_uid, c.id.name, i));
+        }
+        s
+    }
+
+    async fn write_status(&self, pod: &Value, rec: &PodRecord, policy: &str) -> Result<(), Error> {
+        let statuses: Vec<Value> = rec.containers.iter().map(|c| self.container_status(c, policy)).collect();
+        let will_run = |c: &ContainerRecord| match &c.state {
+            CState::Exited { exit, .. } => should_restart(policy, exit.code),
+            _ => true,
+        };
+        let all_done = !rec.containers.is_empty() && rec.containers.iter().all(|c| !will_run(c));
+        let phase = if all_done {
+            let ok = rec.containers.iter().all(|c| matches!(&c.state, CState::Exited { exit, .. } if exit.code == 0));
+            if ok { "Succeeded" } else { "Failed" }
+        } else if rec.containers.iter().any(|c| {
+            matches!(c.state, CState::Running { .. } | CState::Exited { .. }) || c.restart_count > 0
+        }) {
+            "Running"
+        } else {
+            "Pending"
+        };
+        let unready: Vec<&str> = statuses
+            .iter()
+            .filter(|s| s["ready"] != json!(true))
+            .filter_map(|s| s["name"].as_str())
+            .collect();
+        let ready = unready.is_empty() && !rec.containers.is_empty();
+        let old_conditions = pod.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+        let condition = |kind: &str, status: bool, reason: Option<String>, message: Option<String>| {
+            let status = if status { "True" } else { "False" };
+            let old = old_conditions.iter().find(|c| c["type"] == kind);
+            let since = match old {
+                Some(o) if o["status"] == status => o["lastTransitionTime"].clone(),
+                _ => json!(k8s_time(Timestamp::now())),
+            };
+            let mut c = json!({"type": kind, "status": status, "lastProbeTime": null, "lastTransitionTime": since});
+            if let Some(r) = reason {
+                c["reason"] = json!(r);
+            }
+            if let Some(m) = message {
+                c["message"] = json!(m);
+            }
+            c
+        };
+        let (reason, message) = if ready {
+            (None, None)
+        } else if all_done {
+            (Some("PodCompleted".to_string()), None)
+        } else {
+            (Some("ContainersNotReady".to_string()), Some(format!("containers with unready status: [{}]", unready.join(" "))))
+        };
+        let conditions = vec![
+            condition("PodScheduled", true, None, None),
+            condition("Initialized", true, None, None),
+            condition("ContainersReady", ready, reason.clone(), message.clone()),
+            condition("Ready", ready, reason, message),
+        ];
+        let ip = self.nodes.get(str_at(pod, "/spec/nodeName")).cloned().unwrap_or_else(|| "127.0.0.1".into());
+        let start_time = pod
+            .pointer("/status/startTime")
+            .cloned()
+            .filter(|v| v.is_string())
+            .unwrap_or_else(|| json!(k8s_time(Timestamp::now())));
+        let desired = json!({
+            "phase": phase,
+            "conditions": conditions,
+            "containerStatuses": statuses,
+            "hostIP": ip, "hostIPs": [{"ip": ip}],
+            "podIP": ip, "podIPs": [{"ip": ip}],
+            "startTime": start_time,
+        });
+        let current = pod.get("status").cloned().unwrap_or(Value::Null);
+        let changed = desired.as_object().is_some_and(|d| d.iter().any(|(k, v)| current.get(k) != Some(v)));
+        if !changed {
+            return Ok(());
+        }
+        let (ns, name) = (str_at(pod, "/metadata/namespace"), str_at(pod, "/metadata/name"));
+        match self.client.patch_status(&kinds::POD, Some(ns), name, Patch::Merge(json!({"status": desired}))).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Reconciles every pod key the manager holds state for but the cache does not show (pods
+    /// deleted while the agent was away): the safety net behind the informer's events.
+    pub fn sweep_orphans(&self) {
+        let cached: HashSet<String> = self.known_keys().into_iter().filter(|k| self.pods.get(k).is_none()).collect();
+        for key in cached {
+            self.kick(&key);
+        }
+    }
+}
+
+async fn dispatch(
+    manager: Weak<PodManager>,
+    mut runtime_events: mpsc::UnboundedReceiver<RuntimeEvent>,
+    mut probe_events: mpsc::UnboundedReceiver<ProbeEvent>,
+) {
+    loop {
+        let key = tokio::select! {
+            Some(e) = runtime_events.recv() => {
+                let Some(m) = manager.upgrade() else { return };
+                m.apply_runtime_event(e).await
+            }
+            Some(e) = probe_events.recv() => {
+                let Some(m) = manager.upgrade() else { return };
+                m.apply_probe_event(e).await
+            }
+            else => return,
+        };
+        if let (Some(key), Some(m)) = (key, manager.upgrade()) {
+            m.kick(&key);
+        }
+    }
+}
+
+impl PodManager {
+    /// The pod's uid and its containers' names, as the agent knows them.
+    pub async fn containers_of(&self, key: &str) -> Option<(String, Vec<String>)> {
+        let rec = self.records.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned()?;
+        let rec = rec.lock().await;
+        Some((rec.uid.clone(), rec.containers.iter().map(|c| c.id.name.clone()).collect()))
+    }
+}

@@ -1,0 +1,709 @@
+//! The `process` runtime: each container is a host process, isolated with namespaces and cgroups
+//! when the agent runs as root.
+//!
+//! Process tree of one container instance:
+//!
+//! ```text
+//! agent ── shim (in the container's cgroups, outside its PID namespace)
+//!            └── container process (PID 1 of new PID, mount, UTS and IPC namespaces)
+//! ```
+//!
+//! The shim exists because a new PID namespace only applies to the children of the process that
+//! creates it. It waits for the container process, writes its exit code to the container's `exit`
+//! file (128 + signal for a signal death, so an OOM kill reads 137) and exits with the same code.
+//! The container process dies with its shim (`PR_SET_PDEATHSIG`), and everything in the PID
+//! namespace dies with the container process. Neither depends on the agent: an agent killed with
+//! `kill -9` leaves its containers running, and the next agent re-adopts them from the
+//! `state.json` each start writes (pids plus their start times from `/proc/<pid>/stat`, so a
+//! recycled pid is never mistaken for a container). Exits are watched through pidfds, which work
+//! for adopted processes that are no longer the agent's children.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tracing::{debug, info, warn};
+
+use crate::cgroup::{self, Cgroups, Limits};
+use crate::runtime::{Adopted, ContainerId, ContainerSpec, EventSender, Exit, LogFiles, Runtime, RuntimeEvent, Started};
+
+/// The built-in image whose container, given no command, idles until told to stop.
+pub const MINIMAL_IMAGE: &str = "minimal";
+
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Settings of the process runtime.
+#[derive(Debug, Clone)]
+pub(crate) struct ProcessConfig {
+    pub data_dir: PathBuf,
+    pub log_max_bytes: u64,
+    pub pids_limit: Option<u64>,
+}
+
+/// What `state.json` records about a running instance.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StateFile {
+    id: ContainerId,
+    image: String,
+    restart_count: u32,
+    started_at: Timestamp,
+    shim_pid: i32,
+    shim_start: u64,
+    main_pid: i32,
+    main_start: u64,
+    isolated: bool,
+    cgroup_dirs: Vec<PathBuf>,
+    oom_file: Option<PathBuf>,
+    oom_before: u64,
+}
+
+struct Live {
+    instance: u64,
+    state: StateFile,
+    exited: watch::Receiver<bool>,
+    watcher: AbortHandle,
+}
+
+pub(crate) struct ProcessRuntime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ProcessConfig,
+    cgroups: Cgroups,
+    isolate: bool,
+    events: EventSender,
+    next_instance: AtomicU64,
+    live: Mutex<HashMap<ContainerId, Live>>,
+    rotation: Mutex<Option<AbortHandle>>,
+}
+
+impl ProcessRuntime {
+    /// Needs a Tokio runtime (it starts the log rotation task).
+    pub fn new(config: ProcessConfig, events: EventSender) -> Self {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if !root {
+            warn!("not running as root: containers run as plain host processes, without namespaces or cgroup limits");
+        }
+        let cgroups = if root { Cgroups::detect() } else { Cgroups::default() };
+        let inner = Arc::new(Inner {
+            config,
+            cgroups,
+            isolate: root,
+            events,
+            next_instance: AtomicU64::new(1),
+            live: Mutex::default(),
+            rotation: Mutex::default(),
+        });
+        let weak = Arc::downgrade(&inner);
+        let rotation = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let Some(inner) = weak.upgrade() else { return };
+                inner.rotate_logs();
+            }
+        });
+        *inner.rotation.lock().unwrap_or_else(|e| e.into_inner()) = Some(rotation.abort_handle());
+        ProcessRuntime { inner }
+    }
+
+}
+
+impl Inner {
+    fn containers_dir(&self) -> PathBuf {
+        self.config.data_dir.join("containers")
+    }
+
+    fn dir_of(&self, id: &ContainerId) -> PathBuf {
+        self.containers_dir().join(path_safe(&id.pod_uid)).join(path_safe(&id.name))
+    }
+
+    fn cgroup_name(id: &ContainerId) -> String {
+        format!("{}_{}", path_safe(&id.pod_uid), path_safe(&id.name))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ContainerId, Live>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn rotate_logs(&self) {
+        let ids: Vec<ContainerId> = self.lock().keys().cloned().collect();
+        for id in ids {
+            let files = log_files(&self.dir_of(&id));
+            if let Err(e) = rotate_if_larger(&files, self.config.log_max_bytes) {
+                warn!(container = %id.name, pod = %id.pod_key, error = %e, "log rotation failed");
+            }
+        }
+    }
+
+    /// Starts watching `state`'s shim; returns the instance number given to it.
+    fn watch(self: &Arc<Self>, state: StateFile) -> u64 {
+        let instance = self.next_instance.fetch_add(1, Ordering::Relaxed);
+        let (exited_tx, exited) = watch::channel(false);
+        let dir = self.dir_of(&state.id);
+        let events = self.events.clone();
+        let s = state.clone();
+        let task = tokio::spawn(async move {
+            wait_for_exit(s.shim_pid, s.shim_start).await;
+            // The shim may be our child (started by this agent): reap it.
+            // SAFETY: waitpid with WNOHANG and a valid status pointer.
+            unsafe {
+                let mut status = 0;
+                libc::waitpid(s.shim_pid, &mut status, libc::WNOHANG);
+            }
+            let code = fs::read_to_string(dir.join("exit")).ok().and_then(|c| c.trim().parse::<i32>().ok());
+            let oom = s.oom_file.as_deref().is_some_and(|f| cgroup::oom_kills(f) > s.oom_before);
+            let exit = match code {
+                Some(code) => Exit {
+                    code,
+                    reason: Exit::reason_for(code, oom).into(),
+                    started_at: s.started_at,
+                    finished_at: Timestamp::now(),
+                },
+                None => Exit {
+                    code: 137,
+                    reason: if oom { "OOMKilled".into() } else { "ContainerStatusUnknown".into() },
+                    started_at: s.started_at,
+                    finished_at: Timestamp::now(),
+                },
+            };
+            debug!(pod = %s.id.pod_key, container = %s.id.name, code = exit.code, reason = %exit.reason, "container exited");
+            exited_tx.send_replace(true);
+            let _ = events.send(RuntimeEvent::Exited { id: s.id.clone(), instance, exit });
+        });
+        let live = Live { instance, state, exited, watcher: task.abort_handle() };
+        if let Some(old) = self.lock().insert(live.state.id.clone(), live) {
+            old.watcher.abort();
+        }
+        instance
+    }
+
+    fn spawn(self: &Arc<Self>, spec: &ContainerSpec) -> Result<StateFile, String> {
+        let id = &spec.id;
+        let dir = self.dir_of(id);
+        fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let files = log_files(&dir);
+        if files.current.exists() {
+            let _ = fs::rename(&files.current, &files.previous);
+        }
+        let _ = fs::remove_file(&files.rotated);
+        let _ = fs::remove_file(dir.join("exit"));
+
+        let mut argv: Vec<String> = spec.command.iter().chain(spec.args.iter()).cloned().collect();
+        let idle = argv.is_empty();
+        if idle && spec.image != MINIMAL_IMAGE {
+            return Err(format!(
+                "image {:?} has no command: the process runtime runs the container's command on the host, and only the \
+                 built-in image {MINIMAL_IMAGE:?} has a default (an idle process)",
+                spec.image
+            ));
+        }
+        if idle {
+            argv.push("/bin/true".into());
+        }
+
+        let cgroups = if self.isolate {
+            let limits = Limits {
+                memory_bytes: spec.memory_limit_bytes,
+                cpu_millis: spec.cpu_limit_millis,
+                pids: self.config.pids_limit,
+            };
+            self.cgroups.create(&Self::cgroup_name(id), limits)
+        } else {
+            Default::default()
+        };
+        let oom_before = cgroups.oom_file.as_deref().map(cgroup::oom_kills).unwrap_or(0);
+
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&files.current)
+            .map_err(|e| format!("opening log {}: {e}", files.current.display()))?;
+        let log_err = log.try_clone().map_err(|e| format!("opening log: {e}"))?;
+
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]).env_clear().env("PATH", PATH).env("HOSTNAME", &spec.hostname).env("HOME", "/root");
+        for (k, v) in &spec.env {
+            cmd.env(k, v);
+        }
+        if let Some(wd) = &spec.working_dir {
+            cmd.current_dir(wd);
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::from(log)).stderr(Stdio::from(log_err));
+
+        let child_setup = ChildSetup {
+            procs_files: cgroups.procs_files.iter().filter_map(|p| cstring(p)).collect(),
+            exit_file: cstring(&dir.join("exit")).ok_or("container directory path contains a NUL byte")?,
+            hostname: CString::new(spec.hostname.clone()).map_err(|_| "hostname contains a NUL byte")?,
+            isolate: self.isolate,
+            idle,
+        };
+        // SAFETY: the closure runs between fork and exec; `ChildSetup::run` only makes
+        // async-signal-safe calls (open, write, close, unshare, fork, waitpid, mount, prctl,
+        // sethostname, sigaction, pause, _exit) on data prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || child_setup.run());
+        }
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                cgroup::remove_dirs(&cgroups.dirs);
+                return Err(format!("starting {:?}: {e}", argv[0]));
+            }
+        };
+        let shim_pid = child.id() as i32;
+        drop(child);
+        let shim_start = start_time(shim_pid).unwrap_or(0);
+        let (main_pid, main_start) = find_child(shim_pid)
+            .map(|pid| (pid, start_time(pid).unwrap_or(0)))
+            .unwrap_or((0, 0));
+        let state = StateFile {
+            id: id.clone(),
+            image: spec.image.clone(),
+            restart_count: spec.restart_count,
+            started_at: Timestamp::now(),
+            shim_pid,
+            shim_start,
+            main_pid,
+            main_start,
+            isolated: self.isolate,
+            cgroup_dirs: cgroups.dirs.clone(),
+            oom_file: cgroups.oom_file.clone(),
+            oom_before,
+        };
+        let json = serde_json::to_vec_pretty(&state).map_err(|e| format!("encoding state: {e}"))?;
+        write_atomically(&dir.join("state.json"), &json).map_err(|e| format!("writing state of {}: {e}", id.name))?;
+        info!(pod = %id.pod_key, container = %id.name, shim_pid, main_pid, "container started");
+        Ok(state)
+    }
+}
+
+#[async_trait]
+impl Runtime for ProcessRuntime {
+    async fn start(&self, spec: &ContainerSpec) -> Result<Started, String> {
+        let inner = self.inner.clone();
+        let spec2 = spec.clone();
+        let state = tokio::task::spawn_blocking(move || inner.spawn(&spec2))
+            .await
+            .map_err(|e| format!("start task failed: {e}"))??;
+        let started_at = state.started_at;
+        let instance = self.inner.watch(state);
+        Ok(Started { instance, started_at, running: true })
+    }
+
+    fn stop(&self, id: &ContainerId, instance: u64, grace: Duration) {
+        let (state, mut exited) = {
+            let live = self.inner.lock();
+            match live.get(id) {
+                Some(l) if l.instance == instance => (l.state.clone(), l.exited.clone()),
+                _ => return,
+            }
+        };
+        tokio::spawn(async move {
+            if *exited.borrow() {
+                return;
+            }
+            if !grace.is_zero() {
+                signal_container(&state, libc::SIGTERM);
+                if tokio::time::timeout(grace, exited.wait_for(|e| *e)).await.is_ok() {
+                    return;
+                }
+            }
+            signal_container(&state, libc::SIGKILL);
+            if tokio::time::timeout(Duration::from_secs(2), exited.wait_for(|e| *e)).await.is_err() {
+                // The container process is gone or unknown: the shim's death takes it along.
+                signal_checked(state.shim_pid, state.shim_start, libc::SIGKILL);
+            }
+        });
+    }
+
+    fn remove(&self, id: &ContainerId) {
+        let removed = self.inner.lock().remove(id);
+        let dir = self.inner.dir_of(id);
+        let dirs = match &removed {
+            Some(l) => {
+                l.watcher.abort();
+                l.state.cgroup_dirs.clone()
+            }
+            None => read_state(&dir).map(|s| s.cgroup_dirs).unwrap_or_else(|| self.inner.cgroups.dirs_of(&Inner::cgroup_name(id))),
+        };
+        cgroup::remove_dirs(&dirs);
+        if let Err(e) = fs::remove_dir_all(&dir)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            warn!(dir = %dir.display(), error = %e, "cannot remove container directory");
+        }
+        if let Some(parent) = dir.parent() {
+            let _ = fs::remove_dir(parent);
+        }
+    }
+
+    fn adopt(&self) -> Vec<Adopted> {
+        let mut found = Vec::new();
+        let Ok(pods) = fs::read_dir(self.inner.containers_dir()) else { return found };
+        for pod in pods.flatten() {
+            let Ok(containers) = fs::read_dir(pod.path()) else { continue };
+            for c in containers.flatten() {
+                let dir = c.path();
+                let Some(state) = read_state(&dir) else {
+                    warn!(dir = %dir.display(), "container directory without a readable state.json; ignoring it");
+                    continue;
+                };
+                let alive = start_time(state.shim_pid).is_some_and(|t| t == state.shim_start);
+                let (id, image, restart_count, started_at) =
+                    (state.id.clone(), state.image.clone(), state.restart_count, state.started_at);
+                if alive {
+                    info!(pod = %id.pod_key, container = %id.name, pid = state.main_pid, "re-adopting running container");
+                    let instance = self.inner.watch(state);
+                    found.push(Adopted { id, image, instance, restart_count, started_at, exited: None });
+                } else {
+                    let code = fs::read_to_string(dir.join("exit")).ok().and_then(|c| c.trim().parse::<i32>().ok());
+                    let oom = state.oom_file.as_deref().is_some_and(|f| cgroup::oom_kills(f) > state.oom_before);
+                    let exit = Exit {
+                        code: code.unwrap_or(137),
+                        reason: match code {
+                            Some(c) => Exit::reason_for(c, oom).into(),
+                            None => "ContainerStatusUnknown".into(),
+                        },
+                        started_at,
+                        finished_at: Timestamp::now(),
+                    };
+                    let instance = self.inner.next_instance.fetch_add(1, Ordering::Relaxed);
+                    found.push(Adopted { id, image, instance, restart_count, started_at, exited: Some(exit) });
+                }
+            }
+        }
+        found
+    }
+
+    fn pid(&self, id: &ContainerId) -> Option<u32> {
+        self.inner.lock().get(id).filter(|l| l.state.main_pid > 0).map(|l| l.state.main_pid as u32)
+    }
+
+    fn log_files(&self, id: &ContainerId) -> Option<LogFiles> {
+        Some(log_files(&self.inner.dir_of(id)))
+    }
+
+    fn detach(&self) {
+        if let Some(r) = self.inner.rotation.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            r.abort();
+        }
+        for (_, live) in self.inner.lock().drain() {
+            live.watcher.abort();
+        }
+    }
+}
+
+impl Drop for ProcessRuntime {
+    fn drop(&mut self) {
+        if let Some(r) = self.inner.rotation.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            r.abort();
+        }
+    }
+}
+
+/// Data the forked child uses; prepared before the fork because the child may not allocate.
+struct ChildSetup {
+    procs_files: Vec<CString>,
+    exit_file: CString,
+    hostname: CString,
+    isolate: bool,
+    idle: bool,
+}
+
+extern "C" fn exit_on_signal(_: libc::c_int) {
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { libc::_exit(0) }
+}
+
+impl ChildSetup {
+    /// Runs in the forked child before exec. See the module docs for the process tree.
+    unsafe fn run(&self) -> io::Result<()> {
+        // SAFETY (whole function): only async-signal-safe libc calls on prepared data.
+        unsafe {
+            for f in &self.procs_files {
+                let fd = libc::open(f.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd >= 0 {
+                    libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                }
+            }
+            libc::setsid();
+            if self.isolate
+                && libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            let pid = libc::fork();
+            if pid < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if pid > 0 {
+                self.shim(pid);
+            }
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            if self.isolate {
+                libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null());
+                libc::mount(
+                    c"proc".as_ptr(),
+                    c"/proc".as_ptr(),
+                    c"proc".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    std::ptr::null(),
+                );
+                libc::sethostname(self.hostname.as_ptr(), self.hostname.as_bytes().len());
+            } else {
+                // Its own process group, so signals reach whatever the container forks.
+                libc::setpgid(0, 0);
+            }
+            if self.idle {
+                close_from(3);
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = exit_on_signal as *const () as usize;
+                libc::sigaction(libc::SIGTERM, &action, std::ptr::null_mut());
+                libc::sigaction(libc::SIGINT, &action, std::ptr::null_mut());
+                loop {
+                    libc::pause();
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// The shim: wait for the container process, record how it ended, end the same way.
+    unsafe fn shim(&self, child: libc::pid_t) -> ! {
+        // SAFETY (whole function): async-signal-safe calls only.
+        unsafe {
+            close_from(3);
+            libc::prctl(libc::PR_SET_NAME, c"shepherd-shim".as_ptr(), 0, 0, 0);
+            let mut status: libc::c_int = 0;
+            let code = loop {
+                let r = libc::waitpid(child, &mut status, 0);
+                if r == child {
+                    break if libc::WIFEXITED(status) {
+                        libc::WEXITSTATUS(status)
+                    } else if libc::WIFSIGNALED(status) {
+                        128 + libc::WTERMSIG(status)
+                    } else {
+                        continue;
+                    };
+                }
+                if r < 0 && *libc::__errno_location() != libc::EINTR {
+                    break 255;
+                }
+            };
+            let mut buf = [0u8; 12];
+            let text = format_code(code, &mut buf);
+            let fd = libc::open(self.exit_file.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644);
+            if fd >= 0 {
+                libc::write(fd, text.as_ptr().cast(), text.len());
+                libc::close(fd);
+            }
+            libc::_exit(code)
+        }
+    }
+}
+
+/// Writes a non-negative code as decimal digits into `buf` without allocating.
+fn format_code(code: i32, buf: &mut [u8; 12]) -> &[u8] {
+    let mut n = code.unsigned_abs();
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
+
+unsafe fn close_from(first: libc::c_int) {
+    // SAFETY: closing descriptors is async-signal-safe; close_range may be missing on old kernels.
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, 0) != 0 {
+            for fd in first..4096 {
+                libc::close(fd);
+            }
+        }
+    }
+}
+
+fn cstring(p: &Path) -> Option<CString> {
+    CString::new(p.as_os_str().as_encoded_bytes()).ok()
+}
+
+/// Keeps ids usable as single path components.
+fn path_safe(s: &str) -> String {
+    let cleaned: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' }).collect();
+    if cleaned.is_empty() || cleaned.chars().all(|c| c == '.') { format!("_{cleaned}") } else { cleaned }
+}
+
+pub(crate) fn log_files(dir: &Path) -> LogFiles {
+    LogFiles { current: dir.join("current.log"), rotated: dir.join("current.log.1"), previous: dir.join("previous.log") }
+}
+
+/// Copy-truncate rotation: the container keeps its append-mode descriptor, so the file is copied
+/// aside and truncated in place (output written between the two steps is lost).
+fn rotate_if_larger(files: &LogFiles, max: u64) -> io::Result<()> {
+    let len = match fs::metadata(&files.current) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if len <= max {
+        return Ok(());
+    }
+    fs::copy(&files.current, &files.rotated)?;
+    OpenOptions::new().write(true).open(&files.current)?.set_len(0)
+}
+
+fn read_state(dir: &Path) -> Option<StateFile> {
+    let bytes = fs::read(dir.join("state.json")).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        use std::io::Write;
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(tmp, path)
+}
+
+/// The start time (clock ticks after boot) of `pid` from `/proc/<pid>/stat`; `None` if it is gone.
+pub(crate) fn start_time(pid: i32) -> Option<u64> {
+    if pid <= 0 {
+        return None;
+    }
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Field 22 of stat(5) is the start time; `rest` begins at field 3, and a zombie does not count.
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// The first child of `pid`, waiting briefly for the fork to happen.
+fn find_child(pid: i32) -> Option<i32> {
+    for _ in 0..500 {
+        if let Ok(s) = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            && let Some(child) = s.split_whitespace().next().and_then(|c| c.parse().ok())
+        {
+            return Some(child);
+        }
+        if start_time(pid).is_none() {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+/// Sends `sig` to `pid` only if it is still the process that started at `start`.
+fn signal_checked(pid: i32, start: u64, sig: libc::c_int) -> bool {
+    if pid <= 0 || start_time(pid) != Some(start) {
+        return false;
+    }
+    // SAFETY: kill has no memory-safety preconditions; pid identity was checked just above.
+    unsafe { libc::kill(pid, sig) == 0 }
+}
+
+fn signal_container(state: &StateFile, sig: libc::c_int) {
+    if state.main_pid > 0 && start_time(state.main_pid) == Some(state.main_start) {
+        // Without a PID namespace, signal the container's process group so its children go too.
+        let target = if state.isolated { state.main_pid } else { -state.main_pid };
+        // SAFETY: see signal_checked.
+        unsafe { libc::kill(target, sig) };
+    } else if state.main_pid == 0 {
+        signal_checked(state.shim_pid, state.shim_start, sig);
+    }
+}
+
+/// Resolves once the process `pid` (started at `start`) has ended.
+async fn wait_for_exit(pid: i32, start: u64) {
+    // SAFETY: pidfd_open returns a new descriptor we own, or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: fd is a fresh descriptor owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if start_time(pid) != Some(start) {
+        return;
+    }
+    match AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) {
+        Ok(afd) => {
+            let _ = afd.readable().await;
+        }
+        Err(_) => {
+            while start_time(pid) == Some(start) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_formatted_without_allocating() {
+        let mut buf = [0u8; 12];
+        assert_eq!(format_code(0, &mut buf), b"0");
+        assert_eq!(format_code(137, &mut buf), b"137");
+        assert_eq!(format_code(255, &mut buf), b"255");
+    }
+
+    #[test]
+    fn ids_become_single_path_components() {
+        assert_eq!(path_safe("../etc"), ".._etc");
+        assert_eq!(path_safe(".."), "_..");
+        assert_eq!(path_safe("web-0"), "web-0");
+    }
+
+    #[test]
+    fn the_start_time_of_this_process_is_readable_and_stable() {
+        let me = std::process::id() as i32;
+        let t = start_time(me);
+        assert!(t.is_some());
+        assert_eq!(start_time(me), t);
+        assert_eq!(start_time(-1), None);
+    }
+
+    #[test]
+    fn logs_larger_than_the_cap_are_moved_aside() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = log_files(dir.path());
+        fs::write(&files.current, vec![b'x'; 100]).expect("write");
+        rotate_if_larger(&files, 200).expect("rotate");
+        assert_eq!(fs::metadata(&files.current).map(|m| m.len()).ok(), Some(100));
+        rotate_if_larger(&files, 50).expect("rotate");
+        assert_eq!(fs::metadata(&files.current).map(|m| m.len()).ok(), Some(0));
+        assert_eq!(fs::metadata(&files.rotated).map(|m| m.len()).ok(), Some(100));
+    }
+}

@@ -1,0 +1,111 @@
+//! The seam between the pod manager and whatever runs containers: what it asks, what it is told.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+use tokio::sync::mpsc;
+
+/// One container of one pod incarnation (a pod recreated under the same name has a new uid).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ContainerId {
+    /// `namespace/name` of the pod.
+    pub pod_key: String,
+    pub pod_uid: String,
+    pub name: String,
+}
+
+/// Everything a runtime needs to start one container instance.
+#[derive(Debug, Clone)]
+pub(crate) struct ContainerSpec {
+    pub id: ContainerId,
+    pub image: String,
+    pub command: Vec<String>,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub working_dir: Option<String>,
+    pub hostname: String,
+    pub memory_limit_bytes: Option<u64>,
+    pub cpu_limit_millis: Option<u64>,
+    /// The pod asked to fail (`shepherd.io/simulate-fail: "true"`); only the simulated runtime reads it.
+    pub simulate_fail: bool,
+    pub restart_count: u32,
+}
+
+/// A container instance the runtime accepted.
+#[derive(Debug, Clone)]
+pub(crate) struct Started {
+    /// Tells events of this instance apart from those of earlier instances of the same container.
+    pub instance: u64,
+    pub started_at: Timestamp,
+    /// False while the runtime is still creating it; a `RuntimeEvent::Running` follows.
+    pub running: bool,
+}
+
+/// How an instance ended.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Exit {
+    pub code: i32,
+    /// `Completed`, `Error`, `OOMKilled` or `ContainerStatusUnknown`.
+    pub reason: String,
+    pub started_at: Timestamp,
+    pub finished_at: Timestamp,
+}
+
+impl Exit {
+    pub fn reason_for(code: i32, oom_killed: bool) -> &'static str {
+        match (code, oom_killed) {
+            (_, true) => "OOMKilled",
+            (0, _) => "Completed",
+            _ => "Error",
+        }
+    }
+}
+
+/// What a runtime reports on its own, as it happens.
+#[derive(Debug, Clone)]
+pub(crate) enum RuntimeEvent {
+    Running { id: ContainerId, instance: u64 },
+    Exited { id: ContainerId, instance: u64, exit: Exit },
+}
+
+/// A container found from an earlier run of the agent.
+#[derive(Debug, Clone)]
+pub(crate) struct Adopted {
+    pub id: ContainerId,
+    pub image: String,
+    pub instance: u64,
+    pub restart_count: u32,
+    pub started_at: Timestamp,
+    /// `Some` when it ended while no agent watched it.
+    pub exited: Option<Exit>,
+}
+
+/// Where one container's output is kept.
+#[derive(Debug, Clone)]
+pub(crate) struct LogFiles {
+    pub current: PathBuf,
+    /// The part of the current instance's output moved aside by rotation.
+    pub rotated: PathBuf,
+    pub previous: PathBuf,
+}
+
+#[async_trait]
+pub(crate) trait Runtime: Send + Sync + 'static {
+    /// Starts an instance of `spec`. Its end is reported as `RuntimeEvent::Exited`.
+    async fn start(&self, spec: &ContainerSpec) -> Result<Started, String>;
+    /// Asks an instance to stop: SIGTERM now, SIGKILL once `grace` has passed (at once for zero).
+    fn stop(&self, id: &ContainerId, instance: u64, grace: Duration);
+    /// Forgets a container whose pod is gone (state, logs, cgroups). Its instance must have ended.
+    fn remove(&self, id: &ContainerId);
+    /// Containers left by an earlier run; each running one is watched from now on.
+    fn adopt(&self) -> Vec<Adopted>;
+    /// The host pid of a running instance's main process, if it has one.
+    fn pid(&self, id: &ContainerId) -> Option<u32>;
+    fn log_files(&self, id: &ContainerId) -> Option<LogFiles>;
+    /// Stops watching (the agent is going away); containers keep running.
+    fn detach(&self);
+}
+
+pub(crate) type EventSender = mpsc::UnboundedSender<RuntimeEvent>;
