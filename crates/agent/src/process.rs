@@ -655,7 +655,8 @@ async fn wait_for_exit(pid: i32, start: u64) {
     if start_time(pid) != Some(start) {
         return;
     }
-    match AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) {
+    // SAFETY: the AsyncFd owns the descriptor; nothing else closes it while it is registered.
+    match unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) } {
         Ok(afd) => {
             let _ = afd.readable().await;
         }
