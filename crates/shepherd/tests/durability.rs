@@ -17,7 +17,8 @@ fn pod(name: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_write_survives_kill_9() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut daemon = Daemon::start("server", dir.path(), &[]);
+    // No controllers: nothing but the writers may change these pods.
+    let mut daemon = Daemon::start("server", dir.path(), &["--controllers", "none"]);
     let url = daemon.url.clone();
     let acked: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let http = reqwest::Client::new();
@@ -53,7 +54,7 @@ async fn every_acknowledged_write_survives_kill_9() {
     let acked = acked.lock().expect("lock").clone();
     assert!(acked.len() > 50, "only {} writes were acknowledged before the kill", acked.len());
 
-    let daemon = Daemon::start("server", dir.path(), &[]);
+    let daemon = Daemon::start("server", dir.path(), &["--controllers", "none"]);
     let list: Value = http
         .get(format!("{}/api/v1/namespaces/default/pods?labelSelector=writer%3Ddurability", daemon.url))
         .send()
