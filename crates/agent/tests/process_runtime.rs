@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use shepherd_agent::LogQuery;
 use shepherd_api::kinds;
-use shepherd_runtime::{Client as _, DeleteParams};
+use shepherd_runtime::DeleteParams;
 use support::*;
 
 /// A shell loop that exits promptly on SIGTERM (it runs as PID 1 of its namespace).
