@@ -43,6 +43,9 @@ pub(crate) struct Limits {
 
 const GROUP: &str = "shepherd";
 
+/// A hierarchy, the files to write in the container's cgroup there, and the controller's name.
+type Setting<'a> = (&'a Hierarchy, Vec<(&'static str, String)>, &'static str);
+
 impl Cgroups {
     /// Reads the mount table; an unreadable one means no cgroups.
     pub fn detect() -> Cgroups {
@@ -93,7 +96,7 @@ impl Cgroups {
     /// Creates the cgroups of `name` with `limits`. Failures are logged and that limit skipped.
     pub fn create(&self, name: &str, limits: Limits) -> ContainerCgroups {
         let mut out = ContainerCgroups::default();
-        let mut settings: Vec<(&Hierarchy, Vec<(&str, String)>, &str)> = Vec::new();
+        let mut settings: Vec<Setting<'_>> = Vec::new();
         if let (Some(h), Some(bytes)) = (&self.memory, limits.memory_bytes) {
             let files = match h {
                 Hierarchy::V1(_) => vec![("memory.limit_in_bytes", bytes.to_string())],

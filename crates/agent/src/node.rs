@@ -90,7 +90,7 @@ pub(crate) async fn ensure_node(client: &dyn Client, id: &NodeIdentity) -> Resul
                     info!(node = %id.name, "node registered");
                     n
                 }
-                Err(e) if matches!(e, ApiError::AlreadyExists { .. }) => client.get(&kinds::NODE, None, &id.name).await?,
+                Err(ApiError::AlreadyExists { .. }) => client.get(&kinds::NODE, None, &id.name).await?,
                 Err(e) => return Err(e),
             }
         }
@@ -121,14 +121,19 @@ pub(crate) async fn renew_lease(client: &dyn Client, id: &NodeIdentity) -> Resul
         Err(e) if e.is_not_found() => {
             let mut lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": id.name, "namespace": LEASE_NAMESPACE}});
             lease["spec"] = patch["spec"].clone();
-            match client.create(&kinds::LEASE, Some(LEASE_NAMESPACE), lease).await {
-                Ok(_) => Ok(()),
-                Err(e) if matches!(e, ApiError::AlreadyExists { .. }) => Ok(()),
+            match client.create(&kinds::LEASE, Some(LEASE_NAMESPACE), lease.clone()).await {
+                Ok(_) | Err(ApiError::AlreadyExists { .. }) => Ok(()),
                 Err(e) if e.is_not_found() => {
-                    // The namespace itself is missing (a fresh cluster): create it and retry next beat.
+                    // The namespace itself is missing (a fresh cluster): create it, then the lease.
                     let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}});
-                    let _ = client.create(&kinds::NAMESPACE, None, ns).await;
-                    Err(e)
+                    match client.create(&kinds::NAMESPACE, None, ns).await {
+                        Ok(_) | Err(ApiError::AlreadyExists { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                    match client.create(&kinds::LEASE, Some(LEASE_NAMESPACE), lease).await {
+                        Ok(_) | Err(ApiError::AlreadyExists { .. }) => Ok(()),
+                        Err(e) => Err(e),
+                    }
                 }
                 Err(e) => Err(e),
             }

@@ -299,7 +299,7 @@ impl PodManager {
             match self.client.delete(&kinds::POD, Some(ns), name, &params).await {
                 Ok(_) => {}
                 Err(e) if e.is_not_found() => {}
-                Err(e) if matches!(e, shepherd_api::ApiError::Conflict { .. }) => {}
+                Err(shepherd_api::ApiError::Conflict { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
             info!(pod = %key, "containers stopped; pod removed");

@@ -615,9 +615,7 @@ fn find_child(pid: i32) -> Option<i32> {
         {
             return Some(child);
         }
-        if start_time(pid).is_none() {
-            return None;
-        }
+        start_time(pid)?;
         std::thread::sleep(Duration::from_millis(2));
     }
     None
