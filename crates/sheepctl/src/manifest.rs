@@ -136,12 +136,12 @@ fn check(mut obj: Value, source: &Source, prefix: &str) -> anyhow::Result<Manife
             res
         }
     };
-    if matches!(res.kind, "Deployment" | "ReplicaSet") {
-        if let Some(sel) = obj.pointer_mut("/spec/selector") {
-            let is_plain_map = sel.as_object().is_some_and(|m| !m.contains_key("matchLabels") && !m.contains_key("matchExpressions"));
-            if is_plain_map {
-                *sel = json!({"matchLabels": sel.clone()});
-            }
+    if matches!(res.kind, "Deployment" | "ReplicaSet")
+        && let Some(sel) = obj.pointer_mut("/spec/selector")
+    {
+        let is_plain_map = sel.as_object().is_some_and(|m| !m.contains_key("matchLabels") && !m.contains_key("matchExpressions"));
+        if is_plain_map {
+            *sel = json!({"matchLabels": sel.clone()});
         }
     }
     match obj.pointer("/metadata/name") {

@@ -27,8 +27,11 @@ impl Field {
     }
 }
 
+/// A key to set (`Some(value)`) or remove (`None`).
+type Change = (String, Option<String>);
+
 /// Splits the arguments into the object (`KIND NAME` or `KIND/NAME`) and the changes.
-fn parse(args: &[String]) -> anyhow::Result<(Vec<String>, Vec<(String, Option<String>)>)> {
+fn parse(args: &[String]) -> anyhow::Result<(Vec<String>, Vec<Change>)> {
     let mut target = Vec::new();
     let mut changes = Vec::new();
     for a in args {
@@ -65,10 +68,11 @@ pub async fn run(cluster: &Cluster, field: Field, args: &[String], overwrite: bo
         for (k, v) in &changes {
             match v {
                 Some(v) => {
-                    if let Some(old) = current.get(k).and_then(Value::as_str) {
-                        if old != v && !overwrite {
-                            bail!("'{k}' already has a value ({old}), and --overwrite is false");
-                        }
+                    if let Some(old) = current.get(k).and_then(Value::as_str)
+                        && old != v
+                        && !overwrite
+                    {
+                        bail!("'{k}' already has a value ({old}), and --overwrite is false");
                     }
                     patch.insert(k.clone(), json!(v));
                 }

@@ -78,11 +78,7 @@ pub async fn status(cluster: &Cluster, target: &[String], timeout: Option<Durati
                 let Ok(line) = line else { break };
                 let Ok(event) = serde_json::from_str::<Value>(&line) else { continue };
                 match event["type"].as_str() {
-                    Some("MODIFIED") | Some("ADDED") => {
-                        if report(&event["object"], &mut last)? {
-                            return Ok(());
-                        }
-                    }
+                    Some("MODIFIED") | Some("ADDED") if report(&event["object"], &mut last)? => return Ok(()),
                     Some("DELETED") => bail!("deployment \"{name}\" was deleted while waiting for its rollout"),
                     _ => {}
                 }
