@@ -88,6 +88,8 @@ impl Cluster {
             },
         };
         if let Some(token) = &flags.token {
+            // --token replaces whatever credentials the kubeconfig context carries.
+            config.auth_info = Default::default();
             let value = HeaderValue::from_str(&format!("Bearer {token}")).context("the token contains characters not allowed in an HTTP header")?;
             config.headers.push((header::AUTHORIZATION, value));
         }
