@@ -157,6 +157,21 @@ impl Cgroups {
         out
     }
 
+    /// Removes empty container cgroups whose name `keep` rejects (left by a removal that could
+    /// not finish before the previous agent stopped).
+    pub fn remove_stale(&self, keep: impl Fn(&str) -> bool) {
+        for h in [&self.memory, &self.cpu, &self.pids].into_iter().flatten() {
+            let (Hierarchy::V1(m) | Hierarchy::V2(m)) = h;
+            let Ok(entries) = fs::read_dir(m.join(GROUP)) else { continue };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if e.path().is_dir() && !keep(&name) {
+                    let _ = fs::remove_dir(e.path());
+                }
+            }
+        }
+    }
+
     /// The cgroup directories `create` would make for `name` (to clean up after a restart).
     pub fn dirs_of(&self, name: &str) -> Vec<PathBuf> {
         [&self.memory, &self.cpu, &self.pids]
@@ -177,6 +192,19 @@ pub(crate) fn oom_kills(oom_file: &Path) -> u64 {
             s.lines().find_map(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse().ok()))
         })
         .unwrap_or(0)
+}
+
+/// Removes a container's cgroup directories once their last process is gone: the rest of a PID
+/// namespace is killed only as its PID 1 exits, so they may stay busy for a moment.
+pub(crate) async fn remove_dirs_when_empty(dirs: Vec<PathBuf>) {
+    for _ in 0..50 {
+        let busy = dirs.iter().any(|d| d.exists() && fs::remove_dir(d).is_err());
+        if !busy {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    remove_dirs(&dirs);
 }
 
 /// Removes a container's cgroup directories (only possible once they hold no process).

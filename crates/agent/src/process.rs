@@ -101,6 +101,10 @@ impl ProcessRuntime {
             warn!("not running as root: containers run as plain host processes, without namespaces or cgroup limits");
         }
         let cgroups = if root { Cgroups::detect() } else { Cgroups::default() };
+        let containers = config.data_dir.join("containers");
+        cgroups.remove_stale(|name| {
+            name.split_once('_').is_some_and(|(uid, c)| containers.join(uid).join(c).join("state.json").exists())
+        });
         let inner = Arc::new(Inner {
             config,
             cgroups,
@@ -342,7 +346,7 @@ impl Runtime for ProcessRuntime {
             }
             None => read_state(&dir).map(|s| s.cgroup_dirs).unwrap_or_else(|| self.inner.cgroups.dirs_of(&Inner::cgroup_name(id))),
         };
-        cgroup::remove_dirs(&dirs);
+        tokio::spawn(cgroup::remove_dirs_when_empty(dirs));
         if let Err(e) = fs::remove_dir_all(&dir)
             && e.kind() != io::ErrorKind::NotFound
         {

@@ -55,7 +55,7 @@ async fn a_minimal_pod_runs_a_real_isolated_process_and_reports_running_and_read
         .expect("delete accepted");
     let gone = wait_until(Duration::from_secs(5), || !std::path::Path::new(&format!("/proc/{pid}")).exists()).await;
     assert!(gone, "the process stops when its pod is deleted");
-    agent.stop().await;
+    agent.finish(&client).await;
 }
 
 fn unsafe_is_root() -> bool {
@@ -83,7 +83,7 @@ async fn a_container_exiting_non_zero_restarts_with_back_off_and_shows_crash_loo
     assert_eq!(condition(&p, "Ready"), "False");
     let p = wait_pod(&client, "crash", Duration::from_secs(10), |p| container_status(p)["restartCount"].as_u64() >= Some(3)).await;
     assert_eq!(p["status"]["phase"], "Running", "a crash-looping pod stays Running");
-    agent.stop().await;
+    agent.finish(&client).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,7 +104,7 @@ async fn with_restart_policy_never_a_failed_container_leaves_the_pod_failed() {
     let mut logs = agent.logs.logs("default", "once", &LogQuery::default()).await.expect("logs");
     let text = futures::StreamExt::next(&mut logs).await.expect("some output").expect("readable");
     assert_eq!(&text[..], b"bye\n");
-    agent.stop().await;
+    agent.finish(&client).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,7 +127,7 @@ async fn a_container_killed_by_hand_is_noticed_within_a_second_and_restarted() {
     let p = wait_pod(&client, "victim", Duration::from_secs(5), running_and_ready).await;
     let new_pid = main_pid(dir.path(), &p, "c").expect("pid recorded");
     assert_ne!(new_pid, pid);
-    agent.stop().await;
+    agent.finish(&client).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,7 +140,7 @@ async fn a_failing_liveness_probe_restarts_the_container() {
     create(&client, pod("sick", "node-1", spec)).await;
     let p = wait_pod(&client, "sick", Duration::from_secs(15), |p| container_status(p)["restartCount"].as_u64() >= Some(1)).await;
     assert!(container_status(&p)["lastState"]["terminated"].is_object(), "{}", p["status"]);
-    agent.stop().await;
+    agent.finish(&client).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,7 +161,7 @@ async fn a_failing_readiness_probe_turns_the_pod_not_ready_without_restarting_it
     assert_eq!(container_status(&p)["ready"], false);
     std::fs::write(&flag, "").expect("flag");
     wait_pod(&client, "flaky", Duration::from_secs(5), running_and_ready).await;
-    agent.stop().await;
+    agent.finish(&client).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,7 +181,7 @@ async fn exceeding_the_memory_limit_is_reported_as_oom_killed() {
     let t = &container_status(&p)["state"]["terminated"];
     assert_eq!(t["reason"], "OOMKilled", "{t}");
     assert_eq!(t["exitCode"], 137);
-    agent.stop().await;
+    agent.finish(&client).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,7 +224,7 @@ async fn a_restarted_agent_adopts_its_containers_without_duplicates_and_stops_or
     client.delete(&kinds::POD, Some("default"), "keep", &DeleteParams::default()).await.expect("delete");
     let stopped = wait_until(Duration::from_secs(5), || pids_with_marker(&keep).is_empty()).await;
     assert!(stopped);
-    agent.stop().await;
+    agent.finish(&client).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,7 +260,7 @@ async fn deletion_sends_sigterm_then_sigkill_after_the_grace_period_then_removes
     assert!(removed.is_some(), "the pod object is removed after the grace period");
     assert!(waited >= Duration::from_secs(2), "SIGKILL only after the grace period ({waited:?})");
     assert!(pids_with_marker(&stubborn).is_empty(), "no process left");
-    agent.stop().await;
+    agent.finish(&client).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -282,7 +282,7 @@ async fn a_pod_failed_by_the_node_lifecycle_controller_is_stopped() {
     let p = get(&client, "evicted").await.expect("pod");
     assert_eq!(p["status"]["phase"], "Failed", "the agent does not bring it back");
     assert!(pids_with_marker(&marker).is_empty(), "nor restart it");
-    agent.stop().await;
+    agent.finish(&client).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -299,5 +299,5 @@ async fn logs_of_the_current_and_previous_instance_are_served_with_tail_lines() 
     assert_eq!(&text[..], b"two\nthree\n");
     let err = agent.logs.logs("default", "chatty", &LogQuery { container: Some("nope".into()), ..Default::default() }).await;
     assert!(err.is_err(), "an unknown container is refused");
-    agent.stop().await;
+    agent.finish(&client).await;
 }

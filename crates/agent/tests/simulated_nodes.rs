@@ -80,7 +80,7 @@ async fn a_hundred_simulated_nodes_each_get_a_node_and_a_lease_and_their_pods_ru
         wait_until_async(Duration::from_secs(5), || async { client.get(&kinds::NODE, None, "sim-3").await.is_ok_and(|n| ready(&n)) }).await,
         "node re-registered"
     );
-    agent.stop().await;
+    agent.finish(&client).await;
 }
 
 async fn wait_until_async<F, Fut>(limit: Duration, mut cond: F) -> bool
@@ -112,5 +112,5 @@ async fn a_simulated_pod_told_to_fail_fails_and_with_restart_policy_never_ends_f
     looping["metadata"]["annotations"] = json!({shepherd_agent::SIMULATE_FAIL_ANNOTATION: "true"});
     create(&client, looping).await;
     wait_pod(&client, "looping", Duration::from_secs(10), |p| container_status(p)["state"]["waiting"]["reason"] == "CrashLoopBackOff").await;
-    agent.stop().await;
+    agent.finish(&client).await;
 }

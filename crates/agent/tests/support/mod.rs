@@ -44,6 +44,29 @@ impl RunningAgent {
         RunningAgent { stop: Some(stop), task, logs }
     }
 
+    /// Deletes every pod in `default`, waits until the agent has stopped their containers and
+    /// removed them, then stops the agent: a test leaves no process or cgroup behind.
+    pub async fn finish(self, client: &Arc<dyn Client>) {
+        let list = client.list(&kinds::POD, &shepherd_runtime::ListParams::namespace("default")).await.expect("list pods");
+        for p in &list.items {
+            if let Some(name) = p["metadata"]["name"].as_str() {
+                let params = shepherd_runtime::DeleteParams { grace_period_seconds: Some(1), ..Default::default() };
+                let _ = client.delete(&kinds::POD, Some("default"), name, &params).await;
+            }
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            let left = client.list(&kinds::POD, &shepherd_runtime::ListParams::namespace("default")).await.map(|l| l.items.len());
+            if left.is_ok_and(|n| n == 0) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Let the agent finish removing cgroups (their last processes exit just after PID 1).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.stop().await;
+    }
+
     /// Stops the agent without touching its containers (as a `kill -9` would leave them).
     pub async fn stop(mut self) {
         if let Some(s) = self.stop.take() {
