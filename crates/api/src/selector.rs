@@ -320,7 +320,20 @@ impl Parser<'_> {
 }
 
 /// The fields a field selector may name, for every kind (a missing field reads as "").
-pub const SELECTABLE_FIELDS: &[&str] = &["metadata.name", "metadata.namespace", "spec.nodeName", "status.phase"];
+/// The fields list and watch requests can select on. The `involvedObject.*`, `reason` and `type`
+/// fields are those of Events, which `kubectl describe` selects by.
+pub const SELECTABLE_FIELDS: &[&str] = &[
+    "metadata.name",
+    "metadata.namespace",
+    "spec.nodeName",
+    "status.phase",
+    "involvedObject.kind",
+    "involvedObject.name",
+    "involvedObject.namespace",
+    "involvedObject.uid",
+    "reason",
+    "type",
+];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct FieldTerm {

@@ -208,6 +208,13 @@ async fn lists_filter_by_labels_and_fields_and_page_with_continue() {
     assert_eq!(names(&byname), ["p3"]);
     let (_, unbound) = s.get("/api/v1/pods?fieldSelector=spec.nodeName%3D").await;
     assert_eq!(names(&unbound).len(), 7);
+    for (name, uid) in [("e1", "u-1"), ("e2", "u-2")] {
+        let ev = json!({"metadata": {"name": name}, "involvedObject": {"kind": "Pod", "name": "p3", "uid": uid},
+            "reason": "Tested", "message": "m", "type": "Normal"});
+        assert_eq!(s.post("/api/v1/namespaces/default/events", &ev).await.0, StatusCode::CREATED);
+    }
+    let (_, evs) = s.get("/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3Dp3,involvedObject.uid%3Du-2").await;
+    assert_eq!(names(&evs), ["e2"], "kubectl describe selects an object's events this way");
     let (code, bad) = s.get(&format!("{PODS}?fieldSelector=spec.image%3Dx")).await;
     assert_eq!(code, StatusCode::BAD_REQUEST, "{bad}");
 

@@ -64,6 +64,17 @@ fn kubectl_creates_reads_scales_and_deletes_against_shepherd() {
     let header: Vec<&str> = out.lines().next().unwrap_or("").split_whitespace().collect();
     assert_eq!(header, ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"], "{out}");
 
+    // The server runs the controllers: kubectl describe finds what they recorded.
+    let mut described = String::new();
+    for _ in 0..50 {
+        described = kubectl(url, &["describe", "deployment", "web"], None).1;
+        if described.contains("ScalingReplicaSet") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(described.contains("ScalingReplicaSet"), "{described}");
+
     let (ok, out, err) = kubectl(url, &["scale", "deployment/web", "--replicas=5"], None);
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "deployment.apps/web scaled");
