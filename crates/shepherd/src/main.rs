@@ -1,6 +1,7 @@
 //! The Shepherd daemon: `shepherd server`, `shepherd standalone`.
 
 mod control_plane;
+mod node_agent;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use control_plane::ControllerArgs;
+use node_agent::AgentArgs;
 use shepherd_apiserver::{ApiServer, HttpConfig};
 use shepherd_runtime::{Client, Manager};
 use shepherd_store::{HistoryLimits, LocalStore, Store};
@@ -26,7 +28,38 @@ enum Command {
     /// Run the API server over a durable store.
     Server(ServerArgs),
     /// Run everything in one process: API server, controllers, scheduler and a local node.
-    Standalone(ServerArgs),
+    Standalone(StandaloneArgs),
+    /// Run a node agent against an API server: registers the node and runs its pods.
+    Agent(AgentCommand),
+}
+
+#[derive(Args, Clone)]
+struct StandaloneArgs {
+    #[command(flatten)]
+    server: ServerArgs,
+    #[command(flatten)]
+    agent: AgentArgs,
+}
+
+#[derive(Args, Clone)]
+struct AgentCommand {
+    /// The API server.
+    #[arg(long, env = "SHEPHERD_API", default_value = "http://127.0.0.1:9876")]
+    server: String,
+    /// Bearer token for the API server.
+    #[arg(long, env = "SHEPHERD_TOKEN")]
+    token: Option<String>,
+    /// Directory for container state and logs; must survive restarts for re-adoption.
+    #[arg(long, env = "SHEPHERD_AGENT_DATA_DIR", default_value = "shepherd-agent-data")]
+    data_dir: PathBuf,
+    /// Run this many simulated nodes in this one process (implies the simulated runtime).
+    #[arg(long)]
+    simulate_nodes: Option<usize>,
+    /// Names of simulated nodes: PREFIX0, PREFIX1, ...
+    #[arg(long, default_value = "sim-")]
+    node_name_prefix: String,
+    #[command(flatten)]
+    agent: AgentArgs,
 }
 
 #[derive(Args, Clone)]
@@ -71,8 +104,9 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         match cli.command {
-            Command::Server(args) => run_server(args, false).await,
-            Command::Standalone(args) => run_server(args, true).await,
+            Command::Server(args) => run_server(args, None).await,
+            Command::Standalone(args) => run_server(args.server, Some(args.agent)).await,
+            Command::Agent(args) => run_agent(args).await,
         }
     })
 }
@@ -93,7 +127,37 @@ fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
     Ok(Arc::new(store))
 }
 
-async fn run_server(args: ServerArgs, standalone: bool) -> anyhow::Result<()> {
+async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
+    let client: Arc<dyn Client> = Arc::new(
+        shepherd_client::RemoteClient::connect(&args.server, args.token.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?,
+    );
+    node_agent::ensure_dir(&args.data_dir)?;
+    let mut config = args.agent.config(&args.data_dir)?;
+    match args.simulate_nodes {
+        Some(n) => {
+            if config.runtime == shepherd_agent::RuntimeKind::Process {
+                config.runtime = shepherd_agent::RuntimeKind::Simulated(shepherd_agent::SimulatedBehaviour {
+                    ready_delay: Duration::from_millis(args.agent.simulated_ready_ms),
+                    fail_fraction: args.agent.simulated_fail_fraction,
+                });
+            }
+            let agent = shepherd_agent::Agent::simulated(client, config, n, &args.node_name_prefix)
+                .await
+                .map_err(node_agent::context)?;
+            println!("shepherd agent running {n} simulated nodes ({}0..) against {}", args.node_name_prefix, args.server);
+            agent.run(shutdown_signal()).await.map_err(node_agent::context)
+        }
+        None => {
+            let name = config.node_name.clone();
+            let agent = shepherd_agent::Agent::new(client, config).await.map_err(node_agent::context)?;
+            println!("shepherd agent running node {name} against {}", args.server);
+            agent.run(shutdown_signal()).await.map_err(node_agent::context)
+        }
+    }
+}
+
+async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow::Result<()> {
+    let standalone = local_agent.is_some();
     let store = open_store(&args)?;
     let config = HttpConfig {
         max_body_bytes: args.max_body_bytes,
@@ -102,11 +166,27 @@ async fn run_server(args: ServerArgs, standalone: bool) -> anyhow::Result<()> {
     };
     let server = ApiServer::new(store.clone(), config).await.map_err(|e| anyhow::anyhow!("starting API server: {e}"))?;
     let client: Arc<dyn Client> = Arc::new(server.client());
+    let agent = match &local_agent {
+        Some(agent_args) => {
+            let dir = node_agent::agent_dir(&args.data_dir);
+            node_agent::ensure_dir(&dir)?;
+            let agent = shepherd_agent::Agent::new(client.clone(), agent_args.config(&dir)?)
+                .await
+                .map_err(node_agent::context)?;
+            Some(agent)
+        }
+        None => None,
+    };
+    let server = match &agent {
+        Some(a) => server.with_logs(Arc::new(node_agent::AgentLogs(a.logs()))),
+        None => server,
+    };
     let manager = Arc::new(Manager::new(client.clone()));
     let enabled = args.controllers.install(client.clone(), &manager)?;
     if let Ok(mut registry) = server.registry().lock() {
         manager.metrics().register(&mut registry);
     }
+    let node_names = agent.as_ref().map(|a| a.node_names()).unwrap_or_default();
     let debug_manager = manager.clone();
     let router = server.router().route(
         "/debug/controllers",
@@ -134,11 +214,21 @@ async fn run_server(args: ServerArgs, standalone: bool) -> anyhow::Result<()> {
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move { manager.run(stop).await })
     };
+    let agent_task = agent.map(|a| {
+        tracing::info!(nodes = ?node_names, "local node agent starting");
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(async move { a.run(stop).await })
+    });
     let serving = axum::serve(listener, router).with_graceful_shutdown(stopped(stop_rx.clone()));
     let serving = tokio::spawn(async move { serving.await });
     shutdown_signal().await;
     stop_tx.send_replace(true);
     let _ = controllers.await;
+    if let Some(t) = agent_task {
+        if let Ok(Err(e)) = t.await {
+            tracing::warn!(error = %e, "node agent stopped with an error");
+        }
+    }
     serving.await??;
     tracing::info!("shut down cleanly");
     Ok(())

@@ -1,0 +1,115 @@
+//! `shepherd agent` and the local agent of `shepherd standalone`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::body::Body;
+use clap::{Args, ValueEnum};
+use shepherd_agent::{AgentConfig, LogQuery, PodLogs, RuntimeKind, SimulatedBehaviour};
+use shepherd_api::ApiError;
+use shepherd_apiserver::LogSource;
+use shepherd_runtime::TriggerMode;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum RuntimeArg {
+    /// Host processes, in their own namespaces and cgroups when run as root.
+    Process,
+    /// No processes: pods become Running after --simulated-ready-ms.
+    Simulated,
+}
+
+/// The node agent's settings, shared by `shepherd agent` and `standalone`.
+#[derive(Args, Clone, Debug)]
+pub struct AgentArgs {
+    /// Node name (default: this host's name).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// The node's address; also every pod's IP (containers share the host network).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub node_ip: String,
+    #[arg(long, value_enum, default_value = "process")]
+    pub runtime: RuntimeArg,
+    /// Seconds between lease renewals.
+    #[arg(long, default_value_t = 10.0)]
+    pub lease_seconds: f64,
+    /// Restart back-off: first delay in seconds (doubling to --restart-backoff-max-seconds).
+    #[arg(long, default_value_t = 10.0)]
+    pub restart_backoff_seconds: f64,
+    #[arg(long, default_value_t = 300.0)]
+    pub restart_backoff_max_seconds: f64,
+    /// Simulated runtime: milliseconds from start to Running and Ready.
+    #[arg(long, default_value_t = 100)]
+    pub simulated_ready_ms: u64,
+    /// Simulated runtime: fraction (0..1) of container starts that fail.
+    #[arg(long, default_value_t = 0.0)]
+    pub simulated_fail_fraction: f64,
+    /// Pods the agent reconciles at once.
+    #[arg(long, default_value_t = 4)]
+    pub agent_workers: usize,
+    /// The agent's trigger mode (hybrid, level or edge).
+    #[arg(long, default_value = "hybrid")]
+    pub agent_mode: TriggerMode,
+}
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_lowercase())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+impl AgentArgs {
+    pub fn config(&self, data_dir: &Path) -> anyhow::Result<AgentConfig> {
+        let name = self.node_name.clone().unwrap_or_else(hostname);
+        let mut config = AgentConfig::new(name, PathBuf::from(data_dir));
+        config.node_ip = self.node_ip.clone();
+        config.runtime = match self.runtime {
+            RuntimeArg::Process => RuntimeKind::Process,
+            RuntimeArg::Simulated => {
+                anyhow::ensure!((0.0..=1.0).contains(&self.simulated_fail_fraction), "--simulated-fail-fraction must be between 0 and 1");
+                RuntimeKind::Simulated(SimulatedBehaviour {
+                    ready_delay: Duration::from_millis(self.simulated_ready_ms),
+                    fail_fraction: self.simulated_fail_fraction,
+                })
+            }
+        };
+        let secs = |s: f64, flag: &str| -> anyhow::Result<Duration> {
+            anyhow::ensure!(s > 0.0 && s.is_finite(), "{flag} must be a positive number of seconds");
+            Ok(Duration::from_secs_f64(s))
+        };
+        config.lease_interval = secs(self.lease_seconds, "--lease-seconds")?;
+        config.restart_backoff_initial = secs(self.restart_backoff_seconds, "--restart-backoff-seconds")?;
+        config.restart_backoff_max = secs(self.restart_backoff_max_seconds, "--restart-backoff-max-seconds")?;
+        config.workers = self.agent_workers.max(1);
+        config.mode = self.agent_mode;
+        Ok(config)
+    }
+}
+
+/// Serves `pods/{name}/log` from the local agent's log files.
+pub struct AgentLogs(pub PodLogs);
+
+#[async_trait::async_trait]
+impl LogSource for AgentLogs {
+    async fn logs(&self, namespace: &str, pod: &str, query: &HashMap<String, String>) -> Result<Body, ApiError> {
+        let q = LogQuery::from_query(query)?;
+        let stream = self.0.logs(namespace, pod, &q).await?;
+        Ok(Body::from_stream(stream))
+    }
+}
+
+/// The data directory of the agent inside a daemon's data directory.
+pub fn agent_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("agent")
+}
+
+pub fn context(e: shepherd_agent::AgentError) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+pub fn ensure_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+}
