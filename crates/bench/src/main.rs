@@ -2,6 +2,10 @@
 //! writes what it measured as JSON under `bench/results/` and as Markdown on stdout.
 
 mod cluster;
+mod counting;
+mod experiment;
+mod plot;
+mod procstat;
 mod report;
 mod store;
 
@@ -34,6 +38,22 @@ enum Scenario {
         #[arg(long, default_value_t = 100)]
         list_runs: usize,
     },
+    /// The seeds' experiment: level (5 s, 60 s) vs edge vs hybrid (30 s) x 0/1/10% watch events
+    /// lost, with the real Deployment and ReplicaSet controllers in-process; plus level mode at
+    /// 1 s and 30 s for the resync-interval table.
+    TriggerModes {
+        #[arg(long, default_value_t = 200)]
+        deployments: usize,
+        /// Spec changes per second.
+        #[arg(long, default_value_t = 5.0)]
+        change_rate: f64,
+        /// Seconds of changes per cell.
+        #[arg(long, default_value_t = 30.0)]
+        change_seconds: f64,
+        /// Run only the cells whose mode label contains this (e.g. `hybrid`).
+        #[arg(long)]
+        only: Option<String>,
+    },
 }
 
 #[tokio::main]
@@ -45,6 +65,17 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Store { pods, sequential, list_runs } => {
             let (pods, sequential, list_runs) = if cli.smoke { (200, 50, 5) } else { (pods, sequential, list_runs) };
             store::run(&cli.shepherd, pods, sequential, list_runs).await?
+        }
+        Scenario::TriggerModes { deployments, change_rate, change_seconds, only } => {
+            let mut params = if cli.smoke {
+                experiment::Params::smoke()
+            } else {
+                experiment::Params::full(deployments, change_rate, change_seconds)
+            };
+            if let Some(only) = only {
+                params.cells.retain(|c| c.label.contains(&only));
+            }
+            experiment::run(&params, &cli.out).await?
         }
     };
     report::write(&cli.out, &machine, &result)?;

@@ -43,6 +43,7 @@ impl std::fmt::Display for Machine {
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub n: usize,
+    pub mean_ms: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
@@ -58,7 +59,8 @@ pub fn summarize(samples: &[Duration]) -> Summary {
         let i = ((ms.len() as f64 - 1.0) * q).round() as usize;
         ms[i.min(ms.len() - 1)]
     };
-    Summary { n: ms.len(), p50_ms: pick(0.5), p99_ms: pick(0.99), max_ms: ms.last().copied().unwrap_or(0.0) }
+    let mean_ms = if ms.is_empty() { 0.0 } else { ms.iter().sum::<f64>() / ms.len() as f64 };
+    Summary { n: ms.len(), mean_ms, p50_ms: pick(0.5), p99_ms: pick(0.99), max_ms: ms.last().copied().unwrap_or(0.0) }
 }
 
 impl std::fmt::Display for Summary {
