@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shepherd_api::kinds;
-use shepherd_runtime::{Action, Client, Controller, Manager, Metrics, TriggerMode};
+use shepherd_runtime::{Action, Client, Controller, ListParams, Manager, Metrics, TriggerMode};
 use tokio::sync::mpsc;
 use tracing::info;
 
@@ -165,6 +165,12 @@ impl Agent {
             RuntimeKind::Simulated(b) => (Arc::new(simulated::SimulatedRuntime::new(*b, tx)), None),
         };
         let manager = Manager::new(client.clone());
+        // Watch only the pods bound to our node(s), not every pod of the cluster.
+        let scope = match nodes.as_slice() {
+            [one] => format!("spec.nodeName={}", one.name),
+            _ => "spec.nodeName!=".to_string(),
+        };
+        manager.informers().scope(&kinds::POD, ListParams::default().fields(scope));
         let cache = manager.informers().cache(&kinds::POD);
         let addresses: HashMap<String, String> = nodes.iter().map(|n| (n.name.clone(), n.ip.clone())).collect();
         let pc = pods::PodConfig { backoff_initial: config.restart_backoff_initial, backoff_max: config.restart_backoff_max };

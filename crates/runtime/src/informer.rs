@@ -42,6 +42,8 @@ type ResyncReply = oneshot::Sender<Result<(), ApiError>>;
 /// Keeps the cache of one kind in step with the API and tells subscribers what changed.
 pub struct Informer {
     res: ResourceInfo,
+    /// What is listed and watched: every object of the kind unless the factory was scoped.
+    params: ListParams,
     client: Arc<dyn Client>,
     cache: Arc<Cache>,
     /// Held while applying a change to the cache and calling subscribers, so a new subscriber's
@@ -66,12 +68,13 @@ struct InformerMetrics {
 }
 
 impl Informer {
-    fn new(res: ResourceInfo, client: Arc<dyn Client>, faults: Arc<WatchFaults>, metrics: &Metrics) -> Self {
+    fn new(res: ResourceInfo, params: ListParams, client: Arc<dyn Client>, faults: Arc<WatchFaults>, metrics: &Metrics) -> Self {
         let labels = KindLabels { kind: res.kind.to_string() };
         let m = metrics.inner();
         let (resync_tx, resync_rx) = mpsc::unbounded_channel();
         Informer {
             res,
+            params,
             client,
             cache: Arc::default(),
             handlers: Mutex::default(),
@@ -160,7 +163,7 @@ impl Informer {
         let kind = self.res.kind;
         let mut waiters: Vec<ResyncReply> = Vec::new();
         let mut retry = Retry::default();
-        let all = ListParams::default();
+        let all = self.params.clone();
         loop {
             if *shutdown.borrow() {
                 return;
@@ -332,6 +335,8 @@ pub struct InformerFactory {
     metrics: Metrics,
     faults: Arc<WatchFaults>,
     informers: Mutex<HashMap<(&'static str, &'static str), Arc<Informer>>>,
+    /// Per kind, what its informer lists and watches (default: everything).
+    scopes: Mutex<HashMap<(&'static str, &'static str), ListParams>>,
     started: AtomicBool,
     shutdown: watch::Sender<bool>,
 }
@@ -343,6 +348,7 @@ impl InformerFactory {
             metrics,
             faults: Arc::default(),
             informers: Mutex::default(),
+            scopes: Mutex::default(),
             started: AtomicBool::new(false),
             shutdown: watch::Sender::new(false),
         }
@@ -353,12 +359,25 @@ impl InformerFactory {
         &self.client
     }
 
+    /// Restricts what the informer of `res` lists and watches (a node agent: only the pods bound
+    /// to its node, `spec.nodeName=NAME`). Takes effect only before that informer is first used;
+    /// returns false if it already exists.
+    pub fn scope(&self, res: &ResourceInfo, params: ListParams) -> bool {
+        let informers = self.informers.lock().unwrap_or_else(|e| e.into_inner());
+        if informers.contains_key(&(res.group, res.kind)) {
+            return false;
+        }
+        self.scopes.lock().unwrap_or_else(|e| e.into_inner()).insert((res.group, res.kind), params);
+        true
+    }
+
     /// The informer of `res`, created on first use (and started at once if the factory runs).
     pub fn informer(&self, res: &ResourceInfo) -> Arc<Informer> {
         let mut informers = self.informers.lock().unwrap_or_else(|e| e.into_inner());
+        let params = self.scopes.lock().unwrap_or_else(|e| e.into_inner()).get(&(res.group, res.kind)).cloned().unwrap_or_default();
         let informer = informers
             .entry((res.group, res.kind))
-            .or_insert_with(|| Arc::new(Informer::new(*res, self.client.clone(), self.faults.clone(), &self.metrics)))
+            .or_insert_with(|| Arc::new(Informer::new(*res, params, self.client.clone(), self.faults.clone(), &self.metrics)))
             .clone();
         if self.started.load(Ordering::Acquire) {
             informer.start(self.shutdown.subscribe());
@@ -440,6 +459,26 @@ mod tests {
         assert_eq!(*seen.lock().unwrap(), ["add a", "add b"]);
         assert_eq!(first.cache().by_node_name("n1").len(), 2);
         assert_eq!(client.open_watches(), 1, "one watch per kind, however many users");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_scoped_informer_sees_only_the_objects_its_selector_names() {
+        let client = Arc::new(MemoryClient::new());
+        let on = |name: &str, node: &str| json!({ "metadata": { "name": name, "namespace": "ns" }, "spec": { "nodeName": node } });
+        client.create(&POD, None, on("mine", "n1")).await.unwrap();
+        client.create(&POD, None, on("theirs", "n2")).await.unwrap();
+        let factory = InformerFactory::new(client.clone(), Metrics::new());
+        assert!(factory.scope(&POD, ListParams::default().fields("spec.nodeName=n1")));
+        let informer = factory.informer(&POD);
+        assert!(!factory.scope(&POD, ListParams::default()), "too late once the informer exists");
+        factory.start();
+        informer.wait_synced().await;
+        client.create(&POD, None, on("mine-too", "n1")).await.unwrap();
+        client.create(&POD, None, on("theirs-too", "n2")).await.unwrap();
+        settle().await;
+        let mut names: Vec<String> = informer.cache().keys();
+        names.sort();
+        assert_eq!(names, ["ns/mine", "ns/mine-too"]);
     }
 
     #[tokio::test(start_paused = true)]
