@@ -1,6 +1,7 @@
 //! Shepherd's object model: the kinds it serves, validation and defaulting, label and field
 //! selectors, and API errors as Kubernetes `Status` objects.
 
+pub mod age;
 pub mod defaults;
 pub mod error;
 pub mod kinds;
@@ -8,6 +9,7 @@ mod quantity;
 pub mod selector;
 pub mod validation;
 
+pub use age::human_age;
 pub use error::{ApiError, Cause};
 pub use kinds::ResourceInfo;
 pub use selector::{FieldSelector, LabelSelector};

@@ -4,19 +4,7 @@
 use serde_json::{Value, json};
 use shepherd_api::kinds::ResourceInfo;
 
-/// `5s`, `3m20s`, `4h10m`, `2d3h`, `400d`: the ages kubectl shows.
-pub fn human_age(seconds: i64) -> String {
-    let s = seconds.max(0);
-    match s {
-        0..120 => format!("{s}s"),
-        120..600 => format!("{}m{}s", s / 60, s % 60),
-        600..10800 => format!("{}m", s / 60),
-        10800..28800 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
-        28800..172800 => format!("{}h", s / 3600),
-        172800..2592000 => format!("{}d{}h", s / 86400, (s % 86400) / 3600),
-        _ => format!("{}d", s / 86400),
-    }
-}
+pub use shepherd_api::human_age;
 
 fn age(obj: &Value, field: &str) -> String {
     let ts = obj.pointer(field).and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok());
@@ -236,15 +224,6 @@ pub fn table(res: &ResourceInfo, objects: &[Value], resource_version: &str) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ages_read_like_kubectl() {
-        assert_eq!(human_age(5), "5s");
-        assert_eq!(human_age(200), "3m20s");
-        assert_eq!(human_age(3000), "50m");
-        assert_eq!(human_age(4 * 3600 + 600), "4h10m");
-        assert_eq!(human_age(3 * 86400 + 7200), "3d2h");
-    }
 
     #[test]
     fn pod_rows_show_readiness_status_and_restarts() {

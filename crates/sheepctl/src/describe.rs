@@ -73,20 +73,12 @@ fn last_seen(e: &Value) -> Option<jiff::Timestamp> {
 
 /// `5s`, `3m20s`, `4h`: kubectl's short ages.
 pub fn age(t: Option<jiff::Timestamp>) -> String {
-    let Some(t) = t else { return "<unknown>".into() };
-    let secs = (jiff::Timestamp::now().as_second() - t.as_second()).max(0);
-    match secs {
-        0..120 => format!("{secs}s"),
-        120..600 => format!("{}m{}s", secs / 60, secs % 60),
-        600..10800 => format!("{}m", secs / 60),
-        10800..28800 => format!("{}h{}m", secs / 3600, (secs % 3600) / 60),
-        28800..172800 => format!("{}h", secs / 3600),
-        172800..2592000 => format!("{}d{}h", secs / 86400, (secs % 86400) / 3600),
-        _ => format!("{}d", secs / 86400),
+    match t {
+        Some(t) => shepherd_api::human_age(jiff::Timestamp::now().as_second() - t.as_second()),
+        None => "<unknown>".into(),
     }
 }
 
-/// `a=1\n<pad>b=2`, or `<none>`: kubectl's multi-line maps.
 fn map_lines(map: Option<&Value>, pad: usize, skip: &[&str]) -> String {
     let entries: Vec<String> = map.and_then(Value::as_object).into_iter().flatten()
         .filter(|(k, _)| !skip.contains(&k.as_str()))
