@@ -205,6 +205,8 @@ impl Agent {
         let Agent { client, config, nodes, manager, pods, _lock } = self;
         info!(nodes = nodes.len(), runtime = ?config.runtime, "node agent starting");
         let reconciler = pods.clone();
+        let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
+        pods.route_through(trigger_tx);
         manager.add(
             Controller::new("node-agent", &kinds::POD, move |key: String| {
                 let pods = reconciler.clone();
@@ -214,7 +216,8 @@ impl Agent {
                 }
             })
             .workers(config.workers)
-            .mode(config.mode),
+            .mode(config.mode)
+            .triggered_by(trigger_rx),
         );
         let mut background = tokio::task::JoinSet::new();
         let spread = config.lease_interval.as_millis().max(1) as u64;

@@ -112,6 +112,8 @@ pub(crate) struct PodManager {
     records: Mutex<HashMap<String, Arc<AsyncMutex<PodRecord>>>>,
     /// The earliest pending timer per pod key, so timers do not pile up.
     timers: Mutex<HashMap<String, Instant>>,
+    /// The engine's trigger channel, once the agent's controller runs.
+    engine: std::sync::OnceLock<mpsc::UnboundedSender<String>>,
     probe_tx: mpsc::UnboundedSender<ProbeEvent>,
     this: Weak<PodManager>,
 }
@@ -153,6 +155,7 @@ impl PodManager {
             config,
             records: Mutex::default(),
             timers: Mutex::default(),
+            engine: std::sync::OnceLock::new(),
             probe_tx,
             this: this.clone(),
         });
@@ -194,8 +197,20 @@ impl PodManager {
         &self.runtime
     }
 
-    /// Reconciles `key` now, outside the engine's queue (runtime and probe events, timers).
+    /// Routes runtime and probe events and timers through the engine's queue from now on.
+    pub fn route_through(&self, keys: mpsc::UnboundedSender<String>) {
+        let _ = self.engine.set(keys);
+    }
+
+    /// Reconciles `key` soon: through the engine's queue once the agent runs (de-duplicated,
+    /// never concurrent with another reconcile of the key, retried with the engine's back-off),
+    /// directly before that.
     pub fn kick(&self, key: &str) {
+        if let Some(engine) = self.engine.get()
+            && engine.send(key.to_string()).is_ok()
+        {
+            return;
+        }
         let Some(this) = self.this.upgrade() else { return };
         let key = key.to_string();
         tokio::spawn(async move {

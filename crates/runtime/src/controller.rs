@@ -160,6 +160,7 @@ pub struct Controller {
     rate_limiter: Option<Box<dyn RateLimiter>>,
     faults: ReconcileFaults,
     shutdown_grace: Duration,
+    triggers: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
 }
 
 impl Controller {
@@ -182,6 +183,7 @@ impl Controller {
             rate_limiter: None,
             faults: ReconcileFaults::default(),
             shutdown_grace: Duration::from_secs(30),
+            triggers: None,
         }
     }
 
@@ -228,6 +230,14 @@ impl Controller {
         self
     }
 
+    /// Keys sent on `keys` are enqueued like events (de-duplicated, never reconciled by two workers
+    /// at once), whatever the trigger mode: for changes the API does not see, such as a node
+    /// agent's container exiting.
+    pub fn triggered_by(mut self, keys: tokio::sync::mpsc::UnboundedReceiver<String>) -> Self {
+        self.triggers = Some(keys);
+        self
+    }
+
     /// Sets up the queue and the state the manager reports; `run` does the rest.
     pub(crate) fn prepare(self, metrics: &Metrics) -> (Arc<ControllerState>, Prepared) {
         let limiter = self.rate_limiter.unwrap_or_else(|| Box::new(default_rate_limiter()));
@@ -259,6 +269,7 @@ impl Controller {
             watches: self.watches,
             faults: self.faults,
             shutdown_grace: self.shutdown_grace,
+            triggers: self.triggers,
         };
         (state, prepared)
     }
@@ -271,6 +282,7 @@ pub(crate) struct Prepared {
     watches: Vec<(ResourceInfo, Mapper)>,
     faults: ReconcileFaults,
     shutdown_grace: Duration,
+    triggers: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
 }
 
 /// What a running controller shares with the manager's debug view.
@@ -341,8 +353,23 @@ pub(crate) async fn run(
     factory: Arc<InformerFactory>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let Prepared { primary, reconciler, owns, watches, faults, shutdown_grace } = prepared;
+    let Prepared { primary, reconciler, owns, watches, faults, shutdown_grace, triggers } = prepared;
     let queue = state.queue.clone();
+    if let Some(mut keys) = triggers {
+        let queue = queue.clone();
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    k = keys.recv() => match k {
+                        Some(k) => queue.add(&k),
+                        None => return,
+                    },
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        });
+    }
     let primary_informer = factory.informer(&primary);
     let mut all_informers = vec![primary_informer.clone()];
     let mut subscriptions: Vec<(Arc<Informer>, HandlerId)> = Vec::new();

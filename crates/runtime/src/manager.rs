@@ -482,6 +482,36 @@ mod tests {
         assert_eq!(finished.load(Ordering::SeqCst), 1, "the reconcile in flight at shutdown completed");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn keys_pushed_from_outside_are_reconciled_once_each_even_in_level_mode() {
+        let client = Arc::new(MemoryClient::new());
+        let manager = Manager::new(client.clone());
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let s = seen.clone();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        manager.add(
+            Controller::new("external", &SERVICE, move |key: String| {
+                let s = s.clone();
+                async move {
+                    s.lock().unwrap_or_else(|e| e.into_inner()).push(key);
+                    Ok(Action::Done)
+                }
+            })
+            .mode(TriggerMode::level())
+            .triggered_by(rx),
+        );
+        let running = Running::start(manager);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        for key in ["ns/exited", "ns/exited", "ns/probed"] {
+            tx.send(key.to_string()).expect("controller is listening");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut got = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        got.sort();
+        assert_eq!(got, ["ns/exited", "ns/probed"], "each once, well before the 5 s tick");
+        running.stop().await;
+    }
+
     /// Reconcile latency from write to reconcile start with events flowing (hybrid mode), on the
     /// real clock. A measurement, not an assertion:
     /// `cargo test --release -p shepherd-runtime -- --ignored --nocapture reconcile_latency`.
