@@ -51,6 +51,9 @@ fn seed_session_creates_three_pods_and_replaces_a_deleted_one() {
     assert_eq!(table.lines().count(), 4, "{table}");
     let status = s.sheepctl(&["rollout", "status", "deployment/web", "--timeout", "60"]);
     assert!(status.ok().ends_with("deployment \"web\" successfully rolled out\n"), "{status:?}");
+    // Containers outlive their agent by design: stop them before the daemon goes.
+    s.sheepctl(&["delete", "deployment", "web"]).ok();
+    wait_for_pods(&s, "every pod gone", |t| t.trim().is_empty());
 }
 
 #[test]
@@ -68,4 +71,7 @@ fn logs_follow_streams_a_running_containers_output() {
     let _ = child.wait();
     let tail = s.sheepctl(&["logs", "ticker", "--tail", "2"]);
     assert_eq!(tail.ok().lines().count(), 2, "{tail:?}");
+    // A shell loop as PID 1 ignores SIGTERM, as in any container: a short grace ends it.
+    s.api("DELETE", "/api/v1/namespaces/default/pods/ticker?gracePeriodSeconds=1", None);
+    wait_for_pods(&s, "the pod gone", |t| t.trim().is_empty());
 }
