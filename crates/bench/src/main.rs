@@ -4,6 +4,7 @@
 mod cluster;
 mod counting;
 mod experiment;
+mod peer;
 mod plot;
 mod procstat;
 mod report;
@@ -48,17 +49,38 @@ enum Scenario {
         #[arg(long, default_value_t = 5.0)]
         change_rate: f64,
         /// Seconds of changes per cell.
-        #[arg(long, default_value_t = 30.0)]
+        #[arg(long, default_value_t = 20.0)]
         change_seconds: f64,
         /// Run only the cells whose mode label contains this (e.g. `hybrid`).
         #[arg(long)]
         only: Option<String>,
+    },
+    /// The same toy controller (Service annotation mirrored into an Endpoints object) on
+    /// Shepherd's engine and on kube-runtime, each in a child process against `shepherd server`.
+    Peer {
+        #[arg(long, default_value_t = 1_000)]
+        services: usize,
+        #[arg(long, default_value_t = 50.0)]
+        change_rate: f64,
+        #[arg(long, default_value_t = 20.0)]
+        change_seconds: f64,
+    },
+    /// (internal) One peer-comparison variant; runs until stdin closes.
+    #[command(hide = true)]
+    PeerWorker {
+        #[arg(long)]
+        engine: String,
+        #[arg(long)]
+        url: String,
     },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Scenario::PeerWorker { engine, url } = &cli.scenario {
+        return peer::worker(engine, url).await;
+    }
     let machine = report::Machine::read();
     println!("machine: {machine}");
     let result = match cli.scenario {
@@ -77,6 +99,15 @@ async fn main() -> anyhow::Result<()> {
             }
             experiment::run(&params, &cli.out).await?
         }
+        Scenario::Peer { services, change_rate, change_seconds } => {
+            let p = if cli.smoke {
+                peer::Params { services: 20, change_rate: 10.0, change_phase: std::time::Duration::from_secs(2) }
+            } else {
+                peer::Params { services, change_rate, change_phase: std::time::Duration::from_secs_f64(change_seconds) }
+            };
+            peer::run(&cli.shepherd, p).await?
+        }
+        Scenario::PeerWorker { .. } => unreachable!("handled above"),
     };
     report::write(&cli.out, &machine, &result)?;
     Ok(())
