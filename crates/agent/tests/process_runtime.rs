@@ -208,7 +208,7 @@ async fn a_restarted_agent_adopts_its_containers_without_duplicates_and_stops_or
     client.delete(&kinds::POD, Some("default"), "orphan", &force).await.expect("force delete");
 
     let agent = RunningAgent::start(client.clone(), config("node-1", dir.path())).await;
-    let orphans_gone = wait_until(Duration::from_secs(5), || pids_with_marker(&orphan).is_empty()).await;
+    let orphans_gone = wait_until(Duration::from_secs(15), || pids_with_marker(&orphan).is_empty()).await;
     assert!(orphans_gone, "processes of a pod that no longer exists are stopped");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let p = wait_pod(&client, "keep", Duration::from_secs(5), running_and_ready).await;
@@ -222,8 +222,8 @@ async fn a_restarted_agent_adopts_its_containers_without_duplicates_and_stops_or
 
     // The adopted container is still managed: deleting its pod stops it.
     client.delete(&kinds::POD, Some("default"), "keep", &DeleteParams::default()).await.expect("delete");
-    let stopped = wait_until(Duration::from_secs(5), || pids_with_marker(&keep).is_empty()).await;
-    assert!(stopped);
+    let stopped = wait_until(Duration::from_secs(15), || pids_with_marker(&keep).is_empty()).await;
+    assert!(stopped, "the adopted container is stopped when its pod is deleted");
     agent.finish(&client).await;
 }
 
