@@ -107,13 +107,34 @@ async fn the_seed_deployment_runs_real_processes_that_heal_and_survive_a_daemon_
     })
     .await;
 
+    // A pod deleted by hand is replaced (the seed waits 10 s before looking).
+    let web0 = ps.iter().find(|p| p["metadata"]["name"] == "web-0").and_then(|p| p["metadata"]["uid"].as_str()).expect("web-0").to_string();
+    let deleted = Instant::now();
+    let r = http.delete(format!("{url}/api/v1/namespaces/default/pods/web-0")).send().await.expect("delete");
+    assert!(r.status().is_success());
+    wait_for("a Running and Ready replacement", async || {
+        let ps = pods(&http, &url).await;
+        let live: Vec<&Value> = ps.iter().filter(|p| running_ready(p)).collect();
+        (live.len() == 3 && live.iter().all(|p| p["metadata"]["uid"] != web0.as_str())).then_some(())
+    })
+    .await;
+    let replaced = deleted.elapsed();
+    eprintln!("delete pod web-0 -> replacement Running and Ready: {replaced:?}");
+    assert!(replaced < Duration::from_secs(1), "took {replaced:?}");
+    wait_for("web-0's process gone", async || (!alive(pids[&web0])).then_some(())).await;
+    let pids = wait_for("three live container processes", async || {
+        let live: BTreeMap<String, i32> = container_pids(dir.path()).into_iter().filter(|(_, p)| alive(*p)).collect();
+        (live.len() == 3).then_some(live)
+    })
+    .await;
+
     // kill -9 the daemon: its containers keep running, and the restarted daemon adopts them.
     daemon.kill9();
     assert!(pids.values().all(|p| alive(*p)), "containers outlive the agent");
     let daemon = Daemon::start("standalone", dir.path(), &flags);
     let url = daemon.url.clone();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = container_pids(dir.path());
+    let after: BTreeMap<String, i32> = container_pids(dir.path()).into_iter().filter(|(_, p)| alive(*p)).collect();
     assert_eq!(after, pids, "the same processes, adopted, no duplicates");
     let ps = pods(&http, &url).await;
     assert_eq!(ps.len(), 3);
