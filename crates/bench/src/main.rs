@@ -9,6 +9,7 @@ mod plot;
 mod procstat;
 mod report;
 mod store;
+mod workloads;
 
 use clap::{Parser, Subcommand};
 
@@ -65,6 +66,18 @@ enum Scenario {
         #[arg(long, default_value_t = 20.0)]
         change_seconds: f64,
     },
+    /// `shepherd standalone` (process runtime), Deployment of 3 `minimal`: delete a pod, time
+    /// until its replacement is Running and Ready.
+    SelfHeal {
+        #[arg(long, default_value_t = 100)]
+        runs: usize,
+    },
+    /// `shepherd standalone` (process runtime): apply a 3-replica Deployment, time until its 3
+    /// pods are Running and Ready.
+    ApplyToRunning {
+        #[arg(long, default_value_t = 30)]
+        runs: usize,
+    },
     /// (internal) One peer-comparison variant; runs until stdin closes.
     #[command(hide = true)]
     PeerWorker {
@@ -106,6 +119,10 @@ async fn main() -> anyhow::Result<()> {
                 peer::Params { services, change_rate, change_phase: std::time::Duration::from_secs_f64(change_seconds) }
             };
             peer::run(&cli.shepherd, p).await?
+        }
+        Scenario::SelfHeal { runs } => workloads::self_heal(&cli.shepherd, if cli.smoke { 3 } else { runs }).await?,
+        Scenario::ApplyToRunning { runs } => {
+            workloads::apply_to_running(&cli.shepherd, if cli.smoke { 3 } else { runs }).await?
         }
         Scenario::PeerWorker { .. } => unreachable!("handled above"),
     };
