@@ -41,7 +41,7 @@ async fn create_n(http: &reqwest::Client, url: &str, prefix: &str, n: usize, cli
 pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize) -> anyhow::Result<ScenarioResult> {
     let dir = tempfile::tempdir()?;
     let data = dir.path().to_string_lossy().to_string();
-    let server = Process::start(binary, &["server", "--data-dir", &data])?;
+    let server = Process::start(binary, &["server", "--controllers", "none", "--data-dir", &data])?;
     let http = reqwest::Client::new();
     println!("scenario store: pods={pods} sequential={sequential} list_runs={list_runs}");
 
