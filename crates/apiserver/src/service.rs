@@ -571,9 +571,6 @@ impl ApiService {
                 )));
             }
             let grace = self.grace_period(res, &obj, opts);
-            if meta(&obj).is_some_and(|m| m.contains_key("deletionTimestamp")) && (finalizers(&obj) > 0 || grace > 0) {
-                return Ok(Deleted::Pending(current));
-            }
             // Foreground and Orphan are carried out by the garbage collector, which removes
             // these finalizers when the dependents are gone or released.
             let mut new = obj.clone();
@@ -591,6 +588,20 @@ impl ApiService {
                 }
             }
             let started = Instant::now();
+            if meta(&obj).is_some_and(|m| m.contains_key("deletionTimestamp")) && (finalizers(&obj) > 0 || grace > 0) {
+                if new == obj {
+                    return Ok(Deleted::Pending(current));
+                }
+                // Already being deleted, and now asked for another propagation policy: its
+                // finalizer joins the others, the deletion itself stays as it was.
+                let result = self.store.update(&key, codec::encode(&new)?, Some(current.mod_revision)).await;
+                self.metrics.observe_store_write(started);
+                match result {
+                    Ok(kv) => return Ok(Deleted::Pending(kv)),
+                    Err(StoreError::Conflict { .. }) => continue,
+                    Err(e) => return Err(store_err(res, name, e)),
+                }
+            }
             let result = if finalizers(&new) > 0 || grace > 0 {
                 // Mark, and keep the object until its finalizers or its node agent let it go.
                 let when = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(grace);

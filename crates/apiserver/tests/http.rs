@@ -185,6 +185,11 @@ async fn finalizers_hold_an_object_until_they_are_removed() {
     assert_eq!(code, StatusCode::ACCEPTED);
     assert!(marked["metadata"]["deletionTimestamp"].is_string());
     assert_eq!(s.get(&format!("{PODS}/held")).await.0, StatusCode::OK, "still there");
+    // Asking again with another propagation policy adds that policy's finalizer.
+    let (code, again) = s.delete(&format!("{PODS}/held?propagationPolicy=Orphan")).await;
+    assert_eq!(code, StatusCode::ACCEPTED);
+    assert_eq!(again["metadata"]["finalizers"], json!(["example.com/hold", "orphan"]));
+    assert_eq!(again["metadata"]["deletionTimestamp"], marked["metadata"]["deletionTimestamp"]);
     let (code, _) = s.patch(&format!("{PODS}/held"), &json!({"metadata": {"finalizers": null}}), "application/merge-patch+json").await;
     assert_eq!(code, StatusCode::OK);
     assert_eq!(s.get(&format!("{PODS}/held")).await.0, StatusCode::NOT_FOUND, "gone once the last finalizer is removed");
