@@ -165,7 +165,7 @@ fn encode_continue(revision: Revision, last_key: &str) -> String {
 
 fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
     let bad = || ApiError::BadRequest("continue token is invalid; start the list again without it".into());
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return Err(bad());
     }
     let bytes: Result<Vec<u8>, _> =

@@ -224,10 +224,10 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
     shutdown_signal().await;
     stop_tx.send_replace(true);
     let _ = controllers.await;
-    if let Some(t) = agent_task {
-        if let Ok(Err(e)) = t.await {
-            tracing::warn!(error = %e, "node agent stopped with an error");
-        }
+    if let Some(t) = agent_task
+        && let Ok(Err(e)) = t.await
+    {
+        tracing::warn!(error = %e, "node agent stopped with an error");
     }
     serving.await??;
     tracing::info!("shut down cleanly");

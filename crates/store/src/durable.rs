@@ -26,12 +26,15 @@ const MAX_BATCH: usize = 4096;
 
 pub(crate) type Reply = oneshot::Sender<Result<KeyValue, StoreError>>;
 
+/// Where writes go: the committer thread's queue.
+pub(crate) type Committer = mpsc::Sender<(Write, Reply)>;
+
 /// Opens (or creates) the redb file at `path`, loads it, and starts the committer thread that
 /// will own every write. A second open of the same file fails with a clear error.
 pub(crate) fn open(
     path: &Path,
     limits: HistoryLimits,
-) -> Result<(Arc<RwLock<State>>, mpsc::Sender<(Write, Reply)>), StoreError> {
+) -> Result<(Arc<RwLock<State>>, Committer), StoreError> {
     let db = Database::create(path).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(format!(
             "{} is already open in another Shepherd process; stop it or use another --data-dir",

@@ -2,13 +2,13 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, RwLock, mpsc};
+use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use crate::durable::{self, Reply};
+use crate::durable::{self, Committer};
 use crate::state::{State, Write};
 use crate::{HistoryLimits, KeyValue, ListResult, Revision, Store, StoreError, WatchStream};
 
@@ -18,7 +18,7 @@ use crate::{HistoryLimits, KeyValue, ListResult, Revision, Store, StoreError, Wa
 #[derive(Clone)]
 pub struct LocalStore {
     state: Arc<RwLock<State>>,
-    committer: Option<mpsc::Sender<(Write, Reply)>>,
+    committer: Option<Committer>,
 }
 
 impl LocalStore {

@@ -26,6 +26,9 @@ impl Default for HistoryLimits {
     }
 }
 
+/// Events as they are applied, for watchers to follow after replaying history.
+pub(crate) type LiveEvents = broadcast::Receiver<Arc<Event>>;
+
 /// One requested write.
 #[derive(Debug, Clone)]
 pub(crate) enum Write {
@@ -155,7 +158,7 @@ impl State {
         &self,
         prefix: &str,
         from: Revision,
-    ) -> Result<(Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>), StoreError> {
+    ) -> Result<(Vec<Arc<Event>>, LiveEvents), StoreError> {
         if from < self.watchable_from {
             return Err(StoreError::Expired { requested: from, oldest: self.watchable_from });
         }
