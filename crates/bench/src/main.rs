@@ -8,8 +8,11 @@ mod peer;
 mod plot;
 mod procstat;
 mod report;
+mod scale;
 mod store;
 mod workloads;
+
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -78,6 +81,33 @@ enum Scenario {
         #[arg(long, default_value_t = 30)]
         runs: usize,
     },
+    /// N simulated nodes (one `shepherd agent` process), one Deployment of R replicas: time until
+    /// all are Running and Ready, pods/s, control-plane peak RSS and CPU seconds.
+    ScaleOut {
+        #[arg(long, default_value_t = 1_000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 10_000)]
+        replicas: usize,
+        /// Give up after this many seconds (the rate so far is still reported).
+        #[arg(long, default_value_t = 300.0)]
+        timeout_seconds: f64,
+    },
+    /// scale-out, then the cluster left idle (CPU, RSS, store writes/s, API requests/s), then pod
+    /// deletions at a fixed rate (DELETE latency, replacement latency).
+    SteadyChurn {
+        #[arg(long, default_value_t = 1_000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 10_000)]
+        replicas: usize,
+        #[arg(long, default_value_t = 300.0)]
+        timeout_seconds: f64,
+        #[arg(long, default_value_t = 120.0)]
+        idle_seconds: f64,
+        #[arg(long, default_value_t = 60.0)]
+        churn_seconds: f64,
+        #[arg(long, default_value_t = 20.0)]
+        deletions_per_second: f64,
+    },
     /// (internal) One peer-comparison variant; runs until stdin closes.
     #[command(hide = true)]
     PeerWorker {
@@ -123,6 +153,40 @@ async fn main() -> anyhow::Result<()> {
         Scenario::SelfHeal { runs } => workloads::self_heal(&cli.shepherd, if cli.smoke { 3 } else { runs }).await?,
         Scenario::ApplyToRunning { runs } => {
             workloads::apply_to_running(&cli.shepherd, if cli.smoke { 3 } else { runs }).await?
+        }
+        Scenario::ScaleOut { nodes, replicas, timeout_seconds } => {
+            let (nodes, replicas) = if cli.smoke { (5, 20) } else { (nodes, replicas) };
+            let p = scale::Params {
+                nodes,
+                replicas,
+                timeout: Duration::from_secs_f64(timeout_seconds),
+                idle: Duration::ZERO,
+                churn: Duration::ZERO,
+                churn_rate: 20.0,
+            };
+            scale::run_scale_out(&cli.shepherd, p).await?
+        }
+        Scenario::SteadyChurn { nodes, replicas, timeout_seconds, idle_seconds, churn_seconds, deletions_per_second } => {
+            let p = if cli.smoke {
+                scale::Params {
+                    nodes: 5,
+                    replicas: 20,
+                    timeout: Duration::from_secs(60),
+                    idle: Duration::from_secs(3),
+                    churn: Duration::from_secs(2),
+                    churn_rate: deletions_per_second,
+                }
+            } else {
+                scale::Params {
+                    nodes,
+                    replicas,
+                    timeout: Duration::from_secs_f64(timeout_seconds),
+                    idle: Duration::from_secs_f64(idle_seconds),
+                    churn: Duration::from_secs_f64(churn_seconds),
+                    churn_rate: deletions_per_second,
+                }
+            };
+            scale::run_steady_churn(&cli.shepherd, p).await?
         }
         Scenario::PeerWorker { .. } => unreachable!("handled above"),
     };

@@ -1,0 +1,393 @@
+//! Scenarios `scale-out` and `steady-churn`: `shepherd server` plus one `shepherd agent` process
+//! running N simulated nodes; one Deployment of R replicas scheduled across them, then (for
+//! `steady-churn`) the cluster left idle, then 20 pod deletions per second.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use rand::seq::SliceRandom;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::cluster::Process;
+use crate::procstat;
+use crate::report::{ScenarioResult, summarize};
+
+const PODS: &str = "/api/v1/namespaces/default/pods";
+const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments";
+const APP: &str = "scale";
+
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    pub nodes: usize,
+    pub replicas: usize,
+    /// Give up waiting for all replicas after this long (the rate so far is still reported).
+    pub timeout: Duration,
+    pub idle: Duration,
+    pub churn: Duration,
+    pub churn_rate: f64,
+}
+
+/// The server and the simulated-node agent, each a child process.
+struct Cluster {
+    _server_dir: tempfile::TempDir,
+    _agent_dir: tempfile::TempDir,
+    server: Process,
+    agent: Child,
+    // Kept open so that the agent's later writes to stdout do not fail.
+    _agent_stdout: BufReader<ChildStdout>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.agent.kill();
+        let _ = self.agent.wait();
+    }
+}
+
+impl Cluster {
+    fn server_pid(&self) -> String {
+        self.server.child.id().to_string()
+    }
+    fn agent_pid(&self) -> String {
+        self.agent.id().to_string()
+    }
+}
+
+fn deployment(replicas: usize) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": APP, "labels": {"app": APP}},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": APP}},
+            "template": {"metadata": {"labels": {"app": APP}},
+                "spec": {"containers": [{"name": "main", "image": "minimal",
+                    "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}}})
+}
+
+fn is_ready(obj: &Value) -> bool {
+    obj.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+fn is_running_ready(p: &Value) -> bool {
+    p.pointer("/metadata/deletionTimestamp").is_none()
+        && p.pointer("/status/phase").and_then(Value::as_str) == Some("Running")
+        && is_ready(p)
+}
+
+async fn start_cluster(binary: &Path, nodes: usize) -> anyhow::Result<(Cluster, Duration)> {
+    let server_dir = tempfile::tempdir()?;
+    let agent_dir = tempfile::tempdir()?;
+    let data = server_dir.path().to_string_lossy().to_string();
+    let server = Process::start(binary, &["server", "--data-dir", &data, "--controller-workers", "4"])?;
+    let started = Instant::now();
+    let mut agent = Command::new(binary)
+        .args(["agent", "--server", &server.url, "--simulate-nodes", &nodes.to_string(), "--node-name-prefix", "sim-"])
+        .args(["--simulated-ready-ms", "100", "--lease-seconds", "10", "--data-dir"])
+        .arg(agent_dir.path())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("starting the agent: {e}"))?;
+    let stdout = agent.stdout.take().ok_or_else(|| anyhow::anyhow!("no agent stdout"))?;
+    let mut reader = BufReader::new(stdout);
+    let mut line = String::new();
+    // The agent prints one line once its nodes are registered; read it off the async runtime.
+    let (line, reader) = tokio::task::spawn_blocking(move || {
+        let r = reader.read_line(&mut line);
+        (r.map(|_| line), reader)
+    })
+    .await?;
+    let line = line?;
+    anyhow::ensure!(line.starts_with("shepherd agent"), "unexpected first line from the agent: {line:?}");
+    let cluster = Cluster { _server_dir: server_dir, _agent_dir: agent_dir, server, agent, _agent_stdout: reader };
+    let http = reqwest::Client::new();
+    loop {
+        let list: Value = http.get(format!("{}/api/v1/nodes", cluster.server.url)).send().await?.json().await?;
+        let ready = list["items"].as_array().map_or(0, |ns| ns.iter().filter(|n| is_ready(n)).count());
+        if ready >= nodes {
+            break;
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(300), "{ready}/{nodes} nodes Ready after 300 s");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok((cluster, started.elapsed()))
+}
+
+async fn ready_replicas(http: &reqwest::Client, url: &str) -> anyhow::Result<usize> {
+    let d: Value = http.get(format!("{url}{DEPLOYMENTS}/{APP}")).send().await?.json().await?;
+    Ok(d.pointer("/status/readyReplicas").and_then(Value::as_u64).unwrap_or(0) as usize)
+}
+
+/// Creates the Deployment and waits for all its replicas to be Ready; returns the results.
+async fn scale_out(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Result<Value> {
+    let (spid, apid) = (c.server_pid(), c.agent_pid());
+    let (server_cpu0, agent_cpu0) = (procstat::cpu_seconds(&spid), procstat::cpu_seconds(&apid));
+    let rss_before = procstat::rss_mib(&spid);
+    let started = Instant::now();
+    let r = http.post(format!("{}{DEPLOYMENTS}", c.server.url)).json(&deployment(p.replicas)).send().await?;
+    anyhow::ensure!(r.status().is_success(), "creating the Deployment: {}", r.status());
+    let mut timeline = Vec::new();
+    let mut last_print = Instant::now();
+    let mut ready;
+    loop {
+        ready = ready_replicas(http, &c.server.url).await?;
+        let t = started.elapsed();
+        timeline.push(json!([t.as_secs_f64(), ready]));
+        if ready >= p.replicas || t >= p.timeout {
+            break;
+        }
+        if last_print.elapsed() >= Duration::from_secs(2) {
+            println!("  {:.1} s: {ready}/{} ready, server RSS {:.0} MiB", t.as_secs_f64(), p.replicas, procstat::rss_mib(&spid));
+            last_print = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let elapsed = started.elapsed();
+    let complete = ready >= p.replicas;
+    let server_cpu = procstat::cpu_seconds(&spid) - server_cpu0;
+    let agent_cpu = procstat::cpu_seconds(&apid) - agent_cpu0;
+    let (server_peak, agent_peak) = (procstat::peak_rss_mib(&spid), procstat::peak_rss_mib(&apid));
+    let rate = ready as f64 / elapsed.as_secs_f64();
+    if complete {
+        println!("{} pods Running and Ready on {} nodes in {:.2} s ({rate:.0} pods/s)", p.replicas, p.nodes, elapsed.as_secs_f64());
+    } else {
+        println!("NOT complete: {ready}/{} Ready after {:.1} s ({rate:.0} pods/s so far)", p.replicas, elapsed.as_secs_f64());
+    }
+    println!("control plane: peak RSS {server_peak:.1} MiB (before the Deployment {rss_before:.1}), CPU {server_cpu:.2} s");
+    println!("agent ({} simulated nodes): peak RSS {agent_peak:.1} MiB, CPU {agent_cpu:.2} s", p.nodes);
+    Ok(json!({"complete": complete, "ready": ready, "seconds_to_all_ready": elapsed.as_secs_f64(), "pods_per_s": rate,
+        "control_plane_peak_rss_mib": server_peak, "control_plane_rss_before_mib": rss_before,
+        "control_plane_cpu_seconds": server_cpu, "agent_peak_rss_mib": agent_peak, "agent_cpu_seconds": agent_cpu,
+        "load_average": procstat::load_average(), "timeline_s_ready": timeline}))
+}
+
+fn params_json(p: &Params, with_churn: bool) -> Value {
+    let mut v = json!({"nodes": p.nodes, "replicas": p.replicas, "image": "minimal", "simulated_ready_ms": 100,
+        "lease_seconds": 10, "controller_workers": 4, "poll_ms": 250, "timeout_s": p.timeout.as_secs_f64()});
+    if with_churn {
+        v["idle_s"] = json!(p.idle.as_secs_f64());
+        v["churn_s"] = json!(p.churn.as_secs_f64());
+        v["deletions_per_s"] = json!(p.churn_rate);
+    }
+    v
+}
+
+pub async fn run_scale_out(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
+    println!("scenario scale-out: {} simulated nodes, one Deployment of {} `minimal` replicas", p.nodes, p.replicas);
+    let (cluster, nodes_ready) = start_cluster(binary, p.nodes).await?;
+    println!("{} nodes Ready {:.2} s after the agent started", p.nodes, nodes_ready.as_secs_f64());
+    let http = reqwest::Client::new();
+    let mut values = scale_out(&cluster, &p, &http).await?;
+    values["seconds_to_nodes_ready"] = json!(nodes_ready.as_secs_f64());
+    Ok(ScenarioResult { name: "scale-out", params: params_json(&p, false), values })
+}
+
+/// Sums of the counters in `/metrics` the steady-state phase reports.
+async fn counters(http: &reqwest::Client, url: &str) -> anyhow::Result<(f64, f64)> {
+    let text = http.get(format!("{url}/metrics")).send().await?.text().await?;
+    let (mut writes, mut requests) = (0.0, 0.0);
+    for line in text.lines() {
+        let Some((name, value)) = line.rsplit_once(' ') else { continue };
+        let value: f64 = value.parse().unwrap_or(0.0);
+        let metric = name.split('{').next().unwrap_or("");
+        if metric == "shepherd_store_write_duration_seconds_count" {
+            writes += value;
+        } else if metric == "apiserver_request_total" {
+            requests += value;
+        }
+    }
+    Ok((writes, requests))
+}
+
+async fn steady(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Result<Value> {
+    let spid = c.server_pid();
+    let (w0, r0) = counters(http, &c.server.url).await?;
+    let cpu0 = procstat::cpu_seconds(&spid);
+    let agent_cpu0 = procstat::cpu_seconds(&c.agent_pid());
+    let started = Instant::now();
+    let mut rss_max: f64 = 0.0;
+    while started.elapsed() < p.idle {
+        rss_max = rss_max.max(procstat::rss_mib(&spid));
+        tokio::time::sleep(Duration::from_millis(500).min(p.idle)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let cpu = procstat::cpu_seconds(&spid) - cpu0;
+    let agent_cpu = procstat::cpu_seconds(&c.agent_pid()) - agent_cpu0;
+    let (w1, r1) = counters(http, &c.server.url).await?;
+    // The second scrape itself is one request; not counted.
+    let (writes, requests) = ((w1 - w0) / secs, (r1 - r0 - 1.0).max(0.0) / secs);
+    let rss = procstat::rss_mib(&spid);
+    let cpu_pct = cpu / secs * 100.0;
+    println!("steady state ({secs:.0} s idle): control plane CPU {cpu_pct:.2}% of one core, RSS {rss:.1} MiB (max {rss_max:.1}), \
+              store writes {writes:.1}/s, API requests {requests:.1}/s; agent CPU {:.2}% of one core", agent_cpu / secs * 100.0);
+    Ok(json!({"seconds": secs, "control_plane_cpu_percent_of_core": cpu_pct, "control_plane_cpu_seconds": cpu,
+        "control_plane_rss_mib": rss, "control_plane_rss_max_mib": rss_max, "store_writes_per_s": writes,
+        "api_requests_per_s": requests, "agent_cpu_percent_of_core": agent_cpu / secs * 100.0,
+        "agent_rss_mib": procstat::rss_mib(&c.agent_pid()), "load_average": procstat::load_average()}))
+}
+
+/// What the pod watch has seen during churn.
+#[derive(Default)]
+struct Seen {
+    /// Pods that are Running and Ready and may be deleted.
+    pool: Vec<String>,
+    /// UIDs ever seen Ready (so that a pod counts as a replacement once; names are reused).
+    ready_once: HashSet<String>,
+    /// Times at which a pod created during churn first became Ready, in order.
+    replacements: Vec<Instant>,
+}
+
+/// Follows pod events from `rv`: keeps the pool of deletable pods and records replacements.
+async fn watch_pods(http: reqwest::Client, url: String, rv: String, seen: Arc<Mutex<Seen>>, churn_start: Instant) -> anyhow::Result<()> {
+    let resp = http.get(format!("{url}{PODS}?labelSelector=app%3D{APP}&watch=true&resourceVersion={rv}")).send().await?;
+    anyhow::ensure!(resp.status().is_success(), "watch: {}", resp.status());
+    let mut body = resp.bytes_stream();
+    let mut buf = Vec::new();
+    while let Some(chunk) = body.next().await {
+        buf.extend_from_slice(&chunk?);
+        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            let Ok(ev) = serde_json::from_slice::<Value>(&line) else { continue };
+            let obj = &ev["object"];
+            let Some(name) = obj.pointer("/metadata/name").and_then(Value::as_str) else { continue };
+            let uid = obj.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or(name);
+            let now = Instant::now();
+            let mut s = seen.lock().unwrap();
+            if ev["type"] == "DELETED" || !is_running_ready(obj) {
+                s.pool.retain(|n| n != name);
+            } else if s.ready_once.insert(uid.to_string()) {
+                s.pool.push(name.to_string());
+                if now >= churn_start {
+                    s.replacements.push(now);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn churn(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Result<Value> {
+    let url = c.server.url.clone();
+    let list: Value = http.get(format!("{url}{PODS}?labelSelector=app%3D{APP}")).send().await?.json().await?;
+    let rv = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("0").to_string();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    {
+        let mut s = seen.lock().unwrap();
+        for pod in list["items"].as_array().into_iter().flatten() {
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let uid = pod["metadata"]["uid"].as_str().map_or_else(|| name.clone(), str::to_string);
+            if is_running_ready(pod) {
+                s.pool.push(name);
+            }
+            s.ready_once.insert(uid);
+        }
+    }
+    let spid = c.server_pid();
+    let cpu0 = procstat::cpu_seconds(&spid);
+    let start = Instant::now();
+    let watcher = tokio::spawn(watch_pods(http.clone(), url.clone(), rv, seen.clone(), start));
+    let deletions: Arc<Mutex<Vec<(Instant, Duration)>>> = Arc::default();
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / p.churn_rate));
+    let mut tasks = Vec::new();
+    let mut skipped = 0usize;
+    while start.elapsed() < p.churn {
+        tick.tick().await;
+        let victim = {
+            let mut s = seen.lock().unwrap();
+            let mut rng = rand::rng();
+            s.pool.shuffle(&mut rng);
+            s.pool.pop()
+        };
+        let Some(victim) = victim else {
+            skipped += 1;
+            continue;
+        };
+        let (http, url, deletions) = (http.clone(), url.clone(), deletions.clone());
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let r = http.delete(format!("{url}{PODS}/{victim}")).send().await?;
+            let latency = t.elapsed();
+            if r.status().is_success() {
+                deletions.lock().unwrap().push((t, latency));
+            }
+            Ok::<_, anyhow::Error>(r.status().as_u16())
+        }));
+    }
+    let mut failed = 0;
+    for t in tasks {
+        if !matches!(t.await?, Ok(200..=299)) {
+            failed += 1;
+        }
+    }
+    let churn_secs = start.elapsed().as_secs_f64();
+    let cpu = procstat::cpu_seconds(&spid) - cpu0;
+    // Wait for the Deployment to be whole again (and the last replacements to show on the watch).
+    let settle = Instant::now();
+    while ready_replicas(http, &url).await? < p.replicas && settle.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if watcher.is_finished() {
+        match watcher.await {
+            Ok(Err(e)) => println!("pod watch ended early: {e:#}"),
+            _ => println!("pod watch ended early"),
+        }
+    } else {
+        watcher.abort();
+    }
+    let mut dels = deletions.lock().unwrap().clone();
+    dels.sort_by_key(|d| d.0);
+    let delete_latency = summarize(&dels.iter().map(|d| d.1).collect::<Vec<_>>());
+    // Deletion i is replaced by the i-th pod that became Ready after churn started (FIFO).
+    let mut replacements: VecDeque<Instant> = seen.lock().unwrap().replacements.iter().copied().collect();
+    let mut replace = Vec::new();
+    for (t, _) in &dels {
+        while replacements.front().is_some_and(|r| r < t) {
+            replacements.pop_front();
+        }
+        match replacements.pop_front() {
+            Some(r) => replace.push(r - *t),
+            None => break,
+        }
+    }
+    let unreplaced = dels.len() - replace.len();
+    let replacement = summarize(&replace);
+    let final_ready = ready_replicas(http, &url).await?;
+    let by_code: HashMap<&str, usize> = [("deleted", dels.len()), ("failed", failed), ("no_ready_pod_to_delete", skipped)].into();
+    println!("churn ({churn_secs:.0} s at {}/s): {} deletions; DELETE latency {delete_latency}", p.churn_rate, dels.len());
+    println!("deleted pod -> a replacement Running and Ready: {replacement}; {unreplaced} not matched; readyReplicas at end {final_ready}/{}", p.replicas);
+    println!("control plane CPU during churn: {:.1}% of one core, RSS {:.1} MiB", cpu / churn_secs * 100.0, procstat::rss_mib(&spid));
+    Ok(json!({"seconds": churn_secs, "deletions": by_code, "delete_latency": delete_latency,
+        "replacement_ready": replacement, "unmatched_deletions": unreplaced, "ready_replicas_at_end": final_ready,
+        "control_plane_cpu_percent_of_core": cpu / churn_secs * 100.0, "control_plane_rss_mib": procstat::rss_mib(&spid),
+        "control_plane_peak_rss_mib": procstat::peak_rss_mib(&spid), "load_average": procstat::load_average()}))
+}
+
+pub async fn run_steady_churn(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
+    println!(
+        "scenario steady-churn: {} simulated nodes, Deployment of {}; idle {:.0} s; then {}/s pod deletions for {:.0} s",
+        p.nodes,
+        p.replicas,
+        p.idle.as_secs_f64(),
+        p.churn_rate,
+        p.churn.as_secs_f64()
+    );
+    let (cluster, nodes_ready) = start_cluster(binary, p.nodes).await?;
+    let http = reqwest::Client::new();
+    let mut scale = scale_out(&cluster, &p, &http).await?;
+    scale["seconds_to_nodes_ready"] = json!(nodes_ready.as_secs_f64());
+    anyhow::ensure!(scale["complete"] == true, "the Deployment never became fully Ready; no steady state to measure");
+    let steady = steady(&cluster, &p, &http).await?;
+    let churn = churn(&cluster, &p, &http).await?;
+    Ok(ScenarioResult {
+        name: "steady-churn",
+        params: params_json(&p, true),
+        values: json!({"scale_out": scale, "steady_state": steady, "churn": churn}),
+    })
+}
