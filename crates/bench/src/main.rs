@@ -91,6 +91,9 @@ enum Scenario {
         /// Give up after this many seconds (the rate so far is still reported).
         #[arg(long, default_value_t = 300.0)]
         timeout_seconds: f64,
+        /// Extra argument for `shepherd server` (repeatable), e.g. `--server-arg=--history-events=10000`.
+        #[arg(long, allow_hyphen_values = true)]
+        server_arg: Vec<String>,
     },
     /// scale-out, then the cluster left idle (CPU, RSS, store writes/s, API requests/s), then pod
     /// deletions at a fixed rate (DELETE latency, replacement latency).
@@ -107,6 +110,8 @@ enum Scenario {
         churn_seconds: f64,
         #[arg(long, default_value_t = 20.0)]
         deletions_per_second: f64,
+        #[arg(long, allow_hyphen_values = true)]
+        server_arg: Vec<String>,
     },
     /// (internal) One peer-comparison variant; runs until stdin closes.
     #[command(hide = true)]
@@ -154,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::ApplyToRunning { runs } => {
             workloads::apply_to_running(&cli.shepherd, if cli.smoke { 3 } else { runs }).await?
         }
-        Scenario::ScaleOut { nodes, replicas, timeout_seconds } => {
+        Scenario::ScaleOut { nodes, replicas, timeout_seconds, server_arg } => {
             let (nodes, replicas) = if cli.smoke { (5, 20) } else { (nodes, replicas) };
             let p = scale::Params {
                 nodes,
@@ -163,10 +168,11 @@ async fn main() -> anyhow::Result<()> {
                 idle: Duration::ZERO,
                 churn: Duration::ZERO,
                 churn_rate: 20.0,
+                server_args: server_arg,
             };
             scale::run_scale_out(&cli.shepherd, p).await?
         }
-        Scenario::SteadyChurn { nodes, replicas, timeout_seconds, idle_seconds, churn_seconds, deletions_per_second } => {
+        Scenario::SteadyChurn { nodes, replicas, timeout_seconds, idle_seconds, churn_seconds, deletions_per_second, server_arg } => {
             let p = if cli.smoke {
                 scale::Params {
                     nodes: 5,
@@ -175,6 +181,7 @@ async fn main() -> anyhow::Result<()> {
                     idle: Duration::from_secs(3),
                     churn: Duration::from_secs(2),
                     churn_rate: deletions_per_second,
+                    server_args: server_arg.clone(),
                 }
             } else {
                 scale::Params {
@@ -184,6 +191,7 @@ async fn main() -> anyhow::Result<()> {
                     idle: Duration::from_secs_f64(idle_seconds),
                     churn: Duration::from_secs_f64(churn_seconds),
                     churn_rate: deletions_per_second,
+                    server_args: server_arg.clone(),
                 }
             };
             scale::run_steady_churn(&cli.shepherd, p).await?

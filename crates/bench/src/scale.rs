@@ -22,7 +22,7 @@ const PODS: &str = "/api/v1/namespaces/default/pods";
 const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments";
 const APP: &str = "scale";
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Params {
     pub nodes: usize,
     pub replicas: usize,
@@ -31,6 +31,8 @@ pub struct Params {
     pub idle: Duration,
     pub churn: Duration,
     pub churn_rate: f64,
+    /// Extra arguments for `shepherd server` (e.g. `--history-events=10000`).
+    pub server_args: Vec<String>,
 }
 
 /// The server and the simulated-node agent, each a child process.
@@ -79,11 +81,13 @@ fn is_running_ready(p: &Value) -> bool {
         && is_ready(p)
 }
 
-async fn start_cluster(binary: &Path, nodes: usize) -> anyhow::Result<(Cluster, Duration)> {
+async fn start_cluster(binary: &Path, nodes: usize, extra: &[String]) -> anyhow::Result<(Cluster, Duration)> {
     let server_dir = tempfile::tempdir()?;
     let agent_dir = tempfile::tempdir()?;
     let data = server_dir.path().to_string_lossy().to_string();
-    let server = Process::start(binary, &["server", "--data-dir", &data, "--controller-workers", "4"])?;
+    let mut args = vec!["server", "--data-dir", &data, "--controller-workers", "4"];
+    args.extend(extra.iter().map(String::as_str));
+    let server = Process::start(binary, &args)?;
     let started = Instant::now();
     let mut agent = Command::new(binary)
         .args(["agent", "--server", &server.url, "--simulate-nodes", &nodes.to_string(), "--node-name-prefix", "sim-"])
@@ -169,7 +173,7 @@ async fn scale_out(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::R
 
 fn params_json(p: &Params, with_churn: bool) -> Value {
     let mut v = json!({"nodes": p.nodes, "replicas": p.replicas, "image": "minimal", "simulated_ready_ms": 100,
-        "lease_seconds": 10, "controller_workers": 4, "poll_ms": 250, "timeout_s": p.timeout.as_secs_f64()});
+        "lease_seconds": 10, "controller_workers": 4, "poll_ms": 250, "timeout_s": p.timeout.as_secs_f64(), "server_args": p.server_args});
     if with_churn {
         v["idle_s"] = json!(p.idle.as_secs_f64());
         v["churn_s"] = json!(p.churn.as_secs_f64());
@@ -180,7 +184,7 @@ fn params_json(p: &Params, with_churn: bool) -> Value {
 
 pub async fn run_scale_out(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
     println!("scenario scale-out: {} simulated nodes, one Deployment of {} `minimal` replicas", p.nodes, p.replicas);
-    let (cluster, nodes_ready) = start_cluster(binary, p.nodes).await?;
+    let (cluster, nodes_ready) = start_cluster(binary, p.nodes, &p.server_args).await?;
     println!("{} nodes Ready {:.2} s after the agent started", p.nodes, nodes_ready.as_secs_f64());
     let http = reqwest::Client::new();
     let mut values = scale_out(&cluster, &p, &http).await?;
@@ -378,7 +382,7 @@ pub async fn run_steady_churn(binary: &Path, p: Params) -> anyhow::Result<Scenar
         p.churn_rate,
         p.churn.as_secs_f64()
     );
-    let (cluster, nodes_ready) = start_cluster(binary, p.nodes).await?;
+    let (cluster, nodes_ready) = start_cluster(binary, p.nodes, &p.server_args).await?;
     let http = reqwest::Client::new();
     let mut scale = scale_out(&cluster, &p, &http).await?;
     scale["seconds_to_nodes_ready"] = json!(nodes_ready.as_secs_f64());
