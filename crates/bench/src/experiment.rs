@@ -19,9 +19,9 @@ use serde_json::{Value, json};
 use shepherd_api::kinds::{DEPLOYMENT, POD};
 use shepherd_apiserver::{ApiServer, HttpConfig};
 use shepherd_controllers::{ControllerConfig, deployment_controller, podutil, replicaset_controller};
-use shepherd_runtime::{Client, ListParams, Manager, Patch, TriggerMode, WatchEvent};
+use shepherd_runtime::{Client, ListParams, Manager, Patch, RunningManager, TriggerMode, WatchEvent};
 use shepherd_store::{HistoryLimits, LocalStore};
-use tokio::sync::{Mutex, oneshot};
+use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::counting::{Counts, CountingClient};
@@ -184,11 +184,7 @@ fn deployment(name: &str, replicas: i64) -> Value {
 }
 
 /// A manager running the Deployment and ReplicaSet controllers until stopped.
-struct Running {
-    manager: Arc<Manager>,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
+struct Running(RunningManager);
 
 impl Running {
     fn start(client: Arc<dyn Client>, cfg: ControllerConfig, loss: f64) -> Self {
@@ -196,22 +192,13 @@ impl Running {
         manager.informers().watch_faults().set_drop_fraction(loss);
         manager.add(replicaset_controller(client.clone(), &manager, &cfg).shutdown_grace(Duration::from_secs(1)));
         manager.add(deployment_controller(client, &manager, &cfg).shutdown_grace(Duration::from_secs(1)));
-        let manager = Arc::new(manager);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let m = manager.clone();
-        let task = tokio::spawn(async move {
-            m.run(async {
-                let _ = stopped.await;
-            })
-            .await
-        });
-        Running { manager, stop: Some(stop), task }
+        Running(manager.spawn())
     }
 
     /// Sum of `controller_reconcile_total` over controllers and results, and dropped watch events.
     fn reconciles_and_drops(&self) -> (f64, f64) {
         let mut registry = prometheus_client::registry::Registry::default();
-        self.manager.metrics().register(&mut registry);
+        self.0.manager().metrics().register(&mut registry);
         let mut text = String::new();
         if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
             return (0.0, 0.0);
@@ -225,11 +212,8 @@ impl Running {
         (sum("controller_reconcile_total{"), sum("informer_dropped_events_total"))
     }
 
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = (&mut self.task).await;
+    async fn stop(self) {
+        self.0.stop().await
     }
 }
 

@@ -73,10 +73,45 @@ impl Manager {
         self.factory.shut_down();
     }
 
+    /// Runs the manager in a task of its own until the returned handle is stopped.
+    pub fn spawn(self) -> RunningManager {
+        let manager = Arc::new(self);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let m = manager.clone();
+        let task = tokio::spawn(async move {
+            m.run(async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        RunningManager { manager, stop: Some(stop), task }
+    }
+
     /// The `/debug/controllers` view: every running controller with its queue and backoff state.
     pub fn snapshot(&self) -> ControllersSnapshot {
         let running = self.running.lock().unwrap_or_else(|e| e.into_inner()).clone();
         debug::snapshot(&running, &self.factory)
+    }
+}
+
+/// A manager running in its own task (`Manager::spawn`).
+pub struct RunningManager {
+    manager: Arc<Manager>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningManager {
+    pub fn manager(&self) -> &Arc<Manager> {
+        &self.manager
+    }
+
+    /// Signals shutdown and waits until every controller has drained and stopped.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
     }
 }
 
@@ -93,7 +128,6 @@ mod tests {
     use std::collections::HashSet;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
-    use tokio::sync::oneshot;
     use tokio::time::Instant;
 
     // The toy controller: every Service ("source") has an Endpoints object ("derived") of the
@@ -156,34 +190,6 @@ mod tests {
         None
     }
 
-    struct Running {
-        manager: Arc<Manager>,
-        stop: Option<oneshot::Sender<()>>,
-        task: tokio::task::JoinHandle<()>,
-    }
-
-    impl Running {
-        fn start(manager: Manager) -> Self {
-            let manager = Arc::new(manager);
-            let (stop, stopped) = oneshot::channel::<()>();
-            let m = manager.clone();
-            let task = tokio::spawn(async move {
-                m.run(async {
-                    let _ = stopped.await;
-                })
-                .await
-            });
-            Running { manager, stop: Some(stop), task }
-        }
-
-        async fn stop(mut self) {
-            if let Some(stop) = self.stop.take() {
-                let _ = stop.send(());
-            }
-            let _ = (&mut self.task).await;
-        }
-    }
-
     fn toy_manager(client: &Arc<MemoryClient>, mode: TriggerMode) -> Manager {
         let manager = Manager::new(client.clone());
         let sources = manager.informers().cache(&SERVICE);
@@ -220,10 +226,10 @@ mod tests {
         let client = Arc::new(MemoryClient::new());
         let names = create_sources(&client, 5, "1").await;
         let period = Duration::from_secs(60);
-        let running = Running::start(toy_manager(&client, TriggerMode::hybrid().with_period(period)));
+        let running = Manager::spawn(toy_manager(&client, TriggerMode::hybrid().with_period(period)));
         assert!(wait_until(Duration::from_secs(1), || all_derived_are(&client, &names, "1")).await.is_some());
 
-        running.manager.informers().watch_faults().set_drop_fraction(1.0);
+        running.manager().informers().watch_faults().set_drop_fraction(1.0);
         set_all_sources(&client, &names, "2").await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(all_derived_are(&client, &names, "1").await, "with every event lost nothing moves before the resync");
@@ -238,14 +244,14 @@ mod tests {
     async fn edge_stays_stuck_forever_when_its_watch_events_are_lost() {
         let client = Arc::new(MemoryClient::new());
         let names = create_sources(&client, 5, "1").await;
-        let running = Running::start(toy_manager(&client, TriggerMode::edge()));
+        let running = Manager::spawn(toy_manager(&client, TriggerMode::edge()));
         assert!(wait_until(Duration::from_secs(1), || all_derived_are(&client, &names, "1")).await.is_some());
 
-        running.manager.informers().watch_faults().set_drop_fraction(1.0);
+        running.manager().informers().watch_faults().set_drop_fraction(1.0);
         set_all_sources(&client, &names, "2").await;
         tokio::time::sleep(Duration::from_secs(24 * 3600)).await;
         assert!(all_derived_are(&client, &names, "1").await, "edge never learns of the change: stuck, as the seeds warn");
-        let cached = running.manager.informers().cache(&SERVICE).get("ns/s0");
+        let cached = running.manager().informers().cache(&SERVICE).get("ns/s0");
         assert_eq!(cached.map(|o| o["spec"]["value"].clone()), Some(json!("1")));
         running.stop().await;
     }
@@ -255,7 +261,7 @@ mod tests {
         let client = Arc::new(MemoryClient::new());
         let names = create_sources(&client, 5, "1").await;
         let started = Instant::now();
-        let running = Running::start(toy_manager(&client, TriggerMode::level()));
+        let running = Manager::spawn(toy_manager(&client, TriggerMode::level()));
         assert!(wait_until(Duration::from_secs(1), || all_derived_are(&client, &names, "1")).await.is_some());
 
         tokio::time::sleep_until(started + Duration::from_secs(1)).await;
@@ -303,21 +309,21 @@ mod tests {
                 Ok(Action::Done)
             }
         }));
-        let running = Running::start(manager);
+        let running = Manager::spawn(manager);
 
         let took = wait_until(Duration::from_secs(10), || all_derived_are(&client, &names, "1")).await;
         assert!(took.is_some(), "every key converges despite the panics");
         assert_eq!(seen_nodes.lock().unwrap().len(), 5, "the other controller reconciled all its keys");
         assert!(panics.load(Ordering::SeqCst) >= 3);
 
-        let snapshot = running.manager.snapshot();
+        let snapshot = running.manager().snapshot();
         let by_name = |n: &str| snapshot.controllers.iter().find(|c| c.name == n).cloned().unwrap();
         assert_eq!(by_name("panicky").reconciles.panic, panics.load(Ordering::SeqCst) as u64);
         assert_eq!(by_name("steady").reconciles.panic, 0);
         assert_eq!(by_name("steady").reconciles.success, 5);
 
         let mut registry = prometheus_client::registry::Registry::default();
-        running.manager.metrics().register(&mut registry);
+        running.manager().metrics().register(&mut registry);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         let expected = format!(r#"controller_reconcile_panics_total{{controller="panicky"}} {}"#, panics.load(Ordering::SeqCst));
@@ -341,10 +347,10 @@ mod tests {
             .faults(faults)
             .workers(4),
         );
-        let running = Running::start(manager);
+        let running = Manager::spawn(manager);
         let took = wait_until(Duration::from_secs(60), || all_derived_are(&client, &names, "1")).await;
         assert!(took.is_some(), "every key converges through injected failures and panics");
-        let snapshot = running.manager.snapshot();
+        let snapshot = running.manager().snapshot();
         let counts = &snapshot.controllers[0].reconciles;
         assert!(counts.error + counts.panic > 0, "with half the calls faulty some must have failed: {counts:?}");
         running.stop().await;
@@ -403,7 +409,7 @@ mod tests {
             })
             .mode(TriggerMode::edge()),
         );
-        let running = Running::start(manager);
+        let running = Manager::spawn(manager);
         assert!(wait_until(Duration::from_secs(1), || async { rs_seen.lock().unwrap().len() == 1 }).await.is_some());
 
         let pod = json!({ "metadata": { "name": "web-0", "namespace": "ns", "ownerReferences": [
@@ -426,7 +432,7 @@ mod tests {
         create_sources(&client, 1, "1").await;
         let manager = Manager::new(client.clone());
         let seen = recording(&manager, "annotated", &SERVICE, TriggerMode::edge());
-        let running = Running::start(manager);
+        let running = Manager::spawn(manager);
         assert!(wait_until(Duration::from_secs(1), || async { seen.lock().unwrap().len() == 1 }).await.is_some());
         let patch = json!({ "metadata": { "annotations": { "shepherd.io/force-resync": "1" } } });
         client.patch(&SERVICE, Some("ns"), "s0", Patch::Merge(patch)).await.unwrap();
@@ -445,9 +451,9 @@ mod tests {
             }
             Ok(Action::Done)
         }));
-        let running = Running::start(manager);
+        let running = Manager::spawn(manager);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let json = running.manager.snapshot().to_json();
+        let json = running.manager().snapshot().to_json();
         let c = &json["controllers"][0];
         assert_eq!(c["name"], "picky");
         assert_eq!(c["mode"], "hybrid");
@@ -476,7 +482,7 @@ mod tests {
             })
             .shutdown_grace(Duration::from_secs(10)),
         );
-        let running = Running::start(manager);
+        let running = Manager::spawn(manager);
         tokio::time::sleep(Duration::from_millis(100)).await;
         running.stop().await;
         assert_eq!(finished.load(Ordering::SeqCst), 1, "the reconcile in flight at shutdown completed");
@@ -500,7 +506,7 @@ mod tests {
             .mode(TriggerMode::level())
             .triggered_by(rx),
         );
-        let running = Running::start(manager);
+        let running = Manager::spawn(manager);
         tokio::time::sleep(Duration::from_millis(10)).await;
         for key in ["ns/exited", "ns/exited", "ns/probed"] {
             tx.send(key.to_string()).expect("controller is listening");
@@ -532,7 +538,7 @@ mod tests {
             })
             .workers(4),
         );
-        let running = Running::start(manager);
+        let running = Manager::spawn(manager);
         tokio::time::sleep(Duration::from_millis(200)).await;
         while rx.try_recv().is_ok() {}
         let mut samples = Vec::new();

@@ -13,7 +13,6 @@ use shepherd_apiserver::{ApiServer, HttpConfig};
 use shepherd_controllers::{ControllerConfig, podutil};
 use shepherd_runtime::{Client, ListParams, Manager, Patch, TriggerMode, WatchEvent};
 use shepherd_store::{HistoryLimits, LocalStore};
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 pub async fn api() -> Arc<dyn Client> {
@@ -26,34 +25,8 @@ pub fn config() -> ControllerConfig {
     ControllerConfig { workers: 2, mode: TriggerMode::hybrid().with_period(Duration::from_secs(30)) }
 }
 
-/// A manager running the given controllers until stopped.
-pub struct Running {
-    pub manager: Arc<Manager>,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Running {
-    pub fn start(manager: Manager) -> Self {
-        let manager = Arc::new(manager);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let m = manager.clone();
-        let task = tokio::spawn(async move {
-            m.run(async {
-                let _ = stopped.await;
-            })
-            .await
-        });
-        Running { manager, stop: Some(stop), task }
-    }
-
-    pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = (&mut self.task).await;
-    }
-}
+/// The controllers a test runs, stopped with `.stop().await`.
+pub type Running = shepherd_runtime::RunningManager;
 
 /// The workload controllers and the garbage collector, as the daemon runs them.
 pub fn workloads(client: &Arc<dyn Client>) -> Running {
@@ -64,7 +37,7 @@ pub fn workloads(client: &Arc<dyn Client>) -> Running {
     for c in shepherd_controllers::garbage_collector(client.clone(), &manager, &cfg) {
         manager.add(c);
     }
-    Running::start(manager)
+    manager.spawn()
 }
 
 /// Polls `cond` every 10 ms of (paused) time; the time it took, or `None` after `limit`.
@@ -230,7 +203,7 @@ pub fn garbage_collector_only(client: &Arc<dyn Client>) -> Running {
     for c in shepherd_controllers::garbage_collector(client.clone(), &manager, &config()) {
         manager.add(c.shutdown_grace(Duration::from_millis(100)));
     }
-    Running::start(manager)
+    manager.spawn()
 }
 
 /// The workload controllers without the garbage collector, through `client`.
@@ -239,5 +212,5 @@ pub fn workload_controllers_only(client: &Arc<dyn Client>) -> Running {
     let cfg = config();
     manager.add(shepherd_controllers::replicaset_controller(client.clone(), &manager, &cfg).shutdown_grace(Duration::from_millis(100)));
     manager.add(shepherd_controllers::deployment_controller(client.clone(), &manager, &cfg).shutdown_grace(Duration::from_millis(100)));
-    Running::start(manager)
+    manager.spawn()
 }
