@@ -82,10 +82,17 @@ pub async fn self_heal(binary: &Path, runs: usize) -> anyhow::Result<ScenarioRes
     }
     let s = summarize(&samples);
     println!("deleted pod -> replacement Running and Ready: {s}");
+    let rss = server.rss_mib();
+    // Containers outlive the daemon: stop them before it goes.
+    http.delete(format!("{}{DEPLOYMENTS}/heal", server.url)).send().await?;
+    let settle = Instant::now();
+    while !pods(&http, &server.url, "heal").await?.is_empty() && settle.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     Ok(ScenarioResult {
         name: "self-heal",
         params: json!({"runs": runs, "replicas": 3, "image": "minimal", "runtime": "process"}),
-        values: json!({"replacement_ready": s, "control_plane_rss_mib": server.rss_mib()}),
+        values: json!({"replacement_ready": s, "control_plane_rss_mib": rss}),
     })
 }
 
