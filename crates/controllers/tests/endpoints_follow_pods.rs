@@ -8,14 +8,12 @@ use shepherd_api::kinds;
 use shepherd_apiserver::{ApiServer, HttpConfig};
 use shepherd_controllers::ControllerConfig;
 use shepherd_controllers::endpoints::{ClusterIpConfig, cluster_ip_allocator, endpoints_controller};
-use shepherd_runtime::{Client, DeleteParams, Manager, Patch};
+use shepherd_runtime::{Client, DeleteParams, Manager, Patch, RunningManager};
 use shepherd_store::{HistoryLimits, LocalStore};
-use tokio::sync::oneshot;
 
 struct Cluster {
     client: Arc<dyn Client>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    running: RunningManager,
 }
 
 impl Cluster {
@@ -23,31 +21,18 @@ impl Cluster {
         let store = Arc::new(LocalStore::in_memory(HistoryLimits::default()));
         let server = ApiServer::new(store, HttpConfig::default()).await.expect("api server starts");
         let client: Arc<dyn Client> = Arc::new(server.client());
-        let manager = Arc::new(Manager::new(client.clone()));
+        let manager = Manager::new(client.clone());
         manager.add(endpoints_controller(client.clone(), &manager, ControllerConfig::default()));
         let mut ip = ClusterIpConfig::default();
         if let Some(r) = range {
             ip.range = r.parse().expect("valid range");
         }
         manager.add(cluster_ip_allocator(client.clone(), &manager, ip));
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            manager
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await
-        });
-        Cluster { client, stop: Some(stop), task: Some(task) }
+        Cluster { client, running: manager.spawn() }
     }
 
-    async fn shut_down(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.task.take() {
-            let _ = t.await;
-        }
+    async fn shut_down(self) {
+        self.running.stop().await;
     }
 
     async fn service(&self, name: &str, spec: Value) {

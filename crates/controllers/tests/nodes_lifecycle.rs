@@ -9,45 +9,33 @@ use serde_json::{Value, json};
 use shepherd_api::kinds;
 use shepherd_apiserver::{ApiServer, HttpConfig};
 use shepherd_controllers::nodelifecycle::{NodeLifecycleConfig, UNREACHABLE_TAINT, node_lifecycle_controller};
-use shepherd_runtime::{Client, DeleteParams, ListParams, Manager, Patch, WatchEvent};
+use shepherd_runtime::{Client, DeleteParams, ListParams, Manager, Patch, RunningManager, WatchEvent};
 use shepherd_store::{HistoryLimits, LocalStore};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 struct Cluster {
     client: Arc<dyn Client>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    running: Option<RunningManager>,
 }
 
 impl Cluster {
     async fn new() -> Cluster {
         let store = Arc::new(LocalStore::in_memory(HistoryLimits::default()));
         let server = ApiServer::new(store, HttpConfig::default()).await.expect("api server starts");
-        Cluster { client: Arc::new(server.client()), stop: None, task: None }
+        Cluster { client: Arc::new(server.client()), running: None }
     }
 
     /// Starts the controller with the default 40 s grace period and 60 s eviction timeout.
     fn start(&mut self) {
-        let manager = Arc::new(Manager::new(self.client.clone()));
+        let manager = Manager::new(self.client.clone());
         manager.add(node_lifecycle_controller(self.client.clone(), &manager, NodeLifecycleConfig::default()));
-        let (stop, stopped) = oneshot::channel::<()>();
-        self.stop = Some(stop);
-        self.task = Some(tokio::spawn(async move {
-            manager
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await
-        }));
+        self.running = Some(manager.spawn());
     }
 
-    async fn shut_down(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.task.take() {
-            let _ = t.await;
+    async fn shut_down(self) {
+        if let Some(r) = self.running {
+            r.stop().await;
         }
     }
 
@@ -276,19 +264,11 @@ async fn a_lost_nodes_replicaset_pods_are_replaced_on_another_node() {
     let mut c = Cluster::new().await;
     c.node("a").await;
     c.node("b").await;
-    let manager = Arc::new(Manager::new(c.client.clone()));
+    let manager = Manager::new(c.client.clone());
     manager.add(node_lifecycle_controller(c.client.clone(), &manager, NodeLifecycleConfig::default()));
     manager.add(scheduler(c.client.clone(), &manager, SchedulerConfig::default()));
     manager.add(replicaset_controller(c.client.clone(), &manager, &ControllerConfig::default()));
-    let (stop, stopped) = oneshot::channel::<()>();
-    c.stop = Some(stop);
-    let m = manager.clone();
-    c.task = Some(tokio::spawn(async move {
-        m.run(async {
-            let _ = stopped.await;
-        })
-        .await
-    }));
+    c.running = Some(manager.spawn());
     let _renewing = keep_renewing(c.client.clone(), "b");
     let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web", "namespace": "default"},
         "spec": {"replicas": 4, "selector": {"matchLabels": {"app": "web"}},

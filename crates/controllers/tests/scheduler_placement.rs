@@ -12,9 +12,8 @@ use serde_json::{Value, json};
 use shepherd_api::{ApiError, ResourceInfo, kinds};
 use shepherd_apiserver::{ApiServer, HttpConfig};
 use shepherd_controllers::scheduler::{SchedulerConfig, scheduler};
-use shepherd_runtime::{Client, DeleteParams, ListParams, Manager, ObjectList, Patch, WatchEvent};
+use shepherd_runtime::{Client, DeleteParams, ListParams, Manager, ObjectList, Patch, RunningManager, WatchEvent};
 use shepherd_store::{HistoryLimits, LocalStore};
-use tokio::sync::oneshot;
 
 /// Delegates to the real client and counts `bind_pod` calls per pod.
 struct CountingBinds {
@@ -70,8 +69,7 @@ impl Client for CountingBinds {
 struct Cluster {
     client: Arc<dyn Client>,
     counting: Arc<CountingBinds>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    running: Option<RunningManager>,
 }
 
 impl Cluster {
@@ -80,30 +78,19 @@ impl Cluster {
         let server = ApiServer::new(store, HttpConfig::default()).await.expect("api server starts");
         let client: Arc<dyn Client> = Arc::new(server.client());
         let counting = Arc::new(CountingBinds { inner: client.clone(), binds: Mutex::default(), bound: AtomicUsize::new(0) });
-        Cluster { client, counting, stop: None, task: None }
+        Cluster { client, counting, running: None }
     }
 
     fn start_scheduler(&mut self) {
         let c: Arc<dyn Client> = self.counting.clone();
-        let manager = Arc::new(Manager::new(c.clone()));
+        let manager = Manager::new(c.clone());
         manager.add(scheduler(c, &manager, SchedulerConfig::default()));
-        let (stop, stopped) = oneshot::channel::<()>();
-        self.stop = Some(stop);
-        self.task = Some(tokio::spawn(async move {
-            manager
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await
-        }));
+        self.running = Some(manager.spawn());
     }
 
-    async fn shut_down(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.task.take() {
-            let _ = t.await;
+    async fn shut_down(self) {
+        if let Some(r) = self.running {
+            r.stop().await;
         }
     }
 
