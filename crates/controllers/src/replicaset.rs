@@ -98,6 +98,33 @@ struct ReplicaSetReconciler {
     expectations: Mutex<HashMap<String, Expectations>>,
 }
 
+/// Which ordinals under a name prefix are in use, looked up by name in the pod cache rather than
+/// by scanning the namespace, plus what this pass reserved or freed since the cache last changed.
+struct Ordinals<'a> {
+    pods: &'a Cache,
+    namespace: &'a str,
+    prefix: &'a str,
+    reserved: BTreeSet<u64>,
+    freed: BTreeSet<u64>,
+}
+
+impl Ordinals<'_> {
+    fn is_taken(&self, ordinal: u64) -> bool {
+        self.reserved.contains(&ordinal)
+            || (!self.freed.contains(&ordinal)
+                && self.pods.get(&format!("{}/{}-{ordinal}", self.namespace, self.prefix)).is_some())
+    }
+
+    fn reserve(&mut self, ordinal: u64) {
+        self.reserved.insert(ordinal);
+    }
+
+    fn free(&mut self, ordinal: u64) {
+        self.reserved.remove(&ordinal);
+        self.freed.insert(ordinal);
+    }
+}
+
 /// What a create of one pod name came to.
 enum Created {
     /// Created now, or found already created for this ReplicaSet by an earlier try: its uid.
@@ -134,25 +161,25 @@ impl ReplicaSetReconciler {
         };
         let rs_uid = podutil::uid(rs);
         let prefix = pod_name_prefix(rs);
-        let in_namespace = self.pods.by_namespace(ns);
         let mut errors: Vec<String> = Vec::new();
 
-        // Claim: keep what is ours and matches, release what stopped matching, adopt orphans.
+        // Claim: keep what is ours and matches, release what stopped matching, adopt orphans. The
+        // cache indexes pods by controller and keeps the unowned ones apart, so a reconcile reads
+        // its own pods and the orphans, not the whole namespace.
         let mut owned: Vec<Arc<Value>> = Vec::new();
-        let mut orphans: Vec<Arc<Value>> = Vec::new();
-        for pod in &in_namespace {
-            match podutil::controller_uid(pod) {
-                Some(u) if u == rs_uid => {
-                    if selector.matches_object(pod) || podutil::is_deleting(pod) {
-                        owned.push(pod.clone());
-                    } else if let Err(e) = self.release(pod, rs_uid).await {
-                        errors.push(e.to_string());
-                    }
-                }
-                None if selector.matches_object(pod) && !podutil::is_deleting(pod) => orphans.push(pod.clone()),
-                _ => {}
+        for pod in self.pods.by_controller_uid(rs_uid) {
+            if selector.matches_object(&pod) || podutil::is_deleting(&pod) {
+                owned.push(pod);
+            } else if let Err(e) = self.release(&pod, rs_uid).await {
+                errors.push(e.to_string());
             }
         }
+        let orphans: Vec<Arc<Value>> = self
+            .pods
+            .unowned_in_namespace(ns)
+            .into_iter()
+            .filter(|pod| selector.matches_object(pod) && !podutil::is_deleting(pod))
+            .collect();
         if !orphans.is_empty() && !podutil::is_deleting(rs) {
             match self.adopt_all(rs, &orphans).await {
                 Ok(adopted) => owned.extend(adopted),
@@ -164,7 +191,7 @@ impl ReplicaSetReconciler {
         let replicas = rs.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(1) as usize;
 
         if !podutil::is_deleting(rs)
-            && let Err(e) = self.manage_replicas(key, rs, &owned, &in_namespace, &prefix, replicas).await
+            && let Err(e) = self.manage_replicas(key, rs, &owned, &prefix, replicas).await
         {
             errors.push(e);
         }
@@ -193,7 +220,6 @@ impl ReplicaSetReconciler {
         key: &str,
         rs: &Value,
         owned: &[Arc<Value>],
-        in_namespace: &[Arc<Value>],
         prefix: &str,
         replicas: usize,
     ) -> Result<(), String> {
@@ -207,10 +233,16 @@ impl ReplicaSetReconciler {
             (exp.creating.len(), active)
         };
 
-        // Ordinals in use anywhere in the namespace under this prefix, and names we are creating.
-        let mut taken: BTreeSet<u64> = in_namespace.iter().filter_map(|p| podutil::ordinal(podutil::name(p), prefix)).collect();
+        // Ordinals in use: pods of any owner in the namespace under this prefix, and names we are creating.
+        let mut taken = Ordinals {
+            pods: &self.pods,
+            namespace: podutil::namespace(rs).unwrap_or("default"),
+            prefix,
+            reserved: BTreeSet::new(),
+            freed: BTreeSet::new(),
+        };
         if let Some(exp) = self.lock_expectations().get(key) {
-            taken.extend(exp.creating.keys().filter_map(|n| podutil::ordinal(n, prefix)));
+            taken.reserved.extend(exp.creating.keys().filter_map(|n| podutil::ordinal(n, prefix)));
         }
 
         let failed: Vec<&Arc<Value>> = owned.iter().filter(|p| podutil::phase(p) == "Failed" && !podutil::is_deleting(p)).collect();
@@ -220,7 +252,7 @@ impl ReplicaSetReconciler {
                     let msg = format!("Deleted failed pod: {}", podutil::name(pod));
                     self.events.record(rs, EventType::Normal, "SuccessfulDelete", &msg).await;
                     if gone && let Some(o) = podutil::ordinal(podutil::name(pod), prefix) {
-                        taken.remove(&o);
+                        taken.free(o);
                     }
                 }
                 Err(e) => return Err(self.failed(rs, "FailedDelete", &e).await),
@@ -250,17 +282,17 @@ impl ReplicaSetReconciler {
     }
 
     /// Creates `want` pods at the lowest free ordinals, in doubling batches.
-    async fn create_pods(&self, key: &str, rs: &Value, prefix: &str, want: usize, taken: &mut BTreeSet<u64>) -> Result<(), String> {
+    async fn create_pods(&self, key: &str, rs: &Value, prefix: &str, want: usize, taken: &mut Ordinals<'_>) -> Result<(), String> {
         let mut remaining = want;
         let mut batch = 1usize;
         let mut next = 0u64;
         while remaining > 0 {
             let mut names = Vec::new();
             for _ in 0..batch.min(remaining) {
-                while taken.contains(&next) {
+                while taken.is_taken(next) {
                     next += 1;
                 }
-                taken.insert(next);
+                taken.reserve(next);
                 names.push(format!("{prefix}-{next}"));
             }
             let results = futures::future::join_all(names.iter().map(|n| self.create_pod(rs, n))).await;

@@ -67,6 +67,8 @@ struct State {
     by_namespace: Index,
     by_label: Index,
     by_owner: Index,
+    /// Objects without a controlling owner, by namespace (`""` for cluster-scoped ones).
+    unowned: Index,
     by_node: Index,
 }
 
@@ -74,6 +76,7 @@ struct State {
 type Index = HashMap<String, BTreeSet<String>>;
 
 /// The index values one object contributes.
+#[derive(PartialEq, Eq)]
 struct IndexValues {
     namespace: Option<String>,
     labels: Vec<String>,
@@ -96,6 +99,11 @@ impl IndexValues {
             node: str_at("/spec/nodeName"),
         }
     }
+
+    /// The `unowned` index value: the namespace of an object without a controller.
+    fn unowned(&self) -> Option<String> {
+        self.owner.is_none().then(|| self.namespace.clone().unwrap_or_default())
+    }
 }
 
 fn index_insert(index: &mut Index, value: Option<&String>, key: &str) {
@@ -115,25 +123,42 @@ fn index_remove(index: &mut Index, value: Option<&String>, key: &str) {
     }
 }
 
+/// Moves `key` from `old` to `new` in one index; nothing to do when they are equal, which is the
+/// common case (a status update changes none of the indexed fields).
+fn index_move(index: &mut Index, old: Option<&String>, new: Option<&String>, key: &str) {
+    if old != new {
+        index_remove(index, old, key);
+        index_insert(index, new, key);
+    }
+}
+
 impl State {
-    fn unindex(&mut self, key: &str, obj: &Value) {
-        let v = IndexValues::of(obj);
-        index_remove(&mut self.by_namespace, v.namespace.as_ref(), key);
-        for l in &v.labels {
+    /// Updates every index for `key` going from `old` (absent when new) to `new` (absent when
+    /// deleted), touching only the entries that differ.
+    fn reindex(&mut self, key: &str, old: Option<&Value>, new: Option<&Value>) {
+        let old = old.map(IndexValues::of);
+        let new = new.map(IndexValues::of);
+        if old.is_some() && old == new {
+            return;
+        }
+        let field = |v: &Option<IndexValues>, f: fn(&IndexValues) -> Option<String>| v.as_ref().and_then(f);
+        let (o, n) = (field(&old, |v| v.namespace.clone()), field(&new, |v| v.namespace.clone()));
+        index_move(&mut self.by_namespace, o.as_ref(), n.as_ref(), key);
+        let (o, n) = (field(&old, |v| v.owner.clone()), field(&new, |v| v.owner.clone()));
+        index_move(&mut self.by_owner, o.as_ref(), n.as_ref(), key);
+        let (o, n) = (field(&old, IndexValues::unowned), field(&new, IndexValues::unowned));
+        index_move(&mut self.unowned, o.as_ref(), n.as_ref(), key);
+        let (o, n) = (field(&old, |v| v.node.clone()), field(&new, |v| v.node.clone()));
+        index_move(&mut self.by_node, o.as_ref(), n.as_ref(), key);
+        let no_labels = Vec::new();
+        let old_labels = old.as_ref().map_or(&no_labels, |v| &v.labels);
+        let new_labels = new.as_ref().map_or(&no_labels, |v| &v.labels);
+        for l in old_labels.iter().filter(|l| !new_labels.contains(l)) {
             index_remove(&mut self.by_label, Some(l), key);
         }
-        index_remove(&mut self.by_owner, v.owner.as_ref(), key);
-        index_remove(&mut self.by_node, v.node.as_ref(), key);
-    }
-
-    fn index(&mut self, key: &str, obj: &Value) {
-        let v = IndexValues::of(obj);
-        index_insert(&mut self.by_namespace, v.namespace.as_ref(), key);
-        for l in &v.labels {
+        for l in new_labels.iter().filter(|l| !old_labels.contains(l)) {
             index_insert(&mut self.by_label, Some(l), key);
         }
-        index_insert(&mut self.by_owner, v.owner.as_ref(), key);
-        index_insert(&mut self.by_node, v.node.as_ref(), key);
     }
 
     fn upsert(&mut self, key: String, obj: Value) -> Option<Change> {
@@ -145,13 +170,12 @@ impl State {
                 {
                     return None;
                 }
-                self.unindex(&key, &old);
-                self.index(&key, &new);
+                self.reindex(&key, Some(&old), Some(&new));
                 self.objects.insert(key, new.clone());
                 Some(Change::Updated { old, new })
             }
             None => {
-                self.index(&key, &new);
+                self.reindex(&key, None, Some(&new));
                 self.objects.insert(key, new.clone());
                 Some(Change::Added(new))
             }
@@ -160,7 +184,7 @@ impl State {
 
     fn remove(&mut self, key: &str, last_known: Option<Value>) -> Option<Change> {
         let old = self.objects.remove(key)?;
-        self.unindex(key, &old);
+        self.reindex(key, Some(&old), None);
         // The deletion event carries the final state; fall back to what was cached.
         Some(Change::Deleted(last_known.map(Arc::new).unwrap_or(old)))
     }
@@ -223,6 +247,13 @@ impl Cache {
     pub fn by_controller_uid(&self, uid: &str) -> Vec<Arc<Value>> {
         let s = self.read();
         s.lookup(&s.by_owner, uid)
+    }
+
+    /// Objects in one namespace (`""`: cluster-scoped) that no controller owns: the candidates
+    /// for adoption.
+    pub fn unowned_in_namespace(&self, namespace: &str) -> Vec<Arc<Value>> {
+        let s = self.read();
+        s.lookup(&s.unowned, namespace)
     }
 
     /// Pods bound to a node (`spec.nodeName`).
@@ -296,7 +327,28 @@ mod tests {
         assert_eq!(names(c.by_label("app", "web")), ["ns/a", "ns/b"]);
         c.apply_delete(pod("b", 4, "n1", "u1"));
         assert!(c.by_node_name("n1").is_empty());
+        assert!(c.by_controller_uid("u1").is_empty());
         assert_eq!(names(c.by_namespace("ns")), ["ns/a"]);
+    }
+
+    #[test]
+    fn unowned_objects_are_indexed_until_a_controller_adopts_them() {
+        let c = Cache::default();
+        let mut orphan = pod("o", 1, "n1", "u1");
+        orphan["metadata"]["ownerReferences"] = json!([]);
+        c.apply_upsert(orphan.clone());
+        c.apply_upsert(pod("owned", 2, "n1", "u1"));
+        assert_eq!(names(c.unowned_in_namespace("ns")), ["ns/o"]);
+        let mut labelled = orphan.clone();
+        labelled["metadata"]["resourceVersion"] = json!("3");
+        labelled["metadata"]["labels"] = json!({"app": "db", "tier": "x"});
+        c.apply_upsert(labelled);
+        assert!(c.by_label("app", "web").iter().all(|p| p["metadata"]["name"] != "o"));
+        assert_eq!(names(c.by_label("tier", "x")), ["ns/o"]);
+        c.apply_upsert(pod("o", 4, "n1", "u9"));
+        assert!(c.unowned_in_namespace("ns").is_empty());
+        assert_eq!(names(c.by_controller_uid("u9")), ["ns/o"]);
+        assert!(c.by_label("tier", "x").is_empty());
     }
 
     #[test]
