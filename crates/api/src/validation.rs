@@ -407,33 +407,43 @@ fn validate_labels(labels: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
 // ---------------------------------------------------------------------------------------------
 
 fn check_schema(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
-    let mut input = obj.clone();
-    if let Some(m) = input.as_object_mut() {
-        // Routing already matched these; a mismatch is the server's business, not a field error.
-        m.remove("apiVersion");
-        m.remove("kind");
-    }
+    // The typed forms reject an apiVersion or kind other than their own. Routing already matched
+    // these; a mismatch is the server's business, not a field error, so a copy without them is
+    // checked then. The usual object carries its own and is checked as it is, without a copy.
+    let own = |field: &str, expected: &str| obj.get(field).is_none_or(|v| v.as_str() == Some(expected));
+    let stripped;
+    let input = if own("apiVersion", &res.api_version()) && own("kind", res.kind) {
+        obj
+    } else {
+        let mut copy = obj.clone();
+        if let Some(m) = copy.as_object_mut() {
+            m.remove("apiVersion");
+            m.remove("kind");
+        }
+        stripped = copy;
+        &stripped
+    };
     let typed = match res.kind {
-        "Pod" => round_trip::<Pod>(&input),
-        "Deployment" => round_trip::<Deployment>(&input),
-        "ReplicaSet" => round_trip::<ReplicaSet>(&input),
-        "Service" => round_trip::<Service>(&input),
-        "Endpoints" => round_trip::<Endpoints>(&input),
-        "Namespace" => round_trip::<Namespace>(&input),
-        "Node" => round_trip::<Node>(&input),
-        "Event" => round_trip::<Event>(&input),
-        "Lease" => round_trip::<Lease>(&input),
+        "Pod" => round_trip::<Pod>(input),
+        "Deployment" => round_trip::<Deployment>(input),
+        "ReplicaSet" => round_trip::<ReplicaSet>(input),
+        "Service" => round_trip::<Service>(input),
+        "Endpoints" => round_trip::<Endpoints>(input),
+        "Namespace" => round_trip::<Namespace>(input),
+        "Node" => round_trip::<Node>(input),
+        "Event" => round_trip::<Event>(input),
+        "Lease" => round_trip::<Lease>(input),
         _ => return,
     };
     match typed {
-        Ok(out) => unknown_fields(&input, &out, "", c),
+        Ok(out) => unknown_fields(input, &out, "", c),
         Err(cause) => c.push(cause),
     }
 }
 
 /// Deserializes into the typed form and serializes back; fields the type does not know vanish.
 fn round_trip<T: DeserializeOwned + Serialize>(input: &Value) -> Result<Value, Cause> {
-    let typed: T = serde_path_to_error::deserialize(input.clone()).map_err(|e| {
+    let typed: T = serde_path_to_error::deserialize(input).map_err(|e| {
         let path = e.path().to_string();
         let path = if path == "." { String::new() } else { path };
         Cause::invalid(path, e.inner().to_string())
