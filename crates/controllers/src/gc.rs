@@ -90,7 +90,13 @@ impl Graph {
     fn apply(&self, kind: usize, change: &Change) {
         let Some(key) = object_key(change.object()) else { return };
         let node = (kind, key);
+        let deleted = matches!(change, Change::Deleted(_));
+        let uids = if deleted { Vec::new() } else { owner_uids(change.object()) };
         let mut s = self.state.write().unwrap_or_else(|e| e.into_inner());
+        // Most changes (status updates) keep the owners: nothing to move.
+        if s.owners_of.get(&node).map_or(uids.is_empty(), |old| *old == uids) {
+            return;
+        }
         if let Some(old) = s.owners_of.remove(&node) {
             for uid in old {
                 if let Some(deps) = s.dependents.get_mut(&uid) {
@@ -101,10 +107,6 @@ impl Graph {
                 }
             }
         }
-        if matches!(change, Change::Deleted(_)) {
-            return;
-        }
-        let uids = owner_uids(change.object());
         if uids.is_empty() {
             return;
         }
@@ -150,10 +152,13 @@ impl Shared {
     fn wake(&self, source: usize, obj: &Value, target: usize) -> Vec<String> {
         let mut keys = Vec::new();
         let uid = podutil::uid(obj);
-        let still_there = object_key(obj)
-            .and_then(|k| self.caches[source].get(&k))
-            .is_some_and(|cached| podutil::uid(&cached) == uid && !podutil::is_deleting(&cached));
-        if !still_there && !uid.is_empty() {
+        // Most objects own nothing; only then is the cache consulted.
+        let still_there = || {
+            object_key(obj)
+                .and_then(|k| self.caches[source].get(&k))
+                .is_some_and(|cached| podutil::uid(&cached) == uid && !podutil::is_deleting(&cached))
+        };
+        if !uid.is_empty() && self.graph.has_dependents(uid) && !still_there() {
             keys.extend(self.graph.dependents(uid).into_iter().filter(|(k, _)| *k == target).map(|(_, key)| key));
         }
         let target_kind = &self.kinds[target];
