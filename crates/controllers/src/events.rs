@@ -1,11 +1,35 @@
-//! Kubernetes Events: what controllers record about what they did, de-duplicated by count.
+//! Kubernetes Events: what controllers record about what they did, de-duplicated by count,
+//! combined when similar, and rate-limited per object so a busy controller cannot flood the API
+//! server with them.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use shepherd_api::kinds;
 use shepherd_runtime::{Client, Patch};
+use tokio::time::Instant;
+
+/// Events an object may have written at once before the spam filter holds it back. client-go's
+/// `EventSourceObjectSpamFilter` allows a burst of 25 per (source, object).
+const SPAM_BURST: u32 = 25;
+/// How often an object that used up its burst earns another event: client-go refills the
+/// spam filter's bucket at 1/300 qps, one token every five minutes.
+const SPAM_REFILL_INTERVAL: Duration = Duration::from_secs(300);
+/// Distinct messages with the same (object, type, reason) at which they start being combined.
+/// client-go's aggregator gives the first nine their own Events and folds the tenth and later
+/// ones into one.
+const AGGREGATE_MAX_EVENTS: usize = 10;
+/// How long similar events keep counting towards aggregation after the last of them: client-go
+/// forgets them after 10 minutes without one.
+const AGGREGATE_WINDOW: Duration = Duration::from_secs(600);
+/// What a combined Event's message starts with, as client-go writes it.
+const COMBINED_PREFIX: &str = "(combined from similar events): ";
+/// Entries each of the recorder's caches keeps, as client-go's LRU caches do (4096), so a
+/// long-running controller seeing many objects stays bounded.
+const CACHE_ENTRIES: usize = 4096;
 
 /// `Normal` or `Warning`, as `kubectl describe` shows them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,14 +47,161 @@ impl EventType {
     }
 }
 
-/// Records Events about objects. A repeat of the same (object, type, reason, message) bumps the
-/// existing Event's `count` and `lastTimestamp` instead of creating another one.
+/// Records Events about objects, correlating them the way client-go's recorder does before
+/// anything is written:
+///
+/// - a repeat of the same (object, type, reason, message) bumps the existing Event's `count` and
+///   `lastTimestamp` instead of creating another one;
+/// - once an (object, type, reason) has had ten distinct messages within ten minutes, further
+///   ones go into a single Event whose message is the latest one prefixed with
+///   `(combined from similar events): `, bumped by count like a repeat;
+/// - each object gets a burst of 25 writes and then one more every five minutes; events beyond
+///   that are dropped. Without this, a ReplicaSet scaled to 10,000 replicas would write 10,000
+///   `SuccessfulCreate` Events, a large share of the API server's work during the scale-out.
+///
+/// The state is per recorder, and a recorder has one source component, so "per object" here is
+/// client-go's "per (source, object)".
 #[derive(Clone)]
 pub struct EventRecorder {
     client: Arc<dyn Client>,
     component: String,
+    state: Arc<Mutex<Correlator>>,
+}
+
+/// What the recorder remembers about the events it has seen, all bounded by [`CACHE_ENTRIES`].
+#[derive(Default)]
+struct Correlator {
+    /// The spam filter's token bucket per object.
+    buckets: Recent<TokenBucket>,
+    /// Distinct messages per (object, type, reason), for aggregation.
+    similar: Recent<Similar>,
     /// Event name by de-duplication key, for events this recorder created.
-    seen: Arc<Mutex<HashMap<String, String>>>,
+    written: Recent<String>,
+}
+
+/// A token bucket holding up to [`SPAM_BURST`] tokens and earning one per
+/// [`SPAM_REFILL_INTERVAL`]. Whole tokens only: an event needs one, and counting whole intervals
+/// keeps the arithmetic exact on tokio's paused clock.
+struct TokenBucket {
+    tokens: u32,
+    /// When the last token was earned, or when the bucket was last seen full.
+    refilled: Instant,
+}
+
+impl TokenBucket {
+    fn full(now: Instant) -> Self {
+        TokenBucket { tokens: SPAM_BURST, refilled: now }
+    }
+
+    /// Takes a token if there is one.
+    fn try_take(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.refilled);
+        let earned = (elapsed.as_nanos() / SPAM_REFILL_INTERVAL.as_nanos()).min(u128::from(SPAM_BURST)) as u32;
+        if self.tokens + earned >= SPAM_BURST {
+            // A full bucket earns nothing: the next token is due one interval after it is drawn.
+            self.tokens = SPAM_BURST;
+            self.refilled = now;
+        } else {
+            self.tokens += earned;
+            self.refilled += SPAM_REFILL_INTERVAL * earned;
+        }
+        if self.tokens == 0 {
+            return false;
+        }
+        self.tokens -= 1;
+        true
+    }
+}
+
+/// The distinct messages recently seen for one (object, type, reason).
+struct Similar {
+    /// The messages that have Events of their own; at most `AGGREGATE_MAX_EVENTS - 1`.
+    messages: HashSet<String>,
+    last_seen: Instant,
+}
+
+impl Similar {
+    fn new(now: Instant) -> Self {
+        Similar { messages: HashSet::new(), last_seen: now }
+    }
+
+    /// Whether `message` goes into the combined Event rather than one of its own. The first nine
+    /// distinct messages keep their own Events (so their repeats still count on them); every
+    /// other one is combined until the (object, type, reason) has been quiet for the window.
+    fn is_combined(&mut self, message: &str, now: Instant) -> bool {
+        if now.saturating_duration_since(self.last_seen) > AGGREGATE_WINDOW {
+            self.messages.clear();
+        }
+        self.last_seen = now;
+        if self.messages.contains(message) {
+            return false;
+        }
+        if self.messages.len() + 1 < AGGREGATE_MAX_EVENTS {
+            self.messages.insert(message.to_string());
+            return false;
+        }
+        true
+    }
+}
+
+/// A map that forgets its least recently used entries once it holds [`CACHE_ENTRIES`]. Forgetting
+/// only costs accuracy: a forgotten bucket starts full again, forgotten messages count afresh
+/// towards aggregation, and a forgotten Event name means the next repeat creates a new Event.
+struct Recent<V> {
+    entries: HashMap<String, (u64, V)>,
+    /// Increases on every access; an entry's copy says how recently it was used.
+    clock: u64,
+}
+
+impl<V> Default for Recent<V> {
+    fn default() -> Self {
+        Recent { entries: HashMap::new(), clock: 0 }
+    }
+}
+
+impl<V> Recent<V> {
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn get(&mut self, key: &str) -> Option<&V> {
+        let now = self.tick();
+        let (used, value) = self.entries.get_mut(key)?;
+        *used = now;
+        Some(value)
+    }
+
+    /// The entry for `key`, made with `new` if there is none.
+    fn get_or_insert_with(&mut self, key: &str, new: impl FnOnce() -> V) -> &mut V {
+        if !self.entries.contains_key(key) {
+            self.make_room();
+            self.entries.insert(key.to_string(), (0, new()));
+        }
+        let now = self.tick();
+        let (used, value) = self.entries.get_mut(key).expect("present or just inserted");
+        *used = now;
+        value
+    }
+
+    fn insert(&mut self, key: String, value: V) {
+        if !self.entries.contains_key(&key) {
+            self.make_room();
+        }
+        let now = self.tick();
+        self.entries.insert(key, (now, value));
+    }
+
+    /// Evicts the least recently used quarter when full, so the scan is paid once per
+    /// `CACHE_ENTRIES / 4` insertions rather than on each.
+    fn make_room(&mut self) {
+        if self.entries.len() < CACHE_ENTRIES {
+            return;
+        }
+        let mut uses: Vec<u64> = self.entries.values().map(|(used, _)| *used).collect();
+        let (_, &mut cutoff, _) = uses.select_nth_unstable(CACHE_ENTRIES / 4);
+        self.entries.retain(|_, (used, _)| *used > cutoff);
+    }
 }
 
 /// `<object>.<16 hex digits>`, as Kubernetes names events. A `generateName` of `<object>.` would
@@ -48,23 +219,29 @@ fn now() -> String {
 
 impl EventRecorder {
     pub fn new(client: Arc<dyn Client>, component: impl Into<String>) -> Self {
-        EventRecorder { client, component: component.into(), seen: Arc::default() }
+        EventRecorder { client, component: component.into(), state: Arc::default() }
     }
 
-    /// Records an event about `obj`. Failures are logged, never returned: an event is a note
-    /// for humans and must not fail a reconcile.
+    /// Records an event about `obj`, or drops it if the object has used up its share (see
+    /// [`EventRecorder`]). Failures are logged, never returned: an event is a note for humans and
+    /// must not fail a reconcile.
     pub async fn record(&self, obj: &Value, type_: EventType, reason: &str, message: &str) {
         let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default").to_string();
         let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
         let uid = obj.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string();
         let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
-        let dedupe = format!("{ns}/{kind}/{name}/{uid}/{}/{reason}/{message}", type_.as_str());
-        let existing = self.seen.lock().ok().and_then(|s| s.get(&dedupe).cloned());
+        let object = format!("{ns}/{kind}/{name}/{uid}");
+        let Some((dedupe, message)) = self.correlate(&object, type_, reason, message) else {
+            tracing::debug!(object = %object, reason, "event dropped by the spam filter");
+            return;
+        };
+        let existing = self.lock().written.get(&dedupe).cloned();
         if let Some(event_name) = existing {
             let bumped = async {
                 let current = self.client.get(&kinds::EVENT, Some(&ns), &event_name).await?;
                 let count = current.get("count").and_then(Value::as_i64).unwrap_or(1) + 1;
-                let patch = json!({"count": count, "lastTimestamp": now()});
+                // The message only changes for a combined Event, which shows the latest one.
+                let patch = json!({"count": count, "lastTimestamp": now(), "message": message});
                 self.client.patch(&kinds::EVENT, Some(&ns), &event_name, Patch::Merge(patch)).await
             };
             match bumped.await {
@@ -89,15 +266,81 @@ impl EventRecorder {
         });
         match self.client.create(&kinds::EVENT, Some(&ns), event).await {
             Ok(created) => {
-                if let (Some(n), Ok(mut seen)) = (created.pointer("/metadata/name").and_then(Value::as_str), self.seen.lock()) {
-                    // Bounded: a long-running controller must not grow without limit.
-                    if seen.len() > 10_000 {
-                        seen.clear();
-                    }
-                    seen.insert(dedupe, n.to_string());
+                if let Some(n) = created.pointer("/metadata/name").and_then(Value::as_str) {
+                    self.lock().written.insert(dedupe, n.to_string());
                 }
             }
             Err(e) => tracing::warn!(error = %e, reason, "could not record event"),
         }
+    }
+
+    /// Decides, before any request, what an event becomes: the key its Event is de-duplicated by
+    /// and the message to write, or `None` if the spam filter drops it. As in client-go,
+    /// aggregation comes first and the filter judges what it produced, so bumping a combined
+    /// Event spends a token like any other write.
+    fn correlate<'m>(&self, object: &str, type_: EventType, reason: &str, message: &'m str) -> Option<(String, Cow<'m, str>)> {
+        let now = Instant::now();
+        let similar = format!("{object}/{}/{reason}", type_.as_str());
+        let mut state = self.lock();
+        let combined = state.similar.get_or_insert_with(&similar, || Similar::new(now)).is_combined(message, now);
+        if !state.buckets.get_or_insert_with(object, || TokenBucket::full(now)).try_take(now) {
+            return None;
+        }
+        Some(if combined {
+            // Keyed without the message, so every combined message lands on the same Event.
+            (similar, Cow::Owned(format!("{COMBINED_PREFIX}{message}")))
+        } else {
+            (format!("{similar}/{message}"), Cow::Borrowed(message))
+        })
+    }
+
+    /// The state is only touched between requests and nothing in it can panic half-way, so a
+    /// poisoned lock still holds consistent data.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Correlator> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_allows_a_burst_then_one_event_per_interval() {
+        let start = Instant::now();
+        let mut bucket = TokenBucket::full(start);
+        assert_eq!((0..30).filter(|_| bucket.try_take(start)).count(), SPAM_BURST as usize);
+        assert!(!bucket.try_take(start + SPAM_REFILL_INTERVAL - Duration::from_secs(1)));
+        assert!(bucket.try_take(start + SPAM_REFILL_INTERVAL));
+        assert!(!bucket.try_take(start + SPAM_REFILL_INTERVAL));
+        let later = start + SPAM_REFILL_INTERVAL * 3;
+        assert_eq!((0..5).filter(|_| bucket.try_take(later)).count(), 2, "two more intervals, two more tokens");
+        let much_later = start + SPAM_REFILL_INTERVAL * 1000;
+        assert_eq!((0..30).filter(|_| bucket.try_take(much_later)).count(), SPAM_BURST as usize, "never more than a burst");
+    }
+
+    #[test]
+    fn the_tenth_distinct_message_is_combined_until_a_quiet_window() {
+        let start = Instant::now();
+        let mut similar = Similar::new(start);
+        let combined: Vec<bool> = (0..12).map(|i| similar.is_combined(&format!("m{i}"), start)).collect();
+        assert_eq!(combined, [vec![false; 9], vec![true; 3]].concat());
+        assert!(!similar.is_combined("m3", start), "a message with its own Event keeps it");
+        let quiet = start + AGGREGATE_WINDOW + Duration::from_secs(1);
+        assert!(!similar.is_combined("m11", quiet), "after a quiet window messages count afresh");
+    }
+
+    #[test]
+    fn recent_keeps_the_most_recently_used_entries() {
+        let mut recent = Recent::default();
+        for i in 0..CACHE_ENTRIES {
+            recent.insert(format!("k{i}"), i);
+        }
+        assert!(recent.get("k0").is_some(), "touching k0 makes it recent");
+        recent.insert("new".to_string(), 0);
+        assert!(recent.entries.len() <= CACHE_ENTRIES);
+        assert!(recent.get("k0").is_some() && recent.get("new").is_some());
+        assert!(recent.get("k1").is_none(), "the least recently used went");
+        assert!(recent.get(&format!("k{}", CACHE_ENTRIES - 1)).is_some());
     }
 }
