@@ -309,6 +309,37 @@ async fn every_pod_is_bound_exactly_once() {
     c.shut_down().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_thousand_nodes_pods_spread_evenly_and_a_pinned_pod_finds_its_node() {
+    // Past a hundred nodes each pod is weighed against only part of the cluster; the parts must
+    // rotate so that no node is favoured, and a pod that fits one node must still find it.
+    const NODES: usize = 1_000;
+    const PODS: usize = 3_000;
+    // After every thousandth pod, one that only this node can take.
+    const PINNED_TO: [&str; 3] = ["node-0123", "node-0512", "node-0901"];
+    let mut c = Cluster::new().await;
+    for i in 0..NODES {
+        c.node(&format!("node-{i:04}"), "32", json!({"host": format!("node-{i:04}")}), json!([])).await;
+    }
+    c.start_scheduler();
+    for i in 0..PODS {
+        c.pod(&format!("web-{i}"), "100m", json!({})).await;
+        if i % 1_000 == 999 {
+            c.pod(&format!("pinned-{i}"), "100m", json!({"nodeSelector": {"host": PINNED_TO[i / 1_000]}})).await;
+        }
+    }
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..PODS {
+        *per_node.entry(c.wait_for_node(&format!("web-{i}")).await).or_default() += 1;
+        if i % 1_000 == 999 {
+            assert_eq!(c.wait_for_node(&format!("pinned-{i}")).await, PINNED_TO[i / 1_000]);
+        }
+    }
+    let most = per_node.values().max().copied().unwrap_or(0);
+    assert!(per_node.len() == NODES && most <= 5, "3 pods per node on average, but {} nodes used and {most} on one", per_node.len());
+    c.shut_down().await;
+}
+
 /// Throughput: 10,000 pending pods onto 1,000 nodes, timed from the scheduler's start to the last
 /// successful bind. A measurement, not a check:
 /// `cargo test --release -p shepherd-controllers --test scheduler_placement -- --ignored --nocapture`

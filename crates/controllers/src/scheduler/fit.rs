@@ -146,9 +146,10 @@ impl Usage {
         let mut scoring = Resources { pods: 1, ..Default::default() };
         for c in pod.pointer("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
             // A limit without a request is the request, as defaulting does in Kubernetes.
+            let resources = c.get("resources");
             let get = |name: &str, parse: fn(&str) -> Result<i64, String>| {
-                quantity(c.pointer(&format!("/resources/requests/{name}")), parse)
-                    .or_else(|| quantity(c.pointer(&format!("/resources/limits/{name}")), parse))
+                let of = |list: &str| resources.and_then(|r| r.get(list)).and_then(|l| l.get(name));
+                quantity(of("requests"), parse).or_else(|| quantity(of("limits"), parse))
             };
             let cpu = get("cpu", cpu_millis);
             let memory = get("memory", memory_bytes);
@@ -245,18 +246,19 @@ impl NodeRequirement {
     }
 }
 
-/// Why a node cannot take a pod, worded as in Kubernetes' scheduling failure messages.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Unfit {
+/// Why a node cannot take a pod, worded as in Kubernetes' scheduling failure messages. A taint
+/// borrows its key and value from the node, so turning a node down allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Unfit<'a> {
     Unschedulable,
     NotReady,
-    Taint { key: String, value: String },
+    Taint { key: &'a str, value: &'a str },
     NodeAffinity,
     Insufficient(&'static str),
     TooManyPods,
 }
 
-impl fmt::Display for Unfit {
+impl fmt::Display for Unfit<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Unfit::Unschedulable => write!(f, "node(s) were unschedulable"),
@@ -346,36 +348,45 @@ impl PodNeeds {
         }
     }
 
-    /// Whether `node` can take this pod given what is already `requested` there; on failure
-    /// every reason that applies, in the order the checks ran (resource shortages all together).
-    pub fn filter(&self, name: &str, node: &NodeSummary, requested: &Resources) -> Result<(), Vec<Unfit>> {
+    /// Whether `node` can take this pod given what is already `requested` there. When it cannot,
+    /// `reject` hears every reason that applies, in the order the checks ran (resource shortages
+    /// all together). Runs for every node a pod is weighed against, so the reasons go to
+    /// `reject` rather than into a fresh collection per node.
+    pub fn filter<'n>(&self, name: &str, node: &'n NodeSummary, requested: &Resources, mut reject: impl FnMut(Unfit<'n>)) -> bool {
         if node.unschedulable {
-            return Err(vec![Unfit::Unschedulable]);
+            reject(Unfit::Unschedulable);
+            return false;
         }
         if !node.ready {
-            return Err(vec![Unfit::NotReady]);
+            reject(Unfit::NotReady);
+            return false;
         }
         for t in &node.taints {
             if matches!(t.effect, Effect::NoSchedule | Effect::NoExecute) && !self.tolerations.iter().any(|tol| tol.tolerates(t)) {
-                return Err(vec![Unfit::Taint { key: t.key.clone(), value: t.value.clone() }]);
+                reject(Unfit::Taint { key: &t.key, value: &t.value });
+                return false;
             }
         }
         if !self.matches_node_labels(name, &node.labels) {
-            return Err(vec![Unfit::NodeAffinity]);
+            reject(Unfit::NodeAffinity);
+            return false;
         }
         let want = &self.usage.requests;
         let free = |alloc: i64, used: i64| alloc - used;
-        let mut short = Vec::new();
+        let mut fits = true;
         if want.pods > free(node.allocatable.pods, requested.pods) {
-            short.push(Unfit::TooManyPods);
+            reject(Unfit::TooManyPods);
+            fits = false;
         }
         if want.cpu > 0 && want.cpu > free(node.allocatable.cpu, requested.cpu) {
-            short.push(Unfit::Insufficient("cpu"));
+            reject(Unfit::Insufficient("cpu"));
+            fits = false;
         }
         if want.memory > 0 && want.memory > free(node.allocatable.memory, requested.memory) {
-            short.push(Unfit::Insufficient("memory"));
+            reject(Unfit::Insufficient("memory"));
+            fits = false;
         }
-        if short.is_empty() { Ok(()) } else { Err(short) }
+        fits
     }
 
     /// Least-allocated plus balanced-allocation score, each 0..=100, from the scoring usage
@@ -393,19 +404,34 @@ impl PodNeeds {
 }
 
 /// FNV-1a over the pod and node names: a tie-break that is stable across runs and processes and
-/// still differs from pod to pod, so equal nodes share the load.
-pub(crate) fn tie_break(pod: &str, node: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in pod.bytes().chain([0u8]).chain(node.bytes()) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+/// still differs from pod to pod, so equal nodes share the load. The pod's half is hashed once
+/// and every node continues from it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TieBreak(u64);
+
+impl TieBreak {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+
+    pub fn new(pod: &str) -> TieBreak {
+        TieBreak(Self::hash(0xcbf2_9ce4_8422_2325, pod.bytes().chain([0u8])))
     }
-    h
+
+    pub fn node(self, node: &str) -> u64 {
+        Self::hash(self.0, node.bytes())
+    }
+
+    fn hash(mut h: u64, bytes: impl Iterator<Item = u8>) -> u64 {
+        for b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(Self::PRIME);
+        }
+        h
+    }
 }
 
 /// "0/3 nodes are available: 2 Insufficient cpu, 1 node(s) had untolerated taint {k: v}."
 /// Groups by reason, most frequent first (then alphabetically).
-pub(crate) fn unschedulable_message(total_nodes: usize, reasons: &BTreeMap<Unfit, usize>) -> String {
+pub(crate) fn unschedulable_message(total_nodes: usize, reasons: &BTreeMap<Unfit<'_>, usize>) -> String {
     let mut groups: Vec<(usize, String)> = reasons.iter().map(|(r, n)| (*n, r.to_string())).collect();
     groups.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     if groups.is_empty() {
@@ -435,20 +461,28 @@ mod tests {
         PodNeeds::of(&json!({"metadata": {"name": "p"}, "spec": spec}))
     }
 
+    /// `filter` with the reasons collected: `Ok` when the node fits.
+    fn check<'n>(pod: &PodNeeds, node: &'n NodeSummary, used: &Resources) -> Result<(), Vec<Unfit<'n>>> {
+        let mut why = Vec::new();
+        let fits = pod.filter("n", node, used, |r| why.push(r));
+        assert_eq!(fits, why.is_empty(), "a node fits exactly when no reason is given");
+        if fits { Ok(()) } else { Err(why) }
+    }
+
     #[test]
     fn an_empty_key_with_exists_tolerates_every_taint() {
         let n = node(json!({}), json!([{"key": "a", "value": "b", "effect": "NoSchedule"}, {"key": "c", "effect": "NoExecute"}]));
-        assert!(pod(json!({"tolerations": [{"operator": "Exists"}]})).filter("n", &n, &Resources::default()).is_ok());
+        assert!(check(&pod(json!({"tolerations": [{"operator": "Exists"}]})), &n, &Resources::default()).is_ok());
         assert_eq!(
-            pod(json!({"tolerations": [{"key": "a", "operator": "Equal", "value": "b"}]})).filter("n", &n, &Resources::default()),
-            Err(vec![Unfit::Taint { key: "c".into(), value: "".into() }])
+            check(&pod(json!({"tolerations": [{"key": "a", "operator": "Equal", "value": "b"}]})), &n, &Resources::default()),
+            Err(vec![Unfit::Taint { key: "c", value: "" }])
         );
     }
 
     #[test]
     fn prefer_no_schedule_taints_do_not_filter() {
         let n = node(json!({}), json!([{"key": "a", "effect": "PreferNoSchedule"}]));
-        assert!(pod(json!({})).filter("n", &n, &Resources::default()).is_ok());
+        assert!(check(&pod(json!({})), &n, &Resources::default()).is_ok());
     }
 
     #[test]
@@ -458,26 +492,37 @@ mod tests {
             json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "cores", "operator": op, "values": [v]}]}]}}}})
         };
-        assert!(pod(aff("Gt", "8")).filter("n", &n, &Resources::default()).is_ok());
-        assert!(pod(aff("Lt", "8")).filter("n", &n, &Resources::default()).is_err());
-        assert!(pod(aff("Gt", "many")).filter("n", &n, &Resources::default()).is_err());
+        assert!(check(&pod(aff("Gt", "8")), &n, &Resources::default()).is_ok());
+        assert!(check(&pod(aff("Lt", "8")), &n, &Resources::default()).is_err());
+        assert!(check(&pod(aff("Gt", "many")), &n, &Resources::default()).is_err());
     }
 
     #[test]
     fn every_short_resource_is_reported() {
         let n = node(json!({}), json!([]));
         let used = Resources { cpu: 1800, memory: 3 * 1024 * 1024 * 1024 + 1, pods: 0 };
-        assert_eq!(pod(json!({})).filter("n", &n, &used), Err(vec![Unfit::Insufficient("cpu"), Unfit::Insufficient("memory")]));
+        assert_eq!(check(&pod(json!({})), &n, &used), Err(vec![Unfit::Insufficient("cpu"), Unfit::Insufficient("memory")]));
     }
 
     #[test]
     fn the_message_lists_groups_by_count_then_name() {
         let mut reasons = BTreeMap::new();
-        reasons.insert(Unfit::Taint { key: "k".into(), value: "v".into() }, 1);
+        reasons.insert(Unfit::Taint { key: "k", value: "v" }, 1);
         reasons.insert(Unfit::Insufficient("cpu"), 2);
         assert_eq!(
             unschedulable_message(3, &reasons),
             "0/3 nodes are available: 2 Insufficient cpu, 1 node(s) had untolerated taint {k: v}."
         );
+    }
+
+    #[test]
+    fn the_tie_break_hashes_pod_then_node_names() {
+        // FNV-1a of "p\0n", written out.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in *b"p\0n" {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        assert_eq!(TieBreak::new("p").node("n"), h);
+        assert_ne!(TieBreak::new("p").node("n"), TieBreak::new("q").node("n"));
     }
 }
