@@ -3,6 +3,7 @@
 //! next beat; a Ready condition someone else changed (the node lifecycle controller marking the
 //! node Unknown) is set back to True.
 
+use shepherd_api::JsonPath;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,11 +98,11 @@ pub(crate) async fn ensure_node(client: &dyn Client, id: &NodeIdentity) -> Resul
         Err(e) => return Err(e),
     };
     let ready = node
-        .pointer("/status/conditions")
+        .at("/status/conditions")
         .and_then(Value::as_array)
         .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
         .cloned();
-    let registered = node.pointer("/status/capacity/pods").is_some();
+    let registered = node.at("/status/capacity/pods").is_some();
     match ready {
         Some(r) if r["status"] == "True" && registered => Ok(()),
         _ => {

@@ -7,6 +7,7 @@
 //! no hook to enqueue a key from outside, so those run outside its work queue; a per-pod async
 //! mutex held for the whole reconcile keeps the "one reconcile per key at a time" guarantee.
 
+use shepherd_api::JsonPath;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -119,7 +120,7 @@ pub(crate) struct PodManager {
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+    v.at(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
 /// Kubernetes `Time`: RFC 3339 in UTC, whole seconds.
@@ -294,14 +295,14 @@ impl PodManager {
             self.wake_at(key, Instant::now() + Duration::from_millis(100));
             return Ok(());
         }
-        rec.grace = Duration::from_secs(pod.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_u64).unwrap_or(30));
+        rec.grace = Duration::from_secs(pod.at("/spec/terminationGracePeriodSeconds").and_then(Value::as_u64).unwrap_or(30));
         self.sync_containers(&mut rec, &pod, key);
 
-        let deleting = pod.pointer("/metadata/deletionTimestamp").is_some();
+        let deleting = pod.at("/metadata/deletionTimestamp").is_some();
         let phase = str_at(&pod, "/status/phase");
         if deleting {
             let grace = pod
-                .pointer("/metadata/deletionGracePeriodSeconds")
+                .at("/metadata/deletionGracePeriodSeconds")
                 .and_then(Value::as_u64)
                 .map(Duration::from_secs)
                 .unwrap_or(rec.grace);
@@ -341,7 +342,7 @@ impl PodManager {
         let policy = str_at(&pod, "/spec/restartPolicy").to_string();
         let now = Instant::now();
         let mut wake: Option<Instant> = None;
-        let specs: Vec<Value> = pod.pointer("/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
+        let specs: Vec<Value> = pod.at("/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
         for spec in &specs {
             let name = spec.get("name").and_then(Value::as_str).unwrap_or("");
             let Some(c) = rec.container(name) else { continue };
@@ -378,7 +379,7 @@ impl PodManager {
     /// Adds records for containers in the spec that have none yet.
     fn sync_containers(&self, rec: &mut PodRecord, pod: &Value, key: &str) {
         let api_restarts: HashMap<&str, u32> = pod
-            .pointer("/status/containerStatuses")
+            .at("/status/containerStatuses")
             .and_then(Value::as_array)
             .map(|a| {
                 a.iter()
@@ -386,7 +387,7 @@ impl PodManager {
                     .collect()
             })
             .unwrap_or_default();
-        let specs = pod.pointer("/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
+        let specs = pod.at("/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
         for spec in &specs {
             let name = spec.get("name").and_then(Value::as_str).unwrap_or("");
             let image = spec.get("image").and_then(Value::as_str).unwrap_or("").to_string();
@@ -428,7 +429,7 @@ impl PodManager {
         let restarting = !matches!(c.state, CState::NotStarted);
         let restart_count = if restarting { c.restart_count + 1 } else { c.restart_count };
         let hostname = pod
-            .pointer("/spec/hostname")
+            .at("/spec/hostname")
             .and_then(Value::as_str)
             .unwrap_or_else(|| str_at(pod, "/metadata/name"))
             .to_string();
@@ -440,9 +441,9 @@ impl PodManager {
             env,
             working_dir: spec.get("workingDir").and_then(Value::as_str).map(str::to_string),
             hostname,
-            memory_limit_bytes: spec.pointer("/resources/limits/memory").and_then(quantity::text).and_then(|q| quantity::bytes(&q)),
-            cpu_limit_millis: spec.pointer("/resources/limits/cpu").and_then(quantity::text).and_then(|q| quantity::millicores(&q)),
-            simulate_fail: pod.pointer(&format!("/metadata/annotations/{}", SIMULATE_FAIL_ANNOTATION.replace('/', "~1"))).and_then(Value::as_str)
+            memory_limit_bytes: spec.at("/resources/limits/memory").and_then(quantity::text).and_then(|q| quantity::bytes(&q)),
+            cpu_limit_millis: spec.at("/resources/limits/cpu").and_then(quantity::text).and_then(|q| quantity::millicores(&q)),
+            simulate_fail: pod.at(&format!("/metadata/annotations/{}", SIMULATE_FAIL_ANNOTATION.replace('/', "~1"))).and_then(Value::as_str)
                 == Some("true"),
             restart_count,
         };
@@ -638,7 +639,7 @@ impl PodManager {
             .filter_map(|s| s["name"].as_str())
             .collect();
         let ready = unready.is_empty() && !rec.containers.is_empty();
-        let old_conditions = pod.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+        let old_conditions = pod.at("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
         let condition = |kind: &str, status: bool, reason: Option<String>, message: Option<String>| {
             let status = if status { "True" } else { "False" };
             let old = old_conditions.iter().find(|c| c["type"] == kind);
@@ -670,7 +671,7 @@ impl PodManager {
         ];
         let ip = self.nodes.get(str_at(pod, "/spec/nodeName")).cloned().unwrap_or_else(|| "127.0.0.1".into());
         let start_time = pod
-            .pointer("/status/startTime")
+            .at("/status/startTime")
             .cloned()
             .filter(|v| v.is_string())
             .unwrap_or_else(|| json!(k8s_time(Timestamp::now())));

@@ -4,6 +4,7 @@
 pub mod age;
 pub mod defaults;
 pub mod error;
+pub mod json;
 pub mod kinds;
 mod quantity;
 pub mod selector;
@@ -11,5 +12,6 @@ pub mod validation;
 
 pub use age::human_age;
 pub use error::{ApiError, Cause};
+pub use json::JsonPath;
 pub use kinds::ResourceInfo;
 pub use selector::{FieldSelector, LabelSelector};

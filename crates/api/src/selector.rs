@@ -1,6 +1,7 @@
 //! Label and field selectors: parsing the `?labelSelector=` / `?fieldSelector=` syntax and
 //! `metav1.LabelSelector` objects, and matching objects against them.
 
+use crate::json::JsonPath;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -161,7 +162,7 @@ impl fmt::Display for LabelSelector {
 
 /// The `metadata.labels` of an object as a map; non-string values are skipped.
 pub(crate) fn labels_of(obj: &Value) -> BTreeMap<String, String> {
-    obj.pointer("/metadata/labels")
+    obj.at("/metadata/labels")
         .and_then(Value::as_object)
         .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
         .unwrap_or_default()

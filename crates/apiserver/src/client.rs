@@ -1,6 +1,7 @@
 //! `LocalClient`: the in-process implementation of the controllers' `Client`, calling the
 //! service layer directly (no HTTP, same validation, same watch semantics).
 
+use shepherd_api::JsonPath;
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -25,7 +26,7 @@ impl LocalClient {
 }
 
 fn name_of(obj: &Value) -> Result<String, ApiError> {
-    obj.pointer("/metadata/name")
+    obj.at("/metadata/name")
         .and_then(Value::as_str)
         .filter(|n| !n.is_empty())
         .map(str::to_string)
@@ -36,7 +37,7 @@ fn namespace_of<'a>(res: &ResourceInfo, ns: Option<&'a str>, obj: &'a Value) -> 
     if !res.namespaced {
         return None;
     }
-    ns.or_else(|| obj.pointer("/metadata/namespace").and_then(Value::as_str)).or(Some("default"))
+    ns.or_else(|| obj.at("/metadata/namespace").and_then(Value::as_str)).or(Some("default"))
 }
 
 fn patch_parts(patch: Patch) -> (PatchType, Value) {
@@ -91,7 +92,7 @@ impl Client for LocalClient {
                     "MODIFIED" => Ok(WatchEvent::Modified(obj)),
                     "DELETED" => Ok(WatchEvent::Deleted(obj)),
                     "BOOKMARK" => Ok(WatchEvent::Bookmark(
-                        obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|r| r.parse().ok()).unwrap_or(0),
+                        obj.at("/metadata/resourceVersion").and_then(Value::as_str).and_then(|r| r.parse().ok()).unwrap_or(0),
                     )),
                     _ => Err(ApiError::from_status(&obj)),
                 }

@@ -1,5 +1,6 @@
 //! HTTP routing: the Kubernetes REST paths, verbs and content types, mapped onto `ApiService`.
 
+use shepherd_api::JsonPath;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -390,7 +391,7 @@ async fn handle(
         (&Method::POST, Some(name), Some("binding")) if res.kind == "Pod" => {
             check_json_body(&headers)?;
             let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
-            let node = body.pointer("/target/name").and_then(Value::as_str).unwrap_or("");
+            let node = body.at("/target/name").and_then(Value::as_str).unwrap_or("");
             svc.bind(ns.unwrap_or("default"), name, node).await?;
             let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
             Ok(json_response(StatusCode::CREATED, ok.to_string().into_bytes()))
@@ -405,7 +406,7 @@ async fn handle(
                 }
                 Some("scale") if res.has_scale => {
                     let replicas = scale_replicas(&body)?;
-                    let rv = parse_resource_version(body.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or(""))?;
+                    let rv = parse_resource_version(body.at("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or(""))?;
                     let kv = svc.mutate(res, ns, name, rv, |old| {
                         let mut new = old.clone();
                         new["spec"]["replicas"] = json!(replicas);
@@ -478,8 +479,8 @@ async fn handle(
             let mut deleted = Vec::new();
             for kv in &page.items {
                 let obj = codec::decode(kv)?;
-                let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
-                let item_ns = obj.pointer("/metadata/namespace").and_then(Value::as_str);
+                let name = obj.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
+                let item_ns = obj.at("/metadata/namespace").and_then(Value::as_str);
                 match svc.delete(res, item_ns, name, &opts).await {
                     Ok(d) => deleted.push(codec::decode(d.kv())?),
                     Err(e) if e.is_not_found() => {}
@@ -519,10 +520,10 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<Delete
         if b.get("orphanDependents") == Some(&json!(true)) && opts.propagation_policy.is_none() {
             opts.propagation_policy = Some("Orphan".into());
         }
-        if let Some(uid) = b.pointer("/preconditions/uid").and_then(Value::as_str) {
+        if let Some(uid) = b.at("/preconditions/uid").and_then(Value::as_str) {
             opts.precondition_uid = Some(uid.to_string());
         }
-        if let Some(rv) = b.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
+        if let Some(rv) = b.at("/preconditions/resourceVersion").and_then(Value::as_str) {
             opts.precondition_resource_version = parse_resource_version(rv)?;
         }
     }
@@ -531,23 +532,23 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<Delete
 
 /// The `autoscaling/v1` Scale view of a Deployment or ReplicaSet.
 fn scale_of(obj: &Value) -> Value {
-    let selector = obj.pointer("/spec/selector/matchLabels").and_then(Value::as_object).map(|m| {
+    let selector = obj.at("/spec/selector/matchLabels").and_then(Value::as_object).map(|m| {
         m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(",")
     });
     json!({
         "kind": "Scale", "apiVersion": "autoscaling/v1",
         "metadata": {
-            "name": obj.pointer("/metadata/name"), "namespace": obj.pointer("/metadata/namespace"),
-            "uid": obj.pointer("/metadata/uid"), "resourceVersion": obj.pointer("/metadata/resourceVersion"),
-            "creationTimestamp": obj.pointer("/metadata/creationTimestamp"),
+            "name": obj.at("/metadata/name"), "namespace": obj.at("/metadata/namespace"),
+            "uid": obj.at("/metadata/uid"), "resourceVersion": obj.at("/metadata/resourceVersion"),
+            "creationTimestamp": obj.at("/metadata/creationTimestamp"),
         },
-        "spec": {"replicas": obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0)},
-        "status": {"replicas": obj.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0), "selector": selector.unwrap_or_default()},
+        "spec": {"replicas": obj.at("/spec/replicas").and_then(Value::as_i64).unwrap_or(0)},
+        "status": {"replicas": obj.at("/status/replicas").and_then(Value::as_i64).unwrap_or(0), "selector": selector.unwrap_or_default()},
     })
 }
 
 fn scale_replicas(scale: &Value) -> Result<i64, ApiError> {
-    match scale.pointer("/spec/replicas") {
+    match scale.at("/spec/replicas") {
         Some(Value::Number(n)) if n.as_i64().is_some_and(|r| r >= 0) => Ok(n.as_i64().unwrap_or(0)),
         Some(_) => Err(ApiError::invalid("Scale", "", vec![shepherd_api::Cause::invalid("spec.replicas", "must be a whole number >= 0")])),
         None => Err(ApiError::invalid("Scale", "", vec![shepherd_api::Cause::required("spec.replicas")])),
@@ -588,7 +589,7 @@ async fn watch(app: &AppState, t: &Target, query: &HashMap<String, String>, head
         let e = if as_table && matches!(e.kind, "ADDED" | "MODIFIED" | "DELETED") {
             match serde_json::from_slice::<Value>(&e.object) {
                 Ok(obj) => {
-                    let rv = obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("").to_string();
+                    let rv = obj.at("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("").to_string();
                     WireEvent { kind: e.kind, object: table::table(res, &[obj], &rv).to_string().into_bytes() }
                 }
                 Err(_) => e,

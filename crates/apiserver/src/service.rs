@@ -4,6 +4,7 @@
 //! default, set server-owned metadata, validate, then one store write with a precondition. A
 //! rejected request returns before the store is touched, so it writes nothing.
 
+use shepherd_api::JsonPath;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -635,13 +636,13 @@ impl ApiService {
         if res.kind != "Pod" {
             return 0;
         }
-        let bound = obj.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
-        let finished = matches!(obj.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"));
+        let bound = obj.at("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+        let finished = matches!(obj.at("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"));
         if !bound || finished {
             return 0;
         }
         opts.grace_period_seconds
-            .or_else(|| obj.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64))
+            .or_else(|| obj.at("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64))
             .unwrap_or(30)
             .max(0)
     }
@@ -667,7 +668,7 @@ impl ApiService {
         }
         let res = &kinds::POD;
         self.mutate_checked(res, Some(ns), name, None, false, |old| {
-            let current = old.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
+            let current = old.at("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
             if !current.is_empty() {
                 return Err(ApiError::conflict("pods/binding", name, &format!(
                     "pod {name} is already assigned to node \"{current}\""
@@ -781,7 +782,7 @@ fn merge_update(res: &ResourceInfo, old: &Value, body: &Value, part: Part) -> Va
     m.remove("selfLink");
     // The scheduler's decision is made through `binding`, never undone by an update.
     if res.kind == "Pod"
-        && let Some(node) = old.pointer("/spec/nodeName").and_then(Value::as_str).filter(|n| !n.is_empty())
+        && let Some(node) = old.at("/spec/nodeName").and_then(Value::as_str).filter(|n| !n.is_empty())
         && new.get("spec").is_some_and(Value::is_object)
     {
         new["spec"]["nodeName"] = json!(node);

@@ -1,13 +1,14 @@
 //! Server-side printing: the `Table` form kubectl asks for (`Accept: ...;as=Table`), with the
 //! columns a Kubernetes user expects for each kind.
 
+use shepherd_api::JsonPath;
 use serde_json::{Value, json};
 use shepherd_api::kinds::ResourceInfo;
 
 pub use shepherd_api::human_age;
 
 fn age(obj: &Value, field: &str) -> String {
-    let ts = obj.pointer(field).and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    let ts = obj.at(field).and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok());
     match ts {
         Some(t) => human_age(jiff::Timestamp::now().as_second() - t.as_second()),
         None => "<unknown>".into(),
@@ -15,11 +16,11 @@ fn age(obj: &Value, field: &str) -> String {
 }
 
 fn s<'a>(obj: &'a Value, ptr: &str) -> &'a str {
-    obj.pointer(ptr).and_then(Value::as_str).unwrap_or("")
+    obj.at(ptr).and_then(Value::as_str).unwrap_or("")
 }
 
 fn i(obj: &Value, ptr: &str) -> i64 {
-    obj.pointer(ptr).and_then(Value::as_i64).unwrap_or(0)
+    obj.at(ptr).and_then(Value::as_i64).unwrap_or(0)
 }
 
 fn or_none(v: &str) -> String {
@@ -27,20 +28,20 @@ fn or_none(v: &str) -> String {
 }
 
 fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
-    obj.pointer("/status/conditions")?.as_array()?.iter().find(|c| c["type"] == type_)
+    obj.at("/status/conditions")?.as_array()?.iter().find(|c| c["type"] == type_)
 }
 
 /// The STATUS column of a pod, as kubectl derives it: the phase, overridden by a container's
 /// waiting or terminated reason, and `Terminating` once deletion started.
 pub fn pod_status(pod: &Value) -> String {
-    if pod.pointer("/metadata/deletionTimestamp").is_some() {
+    if pod.at("/metadata/deletionTimestamp").is_some() {
         return "Terminating".into();
     }
     let mut status = s(pod, "/status/phase").to_string();
     if !s(pod, "/status/reason").is_empty() {
         status = s(pod, "/status/reason").to_string();
     }
-    for cs in pod.pointer("/status/containerStatuses").and_then(Value::as_array).into_iter().flatten() {
+    for cs in pod.at("/status/containerStatuses").and_then(Value::as_array).into_iter().flatten() {
         let waiting = s(cs, "/state/waiting/reason");
         let terminated = s(cs, "/state/terminated/reason");
         if !waiting.is_empty() && waiting != "ContainerCreating" || (!waiting.is_empty() && status == "Pending") {
@@ -53,16 +54,16 @@ pub fn pod_status(pod: &Value) -> String {
 }
 
 fn pod_ready(pod: &Value) -> String {
-    let total = pod.pointer("/spec/containers").and_then(Value::as_array).map_or(0, Vec::len);
+    let total = pod.at("/spec/containers").and_then(Value::as_array).map_or(0, Vec::len);
     let ready = pod
-        .pointer("/status/containerStatuses")
+        .at("/status/containerStatuses")
         .and_then(Value::as_array)
         .map_or(0, |cs| cs.iter().filter(|c| c["ready"] == true).count());
     format!("{ready}/{total}")
 }
 
 fn pod_restarts(pod: &Value) -> i64 {
-    pod.pointer("/status/containerStatuses")
+    pod.at("/status/containerStatuses")
         .and_then(Value::as_array)
         .map_or(0, |cs| cs.iter().map(|c| c["restartCount"].as_i64().unwrap_or(0)).sum())
 }
@@ -73,7 +74,7 @@ fn node_status(node: &Value) -> String {
         Some(_) => "NotReady".to_string(),
         None => "Unknown".to_string(),
     };
-    if node.pointer("/spec/unschedulable") == Some(&json!(true)) {
+    if node.at("/spec/unschedulable") == Some(&json!(true)) {
         st.push_str(",SchedulingDisabled");
     }
     st
@@ -81,7 +82,7 @@ fn node_status(node: &Value) -> String {
 
 fn node_roles(node: &Value) -> String {
     let roles: Vec<&str> = node
-        .pointer("/metadata/labels")
+        .at("/metadata/labels")
         .and_then(Value::as_object)
         .map(|l| l.keys().filter_map(|k| k.strip_prefix("node-role.kubernetes.io/")).collect())
         .unwrap_or_default();
@@ -90,7 +91,7 @@ fn node_roles(node: &Value) -> String {
 
 fn service_ports(svc: &Value) -> String {
     let ports: Vec<String> = svc
-        .pointer("/spec/ports")
+        .at("/spec/ports")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
@@ -127,14 +128,14 @@ fn endpoints(ep: &Value) -> String {
 }
 
 fn containers(obj: &Value, ptr: &str, field: &str) -> String {
-    obj.pointer(ptr)
+    obj.at(ptr)
         .and_then(Value::as_array)
         .map(|cs| cs.iter().map(|c| s(c, field)).collect::<Vec<_>>().join(","))
         .unwrap_or_default()
 }
 
 fn selector_string(obj: &Value) -> String {
-    let labels = obj.pointer("/spec/selector/matchLabels").and_then(Value::as_object);
+    let labels = obj.at("/spec/selector/matchLabels").and_then(Value::as_object);
     labels
         .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(","))
         .unwrap_or_default()
@@ -181,19 +182,19 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
             json!(containers(o, "/spec/template/spec/containers", "/name")),
             json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
         "Node" => {
-            let ip = o.pointer("/status/addresses").and_then(Value::as_array)
+            let ip = o.at("/status/addresses").and_then(Value::as_array)
                 .and_then(|a| a.iter().find(|x| x["type"] == "InternalIP")).map(|a| s(a, "/address")).unwrap_or("");
             vec![name, json!(node_status(o)), json!(node_roles(o)), created, json!(s(o, "/status/nodeInfo/kubeletVersion")),
                 json!(or_none(ip)), json!(or_none(s(o, "/status/nodeInfo/osImage")))]
         }
         "Service" => vec![name, json!(s(o, "/spec/type")), json!(or_none(s(o, "/spec/clusterIP"))), json!("<none>"),
             json!(service_ports(o)), created,
-            json!(o.pointer("/spec/selector").and_then(Value::as_object).map(|m| m.iter()
+            json!(o.at("/spec/selector").and_then(Value::as_object).map(|m| m.iter()
                 .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(",")).unwrap_or_else(|| "<none>".into()))],
         "Endpoints" => vec![name, json!(endpoints(o)), created],
         "Namespace" => vec![name, json!(s(o, "/status/phase")), created],
         "Event" => {
-            let seen = if o.pointer("/lastTimestamp").is_some_and(Value::is_string) { "/lastTimestamp" } else { "/metadata/creationTimestamp" };
+            let seen = if o.at("/lastTimestamp").is_some_and(Value::is_string) { "/lastTimestamp" } else { "/metadata/creationTimestamp" };
             vec![json!(age(o, seen)), json!(s(o, "/type")), json!(s(o, "/reason")),
                 json!(format!("{}/{}", s(o, "/involvedObject/kind").to_lowercase(), s(o, "/involvedObject/name"))),
                 json!(s(o, "/message"))]

@@ -2,6 +2,7 @@
 //! another process than the API server (node agents, remote controllers). It speaks the plain
 //! Kubernetes REST API through the `kube` crate, so it would work against any Kubernetes server.
 
+use shepherd_api::JsonPath;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -111,12 +112,12 @@ fn encode(v: &str) -> String {
 
 fn name_ns<'a>(res: &ResourceInfo, ns: Option<&'a str>, obj: &'a Value) -> Result<(Option<&'a str>, &'a str), ApiError> {
     let name = obj
-        .pointer("/metadata/name")
+        .at("/metadata/name")
         .and_then(Value::as_str)
         .filter(|n| !n.is_empty())
         .ok_or_else(|| ApiError::BadRequest("metadata.name is required".into()))?;
     let ns = if res.namespaced {
-        ns.or_else(|| obj.pointer("/metadata/namespace").and_then(Value::as_str)).or(Some("default"))
+        ns.or_else(|| obj.at("/metadata/namespace").and_then(Value::as_str)).or(Some("default"))
     } else {
         None
     };
@@ -144,7 +145,7 @@ impl Client for RemoteClient {
         let url = format!("{}{}", collection(res, params.namespace.as_deref()), query(params, &[]));
         let list = self.call(Method::GET, url, None).await?;
         let resource_version = list
-            .pointer("/metadata/resourceVersion")
+            .at("/metadata/resourceVersion")
             .and_then(Value::as_str)
             .and_then(|r| r.parse().ok())
             .unwrap_or(0);
@@ -203,7 +204,7 @@ impl Client for RemoteClient {
 
     async fn create(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
         let ns = if res.namespaced {
-            namespace.or_else(|| obj.pointer("/metadata/namespace").and_then(Value::as_str)).or(Some("default"))
+            namespace.or_else(|| obj.at("/metadata/namespace").and_then(Value::as_str)).or(Some("default"))
         } else {
             None
         };
@@ -246,7 +247,7 @@ impl Client for RemoteClient {
         }
         let after = self.call(Method::DELETE, item(res, namespace, name), Some(("application/json", json_body(&opts)?))).await?;
         // The server answers with the object: still there (marked) or its last state.
-        let still_there = after.pointer("/metadata/deletionTimestamp").is_some()
+        let still_there = after.at("/metadata/deletionTimestamp").is_some()
             && self.get(res, namespace, name).await.is_ok();
         Ok(still_there.then_some(after))
     }

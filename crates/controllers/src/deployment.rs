@@ -7,6 +7,7 @@
 //! update never lets the sum of ReplicaSet `spec.replicas`, minus new pods not yet available, drop
 //! below `replicas - maxUnavailable`, and never lets it rise above `replicas + maxSurge`.
 
+use shepherd_api::JsonPath;
 use std::cmp::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,7 +77,7 @@ pub fn deployment_controller(client: Arc<dyn Client>, manager: &Manager, config:
 }
 
 fn selector_of(obj: &Value) -> Result<LabelSelector, ApiError> {
-    LabelSelector::from_k8s(obj.pointer("/spec/selector").unwrap_or(&Value::Null))
+    LabelSelector::from_k8s(obj.at("/spec/selector").unwrap_or(&Value::Null))
 }
 
 struct DeploymentReconciler {
@@ -96,11 +97,11 @@ impl Reconciler for DeploymentReconciler {
 }
 
 fn replicas_of(obj: &Value) -> i64 {
-    obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1)
+    obj.at("/spec/replicas").and_then(Value::as_i64).unwrap_or(1)
 }
 
 fn status_i64(obj: &Value, field: &str) -> i64 {
-    obj.pointer(&format!("/status/{field}")).and_then(Value::as_i64).unwrap_or(0)
+    obj.at(&format!("/status/{field}")).and_then(Value::as_i64).unwrap_or(0)
 }
 
 fn revision_of(rs: &Value) -> i64 {
@@ -117,7 +118,7 @@ fn oldest_first(a: &Value, b: &Value) -> Ordering {
 /// zero one pod may be unavailable, or no rollout could ever make progress.
 fn fenceposts(d: &Value) -> (i64, i64) {
     let replicas = replicas_of(d);
-    let rolling = d.pointer("/spec/strategy/rollingUpdate");
+    let rolling = d.at("/spec/strategy/rollingUpdate");
     let field = |f: &str| rolling.and_then(|r| r.get(f)).filter(|v| !v.is_null()).cloned().unwrap_or_else(|| json!("25%"));
     let surge = scaled_value(&field("maxSurge"), replicas, true);
     let unavailable = scaled_value(&field("maxUnavailable"), replicas, false);
@@ -195,7 +196,7 @@ pub fn pod_template_hash(template: &Value, collision_count: Option<i64>) -> Stri
 
 /// A ReplicaSet's template without the pod-template-hash label, to compare with a Deployment's.
 fn template_without_hash(rs: &Value) -> Value {
-    let mut t = rs.pointer("/spec/template").cloned().unwrap_or(Value::Null);
+    let mut t = rs.at("/spec/template").cloned().unwrap_or(Value::Null);
     if let Some(labels) = t.pointer_mut("/metadata/labels").and_then(Value::as_object_mut) {
         labels.remove(POD_TEMPLATE_HASH);
     }
@@ -203,7 +204,7 @@ fn template_without_hash(rs: &Value) -> Value {
 }
 
 fn condition<'a>(d: &'a Value, type_: &str) -> Option<&'a Value> {
-    d.pointer("/status/conditions")?.as_array()?.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(type_))
+    d.at("/status/conditions")?.as_array()?.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(type_))
 }
 
 /// A condition, keeping `lastTransitionTime` while its status stays the same and
@@ -260,7 +261,7 @@ impl DeploymentReconciler {
             }
         };
         let owned = self.claim_replicasets(d, ns, &selector).await?;
-        let template = d.pointer("/spec/template").cloned().unwrap_or(Value::Null);
+        let template = d.at("/spec/template").cloned().unwrap_or(Value::Null);
         let (new, old): (Vec<Arc<Value>>, Vec<Arc<Value>>) = owned.into_iter().partition(|rs| template_without_hash(rs) == template);
         // Two ReplicaSets with the same template cannot both be created by us (same hash, same
         // name); if a user made one, the newest revision is the one rolled out.
@@ -273,7 +274,7 @@ impl DeploymentReconciler {
         if podutil::is_deleting(d) {
             return self.write_status(d, &sets, None).await;
         }
-        if d.pointer("/spec/paused").and_then(Value::as_bool) == Some(true) {
+        if d.at("/spec/paused").and_then(Value::as_bool) == Some(true) {
             self.scale_paused(d, &mut sets).await?;
             return self.write_status(d, &sets, None).await;
         }
@@ -465,26 +466,26 @@ impl DeploymentReconciler {
     /// is a hash collision: the collision count goes up and the next reconcile tries a new name.
     async fn create_new_replicaset(&self, d: &Value, sets: &Sets, replicas: i64) -> Result<Value, Error> {
         let ns = podutil::namespace(d);
-        let collisions = d.pointer("/status/collisionCount").and_then(Value::as_i64);
-        let template = d.pointer("/spec/template").cloned().unwrap_or(Value::Null);
+        let collisions = d.at("/status/collisionCount").and_then(Value::as_i64);
+        let template = d.at("/spec/template").cloned().unwrap_or(Value::Null);
         let hash = pod_template_hash(&template, collisions);
         let name = format!("{}-{hash}", podutil::name(d));
         let revision = sets.old.iter().map(|rs| revision_of(rs)).max().unwrap_or(0) + 1;
 
         let mut rs_template = template.clone();
-        if !rs_template.pointer("/metadata/labels").is_some_and(Value::is_object) {
+        if !rs_template.at("/metadata/labels").is_some_and(Value::is_object) {
             rs_template["metadata"]["labels"] = json!({});
         }
         rs_template["metadata"]["labels"][POD_TEMPLATE_HASH] = json!(hash);
-        let mut selector = d.pointer("/spec/selector").cloned().unwrap_or_else(|| json!({}));
+        let mut selector = d.at("/spec/selector").cloned().unwrap_or_else(|| json!({}));
         if !selector.get("matchLabels").is_some_and(Value::is_object) {
             selector["matchLabels"] = json!({});
         }
         selector["matchLabels"][POD_TEMPLATE_HASH] = json!(hash);
-        let mut labels = template.pointer("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
+        let mut labels = template.at("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
         labels.insert(POD_TEMPLATE_HASH.into(), json!(hash));
         let mut spec = json!({"replicas": replicas, "selector": selector, "template": rs_template});
-        if let Some(m) = d.pointer("/spec/minReadySeconds") {
+        if let Some(m) = d.at("/spec/minReadySeconds") {
             spec["minReadySeconds"] = m.clone();
         }
         let rs = json!({
@@ -524,8 +525,8 @@ impl DeploymentReconciler {
         let Some(new) = sets.new.clone() else { return Ok(()) };
         let max_old = sets.old.iter().map(|rs| revision_of(rs)).max().unwrap_or(0);
         let mut revision = revision_of(&new);
-        let min_ready = d.pointer("/spec/minReadySeconds").cloned().unwrap_or(json!(0));
-        let rs_min_ready = new.pointer("/spec/minReadySeconds").cloned().unwrap_or(json!(0));
+        let min_ready = d.at("/spec/minReadySeconds").cloned().unwrap_or(json!(0));
+        let rs_min_ready = new.at("/spec/minReadySeconds").cloned().unwrap_or(json!(0));
         if revision <= max_old || min_ready != rs_min_ready {
             revision = revision.max(max_old + 1);
             let patch = json!({"metadata": {"annotations": {REVISION_ANNOTATION: revision.to_string()}},
@@ -553,7 +554,7 @@ impl DeploymentReconciler {
 
     /// Deletes the oldest ReplicaSets at zero replicas beyond `revisionHistoryLimit`.
     async fn cleanup_history(&self, d: &Value, sets: &Sets) -> Result<(), Error> {
-        let limit = d.pointer("/spec/revisionHistoryLimit").and_then(Value::as_i64).unwrap_or(10).max(0) as usize;
+        let limit = d.at("/spec/revisionHistoryLimit").and_then(Value::as_i64).unwrap_or(10).max(0) as usize;
         let mut idle: Vec<&Arc<Value>> = sets
             .old
             .iter()
@@ -620,7 +621,7 @@ fn compute_status(d: &Value, sets: &Sets, created_new: Option<&str>) -> (Value, 
     status.insert("readyReplicas".into(), json!(ready));
     status.insert("availableReplicas".into(), json!(available));
     status.insert("unavailableReplicas".into(), json!(unavailable));
-    if let Some(c) = d.pointer("/status/collisionCount") {
+    if let Some(c) = d.at("/status/collisionCount") {
         status.insert("collisionCount".into(), c.clone());
     }
 
@@ -632,8 +633,8 @@ fn compute_status(d: &Value, sets: &Sets, created_new: Option<&str>) -> (Value, 
 
     let previous = condition(d, "Progressing");
     let new_name = sets.new.as_ref().map(|n| podutil::name(n).to_string()).unwrap_or_default();
-    let deadline = d.pointer("/spec/progressDeadlineSeconds").and_then(Value::as_u64).map(Duration::from_secs);
-    let paused = d.pointer("/spec/paused").and_then(Value::as_bool) == Some(true);
+    let deadline = d.at("/spec/progressDeadlineSeconds").and_then(Value::as_u64).map(Duration::from_secs);
+    let paused = d.at("/spec/paused").and_then(Value::as_bool) == Some(true);
     let complete = is_complete(d, sets);
     let old_status = d.get("status").cloned().unwrap_or_else(|| json!({}));
     let num = |v: &Value, f: &str| v.get(f).and_then(Value::as_i64).unwrap_or(0);

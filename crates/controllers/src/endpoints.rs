@@ -3,6 +3,7 @@
 //! `notReadyAddresses`) with the service's target ports resolved per pod; and the ClusterIP
 //! allocator, which gives Services without a `spec.clusterIP` a unique one from a range.
 
+use shepherd_api::JsonPath;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
@@ -15,12 +16,12 @@ use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager}
 use crate::config::ControllerConfig;
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+    v.at(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
 /// The service's selector, or `None` when it has none (its Endpoints are managed by hand).
 fn service_selector(svc: &Value) -> Option<LabelSelector> {
-    let sel = svc.pointer("/spec/selector")?.as_object().filter(|m| !m.is_empty())?;
+    let sel = svc.at("/spec/selector")?.as_object().filter(|m| !m.is_empty())?;
     LabelSelector::from_k8s(&json!({ "matchLabels": sel })).ok()
 }
 
@@ -84,9 +85,9 @@ impl EndpointsController {
         let Some(selector) = service_selector(&svc) else { return Ok(Action::Done) };
         let pods: Vec<Arc<Value>> = self.pods.by_namespace(ns).into_iter().filter(|p| selector.matches_object(p)).collect();
         let subsets = desired_subsets(&svc, &pods);
-        let owner = json!([{"apiVersion": "v1", "kind": "Service", "name": name, "uid": svc.pointer("/metadata/uid"),
+        let owner = json!([{"apiVersion": "v1", "kind": "Service", "name": name, "uid": svc.at("/metadata/uid"),
             "controller": true, "blockOwnerDeletion": true}]);
-        let labels = svc.pointer("/metadata/labels").cloned().unwrap_or(json!({}));
+        let labels = svc.at("/metadata/labels").cloned().unwrap_or(json!({}));
 
         match existing {
             None => {
@@ -99,8 +100,8 @@ impl EndpointsController {
             }
             Some(current) => {
                 let have_subsets = current.get("subsets").filter(|s| !s.is_null()).cloned().unwrap_or(json!([]));
-                let have_labels = current.pointer("/metadata/labels").cloned().unwrap_or(json!({}));
-                let have_owner = current.pointer("/metadata/ownerReferences").cloned().unwrap_or(json!([]));
+                let have_labels = current.at("/metadata/labels").cloned().unwrap_or(json!({}));
+                let have_owner = current.at("/metadata/ownerReferences").cloned().unwrap_or(json!([]));
                 if have_subsets == subsets && have_labels == labels && have_owner == owner {
                     return Ok(Action::Done);
                 }
@@ -119,7 +120,7 @@ impl EndpointsController {
 }
 
 fn is_ready(pod: &Value) -> bool {
-    pod.pointer("/status/conditions")
+    pod.at("/status/conditions")
         .and_then(Value::as_array)
         .is_some_and(|cs| cs.iter().any(|c| c.get("type").and_then(Value::as_str) == Some("Ready") && str_at(c, "/status") == "True"))
 }
@@ -134,7 +135,7 @@ fn resolve_target(service_port: &Value, protocol: &str, pod: &Value) -> Option<i
             if let Ok(n) = s.parse::<i64>() {
                 return Some(n);
             }
-            pod.pointer("/spec/containers")?.as_array()?.iter().find_map(|c| {
+            pod.at("/spec/containers")?.as_array()?.iter().find_map(|c| {
                 c.get("ports")?.as_array()?.iter().find_map(|p| {
                     let proto = p.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
                     (p.get("name").and_then(Value::as_str) == Some(s.as_str()) && proto == protocol)
@@ -151,13 +152,13 @@ fn resolve_target(service_port: &Value, protocol: &str, pod: &Value) -> Option<i
 /// share a subset. Addresses are sorted by IP so the result is stable.
 fn desired_subsets(svc: &Value, pods: &[Arc<Value>]) -> Value {
     let ns = str_at(svc, "/metadata/namespace");
-    let publish_not_ready = svc.pointer("/spec/publishNotReadyAddresses").and_then(Value::as_bool).unwrap_or(false);
-    let service_ports: Vec<&Value> = svc.pointer("/spec/ports").and_then(Value::as_array).map(|p| p.iter().collect()).unwrap_or_default();
+    let publish_not_ready = svc.at("/spec/publishNotReadyAddresses").and_then(Value::as_bool).unwrap_or(false);
+    let service_ports: Vec<&Value> = svc.at("/spec/ports").and_then(Value::as_array).map(|p| p.iter().collect()).unwrap_or_default();
     let mut groups: BTreeMap<Vec<PortKey>, (Vec<Value>, Vec<Value>)> = BTreeMap::new();
     for pod in pods {
         let ip = str_at(pod, "/status/podIP");
         if ip.is_empty()
-            || pod.pointer("/metadata/deletionTimestamp").is_some()
+            || pod.at("/metadata/deletionTimestamp").is_some()
             || matches!(str_at(pod, "/status/phase"), "Succeeded" | "Failed")
         {
             continue;
@@ -174,7 +175,7 @@ fn desired_subsets(svc: &Value, pods: &[Arc<Value>]) -> Value {
             continue;
         }
         let mut address = json!({"ip": ip, "targetRef": {"kind": "Pod", "namespace": ns,
-            "name": pod.pointer("/metadata/name"), "uid": pod.pointer("/metadata/uid")}});
+            "name": pod.at("/metadata/name"), "uid": pod.at("/metadata/uid")}});
         let node = str_at(pod, "/spec/nodeName");
         if !node.is_empty() {
             address["nodeName"] = json!(node);

@@ -2,6 +2,7 @@
 //! combined when similar, and rate-limited per object so a busy controller cannot flood the API
 //! server with them.
 
+use shepherd_api::JsonPath;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -226,9 +227,9 @@ impl EventRecorder {
     /// [`EventRecorder`]). Failures are logged, never returned: an event is a note for humans and
     /// must not fail a reconcile.
     pub async fn record(&self, obj: &Value, type_: EventType, reason: &str, message: &str) {
-        let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default").to_string();
-        let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
-        let uid = obj.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string();
+        let ns = obj.at("/metadata/namespace").and_then(Value::as_str).unwrap_or("default").to_string();
+        let name = obj.at("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+        let uid = obj.at("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string();
         let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
         let object = format!("{ns}/{kind}/{name}/{uid}");
         let Some((dedupe, message)) = self.correlate(&object, type_, reason, message) else {
@@ -257,8 +258,8 @@ impl EventRecorder {
         let event = json!({
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": event_name(&name), "namespace": ns},
-            "involvedObject": {"kind": kind, "name": name, "namespace": obj.pointer("/metadata/namespace"),
-                "uid": uid, "apiVersion": obj.get("apiVersion"), "resourceVersion": obj.pointer("/metadata/resourceVersion")},
+            "involvedObject": {"kind": kind, "name": name, "namespace": obj.at("/metadata/namespace"),
+                "uid": uid, "apiVersion": obj.get("apiVersion"), "resourceVersion": obj.at("/metadata/resourceVersion")},
             "reason": reason, "message": message, "type": type_.as_str(), "count": 1,
             "firstTimestamp": t, "lastTimestamp": t,
             "source": {"component": self.component},
@@ -266,7 +267,7 @@ impl EventRecorder {
         });
         match self.client.create(&kinds::EVENT, Some(&ns), event).await {
             Ok(created) => {
-                if let Some(n) = created.pointer("/metadata/name").and_then(Value::as_str) {
+                if let Some(n) = created.at("/metadata/name").and_then(Value::as_str) {
                     self.lock().written.insert(dedupe, n.to_string());
                 }
             }

@@ -6,6 +6,7 @@
 //! monotonic clock, not by the `renewTime` the agent wrote: a node whose clock is skewed is
 //! neither evicted early nor kept forever, and the paused test clock drives it exactly.
 
+use shepherd_api::JsonPath;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -70,7 +71,7 @@ fn lock(h: &Mutex<Heartbeats>) -> MutexGuard<'_, Heartbeats> {
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+    v.at(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
 fn now_rfc3339() -> String {
@@ -126,7 +127,7 @@ pub fn node_lifecycle_controller(client: Arc<dyn Client>, manager: &Manager, con
 }
 
 fn ready_status(node: &Value) -> &str {
-    node.pointer("/status/conditions")
+    node.at("/status/conditions")
         .and_then(Value::as_array)
         .and_then(|cs| cs.iter().find(|c| str_at(c, "/type") == "Ready"))
         .map(|c| str_at(c, "/status"))
@@ -138,7 +139,7 @@ fn is_unreachable_taint(t: &Value) -> bool {
 }
 
 fn has_unreachable_taints(node: &Value) -> (bool, bool) {
-    let taints = node.pointer("/spec/taints").and_then(Value::as_array);
+    let taints = node.at("/spec/taints").and_then(Value::as_array);
     let has = |effect: &str| taints.is_some_and(|ts| ts.iter().any(|t| is_unreachable_taint(t) && str_at(t, "/effect") == effect));
     (has("NoSchedule"), has("NoExecute"))
 }
@@ -199,7 +200,7 @@ impl NodeLifecycle {
                 "message": "Kubelet stopped posting node status.", "lastTransitionTime": now,
                 "lastHeartbeatTime": previous.and_then(|p| p.get("lastHeartbeatTime")).cloned().unwrap_or(Value::Null)})
         };
-        let mut conditions: Vec<Value> = node.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+        let mut conditions: Vec<Value> = node.at("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
         match conditions.iter_mut().find(|c| str_at(c, "/type") == "Ready") {
             Some(c) => *c = unknown(Some(c)),
             None => conditions.push(unknown(None)),
@@ -216,7 +217,7 @@ impl NodeLifecycle {
     /// Adds (or removes) the unreachable NoSchedule and NoExecute taints, preserving all others.
     async fn set_unreachable_taints(&self, node: &Value, present: bool) -> Result<(), Error> {
         let mut taints: Vec<Value> =
-            node.pointer("/spec/taints").and_then(Value::as_array).cloned().unwrap_or_default().into_iter().filter(|t| !is_unreachable_taint(t)).collect();
+            node.at("/spec/taints").and_then(Value::as_array).cloned().unwrap_or_default().into_iter().filter(|t| !is_unreachable_taint(t)).collect();
         if present {
             let now = now_rfc3339();
             taints.push(json!({"key": UNREACHABLE_TAINT, "effect": "NoSchedule", "timeAdded": now}));

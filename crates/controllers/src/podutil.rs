@@ -1,6 +1,7 @@
 //! What the workload controllers and the garbage collector read off objects: pod activity,
 //! readiness and availability, owner references, ordinals, and the clock they judge time by.
 
+use shepherd_api::JsonPath;
 use std::cmp::Ordering;
 use std::time::Duration;
 
@@ -43,7 +44,7 @@ pub fn elapsed(since: jiff::Timestamp, until: jiff::Timestamp) -> Duration {
 }
 
 pub fn str_at<'a>(obj: &'a Value, pointer: &str) -> Option<&'a str> {
-    obj.pointer(pointer).and_then(Value::as_str)
+    obj.at(pointer).and_then(Value::as_str)
 }
 
 pub fn name(obj: &Value) -> &str {
@@ -59,7 +60,7 @@ pub fn uid(obj: &Value) -> &str {
 }
 
 pub fn generation(obj: &Value) -> i64 {
-    obj.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0)
+    obj.at("/metadata/generation").and_then(Value::as_i64).unwrap_or(0)
 }
 
 pub fn resource_version(obj: &Value) -> &str {
@@ -68,7 +69,7 @@ pub fn resource_version(obj: &Value) -> &str {
 
 /// Marked for deletion (`deletionTimestamp` set): on its way out, whatever still holds it.
 pub fn is_deleting(obj: &Value) -> bool {
-    obj.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null())
+    obj.at("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null())
 }
 
 pub fn has_finalizer(obj: &Value, finalizer: &str) -> bool {
@@ -76,14 +77,14 @@ pub fn has_finalizer(obj: &Value, finalizer: &str) -> bool {
 }
 
 pub fn finalizers(obj: &Value) -> Vec<&str> {
-    obj.pointer("/metadata/finalizers")
+    obj.at("/metadata/finalizers")
         .and_then(Value::as_array)
         .map(|a| a.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default()
 }
 
 pub fn owner_references(obj: &Value) -> &[Value] {
-    obj.pointer("/metadata/ownerReferences").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
+    obj.at("/metadata/ownerReferences").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
 }
 
 /// The owner reference marked `controller: true`.
@@ -143,7 +144,7 @@ pub fn is_scheduled(pod: &Value) -> bool {
 }
 
 fn ready_condition(pod: &Value) -> Option<&Value> {
-    pod.pointer("/status/conditions")
+    pod.at("/status/conditions")
         .and_then(Value::as_array)?
         .iter()
         .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
@@ -203,7 +204,7 @@ pub fn victim_order(a: &Value, b: &Value, prefix: &str) -> Ordering {
 
 /// Labels of `obj` as a map of strings.
 pub fn labels(obj: &Value) -> serde_json::Map<String, Value> {
-    obj.pointer("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default()
+    obj.at("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default()
 }
 
 #[cfg(test)]

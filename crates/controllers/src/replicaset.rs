@@ -7,6 +7,7 @@
 //! AlreadyExists, and a live read tells whether the pod is ours (counted) or another
 //! ReplicaSet's (the next free ordinal is tried instead).
 
+use shepherd_api::JsonPath;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -63,7 +64,7 @@ pub fn replicaset_controller(client: Arc<dyn Client>, manager: &Manager, config:
 }
 
 fn selector_of(rs: &Value) -> Result<LabelSelector, ApiError> {
-    LabelSelector::from_k8s(rs.pointer("/spec/selector").unwrap_or(&Value::Null))
+    LabelSelector::from_k8s(rs.at("/spec/selector").unwrap_or(&Value::Null))
 }
 
 /// Creates and deletes this controller made that the cache has not shown yet, by pod name and uid.
@@ -187,8 +188,8 @@ impl ReplicaSetReconciler {
             }
         }
 
-        let min_ready = Duration::from_secs(rs.pointer("/spec/minReadySeconds").and_then(Value::as_u64).unwrap_or(0));
-        let replicas = rs.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(1) as usize;
+        let min_ready = Duration::from_secs(rs.at("/spec/minReadySeconds").and_then(Value::as_u64).unwrap_or(0));
+        let replicas = rs.at("/spec/replicas").and_then(Value::as_u64).unwrap_or(1) as usize;
 
         if !podutil::is_deleting(rs)
             && let Err(e) = self.manage_replicas(key, rs, &owned, &prefix, replicas).await
@@ -418,8 +419,8 @@ fn pod_name_prefix(rs: &Value) -> String {
 /// A pod of `rs` named `name`: the template's labels (with the ReplicaSet's pod-template-hash),
 /// annotations and spec, controlled by the ReplicaSet.
 fn pod_from_template(rs: &Value, name: &str) -> Value {
-    let template = rs.pointer("/spec/template").cloned().unwrap_or_else(|| json!({}));
-    let mut labels = template.pointer("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
+    let template = rs.at("/spec/template").cloned().unwrap_or_else(|| json!({}));
+    let mut labels = template.at("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
     if let Some(hash) = podutil::str_at(rs, "/metadata/labels/pod-template-hash") {
         labels.entry(POD_TEMPLATE_HASH).or_insert_with(|| json!(hash));
     }
@@ -431,7 +432,7 @@ fn pod_from_template(rs: &Value, name: &str) -> Value {
     if let Some(ns) = podutil::namespace(rs) {
         metadata["namespace"] = json!(ns);
     }
-    if let Some(a) = template.pointer("/metadata/annotations").filter(|a| a.is_object()) {
+    if let Some(a) = template.at("/metadata/annotations").filter(|a| a.is_object()) {
         metadata["annotations"] = a.clone();
     }
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template.get("spec").cloned().unwrap_or_else(|| json!({}))})
@@ -439,7 +440,7 @@ fn pod_from_template(rs: &Value, name: &str) -> Value {
 
 /// The status `kubectl get rs` shows, and how long until a ready pod becomes available.
 fn compute_status(rs: &Value, active: &[&Value], min_ready: Duration, failure: Option<&str>) -> (Value, Option<Duration>) {
-    let template_labels = rs.pointer("/spec/template/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
+    let template_labels = rs.at("/spec/template/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
     let now = podutil::now();
     let mut ready = 0;
     let mut available = 0;
@@ -467,12 +468,12 @@ fn compute_status(rs: &Value, active: &[&Value], min_ready: Duration, failure: O
         "observedGeneration": podutil::generation(rs),
     });
     let mut conditions: Vec<Value> = rs
-        .pointer("/status/conditions")
+        .at("/status/conditions")
         .and_then(Value::as_array)
         .map(|c| c.iter().filter(|c| c.get("type").and_then(Value::as_str) != Some("ReplicaFailure")).cloned().collect())
         .unwrap_or_default();
     if let Some(message) = failure {
-        let previous = rs.pointer("/status/conditions").and_then(Value::as_array).and_then(|c| {
+        let previous = rs.at("/status/conditions").and_then(Value::as_array).and_then(|c| {
             c.iter().find(|c| c.get("type").and_then(Value::as_str) == Some("ReplicaFailure")).cloned()
         });
         let since = previous

@@ -15,6 +15,7 @@
 mod fit;
 mod state;
 
+use shepherd_api::JsonPath;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -107,14 +108,14 @@ pub fn scheduler(client: Arc<dyn Client>, manager: &Manager, config: SchedulerCo
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+    v.at(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
 impl Scheduler {
     fn wants(&self, pod: &Value) -> bool {
         let scheduler = str_at(pod, "/spec/schedulerName");
         str_at(pod, "/spec/nodeName").is_empty()
-            && pod.pointer("/metadata/deletionTimestamp").is_none()
+            && pod.at("/metadata/deletionTimestamp").is_none()
             && !matches!(str_at(pod, "/status/phase"), "Succeeded" | "Failed")
             && (scheduler.is_empty() || scheduler == self.scheduler_name)
     }
@@ -174,7 +175,7 @@ impl Scheduler {
 
     /// Sets `PodScheduled=False, reason Unschedulable` with `message`, unless it already says so.
     async fn mark_unschedulable(&self, pod: &Value, ns: &str, name: &str, message: &str) -> Result<(), shepherd_api::ApiError> {
-        let mut conditions: Vec<Value> = pod.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+        let mut conditions: Vec<Value> = pod.at("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
         let existing = conditions.iter().position(|c| c.get("type").and_then(Value::as_str) == Some("PodScheduled"));
         if let Some(i) = existing {
             let c = &conditions[i];

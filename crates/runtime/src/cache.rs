@@ -8,6 +8,7 @@
 //! - a copy of an object older than the cached one (by `metadata.resourceVersion`) never replaces
 //!   it, so a late or replayed event cannot move the cache backwards.
 
+use shepherd_api::JsonPath;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -33,8 +34,8 @@ impl Change {
 
 /// `namespace/name` for namespaced objects, `name` for cluster-scoped ones; `None` without a name.
 pub fn object_key(obj: &Value) -> Option<String> {
-    let name = obj.pointer("/metadata/name").and_then(Value::as_str)?;
-    match obj.pointer("/metadata/namespace").and_then(Value::as_str) {
+    let name = obj.at("/metadata/name").and_then(Value::as_str)?;
+    match obj.at("/metadata/namespace").and_then(Value::as_str) {
         Some(ns) if !ns.is_empty() => Some(format!("{ns}/{name}")),
         _ => Some(name.to_string()),
     }
@@ -42,12 +43,12 @@ pub fn object_key(obj: &Value) -> Option<String> {
 
 /// The revision in `metadata.resourceVersion`, if it is a decimal u64.
 pub fn resource_version(obj: &Value) -> Option<u64> {
-    obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|rv| rv.parse().ok())
+    obj.at("/metadata/resourceVersion").and_then(Value::as_str).and_then(|rv| rv.parse().ok())
 }
 
 /// The uid of the owner reference marked `controller: true`, with that owner's kind and name.
 pub fn controller_owner(obj: &Value) -> Option<(&str, &str, &str)> {
-    obj.pointer("/metadata/ownerReferences")?.as_array()?.iter().find_map(|r| {
+    obj.at("/metadata/ownerReferences")?.as_array()?.iter().find_map(|r| {
         if r.get("controller").and_then(Value::as_bool) != Some(true) {
             return None;
         }
@@ -86,9 +87,9 @@ struct IndexValues {
 
 impl IndexValues {
     fn of(obj: &Value) -> Self {
-        let str_at = |p: &str| obj.pointer(p).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
+        let str_at = |p: &str| obj.at(p).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
         let labels = obj
-            .pointer("/metadata/labels")
+            .at("/metadata/labels")
             .and_then(Value::as_object)
             .map(|l| l.iter().filter_map(|(k, v)| Some(format!("{k}={}", v.as_str()?))).collect())
             .unwrap_or_default();

@@ -14,6 +14,7 @@
 //!   and every resync period (with jitter) re-lists from the API, diffs it into the cache and
 //!   enqueues every key, so a change whose event was lost is still reconciled within one period.
 
+use shepherd_api::JsonPath;
 use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -331,7 +332,7 @@ fn owner_key(obj: &Value, primary: &ResourceInfo) -> Option<String> {
     if kind != primary.kind {
         return None;
     }
-    match obj.pointer("/metadata/namespace").and_then(Value::as_str) {
+    match obj.at("/metadata/namespace").and_then(Value::as_str) {
         Some(ns) if primary.namespaced => Some(format!("{ns}/{name}")),
         _ => Some(name.to_string()),
     }

@@ -8,6 +8,7 @@
 //! - `set_drop_watch_events(true)` silently loses live events (the watch stays open), which is the
 //!   failure the seeds describe: the writer succeeds, the watcher never hears of it.
 
+use shepherd_api::JsonPath;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
@@ -135,7 +136,7 @@ fn prefix(res: &ResourceInfo, params: &ListParams) -> String {
 }
 
 fn name_of(obj: &Value) -> Result<String, ApiError> {
-    obj.pointer("/metadata/name")
+    obj.at("/metadata/name")
         .and_then(Value::as_str)
         .map(str::to_string)
         .ok_or_else(|| ApiError::BadRequest("metadata.name: Required value".into()))
@@ -148,7 +149,7 @@ fn namespace_for(res: &ResourceInfo, namespace: Option<&str>, obj: &Value) -> Op
     }
     namespace
         .map(str::to_string)
-        .or_else(|| obj.pointer("/metadata/namespace").and_then(Value::as_str).map(str::to_string))
+        .or_else(|| obj.at("/metadata/namespace").and_then(Value::as_str).map(str::to_string))
         .or_else(|| Some("default".to_string()))
 }
 
@@ -172,12 +173,12 @@ fn parse_selector(selector: &str) -> Result<Vec<(String, String, bool)>, ApiErro
 
 fn matches(obj: &Value, labels: &[(String, String, bool)], fields: &[(String, String, bool)]) -> bool {
     let label_ok = labels.iter().all(|(k, v, eq)| {
-        let actual = obj.pointer("/metadata/labels").and_then(|l| l.get(k)).and_then(Value::as_str);
+        let actual = obj.at("/metadata/labels").and_then(|l| l.get(k)).and_then(Value::as_str);
         (actual == Some(v.as_str())) == *eq
     });
     let field_ok = fields.iter().all(|(path, v, eq)| {
         let pointer = format!("/{}", path.replace('.', "/"));
-        let actual = obj.pointer(&pointer).and_then(Value::as_str).unwrap_or("");
+        let actual = obj.at(&pointer).and_then(Value::as_str).unwrap_or("");
         (actual == v) == *eq
     });
     label_ok && field_ok
@@ -288,8 +289,8 @@ impl Client for MemoryClient {
         let key = res.key(ns.as_deref(), &name);
         let mut s = self.lock();
         let current = s.objects.get(&key).ok_or_else(|| ApiError::not_found(res.plural, &name))?;
-        let wanted = obj.pointer("/metadata/resourceVersion").and_then(Value::as_str);
-        let have = current.pointer("/metadata/resourceVersion").and_then(Value::as_str);
+        let wanted = obj.at("/metadata/resourceVersion").and_then(Value::as_str);
+        let have = current.at("/metadata/resourceVersion").and_then(Value::as_str);
         if wanted.is_some_and(|w| Some(w) != have) {
             return Err(ApiError::conflict(res.plural, &name, "the object has been modified"));
         }
@@ -331,7 +332,7 @@ impl Client for MemoryClient {
         let mut s = self.lock();
         let obj = s.objects.get(&key).cloned().ok_or_else(|| ApiError::not_found(res.plural, name))?;
         if let Some(uid) = &params.precondition_uid
-            && obj.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid.as_str())
+            && obj.at("/metadata/uid").and_then(Value::as_str) != Some(uid.as_str())
         {
             return Err(ApiError::conflict(res.plural, name, "the UID in the precondition does not match"));
         }

@@ -1,6 +1,7 @@
 //! What a pod asks of a node and what a node offers, in typed form, with the filter and score
 //! functions over them. Parsed once per pod and once per node change, never per (pod, node) pair.
 
+use shepherd_api::JsonPath;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -91,13 +92,13 @@ fn quantity(v: Option<&Value>, parse: fn(&str) -> Result<i64, String>) -> Option
 impl NodeSummary {
     pub fn of(node: &Value) -> NodeSummary {
         let ready = node
-            .pointer("/status/conditions")
+            .at("/status/conditions")
             .and_then(Value::as_array)
             .and_then(|cs| cs.iter().find(|c| c.get("type").and_then(Value::as_str) == Some("Ready")))
             .and_then(|c| c.get("status").and_then(Value::as_str))
             == Some("True");
         let taints = node
-            .pointer("/spec/taints")
+            .at("/spec/taints")
             .and_then(Value::as_array)
             .map(|ts| {
                 ts.iter()
@@ -111,7 +112,7 @@ impl NodeSummary {
                     .collect()
             })
             .unwrap_or_default();
-        let alloc = node.pointer("/status/allocatable").or_else(|| node.pointer("/status/capacity"));
+        let alloc = node.at("/status/allocatable").or_else(|| node.at("/status/capacity"));
         let field = |name: &str| alloc.and_then(|a| a.get(name));
         let allocatable = Resources {
             cpu: quantity(field("cpu"), cpu_millis).unwrap_or(0),
@@ -121,8 +122,8 @@ impl NodeSummary {
         };
         NodeSummary {
             ready,
-            unschedulable: node.pointer("/spec/unschedulable").and_then(Value::as_bool).unwrap_or(false),
-            labels: string_map(node.pointer("/metadata/labels")),
+            unschedulable: node.at("/spec/unschedulable").and_then(Value::as_bool).unwrap_or(false),
+            labels: string_map(node.at("/metadata/labels")),
             taints,
             allocatable,
         }
@@ -144,7 +145,7 @@ impl Usage {
     pub fn of(pod: &Value) -> Usage {
         let mut requests = Resources { pods: 1, ..Default::default() };
         let mut scoring = Resources { pods: 1, ..Default::default() };
-        for c in pod.pointer("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
+        for c in pod.at("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
             // A limit without a request is the request, as defaulting does in Kubernetes.
             let resources = c.get("resources");
             let get = |name: &str, parse: fn(&str) -> Result<i64, String>| {
@@ -286,7 +287,7 @@ pub(crate) struct PodNeeds {
 impl PodNeeds {
     pub fn of(pod: &Value) -> PodNeeds {
         let tolerations = pod
-            .pointer("/spec/tolerations")
+            .at("/spec/tolerations")
             .and_then(Value::as_array)
             .map(|ts| {
                 ts.iter()
@@ -306,9 +307,9 @@ impl PodNeeds {
                     .collect()
             })
             .unwrap_or_default();
-        let node_selector = string_map(pod.pointer("/spec/nodeSelector")).into_iter().collect();
+        let node_selector = string_map(pod.at("/spec/nodeSelector")).into_iter().collect();
         let affinity_terms = pod
-            .pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+            .at("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
             .and_then(Value::as_array)
             .map(|terms| {
                 terms
@@ -329,7 +330,7 @@ impl PodNeeds {
                     .collect()
             });
         PodNeeds {
-            name: pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string(),
+            name: pod.at("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string(),
             usage: Usage::of(pod),
             tolerations,
             node_selector,

@@ -1,6 +1,7 @@
 //! The scheduler's view of the cluster: a typed summary per node and what every placed pod
 //! occupies there, kept current from informer events rather than recomputed per pod.
 
+use shepherd_api::JsonPath;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value;
@@ -171,7 +172,7 @@ pub(crate) struct ClusterState {
 }
 
 fn is_terminal(pod: &Value) -> bool {
-    matches!(pod.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"))
+    matches!(pod.at("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"))
 }
 
 impl ClusterState {
@@ -236,7 +237,7 @@ impl ClusterState {
                 if is_terminal(obj) {
                     return self.unplace(&key);
                 }
-                let node = obj.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
+                let node = obj.at("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
                 if node.is_empty() {
                     // An older copy of a pod this scheduler just bound: keep the assumption.
                     return false;
