@@ -440,14 +440,15 @@ fn pod_from_template(rs: &Value, name: &str) -> Value {
 
 /// The status `kubectl get rs` shows, and how long until a ready pod becomes available.
 fn compute_status(rs: &Value, active: &[&Value], min_ready: Duration, failure: Option<&str>) -> (Value, Option<Duration>) {
-    let template_labels = rs.at("/spec/template/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
+    let no_labels = serde_json::Map::new();
+    let template_labels = rs.at("/spec/template/metadata/labels").and_then(Value::as_object).unwrap_or(&no_labels);
     let now = podutil::now();
     let mut ready = 0;
     let mut available = 0;
     let mut fully_labeled = 0;
     let mut wait: Option<Duration> = None;
     for pod in active {
-        let labels = podutil::labels(pod);
+        let labels = pod.at("/metadata/labels").and_then(Value::as_object).unwrap_or(&no_labels);
         if template_labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
             fully_labeled += 1;
         }

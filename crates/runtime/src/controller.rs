@@ -14,7 +14,6 @@
 //!   and every resync period (with jitter) re-lists from the API, diffs it into the cache and
 //!   enqueues every key, so a change whose event was lost is still reconciled within one period.
 
-use shepherd_api::JsonPath;
 use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -28,7 +27,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 use rand::Rng;
 use serde_json::Value;
-use shepherd_api::ResourceInfo;
+use shepherd_api::{JsonPath, ResourceInfo};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{Instrument, error, info_span, warn};
@@ -38,7 +37,15 @@ use crate::faults::{Fault, ReconcileFaults};
 use crate::informer::{HandlerId, Informer, InformerFactory};
 use crate::metrics::{ControllerLabels, Metrics, ResultLabels};
 use crate::ratelimit::{RateLimiter, default_rate_limiter};
+use crate::cputime::CpuTimed;
 use crate::workqueue::WorkQueue;
+
+/// A key is not reconciled again before this multiple of the CPU time its last reconcile used has
+/// passed, so one key that is expensive and triggered continuously (a ReplicaSet of 10,000 pods
+/// while they start) gets at most half of a core, and the rest of the process keeps its share.
+const COOL_DOWN_PER_CPU_SECOND: u32 = 1;
+/// Cool-downs shorter than this are not worth a timer: cheap reconciles are never delayed.
+const MIN_COOL_DOWN: Duration = Duration::from_millis(2);
 
 /// What a reconcile failed with. Any error type converts into it with `?`.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -493,7 +500,8 @@ async fn work(state: Arc<ControllerState>, reconciler: Arc<dyn Reconciler>, faul
                 }
             }
         };
-        let outcome = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
+        let timed = CpuTimed::new(AssertUnwindSafe(call).catch_unwind().instrument(span));
+        let (outcome, cpu) = timed.await;
         state.metrics.time.observe(started.elapsed().as_secs_f64());
         let q = &state.queue;
         match outcome {
@@ -529,7 +537,12 @@ async fn work(state: Arc<ControllerState>, reconciler: Arc<dyn Reconciler>, faul
                 q.add_rate_limited(&key);
             }
         }
-        q.done(&key);
+        let cool_down = cpu * COOL_DOWN_PER_CPU_SECOND;
+        if cool_down >= MIN_COOL_DOWN {
+            q.done_cooling(&key, Instant::now() + cool_down);
+        } else {
+            q.done(&key);
+        }
     }
 }
 

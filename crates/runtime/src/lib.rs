@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod client;
 pub mod controller;
+mod cputime;
 pub mod debug;
 pub mod faults;
 pub mod informer;

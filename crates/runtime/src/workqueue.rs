@@ -11,6 +11,10 @@
 //! - **Shutdown**: after `shut_down`, `get` returns `None` and adds are ignored; work already
 //!   handed out can finish, and `wait_idle` tells when it has (or a deadline passed).
 //! - **Fairness**: keys become available in the order they became due (FIFO).
+//! - **Cool-down**: `done_cooling(key, until)` keeps `key` from being handed out again before
+//!   `until`; adds meanwhile are kept (de-duplicated) and become due then. A key whose reconcile
+//!   is expensive and which is triggered continuously (a ReplicaSet of 10,000 pods during a
+//!   rollout) thereby cannot keep a worker busy all the time.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
@@ -25,6 +29,9 @@ use tokio::time::Instant;
 
 use crate::metrics::{InFlight, Metrics, QueueLabels};
 use crate::ratelimit::RateLimiter;
+
+/// Expired cool-downs are dropped once this many keys have one.
+const COOLING_PRUNE_AT: usize = 1024;
 
 pub(crate) struct WorkQueue {
     name: String,
@@ -52,6 +59,8 @@ struct State {
     timers: BinaryHeap<Reverse<(Instant, String)>>,
     /// When each dirty key was added, for the queue-duration histogram.
     added_at: HashMap<String, Instant>,
+    /// Keys cooling down after an expensive reconcile, until the given time.
+    cooling: HashMap<String, Instant>,
     shutting_down: bool,
 }
 
@@ -105,8 +114,16 @@ impl WorkQueue {
         if s.shutting_down {
             return;
         }
+        let now = Instant::now();
+        if let Some(&until) = s.cooling.get(key) {
+            if until > now {
+                drop(s);
+                return self.add_after(key, until - now);
+            }
+            s.cooling.remove(key);
+        }
         s.waiting.remove(key);
-        self.insert_dirty(&mut s, key, Instant::now());
+        self.insert_dirty(&mut s, key, now);
         drop(s);
         self.changed.notify_waiters();
     }
@@ -132,7 +149,10 @@ impl WorkQueue {
         if s.shutting_down || s.dirty.contains(key) {
             return;
         }
-        let due = Instant::now() + delay;
+        let mut due = Instant::now() + delay;
+        if let Some(&until) = s.cooling.get(key) {
+            due = due.max(until);
+        }
         if s.waiting.get(key).is_some_and(|&at| at <= due) {
             return;
         }
@@ -212,13 +232,44 @@ impl WorkQueue {
 
     /// Releases `key` after processing; if it was added meanwhile it becomes ready again.
     pub(crate) fn done(&self, key: &str) {
+        self.release(key, None)
+    }
+
+    /// Releases `key` like `done`, but does not hand it out again before `until`: if it was added
+    /// meanwhile, or is added before then, it becomes due at `until`.
+    pub(crate) fn done_cooling(&self, key: &str, until: Instant) {
+        self.release(key, Some(until))
+    }
+
+    fn release(&self, key: &str, cool_until: Option<Instant>) {
         let mut s = self.lock();
         if let Some(started) = s.processing.remove(key) {
             self.metrics.work_duration.observe(started.elapsed().as_secs_f64());
         }
+        let now = Instant::now();
+        let cool_until = cool_until.filter(|&until| until > now && !s.shutting_down);
+        if let Some(until) = cool_until {
+            if s.cooling.len() >= COOLING_PRUNE_AT {
+                s.cooling.retain(|_, &mut t| t > now);
+            }
+            s.cooling.insert(key.to_string(), until);
+        }
         if s.dirty.contains(key) && !s.shutting_down {
-            s.ready.push_back(key.to_string());
-            self.metrics.depth.set(s.ready.len() as i64);
+            match cool_until {
+                Some(until) => {
+                    // Dirty and waiting are exclusive: the pending add becomes a delayed one.
+                    s.dirty.remove(key);
+                    s.added_at.remove(key);
+                    if s.waiting.get(key).is_none_or(|&at| at > until) {
+                        s.waiting.insert(key.to_string(), until);
+                        s.timers.push(Reverse((until, key.to_string())));
+                    }
+                }
+                None => {
+                    s.ready.push_back(key.to_string());
+                    self.metrics.depth.set(s.ready.len() as i64);
+                }
+            }
         }
         drop(s);
         self.changed.notify_waiters();
@@ -231,6 +282,7 @@ impl WorkQueue {
         s.shutting_down = true;
         s.ready.clear();
         s.waiting.clear();
+        s.cooling.clear();
         s.timers.clear();
         self.metrics.depth.set(0);
         drop(s);
@@ -302,6 +354,29 @@ mod tests {
             Next::Key(k) => Some(k),
             _ => None,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cooling_key_waits_out_its_cool_down_and_others_do_not() {
+        let q = queue();
+        q.add("hot");
+        assert_eq!(key(q.try_get()), Some("hot".into()));
+        q.add("hot"); // while processing
+        q.done_cooling("hot", Instant::now() + Duration::from_millis(50));
+        q.add("hot"); // after: still one entry, still cooling
+        q.add("cold");
+        assert_eq!(key(q.try_get()), Some("cold".into()));
+        q.done("cold");
+        assert_eq!(q.try_get(), Next::Wait(Some(Instant::now() + Duration::from_millis(50))));
+        tokio::time::advance(Duration::from_millis(49)).await;
+        assert_eq!(key(q.try_get()), None);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(key(q.try_get()), Some("hot".into()));
+        q.done("hot");
+        assert_eq!(key(q.try_get()), None, "handed out once for all three adds");
+        // Once the cool-down is over, an add is immediate again.
+        q.add("hot");
+        assert_eq!(key(q.try_get()), Some("hot".into()));
     }
 
     #[tokio::test(start_paused = true)]
