@@ -16,6 +16,9 @@ use shepherd_runtime::{Client, Manager, TriggerMode};
 pub const CONTROLLERS: &[&str] =
     &["deployment", "replicaset", "endpoints", "clusterip", "nodelifecycle", "garbagecollector", "scheduler"];
 
+/// The scheduler's default workers, after kube-scheduler's default parallelism of 16.
+const SCHEDULER_WORKERS: usize = 16;
+
 #[derive(Args, Clone, Debug)]
 pub struct ControllerArgs {
     /// Controllers to run: `all`, `none`, or a comma-separated list of deployment, replicaset,
@@ -30,7 +33,7 @@ pub struct ControllerArgs {
     /// 300, level 5.
     #[arg(long)]
     pub resync_seconds: Option<f64>,
-    /// Default workers per controller.
+    /// Default workers per controller (the scheduler has at least 16: its binds in flight).
     #[arg(long, default_value_t = 4)]
     pub controller_workers: usize,
     /// Per-controller override, repeatable: `NAME:mode=level,interval=5,workers=2`.
@@ -83,6 +86,10 @@ impl ControllerArgs {
             mode: with_period(self.controller_mode, self.resync_seconds)?,
         };
         let mut out: HashMap<&'static str, ControllerConfig> = CONTROLLERS.iter().map(|c| (*c, base)).collect();
+        // The scheduler decides one pod at a time; its workers are the binds waiting on the store.
+        if let Some(cfg) = out.get_mut("scheduler") {
+            cfg.workers = cfg.workers.max(SCHEDULER_WORKERS);
+        }
         for o in &self.overrides {
             let (name, settings) = o.split_once(':').with_context(|| format!("--controller {o:?}: expected NAME:key=value,..."))?;
             let name = CONTROLLERS

@@ -132,6 +132,9 @@ fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
     Ok(Arc::new(store))
 }
 
+/// Most pods one agent process simulating many nodes reconciles at once (requests in flight).
+const MAX_SIMULATED_AGENT_WORKERS: usize = 64;
+
 async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
     let client: Arc<dyn Client> = Arc::new(
         shepherd_client::RemoteClient::connect(&args.server, args.token.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?,
@@ -146,6 +149,7 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
                     fail_fraction: args.agent.simulated_fail_fraction,
                 });
             }
+            config.workers = config.workers.saturating_mul(n).clamp(1, MAX_SIMULATED_AGENT_WORKERS);
             let agent = shepherd_agent::Agent::simulated(client, config, n, &args.node_name_prefix)
                 .await
                 .map_err(node_agent::context)?;

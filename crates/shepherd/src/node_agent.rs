@@ -45,7 +45,8 @@ pub struct AgentArgs {
     /// Simulated runtime: fraction (0..1) of container starts that fail.
     #[arg(long, default_value_t = 0.0)]
     pub simulated_fail_fraction: f64,
-    /// Pods the agent reconciles at once.
+    /// Pods the agent reconciles at once, per node: an agent simulating many nodes works as many
+    /// separate agents would, up to 64 pods at once in all.
     #[arg(long, default_value_t = 4)]
     pub agent_workers: usize,
     /// The agent's trigger mode (hybrid, level or edge).
