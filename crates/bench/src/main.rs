@@ -81,13 +81,17 @@ enum Scenario {
         #[arg(long, default_value_t = 30)]
         runs: usize,
     },
-    /// N simulated nodes (one `shepherd agent` process), one Deployment of R replicas: time until
+    /// N simulated nodes (one `shepherd agent` process), R replicas in D Deployments: time until
     /// all are Running and Ready, pods/s, control-plane peak RSS and CPU seconds.
     ScaleOut {
         #[arg(long, default_value_t = 1_000)]
         nodes: usize,
+        /// Replicas in all, split evenly between the Deployments.
         #[arg(long, default_value_t = 10_000)]
         replicas: usize,
+        /// The variant "10 x 1,000" is `--deployments 10`.
+        #[arg(long, default_value_t = 1)]
+        deployments: usize,
         /// Give up after this many seconds (the rate so far is still reported).
         #[arg(long, default_value_t = 300.0)]
         timeout_seconds: f64,
@@ -159,11 +163,12 @@ async fn main() -> anyhow::Result<()> {
         Scenario::ApplyToRunning { runs } => {
             workloads::apply_to_running(&cli.shepherd, if cli.smoke { 3 } else { runs }).await?
         }
-        Scenario::ScaleOut { nodes, replicas, timeout_seconds, server_arg } => {
+        Scenario::ScaleOut { nodes, replicas, deployments, timeout_seconds, server_arg } => {
             let (nodes, replicas) = if cli.smoke { (5, 20) } else { (nodes, replicas) };
             let p = scale::Params {
                 nodes,
                 replicas,
+                deployments: deployments.clamp(1, replicas.max(1)),
                 timeout: Duration::from_secs_f64(timeout_seconds),
                 idle: Duration::ZERO,
                 churn: Duration::ZERO,
@@ -177,6 +182,7 @@ async fn main() -> anyhow::Result<()> {
                 scale::Params {
                     nodes: 5,
                     replicas: 20,
+                    deployments: 1,
                     timeout: Duration::from_secs(60),
                     idle: Duration::from_secs(3),
                     churn: Duration::from_secs(2),
@@ -187,6 +193,7 @@ async fn main() -> anyhow::Result<()> {
                 scale::Params {
                     nodes,
                     replicas,
+                    deployments: 1,
                     timeout: Duration::from_secs_f64(timeout_seconds),
                     idle: Duration::from_secs_f64(idle_seconds),
                     churn: Duration::from_secs_f64(churn_seconds),

@@ -25,7 +25,9 @@ const APP: &str = "scale";
 #[derive(Debug, Clone)]
 pub struct Params {
     pub nodes: usize,
+    /// Replicas in all, split evenly between `deployments` Deployments.
     pub replicas: usize,
+    pub deployments: usize,
     /// Give up waiting for all replicas after this long (the rate so far is still reported).
     pub timeout: Duration,
     pub idle: Duration,
@@ -61,10 +63,12 @@ impl Cluster {
     }
 }
 
-fn deployment(replicas: usize) -> Value {
-    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": APP, "labels": {"app": APP}},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": APP}},
-            "template": {"metadata": {"labels": {"app": APP}},
+/// The `index`th of `count` Deployments; each selects its own pods, all carry `app=scale`.
+fn deployment(index: usize, count: usize, replicas: usize) -> Value {
+    let name = if count == 1 { APP.to_string() } else { format!("{APP}-{index}") };
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": {"app": APP}},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": APP, "part": index.to_string()}},
+            "template": {"metadata": {"labels": {"app": APP, "part": index.to_string()}},
                 "spec": {"containers": [{"name": "main", "image": "minimal",
                     "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}}})
 }
@@ -123,9 +127,11 @@ async fn start_cluster(binary: &Path, nodes: usize, extra: &[String]) -> anyhow:
     Ok((cluster, started.elapsed()))
 }
 
+/// Ready replicas summed over the Deployments.
 async fn ready_replicas(http: &reqwest::Client, url: &str) -> anyhow::Result<usize> {
-    let d: Value = http.get(format!("{url}{DEPLOYMENTS}/{APP}")).send().await?.json().await?;
-    Ok(d.pointer("/status/readyReplicas").and_then(Value::as_u64).unwrap_or(0) as usize)
+    let list: Value = http.get(format!("{url}{DEPLOYMENTS}?labelSelector=app%3D{APP}")).send().await?.json().await?;
+    let items = list["items"].as_array().map(Vec::as_slice).unwrap_or_default();
+    Ok(items.iter().map(|d| d.pointer("/status/readyReplicas").and_then(Value::as_u64).unwrap_or(0) as usize).sum())
 }
 
 /// Creates the Deployment and waits for all its replicas to be Ready; returns the results.
@@ -134,8 +140,12 @@ async fn scale_out(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::R
     let (server_cpu0, agent_cpu0) = (procstat::cpu_seconds(&spid), procstat::cpu_seconds(&apid));
     let rss_before = procstat::rss_mib(&spid);
     let started = Instant::now();
-    let r = http.post(format!("{}{DEPLOYMENTS}", c.server.url)).json(&deployment(p.replicas)).send().await?;
-    anyhow::ensure!(r.status().is_success(), "creating the Deployment: {}", r.status());
+    for i in 0..p.deployments {
+        // The first Deployments take the remainder, so that the sizes add up to `replicas`.
+        let size = p.replicas / p.deployments + usize::from(i < p.replicas % p.deployments);
+        let r = http.post(format!("{}{DEPLOYMENTS}", c.server.url)).json(&deployment(i, p.deployments, size)).send().await?;
+        anyhow::ensure!(r.status().is_success(), "creating Deployment {i}: {}", r.status());
+    }
     let mut timeline = Vec::new();
     let mut last_print = Instant::now();
     let mut ready;
@@ -172,7 +182,7 @@ async fn scale_out(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::R
 }
 
 fn params_json(p: &Params, with_churn: bool) -> Value {
-    let mut v = json!({"nodes": p.nodes, "replicas": p.replicas, "image": "minimal", "simulated_ready_ms": 100,
+    let mut v = json!({"nodes": p.nodes, "replicas": p.replicas, "deployments": p.deployments, "image": "minimal", "simulated_ready_ms": 100,
         "lease_seconds": 10, "controller_workers": 4, "poll_ms": 250, "timeout_s": p.timeout.as_secs_f64(), "server_args": p.server_args});
     if with_churn {
         v["idle_s"] = json!(p.idle.as_secs_f64());
@@ -183,13 +193,18 @@ fn params_json(p: &Params, with_churn: bool) -> Value {
 }
 
 pub async fn run_scale_out(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
-    println!("scenario scale-out: {} simulated nodes, one Deployment of {} `minimal` replicas", p.nodes, p.replicas);
+    println!(
+        "scenario scale-out: {} simulated nodes, {} `minimal` replicas in {} Deployment(s)",
+        p.nodes, p.replicas, p.deployments
+    );
     let (cluster, nodes_ready) = start_cluster(binary, p.nodes, &p.server_args).await?;
     println!("{} nodes Ready {:.2} s after the agent started", p.nodes, nodes_ready.as_secs_f64());
     let http = reqwest::Client::new();
     let mut values = scale_out(&cluster, &p, &http).await?;
     values["seconds_to_nodes_ready"] = json!(nodes_ready.as_secs_f64());
-    Ok(ScenarioResult { name: "scale-out", params: params_json(&p, false), values })
+    // The split variant gets its own results file.
+    let name = if p.deployments == 1 { "scale-out" } else { "scale-out-split" };
+    Ok(ScenarioResult { name, params: params_json(&p, false), values })
 }
 
 /// Sums of the counters in `/metrics` the steady-state phase reports.
