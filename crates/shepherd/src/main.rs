@@ -90,6 +90,9 @@ struct ServerArgs {
     /// Watch history kept for clients to resume from, in seconds.
     #[arg(long, default_value_t = 900)]
     history_seconds: u64,
+    /// Watch history kept for clients to resume from, in MiB of objects.
+    #[arg(long, default_value_t = 64)]
+    history_mib: usize,
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 10)]
     bookmark_seconds: u64,
@@ -120,6 +123,7 @@ fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
     let limits = HistoryLimits {
         max_events: args.history_events,
         max_age: Duration::from_secs(args.history_seconds),
+        max_bytes: args.history_mib.saturating_mul(1024 * 1024),
         ..HistoryLimits::default()
     };
     if args.in_memory {

@@ -16,13 +16,23 @@ use crate::{Event, EventKind, KeyValue, ListResult, Revision, StoreError};
 pub struct HistoryLimits {
     pub max_events: usize,
     pub max_age: Duration,
-    /// Events a live watcher may fall behind before it is dropped with `Lagged`.
+    /// Bytes of object values the history may hold (superseded versions of objects stay alive
+    /// only through it, so this bounds its memory whatever the object sizes).
+    pub max_bytes: usize,
+    /// Events a live watcher may fall behind before it is dropped with `Lagged`. A dropped
+    /// watcher resumes from the history, so this can be much smaller than the history; the buffer
+    /// holds this many recent events alive.
     pub watcher_buffer: usize,
 }
 
 impl Default for HistoryLimits {
     fn default() -> Self {
-        HistoryLimits { max_events: 100_000, max_age: Duration::from_secs(15 * 60), watcher_buffer: 100_000 }
+        HistoryLimits {
+            max_events: 100_000,
+            max_age: Duration::from_secs(15 * 60),
+            max_bytes: 64 * 1024 * 1024,
+            watcher_buffer: 10_000,
+        }
     }
 }
 
@@ -41,6 +51,8 @@ pub(crate) struct State {
     pub(crate) objects: BTreeMap<String, KeyValue>,
     pub(crate) revision: Revision,
     history: VecDeque<(Arc<Event>, Instant)>,
+    /// Sum of the value sizes of the events in `history`.
+    history_bytes: usize,
     /// Smallest `from_revision` a watch can start at: every event after it is still in `history`.
     watchable_from: Revision,
     limits: HistoryLimits,
@@ -50,7 +62,7 @@ pub(crate) struct State {
 impl State {
     pub(crate) fn new(objects: BTreeMap<String, KeyValue>, revision: Revision, limits: HistoryLimits) -> Self {
         let (events, _) = broadcast::channel(limits.watcher_buffer.max(1));
-        State { objects, revision, history: VecDeque::new(), watchable_from: revision, limits, events }
+        State { objects, revision, history: VecDeque::new(), history_bytes: 0, watchable_from: revision, limits, events }
     }
 
     /// Checks `write` against the current state plus `pending` (writes earlier in the same batch,
@@ -111,14 +123,21 @@ impl State {
         }
         let event = Arc::new(event);
         let now = Instant::now();
+        self.history_bytes += event.kv.value.len();
         self.history.push_back((event.clone(), now));
-        while let Some((oldest, at)) = self.history.front() {
-            if self.history.len() > self.limits.max_events || now.duration_since(*at) > self.limits.max_age {
-                self.watchable_from = oldest.revision();
-                self.history.pop_front();
-            } else {
+        // The newest event always stays, so a watcher can follow even one huge write.
+        while self.history.len() > 1
+            && let Some((oldest, at)) = self.history.front()
+        {
+            let over = self.history.len() > self.limits.max_events
+                || self.history_bytes > self.limits.max_bytes
+                || now.duration_since(*at) > self.limits.max_age;
+            if !over {
                 break;
             }
+            self.watchable_from = oldest.revision();
+            self.history_bytes -= oldest.kv.value.len();
+            self.history.pop_front();
         }
         // No receivers is fine: nobody is watching.
         let _ = self.events.send(event);

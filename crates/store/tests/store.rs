@@ -77,6 +77,30 @@ async fn watch_older_than_history_is_expired() {
 }
 
 #[tokio::test]
+async fn history_is_bounded_by_the_bytes_of_its_objects() {
+    // Ten writes of 100 bytes each into a history of 350 bytes: the last three remain.
+    let limits = HistoryLimits { max_bytes: 350, ..HistoryLimits::default() };
+    let store = LocalStore::in_memory(limits);
+    for i in 0..10 {
+        store.create(&format!("/k{i}"), Bytes::from(vec![b'x'; 100])).await.expect("create");
+    }
+    match store.watch("/", 6) {
+        Err(StoreError::Expired { requested: 6, oldest }) => assert_eq!(oldest, 7),
+        other => panic!("expected Expired, got {:?}", other.map(|_| ())),
+    }
+    let mut w = store.watch("/", 7).expect("watch from the oldest retained");
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(w.next().await.expect("event").expect("ok").revision());
+    }
+    assert_eq!(got, [8, 9, 10]);
+    // One object larger than the whole budget is still watchable.
+    store.create("/big", Bytes::from(vec![b'x'; 1000])).await.expect("create big");
+    let mut w = store.watch("/", 10).expect("watch from before the big write");
+    assert_eq!(w.next().await.expect("event").expect("ok").revision(), 11);
+}
+
+#[tokio::test]
 async fn a_watcher_that_falls_behind_is_dropped_and_writers_go_on() {
     let limits = HistoryLimits { watcher_buffer: 4, ..HistoryLimits::default() };
     let store = LocalStore::in_memory(limits);
