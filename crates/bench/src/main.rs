@@ -47,7 +47,7 @@ enum Scenario {
     /// lost, with the real Deployment and ReplicaSet controllers in-process; plus level mode at
     /// 1 s and 30 s for the resync-interval table.
     TriggerModes {
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = 1_000)]
         deployments: usize,
         /// Spec changes per second.
         #[arg(long, default_value_t = 5.0)]

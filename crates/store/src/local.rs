@@ -77,7 +77,14 @@ impl Store for LocalStore {
     }
     fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream, StoreError> {
         let (replay, rx) = self.read(|s| s.start_watch(prefix, from))??;
-        Ok(WatchStream::new(prefix.to_string(), from, replay, rx))
+        // A watcher dropped from the live buffer resumes from the history when it still can.
+        let state = self.state.clone();
+        let owned_prefix = prefix.to_string();
+        let resume = move |after: Revision| match state.read() {
+            Ok(s) => s.start_watch(&owned_prefix, after),
+            Err(_) => Err(StoreError::Closed),
+        };
+        Ok(WatchStream::new(prefix.to_string(), from, replay, rx, Box::new(resume)))
     }
     fn revision(&self) -> Revision {
         self.read(|s| s.revision).unwrap_or(0)

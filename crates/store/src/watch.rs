@@ -11,8 +11,14 @@ use tokio::sync::broadcast::{self, error::RecvError};
 
 use crate::{Event, Revision, StoreError};
 
-/// A stream of events under one prefix. Ends with `Err(Lagged)` if the consumer falls further
-/// behind than the store's watcher buffer; writers are never slowed by a watcher.
+/// Re-subscribes after a revision: the history after it, and a receiver of the live events.
+pub(crate) type Resume =
+    Box<dyn Fn(Revision) -> Result<(Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>), StoreError> + Send + Sync>;
+
+/// A stream of events under one prefix. A consumer that falls further behind than the store's
+/// watcher buffer loses its place in the live events; the stream then picks up again from the
+/// history after the last event it delivered, and ends with `Err(Lagged)` only if the history no
+/// longer reaches back that far. Writers are never slowed by a watcher.
 pub struct WatchStream {
     inner: BoxStream<'static, Result<Arc<Event>, StoreError>>,
 }
@@ -23,15 +29,17 @@ impl WatchStream {
         from: Revision,
         replay: Vec<Arc<Event>>,
         rx: broadcast::Receiver<Arc<Event>>,
+        resume: Resume,
     ) -> Self {
         struct S {
             prefix: String,
             last: Revision,
             replay: VecDeque<Arc<Event>>,
             rx: broadcast::Receiver<Arc<Event>>,
+            resume: Resume,
             done: bool,
         }
-        let state = S { prefix, last: from, replay: replay.into(), rx, done: false };
+        let state = S { prefix, last: from, replay: replay.into(), rx, resume, done: false };
         let inner = futures::stream::unfold(state, |mut s| async move {
             if s.done {
                 return None;
@@ -49,10 +57,20 @@ impl WatchStream {
                         s.last = e.revision();
                         return Some((Ok(e), s));
                     }
-                    Err(RecvError::Lagged(_)) => {
-                        s.done = true;
-                        return Some((Err(StoreError::Lagged), s));
-                    }
+                    Err(RecvError::Lagged(_)) => match (s.resume)(s.last) {
+                        Ok((replay, rx)) => {
+                            s.replay = replay.into();
+                            s.rx = rx;
+                            if let Some(e) = s.replay.pop_front() {
+                                s.last = e.revision();
+                                return Some((Ok(e), s));
+                            }
+                        }
+                        Err(_) => {
+                            s.done = true;
+                            return Some((Err(StoreError::Lagged), s));
+                        }
+                    },
                     Err(RecvError::Closed) => {
                         s.done = true;
                         return Some((Err(StoreError::Closed), s));

@@ -102,7 +102,8 @@ async fn history_is_bounded_by_the_bytes_of_its_objects() {
 
 #[tokio::test]
 async fn a_watcher_that_falls_behind_is_dropped_and_writers_go_on() {
-    let limits = HistoryLimits { watcher_buffer: 4, ..HistoryLimits::default() };
+    // The watcher falls 20 events behind a live buffer of 4 and a history of 8: it cannot resume.
+    let limits = HistoryLimits { watcher_buffer: 4, max_events: 8, ..HistoryLimits::default() };
     let store = LocalStore::in_memory(limits);
     let mut w = store.watch("/", 0).expect("watch");
     for i in 0..20 {
@@ -117,6 +118,27 @@ async fn a_watcher_that_falls_behind_is_dropped_and_writers_go_on() {
     }
     assert!(saw_lagged);
     assert!(w.next().await.is_none(), "the stream ends after Lagged");
+}
+
+#[tokio::test]
+async fn a_watcher_behind_its_live_buffer_resumes_from_the_history_without_a_gap() {
+    let limits = HistoryLimits { watcher_buffer: 4, ..HistoryLimits::default() };
+    let store = LocalStore::in_memory(limits);
+    let mut w = store.watch("/a/", 0).expect("watch");
+    for i in 0..50 {
+        store.create(&format!("/a/k{i}"), b("v")).await.expect("create");
+        store.create(&format!("/b/k{i}"), b("v")).await.expect("create");
+    }
+    let mut revisions = Vec::new();
+    for _ in 0..50 {
+        let e = w.next().await.expect("an event").expect("not lagged: the history has it");
+        assert!(e.kv.key.starts_with("/a/"), "only the watched prefix: {}", e.kv.key);
+        revisions.push(e.revision());
+    }
+    // Every other revision is under /a/: 1, 3, 5, ..., 99, in order and none missing.
+    assert_eq!(revisions, (0..50).map(|i| 2 * i + 1).collect::<Vec<u64>>());
+    store.create("/a/late", b("v")).await.expect("create");
+    assert_eq!(w.next().await.expect("live again").expect("ok").kv.key, "/a/late");
 }
 
 #[tokio::test]
