@@ -3,12 +3,12 @@
 //! next beat; a Ready condition someone else changed (the node lifecycle controller marking the
 //! node Unknown) is set back to True.
 
-use shepherd_api::JsonPath;
 use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::{ApiError, kinds};
 use shepherd_runtime::{Client, Patch};
 use tracing::{info, warn};

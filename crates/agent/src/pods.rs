@@ -7,13 +7,13 @@
 //! no hook to enqueue a key from outside, so those run outside its work queue; a per-pod async
 //! mutex held for the whole reconcile keeps the "one reconcile per key at a time" guarantee.
 
-use shepherd_api::JsonPath;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::kinds;
 use shepherd_runtime::{Cache, Client, DeleteParams, Patch};
 use tokio::sync::{Mutex as AsyncMutex, mpsc};

@@ -1,11 +1,11 @@
 //! `LocalClient`: the in-process implementation of the controllers' `Client`, calling the
 //! service layer directly (no HTTP, same validation, same watch semantics).
 
-use shepherd_api::JsonPath;
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde_json::Value;
+use shepherd_api::JsonPath;
 use shepherd_api::ApiError;
 use shepherd_api::kinds::ResourceInfo;
 use shepherd_runtime::{Client, DeleteParams, ListParams, ObjectList, Patch, WatchEvent};

@@ -1,6 +1,5 @@
 //! HTTP routing: the Kubernetes REST paths, verbs and content types, mapped onto `ApiService`.
 
-use shepherd_api::JsonPath;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +13,7 @@ use axum::routing::{any, get};
 use futures::StreamExt;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::ApiError;
 use shepherd_api::kinds::{self, ResourceInfo};
 

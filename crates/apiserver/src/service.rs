@@ -4,11 +4,11 @@
 //! default, set server-owned metadata, validate, then one store write with a precondition. A
 //! rejected request returns before the store is touched, so it writes nothing.
 
-use shepherd_api::JsonPath;
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::kinds::{self, ResourceInfo};
 use shepherd_api::selector::{FieldSelector, LabelSelector};
 use shepherd_api::{ApiError, defaults, validation};

@@ -1,8 +1,8 @@
 //! Server-side printing: the `Table` form kubectl asks for (`Accept: ...;as=Table`), with the
 //! columns a Kubernetes user expects for each kind.
 
-use shepherd_api::JsonPath;
 use serde_json::{Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::kinds::ResourceInfo;
 
 pub use shepherd_api::human_age;

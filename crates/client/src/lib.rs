@@ -2,12 +2,12 @@
 //! another process than the API server (node agents, remote controllers). It speaks the plain
 //! Kubernetes REST API through the `kube` crate, so it would work against any Kubernetes server.
 
-use shepherd_api::JsonPath;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use http::{Method, Request};
 use serde_json::{Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::kinds::{self, ResourceInfo};
 use shepherd_api::ApiError;
 use shepherd_runtime::{Client, DeleteParams, ListParams, ObjectList, Patch, WatchEvent};

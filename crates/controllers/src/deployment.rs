@@ -7,13 +7,13 @@
 //! update never lets the sum of ReplicaSet `spec.replicas`, minus new pods not yet available, drop
 //! below `replicas - maxUnavailable`, and never lets it rise above `replicas + maxSurge`.
 
-use shepherd_api::JsonPath;
 use std::cmp::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::selector::LabelSelector;
 use shepherd_api::{ApiError, kinds};
 use shepherd_runtime::cache::object_key;

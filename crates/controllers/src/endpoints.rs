@@ -3,12 +3,12 @@
 //! `notReadyAddresses`) with the service's target ports resolved per pod; and the ClusterIP
 //! allocator, which gives Services without a `spec.clusterIP` a unique one from a range.
 
-use shepherd_api::JsonPath;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::{LabelSelector, kinds};
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager};

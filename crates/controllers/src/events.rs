@@ -2,13 +2,13 @@
 //! combined when similar, and rate-limited per object so a busy controller cannot flood the API
 //! server with them.
 
-use shepherd_api::JsonPath;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::kinds;
 use shepherd_runtime::{Client, Patch};
 use tokio::time::Instant;

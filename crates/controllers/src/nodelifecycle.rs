@@ -6,12 +6,12 @@
 //! monotonic clock, not by the `renewTime` the agent wrote: a node whose clock is skewed is
 //! neither evicted early nor kept forever, and the paused test clock drives it exactly.
 
-use shepherd_api::JsonPath;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::kinds;
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;

@@ -1,11 +1,11 @@
 //! What the workload controllers and the garbage collector read off objects: pod activity,
 //! readiness and availability, owner references, ordinals, and the clock they judge time by.
 
-use shepherd_api::JsonPath;
 use std::cmp::Ordering;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::ResourceInfo;
 
 /// Label every pod and ReplicaSet of a Deployment carries, naming its template's hash.

@@ -7,13 +7,13 @@
 //! AlreadyExists, and a live read tells whether the pod is ours (counted) or another
 //! ReplicaSet's (the next free ordinal is tried instead).
 
-use shepherd_api::JsonPath;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::selector::LabelSelector;
 use shepherd_api::{ApiError, kinds};
 use shepherd_runtime::cache::object_key;

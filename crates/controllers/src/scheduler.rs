@@ -15,11 +15,11 @@
 mod fit;
 mod state;
 
-use shepherd_api::JsonPath;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::kinds;
 use shepherd_runtime::{Action, Cache, Client, Controller, Manager, Patch};
 

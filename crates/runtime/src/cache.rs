@@ -8,11 +8,11 @@
 //! - a copy of an object older than the cached one (by `metadata.resourceVersion`) never replaces
 //!   it, so a late or replayed event cannot move the cache backwards.
 
-use shepherd_api::JsonPath;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde_json::Value;
+use shepherd_api::JsonPath;
 
 /// A change the cache went through, handed to informer subscribers.
 #[derive(Debug, Clone)]

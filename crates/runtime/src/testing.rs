@@ -8,13 +8,13 @@
 //! - `set_drop_watch_events(true)` silently loses live events (the watch stays open), which is the
 //!   failure the seeds describe: the writer succeeds, the watcher never hears of it.
 
-use shepherd_api::JsonPath;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::{Map, Value, json};
+use shepherd_api::JsonPath;
 use shepherd_api::{ApiError, ResourceInfo};
 use tokio::sync::mpsc;
 

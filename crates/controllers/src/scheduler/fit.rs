@@ -1,11 +1,11 @@
 //! What a pod asks of a node and what a node offers, in typed form, with the filter and score
 //! functions over them. Parsed once per pod and once per node change, never per (pod, node) pair.
 
-use shepherd_api::JsonPath;
 use std::collections::BTreeMap;
 use std::fmt;
 
 use serde_json::Value;
+use shepherd_api::JsonPath;
 use shepherd_api::validation::{cpu_millis, memory_bytes};
 
 /// Scoring stand-ins for a container that requests nothing, so such pods still spread (the

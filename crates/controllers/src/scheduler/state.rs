@@ -1,10 +1,10 @@
 //! The scheduler's view of the cluster: a typed summary per node and what every placed pod
 //! occupies there, kept current from informer events rather than recomputed per pod.
 
-use shepherd_api::JsonPath;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value;
+use shepherd_api::JsonPath;
 use shepherd_runtime::Change;
 use shepherd_runtime::cache::object_key;
 
