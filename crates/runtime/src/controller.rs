@@ -46,6 +46,8 @@ use crate::workqueue::WorkQueue;
 const COOL_DOWN_PER_CPU_SECOND: u32 = 1;
 /// Cool-downs shorter than this are not worth a timer: cheap reconciles are never delayed.
 const MIN_COOL_DOWN: Duration = Duration::from_millis(2);
+/// However expensive a reconcile was, its key waits at most this long.
+const MAX_COOL_DOWN: Duration = Duration::from_secs(1);
 
 /// What a reconcile failed with. Any error type converts into it with `?`.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -504,6 +506,7 @@ async fn work(state: Arc<ControllerState>, reconciler: Arc<dyn Reconciler>, faul
         let (outcome, cpu) = timed.await;
         state.metrics.time.observe(started.elapsed().as_secs_f64());
         let q = &state.queue;
+        let succeeded = matches!(outcome, Ok(Ok(_)));
         match outcome {
             Ok(Ok(Action::Done)) => {
                 state.metrics.success.inc();
@@ -537,7 +540,8 @@ async fn work(state: Arc<ControllerState>, reconciler: Arc<dyn Reconciler>, faul
                 q.add_rate_limited(&key);
             }
         }
-        let cool_down = cpu * COOL_DOWN_PER_CPU_SECOND;
+        // Failed keys are paced by their backoff instead; a cool-down applies to successes only.
+        let cool_down = if succeeded { (cpu * COOL_DOWN_PER_CPU_SECOND).min(MAX_COOL_DOWN) } else { Duration::ZERO };
         if cool_down >= MIN_COOL_DOWN {
             q.done_cooling(&key, Instant::now() + cool_down);
         } else {
