@@ -142,18 +142,15 @@ impl State {
         if old.is_some() && old == new {
             return;
         }
-        let field = |v: &Option<IndexValues>, f: fn(&IndexValues) -> Option<String>| v.as_ref().and_then(f);
-        let (o, n) = (field(&old, |v| v.namespace.clone()), field(&new, |v| v.namespace.clone()));
-        index_move(&mut self.by_namespace, o.as_ref(), n.as_ref(), key);
-        let (o, n) = (field(&old, |v| v.owner.clone()), field(&new, |v| v.owner.clone()));
-        index_move(&mut self.by_owner, o.as_ref(), n.as_ref(), key);
-        let (o, n) = (field(&old, IndexValues::unowned), field(&new, IndexValues::unowned));
-        index_move(&mut self.unowned, o.as_ref(), n.as_ref(), key);
-        let (o, n) = (field(&old, |v| v.node.clone()), field(&new, |v| v.node.clone()));
-        index_move(&mut self.by_node, o.as_ref(), n.as_ref(), key);
+        let (o, n) = (old.as_ref(), new.as_ref());
+        index_move(&mut self.by_namespace, o.and_then(|v| v.namespace.as_ref()), n.and_then(|v| v.namespace.as_ref()), key);
+        index_move(&mut self.by_owner, o.and_then(|v| v.owner.as_ref()), n.and_then(|v| v.owner.as_ref()), key);
+        let (o_unowned, n_unowned) = (o.and_then(IndexValues::unowned), n.and_then(IndexValues::unowned));
+        index_move(&mut self.unowned, o_unowned.as_ref(), n_unowned.as_ref(), key);
+        index_move(&mut self.by_node, o.and_then(|v| v.node.as_ref()), n.and_then(|v| v.node.as_ref()), key);
         let no_labels = Vec::new();
-        let old_labels = old.as_ref().map_or(&no_labels, |v| &v.labels);
-        let new_labels = new.as_ref().map_or(&no_labels, |v| &v.labels);
+        let old_labels = o.map_or(&no_labels, |v| &v.labels);
+        let new_labels = n.map_or(&no_labels, |v| &v.labels);
         for l in old_labels.iter().filter(|l| !new_labels.contains(l)) {
             index_remove(&mut self.by_label, Some(l), key);
         }

@@ -64,6 +64,19 @@ struct State {
     shutting_down: bool,
 }
 
+impl State {
+    /// Makes `key` (not dirty) due at `due`, unless it is already due sooner: earliest wins.
+    /// Whether anything changed.
+    fn delay_until(&mut self, key: &str, due: Instant) -> bool {
+        if self.waiting.get(key).is_some_and(|&at| at <= due) {
+            return false;
+        }
+        self.waiting.insert(key.to_string(), due);
+        self.timers.push(Reverse((due, key.to_string())));
+        true
+    }
+}
+
 struct QueueMetrics {
     depth: Gauge,
     adds: Counter,
@@ -153,11 +166,9 @@ impl WorkQueue {
         if let Some(&until) = s.cooling.get(key) {
             due = due.max(until);
         }
-        if s.waiting.get(key).is_some_and(|&at| at <= due) {
+        if !s.delay_until(key, due) {
             return;
         }
-        s.waiting.insert(key.to_string(), due);
-        s.timers.push(Reverse((due, key.to_string())));
         drop(s);
         self.changed.notify_waiters();
     }
@@ -260,10 +271,7 @@ impl WorkQueue {
                     // Dirty and waiting are exclusive: the pending add becomes a delayed one.
                     s.dirty.remove(key);
                     s.added_at.remove(key);
-                    if s.waiting.get(key).is_none_or(|&at| at > until) {
-                        s.waiting.insert(key.to_string(), until);
-                        s.timers.push(Reverse((until, key.to_string())));
-                    }
+                    s.delay_until(key, until);
                 }
                 None => {
                     s.ready.push_back(key.to_string());
