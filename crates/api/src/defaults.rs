@@ -32,6 +32,11 @@ pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
             if let Some(spec) = existing_spec(obj) {
                 default_service_spec(spec);
             }
+            // Kubernetes serializes an empty ServiceStatus as `{loadBalancer: {}}`, and clients
+            // (Helm's readiness checks, the Python client) read it without a null check.
+            if let Some(status) = object_at(obj, &["status"]) {
+                set_absent(status, "loadBalancer", json!({}));
+            }
         }
         "Namespace" => {
             if let Some(status) = object_at(obj, &["status"]) {
@@ -277,6 +282,7 @@ mod tests {
         assert_eq!(s["spec"]["sessionAffinity"], "None");
         assert_eq!(s["spec"]["ports"][0], json!({"name": "http", "port": 80, "targetPort": 80, "protocol": "TCP"}));
         assert_eq!(s["spec"]["ports"][1]["targetPort"], "http");
+        assert_eq!(s["status"], json!({"loadBalancer": {}}), "clients read status.loadBalancer unguarded");
     }
 
     #[test]

@@ -74,6 +74,15 @@ impl ApiError {
             message: format!("{plural} \"{name}\" already exists"),
         }
     }
+    /// What Kubernetes answers for a path it does not serve (an unknown group, version or
+    /// resource): no kind or name in the details.
+    pub fn resource_not_found() -> Self {
+        ApiError::NotFound {
+            kind: String::new(),
+            name: String::new(),
+            message: "the server could not find the requested resource".into(),
+        }
+    }
     pub fn conflict(plural: &str, name: &str, why: &str) -> Self {
         ApiError::Conflict {
             kind: plural.into(),
@@ -151,14 +160,15 @@ impl ApiError {
         let details = match self {
             ApiError::NotFound { kind, name, .. }
             | ApiError::AlreadyExists { kind, name, .. }
-            | ApiError::Conflict { kind, name, .. } => Some(json!({ "name": name, "kind": kind })),
-            ApiError::Invalid { kind, name, causes, .. } => Some(json!({
-                "name": name,
-                "kind": kind,
-                "causes": causes.iter().map(|c| json!({
-                    "reason": c.reason, "message": c.message, "field": c.field,
-                })).collect::<Vec<_>>(),
-            })),
+            | ApiError::Conflict { kind, name, .. } => Some(details(kind, name)),
+            ApiError::Invalid { kind, name, causes, .. } => {
+                let mut d = details(kind, name);
+                d["causes"] = causes
+                    .iter()
+                    .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                    .collect();
+                Some(d)
+            }
             _ => None,
         };
         if let Some(d) = details {
@@ -172,10 +182,12 @@ impl ApiError {
         let message = status.get("message").and_then(Value::as_str).unwrap_or("unknown error").to_string();
         let details = status.get("details");
         let field = |k: &str| details.and_then(|d| d.get(k)).and_then(Value::as_str).unwrap_or("").to_string();
+        let group = field("group");
+        let kind = if group.is_empty() { field("kind") } else { format!("{}.{group}", field("kind")) };
         match status.get("reason").and_then(Value::as_str).unwrap_or("") {
-            "NotFound" => ApiError::NotFound { kind: field("kind"), name: field("name"), message },
-            "AlreadyExists" => ApiError::AlreadyExists { kind: field("kind"), name: field("name"), message },
-            "Conflict" => ApiError::Conflict { kind: field("kind"), name: field("name"), message },
+            "NotFound" => ApiError::NotFound { kind, name: field("name"), message },
+            "AlreadyExists" => ApiError::AlreadyExists { kind, name: field("name"), message },
+            "Conflict" => ApiError::Conflict { kind, name: field("name"), message },
             "Invalid" => {
                 let causes = details
                     .and_then(|d| d.get("causes"))
@@ -190,7 +202,7 @@ impl ApiError {
                             .collect()
                     })
                     .unwrap_or_default();
-                ApiError::Invalid { kind: field("kind"), name: field("name"), message, causes }
+                ApiError::Invalid { kind, name: field("name"), message, causes }
             }
             "BadRequest" => ApiError::BadRequest(message),
             "Expired" | "Gone" => ApiError::Expired(message),
@@ -201,6 +213,19 @@ impl ApiError {
             _ => ApiError::Internal(message),
         }
     }
+}
+
+/// `Status.details` as Kubernetes writes them: the qualified name an error carries
+/// (`deployments.apps`, `Deployment.apps`) split into `kind` and `group`, empty fields left out.
+fn details(qualified: &str, name: &str) -> Value {
+    let (kind, group) = qualified.split_once('.').unwrap_or((qualified, ""));
+    let mut d = serde_json::Map::new();
+    for (key, value) in [("name", name), ("group", group), ("kind", kind)] {
+        if !value.is_empty() {
+            d.insert(key.into(), json!(value));
+        }
+    }
+    Value::Object(d)
 }
 
 fn cause_reason(r: &str) -> &'static str {
@@ -226,5 +251,26 @@ mod tests {
         assert_eq!(s["reason"], "Invalid");
         assert_eq!(s["details"]["causes"][0]["field"], "spec.replicas");
         assert_eq!(ApiError::from_status(&s), e);
+    }
+
+    #[test]
+    fn details_name_the_resource_and_its_group_separately_as_kubernetes_does() {
+        let e = ApiError::conflict("deployments.apps", "web", "the object has been modified");
+        let s = e.to_status();
+        assert_eq!(s["details"], json!({"name": "web", "group": "apps", "kind": "deployments"}));
+        assert!(s["message"].as_str().unwrap().contains("deployments.apps \"web\""));
+        assert_eq!(ApiError::from_status(&s), e);
+        let lease = ApiError::not_found("leases.coordination.k8s.io", "l").to_status();
+        assert_eq!(lease["details"], json!({"name": "l", "group": "coordination.k8s.io", "kind": "leases"}));
+        assert_eq!(ApiError::not_found("pods", "p").to_status()["details"], json!({"name": "p", "kind": "pods"}));
+        let invalid = ApiError::invalid("Deployment.apps", "web", vec![Cause::required("spec.selector")]).to_status();
+        assert_eq!((&invalid["details"]["kind"], &invalid["details"]["group"]), (&json!("Deployment"), &json!("apps")));
+    }
+
+    #[test]
+    fn an_unserved_path_answers_as_kubernetes_with_empty_details() {
+        let s = ApiError::resource_not_found().to_status();
+        assert_eq!(s["message"], "the server could not find the requested resource");
+        assert_eq!((&s["code"], &s["reason"], &s["details"]), (&json!(404), &json!("NotFound"), &json!({})));
     }
 }

@@ -12,6 +12,8 @@ pub struct ResourceInfo {
     pub singular: &'static str,
     pub namespaced: bool,
     pub short_names: &'static [&'static str],
+    /// Groupings a user can ask for by one name (`kubectl get all`).
+    pub categories: &'static [&'static str],
     /// Has a `status` subresource: the main resource ignores status writes, `/status` only writes status.
     pub has_status: bool,
     /// Has a `scale` subresource (`autoscaling/v1` Scale).
@@ -73,17 +75,27 @@ const fn res(
     has_status: bool,
     has_scale: bool,
 ) -> ResourceInfo {
-    ResourceInfo { group, version: "v1", kind, plural, singular, namespaced, short_names, has_status, has_scale }
+    ResourceInfo { group, version: "v1", kind, plural, singular, namespaced, short_names, categories: &[], has_status, has_scale }
+}
+
+impl ResourceInfo {
+    const fn in_categories(self, categories: &'static [&'static str]) -> Self {
+        ResourceInfo { categories, ..self }
+    }
 }
 
 pub const NAMESPACE: ResourceInfo = res("", "Namespace", "namespaces", "namespace", false, &["ns"], true, false);
 pub const NODE: ResourceInfo = res("", "Node", "nodes", "node", false, &["no"], true, false);
-pub const POD: ResourceInfo = res("", "Pod", "pods", "pod", true, &["po"], true, false);
-pub const SERVICE: ResourceInfo = res("", "Service", "services", "service", true, &["svc"], true, false);
+pub const POD: ResourceInfo =
+    res("", "Pod", "pods", "pod", true, &["po"], true, false).in_categories(&["all"]);
+pub const SERVICE: ResourceInfo =
+    res("", "Service", "services", "service", true, &["svc"], true, false).in_categories(&["all"]);
 pub const ENDPOINTS: ResourceInfo = res("", "Endpoints", "endpoints", "endpoints", true, &["ep"], false, false);
 pub const EVENT: ResourceInfo = res("", "Event", "events", "event", true, &["ev"], false, false);
-pub const DEPLOYMENT: ResourceInfo = res("apps", "Deployment", "deployments", "deployment", true, &["deploy"], true, true);
-pub const REPLICASET: ResourceInfo = res("apps", "ReplicaSet", "replicasets", "replicaset", true, &["rs"], true, true);
+pub const DEPLOYMENT: ResourceInfo =
+    res("apps", "Deployment", "deployments", "deployment", true, &["deploy"], true, true).in_categories(&["all"]);
+pub const REPLICASET: ResourceInfo =
+    res("apps", "ReplicaSet", "replicasets", "replicaset", true, &["rs"], true, true).in_categories(&["all"]);
 pub const LEASE: ResourceInfo = res("coordination.k8s.io", "Lease", "leases", "lease", true, &[], false, false);
 
 /// Every resource Shepherd serves, in discovery order.
@@ -91,6 +103,11 @@ pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVE
 
 /// The groups Shepherd serves besides core, in discovery order.
 pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io"];
+
+/// The resources in a category (`all`), in discovery order.
+pub fn in_category(category: &str) -> impl Iterator<Item = &'static ResourceInfo> + '_ {
+    ALL.iter().filter(move |r| r.categories.contains(&category))
+}
 
 /// Finds a resource by group and plural (`("apps", "deployments")`).
 pub fn by_plural(group: &str, plural: &str) -> Option<&'static ResourceInfo> {
@@ -132,6 +149,12 @@ mod tests {
             assert_eq!(resolve(typed).map(|r| r.kind), Some(kind), "{typed}");
         }
         assert!(resolve("widgets").is_none());
+    }
+
+    #[test]
+    fn the_all_category_holds_what_kubectl_get_all_shows() {
+        let all: Vec<&str> = in_category("all").map(|r| r.plural).collect();
+        assert_eq!(all, ["pods", "services", "deployments", "replicasets"]);
     }
 
     #[test]

@@ -66,25 +66,50 @@ pub(crate) fn error_response(e: &ApiError) -> Response {
 }
 
 pub(crate) fn router(state: AppState) -> Router {
+    // Kubernetes accepts a trailing slash on its discovery paths; some clients (the Python
+    // client's `VersionApi`, `ApisApi`) always send one.
+    let version = || get(|| async { axum::Json(discovery::version()) });
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }))
-        .route("/version", get(|| async { axum::Json(discovery::version()) }))
+        .route("/version", version())
+        .route("/version/", version())
         .route("/metrics", get(metrics))
-        .route("/api", get(|| async { axum::Json(discovery::core_versions()) }))
-        .route("/apis", get(|| async { axum::Json(discovery::groups()) }))
+        .route("/api", get(core_discovery))
+        .route("/api/", get(core_discovery))
+        .route("/apis", get(group_discovery))
+        .route("/apis/", get(group_discovery))
         .route("/api/{*rest}", any(dispatch_core))
         .route("/apis/{*rest}", any(dispatch_groups))
-        .fallback(|req: Request| async move {
-            error_response(&ApiError::NotFound {
-                kind: String::new(),
-                name: String::new(),
-                message: format!("the server could not find the requested resource ({})", req.uri().path()),
-            })
-        })
+        .fallback(|| async { error_response(&ApiError::resource_not_found()) })
         .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
+}
+
+async fn core_discovery(headers: HeaderMap) -> Response {
+    discovery_root(true, &headers)
+}
+
+async fn group_discovery(headers: HeaderMap) -> Response {
+    discovery_root(false, &headers)
+}
+
+/// `/api` or `/apis`: the aggregated `APIGroupDiscoveryList` when the client asks for it, the
+/// legacy `APIVersions` / `APIGroupList` otherwise.
+fn discovery_root(core: bool, headers: &HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let (body, content_type) = match discovery::negotiate(accept) {
+        Some(version) => (discovery::aggregated(core, version), discovery::aggregated_content_type(version)),
+        None if core => (discovery::core_versions(), "application/json".to_string()),
+        None => (discovery::groups(), "application/json".to_string()),
+    };
+    let mut r = json_response(StatusCode::OK, body.to_string().into_bytes());
+    if let Ok(ct) = HeaderValue::from_str(&content_type) {
+        r.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    r.headers_mut().insert(header::VARY, HeaderValue::from_static("Accept"));
+    r
 }
 
 async fn authenticate(State(app): State<AppState>, req: Request, next: axum::middleware::Next) -> Response {
@@ -142,76 +167,72 @@ struct Target {
     sub: Option<String>,
 }
 
+/// Reads the path below `/api/{version}` or `/apis/{group}/{version}`; anything not served is
+/// the 404 Kubernetes answers for a path it does not know.
 fn resolve(group: &str, version: &str, rest: &[&str]) -> Result<Target, ApiError> {
-    let unknown = |what: &str| ApiError::NotFound {
-        kind: String::new(),
-        name: String::new(),
-        message: format!("the server could not find the requested resource ({what})"),
-    };
-    if version != "v1" {
-        return Err(unknown(&format!("version {version}")));
+    let unknown = ApiError::resource_not_found;
+    if !discovery::serves(group, version) {
+        return Err(unknown());
     }
-    let lookup = |plural: &str| kinds::by_plural(group, plural).ok_or_else(|| unknown(plural));
-    let owned = |s: &&str| s.to_string();
-    match rest {
-        ["namespaces", ns, plural, tail @ ..] if kinds::by_plural(group, plural).is_some_and(|r| r.namespaced) => {
-            let res = lookup(plural)?;
-            match tail {
-                [] => Ok(Target { res, namespace: Some(ns.to_string()), name: None, sub: None }),
-                [name] => Ok(Target { res, namespace: Some(ns.to_string()), name: Some(name.to_string()), sub: None }),
-                [name, sub] => Ok(Target { res, namespace: Some(ns.to_string()), name: Some(name.to_string()), sub: Some(sub.to_string()) }),
-                _ => Err(unknown(&rest.join("/"))),
-            }
+    let served = |plural: &str| kinds::by_plural(group, plural).filter(|r| r.version == version);
+    // `namespaces/{name}/{x}` is a subresource of the namespace when it has one called x, and
+    // otherwise resource x inside that namespace.
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, plural, tail @ ..]
+            if !(tail.is_empty() && served("namespaces").is_some_and(|n| discovery::has_subresource(n, plural))) =>
+        {
+            (Some(ns.to_string()), &rest[2..])
         }
-        [plural] => Ok(Target { res: lookup(plural)?, namespace: None, name: None, sub: None }),
-        [plural, name] => {
-            let res = lookup(plural)?;
-            if res.namespaced {
-                return Err(unknown(&rest.join("/")));
-            }
-            Ok(Target { res, namespace: None, name: Some(name.to_string()), sub: None })
+        _ => (None, rest),
+    };
+    let [plural, tail @ ..] = rest else { return Err(unknown()) };
+    let res = served(plural).ok_or_else(unknown)?;
+    if (namespace.is_some() && !res.namespaced) || (namespace.is_none() && res.namespaced && !tail.is_empty()) {
+        return Err(unknown());
+    }
+    match tail {
+        [] => Ok(Target { res, namespace, name: None, sub: None }),
+        [name] => Ok(Target { res, namespace, name: Some(name.to_string()), sub: None }),
+        [name, sub] if discovery::has_subresource(res, sub) => {
+            Ok(Target { res, namespace, name: Some(name.to_string()), sub: Some(sub.to_string()) })
         }
-        [plural, name, sub] => {
-            let res = lookup(plural)?;
-            if res.namespaced {
-                return Err(unknown(&rest.join("/")));
-            }
-            Ok(Target { res, namespace: None, name: rest.get(1).map(owned), sub: Some(sub.to_string()).filter(|_| !name.is_empty()) })
-        }
-        _ => Err(unknown(&rest.join("/"))),
+        _ => Err(unknown()),
     }
 }
 
 async fn dispatch_core(State(app): State<AppState>, req: Request) -> Response {
-    let path = req.uri().path().trim_start_matches("/api/").trim_end_matches('/').to_string();
+    let path = req.uri().path().trim_start_matches("/api/").to_string();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     match segs.as_slice() {
-        ["v1"] => axum::Json(discovery::resources("").unwrap_or(json!({}))).into_response(),
+        [version] => match discovery::resources("", version) {
+            Some(r) => axum::Json(r).into_response(),
+            None => error_response(&ApiError::resource_not_found()),
+        },
         [version, rest @ ..] => {
             let t = resolve("", version, rest);
             serve(app, t, req).await
         }
-        _ => error_response(&ApiError::not_found("paths", &path)),
+        [] => discovery_root(true, req.headers()),
     }
 }
 
 async fn dispatch_groups(State(app): State<AppState>, req: Request) -> Response {
-    let path = req.uri().path().trim_start_matches("/apis/").trim_end_matches('/').to_string();
+    let path = req.uri().path().trim_start_matches("/apis/").to_string();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     match segs.as_slice() {
         [group] => match discovery::group(group) {
             Some(g) => axum::Json(g).into_response(),
-            None => error_response(&ApiError::not_found("groups", group)),
+            None => error_response(&ApiError::resource_not_found()),
         },
-        [group, "v1"] => match discovery::resources(group) {
+        [group, version] => match discovery::resources(group, version) {
             Some(r) => axum::Json(r).into_response(),
-            None => error_response(&ApiError::not_found("groups", group)),
+            None => error_response(&ApiError::resource_not_found()),
         },
         [group, version, rest @ ..] => {
             let t = resolve(group, version, rest);
             serve(app, t, req).await
         }
-        _ => error_response(&ApiError::not_found("paths", &path)),
+        [] => discovery_root(false, req.headers()),
     }
 }
 
