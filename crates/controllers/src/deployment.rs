@@ -658,12 +658,16 @@ fn compute_status(d: &Value, sets: &Sets, created_new: Option<&str>) -> (Value, 
         previous.cloned()
     };
     // Past the deadline without progress: the rollout has failed, as `kubectl rollout status` reports.
+    // A condition still saying the last rollout completed measures no rollout: a scale (or a
+    // resync that sees new work before its progress) must not be timed out against the time
+    // that rollout finished, which may be long ago. As in Kubernetes, the condition catches up
+    // (ReplicaSetUpdated) once the new replicas progress, and the deadline runs from there.
     let progressing = match (progressing, deadline) {
         (Some(cond), Some(deadline)) if !paused && !complete => {
             let reason = reason_of(Some(&cond)).unwrap_or_default();
             let since = cond.get("lastUpdateTime").and_then(Value::as_str).and_then(podutil::parse_time);
             match since {
-                _ if reason == "ProgressDeadlineExceeded" => Some(cond),
+                _ if reason == "ProgressDeadlineExceeded" || reason == "NewReplicaSetAvailable" => Some(cond),
                 Some(since) => {
                     let waited = podutil::elapsed(since, podutil::now());
                     if waited > deadline {

@@ -302,3 +302,54 @@ async fn a_paused_deployment_does_not_roll_out_until_resumed() {
     kubelet.abort();
     running.stop().await;
 }
+
+/// Every `Progressing` reason a watcher of Deployment `name` sees, in order.
+fn progressing_reasons(client: Arc<dyn Client>, name: &'static str) -> (Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let task = tokio::spawn(async move {
+        let list = client.list(&kinds::DEPLOYMENT, &ListParams::namespace("default")).await.unwrap();
+        let mut events = client.watch(&kinds::DEPLOYMENT, &ListParams::namespace("default"), list.resource_version).await.unwrap();
+        while let Some(Ok(event)) = events.next().await {
+            if let WatchEvent::Added(d) | WatchEvent::Modified(d) = event {
+                if let Some(reason) = condition(&d, "Progressing").and_then(|c| c["reason"].as_str().map(str::to_string)) {
+                    if podutil::name(&d) == name && s.lock().unwrap().last() != Some(&reason) {
+                        s.lock().unwrap().push(reason);
+                    }
+                }
+            }
+        }
+    });
+    (seen, task)
+}
+
+#[tokio::test(start_paused = true)]
+async fn scaling_a_deployment_rolled_out_long_ago_never_reports_its_progress_deadline_exceeded() {
+    let client = api().await;
+    let running = workloads(&client);
+    let kubelet = kubelet(client.clone(), Duration::from_secs(3));
+    client.create(&kinds::DEPLOYMENT, Some("default"), deployment("web", 2, "minimal")).await.unwrap();
+    assert!(wait_until(LIMIT, || rolled_out(&client, "web")).await.is_some());
+    // Older than the default 600 s progress deadline, as a Deployment in daily use is.
+    tokio::time::sleep(Duration::from_secs(11 * 60)).await;
+    let (reasons, watcher) = progressing_reasons(client.clone(), "web");
+    client.patch(&kinds::DEPLOYMENT, Some("default"), "web", Patch::Merge(json!({"spec": {"replicas": 5}}))).await.unwrap();
+    assert!(wait_until(LIMIT, || async {
+        rolled_out(&client, "web").await && active_pod_names(&client, "web-").await.len() == 5
+    }).await.is_some());
+    // A rollout of a new template, long after the last, is not timed out either.
+    client.patch(&kinds::DEPLOYMENT, Some("default"), "web", set_image("v2")).await.unwrap();
+    let new_template_rolled_out = || async {
+        rolled_out(&client, "web").await
+            && pods(&client).await.iter().filter(|p| podutil::is_active(p)).all(|p| p.to_string().contains("v2"))
+    };
+    assert!(wait_until(LIMIT, new_template_rolled_out).await.is_some());
+    watcher.abort();
+    let reasons = reasons.lock().unwrap().clone();
+    assert!(!reasons.iter().any(|r| r == "ProgressDeadlineExceeded"), "{reasons:?}");
+    assert_eq!(reasons.first().map(String::as_str), Some("NewReplicaSetAvailable"), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r == "NewReplicaSetCreated"), "{reasons:?}");
+    assert_eq!(reasons.last().map(String::as_str), Some("NewReplicaSetAvailable"), "{reasons:?}");
+    kubelet.abort();
+    running.stop().await;
+}
