@@ -198,15 +198,8 @@ fn apply_edits(mut obj: Value, edits: &[Edit]) -> Value {
 /// A JSON patch operation with paths that hit real fields, the root, and nonsense.
 fn json_patch_op() -> impl Strategy<Value = Value> {
     let path = prop_oneof![
-        Just("".to_string()), Just("/".to_string()), Just("/metadata".to_string()),
-        Just("/metadata/labels/a".to_string()), Just("/metadata/annotations".to_string()), Just("/spec".to_string()),
-        Just("/spec/replicas".to_string()), Just("/spec/containers/0/image".to_string()),
-        Just("/spec/containers/-".to_string()), Just("/spec/template/spec/containers/0".to_string()),
-        Just("/status".to_string()), Just("/kind".to_string()), Just("/apiVersion".to_string()),
-        Just("/metadata/name".to_string()), Just("/spec/ports/0/port".to_string()), Just("/subsets/0".to_string()),
-        Just("/a~1b/~0".to_string()), Just("/spec/containers/99".to_string()), Just("/spec/containers/01".to_string()),
-        proptest::collection::vec(key(), 1..4).prop_map(|ks| ks.iter().map(|k| format!("/{k}")).collect()),
-        "\\PC{0,10}",
+        1 => prop_oneof![Just("".to_string()), Just("/".to_string())],
+        2 => json_patch_path(),
     ];
     let op = proptest::sample::select(&["add", "remove", "replace", "move", "copy", "test", "bogus"][..]);
     (op, path.clone(), path, value(), any::<u8>()).prop_map(|(op, path, from, value, shape)| {
@@ -228,6 +221,20 @@ fn json_patch_op() -> impl Strategy<Value = Value> {
         }
         o
     })
+}
+
+fn json_patch_path() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("".to_string()), Just("/".to_string()), Just("/metadata".to_string()),
+        Just("/metadata/labels/a".to_string()), Just("/metadata/annotations".to_string()), Just("/spec".to_string()),
+        Just("/spec/replicas".to_string()), Just("/spec/containers/0/image".to_string()),
+        Just("/spec/containers/-".to_string()), Just("/spec/template/spec/containers/0".to_string()),
+        Just("/status".to_string()), Just("/kind".to_string()), Just("/apiVersion".to_string()),
+        Just("/metadata/name".to_string()), Just("/spec/ports/0/port".to_string()), Just("/subsets/0".to_string()),
+        Just("/a~1b/~0".to_string()), Just("/spec/containers/99".to_string()), Just("/spec/containers/01".to_string()),
+        proptest::collection::vec(key(), 1..4).prop_map(|ks| ks.iter().map(|k| format!("/{k}")).collect()),
+        "\\PC{0,10}",
+    ]
 }
 
 #[derive(Debug, Clone)]
@@ -258,7 +265,7 @@ fn case() -> impl Strategy<Value = Case> {
     let kind = 0..KINDS.len();
     let body = prop_oneof![
         6 => Just(None),
-        2 => proptest::collection::vec(json_patch_op(), 0..6).prop_map(|ops| Some(Body::Json(Value::Array(ops)))),
+        1 => proptest::collection::vec(json_patch_op(), 0..6).prop_map(|ops| Some(Body::Json(Value::Array(ops)))),
         1 => value().prop_map(|v| Some(Body::Json(v))),
         1 => "\\PC{0,40}".prop_map(|s| Some(Body::Raw(s))),
         1 => (100usize..200).prop_map(|d| Some(Body::Json(deep(d)))),
@@ -269,13 +276,15 @@ fn case() -> impl Strategy<Value = Case> {
         (Method::PATCH, MERGE),
         (Method::PATCH, STRATEGIC),
         (Method::PATCH, JSON_PATCH),
+        (Method::PATCH, JSON_PATCH),
     ]);
-    (kind, verb, any::<usize>(), query, any::<u8>(), proptest::collection::vec(edit(), 0..4), body).prop_map(
-        |(kind, (method, content_type), sub, query, name, edits, body)| {
-            let body = match (&method, content_type, body) {
+    let ops = proptest::collection::vec(json_patch_op(), 1..6);
+    (kind, verb, any::<usize>(), query, any::<u8>(), proptest::collection::vec(edit(), 0..4), body, ops).prop_map(
+        |(kind, (method, content_type), sub, query, name, edits, body, ops)| {
+            let body = match (content_type, body) {
                 // A JSON patch is most often a list of operations.
-                (_, JSON_PATCH, None) => Some(Body::Json(json!([{"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}]))),
-                (_, _, b) => b,
+                (JSON_PATCH, None) => Some(Body::Json(Value::Array(ops))),
+                (_, b) => b,
             };
             Case { kind, method, sub, content_type, query, name, edits, body }
         },
