@@ -60,6 +60,10 @@ pub enum ApiError {
     ServiceUnavailable(String),
     #[error("{0}")]
     Internal(String),
+    /// A read asked for a revision the store has not reached (Kubernetes: 504 `Timeout` with
+    /// the cause `ResourceVersionTooLarge`, which clients such as reflectors recognise).
+    #[error("Too large resource version: {requested}, current: {current}")]
+    ResourceVersionTooLarge { requested: u64, current: u64 },
 }
 
 impl ApiError {
@@ -115,6 +119,7 @@ impl ApiError {
             ApiError::Forbidden(_) => 403,
             ApiError::ServiceUnavailable(_) => 503,
             ApiError::Internal(_) => 500,
+            ApiError::ResourceVersionTooLarge { .. } => 504,
         }
     }
 
@@ -133,6 +138,7 @@ impl ApiError {
             ApiError::Forbidden(_) => "Forbidden",
             ApiError::ServiceUnavailable(_) => "ServiceUnavailable",
             ApiError::Internal(_) => "InternalError",
+            ApiError::ResourceVersionTooLarge { .. } => "Timeout",
         }
     }
 
@@ -169,6 +175,10 @@ impl ApiError {
                     .collect();
                 Some(d)
             }
+            ApiError::ResourceVersionTooLarge { .. } => Some(json!({
+                "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                "retryAfterSeconds": 1,
+            })),
             _ => None,
         };
         if let Some(d) = details {

@@ -407,38 +407,99 @@ fn validate_labels(labels: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
 // ---------------------------------------------------------------------------------------------
 
 fn check_schema(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
-    // The typed forms reject an apiVersion or kind other than their own. Routing already matched
-    // these; a mismatch is the server's business, not a field error, so a copy without them is
-    // checked then. The usual object carries its own and is checked as it is, without a copy.
-    let own = |field: &str, expected: &str| obj.get(field).is_none_or(|v| v.as_str() == Some(expected));
-    let stripped;
-    let input = if own("apiVersion", &res.api_version()) && own("kind", res.kind) {
-        obj
-    } else {
-        let mut copy = obj.clone();
-        if let Some(m) = copy.as_object_mut() {
-            m.remove("apiVersion");
-            m.remove("kind");
-        }
-        stripped = copy;
-        &stripped
-    };
-    let typed = match res.kind {
-        "Pod" => round_trip::<Pod>(input),
-        "Deployment" => round_trip::<Deployment>(input),
-        "ReplicaSet" => round_trip::<ReplicaSet>(input),
-        "Service" => round_trip::<Service>(input),
-        "Endpoints" => round_trip::<Endpoints>(input),
-        "Namespace" => round_trip::<Namespace>(input),
-        "Node" => round_trip::<Node>(input),
-        "Event" => round_trip::<Event>(input),
-        "Lease" => round_trip::<Lease>(input),
-        _ => return,
-    };
-    match typed {
-        Ok(out) => unknown_fields(input, &out, "", c),
-        Err(cause) => c.push(cause),
+    match typed_form(res, obj) {
+        Some(Ok(out)) => typed_input(res, obj, |input| unknown_fields(input, &out, "", c)),
+        Some(Err(cause)) => c.push(cause),
+        None => {}
     }
+}
+
+/// Removes the fields the Kubernetes schema of `res` does not know from `obj` and returns their
+/// paths (`spec.containers[0].imagee`), for `fieldValidation` Warn and Ignore (Strict rejects
+/// them). An object the schema cannot read at all (a wrong JSON type) is left as it is: its
+/// validation names the field.
+pub fn prune_unknown_fields(res: &ResourceInfo, obj: &mut Value) -> Vec<String> {
+    let out = match typed_form(res, obj) {
+        Some(Ok(out)) => out,
+        _ => return Vec::new(),
+    };
+    let mut found = Vec::new();
+    if let (Some(i), Some(o)) = (obj.as_object_mut(), out.as_object()) {
+        // apiVersion and kind were checked by routing, and left out of the typed form.
+        let keep = |k: &str| k == "apiVersion" || k == "kind";
+        prune_object(i, o, "", &keep, &mut found);
+    }
+    found
+}
+
+fn prune_object(
+    input: &mut serde_json::Map<String, Value>,
+    output: &serde_json::Map<String, Value>,
+    path: &str,
+    keep: &dyn Fn(&str) -> bool,
+    found: &mut Vec<String>,
+) {
+    input.retain(|k, v| {
+        if v.is_null() || keep(k) {
+            return true;
+        }
+        let p = join(path, k);
+        match output.get(k) {
+            None | Some(Value::Null) => {
+                found.push(p);
+                false
+            }
+            Some(out) => {
+                prune_value(v, out, &p, found);
+                true
+            }
+        }
+    });
+}
+
+fn prune_value(input: &mut Value, output: &Value, path: &str, found: &mut Vec<String>) {
+    match (input, output) {
+        (Value::Object(i), Value::Object(o)) => prune_object(i, o, path, &|_| false, found),
+        (Value::Array(i), Value::Array(o)) => {
+            for (n, (iv, ov)) in i.iter_mut().zip(o).enumerate() {
+                prune_value(iv, ov, &format!("{path}[{n}]"), found);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The object as the schema of `res` reads it: `None` for kinds without a schema, a cause for a
+/// value the schema cannot read. The typed forms reject an apiVersion or kind other than their
+/// own; routing already matched these, so the form is of a copy without them then.
+fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
+    typed_input(res, obj, |input| match res.kind {
+        "Pod" => Some(round_trip::<Pod>(input)),
+        "Deployment" => Some(round_trip::<Deployment>(input)),
+        "ReplicaSet" => Some(round_trip::<ReplicaSet>(input)),
+        "Service" => Some(round_trip::<Service>(input)),
+        "Endpoints" => Some(round_trip::<Endpoints>(input)),
+        "Namespace" => Some(round_trip::<Namespace>(input)),
+        "Node" => Some(round_trip::<Node>(input)),
+        "Event" => Some(round_trip::<Event>(input)),
+        "Lease" => Some(round_trip::<Lease>(input)),
+        _ => None,
+    })
+}
+
+/// Calls `f` with the object as the typed forms read it: itself when it carries its own
+/// apiVersion and kind (the usual case, without a copy), or a copy without them.
+fn typed_input<R>(res: &ResourceInfo, obj: &Value, f: impl FnOnce(&Value) -> R) -> R {
+    let own = |field: &str, expected: &str| obj.get(field).is_none_or(|v| v.as_str() == Some(expected));
+    if own("apiVersion", &res.api_version()) && own("kind", res.kind) {
+        return f(obj);
+    }
+    let mut copy = obj.clone();
+    if let Some(m) = copy.as_object_mut() {
+        m.remove("apiVersion");
+        m.remove("kind");
+    }
+    f(&copy)
 }
 
 /// Deserializes into the typed form and serializes back; fields the type does not know vanish.

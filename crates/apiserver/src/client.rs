@@ -135,6 +135,7 @@ impl Client for LocalClient {
             grace_period_seconds: params.grace_period_seconds,
             precondition_uid: params.precondition_uid.clone(),
             precondition_resource_version: params.precondition_resource_version,
+            dry_run: false,
         };
         match self.svc.delete(res, namespace, name, &opts).await? {
             crate::service::Deleted::Gone(_) => Ok(None),

@@ -19,9 +19,15 @@ use shepherd_api::kinds::{self, ResourceInfo};
 
 use crate::codec;
 use crate::discovery;
-use crate::service::{ApiService, DeleteOptions, Deleted, ListOptions, Part, PatchType, parse_resource_version};
+use crate::patch::apply_json_patch;
+use crate::service::{
+    ApiService, DeleteOptions, Deleted, ListOptions, Part, PatchType, RevisionMatch, Written, parse_resource_version,
+};
 use crate::table;
 use crate::watch::{WatchOptions, WireEvent};
+use crate::write_options::{
+    FieldValidation, OptionsKind, WriteOptions, parse_noting_duplicates, parse_write_options, strict_decoding_error,
+};
 
 /// Settings of the HTTP layer.
 #[derive(Debug, Clone)]
@@ -65,7 +71,8 @@ pub(crate) fn error_response(e: &ApiError) -> Response {
     json_response(code, e.to_status().to_string().into_bytes())
 }
 
-pub(crate) fn router(state: AppState) -> Router {
+/// The API's routes, with `extra` routes (debug endpoints) behind the same authentication.
+pub(crate) fn router(state: AppState, extra: Router) -> Router {
     // Kubernetes accepts a trailing slash on its discovery paths; some clients (the Python
     // client's `VersionApi`, `ApisApi`) always send one.
     let version = || get(|| async { axum::Json(discovery::version()) });
@@ -83,8 +90,31 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/{*rest}", any(dispatch_core))
         .route("/apis/{*rest}", any(dispatch_groups))
         .fallback(|| async { error_response(&ApiError::resource_not_found()) })
-        .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
-        .with_state(state)
+        .with_state(state.clone())
+        .merge(extra)
+        .layer(axum::middleware::from_fn_with_state(state, authenticate))
+        .layer(axum::middleware::from_fn(catch_panic))
+}
+
+/// Answers a request whose handler panicked with a 500 `Status` and logs it with the request,
+/// instead of dropping the connection; the server keeps serving. No panic should be reachable
+/// from a request: this is the net under that rule.
+async fn catch_panic(req: Request, next: axum::middleware::Next) -> Response {
+    use futures::FutureExt;
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    match std::panic::AssertUnwindSafe(next.run(req)).catch_unwind().await {
+        Ok(r) => r,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            tracing::error!(%method, %path, panic = %what, "request handler panicked");
+            error_response(&ApiError::Internal(format!("internal error while serving {method} {path}")))
+        }
+    }
 }
 
 async fn core_discovery(headers: HeaderMap) -> Response {
@@ -310,25 +340,138 @@ fn object_response(code: StatusCode, kv: &shepherd_store::KeyValue) -> Response 
 }
 
 fn list_options(query: &HashMap<String, String>) -> Result<ListOptions, ApiError> {
+    // A negative limit means no limit, as in Kubernetes.
     let limit = match query.get("limit").map(|l| l.parse::<i64>()) {
         None => None,
         Some(Ok(l)) if l > 0 => Some(l as usize),
         Some(Ok(_)) => None,
         Some(Err(_)) => return Err(ApiError::BadRequest("limit must be a whole number".into())),
     };
+    let continue_token = query.get("continue").cloned().filter(|c| !c.is_empty());
     Ok(ListOptions {
         label_selector: query.get("labelSelector").cloned(),
         field_selector: query.get("fieldSelector").cloned(),
         limit,
-        continue_token: query.get("continue").cloned(),
+        revision: revision_match(query, continue_token.is_some())?,
+        continue_token,
     })
 }
 
-fn reject_unsupported(query: &HashMap<String, String>) -> Result<(), ApiError> {
-    if query.contains_key("dryRun") {
-        return Err(ApiError::BadRequest("dryRun is not supported by Shepherd".into()));
+/// `resourceVersion` and `resourceVersionMatch` of a list, checked as Kubernetes checks them
+/// (its ListOptions validation: a 422 naming `resourceVersionMatch`).
+fn revision_match(query: &HashMap<String, String>, continuing: bool) -> Result<RevisionMatch, ApiError> {
+    let rv_text = query.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let rv = parse_rv_param(rv_text)?;
+    let matching = query.get("resourceVersionMatch").map(String::as_str).unwrap_or("");
+    let mut causes = Vec::new();
+    if !matching.is_empty() {
+        if rv_text.is_empty() {
+            causes.push(shepherd_api::Cause::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ));
+        }
+        if continuing {
+            causes.push(shepherd_api::Cause::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden when continue is provided",
+            ));
+        }
+        if !["Exact", "NotOlderThan"].contains(&matching) {
+            causes.push(shepherd_api::Cause::not_supported(
+                "resourceVersionMatch",
+                format!("Unsupported value: {matching:?}: supported values: \"Exact\", \"NotOlderThan\", \"\""),
+            ));
+        }
+        if matching == "Exact" && rv_text == "0" {
+            causes.push(shepherd_api::Cause::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+            ));
+        }
     }
-    Ok(())
+    if !causes.is_empty() {
+        return Err(ApiError::invalid("ListOptions.meta.k8s.io", "", causes));
+    }
+    Ok(match (rv, matching) {
+        (None | Some(0), _) => RevisionMatch::Any,
+        (Some(rv), "Exact") => RevisionMatch::Exact(rv),
+        (Some(rv), _) => RevisionMatch::NotOlderThan(rv),
+    })
+}
+
+/// A `resourceVersion` query parameter: empty is none; anything but a revision number is a 400
+/// naming the parameter (Kubernetes answers it with a 500, a known bug).
+fn parse_rv_param(rv: &str) -> Result<Option<u64>, ApiError> {
+    if rv.is_empty() {
+        return Ok(None);
+    }
+    rv.parse::<u64>().map(Some).map_err(|_| {
+        ApiError::BadRequest(format!("resourceVersion: Invalid value: {rv:?}: not a valid resource version"))
+    })
+}
+
+/// The options of a write from its query parameters.
+fn write_options(kind: OptionsKind, query: &HashMap<String, String>) -> Result<WriteOptions, ApiError> {
+    parse_write_options(kind, query.get("dryRun").map(String::as_str), query.get("fieldValidation").map(String::as_str))
+}
+
+/// Parses a write's JSON body; duplicate fields are an error under `fieldValidation=Strict` and
+/// a warning under Warn (the last one wins), as in Kubernetes.
+fn parse_write_body(
+    body: &[u8],
+    res: &ResourceInfo,
+    opts: &WriteOptions,
+    warnings: &mut Vec<String>,
+) -> Result<Value, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::BadRequest("request body is empty; a JSON object is required".into()));
+    }
+    let (value, duplicates) = parse_noting_duplicates(body)
+        .map_err(|e| ApiError::BadRequest(format!("malformed JSON in request body: {e}")))?;
+    if duplicates.is_empty() {
+        return Ok(value);
+    }
+    let problems: Vec<String> = duplicates.iter().map(|d| format!("duplicate field \"{d}\"")).collect();
+    match opts.field_validation {
+        FieldValidation::Strict => {
+            let version = res.api_version();
+            Err(strict_decoding_error(res.kind, version.rsplit('/').next().unwrap_or("v1"), &problems))
+        }
+        FieldValidation::Warn => {
+            warnings.extend(problems);
+            Ok(value)
+        }
+        FieldValidation::Ignore => Ok(value),
+    }
+}
+
+/// Largest total size of the `Warning` headers of one response; what does not fit is dropped.
+const MAX_WARNING_BYTES: usize = 4096;
+
+/// The response to a write: the object, with each warning in a `Warning: 299 - "..."` header.
+fn written_response(code: StatusCode, w: &Written, extra_warnings: &[String]) -> Response {
+    let mut r = object_response(code, &w.kv);
+    add_warnings(&mut r, extra_warnings.iter().chain(&w.warnings));
+    r
+}
+
+fn add_warnings<'a>(r: &mut Response, warnings: impl Iterator<Item = &'a String>) {
+    let mut total = 0;
+    let mut seen = std::collections::HashSet::new();
+    for w in warnings {
+        if !seen.insert(w) {
+            continue;
+        }
+        let text = format!("299 - \"{}\"", w.replace('\\', "\\\\").replace('"', "\\\""));
+        total += text.len();
+        if total > MAX_WARNING_BYTES {
+            break;
+        }
+        if let Ok(v) = HeaderValue::from_bytes(text.as_bytes()) {
+            r.headers_mut().append(header::WARNING, v);
+        }
+    }
 }
 
 async fn handle(
@@ -342,7 +485,6 @@ async fn handle(
     let ns = t.namespace.as_deref();
     let method = req.method().clone();
     let headers = req.headers().clone();
-    reject_unsupported(query)?;
     match (&method, t.name.as_deref(), t.sub.as_deref()) {
         (&Method::GET, None, None) => {
             if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
@@ -374,6 +516,10 @@ async fn handle(
             Ok(json_response(StatusCode::OK, out))
         }
         (&Method::GET, Some(name), None) => {
+            // A get reads the latest state; a revision newer than the store's is waited for.
+            if let Some(rv) = parse_rv_param(query.get("resourceVersion").map(String::as_str).unwrap_or(""))? {
+                svc.wait_for_revision(rv).await?;
+            }
             let kv = svc.get(res, ns, name).await?;
             if wants_table(&headers) {
                 let tbl = table::table(res, &[codec::decode(&kv)?], &kv.mod_revision.to_string());
@@ -405,9 +551,11 @@ async fn handle(
         }
         (&Method::POST, None, None) => {
             check_json_body(&headers)?;
-            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
-            let kv = svc.create(res, ns, body).await?;
-            Ok(object_response(StatusCode::CREATED, &kv))
+            let opts = write_options(OptionsKind::Create, query)?;
+            let mut warnings = Vec::new();
+            let body = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
+            let w = svc.create_with(res, ns, body, &opts).await?;
+            Ok(written_response(StatusCode::CREATED, &w, &warnings))
         }
         (&Method::POST, Some(name), Some("binding")) if res.kind == "Pod" => {
             check_json_body(&headers)?;
@@ -419,16 +567,22 @@ async fn handle(
         }
         (&Method::PUT, Some(name), sub) => {
             check_json_body(&headers)?;
-            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
+            let opts = write_options(OptionsKind::Update, query)?;
+            let mut warnings = Vec::new();
+            let body = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
             match sub {
-                None => Ok(object_response(StatusCode::OK, &svc.update(res, ns, name, body, Part::Main).await?)),
+                None => {
+                    let w = svc.update_with(res, ns, name, body, Part::Main, &opts).await?;
+                    Ok(written_response(StatusCode::OK, &w, &warnings))
+                }
                 Some("status") if res.has_status => {
-                    Ok(object_response(StatusCode::OK, &svc.update(res, ns, name, body, Part::Status).await?))
+                    let w = svc.update_with(res, ns, name, body, Part::Status, &opts).await?;
+                    Ok(written_response(StatusCode::OK, &w, &warnings))
                 }
                 Some("scale") if res.has_scale => {
                     let replicas = scale_replicas(&body)?;
                     let rv = parse_resource_version(body.at("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or(""))?;
-                    let kv = svc.mutate(res, ns, name, rv, |old| {
+                    let kv = svc.mutate(res, ns, name, rv, &opts, |old| {
                         let mut new = old.clone();
                         new["spec"]["replicas"] = json!(replicas);
                         Ok(new)
@@ -455,27 +609,37 @@ async fn handle(
                     "patch content type {ct:?} is not supported: use application/merge-patch+json, application/json-patch+json or application/strategic-merge-patch+json"
                 )));
             };
-            let patch = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
+            let opts = write_options(OptionsKind::Patch, query)?;
+            let mut warnings = Vec::new();
+            let patch = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
             match sub {
-                None => Ok(object_response(StatusCode::OK, &svc.patch(res, ns, name, patch_type, &patch, Part::Main).await?)),
+                None => {
+                    let w = svc.patch_with(res, ns, name, patch_type, &patch, Part::Main, &opts).await?;
+                    Ok(written_response(StatusCode::OK, &w, &warnings))
+                }
                 Some("status") if res.has_status => {
-                    Ok(object_response(StatusCode::OK, &svc.patch(res, ns, name, patch_type, &patch, Part::Status).await?))
+                    let w = svc.patch_with(res, ns, name, patch_type, &patch, Part::Status, &opts).await?;
+                    Ok(written_response(StatusCode::OK, &w, &warnings))
                 }
                 Some("scale") if res.has_scale => {
-                    let kv = svc.mutate(res, ns, name, None, |old| {
+                    let kv = svc.mutate(res, ns, name, None, &opts, |old| {
                         let mut scale = scale_of(old);
                         let patched = match patch_type {
                             PatchType::Json => {
-                                let ops: json_patch::Patch = serde_json::from_value(patch.clone())
-                                    .map_err(|e| ApiError::BadRequest(format!("invalid JSON patch: {e}")))?;
-                                json_patch::patch(&mut scale, &ops).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+                                apply_json_patch(&mut scale, &patch)?;
                                 scale
                             }
                             _ => {
+                                if !patch.is_object() {
+                                    return Err(ApiError::BadRequest("a merge patch must be a JSON object".into()));
+                                }
                                 json_patch::merge(&mut scale, &patch);
                                 scale
                             }
                         };
+                        if !patched.is_object() || patched.get("metadata").is_some_and(|m| !m.is_object() && !m.is_null()) {
+                            return Err(ApiError::BadRequest("the patched Scale must be an object with object metadata".into()));
+                        }
                         let mut new = old.clone();
                         new["spec"]["replicas"] = json!(scale_replicas(&patched)?);
                         Ok(new)
@@ -523,6 +687,7 @@ async fn handle(
 
 fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<DeleteOptions, ApiError> {
     let mut opts = DeleteOptions {
+        dry_run: write_options(OptionsKind::Delete, query)?.dry_run,
         propagation_policy: query.get("propagationPolicy").cloned(),
         grace_period_seconds: match query.get("gracePeriodSeconds") {
             Some(g) => Some(g.parse().map_err(|_| ApiError::BadRequest("gracePeriodSeconds must be a whole number".into()))?),
@@ -546,6 +711,14 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<Delete
         }
         if let Some(rv) = b.at("/preconditions/resourceVersion").and_then(Value::as_str) {
             opts.precondition_resource_version = parse_resource_version(rv)?;
+        }
+        // DeleteOptions bodies carry dryRun as a list (`["All"]`).
+        match b.get("dryRun") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(values)) if values.iter().all(|v| v == "All") => opts.dry_run |= !values.is_empty(),
+            Some(other) => {
+                parse_write_options(OptionsKind::Delete, Some(&other.to_string()), None)?;
+            }
         }
     }
     Ok(opts)

@@ -6,9 +6,11 @@ mod codec;
 mod discovery;
 mod http;
 mod metrics;
+mod patch;
 mod service;
 mod table;
 mod watch;
+mod write_options;
 
 use std::sync::{Arc, Mutex};
 
@@ -18,9 +20,12 @@ use shepherd_store::Store;
 pub use client::LocalClient;
 pub use http::{HttpConfig, LogSource};
 pub use metrics::Metrics;
-pub use service::{ApiService, DeleteOptions, Deleted, ListOptions, Part, PatchType, SYSTEM_NAMESPACES};
+pub use service::{
+    ApiService, DeleteOptions, Deleted, ListOptions, Part, PatchType, RevisionMatch, SYSTEM_NAMESPACES, Written,
+};
 pub use table::{human_age, pod_status};
 pub use watch::{WatchOptions, WireEvent};
+pub use write_options::{FieldValidation, WriteOptions};
 
 /// The API server: the object service, its metrics registry and the HTTP router over them.
 #[derive(Clone)]
@@ -62,13 +67,22 @@ impl ApiServer {
         self
     }
 
-    /// The HTTP routes; callers may merge more (debug endpoints) before serving.
+    /// The HTTP routes.
     pub fn router(&self) -> axum::Router {
-        http::router(http::AppState {
-            svc: self.service.clone(),
-            registry: self.registry.clone(),
-            config: self.config.clone(),
-            logs: self.logs.clone(),
-        })
+        self.router_with(axum::Router::new())
+    }
+
+    /// The HTTP routes and `extra` ones (debug endpoints), all behind the same bearer token and
+    /// the same panic handling.
+    pub fn router_with(&self, extra: axum::Router) -> axum::Router {
+        http::router(
+            http::AppState {
+                svc: self.service.clone(),
+                registry: self.registry.clone(),
+                config: self.config.clone(),
+                logs: self.logs.clone(),
+            },
+            extra,
+        )
     }
 }

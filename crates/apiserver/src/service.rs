@@ -5,7 +5,7 @@
 //! rejected request returns before the store is touched, so it writes nothing.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use shepherd_api::JsonPath;
@@ -16,12 +16,49 @@ use shepherd_store::{KeyValue, Revision, Store, StoreError};
 
 use crate::codec;
 use crate::metrics::Metrics;
+pub use crate::patch::PatchType;
+use crate::patch::apply_patch;
+use crate::write_options::{FieldValidation, WriteOptions, strict_decoding_error};
 
 /// Namespaces that exist from the first start, as in Kubernetes.
 pub const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
 
-/// How many times a write that lost a race without a client precondition is retried.
-const UPDATE_RETRIES: usize = 16;
+/// How long a write without a client precondition keeps retrying after losing races to other
+/// writers, as Kubernetes' GuaranteedUpdate does: a `kubectl annotate` never sees a conflict it
+/// did not ask for. Well inside the time-outs of clients (kubectl: none; client-go: 60 s).
+const RETRY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Back-off between retries of a lost race: doubling from the first to the last, with jitter so
+/// that writers that collided once do not collide again in lock step.
+const RETRY_FIRST_BACKOFF: Duration = Duration::from_millis(1);
+const RETRY_MAX_BACKOFF: Duration = Duration::from_millis(100);
+
+/// How long a read that asks for a revision newer than the store's waits for it to arrive
+/// before answering 504, as Kubernetes' watch cache does.
+pub(crate) const FUTURE_REVISION_WAIT: Duration = Duration::from_secs(3);
+
+/// Retries of one write that lost a race to another writer.
+struct Retry {
+    deadline: Instant,
+    backoff: Duration,
+}
+
+impl Retry {
+    fn new() -> Self {
+        Retry { deadline: Instant::now() + RETRY_DEADLINE, backoff: RETRY_FIRST_BACKOFF }
+    }
+
+    /// Waits before the next attempt; false once the deadline has passed.
+    async fn wait(&mut self) -> bool {
+        if Instant::now() >= self.deadline {
+            return false;
+        }
+        let jitter = rand::random_range(0.5..1.5);
+        tokio::time::sleep(self.backoff.mul_f64(jitter)).await;
+        self.backoff = (self.backoff * 2).min(RETRY_MAX_BACKOFF);
+        true
+    }
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct ListOptions {
@@ -29,6 +66,21 @@ pub struct ListOptions {
     pub field_selector: Option<String>,
     pub limit: Option<usize>,
     pub continue_token: Option<String>,
+    /// Which revision the list may be served at; `Any` (unset) is the most recent.
+    pub revision: RevisionMatch,
+}
+
+/// `resourceVersion` with `resourceVersionMatch` of a get or list, as Kubernetes defines them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RevisionMatch {
+    /// Unset, or `"0"`: the most recent state (Shepherd serves reads from memory, so "any" and
+    /// "most recent" are the same answer).
+    #[default]
+    Any,
+    /// This revision or a newer one (`resourceVersion=N`, with or without `NotOlderThan`).
+    NotOlderThan(Revision),
+    /// Exactly this revision (`resourceVersionMatch=Exact`).
+    Exact(Revision),
 }
 
 /// A page of a list: the objects, the revision it was read at, and where the next page starts.
@@ -45,21 +97,22 @@ pub enum Part {
     Status,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PatchType {
-    Merge,
-    Json,
-    /// Accepted for kubectl: applied as a merge patch in which lists of named objects
-    /// (containers, ports, env) merge by `name`.
-    StrategicMerge,
-}
-
 #[derive(Debug, Clone, Default)]
 pub struct DeleteOptions {
     pub propagation_policy: Option<String>,
     pub grace_period_seconds: Option<i64>,
     pub precondition_uid: Option<String>,
     pub precondition_resource_version: Option<Revision>,
+    /// `dryRun=All`: the object is returned as the delete would leave it, and nothing is written.
+    pub dry_run: bool,
+}
+
+/// What a create, update or patch wrote (or, on a dry run, would have written), and the
+/// warnings for the client (unknown fields dropped under `fieldValidation=Warn`).
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub kv: KeyValue,
+    pub warnings: Vec<String>,
 }
 
 /// What a delete did.
@@ -116,14 +169,19 @@ fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
     meta(obj).and_then(|m| m.get(field)).and_then(Value::as_str)
 }
 
+/// The object's metadata, made an empty map if it is missing or not a map. Callers have checked
+/// that `obj` is an object; one that is not becomes an empty object rather than a panic.
 fn meta_mut(obj: &mut Value) -> &mut serde_json::Map<String, Value> {
-    if !obj.get("metadata").is_some_and(Value::is_object) {
-        obj["metadata"] = json!({});
+    if !obj.is_object() {
+        *obj = json!({});
     }
-    match obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        Some(m) => m,
-        None => unreachable!("metadata was just made an object"),
+    let Value::Object(fields) = obj else { unreachable!("obj was just made an object") };
+    let meta = fields.entry("metadata").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        *meta = json!({});
     }
+    let Value::Object(m) = meta else { unreachable!("metadata was just made an object") };
+    m
 }
 
 fn finalizers(obj: &Value) -> usize {
@@ -140,14 +198,15 @@ pub fn parse_resource_version(rv: &str) -> Result<Option<Revision>, ApiError> {
         .map_err(|_| ApiError::BadRequest(format!("resourceVersion {rv:?} is not a valid resource version")))
 }
 
-/// Everything except metadata and status: what `metadata.generation` counts changes of.
-fn spec_part(obj: &Value) -> Value {
-    let mut o = obj.clone();
-    if let Some(m) = o.as_object_mut() {
-        m.remove("metadata");
-        m.remove("status");
-    }
-    o
+/// Whether the desired state differs: everything but metadata, status and the type, which is
+/// what `metadata.generation` counts changes of.
+fn spec_changed(old: &Value, new: &Value) -> bool {
+    const NOT_SPEC: [&str; 4] = ["metadata", "status", "apiVersion", "kind"];
+    let empty = serde_json::Map::new();
+    let (o, n) = (old.as_object().unwrap_or(&empty), new.as_object().unwrap_or(&empty));
+    let spec_keys = |m: &serde_json::Map<String, Value>| m.keys().filter(|k| !NOT_SPEC.contains(&k.as_str())).count();
+    spec_keys(o) != spec_keys(n)
+        || o.iter().any(|(k, v)| !NOT_SPEC.contains(&k.as_str()) && n.get(k) != Some(v))
 }
 
 /// Random suffix for `generateName`, from the same alphabet Kubernetes uses (no vowels, no
@@ -174,46 +233,6 @@ fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
     let raw = String::from_utf8(bytes.map_err(|_| bad())?).map_err(|_| bad())?;
     let (rev, key) = raw.split_once('\n').ok_or_else(bad)?;
     Ok((rev.parse().map_err(|_| bad())?, key.to_string()))
-}
-
-/// Merge patch (RFC 7386), with strategic-merge behaviour for lists of named objects when asked.
-fn merge_patch(target: &mut Value, patch: &Value, strategic: bool) {
-    let Some(p) = patch.as_object() else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = json!({});
-    }
-    let Some(t) = target.as_object_mut() else { return };
-    for (k, v) in p {
-        if k == "$patch" || k.starts_with("$setElementOrder") || k.starts_with("$retainKeys") {
-            continue;
-        }
-        if v.is_null() {
-            t.remove(k);
-        } else if strategic && is_named_list(v) && t.get(k).is_some_and(is_named_list) {
-            let Some(Value::Array(existing)) = t.get_mut(k) else { continue };
-            for item in v.as_array().into_iter().flatten() {
-                let name = item.get("name");
-                let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
-                match existing.iter().position(|e| e.get("name") == name) {
-                    Some(i) if delete => {
-                        existing.remove(i);
-                    }
-                    Some(i) => merge_patch(&mut existing[i], item, true),
-                    None if !delete => existing.push(item.clone()),
-                    None => {}
-                }
-            }
-        } else {
-            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v, strategic);
-        }
-    }
-}
-
-fn is_named_list(v: &Value) -> bool {
-    v.as_array().is_some_and(|a| !a.is_empty() && a.iter().all(|e| e.get("name").is_some_and(Value::is_string)))
 }
 
 impl ApiService {
@@ -258,7 +277,45 @@ impl ApiService {
             .ok_or_else(|| ApiError::not_found(&res.qualified_plural(), name))
     }
 
+    /// Waits until the store has reached `revision`, briefly: a client that read a revision from
+    /// another server may be ahead of this one (Kubernetes' watch cache waits the same way).
+    pub(crate) async fn wait_for_revision(&self, revision: Revision) -> Result<(), ApiError> {
+        let deadline = Instant::now() + FUTURE_REVISION_WAIT;
+        while self.store.revision() < revision {
+            if Instant::now() >= deadline {
+                return Err(ApiError::ResourceVersionTooLarge { requested: revision, current: self.store.revision() });
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
     pub async fn list(&self, res: &ResourceInfo, ns: Option<&str>, opts: &ListOptions) -> Result<ListPage, ApiError> {
+        // The store serves only its current state; reading a past revision needs a history of
+        // full states it does not keep yet. So: Exact at the current revision is served; Exact at
+        // an older one is 410 Expired (as Kubernetes answers a compacted revision); a revision
+        // newer than the store's is waited for, then 504 (as Kubernetes answers it).
+        match opts.revision {
+            RevisionMatch::Any => {}
+            RevisionMatch::NotOlderThan(rv) => self.wait_for_revision(rv).await?,
+            RevisionMatch::Exact(rv) => {
+                self.wait_for_revision(rv).await?;
+                if rv < self.store.revision() {
+                    return Err(exact_too_old());
+                }
+            }
+        }
+        let page = self.list_current(res, ns, opts).await?;
+        if let RevisionMatch::Exact(rv) = opts.revision
+            && page.revision != rv
+        {
+            // Written to between the check and the read.
+            return Err(exact_too_old());
+        }
+        Ok(page)
+    }
+
+    async fn list_current(&self, res: &ResourceInfo, ns: Option<&str>, opts: &ListOptions) -> Result<ListPage, ApiError> {
         let labels = opts.label_selector.as_deref().map(LabelSelector::parse).transpose()?;
         let fields = opts.field_selector.as_deref().map(FieldSelector::parse).transpose()?;
         let prefix = match (res.namespaced, ns) {
@@ -317,6 +374,7 @@ impl ApiService {
         if !obj.is_object() {
             return Err(ApiError::BadRequest("request body must be a JSON object".into()));
         }
+        check_metadata_is_object(res, obj)?;
         let api_version = res.api_version();
         match obj.get("apiVersion").and_then(Value::as_str) {
             None | Some("") => obj["apiVersion"] = json!(api_version),
@@ -379,8 +437,45 @@ impl ApiService {
         Ok(())
     }
 
-    pub async fn create(&self, res: &ResourceInfo, ns: Option<&str>, mut obj: Value) -> Result<KeyValue, ApiError> {
+    /// Applies `fieldValidation` to an object about to be written: unknown fields are an error
+    /// (Strict) or dropped (Warn, Ignore), and named in warnings (Warn). Fields Kubernetes knows
+    /// but Shepherd does not implement are not unknown: validation refuses them under every
+    /// setting, as they would otherwise be silently ignored.
+    fn check_fields(res: &ResourceInfo, obj: &mut Value, opts: &WriteOptions, warnings: &mut Vec<String>) -> Result<(), ApiError> {
+        let unknown = validation::prune_unknown_fields(res, obj);
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let problems = unknown.iter().map(|p| format!("unknown field \"{p}\""));
+        match opts.field_validation {
+            FieldValidation::Strict => {
+                let problems: Vec<String> = problems.collect();
+                let version = res.api_version();
+                let version = version.rsplit('/').next().unwrap_or("v1");
+                Err(strict_decoding_error(res.kind, version, &problems))
+            }
+            FieldValidation::Warn => {
+                warnings.extend(problems);
+                Ok(())
+            }
+            FieldValidation::Ignore => Ok(()),
+        }
+    }
+
+    pub async fn create(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<KeyValue, ApiError> {
+        self.create_with(res, ns, obj, &WriteOptions::default()).await.map(|w| w.kv)
+    }
+
+    pub async fn create_with(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        mut obj: Value,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
         Self::check_type(res, &mut obj)?;
+        let mut warnings = Vec::new();
+        Self::check_fields(res, &mut obj, opts, &mut warnings)?;
         Self::check_namespace(res, ns, &mut obj)?;
         let ns = if res.namespaced { meta_str(&obj, "namespace").map(str::to_string) } else { None };
         {
@@ -403,11 +498,18 @@ impl ApiService {
         let name = meta_str(&obj, "name").unwrap_or("").to_string();
         validation::validate(res, &obj)?;
         self.namespace_must_exist(res, ns.as_deref()).await?;
+        let key = Self::key(res, ns.as_deref(), &name);
+        if opts.dry_run {
+            if self.store.get(&key).await.map_err(|e| store_err(res, &name, e))?.is_some() {
+                return Err(ApiError::already_exists(&res.qualified_plural(), &name));
+            }
+            return Ok(Written { kv: dry_run_kv(key, &obj, 0)?, warnings });
+        }
         let bytes = codec::encode(&obj)?;
         let started = Instant::now();
-        let r = self.store.create(&Self::key(res, ns.as_deref(), &name), bytes).await;
+        let r = self.store.create(&key, bytes).await;
         self.metrics.observe_store_write(started);
-        r.map_err(|e| store_err(res, &name, e))
+        r.map(|kv| Written { kv, warnings }).map_err(|e| store_err(res, &name, e))
     }
 
     /// Replaces an object (or only its status), as `PUT` does. A `metadata.resourceVersion` in
@@ -417,9 +519,21 @@ impl ApiService {
         res: &ResourceInfo,
         ns: Option<&str>,
         name: &str,
-        mut body: Value,
+        body: Value,
         part: Part,
     ) -> Result<KeyValue, ApiError> {
+        self.update_with(res, ns, name, body, part, &WriteOptions::default()).await.map(|w| w.kv)
+    }
+
+    pub async fn update_with(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        mut body: Value,
+        part: Part,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
         Self::check_type(res, &mut body)?;
         Self::check_namespace(res, ns, &mut body)?;
         match meta_str(&body, "name") {
@@ -434,7 +548,7 @@ impl ApiService {
             }
         }
         let precondition = parse_resource_version(meta_str(&body, "resourceVersion").unwrap_or(""))?;
-        self.mutate(res, ns, name, precondition, |old| Ok(merge_update(res, old, &body, part))).await
+        self.mutate_checked(res, ns, name, precondition, true, opts, |old| Ok(merge_update(res, old, &body, part))).await
     }
 
     /// Applies a patch to the current object (or its status), retrying if another writer got in
@@ -448,14 +562,30 @@ impl ApiService {
         patch: &Value,
         part: Part,
     ) -> Result<KeyValue, ApiError> {
+        self.patch_with(res, ns, name, patch_type, patch, part, &WriteOptions::default()).await.map(|w| w.kv)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn patch_with(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        patch_type: PatchType,
+        patch: &Value,
+        part: Part,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
         let precondition = match patch_type {
             PatchType::Json => None,
             _ => parse_resource_version(
                 patch.get("metadata").and_then(|m| m.get("resourceVersion")).and_then(Value::as_str).unwrap_or(""),
             )?,
         };
-        self.mutate(res, ns, name, precondition, |old| {
+        self.mutate_checked(res, ns, name, precondition, true, opts, |old| {
             let patched = apply_patch(old, patch_type, patch)?;
+            check_type_unchanged(res, old, &patched)?;
+            check_metadata_is_object(res, &patched)?;
             Ok(merge_update(res, old, &patched, part))
         })
         .await
@@ -469,13 +599,16 @@ impl ApiService {
         ns: Option<&str>,
         name: &str,
         precondition: Option<Revision>,
+        opts: &WriteOptions,
         f: impl Fn(&Value) -> Result<Value, ApiError>,
     ) -> Result<KeyValue, ApiError> {
-        self.mutate_checked(res, ns, name, precondition, true, f).await
+        self.mutate_checked(res, ns, name, precondition, true, opts, f).await.map(|w| w.kv)
     }
 
     /// `mutate`, optionally without the update rules (for `binding`, the one writer allowed to
-    /// set a pod's `spec.nodeName`).
+    /// set a pod's `spec.nodeName`). Without a client precondition, a write that loses a race
+    /// is retried with back-off until [`RETRY_DEADLINE`]; with one, it fails at once with 409.
+    #[allow(clippy::too_many_arguments)]
     async fn mutate_checked(
         &self,
         res: &ResourceInfo,
@@ -483,11 +616,13 @@ impl ApiService {
         name: &str,
         precondition: Option<Revision>,
         check_update: bool,
+        opts: &WriteOptions,
         f: impl Fn(&Value) -> Result<Value, ApiError>,
-    ) -> Result<KeyValue, ApiError> {
+    ) -> Result<Written, ApiError> {
         let ns = Self::require_namespace(res, ns)?;
         let key = Self::key(res, ns, name);
-        for _ in 0..UPDATE_RETRIES {
+        let mut retry = Retry::new();
+        loop {
             let current = self.get(res, ns, name).await?;
             if precondition.is_some_and(|p| p != current.mod_revision) {
                 return Err(store_err(res, name, StoreError::Conflict {
@@ -498,21 +633,29 @@ impl ApiService {
             }
             let old = codec::decode(&current)?;
             let mut new = f(&old)?;
+            if !new.is_object() {
+                return Err(ApiError::BadRequest("the object must be a JSON object".into()));
+            }
+            let mut warnings = Vec::new();
+            Self::check_fields(res, &mut new, opts, &mut warnings)?;
             defaults::apply_defaults(res, &mut new);
-            if spec_part(&new) != spec_part(&old) {
+            if spec_changed(&old, &new) {
                 let generation = meta(&old).and_then(|m| m.get("generation")).and_then(Value::as_i64).unwrap_or(1);
-                meta_mut(&mut new).insert("generation".into(), json!(generation + 1));
+                meta_mut(&mut new).insert("generation".into(), json!(generation.saturating_add(1)));
             }
             // Compare without resourceVersion: an update that changes nothing writes nothing.
             let mut unchanged = new.clone();
             meta_mut(&mut unchanged).insert("resourceVersion".into(), json!(current.mod_revision.to_string()));
             if unchanged == old {
-                return Ok(current);
+                return Ok(Written { kv: current, warnings });
             }
             if check_update {
                 validation::validate_update(res, &old, &new)?;
             } else {
                 validation::validate(res, &new)?;
+            }
+            if opts.dry_run {
+                return Ok(Written { kv: dry_run_kv(key, &new, current.mod_revision)?, warnings });
             }
             let started = Instant::now();
             let deleting = meta(&new).is_some_and(|m| m.contains_key("deletionTimestamp")) && finalizers(&new) == 0;
@@ -525,12 +668,17 @@ impl ApiService {
             };
             self.metrics.observe_store_write(started);
             match result {
-                Ok(kv) => return Ok(kv),
-                Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
+                Ok(kv) => return Ok(Written { kv, warnings }),
+                Err(StoreError::Conflict { .. }) if precondition.is_none() && retry.wait().await => continue,
+                Err(StoreError::Conflict { .. }) if precondition.is_none() => {
+                    return Err(ApiError::conflict(&res.qualified_plural(), name, &format!(
+                        "still losing to concurrent writers after {}s; try again",
+                        RETRY_DEADLINE.as_secs()
+                    )));
+                }
                 Err(e) => return Err(store_err(res, name, e)),
             }
         }
-        Err(ApiError::conflict(&res.qualified_plural(), name, "too many concurrent writers; try again"))
     }
 
     pub async fn delete(
@@ -552,7 +700,8 @@ impl ApiService {
         }
         let ns = Self::require_namespace(res, ns)?;
         let key = Self::key(res, ns, name);
-        for _ in 0..UPDATE_RETRIES {
+        let mut retry = Retry::new();
+        loop {
             let current = self.get(res, ns, name).await?;
             let obj = codec::decode(&current)?;
             if let Some(uid) = &opts.precondition_uid {
@@ -593,13 +742,16 @@ impl ApiService {
                 if new == obj {
                     return Ok(Deleted::Pending(current));
                 }
+                if opts.dry_run {
+                    return Ok(Deleted::Pending(dry_run_kv(key, &new, current.mod_revision)?));
+                }
                 // Already being deleted, and now asked for another propagation policy: its
                 // finalizer joins the others, the deletion itself stays as it was.
                 let result = self.store.update(&key, codec::encode(&new)?, Some(current.mod_revision)).await;
                 self.metrics.observe_store_write(started);
                 match result {
                     Ok(kv) => return Ok(Deleted::Pending(kv)),
-                    Err(StoreError::Conflict { .. }) => continue,
+                    Err(StoreError::Conflict { .. }) if retry.wait().await => continue,
                     Err(e) => return Err(store_err(res, name, e)),
                 }
             }
@@ -609,9 +761,15 @@ impl ApiService {
                 let m = meta_mut(&mut new);
                 m.insert("deletionTimestamp".into(), json!(when.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()));
                 m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+                if opts.dry_run {
+                    return Ok(Deleted::Pending(dry_run_kv(key, &new, current.mod_revision)?));
+                }
                 let bytes = codec::encode(&new)?;
                 self.store.update(&key, bytes, Some(current.mod_revision)).await.map(Deleted::Pending)
             } else {
+                if opts.dry_run {
+                    return Ok(Deleted::Gone(current));
+                }
                 self.store.delete(&key, Some(current.mod_revision)).await.map(Deleted::Gone)
             };
             self.metrics.observe_store_write(started);
@@ -623,11 +781,10 @@ impl ApiService {
                     return Ok(Deleted::Gone(kv));
                 }
                 Ok(d) => return Ok(d),
-                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::Conflict { .. }) if retry.wait().await => continue,
                 Err(e) => return Err(store_err(res, name, e)),
             }
         }
-        Err(ApiError::conflict(&res.qualified_plural(), name, "too many concurrent writers; try again"))
     }
 
     /// Pods on a node get a grace period for their agent to stop them; everything else goes at
@@ -667,7 +824,8 @@ impl ApiService {
             return Err(ApiError::invalid("Binding", name, vec![shepherd_api::Cause::required("target.name")]));
         }
         let res = &kinds::POD;
-        self.mutate_checked(res, Some(ns), name, None, false, |old| {
+        let opts = WriteOptions::default();
+        let written = self.mutate_checked(res, Some(ns), name, None, false, &opts, |old| {
             let current = old.at("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
             if !current.is_empty() {
                 return Err(ApiError::conflict("pods/binding", name, &format!(
@@ -682,8 +840,55 @@ impl ApiService {
             set_condition(&mut new, "PodScheduled", "True", None, None);
             Ok(new)
         })
-        .await
+        .await?;
+        Ok(written.kv)
     }
+}
+
+/// The answer Kubernetes gives for a list at a revision it no longer has.
+fn exact_too_old() -> ApiError {
+    ApiError::Expired("The resourceVersion for the provided list is too old.".into())
+}
+
+/// The object a dry run returns: as it would have been stored, at the revision it was read at
+/// (a create has none yet, and is rendered without one).
+fn dry_run_kv(key: String, obj: &Value, revision: Revision) -> Result<KeyValue, ApiError> {
+    let value = if revision == 0 {
+        let mut o = obj.clone();
+        meta_mut(&mut o).remove("resourceVersion");
+        bytes::Bytes::from(serde_json::to_vec(&o).map_err(|e| ApiError::Internal(format!("encoding object: {e}")))?)
+    } else {
+        codec::encode(obj)?
+    };
+    Ok(KeyValue { key, value, create_revision: revision, mod_revision: revision })
+}
+
+/// `metadata`, when present, must be a map: anything else would be replaced by an empty one,
+/// silently losing what the client sent.
+fn check_metadata_is_object(res: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
+    match obj.get("metadata") {
+        None | Some(Value::Null | Value::Object(_)) => Ok(()),
+        Some(other) => Err(ApiError::invalid(res.kind, "", vec![shepherd_api::Cause::invalid(
+            "metadata",
+            format!("Invalid value: {other}: must be an object"),
+        )])),
+    }
+}
+
+/// A patch may not change what an object is: `apiVersion` and `kind` are immutable.
+fn check_type_unchanged(res: &ResourceInfo, old: &Value, new: &Value) -> Result<(), ApiError> {
+    let mut causes = Vec::new();
+    for field in ["apiVersion", "kind"] {
+        let (was, now) = (old.get(field), new.get(field));
+        if was != now {
+            let shown = now.map_or_else(|| "null".to_string(), Value::to_string);
+            causes.push(shepherd_api::Cause::invalid(field, format!("Invalid value: {shown}: field is immutable")));
+        }
+    }
+    if causes.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(res.kind, meta_str(old, "name").unwrap_or(""), causes))
 }
 
 /// Whether a pod marked for deletion is still waiting for its agent (grace period not zero).
@@ -790,29 +995,6 @@ fn merge_update(res: &ResourceInfo, old: &Value, body: &Value, part: Part) -> Va
     new
 }
 
-fn apply_patch(old: &Value, patch_type: PatchType, patch: &Value) -> Result<Value, ApiError> {
-    let mut new = old.clone();
-    match patch_type {
-        PatchType::Merge | PatchType::StrategicMerge => {
-            if !patch.is_object() {
-                return Err(ApiError::BadRequest("a merge patch must be a JSON object".into()));
-            }
-            merge_patch(&mut new, patch, patch_type == PatchType::StrategicMerge);
-        }
-        PatchType::Json => {
-            let ops: json_patch::Patch = serde_json::from_value(patch.clone())
-                .map_err(|e| ApiError::BadRequest(format!("invalid JSON patch: {e}")))?;
-            json_patch::patch(&mut new, &ops).map_err(|e| ApiError::Invalid {
-                kind: String::new(),
-                name: String::new(),
-                message: format!("the JSON patch could not be applied: {e}"),
-                causes: vec![],
-            })?;
-        }
-    }
-    Ok(new)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -823,15 +1005,5 @@ mod tests {
         assert_eq!(decode_continue(&t).expect("decode"), (42, "/registry/core/pods/default/web-7".to_string()));
         assert!(matches!(decode_continue("zz"), Err(ApiError::BadRequest(_))));
         assert!(matches!(decode_continue("abc"), Err(ApiError::BadRequest(_))));
-    }
-
-    #[test]
-    fn strategic_merge_patches_containers_by_name() {
-        let mut obj = json!({"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]}});
-        merge_patch(&mut obj, &json!({"spec": {"containers": [{"name": "b", "image": "z"}]}}), true);
-        assert_eq!(obj["spec"]["containers"][0]["image"], "x");
-        assert_eq!(obj["spec"]["containers"][1]["image"], "z");
-        merge_patch(&mut obj, &json!({"spec": {"containers": [{"name": "b", "image": "q"}]}}), false);
-        assert_eq!(obj["spec"]["containers"].as_array().map(Vec::len), Some(1), "plain merge patch replaces lists");
     }
 }

@@ -77,7 +77,9 @@ async fn apply_one(cluster: &Cluster, m: &Manifest) -> anyhow::Result<Outcome> {
     let live = match cluster.get(&path).await {
         Ok(v) => v,
         Err(e) if e.is_not_found() => {
-            cluster.post(&resource::collection_path(m.res, Some(&ns)), &modified).await?;
+            // Unknown fields are refused rather than dropped, as `kubectl apply` asks.
+            let collection = resource::collection_path(m.res, Some(&ns));
+            cluster.post(&format!("{collection}?fieldValidation=Strict"), &modified).await?;
             return Ok(Outcome::Created);
         }
         Err(e) => return Err(e.into()),
@@ -90,6 +92,6 @@ async fn apply_one(cluster: &Cluster, m: &Manifest) -> anyhow::Result<Outcome> {
     if patch.is_empty() {
         return Ok(Outcome::Unchanged);
     }
-    cluster.merge_patch(&path, &Value::Object(patch)).await?;
+    cluster.merge_patch(&format!("{path}?fieldValidation=Strict"), &Value::Object(patch)).await?;
     Ok(Outcome::Configured)
 }

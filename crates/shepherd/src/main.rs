@@ -201,13 +201,14 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
     }
     let node_names = agent.as_ref().map(|a| a.node_names()).unwrap_or_default();
     let debug_manager = manager.clone();
-    let router = server.router().route(
+    // Behind the API's bearer token: it names objects and their errors.
+    let router = server.router_with(axum::Router::new().route(
         "/debug/controllers",
         axum::routing::get(move || {
             let m = debug_manager.clone();
             async move { axum::Json(m.snapshot().to_json()) }
         }),
-    );
+    ));
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -1,0 +1,381 @@
+//! Hostile and unlucky requests over a real socket: patches of the document root, panics,
+//! changes of type, write contention, revisions from the future, and protected debug routes.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use shepherd_apiserver::HttpConfig;
+
+#[tokio::test]
+async fn a_json_patch_on_the_document_root_is_refused_and_writes_nothing() {
+    let s = start().await;
+    s.create(DEPLOYMENTS, &deployment("web")).await;
+    let before = s.store.revision();
+    let path = format!("{DEPLOYMENTS}/web");
+    for ops in [
+        json!([{"op": "add", "path": "", "value": ""}]),
+        json!([{"op": "replace", "path": "", "value": 7}]),
+        json!([{"op": "add", "path": "", "value": null}]),
+        json!([{"op": "add", "path": "", "value": []}]),
+        // A later failure used to make the patch library undo a root replacement, and panic.
+        json!([{"op": "add", "path": "", "value": "x"}, {"op": "remove", "path": "/nope"}]),
+        json!([{"op": "add", "path": "", "value": {}}, {"op": "test", "path": "/a", "value": 1}]),
+        json!([{"op": "remove", "path": ""}]),
+        json!([{"op": "move", "from": "/spec", "path": ""}]),
+        json!([{"op": "copy", "from": "/spec/replicas", "path": ""}]),
+        json!([{"op": "add", "path": "/metadata", "value": "not a map"}]),
+    ] {
+        for sub in ["", "/status", "/scale"] {
+            let r = s.patch(&format!("{path}{sub}"), &ops, JSON_PATCH).await;
+            assert!(r.code.is_client_error(), "{ops} on {sub:?}: {} {}", r.code, r.body);
+            assert_eq!(r.body["kind"], "Status", "{ops}: {}", r.body);
+        }
+    }
+    for body in [json!(""), json!([1]), json!(null), json!(42)] {
+        for ct in [MERGE, STRATEGIC] {
+            let r = s.patch(&path, &body, ct).await;
+            assert_eq!(r.code, StatusCode::BAD_REQUEST, "{body} as {ct}: {}", r.body);
+        }
+    }
+    // "/" is the member named "" of the root: an unknown field, dropped with a warning.
+    let r = s.patch(&path, &json!([{"op": "add", "path": "/", "value": 1}]), JSON_PATCH).await;
+    assert_eq!(r.code, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.warnings(), [r#"299 - "unknown field \"\"""#]);
+    assert_eq!(s.store.revision(), before, "no refused patch wrote anything");
+    assert_eq!(s.get(&path).await.body["spec"]["replicas"], 2, "the server still serves the object");
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_answered_500_and_the_server_keeps_serving() {
+    let extra = axum::Router::new().route(
+        "/debug/explode",
+        axum::routing::get(|| async {
+            if std::hint::black_box(true) {
+                panic!("deliberate panic in a handler");
+            }
+            "unreachable"
+        }),
+    );
+    let s = start_with(HttpConfig::default(), extra).await;
+    for _ in 0..3 {
+        let r = s.get("/debug/explode").await;
+        assert_eq!(r.code, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(r.body["kind"], "Status");
+        assert_eq!(r.body["reason"], "InternalError");
+        assert!(r.body["message"].as_str().is_some_and(|m| m.contains("GET /debug/explode")), "{}", r.body);
+    }
+    assert_eq!(s.get(PODS).await.code, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn debug_routes_need_the_token_like_the_api() {
+    let extra = axum::Router::new().route("/debug/controllers", axum::routing::get(|| async { "[]" }));
+    let s = start_with(HttpConfig { token: Some("s3cret".into()), ..HttpConfig::default() }, extra).await;
+    assert_eq!(s.get("/debug/controllers").await.code, StatusCode::UNAUTHORIZED);
+    let ok = s.http.get(s.url("/debug/controllers")).bearer_auth("s3cret").send().await.expect("get");
+    assert_eq!(ok.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn kind_and_api_version_cannot_be_changed_by_a_patch_or_an_update() {
+    let s = start().await;
+    let created = s.create(DEPLOYMENTS, &deployment("web")).await;
+    let path = format!("{DEPLOYMENTS}/web");
+    let before = s.store.revision();
+
+    let r = s.patch(&path, &json!({"apiVersion": "v9", "kind": null}), MERGE).await;
+    assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    let fields: Vec<&str> = r.body["details"]["causes"].as_array().expect("causes").iter().filter_map(|c| c["field"].as_str()).collect();
+    assert_eq!(fields, ["apiVersion", "kind"], "{}", r.body);
+    assert!(r.body["message"].as_str().is_some_and(|m| m.contains("field is immutable")), "{}", r.body);
+
+    let r = s.patch(&path, &json!([{"op": "replace", "path": "/kind", "value": "ReplicaSet"}]), JSON_PATCH).await;
+    assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    assert_eq!(r.body["details"]["causes"][0]["field"], "kind");
+    let r = s.patch(&format!("{path}/status"), &json!({"apiVersion": "apps/v2"}), STRATEGIC).await;
+    assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+
+    // A PUT names its type in the body: another type is a bad request, as in Kubernetes.
+    let mut other = created.clone();
+    other["apiVersion"] = json!("apps/v9");
+    let r = s.put(&path, &other).await;
+    assert_eq!(r.code, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert!(r.body["message"].as_str().is_some_and(|m| m.contains("apps/v9")), "{}", r.body);
+
+    assert_eq!(s.store.revision(), before, "nothing was written");
+    let got = s.get(&path).await.body;
+    assert_eq!((got["apiVersion"].as_str(), got["kind"].as_str()), (Some("apps/v1"), Some("Deployment")));
+}
+
+#[tokio::test]
+async fn generation_counts_changes_of_the_spec_only() {
+    let s = start().await;
+    s.create(DEPLOYMENTS, &deployment("web")).await;
+    let path = format!("{DEPLOYMENTS}/web");
+    let r = s.patch(&path, &json!({"metadata": {"labels": {"a": "b"}, "annotations": {"c": "d"}}}), MERGE).await;
+    assert_eq!(r.code, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["metadata"]["generation"], 1, "metadata is not spec");
+    let r = s.patch(&format!("{path}/status"), &json!({"status": {"replicas": 2}}), MERGE).await;
+    assert_eq!(r.body["metadata"]["generation"], 1, "status is not spec: {}", r.body);
+    let r = s.patch(&path, &json!({"spec": {"replicas": 3}}), MERGE).await;
+    assert_eq!(r.body["metadata"]["generation"], 2);
+    // The same spec again writes nothing and bumps nothing.
+    let r = s.patch(&path, &json!({"spec": {"replicas": 3}}), MERGE).await;
+    assert_eq!(r.body["metadata"]["generation"], 2);
+}
+
+#[tokio::test]
+async fn concurrent_patches_without_a_resource_version_all_apply() {
+    let s = std::sync::Arc::new(start().await);
+    s.create(PODS, &pod("hot")).await;
+    let path = format!("{PODS}/hot");
+    let (clients, each) = (16, 50);
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let s = s.clone();
+        let path = path.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            for i in 0..each {
+                let patch = json!({"metadata": {"annotations": {format!("c{c}-{i}"): "x"}}});
+                let r = s.patch(&path, &patch, MERGE).await;
+                if r.code != StatusCode::OK {
+                    failures.push(format!("{} {}", r.code, r.body));
+                }
+            }
+            failures
+        }));
+    }
+    let mut failures = Vec::new();
+    for t in tasks {
+        failures.extend(t.await.expect("client task"));
+    }
+    assert!(failures.is_empty(), "{} of {} patches failed, e.g. {:?}", failures.len(), clients * each, failures.first());
+    let got = s.get(&path).await.body;
+    let annotations = got["metadata"]["annotations"].as_object().map_or(0, |a| a.len());
+    assert_eq!(annotations, clients * each, "every patch's effect is in the object");
+
+    // With a resourceVersion the client asked for a precondition: a stale one is 409 at once.
+    let stale = json!({"metadata": {"resourceVersion": "2", "annotations": {"late": "x"}}});
+    let started = Instant::now();
+    let r = s.patch(&path, &stale, MERGE).await;
+    assert_eq!(r.code, StatusCode::CONFLICT, "{}", r.body);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    let mut put = got.clone();
+    put["metadata"]["resourceVersion"] = json!("2");
+    assert_eq!(s.put(&path, &put).await.code, StatusCode::CONFLICT);
+}
+
+fn list_rv(r: &Reply) -> u64 {
+    r.body["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse().ok()).expect("list resourceVersion")
+}
+
+#[tokio::test]
+async fn lists_and_gets_honour_resource_version_and_its_match() {
+    let s = std::sync::Arc::new(start().await);
+    for i in 0..3 {
+        s.create(PODS, &pod(&format!("p{i}"))).await;
+    }
+    let now = s.store.revision();
+
+    for q in ["", "?resourceVersion=0", &format!("?resourceVersion={now}"),
+        &format!("?resourceVersion={now}&resourceVersionMatch=NotOlderThan"),
+        &format!("?resourceVersion=1&resourceVersionMatch=NotOlderThan"),
+        &format!("?resourceVersion={now}&resourceVersionMatch=Exact"), "?limit=-1"] {
+        let r = s.get(&format!("{PODS}{q}")).await;
+        assert_eq!(r.code, StatusCode::OK, "{q}: {}", r.body);
+        assert_eq!(r.body["items"].as_array().map(Vec::len), Some(3), "{q}");
+        assert_eq!(list_rv(&r), now, "{q}");
+    }
+
+    // Exact at a revision the store has moved past: it cannot read the past (yet): 410.
+    let r = s.get(&format!("{PODS}?resourceVersion={}&resourceVersionMatch=Exact", now - 1)).await;
+    assert_eq!(r.code, StatusCode::GONE, "{}", r.body);
+    assert_eq!(r.body["reason"], "Expired");
+
+    // A revision from the future: waited for, then 504 Timeout with Kubernetes' cause.
+    for q in [format!("{PODS}?resourceVersion=999999"), format!("{PODS}?resourceVersion=999999&resourceVersionMatch=Exact"),
+        format!("{PODS}/p0?resourceVersion=999999")] {
+        let started = Instant::now();
+        let r = s.get(&q).await;
+        assert_eq!(r.code, StatusCode::GATEWAY_TIMEOUT, "{q}: {}", r.body);
+        assert_eq!(r.body["reason"], "Timeout");
+        assert_eq!(r.body["details"]["causes"][0]["reason"], "ResourceVersionTooLarge");
+        assert!(r.body["message"].as_str().is_some_and(|m| m.starts_with("Too large resource version: 999999")), "{}", r.body);
+        assert!(started.elapsed() >= Duration::from_secs(1), "it waited first");
+    }
+
+    // A revision that arrives while the list waits is served.
+    let next = s.store.revision() + 1;
+    let writer = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            s.create(PODS, &pod("late")).await;
+        })
+    };
+    let r = s.get(&format!("{PODS}?resourceVersion={next}")).await;
+    assert_eq!(r.code, StatusCode::OK, "{}", r.body);
+    assert!(list_rv(&r) >= next);
+    writer.await.expect("writer");
+
+    // Bad parameters name themselves; the resourceVersionMatch rules are Kubernetes' ListOptions
+    // validation (422), a resourceVersion that is no revision a 400.
+    let r = s.get(&format!("{PODS}?resourceVersion=garbage")).await;
+    assert_eq!(r.code, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert!(r.body["message"].as_str().is_some_and(|m| m.contains("resourceVersion") && m.contains("garbage")), "{}", r.body);
+    assert_eq!(s.get(&format!("{PODS}/p0?resourceVersion=garbage")).await.code, StatusCode::BAD_REQUEST);
+    assert_eq!(s.get(&format!("{PODS}?limit=many")).await.code, StatusCode::BAD_REQUEST);
+    for (q, says) in [
+        ("resourceVersion=5&resourceVersionMatch=Bogus", "Unsupported value: \"Bogus\""),
+        ("resourceVersionMatch=Exact", "resourceVersionMatch is forbidden unless resourceVersion is provided"),
+        ("resourceVersion=0&resourceVersionMatch=Exact", "forbidden for resourceVersion \"0\""),
+    ] {
+        let r = s.get(&format!("{PODS}?{q}")).await;
+        assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{q}: {}", r.body);
+        assert_eq!(r.body["details"]["causes"][0]["field"], "resourceVersionMatch", "{q}");
+        assert!(r.body["message"].as_str().is_some_and(|m| m.contains(says)), "{q}: {}", r.body);
+    }
+}
+
+#[tokio::test]
+async fn unknown_fields_follow_the_field_validation_parameter() {
+    let s = start().await;
+    let with_unknown = |name: &str| {
+        let mut p = pod(name);
+        p["spec"]["containers"][0]["imagee"] = json!("typo");
+        p["spec"]["foo"] = json!({"bar": 1});
+        p
+    };
+    let before = s.store.revision();
+    let r = s.post(&format!("{PODS}?fieldValidation=Strict"), &with_unknown("strict")).await;
+    assert_eq!(r.code, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert_eq!(r.body["reason"], "BadRequest");
+    assert_eq!(
+        r.body["message"],
+        "Pod in version \"v1\" cannot be handled as a Pod: strict decoding error: \
+         unknown field \"spec.containers[0].imagee\", unknown field \"spec.foo\""
+    );
+    let dup = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"d","name":"dup"},"spec":{"containers":[{"name":"c","image":"i"}]}}"#;
+    let r = s.raw(Method::POST, &format!("{PODS}?fieldValidation=Strict"), Some(dup.into()), "application/json").await;
+    assert_eq!(r.code, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert!(r.body["message"].as_str().is_some_and(|m| m.ends_with("strict decoding error: duplicate field \"metadata.name\"")), "{}", r.body);
+    assert_eq!(s.store.revision(), before, "Strict wrote nothing");
+
+    // Warn (the default, as in Kubernetes): dropped, each named in a Warning header.
+    for q in ["?fieldValidation=Warn", ""] {
+        let name = if q.is_empty() { "default" } else { "warn" };
+        let r = s.post(&format!("{PODS}{q}"), &with_unknown(name)).await;
+        assert_eq!(r.code, StatusCode::CREATED, "{q}: {}", r.body);
+        assert_eq!(r.warnings(), [
+            r#"299 - "unknown field \"spec.containers[0].imagee\"""#,
+            r#"299 - "unknown field \"spec.foo\"""#,
+        ], "{q}");
+        let stored = s.get(&format!("{PODS}/{name}")).await.body;
+        assert!(stored["spec"].get("foo").is_none() && stored["spec"]["containers"][0].get("imagee").is_none(), "{stored}");
+    }
+    let r = s.raw(Method::POST, PODS, Some(dup.replace("\"d\"", "\"x\"").replace("dup", "dup2")), "application/json").await;
+    assert_eq!(r.code, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.body["metadata"]["name"], "dup2", "the last duplicate wins");
+    assert_eq!(r.warnings(), [r#"299 - "duplicate field \"metadata.name\"""#]);
+
+    let r = s.post(&format!("{PODS}?fieldValidation=Ignore"), &with_unknown("ignore")).await;
+    assert_eq!(r.code, StatusCode::CREATED, "{}", r.body);
+    assert!(r.warnings().is_empty());
+
+    // Patches: the patched object is what is checked.
+    let path = format!("{PODS}/ignore");
+    let r = s.patch(&format!("{path}?fieldValidation=Strict"), &json!({"spec": {"bogus": 1}}), MERGE).await;
+    assert_eq!(r.code, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert!(r.body["message"].as_str().is_some_and(|m| m.contains("unknown field \"spec.bogus\"")), "{}", r.body);
+    let r = s.patch(&path, &json!({"metadata": {"labels": {"a": "b"}}, "spec": {"bogus": 1}}), MERGE).await;
+    assert_eq!(r.code, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.warnings(), [r#"299 - "unknown field \"spec.bogus\"""#]);
+    assert_eq!(r.body["metadata"]["labels"]["a"], "b");
+
+    // Fields Kubernetes has and Shepherd lacks are refused under every setting.
+    for v in ["Strict", "Warn", "Ignore"] {
+        let mut vols = pod("vols");
+        vols["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
+        let r = s.post(&format!("{PODS}?fieldValidation={v}"), &vols).await;
+        assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{v}: {}", r.body);
+        assert_eq!(r.body["details"]["causes"][0]["field"], "spec.volumes");
+    }
+    let r = s.post(&format!("{PODS}?fieldValidation=Loose"), &pod("loose")).await;
+    assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    assert_eq!(r.body["details"]["causes"][0]["field"], "fieldValidation");
+}
+
+#[tokio::test]
+async fn a_dry_run_validates_in_full_and_writes_nothing() {
+    let s = start().await;
+    s.create(DEPLOYMENTS, &deployment("web")).await;
+    let mut bound = pod("bound");
+    bound["spec"]["nodeName"] = json!("node-1");
+    s.create(PODS, &bound).await;
+    let before = s.store.revision();
+    let dry = "dryRun=All";
+
+    // Create: defaulted, with a uid and creation time, and no resourceVersion.
+    let r = s.post(&format!("{PODS}?{dry}"), &pod("ghost")).await;
+    assert_eq!(r.code, StatusCode::CREATED, "{}", r.body);
+    assert!(r.body["metadata"]["uid"].as_str().is_some_and(|u| u.len() == 36), "{}", r.body);
+    assert!(r.body["metadata"]["creationTimestamp"].is_string());
+    assert!(r.body["metadata"].get("resourceVersion").is_none(), "{}", r.body);
+    assert_eq!(r.body["spec"]["restartPolicy"], "Always", "defaults applied");
+    assert_eq!(s.get(&format!("{PODS}/ghost")).await.code, StatusCode::NOT_FOUND);
+    let mut generated = pod("");
+    generated["metadata"] = json!({"generateName": "gen-"});
+    let r = s.post(&format!("{PODS}?{dry}"), &generated).await;
+    assert!(r.body["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("gen-") && n.len() > 4), "{}", r.body);
+    // ...and validation and admission in full.
+    let mut bad = pod("Bad_Name");
+    bad["spec"]["containers"][0]["image"] = json!("");
+    assert_eq!(s.post(&format!("{PODS}?{dry}"), &bad).await.code, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(s.post(&format!("{PODS}?{dry}"), &pod("bound")).await.code, StatusCode::CONFLICT, "already exists");
+    assert_eq!(s.post(&format!("/api/v1/namespaces/nope/pods?{dry}"), &pod("n")).await.code, StatusCode::NOT_FOUND);
+
+    // Update, patch, status and scale: the would-be object, the store untouched.
+    let path = format!("{DEPLOYMENTS}/web");
+    let mut changed = s.get(&path).await.body;
+    changed["spec"]["replicas"] = json!(7);
+    let r = s.put(&format!("{path}?{dry}"), &changed).await;
+    assert_eq!((r.code, r.body["spec"]["replicas"].as_i64(), r.body["metadata"]["generation"].as_i64()), (StatusCode::OK, Some(7), Some(2)));
+    let r = s.patch(&format!("{path}?{dry}"), &json!({"spec": {"replicas": 5}}), MERGE).await;
+    assert_eq!(r.body["spec"]["replicas"], 5, "{}", r.body);
+    let r = s.patch(&format!("{path}?{dry}"), &json!([{"op": "replace", "path": "/spec/replicas", "value": 4}]), JSON_PATCH).await;
+    assert_eq!(r.body["spec"]["replicas"], 4, "{}", r.body);
+    assert_eq!(s.patch(&format!("{path}?{dry}"), &json!({"spec": {"replicas": -1}}), MERGE).await.code, StatusCode::UNPROCESSABLE_ENTITY);
+    let r = s.patch(&format!("{path}/status?{dry}"), &json!({"status": {"replicas": 9}}), MERGE).await;
+    assert_eq!(r.body["status"]["replicas"], 9, "{}", r.body);
+    let r = s.patch(&format!("{path}/scale?{dry}"), &json!({"spec": {"replicas": 6}}), MERGE).await;
+    assert_eq!((r.body["kind"].as_str(), r.body["spec"]["replicas"].as_i64()), (Some("Scale"), Some(6)), "{}", r.body);
+    let r = s.put(&format!("{path}/scale?{dry}"), &json!({"spec": {"replicas": 8}})).await;
+    assert_eq!(r.body["spec"]["replicas"], 8, "{}", r.body);
+
+    // Delete: a bound pod as the graceful delete would leave it; deletecollection lists them all.
+    let r = s.delete(&format!("{PODS}/bound?{dry}")).await;
+    assert_eq!(r.code, StatusCode::ACCEPTED, "{}", r.body);
+    assert!(r.body["metadata"]["deletionTimestamp"].is_string(), "{}", r.body);
+    let r = s.delete(&format!("{path}?{dry}")).await;
+    assert_eq!((r.code, r.body["metadata"]["name"].as_str()), (StatusCode::OK, Some("web")));
+    let r = s.delete(&format!("{PODS}?{dry}")).await;
+    assert_eq!(r.body["items"].as_array().map(Vec::len), Some(1), "{}", r.body);
+    let r = s.send(Method::DELETE, &format!("{PODS}/bound"), Some(&json!({"dryRun": ["All"]})), "application/json").await;
+    assert_eq!(r.code, StatusCode::ACCEPTED, "dryRun in the DeleteOptions body: {}", r.body);
+
+    assert_eq!(s.store.revision(), before, "no dry run wrote anything");
+    let got = s.get(&format!("{PODS}/bound")).await.body;
+    assert!(got["metadata"].get("deletionTimestamp").is_none());
+    assert_eq!(s.get(&path).await.body["spec"]["replicas"], 2);
+
+    let r = s.post(&format!("{PODS}?dryRun=Server"), &pod("x")).await;
+    assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    assert_eq!(r.body["details"]["causes"][0]["field"], "dryRun");
+    assert_eq!(s.delete(&format!("{PODS}/bound?dryRun=yes")).await.code, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(s.store.revision(), before);
+}
