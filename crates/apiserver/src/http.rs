@@ -531,6 +531,12 @@ fn delete_options(query: &HashMap<String, String>, headers: &HeaderMap, body: &[
     };
     if !body.is_empty() {
         let b = parse_object(headers, body)?;
+        if is_protobuf(headers) && b.get("kind").and_then(Value::as_str) != Some("DeleteOptions") {
+            return Err(ApiError::BadRequest(format!(
+                "the kind in the data ({}) does not match the expected kind (DeleteOptions)",
+                b.get("kind").and_then(Value::as_str).unwrap_or("")
+            )));
+        }
         if let Some(p) = b.get("propagationPolicy").and_then(Value::as_str) {
             opts.propagation_policy = Some(p.to_string());
         }
