@@ -20,6 +20,7 @@ use shepherd_api::kinds::{self, ResourceInfo};
 use crate::codec;
 use crate::discovery;
 use crate::patch::apply_json_patch;
+use crate::protobuf;
 use crate::service::{
     ApiService, DeleteOptions, Deleted, ListOptions, Part, PatchType, RevisionMatch, Written, parse_resource_version,
 };
@@ -290,12 +291,32 @@ fn content_type(headers: &HeaderMap) -> String {
     headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json").to_string()
 }
 
-fn check_json_body(headers: &HeaderMap) -> Result<(), ApiError> {
+/// Reads an object sent as JSON or as protobuf, by its Content-Type.
+async fn read_object(headers: &HeaderMap, req: Request, limit: usize) -> Result<Value, ApiError> {
+    check_object_body(headers)?;
+    parse_object(headers, &read_body(req, limit).await?)
+}
+
+fn is_protobuf(headers: &HeaderMap) -> bool {
+    content_type(headers).starts_with(protobuf::MEDIA_TYPE)
+}
+
+fn parse_object(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    if is_protobuf(headers) {
+        return protobuf::decode(body).map_err(|e| ApiError::BadRequest(e.to_string()));
+    }
+    parse_json(body)
+}
+
+fn check_object_body(headers: &HeaderMap) -> Result<(), ApiError> {
     let ct = content_type(headers);
-    if ct.starts_with("application/json") || ct.starts_with("*/*") {
+    if ct.starts_with("application/json") || ct.starts_with("*/*") || is_protobuf(headers) {
         Ok(())
     } else {
-        Err(ApiError::UnsupportedMediaType(format!("content type {ct:?} is not supported: send application/json")))
+        Err(ApiError::UnsupportedMediaType(format!(
+            "content type {ct:?} is not supported: send application/json or {}",
+            protobuf::MEDIA_TYPE
+        )))
     }
 }
 
@@ -327,10 +348,12 @@ async fn serve(app: AppState, target: Result<Target, ApiError>, req: Request) ->
         Some(s) => format!("{}/{}", t.res.plural, s),
         None => t.res.plural.to_string(),
     };
+    let accept = protobuf::Accept::of(req.headers());
     let response = match handle(&app, &t, &query, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     };
+    let response = protobuf::respond(accept, verb == "WATCH", response).await;
     app.svc.metrics.observe_request(verb, &resource, response.status().as_u16(), started);
     response
 }
@@ -419,11 +442,16 @@ fn write_options(kind: OptionsKind, query: &HashMap<String, String>) -> Result<W
 /// Parses a write's JSON body; duplicate fields are an error under `fieldValidation=Strict` and
 /// a warning under Warn (the last one wins), as in Kubernetes.
 fn parse_write_body(
+    headers: &HeaderMap,
     body: &[u8],
     res: &ResourceInfo,
     opts: &WriteOptions,
     warnings: &mut Vec<String>,
 ) -> Result<Value, ApiError> {
+    if is_protobuf(headers) {
+        // A protobuf message cannot carry a field twice; its decoder reports what it cannot map.
+        return parse_object(headers, body);
+    }
     if body.is_empty() {
         return Err(ApiError::BadRequest("request body is empty; a JSON object is required".into()));
     }
@@ -550,26 +578,27 @@ async fn handle(
             }
         }
         (&Method::POST, None, None) => {
-            check_json_body(&headers)?;
+            check_object_body(&headers)?;
             let opts = write_options(OptionsKind::Create, query)?;
             let mut warnings = Vec::new();
-            let body = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
+            let body = read_body(req, app.config.max_body_bytes).await?;
+            let body = parse_write_body(&headers, &body, res, &opts, &mut warnings)?;
             let w = svc.create_with(res, ns, body, &opts).await?;
             Ok(written_response(StatusCode::CREATED, &w, &warnings))
         }
         (&Method::POST, Some(name), Some("binding")) if res.kind == "Pod" => {
-            check_json_body(&headers)?;
-            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
+            let body = read_object(&headers, req, app.config.max_body_bytes).await?;
             let node = body.at("/target/name").and_then(Value::as_str).unwrap_or("");
             svc.bind(ns.unwrap_or("default"), name, node).await?;
             let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
             Ok(json_response(StatusCode::CREATED, ok.to_string().into_bytes()))
         }
         (&Method::PUT, Some(name), sub) => {
-            check_json_body(&headers)?;
+            check_object_body(&headers)?;
             let opts = write_options(OptionsKind::Update, query)?;
             let mut warnings = Vec::new();
-            let body = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
+            let body = read_body(req, app.config.max_body_bytes).await?;
+            let body = parse_write_body(&headers, &body, res, &opts, &mut warnings)?;
             match sub {
                 None => {
                     let w = svc.update_with(res, ns, name, body, Part::Main, &opts).await?;
@@ -651,7 +680,7 @@ async fn handle(
         }
         (&Method::DELETE, Some(name), None) => {
             let body = read_body(req, app.config.max_body_bytes).await?;
-            let opts = delete_options(query, &body)?;
+            let opts = delete_options(query, &headers, &body)?;
             match svc.delete(res, ns, name, &opts).await? {
                 Deleted::Gone(kv) => Ok(object_response(StatusCode::OK, &kv)),
                 Deleted::Pending(kv) => Ok(object_response(StatusCode::ACCEPTED, &kv)),
@@ -659,7 +688,7 @@ async fn handle(
         }
         (&Method::DELETE, None, None) => {
             let body = read_body(req, app.config.max_body_bytes).await?;
-            let opts = delete_options(query, &body)?;
+            let opts = delete_options(query, &headers, &body)?;
             let page = svc.list(res, ns, &list_options(query)?).await?;
             let mut deleted = Vec::new();
             for kv in &page.items {
@@ -685,7 +714,7 @@ async fn handle(
     }
 }
 
-fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<DeleteOptions, ApiError> {
+fn delete_options(query: &HashMap<String, String>, headers: &HeaderMap, body: &[u8]) -> Result<DeleteOptions, ApiError> {
     let mut opts = DeleteOptions {
         dry_run: write_options(OptionsKind::Delete, query)?.dry_run,
         propagation_policy: query.get("propagationPolicy").cloned(),
@@ -696,7 +725,13 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<Delete
         ..Default::default()
     };
     if !body.is_empty() {
-        let b = parse_json(body)?;
+        let b = parse_object(headers, body)?;
+        if is_protobuf(headers) && b.get("kind").and_then(Value::as_str) != Some("DeleteOptions") {
+            return Err(ApiError::BadRequest(format!(
+                "the kind in the data ({}) does not match the expected kind (DeleteOptions)",
+                b.get("kind").and_then(Value::as_str).unwrap_or("")
+            )));
+        }
         if let Some(p) = b.get("propagationPolicy").and_then(Value::as_str) {
             opts.propagation_policy = Some(p.to_string());
         }

@@ -7,6 +7,7 @@ mod discovery;
 mod http;
 mod metrics;
 mod patch;
+mod protobuf;
 mod service;
 mod table;
 mod watch;
