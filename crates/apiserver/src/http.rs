@@ -74,6 +74,9 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/api", get(|| async { axum::Json(discovery::core_versions()) }))
         .route("/apis", get(|| async { axum::Json(discovery::groups()) }))
+        .route("/openapi/v2", get(crate::openapi::v2))
+        .route("/openapi/v3", get(crate::openapi::v3_index))
+        .route("/openapi/v3/{*gv}", get(crate::openapi::v3_group_version))
         .route("/api/{*rest}", any(dispatch_core))
         .route("/apis/{*rest}", any(dispatch_groups))
         .fallback(|req: Request| async move {
