@@ -67,6 +67,25 @@ const UNSUPPORTED: &[(Scope, &str)] = &[
     (Scope::ServiceSpec, "loadBalancerIP"),
 ];
 
+impl Scope {
+    /// The OpenAPI definition this scope's fields belong to.
+    fn definition(self) -> &'static str {
+        match self {
+            Scope::PodSpec => "io.k8s.api.core.v1.PodSpec",
+            Scope::Container => "io.k8s.api.core.v1.Container",
+            Scope::EnvVar => "io.k8s.api.core.v1.EnvVar",
+            Scope::Probe => "io.k8s.api.core.v1.Probe",
+            Scope::ServiceSpec => "io.k8s.api.core.v1.ServiceSpec",
+        }
+    }
+}
+
+/// The fields Shepherd refuses, as (OpenAPI definition name, dotted field path inside it): the
+/// published OpenAPI documents leave them out, so that clients describe only what is served.
+pub fn unsupported_fields() -> impl Iterator<Item = (&'static str, &'static str)> {
+    UNSUPPORTED.iter().map(|(scope, field)| (scope.definition(), *field))
+}
+
 const NOT_SUPPORTED: &str = "not supported by Shepherd";
 
 /// Total size of all annotation keys and values, as Kubernetes limits it.

@@ -6,6 +6,7 @@ mod codec;
 mod discovery;
 mod http;
 mod metrics;
+mod openapi;
 mod patch;
 mod protobuf;
 mod service;
