@@ -85,12 +85,17 @@ pub const EVENT: ResourceInfo = res("", "Event", "events", "event", true, &["ev"
 pub const DEPLOYMENT: ResourceInfo = res("apps", "Deployment", "deployments", "deployment", true, &["deploy"], true, true);
 pub const REPLICASET: ResourceInfo = res("apps", "ReplicaSet", "replicasets", "replicaset", true, &["rs"], true, true);
 pub const LEASE: ResourceInfo = res("coordination.k8s.io", "Lease", "leases", "lease", true, &[], false, false);
+pub const ENDPOINTSLICE: ResourceInfo =
+    res("discovery.k8s.io", "EndpointSlice", "endpointslices", "endpointslice", true, &[], false, false);
+pub const PODDISRUPTIONBUDGET: ResourceInfo =
+    res("policy", "PodDisruptionBudget", "poddisruptionbudgets", "poddisruptionbudget", true, &["pdb"], true, false);
 
 /// Every resource Shepherd serves, in discovery order.
-pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT, DEPLOYMENT, REPLICASET, LEASE];
+pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT, DEPLOYMENT, REPLICASET, LEASE,
+    ENDPOINTSLICE, PODDISRUPTIONBUDGET];
 
 /// The groups Shepherd serves besides core, in discovery order.
-pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io"];
+pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy"];
 
 /// Finds a resource by group and plural (`("apps", "deployments")`).
 pub fn by_plural(group: &str, plural: &str) -> Option<&'static ResourceInfo> {
@@ -128,7 +133,8 @@ mod tests {
     fn resolve_accepts_the_names_kubectl_users_type() {
         for (typed, kind) in [("po", "Pod"), ("pods", "Pod"), ("Pod", "Pod"), ("deploy", "Deployment"),
             ("deployments.apps", "Deployment"), ("rs", "ReplicaSet"), ("svc", "Service"), ("no", "Node"),
-            ("ep", "Endpoints"), ("ev", "Event"), ("ns", "Namespace"), ("lease", "Lease")] {
+            ("ep", "Endpoints"), ("ev", "Event"), ("ns", "Namespace"), ("lease", "Lease"),
+            ("endpointslices", "EndpointSlice"), ("pdb", "PodDisruptionBudget")] {
             assert_eq!(resolve(typed).map(|r| r.kind), Some(kind), "{typed}");
         }
         assert!(resolve("widgets").is_none());

@@ -75,6 +75,8 @@ pub fn resources(group: &str) -> Option<Value> {
         }
         if r.kind == "Pod" {
             list.push(json!({"name": "pods/binding", "singularName": "", "namespaced": true, "kind": "Binding", "verbs": ["create"]}));
+            list.push(json!({"name": "pods/eviction", "singularName": "", "namespaced": true, "group": "policy",
+                "version": "v1", "kind": "Eviction", "verbs": ["create"]}));
             list.push(json!({"name": "pods/log", "singularName": "", "namespaced": true, "kind": "Pod", "verbs": ["get"]}));
         }
     }
