@@ -187,10 +187,14 @@ impl DisruptionController {
         }
         let mut updated = (*pdb).clone();
         updated["status"] = status;
-        // The cached resourceVersion is the precondition: an eviction that wrote in between makes
-        // this a conflict, retried from the newer budget.
-        self.client.update_status(&kinds::PODDISRUPTIONBUDGET, Some(ns), updated).await?;
-        Ok(requeue)
+        // The cached resourceVersion is the precondition. A conflict means a newer budget (an
+        // eviction's, or this controller's own last write) is on its way to the cache, and its
+        // arrival reconciles the budget again.
+        match self.client.update_status(&kinds::PODDISRUPTIONBUDGET, Some(ns), updated).await {
+            Ok(_) => Ok(requeue),
+            Err(e) if e.is_conflict() || e.is_not_found() => Ok(Action::Done),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

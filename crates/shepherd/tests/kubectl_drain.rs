@@ -1,6 +1,8 @@
-//! `kubectl drain` and `kubectl taint ... :NoExecute` with the real kubectl 1.27 against a real
-//! `shepherd server` and two simulated node agents: a PodDisruptionBudget holds a pod back until
-//! its replacement is ready elsewhere, and a NoExecute taint evicts the pods that do not tolerate it.
+//! `kubectl drain`, `kubectl taint ... :NoExecute` and `kubectl describe service` with the real
+//! kubectl 1.27 and 1.33 against a real `shepherd server` and two simulated node agents: a
+//! PodDisruptionBudget holds a pod back until its replacement is ready elsewhere, a NoExecute
+//! taint evicts the pods that do not tolerate it, and the endpoints kubectl 1.33 reads from
+//! EndpointSlices are shown.
 
 mod common;
 
@@ -123,6 +125,15 @@ spec:
       containers:
       - name: web
         image: minimal
+        ports: [{name: http, containerPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: http}]
 ---
 apiVersion: policy/v1
 kind: PodDisruptionBudget
@@ -137,9 +148,18 @@ spec:
 const MINUTE: Duration = Duration::from_secs(60);
 
 #[test]
-fn kubectl_drain_respects_the_disruption_budget_and_a_no_execute_taint_evicts() {
-    let Some(bin) = kubectl_binary("1.27") else {
-        eprintln!("kubectl.1.27 is not installed beside kubectl; skipping");
+fn kubectl_1_27_drains_within_the_budget_and_a_no_execute_taint_evicts() {
+    drain_and_taint("1.27");
+}
+
+#[test]
+fn kubectl_1_33_drains_within_the_budget_and_a_no_execute_taint_evicts() {
+    drain_and_taint("1.33");
+}
+
+fn drain_and_taint(version: &str) {
+    let Some(bin) = kubectl_binary(version) else {
+        eprintln!("kubectl.{version} is not installed beside kubectl; skipping");
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
@@ -155,6 +175,11 @@ fn kubectl_drain_respects_the_disruption_budget_and_a_no_execute_taint_evicts() 
     let busy = ["n1", "n2"].into_iter().max_by_key(|n| pods.iter().filter(|(node, _)| node == n).count()).unwrap_or("n1");
     let other = if busy == "n1" { "n2" } else { "n1" };
     assert!(pods.iter().filter(|(n, _)| n == busy).count() >= 2, "the scheduler did not put two pods on one node: {pods:?}");
+
+    // kubectl 1.32+ reads a service's endpoints from its EndpointSlices.
+    k.wait_for(&["describe", "service", "web"], MINUTE, |o| {
+        o.lines().any(|l| l.starts_with("Endpoints:") && l.matches(":8080").count() == 3)
+    });
 
     let (ok, out, err) = k.run(&["drain", busy, "--ignore-daemonsets", "--timeout=90s"], None);
     assert!(ok, "drain failed:\n{out}\n{err}");
