@@ -43,6 +43,14 @@ pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
                 set_absent(status, "phase", json!("Active"));
             }
         }
+        "EndpointSlice" => {
+            if let Some(slice) = obj.as_object_mut() {
+                for port in each_object(slice, "ports") {
+                    set_absent(port, "name", json!(""));
+                    set_absent(port, "protocol", json!("TCP"));
+                }
+            }
+        }
         _ => {}
     }
 }

@@ -56,6 +56,9 @@ pub enum ApiError {
     NotAcceptable(String),
     #[error("{0}")]
     Forbidden(String),
+    /// 429: the request is refused for now; `causes` say why (an eviction blocked by a disruption budget).
+    #[error("{message}")]
+    TooManyRequests { message: String, causes: Vec<Cause> },
     #[error("{0}")]
     ServiceUnavailable(String),
     #[error("{0}")]
@@ -117,6 +120,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => 415,
             ApiError::NotAcceptable(_) => 406,
             ApiError::Forbidden(_) => 403,
+            ApiError::TooManyRequests { .. } => 429,
             ApiError::ServiceUnavailable(_) => 503,
             ApiError::Internal(_) => 500,
             ApiError::ResourceVersionTooLarge { .. } => 504,
@@ -136,6 +140,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
             ApiError::NotAcceptable(_) => "NotAcceptable",
             ApiError::Forbidden(_) => "Forbidden",
+            ApiError::TooManyRequests { .. } => "TooManyRequests",
             ApiError::ServiceUnavailable(_) => "ServiceUnavailable",
             ApiError::Internal(_) => "InternalError",
             ApiError::ResourceVersionTooLarge { .. } => "Timeout",
@@ -179,6 +184,9 @@ impl ApiError {
                 "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
                 "retryAfterSeconds": 1,
             })),
+            ApiError::TooManyRequests { causes, .. } => Some(json!({
+                "causes": causes.iter().map(|c| json!({"reason": c.reason, "message": c.message})).collect::<Vec<_>>(),
+            })),
             _ => None,
         };
         if let Some(d) = details {
@@ -219,6 +227,22 @@ impl ApiError {
             "MethodNotAllowed" => ApiError::MethodNotAllowed(message),
             "RequestEntityTooLarge" => ApiError::RequestEntityTooLarge(message),
             "Forbidden" => ApiError::Forbidden(message),
+            "TooManyRequests" => {
+                let causes = details
+                    .and_then(|d| d.get("causes"))
+                    .and_then(Value::as_array)
+                    .map(|cs| {
+                        cs.iter()
+                            .map(|c| Cause {
+                                reason: cause_reason(c.get("reason").and_then(Value::as_str).unwrap_or("")),
+                                field: String::new(),
+                                message: c.get("message").and_then(Value::as_str).unwrap_or("").to_string(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                ApiError::TooManyRequests { message, causes }
+            }
             "ServiceUnavailable" => ApiError::ServiceUnavailable(message),
             _ => ApiError::Internal(message),
         }
@@ -245,6 +269,7 @@ fn cause_reason(r: &str) -> &'static str {
         "FieldValueForbidden" => "FieldValueForbidden",
         "FieldValueDuplicate" => "FieldValueDuplicate",
         "FieldValueTooLong" => "FieldValueTooLong",
+        "DisruptionBudget" => "DisruptionBudget",
         _ => "FieldValueInvalid",
     }
 }

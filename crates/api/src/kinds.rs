@@ -97,12 +97,17 @@ pub const DEPLOYMENT: ResourceInfo =
 pub const REPLICASET: ResourceInfo =
     res("apps", "ReplicaSet", "replicasets", "replicaset", true, &["rs"], true, true).in_categories(&["all"]);
 pub const LEASE: ResourceInfo = res("coordination.k8s.io", "Lease", "leases", "lease", true, &[], false, false);
+pub const ENDPOINTSLICE: ResourceInfo =
+    res("discovery.k8s.io", "EndpointSlice", "endpointslices", "endpointslice", true, &[], false, false);
+pub const PODDISRUPTIONBUDGET: ResourceInfo =
+    res("policy", "PodDisruptionBudget", "poddisruptionbudgets", "poddisruptionbudget", true, &["pdb"], true, false);
 
 /// Every resource Shepherd serves, in discovery order.
-pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT, DEPLOYMENT, REPLICASET, LEASE];
+pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT, DEPLOYMENT, REPLICASET, LEASE,
+    ENDPOINTSLICE, PODDISRUPTIONBUDGET];
 
 /// The groups Shepherd serves besides core, in discovery order.
-pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io"];
+pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy"];
 
 /// The resources in a category (`all`), in discovery order.
 pub fn in_category(category: &str) -> impl Iterator<Item = &'static ResourceInfo> + '_ {
@@ -145,7 +150,8 @@ mod tests {
     fn resolve_accepts_the_names_kubectl_users_type() {
         for (typed, kind) in [("po", "Pod"), ("pods", "Pod"), ("Pod", "Pod"), ("deploy", "Deployment"),
             ("deployments.apps", "Deployment"), ("rs", "ReplicaSet"), ("svc", "Service"), ("no", "Node"),
-            ("ep", "Endpoints"), ("ev", "Event"), ("ns", "Namespace"), ("lease", "Lease")] {
+            ("ep", "Endpoints"), ("ev", "Event"), ("ns", "Namespace"), ("lease", "Lease"),
+            ("endpointslices", "EndpointSlice"), ("pdb", "PodDisruptionBudget")] {
             assert_eq!(resolve(typed).map(|r| r.kind), Some(kind), "{typed}");
         }
         assert!(resolve("widgets").is_none());

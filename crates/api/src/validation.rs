@@ -7,6 +7,8 @@ use std::net::IpAddr;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Endpoints, Event, Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -244,6 +246,12 @@ pub fn validate_update(res: &ResourceInfo, old: &Value, new: &Value) -> Result<(
                 c.push(Cause::forbidden("spec", POD_UPDATE_RULE));
             }
         }
+        "EndpointSlice" => {
+            let (stored, sent) = (str_at(old, "addressType"), str_at(new, "addressType"));
+            if stored.is_some() && sent != stored {
+                c.push(Cause::invalid("addressType", format!("Invalid value: \"{}\": field is immutable", sent.unwrap_or(""))));
+            }
+        }
         "Service" => {
             let stored = str_at(old, "spec.clusterIP").unwrap_or("");
             let sent = str_at(new, "spec.clusterIP").unwrap_or("");
@@ -289,6 +297,8 @@ fn causes_for(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
             validate_service(obj, &mut c);
         }
         "Endpoints" => validate_endpoints(obj, &mut c),
+        "EndpointSlice" => validate_endpoint_slice(obj, &mut c),
+        "PodDisruptionBudget" => validate_pod_disruption_budget(obj, &mut c),
         _ => {}
     }
     c
@@ -502,6 +512,8 @@ fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
         "Node" => Some(round_trip::<Node>(input)),
         "Event" => Some(round_trip::<Event>(input)),
         "Lease" => Some(round_trip::<Lease>(input)),
+        "EndpointSlice" => Some(round_trip::<EndpointSlice>(input)),
+        "PodDisruptionBudget" => Some(round_trip::<PodDisruptionBudget>(input)),
         _ => None,
     })
 }
@@ -852,6 +864,7 @@ fn validate_workload(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
 }
 
 /// Checks a `metav1.LabelSelector` field by field; returns it when it is usable for matching.
+/// An empty selector is an error for `kind`, unless `kind` is empty.
 fn selector_of(sel: &Value, p: &str, kind: &str, c: &mut Vec<Cause>) -> Option<LabelSelector> {
     let Value::Object(fields) = sel else { return None };
     let before = c.len();
@@ -901,7 +914,7 @@ fn selector_of(sel: &Value, p: &str, kind: &str, c: &mut Vec<Cause>) -> Option<L
     };
     // A shorthand map (`selector: {app: web}`) is already reported as unknown fields.
     let only_known = fields.len() == known.as_object().map_or(0, |m| m.len());
-    if parsed.is_empty() && only_known {
+    if parsed.is_empty() && only_known && !kind.is_empty() {
         c.push(Cause::invalid(p, format!("Invalid value: {sel}: empty selector is invalid for {kind}")));
     }
     (!parsed.is_empty()).then_some(parsed)
@@ -1038,6 +1051,99 @@ fn validate_endpoints(obj: &Value, c: &mut Vec<Cause>) {
             check_one_of(port, "protocol", &pp, &["TCP", "UDP", "SCTP"], c);
         }
     }
+}
+
+/// Kubernetes' limits on one EndpointSlice.
+const SLICE_MAX_ENDPOINTS: usize = 1000;
+const SLICE_MAX_ADDRESSES: usize = 100;
+const SLICE_MAX_PORTS: usize = 100;
+
+fn validate_endpoint_slice(obj: &Value, c: &mut Vec<Cause>) {
+    let address_type = str_at(obj, "addressType");
+    match address_type {
+        None => c.push(Cause::required("addressType")),
+        Some("IPv4" | "IPv6" | "FQDN") => {}
+        Some(t) => c.push(unsupported_value("addressType", t, &["IPv4", "IPv6", "FQDN"])),
+    }
+    if let Some(Value::Array(endpoints)) = obj.get("endpoints") {
+        if endpoints.len() > SLICE_MAX_ENDPOINTS {
+            c.push(Cause::new("FieldValueTooMany", "endpoints", format!("must have at most {SLICE_MAX_ENDPOINTS} items")));
+        }
+        for (i, ep) in endpoints.iter().enumerate() {
+            let p = format!("endpoints[{i}].addresses");
+            let addresses = ep.get("addresses").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+            if addresses.is_empty() {
+                c.push(Cause::required(p.clone()));
+            } else if addresses.len() > SLICE_MAX_ADDRESSES {
+                c.push(Cause::new("FieldValueTooMany", p.clone(), format!("must have at most {SLICE_MAX_ADDRESSES} items")));
+            }
+            for (j, a) in addresses.iter().enumerate() {
+                let text = a.as_str().unwrap_or("");
+                let ok = match address_type {
+                    Some("IPv4") => text.parse::<std::net::Ipv4Addr>().is_ok(),
+                    Some("IPv6") => text.parse::<std::net::Ipv6Addr>().is_ok(),
+                    Some("FQDN") => is_dns1123_subdomain(text),
+                    _ => true,
+                };
+                if !ok {
+                    let why = format!("must be a valid {} address", address_type.unwrap_or(""));
+                    c.push(invalid_value(format!("{p}[{j}]"), a, &why));
+                }
+            }
+            if let Some(node) = str_at(ep, "nodeName")
+                && !is_dns1123_subdomain(node)
+            {
+                c.push(invalid_value(format!("endpoints[{i}].nodeName"), &Value::from(node), DNS1123_SUBDOMAIN_RULE));
+            }
+        }
+    }
+    let Some(Value::Array(ports)) = obj.get("ports") else { return };
+    if ports.len() > SLICE_MAX_PORTS {
+        c.push(Cause::new("FieldValueTooMany", "ports", format!("must have at most {SLICE_MAX_PORTS} items")));
+    }
+    let mut names = BTreeSet::new();
+    for (i, port) in ports.iter().enumerate() {
+        let pp = format!("ports[{i}]");
+        if let Some(v) = port.get("port").filter(|v| !v.is_null()) {
+            check_port_number(v, &join(&pp, "port"), c);
+        }
+        check_one_of(port, "protocol", &pp, &["TCP", "UDP", "SCTP"], c);
+        let name = str_at(port, "name").unwrap_or("");
+        if !name.is_empty() && !is_dns1123_label(name) {
+            c.push(invalid_value(join(&pp, "name"), &Value::from(name), DNS1123_LABEL_RULE));
+        }
+        if !names.insert(name) {
+            c.push(Cause::new("FieldValueDuplicate", join(&pp, "name"), format!("Duplicate value: \"{name}\"")));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// PodDisruptionBudgets
+// ---------------------------------------------------------------------------------------------
+
+fn validate_pod_disruption_budget(obj: &Value, c: &mut Vec<Cause>) {
+    let Some(spec) = at(obj, "spec") else { return };
+    if !spec.is_object() {
+        return;
+    }
+    let min = spec.get("minAvailable").filter(|v| !v.is_null());
+    let max = spec.get("maxUnavailable").filter(|v| !v.is_null());
+    if min.is_some() && max.is_some() {
+        c.push(invalid_value("spec", spec, "minAvailable and maxUnavailable cannot be both set"));
+    }
+    for (field, amount) in [("spec.minAvailable", min), ("spec.maxUnavailable", max)] {
+        if let Some(Amount::Percent(p)) = int_or_percent(amount, field, c)
+            && p > 100
+        {
+            c.push(Cause::invalid(field, format!("Invalid value: \"{p}%\": must not be greater than 100%")));
+        }
+    }
+    if let Some(sel) = at(spec, "selector") {
+        // An empty selector is valid here: in policy/v1 it selects every pod of the namespace.
+        selector_of(sel, "spec.selector", "", c);
+    }
+    check_one_of(spec, "unhealthyPodEvictionPolicy", "spec", &["IfHealthyBudget", "AlwaysAllow"], c);
 }
 
 // ---------------------------------------------------------------------------------------------

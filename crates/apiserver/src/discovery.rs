@@ -102,6 +102,7 @@ fn subresources(res: &ResourceInfo) -> Vec<Subresource> {
     }
     if res.kind == "Pod" {
         subs.push(Subresource { name: "binding", response: ("", "v1", "Binding"), verbs: &["create"] });
+        subs.push(Subresource { name: "eviction", response: ("policy", "v1", "Eviction"), verbs: &["create"] });
         subs.push(Subresource { name: "log", response: ("", "v1", "Pod"), verbs: &["get"] });
     }
     subs

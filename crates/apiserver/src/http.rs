@@ -596,6 +596,12 @@ async fn handle(
             let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
             Ok(json_response(StatusCode::CREATED, ok.to_string().into_bytes()))
         }
+        (&Method::POST, Some(name), Some("eviction")) if res.kind == "Pod" => {
+            check_json_body(&headers)?;
+            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
+            let done = crate::eviction::evict(svc, ns.unwrap_or("default"), name, &body, |b| delete_options(query, b)).await?;
+            Ok(json_response(StatusCode::CREATED, done.to_string().into_bytes()))
+        }
         (&Method::PUT, Some(name), sub) => {
             check_object_body(&headers)?;
             let opts = write_options(OptionsKind::Update, query)?;

@@ -4,6 +4,7 @@
 mod client;
 mod codec;
 mod discovery;
+mod eviction;
 mod http;
 mod metrics;
 mod openapi;

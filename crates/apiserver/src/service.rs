@@ -936,7 +936,7 @@ fn reset_status_on_create(res: &ResourceInfo, obj: &mut Value) {
         "Namespace" => {
             o.insert("status".into(), json!({"phase": "Active"}));
         }
-        "Deployment" | "ReplicaSet" | "Service" => {
+        "Deployment" | "ReplicaSet" | "Service" | "PodDisruptionBudget" => {
             o.remove("status");
         }
         _ => {}

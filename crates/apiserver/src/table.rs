@@ -127,6 +127,41 @@ fn endpoints(ep: &Value) -> String {
     s
 }
 
+/// kubectl's `+ N more...` list: the first three items, then how many were left out.
+fn at_most_three(mut items: Vec<String>, empty: &str) -> String {
+    if items.is_empty() {
+        return empty.into();
+    }
+    let more = items.len().saturating_sub(3);
+    items.truncate(3);
+    let mut s = items.join(",");
+    if more > 0 {
+        s.push_str(&format!(" + {more} more..."));
+    }
+    s
+}
+
+fn slice_ports(slice: &Value) -> String {
+    let ports = slice.get("ports").and_then(Value::as_array).into_iter().flatten().filter_map(|p| p.get("port")?.as_i64());
+    at_most_three(ports.map(|p| p.to_string()).collect(), "<unset>")
+}
+
+fn slice_endpoints(slice: &Value) -> String {
+    let addresses = slice.get("endpoints").and_then(Value::as_array).into_iter().flatten().flat_map(|e| {
+        e.get("addresses").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_string)
+    });
+    at_most_three(addresses.collect(), "<unset>")
+}
+
+/// A PDB's `minAvailable` or `maxUnavailable`, `N/A` when unset.
+fn int_or_percent(obj: &Value, ptr: &str) -> String {
+    match obj.at(ptr) {
+        Some(Value::Number(n)) => n.to_string(),
+        Some(Value::String(s)) => s.clone(),
+        _ => "N/A".into(),
+    }
+}
+
 fn containers(obj: &Value, ptr: &str, field: &str) -> String {
     obj.at(ptr)
         .and_then(Value::as_array)
@@ -163,6 +198,9 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
         "Event" => vec![("Last Seen", "string", 0), ("Type", "string", 0), ("Reason", "string", 0),
             ("Object", "string", 0), ("Message", "string", 0)],
         "Lease" => vec![name, ("Holder", "string", 0), age],
+        "EndpointSlice" => vec![name, ("AddressType", "string", 0), ("Ports", "string", 0), ("Endpoints", "string", 0), age],
+        "PodDisruptionBudget" => vec![name, ("Min Available", "string", 0), ("Max Unavailable", "string", 0),
+            ("Allowed Disruptions", "integer", 0), age],
         _ => vec![name, age],
     }
 }
@@ -200,6 +238,9 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
                 json!(s(o, "/message"))]
         }
         "Lease" => vec![name, json!(or_none(s(o, "/spec/holderIdentity"))), created],
+        "EndpointSlice" => vec![name, json!(s(o, "/addressType")), json!(slice_ports(o)), json!(slice_endpoints(o)), created],
+        "PodDisruptionBudget" => vec![name, json!(int_or_percent(o, "/spec/minAvailable")),
+            json!(int_or_percent(o, "/spec/maxUnavailable")), json!(i(o, "/status/disruptionsAllowed")), created],
         _ => vec![name, created],
     }
 }
@@ -238,5 +279,27 @@ mod tests {
         assert_eq!(row[2], "CrashLoopBackOff");
         assert_eq!(row[3], 4);
         assert_eq!(row[6], "n1");
+    }
+
+    #[test]
+    fn endpoint_slice_rows_list_ports_and_addresses_as_kubectl_does() {
+        let slice = json!({"metadata": {"name": "web-abc"}, "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": (1..=5).map(|n| json!({"addresses": [format!("10.0.0.{n}")]})).collect::<Vec<_>>()});
+        let t = table(&shepherd_api::kinds::ENDPOINTSLICE, &[slice], "1");
+        let row = &t["rows"][0]["cells"];
+        assert_eq!(row[1], "IPv4");
+        assert_eq!(row[2], "8080");
+        assert_eq!(row[3], "10.0.0.1,10.0.0.2,10.0.0.3 + 2 more...");
+        let empty = table(&shepherd_api::kinds::ENDPOINTSLICE, &[json!({"addressType": "IPv4"})], "1");
+        assert_eq!(empty["rows"][0]["cells"][2], "<unset>");
+        assert_eq!(empty["rows"][0]["cells"][3], "<unset>");
+    }
+
+    #[test]
+    fn pod_disruption_budget_rows_show_na_for_the_unset_bound() {
+        let pdb = json!({"metadata": {"name": "web"}, "spec": {"minAvailable": 2}, "status": {"disruptionsAllowed": 1}});
+        let row = &table(&shepherd_api::kinds::PODDISRUPTIONBUDGET, &[pdb], "1")["rows"][0]["cells"];
+        assert_eq!((row[1].as_str(), row[2].as_str(), row[3].as_i64()), (Some("2"), Some("N/A"), Some(1)));
     }
 }

@@ -15,12 +15,12 @@ use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager}
 
 use crate::config::ControllerConfig;
 
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+pub(crate) fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
     v.at(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
 /// The service's selector, or `None` when it has none (its Endpoints are managed by hand).
-fn service_selector(svc: &Value) -> Option<LabelSelector> {
+pub(crate) fn service_selector(svc: &Value) -> Option<LabelSelector> {
     let sel = svc.at("/spec/selector")?.as_object().filter(|m| !m.is_empty())?;
     LabelSelector::from_k8s(&json!({ "matchLabels": sel })).ok()
 }
@@ -46,7 +46,7 @@ pub fn endpoints_controller(client: Arc<dyn Client>, manager: &Manager, config: 
     .mode(config.mode)
 }
 
-fn services_selecting(services: &Cache, pod: &Value) -> Vec<String> {
+pub(crate) fn services_selecting(services: &Cache, pod: &Value) -> Vec<String> {
     let ns = str_at(pod, "/metadata/namespace");
     services
         .by_namespace(ns)
@@ -64,7 +64,7 @@ struct EndpointsController {
 }
 
 /// One endpoint port: (name, port, protocol).
-type PortKey = (String, i64, String);
+pub(crate) type PortKey = (String, i64, String);
 
 impl EndpointsController {
     async fn reconcile(&self, key: &str) -> Result<Action, Error> {
@@ -119,7 +119,7 @@ impl EndpointsController {
     }
 }
 
-fn is_ready(pod: &Value) -> bool {
+pub(crate) fn is_ready(pod: &Value) -> bool {
     pod.at("/status/conditions")
         .and_then(Value::as_array)
         .is_some_and(|cs| cs.iter().any(|c| c.get("type").and_then(Value::as_str) == Some("Ready") && str_at(c, "/status") == "True"))
@@ -127,7 +127,7 @@ fn is_ready(pod: &Value) -> bool {
 
 /// The port a service port reaches on this pod: a number as is, a name through the pod's
 /// container ports (same protocol); `None` when the pod has no port by that name.
-fn resolve_target(service_port: &Value, protocol: &str, pod: &Value) -> Option<i64> {
+pub(crate) fn resolve_target(service_port: &Value, protocol: &str, pod: &Value) -> Option<i64> {
     match service_port.get("targetPort") {
         None | Some(Value::Null) => service_port.get("port").and_then(Value::as_i64),
         Some(Value::Number(n)) => n.as_i64(),
@@ -148,6 +148,20 @@ fn resolve_target(service_port: &Value, protocol: &str, pod: &Value) -> Option<i
     }
 }
 
+/// The service's ports as they resolve on this pod; `None` when the service has ports and none
+/// of them resolves (the pod cannot serve it).
+pub(crate) fn pod_ports(service_ports: &[&Value], pod: &Value) -> Option<Vec<PortKey>> {
+    let ports: Vec<PortKey> = service_ports
+        .iter()
+        .filter_map(|sp| {
+            let protocol = sp.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
+            let port = resolve_target(sp, protocol, pod)?;
+            Some((str_at(sp, "/name").to_string(), port, protocol.to_string()))
+        })
+        .collect();
+    (!ports.is_empty() || service_ports.is_empty()).then_some(ports)
+}
+
 /// Subsets as Kubernetes groups them: pods that resolve the service's ports to the same set
 /// share a subset. Addresses are sorted by IP so the result is stable.
 fn desired_subsets(svc: &Value, pods: &[Arc<Value>]) -> Value {
@@ -163,17 +177,7 @@ fn desired_subsets(svc: &Value, pods: &[Arc<Value>]) -> Value {
         {
             continue;
         }
-        let ports: Vec<PortKey> = service_ports
-            .iter()
-            .filter_map(|sp| {
-                let protocol = sp.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
-                let port = resolve_target(sp, protocol, pod)?;
-                Some((str_at(sp, "/name").to_string(), port, protocol.to_string()))
-            })
-            .collect();
-        if ports.is_empty() && !service_ports.is_empty() {
-            continue;
-        }
+        let Some(ports) = pod_ports(&service_ports, pod) else { continue };
         let mut address = json!({"ip": ip, "targetRef": {"kind": "Pod", "namespace": ns,
             "name": pod.at("/metadata/name"), "uid": pod.at("/metadata/uid")}});
         let node = str_at(pod, "/spec/nodeName");

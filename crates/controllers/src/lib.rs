@@ -2,13 +2,16 @@
 
 pub mod config;
 pub mod deployment;
+pub mod disruption;
 pub mod endpoints;
+pub mod endpointslice;
 pub mod events;
 pub mod gc;
 pub mod nodelifecycle;
 pub mod podutil;
 pub mod replicaset;
 pub mod scheduler;
+pub mod taintmanager;
 
 pub use config::ControllerConfig;
 pub use deployment::deployment_controller;

@@ -12,7 +12,7 @@
 //! FailedScheduling event, and wait in a pending set that node changes and freed room re-enqueue
 //! (never a timer).
 
-mod fit;
+pub(crate) mod fit;
 mod state;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,4 +1,4 @@
-//! Endpoints and ClusterIPs against the real in-process API server.
+//! Endpoints, EndpointSlices and ClusterIPs against the real in-process API server.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,6 +8,8 @@ use shepherd_api::kinds;
 use shepherd_apiserver::{ApiServer, HttpConfig};
 use shepherd_controllers::ControllerConfig;
 use shepherd_controllers::endpoints::{ClusterIpConfig, cluster_ip_allocator, endpoints_controller};
+use shepherd_controllers::endpointslice::endpoint_slice_controller;
+use shepherd_runtime::ListParams;
 use shepherd_runtime::{Client, DeleteParams, Manager, Patch, RunningManager};
 use shepherd_store::{HistoryLimits, LocalStore};
 
@@ -23,6 +25,7 @@ impl Cluster {
         let client: Arc<dyn Client> = Arc::new(server.client());
         let manager = Manager::new(client.clone());
         manager.add(endpoints_controller(client.clone(), &manager, ControllerConfig::default()));
+        manager.add(endpoint_slice_controller(client.clone(), &manager, ControllerConfig::default()));
         let mut ip = ClusterIpConfig::default();
         if let Some(r) = range {
             ip.range = r.parse().expect("valid range");
@@ -100,6 +103,41 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// The service's slices, each reduced to (address type, ports, [(address, ready, serving,
+    /// terminating, pod)]), sorted, as kubectl would find them: by the service-name label.
+    async fn slices(&self, service: &str) -> Value {
+        let params = ListParams::namespace("default").labels(format!("kubernetes.io/service-name={service}"));
+        let list = self.client.list(&kinds::ENDPOINTSLICE, &params).await.expect("slices listed");
+        let mut out: Vec<Value> = list
+            .items
+            .iter()
+            .map(|s| {
+                let endpoints: Vec<Value> = s["endpoints"].as_array().into_iter().flatten().map(|e| {
+                    let c = &e["conditions"];
+                    json!([e["addresses"][0], c["ready"], c["serving"], c["terminating"], e["targetRef"]["name"]])
+                }).collect();
+                json!({"type": s["addressType"], "ports": s["ports"], "endpoints": endpoints})
+            })
+            .collect();
+        out.sort_by_key(|v| v.to_string());
+        Value::Array(out)
+    }
+
+    async fn wait_for_slices(&self, service: &str, want: Value) {
+        let started = Instant::now();
+        let mut last = Value::Null;
+        while started.elapsed() < Duration::from_secs(10) {
+            last = self.slices(service).await;
+            if last == want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("slices of {service} never became {want}; last seen {last}");
+    }
+}
+
 fn ips(list: &Value) -> Vec<String> {
     list.as_array().into_iter().flatten().filter_map(|a| a["ip"].as_str().map(str::to_string)).collect()
 }
@@ -157,6 +195,47 @@ async fn endpoints_follow_pod_readiness() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(c.endpoints("web").await.is_none(), "endpoints outlived their service");
+    c.shut_down().await;
+}
+
+#[tokio::test]
+async fn endpoint_slices_follow_pods_through_ready_not_ready_terminating_and_deleted() {
+    let c = Cluster::start(None).await;
+    c.service("web", json!({"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]})).await;
+    // No pods yet: one empty slice, as Kubernetes keeps.
+    c.wait_for_slices("web", json!([{"type": "IPv4", "ports": [], "endpoints": []}])).await;
+    c.pod("web-0", "web", "10.1.0.10", true, json!([])).await;
+    c.pod("web-1", "web", "10.1.0.11", false, json!([])).await;
+    c.pod("db-0", "db", "10.1.0.20", true, json!([])).await;
+    let ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    c.wait_for_slices("web", json!([{"type": "IPv4", "ports": ports, "endpoints": [
+        ["10.1.0.10", true, true, false, "web-0"], ["10.1.0.11", false, false, false, "web-1"]]}])).await;
+
+    let params = ListParams::namespace("default").labels("kubernetes.io/service-name=web");
+    let slice = c.client.list(&kinds::ENDPOINTSLICE, &params).await.expect("listed").items.remove(0);
+    let svc = c.client.get(&kinds::SERVICE, Some("default"), "web").await.expect("service exists");
+    assert_eq!(slice["metadata"]["ownerReferences"][0]["uid"], svc["metadata"]["uid"]);
+    assert_eq!(slice["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"], "endpointslice-controller.k8s.io");
+    assert_eq!(slice["endpoints"][0]["nodeName"], "node-1");
+    assert_eq!(slice["endpoints"][0]["targetRef"]["kind"], "Pod");
+
+    c.set_ready("web-1", true, None).await;
+    c.set_ready("web-0", false, None).await;
+    c.wait_for_slices("web", json!([{"type": "IPv4", "ports": ports, "endpoints": [
+        ["10.1.0.10", false, false, false, "web-0"], ["10.1.0.11", true, true, false, "web-1"]]}])).await;
+
+    // A pod on a node is deleted gracefully: it stays listed as terminating until it is gone.
+    c.client.delete(&kinds::POD, Some("default"), "web-1", &DeleteParams::default()).await.expect("deleting");
+    c.wait_for_slices("web", json!([{"type": "IPv4", "ports": ports, "endpoints": [
+        ["10.1.0.10", false, false, false, "web-0"], ["10.1.0.11", false, true, true, "web-1"]]}])).await;
+    let now = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    for pod in ["web-0", "web-1"] {
+        c.client.delete(&kinds::POD, Some("default"), pod, &now).await.expect("deleted");
+    }
+    c.wait_for_slices("web", json!([{"type": "IPv4", "ports": [], "endpoints": []}])).await;
+
+    c.client.delete(&kinds::SERVICE, Some("default"), "web", &DeleteParams::default()).await.expect("deleted");
+    c.wait_for_slices("web", json!([])).await;
     c.shut_down().await;
 }
 

@@ -6,15 +6,18 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use shepherd_controllers::disruption::disruption_controller;
 use shepherd_controllers::endpoints::{ClusterIpConfig, ServiceIpRange, cluster_ip_allocator, endpoints_controller};
+use shepherd_controllers::endpointslice::endpoint_slice_controller;
 use shepherd_controllers::nodelifecycle::{NodeLifecycleConfig, node_lifecycle_controller};
 use shepherd_controllers::scheduler::{SchedulerConfig, scheduler};
+use shepherd_controllers::taintmanager::taint_manager;
 use shepherd_controllers::{ControllerConfig, deployment_controller, garbage_collector, replicaset_controller};
 use shepherd_runtime::{Client, Manager, TriggerMode};
 
 /// Every controller `shepherd` runs, by the name used in flags.
-pub const CONTROLLERS: &[&str] =
-    &["deployment", "replicaset", "endpoints", "clusterip", "nodelifecycle", "garbagecollector", "scheduler"];
+pub const CONTROLLERS: &[&str] = &["deployment", "replicaset", "endpoints", "endpointslice", "clusterip", "nodelifecycle",
+    "taint-eviction", "disruption", "garbagecollector", "scheduler"];
 
 /// The scheduler's default workers, after kube-scheduler's default parallelism of 16.
 const SCHEDULER_WORKERS: usize = 16;
@@ -22,7 +25,8 @@ const SCHEDULER_WORKERS: usize = 16;
 #[derive(Args, Clone, Debug)]
 pub struct ControllerArgs {
     /// Controllers to run: `all`, `none`, or a comma-separated list of deployment, replicaset,
-    /// endpoints, clusterip, nodelifecycle, garbagecollector, scheduler.
+    /// endpoints, endpointslice, clusterip, nodelifecycle, taint-eviction, disruption,
+    /// garbagecollector, scheduler.
     #[arg(long, default_value = "all")]
     pub controllers: String,
     /// Default trigger mode: `hybrid` (events plus periodic resync), `level` (re-list on a
@@ -132,6 +136,15 @@ impl ControllerArgs {
                 }
                 "endpoints" => {
                     manager.add(endpoints_controller(client.clone(), manager, cfg));
+                }
+                "endpointslice" => {
+                    manager.add(endpoint_slice_controller(client.clone(), manager, cfg));
+                }
+                "taint-eviction" => {
+                    manager.add(taint_manager(client.clone(), manager, cfg));
+                }
+                "disruption" => {
+                    manager.add(disruption_controller(client.clone(), manager, cfg));
                 }
                 "clusterip" => {
                     manager.add(cluster_ip_allocator(client.clone(), manager, ClusterIpConfig { run: cfg, range }));

@@ -97,21 +97,7 @@ impl NodeSummary {
             .and_then(|cs| cs.iter().find(|c| c.get("type").and_then(Value::as_str) == Some("Ready")))
             .and_then(|c| c.get("status").and_then(Value::as_str))
             == Some("True");
-        let taints = node
-            .at("/spec/taints")
-            .and_then(Value::as_array)
-            .map(|ts| {
-                ts.iter()
-                    .filter_map(|t| {
-                        Some(Taint {
-                            key: t.get("key")?.as_str()?.to_string(),
-                            value: t.get("value").and_then(Value::as_str).unwrap_or("").to_string(),
-                            effect: Effect::parse(t.get("effect")?.as_str()?)?,
-                        })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let taints = taints_of(node);
         let alloc = node.at("/status/allocatable").or_else(|| node.at("/status/capacity"));
         let field = |name: &str| alloc.and_then(|a| a.get(name));
         let allocatable = Resources {
@@ -171,16 +157,61 @@ enum TolerationOp {
 }
 
 #[derive(Debug, Clone)]
-struct Toleration {
+pub(crate) struct Toleration {
     /// Empty with `Exists` tolerates every taint.
     key: String,
     op: TolerationOp,
     /// `None` tolerates every effect.
     effect: Option<Effect>,
+    /// How long a `NoExecute` taint is tolerated; `None`: for ever.
+    pub seconds: Option<i64>,
+}
+
+/// A node's taints; malformed ones (no key, unknown effect) are skipped.
+pub(crate) fn taints_of(node: &Value) -> Vec<Taint> {
+    node.at("/spec/taints")
+        .and_then(Value::as_array)
+        .map(|ts| {
+            ts.iter()
+                .filter_map(|t| {
+                    Some(Taint {
+                        key: t.get("key")?.as_str()?.to_string(),
+                        value: t.get("value").and_then(Value::as_str).unwrap_or("").to_string(),
+                        effect: Effect::parse(t.get("effect")?.as_str()?)?,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A pod's tolerations; ones with an unknown operator or effect are skipped.
+pub(crate) fn tolerations_of(pod: &Value) -> Vec<Toleration> {
+    pod.at("/spec/tolerations")
+        .and_then(Value::as_array)
+        .map(|ts| {
+            ts.iter()
+                .filter_map(|t| {
+                    let key = t.get("key").and_then(Value::as_str).unwrap_or("").to_string();
+                    let op = match t.get("operator").and_then(Value::as_str).unwrap_or("Equal") {
+                        "Exists" => TolerationOp::Exists,
+                        "Equal" => TolerationOp::Equal(t.get("value").and_then(Value::as_str).unwrap_or("").to_string()),
+                        _ => return None,
+                    };
+                    let effect = match t.get("effect").and_then(Value::as_str).unwrap_or("") {
+                        "" => None,
+                        e => Some(Effect::parse(e)?),
+                    };
+                    let seconds = t.get("tolerationSeconds").and_then(Value::as_i64);
+                    Some(Toleration { key, op, effect, seconds })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 impl Toleration {
-    fn tolerates(&self, t: &Taint) -> bool {
+    pub(crate) fn tolerates(&self, t: &Taint) -> bool {
         if self.effect.is_some_and(|e| e != t.effect) {
             return false;
         }
@@ -286,27 +317,7 @@ pub(crate) struct PodNeeds {
 
 impl PodNeeds {
     pub fn of(pod: &Value) -> PodNeeds {
-        let tolerations = pod
-            .at("/spec/tolerations")
-            .and_then(Value::as_array)
-            .map(|ts| {
-                ts.iter()
-                    .filter_map(|t| {
-                        let key = t.get("key").and_then(Value::as_str).unwrap_or("").to_string();
-                        let op = match t.get("operator").and_then(Value::as_str).unwrap_or("Equal") {
-                            "Exists" => TolerationOp::Exists,
-                            "Equal" => TolerationOp::Equal(t.get("value").and_then(Value::as_str).unwrap_or("").to_string()),
-                            _ => return None,
-                        };
-                        let effect = match t.get("effect").and_then(Value::as_str).unwrap_or("") {
-                            "" => None,
-                            e => Some(Effect::parse(e)?),
-                        };
-                        Some(Toleration { key, op, effect })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let tolerations = tolerations_of(pod);
         let node_selector = string_map(pod.at("/spec/nodeSelector")).into_iter().collect();
         let affinity_terms = pod
             .at("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
