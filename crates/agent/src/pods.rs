@@ -6,6 +6,11 @@
 //! readiness change) that arrive on channels and run the same reconcile at once. The engine has
 //! no hook to enqueue a key from outside, so those run outside its work queue; a per-pod async
 //! mutex held for the whole reconcile keeps the "one reconcile per key at a time" guarantee.
+//!
+//! A pod's identity on the node is its UID, as in the kubelet: a name is reused as soon as the API
+//! has let go of it (a Deployment's `web-0..N`, a force delete), so one key may have several
+//! incarnations at once. Only the one the API shows runs; the others are stopped and forgotten
+//! without holding it up.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
@@ -57,8 +62,9 @@ struct ContainerRecord {
     ready: bool,
     probes: Vec<AbortHandle>,
     probes_for: Option<u64>,
-    /// The instance a stop was asked for (so it is asked once).
-    stop_sent: Option<u64>,
+    /// The instance a stop was asked for and the deadline it was given: asked again only to
+    /// shorten the deadline (a force delete during a graceful termination).
+    stop_sent: Option<(u64, Instant)>,
 }
 
 impl ContainerRecord {
@@ -110,8 +116,10 @@ pub(crate) struct PodManager {
     nodes: HashMap<String, String>,
     runtime: Arc<dyn Runtime>,
     config: PodConfig,
-    records: Mutex<HashMap<String, Arc<AsyncMutex<PodRecord>>>>,
-    /// The earliest pending timer per pod key, so timers do not pile up.
+    /// Pod key to its incarnations on this node, by UID.
+    records: Mutex<HashMap<String, HashMap<String, Arc<AsyncMutex<PodRecord>>>>>,
+    /// The earliest pending timer per pod key, so timers do not pile up. By key, not UID: one
+    /// reconcile of a key settles every incarnation of it.
     timers: Mutex<HashMap<String, Instant>>,
     /// The engine's trigger channel, once the agent's controller runs.
     engine: std::sync::OnceLock<mpsc::UnboundedSender<String>>,
@@ -168,17 +176,10 @@ impl PodManager {
     fn take_over(&self, adopted: Vec<Adopted>) {
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         for a in adopted {
-            let rec = records.entry(a.id.pod_key.clone()).or_insert_with(|| {
+            let rec = records.entry(a.id.pod_key.clone()).or_default().entry(a.id.pod_uid.clone()).or_insert_with(|| {
                 Arc::new(AsyncMutex::new(PodRecord { uid: a.id.pod_uid.clone(), grace: Duration::from_secs(30), containers: Vec::new() }))
             });
             let Ok(mut rec) = rec.try_lock() else { continue };
-            if rec.uid != a.id.pod_uid {
-                // Two incarnations of one pod name on disk: the older one is stopped as an orphan
-                // when its runtime state is found again after this one is gone.
-                warn!(pod = %a.id.pod_key, "containers of two pod incarnations found; keeping one");
-                self.runtime.stop(&a.id, a.instance, Duration::ZERO);
-                continue;
-            }
             let mut c = ContainerRecord::new(a.id.clone(), a.image, &self.config);
             c.restart_count = a.restart_count;
             c.state = match a.exited {
@@ -252,49 +253,68 @@ impl PodManager {
         self.nodes.contains_key(str_at(pod, "/spec/nodeName"))
     }
 
-    /// One reconcile of one pod key. Idempotent.
+    /// The record of incarnation `uid` of `key`, if the manager holds one.
+    fn record(&self, key: &str, uid: &str) -> Option<Arc<AsyncMutex<PodRecord>>> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner()).get(key)?.get(uid).cloned()
+    }
+
+    /// Drops the record of incarnation `uid` of `key` if it is still `rec`.
+    fn forget(&self, key: &str, uid: &str, rec: &Arc<AsyncMutex<PodRecord>>) {
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(incarnations) = records.get_mut(key) else { return };
+        if incarnations.get(uid).is_some_and(|r| Arc::ptr_eq(r, rec)) {
+            incarnations.remove(uid);
+        }
+        if incarnations.is_empty() {
+            records.remove(key);
+        }
+    }
+
+    /// One reconcile of one pod key: every incarnation of it on this node. Idempotent.
     pub async fn reconcile(&self, key: &str) -> Result<(), Error> {
         let pod = self.pods.get(key).filter(|p| self.mine(p));
-        let existing = self.records.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned();
+        let current_uid = pod.as_ref().map(|p| str_at(p, "/metadata/uid").to_string());
+        let earlier: Vec<(String, Arc<AsyncMutex<PodRecord>>)> = self
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .map(|incarnations| {
+                incarnations.iter().filter(|(uid, _)| Some(*uid) != current_uid.as_ref()).map(|(u, r)| (u.clone(), r.clone())).collect()
+            })
+            .unwrap_or_default();
 
-        // A record of a pod that is gone or was replaced by a new incarnation: stop and forget it.
-        if let Some(rec_arc) = &existing {
+        // Incarnations the API no longer shows: stop and forget them. The agent removes a pod from
+        // the API only once its containers have ended, so containers still running here belong to
+        // a pod that was force deleted (or deleted by someone else while the agent was away):
+        // they are killed at once, cutting short any graceful termination under way.
+        for (uid, rec_arc) in earlier {
             let mut rec = rec_arc.lock().await;
-            let current = pod.as_ref().is_some_and(|p| str_at(p, "/metadata/uid") == rec.uid);
-            if !current {
-                let grace = rec.grace;
-                if self.stop_all(&mut rec, grace) {
-                    for c in &rec.containers {
-                        self.runtime.remove(&c.id);
-                    }
-                    info!(pod = %key, uid = %rec.uid, "pod gone: its containers are stopped and removed");
-                    drop(rec);
-                    let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-                    if records.get(key).is_some_and(|r| Arc::ptr_eq(r, rec_arc)) {
-                        records.remove(key);
-                    }
-                } else {
-                    self.wake_at(key, Instant::now() + grace + Duration::from_secs(2));
-                    return Ok(());
+            if self.stop_all(&mut rec, Duration::ZERO) {
+                for c in &rec.containers {
+                    self.runtime.remove(&c.id);
                 }
+                info!(pod = %key, uid = %uid, "pod gone: its containers are stopped and removed");
+                drop(rec);
+                self.forget(key, &uid, &rec_arc);
+            } else {
+                self.wake_at(key, Instant::now() + Duration::from_secs(2));
             }
         }
         let Some(pod) = pod else { return Ok(()) };
-        let uid = str_at(&pod, "/metadata/uid").to_string();
+        let uid = current_uid.unwrap_or_default();
         let rec_arc = {
             let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
             records
                 .entry(key.to_string())
+                .or_default()
+                .entry(uid.clone())
                 .or_insert_with(|| {
                     Arc::new(AsyncMutex::new(PodRecord { uid: uid.clone(), grace: Duration::from_secs(30), containers: Vec::new() }))
                 })
                 .clone()
         };
         let mut rec = rec_arc.lock().await;
-        if rec.uid != uid {
-            self.wake_at(key, Instant::now() + Duration::from_millis(100));
-            return Ok(());
-        }
         rec.grace = Duration::from_secs(pod.at("/spec/terminationGracePeriodSeconds").and_then(Value::as_u64).unwrap_or(30));
         self.sync_containers(&mut rec, &pod, key);
 
@@ -323,10 +343,7 @@ impl PodManager {
                 self.runtime.remove(&c.id);
             }
             drop(rec);
-            let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-            if records.get(key).is_some_and(|r| Arc::ptr_eq(r, &rec_arc)) {
-                records.remove(key);
-            }
+            self.forget(key, &uid, &rec_arc);
             return Ok(());
         }
 
@@ -498,12 +515,13 @@ impl PodManager {
     /// Asks every live container to stop within `grace`; true once none is live.
     fn stop_all(&self, rec: &mut PodRecord, grace: Duration) -> bool {
         let mut all_ended = true;
+        let deadline = Instant::now() + grace;
         for c in &mut rec.containers {
             c.restart_at = None;
             if let Some(instance) = c.live_instance() {
                 all_ended = false;
-                if c.stop_sent != Some(instance) {
-                    c.stop_sent = Some(instance);
+                if c.stop_sent.is_none_or(|(i, d)| i != instance || deadline < d) {
+                    c.stop_sent = Some((instance, deadline));
                     c.stop_probes();
                     c.ready = false;
                     self.runtime.stop(&c.id, instance, grace);
@@ -518,11 +536,8 @@ impl PodManager {
         let id = match &event {
             RuntimeEvent::Running { id, .. } | RuntimeEvent::Exited { id, .. } => id.clone(),
         };
-        let rec = self.records.lock().unwrap_or_else(|e| e.into_inner()).get(&id.pod_key).cloned()?;
+        let rec = self.record(&id.pod_key, &id.pod_uid)?;
         let mut rec = rec.lock().await;
-        if rec.uid != id.pod_uid {
-            return Some(id.pod_key);
-        }
         let c = rec.container(&id.name)?;
         match event {
             RuntimeEvent::Running { instance, .. } => {
@@ -549,12 +564,9 @@ impl PodManager {
     }
 
     async fn apply_probe_event(&self, event: ProbeEvent) -> Option<String> {
-        let rec = self.records.lock().unwrap_or_else(|e| e.into_inner()).get(&event.id.pod_key).cloned()?;
+        let rec = self.record(&event.id.pod_key, &event.id.pod_uid)?;
         let mut rec = rec.lock().await;
         let grace = rec.grace;
-        if rec.uid != event.id.pod_uid {
-            return None;
-        }
         let c = rec.container(&event.id.name)?;
         if c.live_instance() != Some(event.instance) {
             return None;
@@ -730,9 +742,15 @@ async fn dispatch(
 }
 
 impl PodManager {
-    /// The pod's uid and its containers' names, as the agent knows them.
+    /// The pod's uid and its containers' names, as the agent knows them: the incarnation the API
+    /// shows, else (a pod just gone) any one still on the node.
     pub async fn containers_of(&self, key: &str) -> Option<(String, Vec<String>)> {
-        let rec = self.records.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned()?;
+        let current = self.pods.get(key).map(|p| str_at(&p, "/metadata/uid").to_string());
+        let rec = {
+            let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+            let incarnations = records.get(key)?;
+            current.and_then(|u| incarnations.get(&u)).or_else(|| incarnations.values().next())?.clone()
+        };
         let rec = rec.lock().await;
         Some((rec.uid.clone(), rec.containers.iter().map(|c| c.id.name.clone()).collect()))
     }
