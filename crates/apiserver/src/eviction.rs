@@ -12,6 +12,7 @@ use shepherd_api::{ApiError, Cause, JsonPath};
 
 use crate::codec;
 use crate::service::{ApiService, DeleteOptions, ListOptions, now_rfc3339};
+use crate::write_options::WriteOptions;
 
 /// The `Status` a successful eviction answers with (201, as Kubernetes).
 pub(crate) fn success() -> Value {
@@ -125,7 +126,7 @@ async fn spend_disruption(svc: &ApiService, ns: &str, pdb: &Value, pod: &Value) 
     let pdb_name = str_at(pdb, "/metadata/name").to_string();
     let pod_name = str_at(pod, "/metadata/name").to_string();
     let pod_ready = is_ready(pod);
-    svc.mutate(&kinds::PODDISRUPTIONBUDGET, Some(ns), &pdb_name, None, |current| {
+    svc.mutate(&kinds::PODDISRUPTIONBUDGET, Some(ns), &pdb_name, None, &WriteOptions::default(), |current| {
         let observed = int_at(current, "/status/observedGeneration");
         let generation = int_at(current, "/metadata/generation");
         if observed < generation {

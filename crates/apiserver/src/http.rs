@@ -597,9 +597,9 @@ async fn handle(
             Ok(json_response(StatusCode::CREATED, ok.to_string().into_bytes()))
         }
         (&Method::POST, Some(name), Some("eviction")) if res.kind == "Pod" => {
-            check_json_body(&headers)?;
-            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
-            let done = crate::eviction::evict(svc, ns.unwrap_or("default"), name, &body, |b| delete_options(query, b)).await?;
+            let body = read_object(&headers, req, app.config.max_body_bytes).await?;
+            let json_body = HeaderMap::new();
+            let done = crate::eviction::evict(svc, ns.unwrap_or("default"), name, &body, |b| delete_options(query, &json_body, b)).await?;
             Ok(json_response(StatusCode::CREATED, done.to_string().into_bytes()))
         }
         (&Method::PUT, Some(name), sub) => {
@@ -649,7 +649,7 @@ async fn handle(
             };
             let opts = write_options(OptionsKind::Patch, query)?;
             let mut warnings = Vec::new();
-            let patch = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
+            let patch = parse_write_body(&headers, &read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
             match sub {
                 None => {
                     let w = svc.patch_with(res, ns, name, patch_type, &patch, Part::Main, &opts).await?;
