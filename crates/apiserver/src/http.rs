@@ -229,9 +229,14 @@ async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
     axum::body::to_bytes(req.into_body(), limit).await.map_err(|_| too_large())
 }
 
+/// A request body as JSON. A protobuf body is recognised by its magic prefix, which no JSON text
+/// starts with, and converted: every handler that reads a body reads both encodings.
 fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
     if body.is_empty() {
         return Err(ApiError::BadRequest("request body is empty; a JSON object is required".into()));
+    }
+    if protobuf::is_protobuf(body) {
+        return protobuf::decode(body).map_err(|e| ApiError::BadRequest(e.to_string()));
     }
     serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("malformed JSON in request body: {e}")))
 }
@@ -240,26 +245,9 @@ fn content_type(headers: &HeaderMap) -> String {
     headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json").to_string()
 }
 
-/// Reads an object sent as JSON or as protobuf, by its Content-Type.
-async fn read_object(headers: &HeaderMap, req: Request, limit: usize) -> Result<Value, ApiError> {
-    check_object_body(headers)?;
-    parse_object(headers, &read_body(req, limit).await?)
-}
-
-fn is_protobuf(headers: &HeaderMap) -> bool {
-    content_type(headers).starts_with(protobuf::MEDIA_TYPE)
-}
-
-fn parse_object(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
-    if is_protobuf(headers) {
-        return protobuf::decode(body).map_err(|e| ApiError::BadRequest(e.to_string()));
-    }
-    parse_json(body)
-}
-
-fn check_object_body(headers: &HeaderMap) -> Result<(), ApiError> {
+fn check_json_body(headers: &HeaderMap) -> Result<(), ApiError> {
     let ct = content_type(headers);
-    if ct.starts_with("application/json") || ct.starts_with("*/*") || is_protobuf(headers) {
+    if ct.starts_with("application/json") || ct.starts_with("*/*") || ct.starts_with(protobuf::MEDIA_TYPE) {
         Ok(())
     } else {
         Err(ApiError::UnsupportedMediaType(format!(
@@ -406,19 +394,22 @@ async fn handle(
             }
         }
         (&Method::POST, None, None) => {
-            let body = read_object(&headers, req, app.config.max_body_bytes).await?;
+            check_json_body(&headers)?;
+            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
             let kv = svc.create(res, ns, body).await?;
             Ok(object_response(StatusCode::CREATED, &kv))
         }
         (&Method::POST, Some(name), Some("binding")) if res.kind == "Pod" => {
-            let body = read_object(&headers, req, app.config.max_body_bytes).await?;
+            check_json_body(&headers)?;
+            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
             let node = body.at("/target/name").and_then(Value::as_str).unwrap_or("");
             svc.bind(ns.unwrap_or("default"), name, node).await?;
             let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
             Ok(json_response(StatusCode::CREATED, ok.to_string().into_bytes()))
         }
         (&Method::PUT, Some(name), sub) => {
-            let body = read_object(&headers, req, app.config.max_body_bytes).await?;
+            check_json_body(&headers)?;
+            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
             match sub {
                 None => Ok(object_response(StatusCode::OK, &svc.update(res, ns, name, body, Part::Main).await?)),
                 Some("status") if res.has_status => {
@@ -486,7 +477,7 @@ async fn handle(
         }
         (&Method::DELETE, Some(name), None) => {
             let body = read_body(req, app.config.max_body_bytes).await?;
-            let opts = delete_options(query, &headers, &body)?;
+            let opts = delete_options(query, &body)?;
             match svc.delete(res, ns, name, &opts).await? {
                 Deleted::Gone(kv) => Ok(object_response(StatusCode::OK, &kv)),
                 Deleted::Pending(kv) => Ok(object_response(StatusCode::ACCEPTED, &kv)),
@@ -494,7 +485,7 @@ async fn handle(
         }
         (&Method::DELETE, None, None) => {
             let body = read_body(req, app.config.max_body_bytes).await?;
-            let opts = delete_options(query, &headers, &body)?;
+            let opts = delete_options(query, &body)?;
             let page = svc.list(res, ns, &list_options(query)?).await?;
             let mut deleted = Vec::new();
             for kv in &page.items {
@@ -520,7 +511,7 @@ async fn handle(
     }
 }
 
-fn delete_options(query: &HashMap<String, String>, headers: &HeaderMap, body: &[u8]) -> Result<DeleteOptions, ApiError> {
+fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<DeleteOptions, ApiError> {
     let mut opts = DeleteOptions {
         propagation_policy: query.get("propagationPolicy").cloned(),
         grace_period_seconds: match query.get("gracePeriodSeconds") {
@@ -530,11 +521,10 @@ fn delete_options(query: &HashMap<String, String>, headers: &HeaderMap, body: &[
         ..Default::default()
     };
     if !body.is_empty() {
-        let b = parse_object(headers, body)?;
-        if is_protobuf(headers) && b.get("kind").and_then(Value::as_str) != Some("DeleteOptions") {
+        let b = parse_json(body)?;
+        if let Some(kind) = b.get("kind").and_then(Value::as_str).filter(|k| *k != "DeleteOptions") {
             return Err(ApiError::BadRequest(format!(
-                "the kind in the data ({}) does not match the expected kind (DeleteOptions)",
-                b.get("kind").and_then(Value::as_str).unwrap_or("")
+                "the kind in the data ({kind}) does not match the expected kind (DeleteOptions)"
             )));
         }
         if let Some(p) = b.get("propagationPolicy").and_then(Value::as_str) {

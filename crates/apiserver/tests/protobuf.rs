@@ -166,7 +166,8 @@ async fn truncated_foreign_and_garbage_protobuf_bodies_are_bad_requests_that_wri
     let cases: Vec<(&str, &str, Vec<u8>, &str)> = vec![
         ("POST", "/api/v1/namespaces", good[..good.len() - 2].to_vec(), "truncated"),
         ("POST", "/api/v1/namespaces", [b"k8s\0".as_slice(), &[0xff; 12]].concat(), "malformed"),
-        ("POST", "/api/v1/namespaces", b"not protobuf at all".to_vec(), "magic prefix"),
+        ("POST", "/api/v1/namespaces", b"k8s\0".to_vec(), "kind \"\""),
+        ("POST", "/api/v1/namespaces", b"not protobuf at all".to_vec(), "malformed"),
         ("POST", "/api/v1/namespaces/default/pods", namespace("y"), "does not match the expected kind (Pod)"),
         ("POST", "/api/v1/namespaces", body("example.com/v1", "Widget", &pod_raw), "Widget"),
         ("DELETE", "/api/v1/namespaces/default", body("v1", "Pod", &pod_raw), "expected kind (DeleteOptions)"),

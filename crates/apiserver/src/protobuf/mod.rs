@@ -134,6 +134,11 @@ fn message_of_kind(api_version: &str, kind: &str) -> Option<&'static Message> {
 // Public entry points
 // ---------------------------------------------------------------------------------------------
 
+/// Whether a body is in the protobuf encoding.
+pub(crate) fn is_protobuf(body: &[u8]) -> bool {
+    body.starts_with(MAGIC)
+}
+
 /// Reads a protobuf request body into the Kubernetes JSON of its object, `apiVersion` and `kind` included.
 pub(crate) fn decode(body: &[u8]) -> Result<Value> {
     let rest = body.strip_prefix(MAGIC).ok_or(ProtobufError::NoMagic)?;
