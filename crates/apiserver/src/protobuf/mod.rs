@@ -39,7 +39,8 @@ const GROUP_PACKAGES: &[(&str, &str)] = &[
 ];
 
 /// Kinds of `meta.k8s.io/v1` that every group version also serves (`apps/v1` DeleteOptions).
-const META_KINDS: &[&str] = &["Status", "DeleteOptions", "WatchEvent", "CreateOptions", "UpdateOptions", "PatchOptions"];
+const META_KINDS: &[&str] =
+    &["Status", "DeleteOptions", "WatchEvent", "CreateOptions", "UpdateOptions", "PatchOptions"];
 const META: &str = "k8s.io.apimachinery.pkg.apis.meta.v1";
 
 const TIME: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.Time";
@@ -533,7 +534,10 @@ fn encode_value(field: &Field, ty: Ty, num: u32, v: &Value, out: &mut Vec<u8>) -
             put_varint(out, u64::from(b));
         }
         Ty::I32 => {
-            let n = v.as_i64().and_then(|n| i32::try_from(n).ok()).ok_or_else(|| unencodable(field, "must be a 32-bit integer"))?;
+            let n = v
+                .as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .ok_or_else(|| unencodable(field, "must be a 32-bit integer"))?;
             put_key(out, num, 0);
             put_varint(out, i64::from(n) as u64);
         }
@@ -561,7 +565,8 @@ fn encode_message_value(field: &Field, name: &'static str, v: &Value, out: &mut 
     match name {
         TIME | MICRO_TIME => {
             let s = v.as_str().ok_or_else(|| unencodable(field, "must be an RFC 3339 time"))?;
-            let ts: jiff::Timestamp = s.parse().map_err(|e| unencodable(field, &format!("is not an RFC 3339 time: {e}")))?;
+            let ts: jiff::Timestamp =
+                s.parse().map_err(|e| unencodable(field, &format!("is not an RFC 3339 time: {e}")))?;
             put_key(out, 1, 0);
             put_varint(out, ts.as_second() as u64);
             put_key(out, 2, 0);
@@ -579,7 +584,10 @@ fn encode_message_value(field: &Field, name: &'static str, v: &Value, out: &mut 
                 put_bytes(out, 3, s.as_bytes());
             }
             Value::Number(_) => {
-                let n = v.as_i64().and_then(|n| i32::try_from(n).ok()).ok_or_else(|| unencodable(field, "must be a 32-bit integer"))?;
+                let n = v
+                    .as_i64()
+                    .and_then(|n| i32::try_from(n).ok())
+                    .ok_or_else(|| unencodable(field, "must be a 32-bit integer"))?;
                 put_key(out, 1, 0);
                 put_varint(out, 0);
                 put_key(out, 2, 0);

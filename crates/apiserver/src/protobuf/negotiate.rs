@@ -56,7 +56,10 @@ impl Accept {
 }
 
 fn is_json(r: &Response) -> bool {
-    r.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("application/json"))
+    r.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/json"))
 }
 
 /// Rewrites a JSON answer as protobuf when the client prefers it and the object has a protobuf form;
@@ -129,6 +132,9 @@ mod tests {
         assert_eq!(accept("application/vnd.kubernetes.protobuf,*/*"), Accept::Protobuf);
         assert_eq!(accept("application/vnd.kubernetes.protobuf"), Accept::OnlyProtobuf);
         assert_eq!(accept("application/vnd.kubernetes.protobuf;q=0.5, application/json"), Accept::Json);
-        assert_eq!(accept("application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io, application/json"), Accept::Json);
+        assert_eq!(
+            accept("application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io, application/json"),
+            Accept::Json
+        );
     }
 }
