@@ -79,7 +79,7 @@ fn kubectl_create_deployment_namespace_and_service_send_protobuf_that_reads_back
     // The deployment's pods appear (the controllers read what protobuf wrote), and the JSON paths
     // kubectl uses for output still work.
     let mut pods = Value::Null;
-    for _ in 0..100 {
+    for _ in 0..300 {
         pods = get_json(url, &["pods", "-l", "app=web"]);
         if pods["items"].as_array().is_some_and(|i| i.len() == 2) {
             break;
