@@ -340,6 +340,8 @@ fn decode_into(msg: &'static Message, buf: &[u8], obj: &mut Map<String, Value>) 
                             items.push(scalar_json(ty, Wire::Varint(v)).ok_or_else(wrong)?);
                         }
                     }
+                    // An empty string is an element of a list (`args: [""]`), not an unset field.
+                    (Ty::Str, Wire::Len(b)) => items.push(Value::String(utf8(b)?)),
                     _ => items.push(decode_value(ty, wire, &wrong)?.unwrap_or(Value::Null)),
                 }
             }

@@ -221,6 +221,9 @@ fn special_types_take_their_kubernetes_json_shapes() {
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "a"}, "spec": {"replicas": 0}})
     );
 
+    // An empty string in a list is an element.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "spec": {"containers": [{"name": "c", "args": ["", "x"]}]}});
+    assert_eq!(round_trip(&pod), pod);
     // IntOrString: type 0 with intVal, type 1 with strVal; negative int32 as a 10-byte varint.
     let port = json!({"apiVersion": "v1", "kind": "Service", "spec": {"ports": [{"port": 80, "targetPort": -1}]}});
     assert_eq!(round_trip(&port), port);
