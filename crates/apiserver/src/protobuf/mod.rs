@@ -43,6 +43,48 @@ const META_KINDS: &[&str] =
     &["Status", "DeleteOptions", "WatchEvent", "CreateOptions", "UpdateOptions", "PatchOptions"];
 const META: &str = "k8s.io.apimachinery.pkg.apis.meta.v1";
 
+/// Non-pointer Go fields tagged `omitempty`: Go writes their zero to protobuf but never to JSON, so
+/// their zero is left out as Kubernetes' JSON leaves it out. Other zero numbers and `false` are kept:
+/// they may be a set pointer (`replicas: 0`, `automountServiceAccountToken: false`). Without this,
+/// a template sent as protobuf would differ from the same template sent as JSON, and so would its hash.
+const GO_OMITEMPTY: &[(&str, &[&str])] = &[
+    ("k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta", &["generation"]),
+    ("k8s.io.api.core.v1.Container", &["stdin", "stdinOnce", "tty"]),
+    ("k8s.io.api.core.v1.EphemeralContainerCommon", &["stdin", "stdinOnce", "tty"]),
+    ("k8s.io.api.core.v1.ContainerPort", &["hostPort"]),
+    ("k8s.io.api.core.v1.VolumeMount", &["readOnly"]),
+    (
+        "k8s.io.api.core.v1.Probe",
+        &["initialDelaySeconds", "timeoutSeconds", "periodSeconds", "successThreshold", "failureThreshold"],
+    ),
+    ("k8s.io.api.core.v1.PodSpec", &["hostNetwork", "hostPID", "hostIPC"]),
+    ("k8s.io.api.core.v1.ServiceSpec", &["healthCheckNodePort", "publishNotReadyAddresses"]),
+    ("k8s.io.api.core.v1.ServicePort", &["nodePort"]),
+    ("k8s.io.api.core.v1.Event", &["count"]),
+    ("k8s.io.api.apps.v1.DeploymentSpec", &["minReadySeconds", "paused"]),
+    (
+        "k8s.io.api.apps.v1.DeploymentStatus",
+        &[
+            "observedGeneration",
+            "replicas",
+            "updatedReplicas",
+            "readyReplicas",
+            "availableReplicas",
+            "unavailableReplicas",
+        ],
+    ),
+    ("k8s.io.api.apps.v1.ReplicaSetSpec", &["minReadySeconds"]),
+    (
+        "k8s.io.api.apps.v1.ReplicaSetStatus",
+        &["fullyLabeledReplicas", "readyReplicas", "availableReplicas", "observedGeneration"],
+    ),
+];
+
+fn omitted_when_zero(msg: &Message, json: &str, v: &Value) -> bool {
+    let zero = v.as_i64() == Some(0) || v.as_bool() == Some(false);
+    zero && GO_OMITEMPTY.iter().any(|(m, fields)| *m == msg.name && fields.contains(&json))
+}
+
 const TIME: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.Time";
 const MICRO_TIME: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.MicroTime";
 const FIELDS_V1: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.FieldsV1";
@@ -345,7 +387,7 @@ fn decode_into(msg: &'static Message, buf: &[u8], obj: &mut Map<String, Value>) 
                     _ => items.push(decode_value(ty, wire, &wrong)?.unwrap_or(Value::Null)),
                 }
             }
-            (_, ty) => match decode_value(ty, wire, &wrong)? {
+            (_, ty) => match decode_value(ty, wire, &wrong)?.filter(|v| !omitted_when_zero(msg, field.json, v)) {
                 Some(v) => {
                     obj.insert(field.json.to_string(), v);
                 }
@@ -372,7 +414,7 @@ fn scalar_json(ty: Ty, wire: Wire<'_>) -> Option<Value> {
     })
 }
 
-/// One value; `None` for what JSON leaves out (an empty string, a zero time).
+/// One value; `None` for what JSON leaves out (an empty string).
 fn decode_value(ty: Ty, wire: Wire<'_>, wrong: &dyn Fn() -> ProtobufError) -> Result<Option<Value>> {
     match (ty, wire) {
         (Ty::Str, Wire::Len(b)) => {
@@ -398,8 +440,9 @@ fn decode_message_value(name: &'static str, b: &[u8]) -> Result<Option<Value>> {
                 }
             }
             if b.is_empty() {
-                // Go's zero time: JSON `null`, left out.
-                return Ok(None);
+                // Go's zero time, which its JSON writes as `null` (`template.metadata.creationTimestamp`);
+                // an unset pointer is no field at all.
+                return Ok(Some(Value::Null));
             }
             Ok(Some(Value::String(format_time(seconds, nanos, name == MICRO_TIME)?)))
         }

@@ -32,6 +32,7 @@ impl Accept {
             for p in parts {
                 match p.split_once('=') {
                     Some(("q", v)) => q = v.trim().parse().unwrap_or(0.0),
+                    Some(("stream", "watch")) => {}
                     Some(_) => other_params = true,
                     None => {}
                 }
@@ -131,6 +132,7 @@ mod tests {
         assert_eq!(accept("application/vnd.kubernetes.protobuf, application/json"), Accept::Protobuf);
         assert_eq!(accept("application/vnd.kubernetes.protobuf,*/*"), Accept::Protobuf);
         assert_eq!(accept("application/vnd.kubernetes.protobuf"), Accept::OnlyProtobuf);
+        assert_eq!(accept("application/vnd.kubernetes.protobuf;stream=watch"), Accept::OnlyProtobuf);
         assert_eq!(accept("application/vnd.kubernetes.protobuf;q=0.5, application/json"), Accept::Json);
         assert_eq!(
             accept("application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io, application/json"),

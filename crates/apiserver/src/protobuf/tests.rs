@@ -34,7 +34,7 @@ fn pod_spec() -> Value {
             "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": true}],
             "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http", "scheme": "HTTP"},
                 "periodSeconds": 5, "failureThreshold": 3},
-            "livenessProbe": {"exec": {"command": ["true"]}, "initialDelaySeconds": 0},
+            "livenessProbe": {"exec": {"command": ["true"]}, "initialDelaySeconds": 3},
             "startupProbe": {"tcpSocket": {"port": 8080}},
             "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "allowPrivilegeEscalation": false,
                 "capabilities": {"drop": ["ALL"]}},
@@ -78,7 +78,7 @@ fn samples() -> Vec<Value> {
     let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta("web"),
         "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}}, "template": template(),
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
-            "revisionHistoryLimit": 10, "progressDeadlineSeconds": 600, "paused": false},
+            "revisionHistoryLimit": 10, "progressDeadlineSeconds": 600},
         "status": {"observedGeneration": 3, "replicas": 2, "readyReplicas": 2, "availableReplicas": 2,
             "updatedReplicas": 2,
             "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
@@ -205,7 +205,7 @@ fn a_delete_options_body_as_client_go_sends_it_is_read() {
 
 #[test]
 fn special_types_take_their_kubernetes_json_shapes() {
-    // A zero Time is an empty message and JSON null; empty strings are unset; zero numbers are kept
+    // A zero Time is an empty message and JSON null, as Go writes it; empty strings are unset; zero numbers are kept
     // because a pointer may hold them.
     let mut raw = Vec::new();
     // metadata: name "a", generateName "", creationTimestamp {}
@@ -216,10 +216,8 @@ fn special_types_take_their_kubernetes_json_shapes() {
     put_bytes(&mut body, 1, &type_meta);
     put_bytes(&mut body, 2, &raw);
     let obj = decode(&body).expect("decodes");
-    assert_eq!(
-        obj,
-        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "a"}, "spec": {"replicas": 0}})
-    );
+    let meta = json!({"name": "a", "creationTimestamp": null});
+    assert_eq!(obj, json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {"replicas": 0}}));
 
     // An empty string in a list is an element.
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "spec": {"containers": [{"name": "c", "args": ["", "x"]}]}});
@@ -236,6 +234,25 @@ fn special_types_take_their_kubernetes_json_shapes() {
     let back = round_trip(&ev);
     assert_eq!(back["lastTimestamp"], "2026-11-30T10:00:09Z");
     assert_eq!(back["eventTime"], "2026-11-30T10:00:09.750000Z");
+}
+
+#[test]
+fn go_zero_values_read_as_json_leaves_them_out_while_set_pointers_keep_their_zero() {
+    // What Go writes for `kubectl create deployment --replicas=0`: every non-pointer field, zero or not.
+    let sent = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "generation": 0},
+        "spec": {"replicas": 0, "minReadySeconds": 0, "paused": false, "revisionHistoryLimit": 0,
+            "template": {"metadata": {"generation": 0},
+                "spec": {"hostNetwork": false, "terminationGracePeriodSeconds": 0,
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "stdin": false, "tty": false,
+                    "ports": [{"containerPort": 80, "hostPort": 0}]}]}}}});
+    let read = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 0, "revisionHistoryLimit": 0,
+            "template": {"metadata": {},
+                "spec": {"terminationGracePeriodSeconds": 0, "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "ports": [{"containerPort": 80}]}]}}}});
+    assert_eq!(round_trip(&sent), read);
 }
 
 #[test]
