@@ -3,10 +3,12 @@
 //!
 //! A body is the magic `k8s\0` followed by a `runtime.Unknown` whose `typeMeta` names the kind and whose
 //! `raw` is the object's message. Watch streams frame `meta.v1.WatchEvent` messages with a 4-byte
-//! big-endian length; each event's object is a complete body of its own. JSON cannot tell an absent
-//! scalar from a zero one and Go's encoder writes every non-pointer field, so decoding keeps zero
-//! numbers and `false` (they may be a set pointer: `replicas: 0`) but drops empty strings, which Go
-//! treats as unset.
+//! big-endian length; each event's object is a complete body of its own.
+//!
+//! Go's encoder writes every non-pointer field, set or not, while its JSON leaves out the zero of
+//! `omitempty` fields. Decoding follows the JSON: empty strings are unset, the zero of the known
+//! non-pointer `omitempty` fields (`GO_OMITEMPTY`) is left out, a zero time is `null`, and any other
+//! zero number or `false` is kept, as it may be a set pointer (`replicas: 0`).
 
 mod negotiate;
 mod schema;
