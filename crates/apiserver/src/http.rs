@@ -283,9 +283,14 @@ async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
     axum::body::to_bytes(req.into_body(), limit).await.map_err(|_| too_large())
 }
 
+/// A request body as JSON. A protobuf body is recognised by its magic prefix, which no JSON text
+/// starts with, and converted: every handler that reads a body reads both encodings.
 fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
     if body.is_empty() {
         return Err(ApiError::BadRequest("request body is empty; a JSON object is required".into()));
+    }
+    if protobuf::is_protobuf(body) {
+        return protobuf::decode(body).map_err(|e| ApiError::BadRequest(e.to_string()));
     }
     serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("malformed JSON in request body: {e}")))
 }
@@ -294,26 +299,9 @@ fn content_type(headers: &HeaderMap) -> String {
     headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json").to_string()
 }
 
-/// Reads an object sent as JSON or as protobuf, by its Content-Type.
-async fn read_object(headers: &HeaderMap, req: Request, limit: usize) -> Result<Value, ApiError> {
-    check_object_body(headers)?;
-    parse_object(headers, &read_body(req, limit).await?)
-}
-
-fn is_protobuf(headers: &HeaderMap) -> bool {
-    content_type(headers).starts_with(protobuf::MEDIA_TYPE)
-}
-
-fn parse_object(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
-    if is_protobuf(headers) {
-        return protobuf::decode(body).map_err(|e| ApiError::BadRequest(e.to_string()));
-    }
-    parse_json(body)
-}
-
-fn check_object_body(headers: &HeaderMap) -> Result<(), ApiError> {
+fn check_json_body(headers: &HeaderMap) -> Result<(), ApiError> {
     let ct = content_type(headers);
-    if ct.starts_with("application/json") || ct.starts_with("*/*") || is_protobuf(headers) {
+    if ct.starts_with("application/json") || ct.starts_with("*/*") || ct.starts_with(protobuf::MEDIA_TYPE) {
         Ok(())
     } else {
         Err(ApiError::UnsupportedMediaType(format!(
@@ -445,15 +433,14 @@ fn write_options(kind: OptionsKind, query: &HashMap<String, String>) -> Result<W
 /// Parses a write's JSON body; duplicate fields are an error under `fieldValidation=Strict` and
 /// a warning under Warn (the last one wins), as in Kubernetes.
 fn parse_write_body(
-    headers: &HeaderMap,
     body: &[u8],
     res: &ResourceInfo,
     opts: &WriteOptions,
     warnings: &mut Vec<String>,
 ) -> Result<Value, ApiError> {
-    if is_protobuf(headers) {
+    if protobuf::is_protobuf(body) {
         // A protobuf message cannot carry a field twice; its decoder reports what it cannot map.
-        return parse_object(headers, body);
+        return parse_json(body);
     }
     if body.is_empty() {
         return Err(ApiError::BadRequest("request body is empty; a JSON object is required".into()));
@@ -581,33 +568,32 @@ async fn handle(
             }
         }
         (&Method::POST, None, None) => {
-            check_object_body(&headers)?;
+            check_json_body(&headers)?;
             let opts = write_options(OptionsKind::Create, query)?;
             let mut warnings = Vec::new();
-            let body = read_body(req, app.config.max_body_bytes).await?;
-            let body = parse_write_body(&headers, &body, res, &opts, &mut warnings)?;
+            let body = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
             let w = svc.create_with(res, ns, body, &opts).await?;
             Ok(written_response(StatusCode::CREATED, &w, &warnings))
         }
         (&Method::POST, Some(name), Some("binding")) if res.kind == "Pod" => {
-            let body = read_object(&headers, req, app.config.max_body_bytes).await?;
+            check_json_body(&headers)?;
+            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
             let node = body.at("/target/name").and_then(Value::as_str).unwrap_or("");
             svc.bind(ns.unwrap_or("default"), name, node).await?;
             let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
             Ok(json_response(StatusCode::CREATED, ok.to_string().into_bytes()))
         }
         (&Method::POST, Some(name), Some("eviction")) if res.kind == "Pod" => {
-            let body = read_object(&headers, req, app.config.max_body_bytes).await?;
-            let json_body = HeaderMap::new();
-            let done = crate::eviction::evict(svc, ns.unwrap_or("default"), name, &body, |b| delete_options(query, &json_body, b)).await?;
+            check_json_body(&headers)?;
+            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
+            let done = crate::eviction::evict(svc, ns.unwrap_or("default"), name, &body, |b| delete_options(query, b)).await?;
             Ok(json_response(StatusCode::CREATED, done.to_string().into_bytes()))
         }
         (&Method::PUT, Some(name), sub) => {
-            check_object_body(&headers)?;
+            check_json_body(&headers)?;
             let opts = write_options(OptionsKind::Update, query)?;
             let mut warnings = Vec::new();
-            let body = read_body(req, app.config.max_body_bytes).await?;
-            let body = parse_write_body(&headers, &body, res, &opts, &mut warnings)?;
+            let body = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
             match sub {
                 None => {
                     let w = svc.update_with(res, ns, name, body, Part::Main, &opts).await?;
@@ -649,7 +635,7 @@ async fn handle(
             };
             let opts = write_options(OptionsKind::Patch, query)?;
             let mut warnings = Vec::new();
-            let patch = parse_write_body(&headers, &read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
+            let patch = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
             match sub {
                 None => {
                     let w = svc.patch_with(res, ns, name, patch_type, &patch, Part::Main, &opts).await?;
@@ -689,7 +675,7 @@ async fn handle(
         }
         (&Method::DELETE, Some(name), None) => {
             let body = read_body(req, app.config.max_body_bytes).await?;
-            let opts = delete_options(query, &headers, &body)?;
+            let opts = delete_options(query, &body)?;
             match svc.delete(res, ns, name, &opts).await? {
                 Deleted::Gone(kv) => Ok(object_response(StatusCode::OK, &kv)),
                 Deleted::Pending(kv) => Ok(object_response(StatusCode::ACCEPTED, &kv)),
@@ -697,7 +683,7 @@ async fn handle(
         }
         (&Method::DELETE, None, None) => {
             let body = read_body(req, app.config.max_body_bytes).await?;
-            let opts = delete_options(query, &headers, &body)?;
+            let opts = delete_options(query, &body)?;
             let page = svc.list(res, ns, &list_options(query)?).await?;
             let mut deleted = Vec::new();
             for kv in &page.items {
@@ -723,7 +709,7 @@ async fn handle(
     }
 }
 
-fn delete_options(query: &HashMap<String, String>, headers: &HeaderMap, body: &[u8]) -> Result<DeleteOptions, ApiError> {
+fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<DeleteOptions, ApiError> {
     let mut opts = DeleteOptions {
         dry_run: write_options(OptionsKind::Delete, query)?.dry_run,
         propagation_policy: query.get("propagationPolicy").cloned(),
@@ -734,11 +720,10 @@ fn delete_options(query: &HashMap<String, String>, headers: &HeaderMap, body: &[
         ..Default::default()
     };
     if !body.is_empty() {
-        let b = parse_object(headers, body)?;
-        if is_protobuf(headers) && b.get("kind").and_then(Value::as_str) != Some("DeleteOptions") {
+        let b = parse_json(body)?;
+        if let Some(kind) = b.get("kind").and_then(Value::as_str).filter(|k| *k != "DeleteOptions") {
             return Err(ApiError::BadRequest(format!(
-                "the kind in the data ({}) does not match the expected kind (DeleteOptions)",
-                b.get("kind").and_then(Value::as_str).unwrap_or("")
+                "the kind in the data ({kind}) does not match the expected kind (DeleteOptions)"
             )));
         }
         if let Some(p) = b.get("propagationPolicy").and_then(Value::as_str) {

@@ -72,7 +72,12 @@ impl Server {
         format!("{}{}", self.base, path)
     }
 
-    async fn send_protobuf(&self, method: reqwest::Method, path: &str, bytes: Vec<u8>) -> (StatusCode, String, Vec<u8>) {
+    async fn send_protobuf(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        bytes: Vec<u8>,
+    ) -> (StatusCode, String, Vec<u8>) {
         let resp = self
             .http
             .request(method, self.url(path))
@@ -122,7 +127,9 @@ async fn a_protobuf_create_is_stored_and_reads_back_as_json() {
 #[tokio::test]
 async fn json_stays_the_default_and_protobuf_is_answered_only_to_who_prefers_it() {
     let s = start().await;
-    for accept in [None, Some("application/json"), Some("*/*"), Some("application/json, application/vnd.kubernetes.protobuf")] {
+    for accept in
+        [None, Some("application/json"), Some("*/*"), Some("application/json, application/vnd.kubernetes.protobuf")]
+    {
         let (code, ct, v) = s.get_json("/api/v1/namespaces/default", accept).await;
         assert_eq!((code, ct.as_str()), (StatusCode::OK, "application/json"), "{accept:?}");
         assert_eq!(v["metadata"]["name"], "default");
@@ -134,7 +141,10 @@ async fn json_stays_the_default_and_protobuf_is_answered_only_to_who_prefers_it(
 
     // A Table has no protobuf form: JSON, as Kubernetes answers.
     let (code, ct, table) = s
-        .get_json("/api/v1/namespaces", Some("application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io, application/json"))
+        .get_json(
+            "/api/v1/namespaces",
+            Some("application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io, application/json"),
+        )
         .await;
     assert_eq!((code, ct.as_str()), (StatusCode::OK, "application/json"));
     assert_eq!(table["kind"], "Table");
@@ -148,13 +158,21 @@ async fn a_protobuf_delete_options_body_is_honoured() {
     let resp = s.http.post(s.url("/api/v1/namespaces/default/pods")).json(&pod).send().await.expect("create");
     assert_eq!(resp.status(), StatusCode::CREATED);
 
-    let (code, ct, _) =
-        s.send_protobuf(reqwest::Method::DELETE, "/api/v1/namespaces/default/pods/web-0", delete_options(7, "Foreground")).await;
+    let (code, ct, _) = s
+        .send_protobuf(
+            reqwest::Method::DELETE,
+            "/api/v1/namespaces/default/pods/web-0",
+            delete_options(7, "Foreground"),
+        )
+        .await;
     assert!(code.is_success(), "{code}");
     assert_eq!(ct, PROTOBUF);
     let (_, _, pod) = s.get_json("/api/v1/namespaces/default/pods/web-0", None).await;
     assert_eq!(pod["metadata"]["deletionGracePeriodSeconds"], 7, "{pod}");
-    assert!(pod["metadata"]["finalizers"].as_array().is_some_and(|f| f.contains(&json!("foregroundDeletion"))), "{pod}");
+    assert!(
+        pod["metadata"]["finalizers"].as_array().is_some_and(|f| f.contains(&json!("foregroundDeletion"))),
+        "{pod}"
+    );
 }
 
 #[tokio::test]
@@ -166,7 +184,8 @@ async fn truncated_foreign_and_garbage_protobuf_bodies_are_bad_requests_that_wri
     let cases: Vec<(&str, &str, Vec<u8>, &str)> = vec![
         ("POST", "/api/v1/namespaces", good[..good.len() - 2].to_vec(), "truncated"),
         ("POST", "/api/v1/namespaces", [b"k8s\0".as_slice(), &[0xff; 12]].concat(), "malformed"),
-        ("POST", "/api/v1/namespaces", b"not protobuf at all".to_vec(), "magic prefix"),
+        ("POST", "/api/v1/namespaces", b"k8s\0".to_vec(), "kind \"\""),
+        ("POST", "/api/v1/namespaces", b"not protobuf at all".to_vec(), "malformed"),
         ("POST", "/api/v1/namespaces/default/pods", namespace("y"), "does not match the expected kind (Pod)"),
         ("POST", "/api/v1/namespaces", body("example.com/v1", "Widget", &pod_raw), "Widget"),
         ("DELETE", "/api/v1/namespaces/default", body("v1", "Pod", &pod_raw), "expected kind (DeleteOptions)"),
@@ -206,6 +225,51 @@ async fn a_watch_is_framed_protobuf_only_for_a_client_that_accepts_nothing_else(
     assert!(event.starts_with(&field(1, b"ADDED")), "{event:?}");
     assert!(contains(event, b"k8s\0") && contains(event, b"Namespace"));
 
-    let resp = s.http.get(s.url("/api/v1/namespaces?watch=1&timeoutSeconds=1")).header("accept", CLIENT_GO_ACCEPT).send().await;
+    let resp = s
+        .http
+        .get(s.url("/api/v1/namespaces?watch=1&timeoutSeconds=1"))
+        .header("accept", CLIENT_GO_ACCEPT)
+        .send()
+        .await;
     assert_eq!(resp.expect("watch").headers()["content-type"], "application/json");
+}
+
+#[tokio::test]
+async fn subresource_bodies_binding_and_scale_are_read_from_protobuf() {
+    let s = start().await;
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-0"},
+        "spec": {"containers": [{"name": "c", "image": "minimal"}]}});
+    assert_eq!(
+        s.http.post(s.url("/api/v1/namespaces/default/pods")).json(&pod).send().await.expect("pod").status(),
+        201
+    );
+    // Binding{metadata{name}, target = 2: ObjectReference{kind = 1, name = 3}}.
+    let binding = body(
+        "v1",
+        "Binding",
+        &[field(1, &field(1, b"web-0")), field(2, &[field(1, b"Node"), field(3, b"node-1")].concat())].concat(),
+    );
+    let (code, _, out) =
+        s.send_protobuf(reqwest::Method::POST, "/api/v1/namespaces/default/pods/web-0/binding", binding).await;
+    assert_eq!(code, StatusCode::CREATED, "{}", String::from_utf8_lossy(&out));
+    let (_, _, pod) = s.get_json("/api/v1/namespaces/default/pods/web-0", None).await;
+    assert_eq!(pod["spec"]["nodeName"], "node-1");
+
+    let deploy = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "minimal"}]}}}});
+    let resp =
+        s.http.post(s.url("/apis/apps/v1/namespaces/default/deployments")).json(&deploy).send().await.expect("deploy");
+    assert_eq!(resp.status(), 201);
+    // autoscaling/v1 Scale{metadata{name}, spec = 2: ScaleSpec{replicas = 1}}: zero replicas is a value,
+    // not an absence.
+    let scale = body("autoscaling/v1", "Scale", &[field(1, &field(1, b"web")), field(2, &int_field(1, 0))].concat());
+    let (code, ct, out) =
+        s.send_protobuf(reqwest::Method::PUT, "/apis/apps/v1/namespaces/default/deployments/web/scale", scale).await;
+    assert_eq!(code, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    assert_eq!(ct, PROTOBUF);
+    assert!(contains(&out, b"autoscaling/v1") && contains(&out, b"Scale"));
+    let (_, _, deploy) = s.get_json("/apis/apps/v1/namespaces/default/deployments/web", None).await;
+    assert_eq!(deploy["spec"]["replicas"], 0, "{deploy}");
 }

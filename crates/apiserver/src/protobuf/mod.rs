@@ -3,10 +3,12 @@
 //!
 //! A body is the magic `k8s\0` followed by a `runtime.Unknown` whose `typeMeta` names the kind and whose
 //! `raw` is the object's message. Watch streams frame `meta.v1.WatchEvent` messages with a 4-byte
-//! big-endian length; each event's object is a complete body of its own. JSON cannot tell an absent
-//! scalar from a zero one and Go's encoder writes every non-pointer field, so decoding keeps zero
-//! numbers and `false` (they may be a set pointer: `replicas: 0`) but drops empty strings, which Go
-//! treats as unset.
+//! big-endian length; each event's object is a complete body of its own.
+//!
+//! Go's encoder writes every non-pointer field, set or not, while its JSON leaves out the zero of
+//! `omitempty` fields. Decoding follows the JSON: empty strings are unset, the zero of the known
+//! non-pointer `omitempty` fields (`GO_OMITEMPTY`) is left out, a zero time is `null`, and any other
+//! zero number or `false` is kept, as it may be a set pointer (`replicas: 0`).
 
 mod negotiate;
 mod schema;
@@ -39,8 +41,51 @@ const GROUP_PACKAGES: &[(&str, &str)] = &[
 ];
 
 /// Kinds of `meta.k8s.io/v1` that every group version also serves (`apps/v1` DeleteOptions).
-const META_KINDS: &[&str] = &["Status", "DeleteOptions", "WatchEvent", "CreateOptions", "UpdateOptions", "PatchOptions"];
+const META_KINDS: &[&str] =
+    &["Status", "DeleteOptions", "WatchEvent", "CreateOptions", "UpdateOptions", "PatchOptions"];
 const META: &str = "k8s.io.apimachinery.pkg.apis.meta.v1";
+
+/// Non-pointer Go fields tagged `omitempty`: Go writes their zero to protobuf but never to JSON, so
+/// their zero is left out as Kubernetes' JSON leaves it out. Other zero numbers and `false` are kept:
+/// they may be a set pointer (`replicas: 0`, `automountServiceAccountToken: false`). Without this,
+/// a template sent as protobuf would differ from the same template sent as JSON, and so would its hash.
+const GO_OMITEMPTY: &[(&str, &[&str])] = &[
+    ("k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta", &["generation"]),
+    ("k8s.io.api.core.v1.Container", &["stdin", "stdinOnce", "tty"]),
+    ("k8s.io.api.core.v1.EphemeralContainerCommon", &["stdin", "stdinOnce", "tty"]),
+    ("k8s.io.api.core.v1.ContainerPort", &["hostPort"]),
+    ("k8s.io.api.core.v1.VolumeMount", &["readOnly"]),
+    (
+        "k8s.io.api.core.v1.Probe",
+        &["initialDelaySeconds", "timeoutSeconds", "periodSeconds", "successThreshold", "failureThreshold"],
+    ),
+    ("k8s.io.api.core.v1.PodSpec", &["hostNetwork", "hostPID", "hostIPC"]),
+    ("k8s.io.api.core.v1.ServiceSpec", &["healthCheckNodePort", "publishNotReadyAddresses"]),
+    ("k8s.io.api.core.v1.ServicePort", &["nodePort"]),
+    ("k8s.io.api.core.v1.Event", &["count"]),
+    ("k8s.io.api.apps.v1.DeploymentSpec", &["minReadySeconds", "paused"]),
+    (
+        "k8s.io.api.apps.v1.DeploymentStatus",
+        &[
+            "observedGeneration",
+            "replicas",
+            "updatedReplicas",
+            "readyReplicas",
+            "availableReplicas",
+            "unavailableReplicas",
+        ],
+    ),
+    ("k8s.io.api.apps.v1.ReplicaSetSpec", &["minReadySeconds"]),
+    (
+        "k8s.io.api.apps.v1.ReplicaSetStatus",
+        &["fullyLabeledReplicas", "readyReplicas", "availableReplicas", "observedGeneration"],
+    ),
+];
+
+fn omitted_when_zero(msg: &Message, json: &str, v: &Value) -> bool {
+    let zero = v.as_i64() == Some(0) || v.as_bool() == Some(false);
+    zero && GO_OMITEMPTY.iter().any(|(m, fields)| *m == msg.name && fields.contains(&json))
+}
 
 const TIME: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.Time";
 const MICRO_TIME: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.MicroTime";
@@ -133,6 +178,11 @@ fn message_of_kind(api_version: &str, kind: &str) -> Option<&'static Message> {
 // ---------------------------------------------------------------------------------------------
 // Public entry points
 // ---------------------------------------------------------------------------------------------
+
+/// Whether a body is in the protobuf encoding.
+pub(crate) fn is_protobuf(body: &[u8]) -> bool {
+    body.starts_with(MAGIC)
+}
 
 /// Reads a protobuf request body into the Kubernetes JSON of its object, `apiVersion` and `kind` included.
 pub(crate) fn decode(body: &[u8]) -> Result<Value> {
@@ -334,10 +384,12 @@ fn decode_into(msg: &'static Message, buf: &[u8], obj: &mut Map<String, Value>) 
                             items.push(scalar_json(ty, Wire::Varint(v)).ok_or_else(wrong)?);
                         }
                     }
+                    // An empty string is an element of a list (`args: [""]`), not an unset field.
+                    (Ty::Str, Wire::Len(b)) => items.push(Value::String(utf8(b)?)),
                     _ => items.push(decode_value(ty, wire, &wrong)?.unwrap_or(Value::Null)),
                 }
             }
-            (_, ty) => match decode_value(ty, wire, &wrong)? {
+            (_, ty) => match decode_value(ty, wire, &wrong)?.filter(|v| !omitted_when_zero(msg, field.json, v)) {
                 Some(v) => {
                     obj.insert(field.json.to_string(), v);
                 }
@@ -364,7 +416,7 @@ fn scalar_json(ty: Ty, wire: Wire<'_>) -> Option<Value> {
     })
 }
 
-/// One value; `None` for what JSON leaves out (an empty string, a zero time).
+/// One value; `None` for what JSON leaves out (an empty string).
 fn decode_value(ty: Ty, wire: Wire<'_>, wrong: &dyn Fn() -> ProtobufError) -> Result<Option<Value>> {
     match (ty, wire) {
         (Ty::Str, Wire::Len(b)) => {
@@ -390,8 +442,9 @@ fn decode_message_value(name: &'static str, b: &[u8]) -> Result<Option<Value>> {
                 }
             }
             if b.is_empty() {
-                // Go's zero time: JSON `null`, left out.
-                return Ok(None);
+                // Go's zero time, which its JSON writes as `null` (`template.metadata.creationTimestamp`);
+                // an unset pointer is no field at all.
+                return Ok(Some(Value::Null));
             }
             Ok(Some(Value::String(format_time(seconds, nanos, name == MICRO_TIME)?)))
         }
@@ -528,7 +581,10 @@ fn encode_value(field: &Field, ty: Ty, num: u32, v: &Value, out: &mut Vec<u8>) -
             put_varint(out, u64::from(b));
         }
         Ty::I32 => {
-            let n = v.as_i64().and_then(|n| i32::try_from(n).ok()).ok_or_else(|| unencodable(field, "must be a 32-bit integer"))?;
+            let n = v
+                .as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .ok_or_else(|| unencodable(field, "must be a 32-bit integer"))?;
             put_key(out, num, 0);
             put_varint(out, i64::from(n) as u64);
         }
@@ -556,7 +612,8 @@ fn encode_message_value(field: &Field, name: &'static str, v: &Value, out: &mut 
     match name {
         TIME | MICRO_TIME => {
             let s = v.as_str().ok_or_else(|| unencodable(field, "must be an RFC 3339 time"))?;
-            let ts: jiff::Timestamp = s.parse().map_err(|e| unencodable(field, &format!("is not an RFC 3339 time: {e}")))?;
+            let ts: jiff::Timestamp =
+                s.parse().map_err(|e| unencodable(field, &format!("is not an RFC 3339 time: {e}")))?;
             put_key(out, 1, 0);
             put_varint(out, ts.as_second() as u64);
             put_key(out, 2, 0);
@@ -574,7 +631,10 @@ fn encode_message_value(field: &Field, name: &'static str, v: &Value, out: &mut 
                 put_bytes(out, 3, s.as_bytes());
             }
             Value::Number(_) => {
-                let n = v.as_i64().and_then(|n| i32::try_from(n).ok()).ok_or_else(|| unencodable(field, "must be a 32-bit integer"))?;
+                let n = v
+                    .as_i64()
+                    .and_then(|n| i32::try_from(n).ok())
+                    .ok_or_else(|| unencodable(field, "must be a 32-bit integer"))?;
                 put_key(out, 1, 0);
                 put_varint(out, 0);
                 put_key(out, 2, 0);

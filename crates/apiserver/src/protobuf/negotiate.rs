@@ -32,6 +32,7 @@ impl Accept {
             for p in parts {
                 match p.split_once('=') {
                     Some(("q", v)) => q = v.trim().parse().unwrap_or(0.0),
+                    Some(("stream", "watch")) => {}
                     Some(_) => other_params = true,
                     None => {}
                 }
@@ -56,7 +57,10 @@ impl Accept {
 }
 
 fn is_json(r: &Response) -> bool {
-    r.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("application/json"))
+    r.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/json"))
 }
 
 /// Rewrites a JSON answer as protobuf when the client prefers it and the object has a protobuf form;
@@ -128,7 +132,11 @@ mod tests {
         assert_eq!(accept("application/vnd.kubernetes.protobuf, application/json"), Accept::Protobuf);
         assert_eq!(accept("application/vnd.kubernetes.protobuf,*/*"), Accept::Protobuf);
         assert_eq!(accept("application/vnd.kubernetes.protobuf"), Accept::OnlyProtobuf);
+        assert_eq!(accept("application/vnd.kubernetes.protobuf;stream=watch"), Accept::OnlyProtobuf);
         assert_eq!(accept("application/vnd.kubernetes.protobuf;q=0.5, application/json"), Accept::Json);
-        assert_eq!(accept("application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io, application/json"), Accept::Json);
+        assert_eq!(
+            accept("application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io, application/json"),
+            Accept::Json
+        );
     }
 }

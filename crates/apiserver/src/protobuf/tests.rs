@@ -34,7 +34,7 @@ fn pod_spec() -> Value {
             "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": true}],
             "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http", "scheme": "HTTP"},
                 "periodSeconds": 5, "failureThreshold": 3},
-            "livenessProbe": {"exec": {"command": ["true"]}, "initialDelaySeconds": 0},
+            "livenessProbe": {"exec": {"command": ["true"]}, "initialDelaySeconds": 3},
             "startupProbe": {"tcpSocket": {"port": 8080}},
             "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "allowPrivilegeEscalation": false,
                 "capabilities": {"drop": ["ALL"]}},
@@ -78,20 +78,24 @@ fn samples() -> Vec<Value> {
     let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta("web"),
         "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}}, "template": template(),
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
-            "revisionHistoryLimit": 10, "progressDeadlineSeconds": 600, "paused": false},
+            "revisionHistoryLimit": 10, "progressDeadlineSeconds": 600},
         "status": {"observedGeneration": 3, "replicas": 2, "readyReplicas": 2, "availableReplicas": 2,
-            "updatedReplicas": 2, "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
+            "updatedReplicas": 2,
+            "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
                 "lastUpdateTime": "2026-11-30T10:00:05Z", "lastTransitionTime": "2026-11-30T10:00:05Z"}]}});
     let replicaset = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": meta("web-1"),
-        "spec": {"replicas": 2, "minReadySeconds": 5, "selector": {"matchLabels": {"app": "web"}}, "template": template()},
+        "spec": {"replicas": 2, "minReadySeconds": 5, "selector": {"matchLabels": {"app": "web"}},
+            "template": template()},
         "status": {"replicas": 2, "fullyLabeledReplicas": 2, "readyReplicas": 1, "observedGeneration": 1}});
     let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x", "uid": "u",
         "creationTimestamp": "2026-11-30T10:00:00Z"}, "spec": {"finalizers": ["kubernetes"]},
         "status": {"phase": "Terminating", "conditions": [{"type": "NamespaceDeletionContentFailure",
             "status": "False", "lastTransitionTime": "2026-11-30T10:00:00Z"}]}});
-    let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1", "labels": {"kubernetes.io/hostname": "node-1"}},
+    let node = json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-1", "labels": {"kubernetes.io/hostname": "node-1"}},
         "spec": {"podCIDR": "10.1.0.0/24", "podCIDRs": ["10.1.0.0/24"], "unschedulable": true,
-            "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule", "timeAdded": "2026-11-30T10:00:00Z"}]},
+            "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule",
+                "timeAdded": "2026-11-30T10:00:00Z"}]},
         "status": {"capacity": {"cpu": "2", "memory": "24Gi", "pods": "110"}, "allocatable": {"cpu": "1900m"},
             "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
@@ -101,7 +105,8 @@ fn samples() -> Vec<Value> {
                 "osImage": "Debian", "containerRuntimeVersion": "shepherd://0.1", "kubeletVersion": "v1.33.0",
                 "kubeProxyVersion": "v1.33.0", "operatingSystem": "linux", "architecture": "amd64"}}});
     let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": meta("web"),
-        "spec": {"type": "ClusterIP", "selector": {"app": "web"}, "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+        "spec": {"type": "ClusterIP", "selector": {"app": "web"},
+            "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
             "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
                 {"name": "alt", "port": 81, "targetPort": "http", "protocol": "TCP"}],
             "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 10800}},
@@ -123,20 +128,23 @@ fn samples() -> Vec<Value> {
     let mut out = vec![pod, deployment, replicaset, namespace, node, service, endpoints, event, lease];
     let lists: Vec<Value> = out
         .iter()
-        .map(|o| list_of(o["kind"].as_str().unwrap_or(""), o["apiVersion"].as_str().unwrap_or(""), {
-            let mut item = o.clone();
-            let item = item.as_object_mut().expect("object");
-            item.remove("kind");
-            item.remove("apiVersion");
-            Value::Object(item.clone())
-        }))
+        .map(|o| {
+            list_of(o["kind"].as_str().unwrap_or(""), o["apiVersion"].as_str().unwrap_or(""), {
+                let mut item = o.clone();
+                let item = item.as_object_mut().expect("object");
+                item.remove("kind");
+                item.remove("apiVersion");
+                Value::Object(item.clone())
+            })
+        })
         .collect();
     out.extend(lists);
     out.extend([
         json!({"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0, "propagationPolicy": "Foreground",
             "preconditions": {"uid": "u", "resourceVersion": "7"}, "dryRun": ["All"]}),
-        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "code": 409, "reason": "Conflict",
-            "message": "the object has been modified", "details": {"name": "web", "group": "apps", "kind": "deployments",
+        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "code": 409,
+            "reason": "Conflict", "message": "the object has been modified",
+            "details": {"name": "web", "group": "apps", "kind": "deployments",
                 "causes": [{"reason": "FieldValueInvalid", "message": "bad", "field": "spec.replicas"}]}}),
         json!({"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": meta("web"),
             "spec": {"replicas": 5}, "status": {"replicas": 2, "selector": "app=web"}}),
@@ -188,24 +196,32 @@ fn hand_built_delete_options() -> Vec<u8> {
 #[test]
 fn a_delete_options_body_as_client_go_sends_it_is_read() {
     let obj = decode(&hand_built_delete_options()).expect("decodes");
-    assert_eq!(obj, json!({"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 5,
-        "propagationPolicy": "Foreground"}));
+    assert_eq!(
+        obj,
+        json!({"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 5,
+        "propagationPolicy": "Foreground"})
+    );
 }
 
 #[test]
 fn special_types_take_their_kubernetes_json_shapes() {
-    // A zero Time is an empty message and JSON null; empty strings are unset; zero numbers are kept
+    // A zero Time is an empty message and JSON null, as Go writes it; empty strings are unset; zero numbers are kept
     // because a pointer may hold them.
     let mut raw = Vec::new();
-    put_bytes(&mut raw, 1, &[0x0a, 1, b'a', 0x12, 0, 0x42, 0]); // metadata: name "a", generateName "", creationTimestamp {}
+    // metadata: name "a", generateName "", creationTimestamp {}
+    put_bytes(&mut raw, 1, &[0x0a, 1, b'a', 0x12, 0, 0x42, 0]);
     put_bytes(&mut raw, 2, &[0x08, 0]); // spec: replicas 0
     let type_meta = [&[0x0a, 7][..], b"apps/v1", &[0x12, 10], b"Deployment"].concat();
     let mut body = b"k8s\0".to_vec();
     put_bytes(&mut body, 1, &type_meta);
     put_bytes(&mut body, 2, &raw);
     let obj = decode(&body).expect("decodes");
-    assert_eq!(obj, json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "a"}, "spec": {"replicas": 0}}));
+    let meta = json!({"name": "a", "creationTimestamp": null});
+    assert_eq!(obj, json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {"replicas": 0}}));
 
+    // An empty string in a list is an element.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "spec": {"containers": [{"name": "c", "args": ["", "x"]}]}});
+    assert_eq!(round_trip(&pod), pod);
     // IntOrString: type 0 with intVal, type 1 with strVal; negative int32 as a 10-byte varint.
     let port = json!({"apiVersion": "v1", "kind": "Service", "spec": {"ports": [{"port": 80, "targetPort": -1}]}});
     assert_eq!(round_trip(&port), port);
@@ -218,6 +234,25 @@ fn special_types_take_their_kubernetes_json_shapes() {
     let back = round_trip(&ev);
     assert_eq!(back["lastTimestamp"], "2026-11-30T10:00:09Z");
     assert_eq!(back["eventTime"], "2026-11-30T10:00:09.750000Z");
+}
+
+#[test]
+fn go_zero_values_read_as_json_leaves_them_out_while_set_pointers_keep_their_zero() {
+    // What Go writes for `kubectl create deployment --replicas=0`: every non-pointer field, zero or not.
+    let sent = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "generation": 0},
+        "spec": {"replicas": 0, "minReadySeconds": 0, "paused": false, "revisionHistoryLimit": 0,
+            "template": {"metadata": {"generation": 0},
+                "spec": {"hostNetwork": false, "terminationGracePeriodSeconds": 0,
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "stdin": false, "tty": false,
+                    "ports": [{"containerPort": 80, "hostPort": 0}]}]}}}});
+    let read = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 0, "revisionHistoryLimit": 0,
+            "template": {"metadata": {},
+                "spec": {"terminationGracePeriodSeconds": 0, "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "ports": [{"containerPort": 80}]}]}}}});
+    assert_eq!(round_trip(&sent), read);
 }
 
 #[test]
@@ -239,8 +274,9 @@ fn truncated_foreign_and_garbage_bodies_are_refused_with_a_reason() {
     assert_eq!(decode(br#"{"kind":"Pod"}"#), Err(ProtobufError::NoMagic));
     let err = decode(b"k8s\0\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff").expect_err("garbage");
     assert!(err.to_string().contains("truncated or malformed"), "{err}");
-    let widget = encode_with(message("k8s.io.api.core.v1.Namespace").expect("ns"), "example.com/v1", "Widget", &json!({}))
-        .expect("encodes");
+    let widget =
+        encode_with(message("k8s.io.api.core.v1.Namespace").expect("ns"), "example.com/v1", "Widget", &json!({}))
+            .expect("encodes");
     assert_eq!(
         decode(&widget),
         Err(ProtobufError::UnknownKind { api_version: "example.com/v1".into(), kind: "Widget".into() })
