@@ -794,3 +794,121 @@ pub(crate) async fn v3_group_version(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v3(docs: &Documents, gv: &str) -> Value {
+        serde_json::from_slice(&docs.v3[gv].json).expect("v3 json")
+    }
+
+    #[test]
+    fn every_served_kind_has_its_type_in_the_openapi_table() {
+        for res in kinds::ALL {
+            assert!(kind_type(res).is_some(), "{} {} needs a line in KIND_TYPES", res.api_version(), res.kind);
+        }
+    }
+
+    #[test]
+    fn the_protobuf_document_decodes_to_the_json_document_with_nothing_dropped() {
+        let docs = build();
+        let json: Value = serde_json::from_slice(&docs.v2_json).expect("v2 json");
+        let mut dropped = Vec::new();
+        let expected = gnostic::document(&json, &mut dropped);
+        assert!(dropped.is_empty(), "the protobuf form leaves out {dropped:?}");
+        let decoded = gnostic::Document::decode(docs.v2_protobuf.as_slice()).expect("decode");
+        assert_eq!(decoded, expected);
+
+        // What kubectl looks for: the Deployment's PATCH operation names its kind and takes fieldValidation.
+        let paths = decoded.paths.expect("paths").path;
+        let item = paths
+            .iter()
+            .find(|p| p.name == "/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+            .and_then(|p| p.value.clone())
+            .expect("deployment path");
+        let patch = item.patch.expect("patch operation");
+        let kind = patch.vendor_extension.iter().find(|e| e.name == "x-kubernetes-group-version-kind").expect("gvk");
+        let kind: Value = serde_json::from_str(&kind.value.clone().expect("value").yaml).expect("yaml is json");
+        assert_eq!(kind, json!({"group": "apps", "kind": "Deployment", "version": "v1"}));
+        let names: Vec<String> = patch
+            .parameters
+            .iter()
+            .filter_map(|p| match &p.oneof {
+                Some(gnostic::parameters_item::Oneof::Parameter(gnostic::Parameter {
+                    oneof: Some(gnostic::parameter::Oneof::NonBodyParameter(q)),
+                })) => match &q.oneof {
+                    Some(gnostic::non_body_parameter::Oneof::QueryParameterSubSchema(q)) => Some(q.name.clone()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        assert!(names.contains(&"fieldValidation".to_string()) && names.contains(&"dryRun".to_string()), "{names:?}");
+    }
+
+    #[test]
+    fn fields_shepherd_refuses_are_not_described() {
+        let docs = build();
+        let json: Value = serde_json::from_slice(&docs.v2_json).expect("v2 json");
+        let defs = &json["definitions"];
+        let pod_spec = &defs["io.k8s.api.core.v1.PodSpec"]["properties"];
+        assert!(pod_spec.get("containers").is_some());
+        for gone in ["volumes", "initContainers", "hostNetwork", "securityContext"] {
+            assert!(pod_spec.get(gone).is_none(), "PodSpec.{gone} is still described");
+        }
+        assert!(defs["io.k8s.api.core.v1.Container"]["properties"].get("volumeMounts").is_none());
+        let affinity = &defs["io.k8s.api.core.v1.Affinity"]["properties"];
+        assert!(affinity.get("nodeAffinity").is_some() && affinity.get("podAffinity").is_none(), "{affinity}");
+        // And what only they reached is gone with them.
+        assert!(defs.get("io.k8s.api.core.v1.Volume").is_none());
+        assert!(defs.get("io.k8s.api.core.v1.PodAffinity").is_none());
+    }
+
+    #[test]
+    fn every_field_extension_lands_on_a_described_field() {
+        let json: Value = serde_json::from_slice(&build().v2_json).expect("v2 json");
+        for ext in FIELD_EXTENSIONS {
+            let prop = &json["definitions"][ext.definition]["properties"][ext.field];
+            assert!(prop.is_object(), "{}.{} is not in the document", ext.definition, ext.field);
+            if let Some(key) = ext.patch_merge_key {
+                assert_eq!(prop["x-kubernetes-patch-merge-key"], key);
+            }
+        }
+        let ports = &json["definitions"]["io.k8s.api.core.v1.Container"]["properties"]["ports"];
+        assert_eq!(ports["x-kubernetes-list-map-keys"], json!(["containerPort", "protocol"]));
+        assert_eq!(ports["x-kubernetes-patch-strategy"], "merge");
+    }
+
+    #[test]
+    fn each_v3_document_resolves_its_references_and_names_its_kinds() {
+        let docs = build();
+        assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apps/v1", "apis/coordination.k8s.io/v1"]);
+        for gv in docs.v3.keys() {
+            let doc = v3(&docs, gv);
+            let schemas = doc["components"]["schemas"].as_object().expect("schemas");
+            let text = doc.to_string();
+            for r in text.split("\"$ref\":\"").skip(1) {
+                let name = r.split('"').next().unwrap_or("").trim_start_matches(V3_REF);
+                assert!(schemas.contains_key(name), "{gv}: dangling reference to {name}");
+            }
+            assert!(!text.contains(V2_REF), "{gv} still refers to v2 definitions");
+        }
+        let apps = v3(&docs, "apis/apps/v1");
+        let deployment = &apps["components"]["schemas"]["io.k8s.api.apps.v1.Deployment"];
+        assert_eq!(deployment["x-kubernetes-group-version-kind"], json!([gvk("apps", "v1", "Deployment")]));
+        // A described reference is wrapped, so that the description survives in v3.
+        assert_eq!(deployment["properties"]["spec"]["allOf"][0]["$ref"], "#/components/schemas/io.k8s.api.apps.v1.DeploymentSpec");
+        let patch = &apps["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"];
+        let params: Vec<&str> = patch["parameters"].as_array().into_iter().flatten().filter_map(|p| p["name"].as_str()).collect();
+        assert!(params.contains(&"fieldValidation") && params.contains(&"dryRun"), "{params:?}");
+    }
+
+    #[test]
+    fn the_v3_index_points_at_each_document_by_its_hash() {
+        let docs = build();
+        let index: Value = serde_json::from_slice(&docs.v3_index).expect("index");
+        let url = index["paths"]["apis/apps/v1"]["serverRelativeURL"].as_str().expect("url");
+        assert_eq!(url, format!("/openapi/v3/apis/apps/v1?hash={}", docs.v3["apis/apps/v1"].hash));
+    }
+}
