@@ -45,11 +45,18 @@ const PROTOBUF_V2: &str = "application/com.github.proto-openapi.spec.v2";
 struct KindType {
     api_version: &'static str,
     kind: &'static str,
+    /// Its definition's name, `io.k8s.api.core.v1.Pod`.
+    definition: fn() -> std::borrow::Cow<'static, str>,
     schema: fn(&mut SchemaGenerator) -> Schema,
 }
 
 const fn typed<K: k8s_openapi::Resource + JsonSchema>() -> KindType {
-    KindType { api_version: K::API_VERSION, kind: K::KIND, schema: SchemaGenerator::subschema_for::<K> }
+    KindType {
+        api_version: K::API_VERSION,
+        kind: K::KIND,
+        definition: <K as JsonSchema>::schema_name,
+        schema: SchemaGenerator::subschema_for::<K>,
+    }
 }
 
 /// The type of every kind in `kinds::ALL`: a kind added there needs its line here, and nothing else.
@@ -228,8 +235,7 @@ fn group_version_paths() -> BTreeSet<String> {
 
 /// The definition name Kubernetes gives a kind: `io.k8s.api.core.v1.Pod`, `io.k8s.api.apps.v1.Deployment`.
 fn definition_name(res: &ResourceInfo) -> String {
-    let group = if res.group.is_empty() { "core" } else { res.group.split('.').next().unwrap_or(res.group) };
-    format!("io.k8s.api.{group}.{}.{}", res.version, res.kind)
+    kind_type(res).map(|t| (t.definition)().into_owned()).unwrap_or_default()
 }
 
 fn gvk(group: &str, version: &str, kind: &str) -> Value {
