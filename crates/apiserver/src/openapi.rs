@@ -94,7 +94,14 @@ const fn map_list(definition: &'static str, field: &'static str, keys: &'static 
 }
 
 const fn atomic_list(definition: &'static str, field: &'static str) -> FieldExtensions {
-    FieldExtensions { definition, field, patch_strategy: None, patch_merge_key: None, list_type: Some("atomic"), list_map_keys: &[] }
+    FieldExtensions {
+        definition,
+        field,
+        patch_strategy: None,
+        patch_merge_key: None,
+        list_type: Some("atomic"),
+        list_map_keys: &[],
+    }
 }
 
 /// The `x-kubernetes-patch-*` and `x-kubernetes-list-*` facts of the fields Shepherd serves, as the
@@ -306,7 +313,8 @@ fn list_schema(res: &ResourceInfo, item: &str) -> Value {
         "type": "object",
         "required": ["items"],
         "properties": {
-            "apiVersion": {"description": "The versioned schema of this representation of an object.", "type": "string"},
+            "apiVersion": {"description": "The versioned schema of this representation of an object.",
+                "type": "string"},
             "items": {"description": format!("The {} objects.", res.kind), "type": "array",
                 "items": {"$ref": format!("{V2_REF}{item}")}},
             "kind": {"description": "The REST resource this object represents.", "type": "string"},
@@ -471,7 +479,7 @@ fn paths_of(res: &ResourceInfo) -> Vec<PathEntry> {
     } else {
         format!("{prefix}/{}", res.plural)
     };
-    let namespace_param = || res.namespaced.then(|| ("namespace", "object name and auth scope, such as for teams and projects".to_string()));
+    let namespace_param = || res.namespaced.then(|| ("namespace", "the namespace of the object".to_string()));
     let name_param = |what: &str| ("name", format!("name of the {what}"));
     let entry = |path: String, params: Vec<(&'static str, String)>, ops: Vec<Operation>| PathEntry {
         path,
@@ -494,17 +502,24 @@ fn paths_of(res: &ResourceInfo) -> Vec<PathEntry> {
     };
     let json_only: &'static [&'static str] = &[];
 
-    let mut out = Vec::new();
-    out.push(entry(
-        collection.clone(),
-        namespace_param().into_iter().collect(),
-        vec![
-            op("get", "list", "list", "", format!("list or watch objects of kind {kind}"), LIST_PARAMS.to_vec(), None,
-                list_def.clone(), kind_gvk.clone(), json_only),
-            op("post", "post", "create", "", format!("create a {kind}"), WRITE_PARAMS.to_vec(), Some(def.clone()),
-                def.clone(), kind_gvk.clone(), json_only),
-        ],
-    ));
+    let mut collection_ops = vec![
+        op("get", "list", "list", "", format!("list or watch objects of kind {kind}"), LIST_PARAMS.to_vec(), None,
+            list_def.clone(), kind_gvk.clone(), json_only),
+        op("post", "post", "create", "", format!("create a {kind}"), WRITE_PARAMS.to_vec(), Some(def.clone()),
+            def.clone(), kind_gvk.clone(), json_only),
+    ];
+    // As discovery says: every kind but Namespace can be deleted by collection.
+    if res.kind != "Namespace" {
+        let mut query: Vec<QueryParam> =
+            LIST_PARAMS.iter().filter(|p| !matches!(p.0, "watch" | "allowWatchBookmarks")).copied().collect();
+        query.extend(DELETE_PARAMS);
+        collection_ops.push(Operation {
+            id: format!("delete{id_part}Collection{scope}{kind}"),
+            ..op("delete", "deletecollection", "delete", "", format!("delete a collection of {kind} objects"), query,
+                Some(format!("{META}.DeleteOptions")), format!("{META}.Status"), kind_gvk.clone(), json_only)
+        });
+    }
+    let mut out = vec![entry(collection.clone(), namespace_param().into_iter().collect(), collection_ops)];
     let item = format!("{collection}/{{name}}");
     let item_params = |what: &str| {
         let mut p = vec![name_param(what)];
@@ -731,7 +746,8 @@ fn document_response(body: &[u8], content_type: &'static str, etag: &str, header
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
-    let mut r = if matches { StatusCode::NOT_MODIFIED.into_response() } else { Response::new(Body::from(body.to_vec())) };
+    let mut r =
+        if matches { StatusCode::NOT_MODIFIED.into_response() } else { Response::new(Body::from(body.to_vec())) };
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     if let Ok(v) = HeaderValue::from_str(etag) {
         r.headers_mut().insert(header::ETAG, v);
@@ -904,10 +920,23 @@ mod tests {
         let deployment = &apps["components"]["schemas"]["io.k8s.api.apps.v1.Deployment"];
         assert_eq!(deployment["x-kubernetes-group-version-kind"], json!([gvk("apps", "v1", "Deployment")]));
         // A described reference is wrapped, so that the description survives in v3.
-        assert_eq!(deployment["properties"]["spec"]["allOf"][0]["$ref"], "#/components/schemas/io.k8s.api.apps.v1.DeploymentSpec");
+        let spec = &deployment["properties"]["spec"];
+        assert_eq!(spec["allOf"][0]["$ref"], "#/components/schemas/io.k8s.api.apps.v1.DeploymentSpec");
+        assert!(spec["description"].is_string(), "{spec}");
         let patch = &apps["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"];
-        let params: Vec<&str> = patch["parameters"].as_array().into_iter().flatten().filter_map(|p| p["name"].as_str()).collect();
+        let params: Vec<&str> =
+            patch["parameters"].as_array().into_iter().flatten().filter_map(|p| p["name"].as_str()).collect();
         assert!(params.contains(&"fieldValidation") && params.contains(&"dryRun"), "{params:?}");
+    }
+
+    #[test]
+    fn collections_can_be_deleted_as_discovery_says_except_namespaces() {
+        let core = v3(&build(), "api/v1");
+        let pods = &core["paths"]["/api/v1/namespaces/{namespace}/pods"]["delete"];
+        assert_eq!(pods["x-kubernetes-action"], "deletecollection");
+        assert_eq!(pods["operationId"], "deleteCoreV1CollectionNamespacedPod");
+        assert!(core["paths"]["/api/v1/namespaces"].get("delete").is_none());
+        assert!(core["paths"]["/api/v1/namespaces/{name}"].get("delete").is_some());
     }
 
     #[test]

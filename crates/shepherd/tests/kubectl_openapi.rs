@@ -124,14 +124,16 @@ fn kubectl_applies_explains_and_edits_with_default_validation_from_the_servers_o
         let ns = format!("ns-{minor}");
         let what = bin.display().to_string();
 
-        let out = k.ok(&["apply", "-f", "-"], Some(&format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n")));
+        let namespace = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n");
+        let out = k.ok(&["apply", "-f", "-"], Some(&namespace));
         assert!(out.contains(&format!("namespace/{ns} created")), "{what}: {out}");
 
         // Apply with default validation, and the Deployment runs.
         let out = k.ok(&["apply", "-f", "-"], Some(&deployment(&ns, "web", true)));
         assert_eq!(out.trim(), "deployment.apps/web created", "{what}");
         eventually(&format!("{what}: 3 running pods"), || {
-            let phases = k.ok(&["get", "pods", "-n", &ns, "-l", "app=web", "-o", "jsonpath={.items[*].status.phase}"], None);
+            let phases =
+                k.ok(&["get", "pods", "-n", &ns, "-l", "app=web", "-o", "jsonpath={.items[*].status.phase}"], None);
             (phases.split_whitespace().filter(|p| *p == "Running").count() == 3).then_some(())
         });
 
@@ -140,7 +142,8 @@ fn kubectl_applies_explains_and_edits_with_default_validation_from_the_servers_o
         assert_eq!(out.trim(), "deployment.apps/web configured", "{what}");
         let labels = k.ok(&["get", "deploy", "web", "-n", &ns, "-o", "jsonpath={.metadata.labels}"], None);
         assert!(!labels.contains("tier") && labels.contains("\"app\":\"web\""), "{what}: {labels}");
-        let env = k.ok(&["get", "deploy", "web", "-n", &ns, "-o", "jsonpath={.spec.template.spec.containers[0].env[*].name}"], None);
+        let env_names = "jsonpath={.spec.template.spec.containers[0].env[*].name}";
+        let env = k.ok(&["get", "deploy", "web", "-n", &ns, "-o", env_names], None);
         assert_eq!(env.trim(), "KEPT", "{what}");
 
         // A misspelled field is refused, named, and nothing is created.
@@ -164,12 +167,14 @@ fn kubectl_applies_explains_and_edits_with_default_validation_from_the_servers_o
 
         // edit, with an editor that changes the image.
         let editor = dir.path().join(format!("editor-{minor}.sh"));
-        std::fs::write(&editor, "#!/bin/sh\nsed -i 's/image: minimal$/image: minimal:edited/' \"$1\"\n").expect("editor");
+        let script = "#!/bin/sh\nsed -i 's/image: minimal$/image: minimal:edited/' \"$1\"\n";
+        std::fs::write(&editor, script).expect("editor");
         std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
         let (ok, out, err) = k.run(&["edit", "deployment", "web", "-n", &ns], None, Some(&editor));
         assert!(ok, "{what}: edit failed: {err}");
         assert!(out.contains("deployment.apps/web edited"), "{what}: {out}");
-        let image = k.ok(&["get", "deploy", "web", "-n", &ns, "-o", "jsonpath={.spec.template.spec.containers[0].image}"], None);
+        let image_path = "jsonpath={.spec.template.spec.containers[0].image}";
+        let image = k.ok(&["get", "deploy", "web", "-n", &ns, "-o", image_path], None);
         assert_eq!(image.trim(), "minimal:edited", "{what}");
     }
 }

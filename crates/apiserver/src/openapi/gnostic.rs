@@ -387,7 +387,8 @@ fn path_item(v: &Value, at: &str, dropped: &mut Vec<String>) -> PathItem {
 
 fn operation(v: &Value, at: &str, dropped: &mut Vec<String>) -> Operation {
     for key in obj(Some(v)).keys() {
-        let known = ["tags", "description", "operationId", "produces", "consumes", "parameters", "responses", "schemes"];
+        let known =
+            ["tags", "description", "operationId", "produces", "consumes", "parameters", "responses", "schemes"];
         if !known.contains(&key.as_str()) && !key.starts_with("x-") {
             dropped.push(format!("{at}: {key}"));
         }
