@@ -176,5 +176,11 @@ fn kubectl_applies_explains_and_edits_with_default_validation_from_the_servers_o
         let image_path = "jsonpath={.spec.template.spec.containers[0].image}";
         let image = k.ok(&["get", "deploy", "web", "-n", &ns, "-o", image_path], None);
         assert_eq!(image.trim(), "minimal:edited", "{what}");
+
+        // The pods are real processes, which outlive a killed daemon: stop them first.
+        k.ok(&["delete", "deployment", "web", "-n", &ns], None);
+        eventually(&format!("{what}: no pods left"), || {
+            k.ok(&["get", "pods", "-n", &ns, "-o", "name"], None).trim().is_empty().then_some(())
+        });
     }
 }
