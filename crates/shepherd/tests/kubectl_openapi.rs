@@ -154,6 +154,18 @@ fn kubectl_applies_explains_and_edits_with_default_validation_from_the_servers_o
         let (ok, _, err) = k.run(&["get", "deploy", "typo", "-n", &ns], None, None);
         assert!(!ok && err.contains("not found"), "{what}: {err}");
 
+        // In a List, kubectl validates each item itself, against the protobuf /openapi/v2 document.
+        let list = format!("apiVersion: v1\nkind: List\nitems:\n- {}", typo.replace('\n', "\n  "));
+        let (ok, _, err) = k.run(&["apply", "-f", "-"], Some(&list), None);
+        assert!(!ok, "{what}: a misspelled field in a List was accepted");
+        assert!(
+            err.contains("unknown field \"replicass\" in io.k8s.api.apps.v1.DeploymentSpec"),
+            "{what}: not refused by client-side validation: {err}"
+        );
+        let ports = "deployment.spec.template.spec.containers.ports";
+        let out = k.ok(&["explain", ports, "--output", "plaintext-openapiv2"], None);
+        assert!(out.contains("containerPort\t<integer> -required-"), "{what}: {out}");
+
         // explain, at the top and deep down.
         let out = k.ok(&["explain", "pod"], None);
         assert!(out.contains("KIND:") && out.contains("Pod") && out.contains("spec\t<PodSpec>"), "{what}: {out}");
