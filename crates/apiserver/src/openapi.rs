@@ -8,9 +8,9 @@
 //! Shepherd: fields Shepherd refuses (`shepherd_api::validation::unsupported_fields`) are pruned, so
 //! that `explain` does not offer them (kubectl validates the items of a `List` itself, against v2: there
 //! a pruned field is refused even when empty, which the server would accept); and definitions no served
-//! kind reaches are dropped. The
-//! Kubernetes extensions that k8s-openapi does not carry (patch strategies and merge keys, list types)
-//! come from [`FIELD_EXTENSIONS`]. Documents are built once, on first request, and served with an ETag.
+//! kind reaches are dropped. The Kubernetes extensions that k8s-openapi does not carry (patch strategies
+//! and merge keys, list types) come from [`FIELD_EXTENSIONS`]. Documents are built once, on first
+//! request, and served with an ETag.
 
 mod gnostic;
 
