@@ -6,9 +6,11 @@
 //!
 //! The schemas are those of the upstream types, with two changes so that clients tell the truth about
 //! Shepherd: fields Shepherd refuses (`shepherd_api::validation::unsupported_fields`) are pruned, so
-//! that `explain` does not offer them; and definitions no served kind reaches are dropped. The
-//! Kubernetes extensions that k8s-openapi does not carry (patch strategies and merge keys, list types)
-//! come from [`FIELD_EXTENSIONS`]. Documents are built once, on first request, and served with an ETag.
+//! that `explain` does not offer them (kubectl validates the items of a `List` itself, against v2: there
+//! a pruned field is refused even when empty, which the server would accept); and definitions no served
+//! kind reaches are dropped. The Kubernetes extensions that k8s-openapi does not carry (patch strategies
+//! and merge keys, list types) come from [`FIELD_EXTENSIONS`]. Documents are built once, on first
+//! request, and served with an ETag.
 
 mod gnostic;
 
@@ -45,11 +47,18 @@ const PROTOBUF_V2: &str = "application/com.github.proto-openapi.spec.v2";
 struct KindType {
     api_version: &'static str,
     kind: &'static str,
+    /// Its definition's name, `io.k8s.api.core.v1.Pod`.
+    definition: fn() -> std::borrow::Cow<'static, str>,
     schema: fn(&mut SchemaGenerator) -> Schema,
 }
 
 const fn typed<K: k8s_openapi::Resource + JsonSchema>() -> KindType {
-    KindType { api_version: K::API_VERSION, kind: K::KIND, schema: SchemaGenerator::subschema_for::<K> }
+    KindType {
+        api_version: K::API_VERSION,
+        kind: K::KIND,
+        definition: <K as JsonSchema>::schema_name,
+        schema: SchemaGenerator::subschema_for::<K>,
+    }
 }
 
 /// The type of every kind in `kinds::ALL`: a kind added there needs its line here, and nothing else.
@@ -87,7 +96,14 @@ const fn map_list(definition: &'static str, field: &'static str, keys: &'static 
 }
 
 const fn atomic_list(definition: &'static str, field: &'static str) -> FieldExtensions {
-    FieldExtensions { definition, field, patch_strategy: None, patch_merge_key: None, list_type: Some("atomic"), list_map_keys: &[] }
+    FieldExtensions {
+        definition,
+        field,
+        patch_strategy: None,
+        patch_merge_key: None,
+        list_type: Some("atomic"),
+        list_map_keys: &[],
+    }
 }
 
 /// The `x-kubernetes-patch-*` and `x-kubernetes-list-*` facts of the fields Shepherd serves, as the
@@ -228,8 +244,7 @@ fn group_version_paths() -> BTreeSet<String> {
 
 /// The definition name Kubernetes gives a kind: `io.k8s.api.core.v1.Pod`, `io.k8s.api.apps.v1.Deployment`.
 fn definition_name(res: &ResourceInfo) -> String {
-    let group = if res.group.is_empty() { "core" } else { res.group.split('.').next().unwrap_or(res.group) };
-    format!("io.k8s.api.{group}.{}.{}", res.version, res.kind)
+    kind_type(res).map(|t| (t.definition)().into_owned()).unwrap_or_default()
 }
 
 fn gvk(group: &str, version: &str, kind: &str) -> Value {
@@ -300,7 +315,8 @@ fn list_schema(res: &ResourceInfo, item: &str) -> Value {
         "type": "object",
         "required": ["items"],
         "properties": {
-            "apiVersion": {"description": "The versioned schema of this representation of an object.", "type": "string"},
+            "apiVersion": {"description": "The versioned schema of this representation of an object.",
+                "type": "string"},
             "items": {"description": format!("The {} objects.", res.kind), "type": "array",
                 "items": {"$ref": format!("{V2_REF}{item}")}},
             "kind": {"description": "The REST resource this object represents.", "type": "string"},
@@ -465,7 +481,7 @@ fn paths_of(res: &ResourceInfo) -> Vec<PathEntry> {
     } else {
         format!("{prefix}/{}", res.plural)
     };
-    let namespace_param = || res.namespaced.then(|| ("namespace", "object name and auth scope, such as for teams and projects".to_string()));
+    let namespace_param = || res.namespaced.then(|| ("namespace", "the namespace of the object".to_string()));
     let name_param = |what: &str| ("name", format!("name of the {what}"));
     let entry = |path: String, params: Vec<(&'static str, String)>, ops: Vec<Operation>| PathEntry {
         path,
@@ -488,17 +504,24 @@ fn paths_of(res: &ResourceInfo) -> Vec<PathEntry> {
     };
     let json_only: &'static [&'static str] = &[];
 
-    let mut out = Vec::new();
-    out.push(entry(
-        collection.clone(),
-        namespace_param().into_iter().collect(),
-        vec![
-            op("get", "list", "list", "", format!("list or watch objects of kind {kind}"), LIST_PARAMS.to_vec(), None,
-                list_def.clone(), kind_gvk.clone(), json_only),
-            op("post", "post", "create", "", format!("create a {kind}"), WRITE_PARAMS.to_vec(), Some(def.clone()),
-                def.clone(), kind_gvk.clone(), json_only),
-        ],
-    ));
+    let mut collection_ops = vec![
+        op("get", "list", "list", "", format!("list or watch objects of kind {kind}"), LIST_PARAMS.to_vec(), None,
+            list_def.clone(), kind_gvk.clone(), json_only),
+        op("post", "post", "create", "", format!("create a {kind}"), WRITE_PARAMS.to_vec(), Some(def.clone()),
+            def.clone(), kind_gvk.clone(), json_only),
+    ];
+    // As discovery says: every kind but Namespace can be deleted by collection.
+    if res.kind != "Namespace" {
+        let mut query: Vec<QueryParam> =
+            LIST_PARAMS.iter().filter(|p| !matches!(p.0, "watch" | "allowWatchBookmarks")).copied().collect();
+        query.extend(DELETE_PARAMS);
+        collection_ops.push(Operation {
+            id: format!("delete{id_part}Collection{scope}{kind}"),
+            ..op("delete", "deletecollection", "delete", "", format!("delete a collection of {kind} objects"), query,
+                Some(format!("{META}.DeleteOptions")), format!("{META}.Status"), kind_gvk.clone(), json_only)
+        });
+    }
+    let mut out = vec![entry(collection.clone(), namespace_param().into_iter().collect(), collection_ops)];
     let item = format!("{collection}/{{name}}");
     let item_params = |what: &str| {
         let mut p = vec![name_param(what)];
@@ -725,7 +748,8 @@ fn document_response(body: &[u8], content_type: &'static str, etag: &str, header
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
-    let mut r = if matches { StatusCode::NOT_MODIFIED.into_response() } else { Response::new(Body::from(body.to_vec())) };
+    let mut r =
+        if matches { StatusCode::NOT_MODIFIED.into_response() } else { Response::new(Body::from(body.to_vec())) };
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     if let Ok(v) = HeaderValue::from_str(etag) {
         r.headers_mut().insert(header::ETAG, v);
@@ -792,5 +816,136 @@ pub(crate) async fn v3_group_version(
             r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
             r
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v3(docs: &Documents, gv: &str) -> Value {
+        serde_json::from_slice(&docs.v3[gv].json).expect("v3 json")
+    }
+
+    #[test]
+    fn every_served_kind_has_its_type_in_the_openapi_table() {
+        for res in kinds::ALL {
+            assert!(kind_type(res).is_some(), "{} {} needs a line in KIND_TYPES", res.api_version(), res.kind);
+        }
+    }
+
+    #[test]
+    fn the_protobuf_document_decodes_to_the_json_document_with_nothing_dropped() {
+        let docs = build();
+        let json: Value = serde_json::from_slice(&docs.v2_json).expect("v2 json");
+        let mut dropped = Vec::new();
+        let expected = gnostic::document(&json, &mut dropped);
+        assert!(dropped.is_empty(), "the protobuf form leaves out {dropped:?}");
+        let decoded = gnostic::Document::decode(docs.v2_protobuf.as_slice()).expect("decode");
+        assert_eq!(decoded, expected);
+
+        // What kubectl looks for: the Deployment's PATCH operation names its kind and takes fieldValidation.
+        let paths = decoded.paths.expect("paths").path;
+        let item = paths
+            .iter()
+            .find(|p| p.name == "/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+            .and_then(|p| p.value.clone())
+            .expect("deployment path");
+        let patch = item.patch.expect("patch operation");
+        let kind = patch.vendor_extension.iter().find(|e| e.name == "x-kubernetes-group-version-kind").expect("gvk");
+        let kind: Value = serde_json::from_str(&kind.value.clone().expect("value").yaml).expect("yaml is json");
+        assert_eq!(kind, json!({"group": "apps", "kind": "Deployment", "version": "v1"}));
+        let names: Vec<String> = patch
+            .parameters
+            .iter()
+            .filter_map(|p| match &p.oneof {
+                Some(gnostic::parameters_item::Oneof::Parameter(gnostic::Parameter {
+                    oneof: Some(gnostic::parameter::Oneof::NonBodyParameter(q)),
+                })) => match &q.oneof {
+                    Some(gnostic::non_body_parameter::Oneof::QueryParameterSubSchema(q)) => Some(q.name.clone()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        assert!(names.contains(&"fieldValidation".to_string()) && names.contains(&"dryRun".to_string()), "{names:?}");
+    }
+
+    #[test]
+    fn fields_shepherd_refuses_are_not_described() {
+        let docs = build();
+        let json: Value = serde_json::from_slice(&docs.v2_json).expect("v2 json");
+        let defs = &json["definitions"];
+        let pod_spec = &defs["io.k8s.api.core.v1.PodSpec"]["properties"];
+        assert!(pod_spec.get("containers").is_some());
+        for gone in ["volumes", "initContainers", "hostNetwork", "securityContext"] {
+            assert!(pod_spec.get(gone).is_none(), "PodSpec.{gone} is still described");
+        }
+        assert!(defs["io.k8s.api.core.v1.Container"]["properties"].get("volumeMounts").is_none());
+        let affinity = &defs["io.k8s.api.core.v1.Affinity"]["properties"];
+        assert!(affinity.get("nodeAffinity").is_some() && affinity.get("podAffinity").is_none(), "{affinity}");
+        // And what only they reached is gone with them.
+        assert!(defs.get("io.k8s.api.core.v1.Volume").is_none());
+        assert!(defs.get("io.k8s.api.core.v1.PodAffinity").is_none());
+    }
+
+    #[test]
+    fn every_field_extension_lands_on_a_described_field() {
+        let json: Value = serde_json::from_slice(&build().v2_json).expect("v2 json");
+        for ext in FIELD_EXTENSIONS {
+            let prop = &json["definitions"][ext.definition]["properties"][ext.field];
+            assert!(prop.is_object(), "{}.{} is not in the document", ext.definition, ext.field);
+            if let Some(key) = ext.patch_merge_key {
+                assert_eq!(prop["x-kubernetes-patch-merge-key"], key);
+            }
+        }
+        let ports = &json["definitions"]["io.k8s.api.core.v1.Container"]["properties"]["ports"];
+        assert_eq!(ports["x-kubernetes-list-map-keys"], json!(["containerPort", "protocol"]));
+        assert_eq!(ports["x-kubernetes-patch-strategy"], "merge");
+    }
+
+    #[test]
+    fn each_v3_document_resolves_its_references_and_names_its_kinds() {
+        let docs = build();
+        assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apps/v1", "apis/coordination.k8s.io/v1"]);
+        for gv in docs.v3.keys() {
+            let doc = v3(&docs, gv);
+            let schemas = doc["components"]["schemas"].as_object().expect("schemas");
+            let text = doc.to_string();
+            for r in text.split("\"$ref\":\"").skip(1) {
+                let name = r.split('"').next().unwrap_or("").trim_start_matches(V3_REF);
+                assert!(schemas.contains_key(name), "{gv}: dangling reference to {name}");
+            }
+            assert!(!text.contains(V2_REF), "{gv} still refers to v2 definitions");
+        }
+        let apps = v3(&docs, "apis/apps/v1");
+        let deployment = &apps["components"]["schemas"]["io.k8s.api.apps.v1.Deployment"];
+        assert_eq!(deployment["x-kubernetes-group-version-kind"], json!([gvk("apps", "v1", "Deployment")]));
+        // A described reference is wrapped, so that the description survives in v3.
+        let spec = &deployment["properties"]["spec"];
+        assert_eq!(spec["allOf"][0]["$ref"], "#/components/schemas/io.k8s.api.apps.v1.DeploymentSpec");
+        assert!(spec["description"].is_string(), "{spec}");
+        let patch = &apps["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"];
+        let params: Vec<&str> =
+            patch["parameters"].as_array().into_iter().flatten().filter_map(|p| p["name"].as_str()).collect();
+        assert!(params.contains(&"fieldValidation") && params.contains(&"dryRun"), "{params:?}");
+    }
+
+    #[test]
+    fn collections_can_be_deleted_as_discovery_says_except_namespaces() {
+        let core = v3(&build(), "api/v1");
+        let pods = &core["paths"]["/api/v1/namespaces/{namespace}/pods"]["delete"];
+        assert_eq!(pods["x-kubernetes-action"], "deletecollection");
+        assert_eq!(pods["operationId"], "deleteCoreV1CollectionNamespacedPod");
+        assert!(core["paths"]["/api/v1/namespaces"].get("delete").is_none());
+        assert!(core["paths"]["/api/v1/namespaces/{name}"].get("delete").is_some());
+    }
+
+    #[test]
+    fn the_v3_index_points_at_each_document_by_its_hash() {
+        let docs = build();
+        let index: Value = serde_json::from_slice(&docs.v3_index).expect("index");
+        let url = index["paths"]["apis/apps/v1"]["serverRelativeURL"].as_str().expect("url");
+        assert_eq!(url, format!("/openapi/v3/apis/apps/v1?hash={}", docs.v3["apis/apps/v1"].hash));
     }
 }
