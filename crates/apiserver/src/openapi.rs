@@ -25,6 +25,8 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::autoscaling::v1::Scale;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Endpoints, Event, Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, Status, WatchEvent};
 use prost::Message;
 use schemars::generate::SchemaSettings;
@@ -72,6 +74,8 @@ const KIND_TYPES: &[KindType] = &[
     typed::<Deployment>(),
     typed::<ReplicaSet>(),
     typed::<Lease>(),
+    typed::<EndpointSlice>(),
+    typed::<PodDisruptionBudget>(),
 ];
 
 /// Extensions Kubernetes puts on a field: how strategic merge patch and server-side apply treat it.
@@ -907,7 +911,7 @@ mod tests {
     #[test]
     fn each_v3_document_resolves_its_references_and_names_its_kinds() {
         let docs = build();
-        assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apps/v1", "apis/coordination.k8s.io/v1"]);
+        assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apps/v1", "apis/coordination.k8s.io/v1", "apis/discovery.k8s.io/v1", "apis/policy/v1"]);
         for gv in docs.v3.keys() {
             let doc = v3(&docs, gv);
             let schemas = doc["components"]["schemas"].as_object().expect("schemas");
