@@ -220,7 +220,9 @@ fn desired_slices(svc: &Value, pods: &[Arc<Value>]) -> Vec<SliceContent> {
     let ns = str_at(svc, "/metadata/namespace");
     let publish_not_ready = svc.at("/spec/publishNotReadyAddresses").and_then(Value::as_bool).unwrap_or(false);
     let service_ports: Vec<&Value> = svc.at("/spec/ports").and_then(Value::as_array).map(|p| p.iter().collect()).unwrap_or_default();
-    let mut groups: BTreeMap<(&'static str, Vec<PortKey>), Vec<(IpAddr, String, Value)>> = BTreeMap::new();
+    // Per (address family, resolved ports): (address, pod name, endpoint), to sort and cut.
+    type Group = Vec<(IpAddr, String, Value)>;
+    let mut groups: BTreeMap<(&'static str, Vec<PortKey>), Group> = BTreeMap::new();
     for pod in pods {
         let Ok(ip) = str_at(pod, "/status/podIP").parse::<IpAddr>() else { continue };
         if matches!(str_at(pod, "/status/phase"), "Succeeded" | "Failed") {
