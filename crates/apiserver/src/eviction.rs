@@ -39,6 +39,8 @@ fn is_ready(pod: &Value) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| str_at(c, "/type") == "Ready" && str_at(c, "/status") == "True"))
 }
 
+const NO_DRY_RUN: &str = "dryRun is not supported on pods/eviction by Shepherd";
+
 /// Checks an `Eviction` body (`policy/v1`, or `policy/v1beta1` as older clients send it) and
 /// returns its delete options.
 fn check_body(name: &str, body: &Value, delete_options: impl Fn(&[u8]) -> Result<DeleteOptions, ApiError>) -> Result<DeleteOptions, ApiError> {
@@ -67,7 +69,7 @@ fn check_body(name: &str, body: &Value, delete_options: impl Fn(&[u8]) -> Result
         None => Ok(DeleteOptions::default()),
         Some(opts) => {
             if opts.get("dryRun").and_then(Value::as_array).is_some_and(|d| !d.is_empty()) {
-                return Err(ApiError::BadRequest("dryRun is not supported by Shepherd".into()));
+                return Err(ApiError::BadRequest(NO_DRY_RUN.into()));
             }
             delete_options(opts.to_string().as_bytes())
         }
@@ -76,14 +78,19 @@ fn check_body(name: &str, body: &Value, delete_options: impl Fn(&[u8]) -> Result
 
 /// Evicts pod `name`: deletes it with the eviction's delete options when no budget covers it,
 /// when it need not count (not running, already terminating), or when its one budget allows a
-/// disruption, which it then spends. Otherwise 429, as Kubernetes answers.
+/// disruption, which it then spends. Otherwise 429, as Kubernetes answers. `dry_run`: the
+/// request asked for `dryRun`, which evictions refuse rather than carry out for real.
 pub(crate) async fn evict(
     svc: &ApiService,
     ns: &str,
     name: &str,
     body: &Value,
+    dry_run: bool,
     delete_options: impl Fn(&[u8]) -> Result<DeleteOptions, ApiError>,
 ) -> Result<Value, ApiError> {
+    if dry_run {
+        return Err(ApiError::BadRequest(NO_DRY_RUN.into()));
+    }
     let mut opts = check_body(name, body, delete_options)?;
     let pod = codec::decode(&svc.get(&kinds::POD, Some(ns), name).await?)?;
     // The pod evicted is the pod judged: a pod replaced under the same name meanwhile is not deleted.
