@@ -11,7 +11,7 @@ use shepherd_api::selector::LabelSelector;
 use shepherd_api::{ApiError, Cause, JsonPath};
 
 use crate::codec;
-use crate::service::{ApiService, DeleteOptions, ListOptions, now_rfc3339};
+use crate::service::{ApiService, DeleteOptions, ListOptions, now_rfc3339, set_condition};
 
 /// The `Status` a successful eviction answers with (201, as Kubernetes).
 pub(crate) fn success() -> Value {
@@ -102,8 +102,34 @@ pub(crate) async fn evict(
     if counts && let Some(pdb) = covering_budget(svc, ns, &pod).await? {
         spend_disruption(svc, ns, &pdb, &pod).await?;
     }
+    mark_disruption_target(svc, ns, name, &pod).await?;
     svc.delete(&kinds::POD, Some(ns), name, &opts).await?;
     Ok(success())
+}
+
+/// Records on a pod that stays while it terminates (it is on a node) why it is going, as
+/// Kubernetes does with the `DisruptionTarget` condition.
+async fn mark_disruption_target(svc: &ApiService, ns: &str, name: &str, pod: &Value) -> Result<(), ApiError> {
+    let on_node = !str_at(pod, "/spec/nodeName").is_empty();
+    let terminating = pod.at("/metadata/deletionTimestamp").is_some_and(|t| !t.is_null());
+    if !on_node || terminating || matches!(str_at(pod, "/status/phase"), "Succeeded" | "Failed") {
+        return Ok(());
+    }
+    let uid = str_at(pod, "/metadata/uid").to_string();
+    let marked = svc.mutate(&kinds::POD, Some(ns), name, None, |current| {
+        if str_at(current, "/metadata/uid") != uid {
+            return Err(ApiError::conflict("pods", name, "the pod was replaced during its eviction"));
+        }
+        let mut new = current.clone();
+        set_condition(&mut new, "DisruptionTarget", "True", Some("EvictionByEvictionAPI"), Some("Eviction API: evicting"));
+        Ok(new)
+    });
+    match marked.await {
+        Ok(_) => Ok(()),
+        // Gone meanwhile: the delete that follows answers for it.
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// The one budget covering `pod`, if any; more than one is an error, as in Kubernetes.

@@ -193,3 +193,18 @@ async fn an_unready_pod_goes_without_spending_the_budget_when_the_budget_is_met(
     assert!(pdb["status"].get("disruptedPods").is_none(), "an unready pod spent a disruption: {pdb}");
     assert_eq!(s.evict("web-1", "policy/v1").await.0, StatusCode::TOO_MANY_REQUESTS, "a ready pod still may not go");
 }
+
+#[tokio::test]
+async fn a_pod_on_a_node_terminates_marked_as_a_disruption_target() {
+    let s = start().await;
+    s.ready_pod("web-0", "web").await;
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web-0"}, "target": {"kind": "Node", "name": "n1"}});
+    let (code, body) = s.send(reqwest::Method::POST, &format!("{PODS}/web-0/binding"), Some(&binding)).await;
+    assert_eq!(code, StatusCode::CREATED, "{body}");
+    assert_eq!(s.evict("web-0", "policy/v1").await.0, StatusCode::CREATED);
+    let (code, pod) = s.get(&format!("{PODS}/web-0")).await;
+    assert_eq!(code, StatusCode::OK, "a pod on a node terminates gracefully");
+    assert!(pod["metadata"]["deletionTimestamp"].is_string(), "{pod}");
+    let target = pod["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "DisruptionTarget")).cloned();
+    assert_eq!(target.map(|t| t["reason"].clone()), Some(json!("EvictionByEvictionAPI")), "{pod}");
+}

@@ -150,6 +150,9 @@ async fn a_no_execute_taint_evicts_intolerant_pods_at_once_and_tolerant_ones_aft
     c.taint("n1", json!([{"key": "maintenance", "value": "now", "effect": "NoExecute"}])).await;
     let took = c.wait_evicted("intolerant", Duration::from_secs(5)).await;
     assert!(took < Duration::from_secs(1), "an intolerant pod waited {took:?}");
+    let gone = c.client.get(&kinds::POD, Some("default"), "intolerant").await.expect("terminating, not yet gone");
+    let target = gone["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "DisruptionTarget")).cloned();
+    assert_eq!(target.map(|t| t["reason"].clone()), Some(json!("DeletionByTaintManager")), "{gone}");
     let took = c.wait_evicted("patient", Duration::from_secs(60)).await;
     assert!(took >= Duration::from_secs(29) && took < Duration::from_secs(31), "tolerationSeconds 30 evicted after {took:?}");
     assert!(c.evicted("unbothered").await, "every pod without a toleration goes");
