@@ -1179,7 +1179,9 @@ fn pod_spec_update_allowed(old: &Value, new: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kinds::{DEPLOYMENT, ENDPOINTS, EVENT, LEASE, NAMESPACE, NODE, POD, REPLICASET, SERVICE};
+    use crate::kinds::{
+        DEPLOYMENT, ENDPOINTS, ENDPOINTSLICE, EVENT, LEASE, NAMESPACE, NODE, POD, PODDISRUPTIONBUDGET, REPLICASET, SERVICE,
+    };
     use serde_json::json;
 
     /// The `(field, reason)` of every cause, or an empty list when the object is valid.
@@ -1515,6 +1517,39 @@ mod tests {
             fields(&ENDPOINTS, &e),
             vec!["subsets[0].addresses[0].ip", "subsets[0].ports[0].port", "subsets[0].ports[1].protocol"]
         );
+    }
+
+    #[test]
+    fn endpoint_slices_check_the_address_type_their_addresses_and_ports() {
+        let slice = |address_type: Value, address: &str, ports: Value| {
+            json!({"metadata": {"name": "web-abc", "namespace": "default"}, "addressType": address_type,
+                "endpoints": [{"addresses": [address], "conditions": {"ready": true}}], "ports": ports})
+        };
+        assert_eq!(fields(&ENDPOINTSLICE, &slice(json!("IPv4"), "10.0.0.1", json!([{"name": "http", "port": 80}]))), Vec::<String>::new());
+        assert_eq!(fields(&ENDPOINTSLICE, &slice(json!("IPv4"), "fd00::1", json!([]))), vec!["endpoints[0].addresses[0]"]);
+        assert_reports(&ENDPOINTSLICE, &slice(json!("IPX"), "10.0.0.1", json!([])), "addressType", "FieldValueNotSupported");
+        assert_reports(&ENDPOINTSLICE, &slice(Value::Null, "10.0.0.1", json!([])), "addressType", "FieldValueRequired");
+        let dup = slice(json!("IPv4"), "10.0.0.1", json!([{"name": "a", "port": 80}, {"name": "a", "port": 0}]));
+        assert_eq!(causes(&ENDPOINTSLICE, &dup), vec![("ports[1].port".to_string(), "FieldValueInvalid"),
+            ("ports[1].name".to_string(), "FieldValueDuplicate")]);
+        let old = slice(json!("IPv4"), "10.0.0.1", json!([]));
+        let new = slice(json!("IPv6"), "fd00::1", json!([]));
+        assert!(matches!(validate_update(&ENDPOINTSLICE, &old, &new), Err(ApiError::Invalid { causes, .. })
+            if causes.iter().any(|c| c.field == "addressType" && c.message.contains("immutable"))));
+    }
+
+    #[test]
+    fn a_disruption_budget_takes_one_bound_as_a_count_or_a_percentage() {
+        let pdb = |spec: Value| json!({"metadata": {"name": "web", "namespace": "default"}, "spec": spec});
+        let sel = json!({"matchLabels": {"app": "web"}});
+        assert_eq!(fields(&PODDISRUPTIONBUDGET, &pdb(json!({"minAvailable": 2, "selector": sel}))), Vec::<String>::new());
+        assert_eq!(fields(&PODDISRUPTIONBUDGET, &pdb(json!({"maxUnavailable": "25%", "selector": {}}))), Vec::<String>::new());
+        assert_eq!(fields(&PODDISRUPTIONBUDGET, &pdb(json!({"minAvailable": 1, "maxUnavailable": 1}))), vec!["spec"]);
+        assert_eq!(fields(&PODDISRUPTIONBUDGET, &pdb(json!({"minAvailable": -1}))), vec!["spec.minAvailable"]);
+        assert_eq!(fields(&PODDISRUPTIONBUDGET, &pdb(json!({"maxUnavailable": "half"}))), vec!["spec.maxUnavailable"]);
+        assert_eq!(fields(&PODDISRUPTIONBUDGET, &pdb(json!({"minAvailable": "101%"}))), vec!["spec.minAvailable"]);
+        assert_eq!(fields(&PODDISRUPTIONBUDGET, &pdb(json!({"unhealthyPodEvictionPolicy": "Sometimes"}))),
+            vec!["spec.unhealthyPodEvictionPolicy"]);
     }
 
     #[test]

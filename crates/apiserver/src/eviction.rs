@@ -11,7 +11,7 @@ use shepherd_api::selector::LabelSelector;
 use shepherd_api::{ApiError, Cause, JsonPath};
 
 use crate::codec;
-use crate::service::{ApiService, DeleteOptions, ListOptions, now_rfc3339};
+use crate::service::{ApiService, DeleteOptions, ListOptions, now_rfc3339, set_condition};
 use crate::write_options::WriteOptions;
 
 /// The `Status` a successful eviction answers with (201, as Kubernetes).
@@ -39,6 +39,8 @@ fn is_ready(pod: &Value) -> bool {
         .and_then(Value::as_array)
         .is_some_and(|cs| cs.iter().any(|c| str_at(c, "/type") == "Ready" && str_at(c, "/status") == "True"))
 }
+
+const NO_DRY_RUN: &str = "dryRun is not supported on pods/eviction by Shepherd";
 
 /// Checks an `Eviction` body (`policy/v1`, or `policy/v1beta1` as older clients send it) and
 /// returns its delete options.
@@ -68,7 +70,7 @@ fn check_body(name: &str, body: &Value, delete_options: impl Fn(&[u8]) -> Result
         None => Ok(DeleteOptions::default()),
         Some(opts) => {
             if opts.get("dryRun").and_then(Value::as_array).is_some_and(|d| !d.is_empty()) {
-                return Err(ApiError::BadRequest("dryRun is not supported by Shepherd".into()));
+                return Err(ApiError::BadRequest(NO_DRY_RUN.into()));
             }
             delete_options(opts.to_string().as_bytes())
         }
@@ -77,14 +79,19 @@ fn check_body(name: &str, body: &Value, delete_options: impl Fn(&[u8]) -> Result
 
 /// Evicts pod `name`: deletes it with the eviction's delete options when no budget covers it,
 /// when it need not count (not running, already terminating), or when its one budget allows a
-/// disruption, which it then spends. Otherwise 429, as Kubernetes answers.
+/// disruption, which it then spends. Otherwise 429, as Kubernetes answers. `dry_run`: the
+/// request asked for `dryRun`, which evictions refuse rather than carry out for real.
 pub(crate) async fn evict(
     svc: &ApiService,
     ns: &str,
     name: &str,
     body: &Value,
+    dry_run: bool,
     delete_options: impl Fn(&[u8]) -> Result<DeleteOptions, ApiError>,
 ) -> Result<Value, ApiError> {
+    if dry_run {
+        return Err(ApiError::BadRequest(NO_DRY_RUN.into()));
+    }
     let mut opts = check_body(name, body, delete_options)?;
     let pod = codec::decode(&svc.get(&kinds::POD, Some(ns), name).await?)?;
     // The pod evicted is the pod judged: a pod replaced under the same name meanwhile is not deleted.
@@ -96,8 +103,35 @@ pub(crate) async fn evict(
     if counts && let Some(pdb) = covering_budget(svc, ns, &pod).await? {
         spend_disruption(svc, ns, &pdb, &pod).await?;
     }
+    mark_disruption_target(svc, ns, name, &pod).await?;
     svc.delete(&kinds::POD, Some(ns), name, &opts).await?;
     Ok(success())
+}
+
+/// Records on a pod that stays while it terminates (it is on a node) why it is going, as
+/// Kubernetes does with the `DisruptionTarget` condition.
+async fn mark_disruption_target(svc: &ApiService, ns: &str, name: &str, pod: &Value) -> Result<(), ApiError> {
+    let on_node = !str_at(pod, "/spec/nodeName").is_empty();
+    let terminating = pod.at("/metadata/deletionTimestamp").is_some_and(|t| !t.is_null());
+    if !on_node || terminating || matches!(str_at(pod, "/status/phase"), "Succeeded" | "Failed") {
+        return Ok(());
+    }
+    let uid = str_at(pod, "/metadata/uid").to_string();
+    let write = WriteOptions::default();
+    let marked = svc.mutate(&kinds::POD, Some(ns), name, None, &write, |current| {
+        if str_at(current, "/metadata/uid") != uid {
+            return Err(ApiError::conflict("pods", name, "the pod was replaced during its eviction"));
+        }
+        let mut new = current.clone();
+        set_condition(&mut new, "DisruptionTarget", "True", Some("EvictionByEvictionAPI"), Some("Eviction API: evicting"));
+        Ok(new)
+    });
+    match marked.await {
+        Ok(_) => Ok(()),
+        // Gone meanwhile: the delete that follows answers for it.
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// The one budget covering `pod`, if any; more than one is an error, as in Kubernetes.

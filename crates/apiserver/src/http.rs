@@ -586,7 +586,8 @@ async fn handle(
         (&Method::POST, Some(name), Some("eviction")) if res.kind == "Pod" => {
             check_json_body(&headers)?;
             let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
-            let done = crate::eviction::evict(svc, ns.unwrap_or("default"), name, &body, |b| delete_options(query, b)).await?;
+            let dry_run = query.contains_key("dryRun");
+            let done = crate::eviction::evict(svc, ns.unwrap_or("default"), name, &body, dry_run, |b| delete_options(query, b)).await?;
             Ok(json_response(StatusCode::CREATED, done.to_string().into_bytes()))
         }
         (&Method::PUT, Some(name), sub) => {

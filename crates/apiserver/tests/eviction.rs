@@ -170,3 +170,41 @@ async fn a_budget_with_both_bounds_or_a_bad_percentage_is_rejected_naming_the_fi
     assert_eq!(status["details"]["causes"][0]["field"], "spec.minAvailable");
     assert_eq!(s.get(&format!("{PDBS}/bad")).await.0, StatusCode::NOT_FOUND, "a rejected budget is not written");
 }
+
+#[tokio::test]
+async fn an_unready_pod_goes_without_spending_the_budget_when_the_budget_is_met() {
+    let s = start().await;
+    for p in ["web-0", "web-1", "web-2"] {
+        s.ready_pod(p, "web").await;
+    }
+    let unready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+    let resp = s.http.patch(format!("{}{PODS}/web-2/status", s.base)).header("content-type", "application/merge-patch+json")
+        .body(unready.to_string()).send().await.expect("patch");
+    assert!(resp.status().is_success());
+    let pdb = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}});
+    assert_eq!(s.send(reqwest::Method::POST, PDBS, Some(&pdb)).await.0, StatusCode::CREATED);
+    s.budget_status(1, 2, 2, 0).await;
+
+    let (code, status) = s.evict("web-2", "policy/v1").await;
+    assert_eq!(code, StatusCode::CREATED, "{status}");
+    let (_, pdb) = s.get(&format!("{PDBS}/web")).await;
+    assert_eq!(pdb["status"]["disruptionsAllowed"], 0);
+    assert!(pdb["status"].get("disruptedPods").is_none(), "an unready pod spent a disruption: {pdb}");
+    assert_eq!(s.evict("web-1", "policy/v1").await.0, StatusCode::TOO_MANY_REQUESTS, "a ready pod still may not go");
+}
+
+#[tokio::test]
+async fn a_pod_on_a_node_terminates_marked_as_a_disruption_target() {
+    let s = start().await;
+    s.ready_pod("web-0", "web").await;
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web-0"}, "target": {"kind": "Node", "name": "n1"}});
+    let (code, body) = s.send(reqwest::Method::POST, &format!("{PODS}/web-0/binding"), Some(&binding)).await;
+    assert_eq!(code, StatusCode::CREATED, "{body}");
+    assert_eq!(s.evict("web-0", "policy/v1").await.0, StatusCode::CREATED);
+    let (code, pod) = s.get(&format!("{PODS}/web-0")).await;
+    assert_eq!(code, StatusCode::OK, "a pod on a node terminates gracefully");
+    assert!(pod["metadata"]["deletionTimestamp"].is_string(), "{pod}");
+    let target = pod["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "DisruptionTarget")).cloned();
+    assert_eq!(target.map(|t| t["reason"].clone()), Some(json!("EvictionByEvictionAPI")), "{pod}");
+}

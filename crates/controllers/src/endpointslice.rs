@@ -16,6 +16,7 @@ use shepherd_api::kinds;
 use shepherd_runtime::cache::resource_version;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager};
+use tokio::time::Instant;
 
 use crate::config::ControllerConfig;
 use crate::endpoints::{PortKey, is_ready, pod_ports, service_selector, services_selecting, str_at};
@@ -27,6 +28,9 @@ pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
 /// Kubernetes' `--max-endpoints-per-slice` default.
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;
+/// How long a reconcile waits for the cache to show the last one's writes. A slice written and
+/// then deleted by someone else before the cache showed it would otherwise be waited for for ever.
+const WRITES_VISIBLE_WITHIN: Duration = Duration::from_secs(10);
 
 /// The EndpointSlice controller; pod changes enqueue the services selecting the pod.
 pub fn endpoint_slice_controller(client: Arc<dyn Client>, manager: &Manager, config: ControllerConfig) -> Controller {
@@ -58,10 +62,10 @@ struct EndpointSliceController {
     services: Arc<Cache>,
     pods: Arc<Cache>,
     slices: Arc<Cache>,
-    /// Per service, the slice writes of its last reconcile. Slices are created with generated
-    /// names, so a reconcile working from a cache without them would create them a second time;
-    /// it waits for the cache instead.
-    written: Mutex<HashMap<String, Vec<Written>>>,
+    /// Per service, the slice writes of its last reconcile and when they were made. Slices are
+    /// created with generated names, so a reconcile working from a cache without them would
+    /// create them a second time; it waits for the cache instead (at most [`WRITES_VISIBLE_WITHIN`]).
+    written: Mutex<HashMap<String, (Instant, Vec<Written>)>>,
 }
 
 /// What one slice should hold.
@@ -87,8 +91,8 @@ impl EndpointSliceController {
     /// Whether the cache shows every write of this service's last reconcile.
     fn cache_caught_up(&self, key: &str, ns: &str) -> bool {
         let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(writes) = written.get(key) else { return true };
-        let seen = writes.iter().all(|(name, rv)| {
+        let Some((at, writes)) = written.get(key) else { return true };
+        let seen = at.elapsed() >= WRITES_VISIBLE_WITHIN || writes.iter().all(|(name, rv)| {
             let cached = self.slices.get(&format!("{ns}/{name}"));
             match rv {
                 None => cached.is_none(),
@@ -178,7 +182,7 @@ impl EndpointSliceController {
 
     fn remember(&self, key: &str, writes: Vec<Written>) {
         if !writes.is_empty() {
-            self.written.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), writes);
+            self.written.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), (Instant::now(), writes));
         }
     }
 }
@@ -220,7 +224,9 @@ fn desired_slices(svc: &Value, pods: &[Arc<Value>]) -> Vec<SliceContent> {
     let ns = str_at(svc, "/metadata/namespace");
     let publish_not_ready = svc.at("/spec/publishNotReadyAddresses").and_then(Value::as_bool).unwrap_or(false);
     let service_ports: Vec<&Value> = svc.at("/spec/ports").and_then(Value::as_array).map(|p| p.iter().collect()).unwrap_or_default();
-    let mut groups: BTreeMap<(&'static str, Vec<PortKey>), Vec<(IpAddr, String, Value)>> = BTreeMap::new();
+    // Per (address family, resolved ports): (address, pod name, endpoint), to sort and cut.
+    type Group = Vec<(IpAddr, String, Value)>;
+    let mut groups: BTreeMap<(&'static str, Vec<PortKey>), Group> = BTreeMap::new();
     for pod in pods {
         let Ok(ip) = str_at(pod, "/status/podIP").parse::<IpAddr>() else { continue };
         if matches!(str_at(pod, "/status/phase"), "Succeeded" | "Failed") {

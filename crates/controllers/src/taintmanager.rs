@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde_json::Value;
-use shepherd_api::kinds;
+use serde_json::{Value, json};
+use shepherd_api::{JsonPath, kinds};
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager};
@@ -147,6 +147,10 @@ impl TaintManager {
             return Ok(Action::RequeueAfter(wait));
         }
         let (ns, name) = key.split_once('/').ok_or_else(|| format!("pod key {key:?} has no namespace"))?;
+        if !self.mark_disruption_target(&pod, ns).await? {
+            // The pod changed since the cache showed it; its newer version reconciles it again.
+            return Ok(Action::Done);
+        }
         self.events.record(&pod, EventType::Normal, "TaintManagerEviction", &format!("Marking for deletion Pod {key}")).await;
         let params = DeleteParams { precondition_uid: Some(uid), ..Default::default() };
         match self.client.delete(&kinds::POD, Some(ns), name, &params).await {
@@ -156,12 +160,31 @@ impl TaintManager {
         }
         forget()
     }
+
+    /// Records why the pod is going (the `DisruptionTarget` condition Kubernetes sets), so it
+    /// shows while the pod terminates. False when the pod changed since the cache showed it.
+    async fn mark_disruption_target(&self, pod: &Value, ns: &str) -> Result<bool, Error> {
+        let mut updated = pod.clone();
+        let mut conditions: Vec<Value> = pod.at("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+        conditions.retain(|c| str_at(c, "/type") != Some("DisruptionTarget"));
+        conditions.push(json!({"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+            "message": "Taint manager: deleting due to NoExecute taint",
+            "lastTransitionTime": podutil::format_time(podutil::now())}));
+        if !updated.get("status").is_some_and(Value::is_object) {
+            updated["status"] = json!({});
+        }
+        updated["status"]["conditions"] = Value::Array(conditions);
+        match self.client.update_status(&kinds::POD, Some(ns), updated).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_conflict() || e.is_not_found() => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn node(taints: Value) -> Vec<Taint> {
         taints_of(&json!({"spec": {"taints": taints}}))

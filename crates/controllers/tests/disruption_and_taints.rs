@@ -9,6 +9,7 @@ use shepherd_api::kinds;
 use shepherd_apiserver::{ApiServer, HttpConfig};
 use shepherd_controllers::ControllerConfig;
 use shepherd_controllers::disruption::disruption_controller;
+use shepherd_controllers::nodelifecycle::{NodeLifecycleConfig, UNREACHABLE_TAINT, node_lifecycle_controller};
 use shepherd_controllers::taintmanager::taint_manager;
 use shepherd_runtime::{Client, Manager, Patch, RunningManager};
 use shepherd_store::{HistoryLimits, LocalStore};
@@ -21,12 +22,20 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Cluster::start_with(false).await
+    }
+
+    /// With the node lifecycle controller too (40 s grace period, 60 s eviction timeout).
+    async fn start_with(node_lifecycle: bool) -> Cluster {
         let store = Arc::new(LocalStore::in_memory(HistoryLimits::default()));
         let server = ApiServer::new(store, HttpConfig::default()).await.expect("api server starts");
         let client: Arc<dyn Client> = Arc::new(server.client());
         let manager = Manager::new(client.clone());
         manager.add(disruption_controller(client.clone(), &manager, ControllerConfig::default()));
         manager.add(taint_manager(client.clone(), &manager, ControllerConfig::default()));
+        if node_lifecycle {
+            manager.add(node_lifecycle_controller(client.clone(), &manager, NodeLifecycleConfig::default()));
+        }
         Cluster { client, running: manager.spawn() }
     }
 
@@ -141,6 +150,9 @@ async fn a_no_execute_taint_evicts_intolerant_pods_at_once_and_tolerant_ones_aft
     c.taint("n1", json!([{"key": "maintenance", "value": "now", "effect": "NoExecute"}])).await;
     let took = c.wait_evicted("intolerant", Duration::from_secs(5)).await;
     assert!(took < Duration::from_secs(1), "an intolerant pod waited {took:?}");
+    let gone = c.client.get(&kinds::POD, Some("default"), "intolerant").await.expect("terminating, not yet gone");
+    let target = gone["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "DisruptionTarget")).cloned();
+    assert_eq!(target.map(|t| t["reason"].clone()), Some(json!("DeletionByTaintManager")), "{gone}");
     let took = c.wait_evicted("patient", Duration::from_secs(60)).await;
     assert!(took >= Duration::from_secs(29) && took < Duration::from_secs(31), "tolerationSeconds 30 evicted after {took:?}");
     assert!(c.evicted("unbothered").await, "every pod without a toleration goes");
@@ -161,5 +173,22 @@ async fn removing_the_taint_in_time_cancels_a_pending_eviction() {
     c.taint("n1", json!([])).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(!c.evicted("patient").await, "the eviction outlived the taint");
+    c.running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_node_s_pods_go_after_their_own_toleration_or_else_the_eviction_timeout() {
+    let c = Cluster::start_with(true).await;
+    let started = Instant::now();
+    c.node("n1").await;
+    c.pod("brief", "n1", json!([{"key": UNREACHABLE_TAINT, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 5}])).await;
+    c.pod("plain", "n1", json!([])).await;
+    // The node never heartbeats: unreachable after the 40 s grace period.
+    let brief = c.wait_evicted("brief", Duration::from_secs(120)).await;
+    assert!(brief >= Duration::from_secs(44) && brief < Duration::from_secs(47), "brief went after {brief:?}");
+    assert!(!c.evicted("plain").await, "a pod without a toleration was evicted before the eviction timeout");
+    c.wait_evicted("plain", Duration::from_secs(120)).await;
+    let plain = started.elapsed();
+    assert!(plain >= Duration::from_secs(99) && plain < Duration::from_secs(102), "plain went after {plain:?}");
     c.running.stop().await;
 }
