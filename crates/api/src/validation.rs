@@ -1163,6 +1163,19 @@ mod tests {
     }
 
     #[test]
+    fn unknown_fields_are_pruned_by_path_and_known_ones_kept() {
+        let mut p = pod(json!({"containers": [{"name": "c", "image": "i", "imagee": "x"}], "foo.bar": {"a": 1}}));
+        p["metadata"]["labels"] = json!({"odd.key/x": "v"});
+        let pruned = prune_unknown_fields(&POD, &mut p);
+        assert_eq!(pruned, ["spec.containers[0].imagee", "spec.foo.bar"]);
+        assert_eq!(p["spec"], json!({"containers": [{"name": "c", "image": "i"}]}));
+        assert_eq!(p["metadata"]["labels"]["odd.key/x"], "v", "map keys are not fields");
+        assert!(causes(&POD, &p).is_empty(), "{:?}", causes(&POD, &p));
+        let mut wrong_type = pod(json!({"containers": "nope", "extra": 1}));
+        assert!(prune_unknown_fields(&POD, &mut wrong_type).is_empty(), "left to validation");
+    }
+
+    #[test]
     fn a_shorthand_selector_is_rejected_as_an_unknown_field() {
         let mut d = seed_deployment();
         d["spec"]["selector"] = json!({"app": "web"});

@@ -184,7 +184,7 @@ async fn lists_and_gets_honour_resource_version_and_its_match() {
 
     for q in ["", "?resourceVersion=0", &format!("?resourceVersion={now}"),
         &format!("?resourceVersion={now}&resourceVersionMatch=NotOlderThan"),
-        &format!("?resourceVersion=1&resourceVersionMatch=NotOlderThan"),
+        "?resourceVersion=1&resourceVersionMatch=NotOlderThan",
         &format!("?resourceVersion={now}&resourceVersionMatch=Exact"), "?limit=-1"] {
         let r = s.get(&format!("{PODS}{q}")).await;
         assert_eq!(r.code, StatusCode::OK, "{q}: {}", r.body);
