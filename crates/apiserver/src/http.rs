@@ -372,6 +372,10 @@ fn revision_match(query: &HashMap<String, String>, continuing: bool) -> Result<R
     if !causes.is_empty() {
         return Err(ApiError::invalid("ListOptions.meta.k8s.io", "", causes));
     }
+    // A continue token carries the revision of the first page.
+    if continuing && rv.is_some_and(|rv| rv != 0) {
+        return Err(ApiError::BadRequest("specifying resource version is not allowed when using continue".into()));
+    }
     Ok(match (rv, matching) {
         (None | Some(0), _) => RevisionMatch::Any,
         (Some(rv), "Exact") => RevisionMatch::Exact(rv),

@@ -230,6 +230,11 @@ async fn lists_and_gets_honour_resource_version_and_its_match() {
     assert!(r.body["message"].as_str().is_some_and(|m| m.contains("resourceVersion") && m.contains("garbage")), "{}", r.body);
     assert_eq!(s.get(&format!("{PODS}/p0?resourceVersion=garbage")).await.code, StatusCode::BAD_REQUEST);
     assert_eq!(s.get(&format!("{PODS}?limit=many")).await.code, StatusCode::BAD_REQUEST);
+    let first = s.get(&format!("{PODS}?limit=1")).await;
+    let token = first.body["metadata"]["continue"].as_str().expect("a continue token").to_string();
+    let r = s.get(&format!("{PODS}?limit=1&continue={token}&resourceVersion={now}")).await;
+    assert_eq!(r.code, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert_eq!(s.get(&format!("{PODS}?limit=1&continue={token}&resourceVersion=0")).await.code, StatusCode::OK);
     for (q, says) in [
         ("resourceVersion=5&resourceVersionMatch=Bogus", "Unsupported value: \"Bogus\""),
         ("resourceVersionMatch=Exact", "resourceVersionMatch is forbidden unless resourceVersion is provided"),
