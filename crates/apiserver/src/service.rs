@@ -1,8 +1,9 @@
 //! The API's operations on objects, shared by the HTTP handlers and the in-process client.
 //!
 //! Everything a write goes through lives here, in one order: decode, check kind and namespace,
-//! default, set server-owned metadata, validate, then one store write with a precondition. A
-//! rejected request returns before the store is touched, so it writes nothing.
+//! drop or refuse unknown fields (`fieldValidation`), default, set server-owned metadata,
+//! validate, then one store write with a precondition (none on a dry run). A rejected request
+//! returns before the store is touched, so it writes nothing.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
