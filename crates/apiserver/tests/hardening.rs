@@ -159,6 +159,30 @@ async fn concurrent_patches_without_a_resource_version_all_apply() {
     let annotations = got["metadata"]["annotations"].as_object().map_or(0, |a| a.len());
     assert_eq!(annotations, clients * each, "every patch's effect is in the object");
 
+    // Status patches and PUTs without a resourceVersion are retried the same way.
+    s.create(DEPLOYMENTS, &deployment("hot")).await;
+    let deploy = format!("{DEPLOYMENTS}/hot");
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let s = s.clone();
+        let deploy = deploy.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut codes = Vec::new();
+            for i in 0..10 {
+                let status = json!({"status": {"observedGeneration": i, "replicas": c}});
+                codes.push(s.patch(&format!("{deploy}/status"), &status, MERGE).await.code);
+                let mut body = deployment("hot");
+                body["metadata"]["labels"] = json!({"writer": format!("c{c}")});
+                codes.push(s.put(&deploy, &body).await.code);
+            }
+            codes
+        }));
+    }
+    for t in tasks {
+        let codes = t.await.expect("client task");
+        assert!(codes.iter().all(|c| *c == StatusCode::OK), "{codes:?}");
+    }
+
     // With a resourceVersion the client asked for a precondition: a stale one is 409 at once.
     let stale = json!({"metadata": {"resourceVersion": "2", "annotations": {"late": "x"}}});
     let started = Instant::now();
