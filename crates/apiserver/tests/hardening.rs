@@ -260,6 +260,8 @@ async fn lists_and_gets_honour_resource_version_and_its_match() {
     assert_eq!(r.code, StatusCode::BAD_REQUEST, "{}", r.body);
     assert_eq!(s.get(&format!("{PODS}?limit=1&continue={token}&resourceVersion=0")).await.code, StatusCode::OK);
     for (q, says) in [
+        ("watch=true&resourceVersionMatch=NotOlderThan", "forbidden for watch unless sendInitialEvents is provided"),
+        ("watch=true&sendInitialEvents=true", "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"),
         ("resourceVersion=5&resourceVersionMatch=Bogus", "Unsupported value: \"Bogus\""),
         ("resourceVersionMatch=Exact", "resourceVersionMatch is forbidden unless resourceVersion is provided"),
         ("resourceVersion=0&resourceVersionMatch=Exact", "forbidden for resourceVersion \"0\""),
