@@ -211,14 +211,33 @@ fn non_negative_scaled(s: &str, scale: i32) -> Result<i64, String> {
 
 /// Validates an object of kind `res` as sent by a client, after defaulting.
 pub fn validate(res: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
-    let causes = causes_for(res, obj);
+    validate_as(res, obj, Schema::Check)
+}
+
+/// Whether validation reads the object against the Kubernetes schema (unknown fields, JSON
+/// types) or knows it already fits: [`prune_unknown_fields`] just read it, and only known fields
+/// of the right types were added since (defaults, server-owned metadata).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schema {
+    Check,
+    AlreadyChecked,
+}
+
+/// [`validate`], skipping the schema check when it was already done.
+pub fn validate_as(res: &ResourceInfo, obj: &Value, schema: Schema) -> Result<(), ApiError> {
+    let causes = causes_for(res, obj, schema);
     finish(res, obj, causes)
 }
 
 /// Validates `new` as a replacement for the stored `old`: everything [`validate`] checks, plus the
 /// fields that may not change after creation.
 pub fn validate_update(res: &ResourceInfo, old: &Value, new: &Value) -> Result<(), ApiError> {
-    let mut c = causes_for(res, new);
+    validate_update_as(res, old, new, Schema::Check)
+}
+
+/// [`validate_update`], skipping the schema check when it was already done.
+pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: Schema) -> Result<(), ApiError> {
+    let mut c = causes_for(res, new, schema);
     for field in ["name", "namespace", "uid", "creationTimestamp"] {
         let path = format!("metadata.{field}");
         let sent = str_at(new, &path).unwrap_or("");
@@ -275,14 +294,16 @@ fn finish(res: &ResourceInfo, obj: &Value, causes: Vec<Cause>) -> Result<(), Api
     Err(ApiError::invalid(res.kind, name, causes))
 }
 
-fn causes_for(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
+fn causes_for(res: &ResourceInfo, obj: &Value, schema: Schema) -> Vec<Cause> {
     let mut c = Vec::new();
     if !obj.is_object() {
         c.push(Cause::invalid("", "an object must be a JSON object"));
         return c;
     }
     validate_metadata(res, obj, &mut c);
-    check_schema(res, obj, &mut c);
+    if schema == Schema::Check {
+        check_schema(res, obj, &mut c);
+    }
     match res.kind {
         "Pod" => {
             check_unsupported_in_pod_spec(obj.get("spec"), "spec", &mut c);
@@ -448,9 +469,15 @@ fn check_schema(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
 /// them). An object the schema cannot read at all (a wrong JSON type) is left as it is: its
 /// validation names the field.
 pub fn prune_unknown_fields(res: &ResourceInfo, obj: &mut Value) -> Vec<String> {
+    prune_and_check(res, obj).0
+}
+
+/// [`prune_unknown_fields`], also saying whether the schema read the object: if it did, what is
+/// left fits the schema and validation need not check it again.
+pub fn prune_and_check(res: &ResourceInfo, obj: &mut Value) -> (Vec<String>, Schema) {
     let out = match typed_form(res, obj) {
         Some(Ok(out)) => out,
-        _ => return Vec::new(),
+        _ => return (Vec::new(), Schema::Check),
     };
     let mut found = Vec::new();
     if let (Some(i), Some(o)) = (obj.as_object_mut(), out.as_object()) {
@@ -458,7 +485,7 @@ pub fn prune_unknown_fields(res: &ResourceInfo, obj: &mut Value) -> Vec<String> 
         let keep = |k: &str| k == "apiVersion" || k == "kind";
         prune_object(i, o, "", &keep, &mut found);
     }
-    found
+    (found, Schema::AlreadyChecked)
 }
 
 fn prune_object(
@@ -1287,6 +1314,19 @@ mod tests {
         }
         let err = validate(&DEPLOYMENT, &d).unwrap_err().to_status();
         assert!(err["message"].as_str().unwrap_or("").contains("unknown field \"imagePolicy\""), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_pruned_by_path_and_known_ones_kept() {
+        let mut p = pod(json!({"containers": [{"name": "c", "image": "i", "imagee": "x"}], "foo.bar": {"a": 1}}));
+        p["metadata"]["labels"] = json!({"odd.key/x": "v"});
+        let pruned = prune_unknown_fields(&POD, &mut p);
+        assert_eq!(pruned, ["spec.containers[0].imagee", "spec.foo.bar"]);
+        assert_eq!(p["spec"], json!({"containers": [{"name": "c", "image": "i"}]}));
+        assert_eq!(p["metadata"]["labels"]["odd.key/x"], "v", "map keys are not fields");
+        assert!(causes(&POD, &p).is_empty(), "{:?}", causes(&POD, &p));
+        let mut wrong_type = pod(json!({"containers": "nope", "extra": 1}));
+        assert!(prune_unknown_fields(&POD, &mut wrong_type).is_empty(), "left to validation");
     }
 
     #[test]

@@ -407,6 +407,10 @@ fn revision_match(query: &HashMap<String, String>, continuing: bool) -> Result<R
     if !causes.is_empty() {
         return Err(ApiError::invalid("ListOptions.meta.k8s.io", "", causes));
     }
+    // A continue token carries the revision of the first page.
+    if continuing && rv.is_some_and(|rv| rv != 0) {
+        return Err(ApiError::BadRequest("specifying resource version is not allowed when using continue".into()));
+    }
     Ok(match (rv, matching) {
         (None | Some(0), _) => RevisionMatch::Any,
         (Some(rv), "Exact") => RevisionMatch::Exact(rv),
@@ -781,18 +785,39 @@ fn scale_replicas(scale: &Value) -> Result<i64, ApiError> {
 
 async fn watch(app: &AppState, t: &Target, query: &HashMap<String, String>, headers: &HeaderMap) -> Result<Response, ApiError> {
     let rv = parse_resource_version(query.get("resourceVersion").map(String::as_str).unwrap_or(""))?;
-    let send_initial = match query.get("sendInitialEvents").map(String::as_str) {
+    let send_initial_param = query.get("sendInitialEvents").map(String::as_str);
+    let send_initial = match send_initial_param {
         None | Some("false") => false,
-        Some("true") => {
-            if query.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
-                return Err(ApiError::BadRequest(
-                    "sendInitialEvents=true requires resourceVersionMatch=NotOlderThan".into(),
-                ));
-            }
-            true
-        }
+        Some("true") => true,
         Some(other) => return Err(ApiError::BadRequest(format!("sendInitialEvents={other} is not a boolean"))),
     };
+    // Kubernetes' watch options validation: resourceVersionMatch only with sendInitialEvents, and
+    // then only NotOlderThan.
+    let matching = query.get("resourceVersionMatch").map(String::as_str).filter(|m| !m.is_empty());
+    let mut causes = Vec::new();
+    if send_initial_param.is_some() && matching != Some("NotOlderThan") {
+        causes.push(shepherd_api::Cause::forbidden(
+            "resourceVersionMatch",
+            "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+        ));
+    }
+    if let Some(m) = matching {
+        if send_initial_param.is_none() {
+            causes.push(shepherd_api::Cause::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            ));
+        }
+        if m != "NotOlderThan" {
+            causes.push(shepherd_api::Cause::not_supported(
+                "resourceVersionMatch",
+                format!("Unsupported value: {m:?}: supported values: \"NotOlderThan\""),
+            ));
+        }
+    }
+    if !causes.is_empty() {
+        return Err(ApiError::invalid("ListOptions.meta.k8s.io", "", causes));
+    }
     let timeout = match query.get("timeoutSeconds") {
         Some(s) => Some(Duration::from_secs(s.parse().map_err(|_| ApiError::BadRequest("timeoutSeconds must be a whole number".into()))?)),
         None => None,

@@ -73,7 +73,7 @@ pub(crate) fn apply_json_patch(doc: &mut Value, patch: &Value) -> Result<(), Api
             }
             json_patch::PatchOperation::Move(o) => (&o.path, doc.at(o.from.as_str())),
             json_patch::PatchOperation::Remove(_) | json_patch::PatchOperation::Test(_) => {
-                apply_one(doc, op, i)?;
+                apply_one(doc, op)?;
                 continue;
             }
         };
@@ -84,12 +84,12 @@ pub(crate) fn apply_json_patch(doc: &mut Value, patch: &Value) -> Result<(), Api
                 "the JSON patch nests the object deeper than {MAX_DEPTH} levels (operation {i})"
             )));
         }
-        apply_one(doc, op, i)?;
+        apply_one(doc, op)?;
     }
     Ok(())
 }
 
-fn apply_one(doc: &mut Value, op: &json_patch::PatchOperation, _index: usize) -> Result<(), ApiError> {
+fn apply_one(doc: &mut Value, op: &json_patch::PatchOperation) -> Result<(), ApiError> {
     json_patch::patch_unsafe(doc, std::slice::from_ref(op)).map_err(|e| ApiError::Invalid {
         kind: String::new(),
         name: String::new(),

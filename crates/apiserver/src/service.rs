@@ -1,8 +1,9 @@
 //! The API's operations on objects, shared by the HTTP handlers and the in-process client.
 //!
 //! Everything a write goes through lives here, in one order: decode, check kind and namespace,
-//! default, set server-owned metadata, validate, then one store write with a precondition. A
-//! rejected request returns before the store is touched, so it writes nothing.
+//! drop or refuse unknown fields (`fieldValidation`), default, set server-owned metadata,
+//! validate, then one store write with a precondition (none on a dry run). A rejected request
+//! returns before the store is touched, so it writes nothing.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -441,10 +442,15 @@ impl ApiService {
     /// (Strict) or dropped (Warn, Ignore), and named in warnings (Warn). Fields Kubernetes knows
     /// but Shepherd does not implement are not unknown: validation refuses them under every
     /// setting, as they would otherwise be silently ignored.
-    fn check_fields(res: &ResourceInfo, obj: &mut Value, opts: &WriteOptions, warnings: &mut Vec<String>) -> Result<(), ApiError> {
-        let unknown = validation::prune_unknown_fields(res, obj);
+    fn check_fields(
+        res: &ResourceInfo,
+        obj: &mut Value,
+        opts: &WriteOptions,
+        warnings: &mut Vec<String>,
+    ) -> Result<validation::Schema, ApiError> {
+        let (unknown, schema) = validation::prune_and_check(res, obj);
         if unknown.is_empty() {
-            return Ok(());
+            return Ok(schema);
         }
         let problems = unknown.iter().map(|p| format!("unknown field \"{p}\""));
         match opts.field_validation {
@@ -456,9 +462,9 @@ impl ApiService {
             }
             FieldValidation::Warn => {
                 warnings.extend(problems);
-                Ok(())
+                Ok(schema)
             }
-            FieldValidation::Ignore => Ok(()),
+            FieldValidation::Ignore => Ok(schema),
         }
     }
 
@@ -475,7 +481,7 @@ impl ApiService {
     ) -> Result<Written, ApiError> {
         Self::check_type(res, &mut obj)?;
         let mut warnings = Vec::new();
-        Self::check_fields(res, &mut obj, opts, &mut warnings)?;
+        let schema = Self::check_fields(res, &mut obj, opts, &mut warnings)?;
         Self::check_namespace(res, ns, &mut obj)?;
         let ns = if res.namespaced { meta_str(&obj, "namespace").map(str::to_string) } else { None };
         {
@@ -496,7 +502,7 @@ impl ApiService {
         reset_status_on_create(res, &mut obj);
         defaults::apply_defaults(res, &mut obj);
         let name = meta_str(&obj, "name").unwrap_or("").to_string();
-        validation::validate(res, &obj)?;
+        validation::validate_as(res, &obj, schema)?;
         self.namespace_must_exist(res, ns.as_deref()).await?;
         let key = Self::key(res, ns.as_deref(), &name);
         if opts.dry_run {
@@ -637,7 +643,7 @@ impl ApiService {
                 return Err(ApiError::BadRequest("the object must be a JSON object".into()));
             }
             let mut warnings = Vec::new();
-            Self::check_fields(res, &mut new, opts, &mut warnings)?;
+            let schema = Self::check_fields(res, &mut new, opts, &mut warnings)?;
             defaults::apply_defaults(res, &mut new);
             if spec_changed(&old, &new) {
                 let generation = meta(&old).and_then(|m| m.get("generation")).and_then(Value::as_i64).unwrap_or(1);
@@ -650,9 +656,9 @@ impl ApiService {
                 return Ok(Written { kv: current, warnings });
             }
             if check_update {
-                validation::validate_update(res, &old, &new)?;
+                validation::validate_update_as(res, &old, &new, schema)?;
             } else {
-                validation::validate(res, &new)?;
+                validation::validate_as(res, &new, schema)?;
             }
             if opts.dry_run {
                 return Ok(Written { kv: dry_run_kv(key, &new, current.mod_revision)?, warnings });

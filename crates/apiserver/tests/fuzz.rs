@@ -1,6 +1,6 @@
-//! An HTTP fuzzer: random create, update and patch requests of every kind and patch type against
-//! a real server on loopback. No request may panic or get a 5xx, and a refused one writes
-//! nothing. Runs for `SHEPHERD_FUZZ_SECONDS` (default 10) seconds.
+//! An HTTP fuzzer: random create, update, patch (every type) and dry-run delete requests of every
+//! kind against a real server on loopback. No request may panic or get a 5xx, and a refused one
+//! writes nothing. Runs for `SHEPHERD_FUZZ_SECONDS` (default 10) seconds.
 
 mod common;
 
@@ -277,6 +277,8 @@ fn case() -> impl Strategy<Value = Case> {
         (Method::PATCH, STRATEGIC),
         (Method::PATCH, JSON_PATCH),
         (Method::PATCH, JSON_PATCH),
+        // Always a dry run (below), so the objects under test stay.
+        (Method::DELETE, "application/json"),
     ]);
     let ops = proptest::collection::vec(json_patch_op(), 1..6);
     (kind, verb, any::<usize>(), query, any::<u8>(), proptest::collection::vec(edit(), 0..4), body, ops).prop_map(
@@ -286,6 +288,7 @@ fn case() -> impl Strategy<Value = Case> {
                 (JSON_PATCH, None) => Some(Body::Json(Value::Array(ops))),
                 (_, b) => b,
             };
+            let query = if method == Method::DELETE { "?dryRun=All" } else { query };
             Case { kind, method, sub, content_type, query, name, edits, body }
         },
     )
@@ -302,7 +305,7 @@ impl Fuzz {
     fn run(&self, c: &Case) -> Result<(), TestCaseError> {
         let kind = &KINDS[c.kind];
         let object = format!("{}/fz", kind.collection);
-        let sub = if c.method == Method::POST { "" } else { kind.subresources[c.sub % kind.subresources.len()] };
+        let sub = if c.method == Method::POST || c.method == Method::DELETE { "" } else { kind.subresources[c.sub % kind.subresources.len()] };
         let path = format!("{}{sub}{}", if c.method == Method::POST { kind.collection } else { &object }, c.query);
         self.rt.block_on(async {
             let base = match c.method {
@@ -316,6 +319,11 @@ impl Fuzz {
             let body = match &c.body {
                 Some(Body::Raw(s)) => s.clone(),
                 Some(Body::Json(v)) => v.to_string(),
+                None if c.method == Method::DELETE => {
+                    // DeleteOptions with random fields.
+                    apply_edits(json!({"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+                        "preconditions": {"uid": "x"}, "propagationPolicy": "Orphan", "dryRun": []}), &c.edits).to_string()
+                }
                 None if c.method == Method::PATCH => {
                     // A merge patch made of the edits, applied to nothing: random fields only.
                     apply_edits(json!({"metadata": {}}), &c.edits).to_string()

@@ -159,6 +159,30 @@ async fn concurrent_patches_without_a_resource_version_all_apply() {
     let annotations = got["metadata"]["annotations"].as_object().map_or(0, |a| a.len());
     assert_eq!(annotations, clients * each, "every patch's effect is in the object");
 
+    // Status patches and PUTs without a resourceVersion are retried the same way.
+    s.create(DEPLOYMENTS, &deployment("hot")).await;
+    let deploy = format!("{DEPLOYMENTS}/hot");
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let s = s.clone();
+        let deploy = deploy.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut codes = Vec::new();
+            for i in 0..10 {
+                let status = json!({"status": {"observedGeneration": i, "replicas": c}});
+                codes.push(s.patch(&format!("{deploy}/status"), &status, MERGE).await.code);
+                let mut body = deployment("hot");
+                body["metadata"]["labels"] = json!({"writer": format!("c{c}")});
+                codes.push(s.put(&deploy, &body).await.code);
+            }
+            codes
+        }));
+    }
+    for t in tasks {
+        let codes = t.await.expect("client task");
+        assert!(codes.iter().all(|c| *c == StatusCode::OK), "{codes:?}");
+    }
+
     // With a resourceVersion the client asked for a precondition: a stale one is 409 at once.
     let stale = json!({"metadata": {"resourceVersion": "2", "annotations": {"late": "x"}}});
     let started = Instant::now();
@@ -184,7 +208,7 @@ async fn lists_and_gets_honour_resource_version_and_its_match() {
 
     for q in ["", "?resourceVersion=0", &format!("?resourceVersion={now}"),
         &format!("?resourceVersion={now}&resourceVersionMatch=NotOlderThan"),
-        &format!("?resourceVersion=1&resourceVersionMatch=NotOlderThan"),
+        "?resourceVersion=1&resourceVersionMatch=NotOlderThan",
         &format!("?resourceVersion={now}&resourceVersionMatch=Exact"), "?limit=-1"] {
         let r = s.get(&format!("{PODS}{q}")).await;
         assert_eq!(r.code, StatusCode::OK, "{q}: {}", r.body);
@@ -230,7 +254,14 @@ async fn lists_and_gets_honour_resource_version_and_its_match() {
     assert!(r.body["message"].as_str().is_some_and(|m| m.contains("resourceVersion") && m.contains("garbage")), "{}", r.body);
     assert_eq!(s.get(&format!("{PODS}/p0?resourceVersion=garbage")).await.code, StatusCode::BAD_REQUEST);
     assert_eq!(s.get(&format!("{PODS}?limit=many")).await.code, StatusCode::BAD_REQUEST);
+    let first = s.get(&format!("{PODS}?limit=1")).await;
+    let token = first.body["metadata"]["continue"].as_str().expect("a continue token").to_string();
+    let r = s.get(&format!("{PODS}?limit=1&continue={token}&resourceVersion={now}")).await;
+    assert_eq!(r.code, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert_eq!(s.get(&format!("{PODS}?limit=1&continue={token}&resourceVersion=0")).await.code, StatusCode::OK);
     for (q, says) in [
+        ("watch=true&resourceVersionMatch=NotOlderThan", "forbidden for watch unless sendInitialEvents is provided"),
+        ("watch=true&sendInitialEvents=true", "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"),
         ("resourceVersion=5&resourceVersionMatch=Bogus", "Unsupported value: \"Bogus\""),
         ("resourceVersionMatch=Exact", "resourceVersionMatch is forbidden unless resourceVersion is provided"),
         ("resourceVersion=0&resourceVersionMatch=Exact", "forbidden for resourceVersion \"0\""),

@@ -99,7 +99,7 @@ fn server_rejection_gives_the_reason_and_field() {
         @r#"Error: Deployment "web" is invalid: spec.replicas: Invalid value: -1: must be greater than or equal to 0"#);
     let unknown_field = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - {name: c, image: busybox, bogus: 1}\n";
     insta::assert_snapshot!(report(&s.sheepctl_stdin(&["apply", "-f", "-"], unknown_field)),
-        @r#"Error: Pod in version "v1" cannot be handled as a Pod: strict decoding error: unknown field "spec.containers[0].bogus""#);
+        @r#"Error: Pod in version "v1" cannot be handled as a Pod: strict decoding error: unknown field "spec.containers[0].bogus" (BadRequest)"#);
 }
 
 #[test]
