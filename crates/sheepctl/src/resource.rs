@@ -104,26 +104,6 @@ pub fn object_path(res: &ResourceInfo, namespace: &str, name: &str) -> String {
     format!("{}/{}", collection_path(res, Some(namespace)), encode(name))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn kinds_of(typed: &str) -> Vec<&'static str> {
-        selection(&[typed.to_string()]).map(|s| s.kinds.iter().map(|r| r.kind).collect()).unwrap_or_default()
-    }
-
-    #[test]
-    fn comma_separated_kinds_and_categories_select_several_kinds_in_order() {
-        assert_eq!(kinds_of("deploy,rs,pods"), ["Deployment", "ReplicaSet", "Pod"]);
-        assert_eq!(kinds_of("all"), ["Pod", "Service", "Deployment", "ReplicaSet"]);
-        assert_eq!(kinds_of("all,nodes,po"), ["Pod", "Service", "Deployment", "ReplicaSet", "Node"]);
-        assert!(!selection(&["pods".to_string()]).unwrap().show_kind);
-        assert!(selection(&["all".to_string()]).unwrap().show_kind);
-        let err = selection(&["pods,widgets".to_string()]).err().unwrap().to_string();
-        assert!(err.contains("\"widgets\""), "{err}");
-    }
-}
-
 /// Percent-encodes a path segment or query value.
 pub fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -142,4 +122,24 @@ pub fn query(pairs: &[(&str, Option<String>)]) -> String {
     let parts: Vec<String> =
         pairs.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode(v)))).collect();
     if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds_of(typed: &str) -> Vec<&'static str> {
+        selection(&[typed.to_string()]).map(|s| s.kinds.iter().map(|r| r.kind).collect()).unwrap_or_default()
+    }
+
+    #[test]
+    fn comma_separated_kinds_and_categories_select_several_kinds_in_order() {
+        assert_eq!(kinds_of("deploy,rs,pods"), ["Deployment", "ReplicaSet", "Pod"]);
+        assert_eq!(kinds_of("all"), ["Pod", "Service", "Deployment", "ReplicaSet"]);
+        assert_eq!(kinds_of("all,nodes,po"), ["Pod", "Service", "Deployment", "ReplicaSet", "Node"]);
+        assert!(!selection(&["pods".to_string()]).unwrap().show_kind);
+        assert!(selection(&["all".to_string()]).unwrap().show_kind);
+        let err = selection(&["pods,widgets".to_string()]).err().unwrap().to_string();
+        assert!(err.contains("\"widgets\""), "{err}");
+    }
 }
