@@ -128,6 +128,8 @@ spec:
 const ROWS: &[Row] = &[
     ("python client: GET /version/", |k| k.http_get("/version/", "gitVersion")),
     ("python client: GET /apis/", |k| k.http_get("/apis/", "groups")),
+    ("api-resources", |k| k.expect(&["api-resources"], &["deployments", "deploy", "apps/v1", "Deployment", "leases"])),
+    ("api-resources --categories=all", |k| k.expect(&["api-resources", "--categories=all", "-o", "name"], &["pods", "services", "deployments.apps", "replicasets.apps"])),
     ("apply --validate=false", |k| k.expect(&["apply", "--validate=false", "-f", "app.yaml"], &["deployment.apps/web created", "service/web created"])),
     ("rollout status", |k| k.rolled_out()),
     ("wait --for=condition=Available", |k| k.expect(&["wait", "--for=condition=Available", "deployment/web", "--timeout=120s"], &["condition met"])),
