@@ -1,4 +1,4 @@
-//! `sheepctl get` over several kinds at once: `deploy,svc`, the `all` category.
+//! `sheepctl get` over several kinds at once (`deploy,svc`, the `all` category), and how every output ends.
 
 mod common;
 
@@ -50,4 +50,15 @@ fn get_all_lists_the_kinds_of_the_all_category() {
     let bad = s.sheepctl(&["get", "pods,widgets"]);
     assert_ne!(bad.code, 0);
     assert!(bad.stderr.contains("the server doesn't have a resource type \"widgets\""), "{}", bad.stderr);
+}
+
+#[test]
+fn every_output_form_ends_with_a_newline() {
+    let s = setup();
+    for args in [&["get", "all"][..], &["get", "deploy", "web"], &["get", "deploy", "web", "-o", "json"],
+        &["get", "deploy,svc", "-o", "yaml"], &["get", "svc", "-o", "name"], &["describe", "svc", "web"],
+        &["describe", "deploy", "web"], &["describe", "ns", "default"]] {
+        let out = s.sheepctl(args).ok().to_string();
+        assert!(!out.is_empty() && out.ends_with('\n'), "{args:?}: {out:?}");
+    }
 }
