@@ -311,12 +311,11 @@ fn progressing_reasons(client: Arc<dyn Client>, name: &'static str) -> (Arc<Mute
         let list = client.list(&kinds::DEPLOYMENT, &ListParams::namespace("default")).await.unwrap();
         let mut events = client.watch(&kinds::DEPLOYMENT, &ListParams::namespace("default"), list.resource_version).await.unwrap();
         while let Some(Ok(event)) = events.next().await {
-            if let WatchEvent::Added(d) | WatchEvent::Modified(d) = event {
-                if let Some(reason) = condition(&d, "Progressing").and_then(|c| c["reason"].as_str().map(str::to_string)) {
-                    if podutil::name(&d) == name && s.lock().unwrap().last() != Some(&reason) {
-                        s.lock().unwrap().push(reason);
-                    }
-                }
+            let (WatchEvent::Added(d) | WatchEvent::Modified(d)) = event else { continue };
+            let Some(reason) = condition(&d, "Progressing").and_then(|c| c["reason"].as_str().map(str::to_string)) else { continue };
+            let mut seen = s.lock().unwrap();
+            if podutil::name(&d) == name && seen.last() != Some(&reason) {
+                seen.push(reason);
             }
         }
     });

@@ -290,7 +290,7 @@ fn generic(out: &mut String, res: &ResourceInfo, obj: &Value) {
     meta_maps(out, obj, w);
     field(out, w, "CreationTimestamp", s(obj, "/metadata/creationTimestamp"));
     for (key, v) in obj.as_object().into_iter().flatten() {
-        if matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
+        if matches!(key.as_str(), "apiVersion" | "kind" | "metadata") || holds_nothing(v) {
             continue;
         }
         let mut title = key.clone();
@@ -298,6 +298,15 @@ fn generic(out: &mut String, res: &ResourceInfo, obj: &Value) {
             f.make_ascii_uppercase();
         }
         nested(out, &title, v, 0);
+    }
+}
+
+/// An object whose every leaf is an empty object, such as a Service's `status: {loadBalancer: {}}`:
+/// nothing a reader wants a section for.
+fn holds_nothing(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => m.values().all(|x| x.is_object() && holds_nothing(x)),
+        _ => false,
     }
 }
 

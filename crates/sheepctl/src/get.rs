@@ -29,68 +29,94 @@ pub struct GetArgs {
 
 /// Runs `get`; returns false when some named object could not be read (already reported).
 pub async fn run(cluster: &Cluster, args: &GetArgs) -> anyhow::Result<bool> {
-    let (res, names) = resource::kind_and_names(&args.resource)?;
+    let sel = resource::selection(&args.resource)?;
+    let names = &sel.names;
     if args.all_namespaces && !names.is_empty() {
         bail!("a resource cannot be retrieved by name across all namespaces");
     }
     let ns = if args.all_namespaces { None } else { Some(cluster.namespace.as_str()) };
-    let opts = TableOptions { wide: args.output == Some(Output::Wide), with_namespace: args.all_namespaces && res.namespaced };
     let query = resource::query(&[("labelSelector", args.selector.clone()), ("fieldSelector", args.field_selector.clone())]);
     if args.watch {
-        return watch(cluster, res, ns, &names, &query, opts, args.output).await.map(|()| true);
+        let [res] = sel.kinds.as_slice() else { bail!("you may only specify a single resource type to watch") };
+        let opts = TableOptions { wide: args.output == Some(Output::Wide), with_namespace: args.all_namespaces && res.namespaced };
+        return watch(cluster, res, ns, names, &query, opts, args.output).await.map(|()| true);
     }
     let mut ok = true;
     match args.output {
         None | Some(Output::Wide) => {
-            let mut tables = Vec::new();
-            if names.is_empty() {
-                tables.push(cluster.get_table(&format!("{}{query}", resource::collection_path(res, ns))).await?);
-            } else {
-                for name in &names {
-                    match cluster.get_table(&resource::object_path(res, &cluster.namespace, name)).await {
-                        Ok(t) => tables.push(t),
-                        Err(e) => {
-                            eprintln!("Error: {e}");
-                            ok = false;
+            let mut printed = false;
+            for res in &sel.kinds {
+                let opts = TableOptions { wide: args.output == Some(Output::Wide), with_namespace: args.all_namespaces && res.namespaced };
+                let mut tables = Vec::new();
+                if names.is_empty() {
+                    tables.push(cluster.get_table(&format!("{}{query}", resource::collection_path(res, ns))).await?);
+                } else {
+                    for name in names {
+                        match cluster.get_table(&resource::object_path(res, &cluster.namespace, name)).await {
+                            Ok(t) => tables.push(t),
+                            Err(e) => {
+                                eprintln!("Error: {e}");
+                                ok = false;
+                            }
                         }
                     }
                 }
-            }
-            let Some(first) = tables.first() else { return Ok(ok) };
-            let mut text = printer::text_table(first, opts);
-            for t in &tables[1..] {
-                text.rows.extend(printer::text_table(t, opts).rows);
-            }
-            if text.rows.is_empty() {
-                eprintln!("{}", no_resources(res, ns));
-            } else {
+                let Some(first) = tables.first() else { continue };
+                let mut text = printer::text_table(first, opts);
+                for t in &tables[1..] {
+                    text.rows.extend(printer::text_table(t, opts).rows);
+                }
+                if text.rows.is_empty() {
+                    continue;
+                }
+                if sel.show_kind {
+                    name_rows_by_kind(&mut text, res);
+                }
+                // kubectl separates the tables of several kinds by an empty line.
+                if printed {
+                    println!();
+                }
                 print!("{}", printer::render(&text));
+                printed = true;
+            }
+            if !printed && names.is_empty() {
+                let namespaced = sel.kinds.iter().find(|r| r.namespaced).unwrap_or(&sel.kinds[0]);
+                eprintln!("{}", no_resources(namespaced, ns));
             }
         }
         Some(form) => {
             let mut items = Vec::new();
-            let single = names.len() == 1;
-            if names.is_empty() {
-                let list = cluster.get(&format!("{}{query}", resource::collection_path(res, ns))).await?;
-                items = list["items"].as_array().cloned().unwrap_or_default();
-                for item in &mut items {
-                    fill_type(item, res);
-                }
-            } else {
-                for name in &names {
-                    match cluster.get(&resource::object_path(res, &cluster.namespace, name)).await {
-                        Ok(v) => items.push(v),
-                        Err(e) => {
-                            eprintln!("Error: {e}");
-                            ok = false;
+            let single = names.len() == 1 && sel.kinds.len() == 1;
+            for res in &sel.kinds {
+                if names.is_empty() {
+                    let list = cluster.get(&format!("{}{query}", resource::collection_path(res, ns))).await?;
+                    for mut item in list["items"].as_array().cloned().unwrap_or_default() {
+                        fill_type(&mut item, res);
+                        items.push((*res, item));
+                    }
+                } else {
+                    for name in names {
+                        match cluster.get(&resource::object_path(res, &cluster.namespace, name)).await {
+                            Ok(v) => items.push((*res, v)),
+                            Err(e) => {
+                                eprintln!("Error: {e}");
+                                ok = false;
+                            }
                         }
                     }
                 }
             }
             match form {
-                Output::Name => items.iter().for_each(|o| println!("{}", printer::name(res, o))),
+                Output::Name => items.iter().for_each(|(res, o)| println!("{}", printer::name(res, o))),
                 Output::Json | Output::Yaml => {
-                    let value = if single && items.len() == 1 { items.remove(0) } else if single { return Ok(ok) } else { printer::list(items) };
+                    let mut objects: Vec<Value> = items.into_iter().map(|(_, o)| o).collect();
+                    let value = if single && objects.len() == 1 {
+                        objects.remove(0)
+                    } else if single {
+                        return Ok(ok);
+                    } else {
+                        printer::list(objects)
+                    };
                     if form == Output::Json {
                         print!("{}", printer::json(&value));
                     } else {
@@ -102,6 +128,16 @@ pub async fn run(cluster: &Cluster, args: &GetArgs) -> anyhow::Result<bool> {
         }
     }
     Ok(ok)
+}
+
+/// `pod/web-0` instead of `web-0` in the NAME column, so rows of several kinds tell apart.
+fn name_rows_by_kind(text: &mut printer::TextTable, res: &ResourceInfo) {
+    let Some(col) = text.header.iter().position(|h| h == "NAME") else { return };
+    for row in &mut text.rows {
+        if let Some(cell) = row.get_mut(col) {
+            *cell = resource::object_ref(res, cell);
+        }
+    }
 }
 
 /// Items of a list carry no kind on the wire; kubectl fills it in for `-o json|yaml`.

@@ -175,6 +175,7 @@ enum RolloutCmd {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    die_quietly_on_a_closed_pipe();
     let cli = Cli::parse();
     match run(cli).await {
         Ok(true) => ExitCode::SUCCESS,
@@ -184,6 +185,17 @@ async fn main() -> ExitCode {
             eprintln!("Error: {}", text.lines().map(str::trim).collect::<Vec<_>>().join(" "));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Ends the process by SIGPIPE (status 141 in a shell), as kubectl and other Unix tools do, when
+/// the reader of standard output goes away (`sheepctl get pods | head -1`). Rust ignores SIGPIPE
+/// by default, which turns the closed pipe into a panic in `print!`.
+fn die_quietly_on_a_closed_pipe() {
+    // SAFETY: called first in main, before any thread is started; restoring the default
+    // disposition of SIGPIPE has no other effect on the process.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -204,6 +204,17 @@ mod tests {
     }
 
     #[test]
+    fn empty_yaml_documents_are_skipped_wherever_they_are() {
+        let ns = "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n";
+        for text in [format!("{ns}---\n"), format!("{ns}--- \n---\n"), format!("---\n{ns}---\n---\n"),
+            format!("---\n---\n{ns}"), format!("{ns}---\n# only a comment\n---\n")] {
+            let got = parse("f.yaml", &text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert_eq!(got.iter().map(|m| m.name().to_string()).collect::<Vec<_>>(), ["a"], "{text:?}");
+        }
+        assert!(parse("f.yaml", "---\n---\n").expect("only empty documents").is_empty());
+    }
+
+    #[test]
     fn a_wrong_field_type_names_file_document_and_field() {
         let text = "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec: {replicas: three}\n";
         let err = parse("bad.yaml", text).expect_err("must fail").to_string();

@@ -39,6 +39,42 @@ pub fn kind_and_names(args: &[String]) -> anyhow::Result<(&'static ResourceInfo,
     Ok((resolve(first)?, args[1..].to_vec()))
 }
 
+/// What `get` was asked for: one or more kinds and the names to read of each.
+pub struct Selection {
+    pub kinds: Vec<&'static ResourceInfo>,
+    pub names: Vec<String>,
+    /// Several kinds or a category (`all`) were asked for: rows are named `kind/name`, as kubectl does.
+    pub show_kind: bool,
+}
+
+/// Reads `KIND[,KIND...] [NAME...]` (a kind may be a category such as `all`) or `KIND/NAME...`.
+pub fn selection(args: &[String]) -> anyhow::Result<Selection> {
+    let first = args.first().map(String::as_str).unwrap_or("");
+    if first.contains('/') || (!first.contains(',') && kinds::resolve(first).is_some()) {
+        let (res, names) = kind_and_names(args)?;
+        return Ok(Selection { kinds: vec![res], names, show_kind: false });
+    }
+    let mut selected: Vec<&'static ResourceInfo> = Vec::new();
+    for typed in first.split(',').filter(|t| !t.is_empty()) {
+        let members: Vec<&'static ResourceInfo> = match kinds::resolve(typed) {
+            Some(r) => vec![r],
+            None => kinds::in_category(&typed.to_ascii_lowercase()).collect(),
+        };
+        if members.is_empty() {
+            resolve(typed)?;
+        }
+        for r in members {
+            if !selected.iter().any(|s| std::ptr::eq(*s, r)) {
+                selected.push(r);
+            }
+        }
+    }
+    if selected.is_empty() {
+        bail!("you must specify the type of resource, for example: sheepctl get pods");
+    }
+    Ok(Selection { kinds: selected, names: args[1..].to_vec(), show_kind: true })
+}
+
 /// `deployment.apps` or `pod`: how kubectl prefixes an object's name in messages.
 pub fn type_name(res: &ResourceInfo) -> String {
     if res.group.is_empty() { res.singular.to_string() } else { format!("{}.{}", res.singular, res.group) }
@@ -86,4 +122,24 @@ pub fn query(pairs: &[(&str, Option<String>)]) -> String {
     let parts: Vec<String> =
         pairs.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode(v)))).collect();
     if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds_of(typed: &str) -> Vec<&'static str> {
+        selection(&[typed.to_string()]).map(|s| s.kinds.iter().map(|r| r.kind).collect()).unwrap_or_default()
+    }
+
+    #[test]
+    fn comma_separated_kinds_and_categories_select_several_kinds_in_order() {
+        assert_eq!(kinds_of("deploy,rs,pods"), ["Deployment", "ReplicaSet", "Pod"]);
+        assert_eq!(kinds_of("all"), ["Pod", "Service", "Deployment", "ReplicaSet"]);
+        assert_eq!(kinds_of("all,nodes,po"), ["Pod", "Service", "Deployment", "ReplicaSet", "Node"]);
+        assert!(!selection(&["pods".to_string()]).unwrap().show_kind);
+        assert!(selection(&["all".to_string()]).unwrap().show_kind);
+        let err = selection(&["pods,widgets".to_string()]).err().unwrap().to_string();
+        assert!(err.contains("\"widgets\""), "{err}");
+    }
 }

@@ -1,0 +1,239 @@
+//! kubectl 1.27 and the newest preinstalled kubectl, unmodified, through every everyday verb
+//! against one `shepherd standalone`; prints a verb x version table and requires every row to pass.
+//!
+//! Adding a verb is adding one line to `ROWS`. Rows run in order inside one namespace per
+//! kubectl version, so a row may rely on what the rows before it created.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use common::Daemon;
+use serde_json::Value;
+
+/// One kubectl binary under test, with the namespace its rows work in.
+struct Kubectl {
+    label: String,
+    bin: PathBuf,
+    url: String,
+    namespace: String,
+    /// kubectl's HOME: its discovery cache starts empty and is not shared with other runs.
+    home: PathBuf,
+    manifests: PathBuf,
+}
+
+type Outcome = Result<(), String>;
+
+/// A row of the table: the verb as shown, and the check that runs it.
+type Row = (&'static str, fn(&Kubectl) -> Outcome);
+
+impl Kubectl {
+    /// Runs `kubectl --server URL -n NS ARGS`, returning stdout, or stdout and stderr on failure.
+    fn run(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(&self.bin)
+            .args(["--server", &self.url, "--namespace", &self.namespace, "--request-timeout", "60s"])
+            .args(args)
+            .env("KUBECONFIG", "/dev/null")
+            .env("HOME", &self.home)
+            .current_dir(&self.manifests)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", self.bin.display()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() {
+            Ok(stdout)
+        } else {
+            Err(format!("kubectl {} exited {}:\n{stdout}{}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr)))
+        }
+    }
+
+    /// Succeeds and prints every one of `wanted`.
+    fn expect(&self, args: &[&str], wanted: &[&str]) -> Outcome {
+        let out = self.run(args)?;
+        match wanted.iter().find(|w| !out.contains(*w)) {
+            Some(missing) => Err(format!("kubectl {}: {missing:?} missing from\n{out}", args.join(" "))),
+            None => Ok(()),
+        }
+    }
+
+    /// Succeeds and prints exactly `wanted` (surrounding whitespace aside).
+    fn expect_exactly(&self, args: &[&str], wanted: &str) -> Outcome {
+        let out = self.run(args)?;
+        if out.trim() == wanted { Ok(()) } else { Err(format!("kubectl {}: wanted {wanted:?}, got {out:?}", args.join(" "))) }
+    }
+
+    /// `-o json` output, parsed.
+    fn json(&self, args: &[&str]) -> Result<Value, String> {
+        let out = self.run(args)?;
+        serde_json::from_str(&out).map_err(|e| format!("kubectl {}: not JSON ({e}):\n{out}", args.join(" ")))
+    }
+
+    fn rolled_out(&self) -> Outcome {
+        self.expect(&["rollout", "status", "deployment/web", "--timeout=120s"], &["successfully rolled out"])
+    }
+
+    /// A plain HTTP GET, as the Python client sends it, which must answer 200 with `field` in the body.
+    fn http_get(&self, path: &str, field: &str) -> Outcome {
+        let url = format!("{}{path}", self.url);
+        let body = get_json(&url)?;
+        if body.get(field).is_some() { Ok(()) } else { Err(format!("GET {path}: no {field:?} in {body}")) }
+    }
+}
+
+/// A blocking GET on top of the async client the tests already use.
+fn get_json(url: &str) -> Result<Value, String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let resp = reqwest::get(url).await.map_err(|e| format!("GET {url}: {e}"))?;
+        let code = resp.status();
+        let text = resp.text().await.map_err(|e| e.to_string())?;
+        if !code.is_success() {
+            return Err(format!("GET {url}: {code}: {text}"));
+        }
+        serde_json::from_str(&text).map_err(|e| format!("GET {url}: not JSON ({e}): {text}"))
+    })
+}
+
+const APP: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  labels: {app: web}
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: web
+        image: minimal
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+  selector: {app: web}
+  ports:
+  - port: 80
+";
+
+/// The verbs, in the order they run: (row name, check). One line each.
+#[rustfmt::skip]
+const ROWS: &[Row] = &[
+    ("python client: GET /version/", |k| k.http_get("/version/", "gitVersion")),
+    ("python client: GET /apis/", |k| k.http_get("/apis/", "groups")),
+    ("api-resources", |k| k.expect(&["api-resources"], &["deployments", "deploy", "apps/v1", "Deployment", "leases"])),
+    ("api-resources --categories=all", |k| k.expect(&["api-resources", "--categories=all", "-o", "name"], &["pods", "services", "deployments.apps", "replicasets.apps"])),
+    ("apply --validate=false", |k| k.expect(&["apply", "--validate=false", "-f", "app.yaml"], &["deployment.apps/web created", "service/web created"])),
+    ("rollout status", |k| k.rolled_out()),
+    ("wait --for=condition=Available", |k| k.expect(&["wait", "--for=condition=Available", "deployment/web", "--timeout=120s"], &["condition met"])),
+    ("get", |k| k.expect(&["get", "deployments"], &["NAME", "web", "2/2"])),
+    ("get -o yaml", |k| k.expect(&["get", "deployment", "web", "-o", "yaml"], &["kind: Deployment", "replicas: 2", "image: minimal"])),
+    ("get -o json", |k| k.json(&["get", "svc", "web", "-o", "json"]).and_then(|v| {
+        if v["status"]["loadBalancer"].is_object() { Ok(()) } else { Err(format!("no status.loadBalancer in {v}")) }
+    })),
+    ("get -o wide", |k| k.expect(&["get", "pods", "-o", "wide"], &["NODE", "web-"])),
+    ("get -o name", |k| k.expect_exactly(&["get", "deploy", "-o", "name"], "deployment.apps/web")),
+    ("get -o jsonpath", |k| k.expect_exactly(&["get", "deploy", "web", "-o", "jsonpath={.spec.replicas}"], "2")),
+    ("get deploy,rs,svc (comma kinds)", |k| k.expect(&["get", "deploy,rs,svc"], &["deployment.apps/web", "replicaset.apps/web-", "service/web"])),
+    ("get all", |k| k.expect(&["get", "all"], &["pod/web-", "service/web", "deployment.apps/web", "replicaset.apps/web-"])),
+    ("get by short name (po)", |k| k.expect(&["get", "po"], &["web-"])),
+    ("describe deployment", |k| k.expect(&["describe", "deployment", "web"], &["Name:", "web", "Replicas:"])),
+    ("describe service", |k| k.expect(&["describe", "service", "web"], &["Name:", "web", "Selector:"])),
+    ("logs", |k| k.run(&["logs", "deployment/web"]).map(drop)),
+    ("scale", |k| k.expect(&["scale", "deployment/web", "--replicas=3"], &["deployment.apps/web scaled"])),
+    ("rollout status after scale", |k| k.rolled_out()),
+    ("label", |k| k.expect(&["label", "deployment", "web", "tier=fe"], &["deployment.apps/web labeled"])),
+    ("annotate", |k| k.expect(&["annotate", "deployment", "web", "note=compat"], &["deployment.apps/web annotate"])), // 1.27 prints "annotate"
+    ("patch --type=merge", |k| k.expect(&["patch", "deployment", "web", "--type=merge", "-p", r#"{"metadata":{"labels":{"m":"1"}}}"#], &["patched"])),
+    ("patch --type=json", |k| k.expect(&["patch", "deployment", "web", "--type=json", "-p", r#"[{"op":"add","path":"/metadata/labels/j","value":"1"}]"#], &["patched"])),
+    ("patch (strategic)", |k| k.expect(&["patch", "deployment", "web", "-p", r#"{"spec":{"template":{"metadata":{"annotations":{"rev":"2"}}}}}"#], &["patched"])),
+    ("rollout status after patch", |k| k.rolled_out()),
+    ("rollout history", |k| k.expect(&["rollout", "history", "deployment/web"], &["REVISION", "1", "2"])),
+    ("rollout restart", |k| k.expect(&["rollout", "restart", "deployment/web"], &["restarted"])),
+    ("rollout status after restart", |k| k.rolled_out()),
+    ("rollout undo", |k| k.expect(&["rollout", "undo", "deployment/web"], &["rolled back"])),
+    ("rollout status after undo", |k| k.rolled_out()),
+    ("delete", |k| k.expect(&["delete", "deployment", "web", "--wait=false"], &["deployment.apps \"web\" deleted"])),
+    ("delete service", |k| k.expect(&["delete", "service", "web", "--wait=false"], &["service \"web\" deleted"])),
+];
+
+/// The kubectl binaries to test: 1.27 and the newest preinstalled one (`kubectl.1.33` beside the
+/// Google Cloud SDK's kubectl where present, else the default `kubectl`).
+fn kubectl_binaries() -> Vec<(String, PathBuf)> {
+    let default = which("kubectl").expect("kubectl is installed (.ci/run installs it)");
+    let dir = std::fs::canonicalize(&default).ok().and_then(|p| p.parent().map(Path::to_path_buf));
+    let versioned = |v: &str| dir.as_ref().map(|d| d.join(format!("kubectl.{v}"))).filter(|p| p.exists());
+    let mut out = Vec::new();
+    if let Some(old) = versioned("1.27").or_else(|| which("kubectl.1.27")) {
+        out.push(("1.27".to_string(), old));
+    }
+    match versioned("1.33") {
+        Some(newest) => out.push(("1.33".to_string(), newest)),
+        None => out.push(("default".to_string(), default)),
+    }
+    out
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(name)).find(|p| p.is_file())
+}
+
+fn create_namespace(url: &str, name: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let code = rt.block_on(async {
+        let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+        reqwest::Client::new().post(format!("{url}/api/v1/namespaces")).json(&body).send().await.map(|r| r.status())
+    });
+    assert!(code.as_ref().is_ok_and(|c| c.is_success()), "creating namespace {name}: {code:?}");
+}
+
+#[test]
+fn kubectl_1_27_and_the_newest_kubectl_pass_every_everyday_verb() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = Daemon::start("standalone", &dir.path().join("data"), &[]);
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests).expect("manifest dir");
+    std::fs::write(manifests.join("app.yaml"), APP).expect("write manifest");
+
+    let started = Instant::now();
+    let mut results: Vec<(String, Vec<Outcome>)> = ROWS.iter().map(|(name, _)| (name.to_string(), Vec::new())).collect();
+    let binaries = kubectl_binaries();
+    for (label, bin) in &binaries {
+        let namespace = format!("compat-{}", label.replace('.', "-"));
+        create_namespace(&daemon.url, &namespace);
+        let home = dir.path().join(format!("home-{label}"));
+        std::fs::create_dir_all(&home).expect("home");
+        let k = Kubectl { label: label.clone(), bin: bin.clone(), url: daemon.url.clone(), namespace, home, manifests: manifests.clone() };
+        for (i, (_, check)) in ROWS.iter().enumerate() {
+            results[i].1.push(check(&k));
+        }
+        eprintln!("kubectl {} done after {:?}", k.label, started.elapsed());
+    }
+
+    let width = ROWS.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    let mut table = format!("{:width$}", "verb");
+    for (label, _) in &binaries {
+        table.push_str(&format!("  {label:>7}"));
+    }
+    table.push('\n');
+    let mut failures = Vec::new();
+    for (name, outcomes) in &results {
+        table.push_str(&format!("{name:width$}"));
+        for ((label, _), outcome) in binaries.iter().zip(outcomes) {
+            table.push_str(&format!("  {:>7}", if outcome.is_ok() { "pass" } else { "FAIL" }));
+            if let Err(e) = outcome {
+                failures.push(format!("[{label}] {name}: {e}"));
+            }
+        }
+        table.push('\n');
+    }
+    println!("{table}");
+    assert!(failures.is_empty(), "{table}\n{}", failures.join("\n\n"));
+}
