@@ -109,6 +109,9 @@ impl PodRecord {
     }
 }
 
+/// The records of one pod key's incarnations on the node, by UID.
+type Incarnations = HashMap<String, Arc<AsyncMutex<PodRecord>>>;
+
 pub(crate) struct PodManager {
     client: Arc<dyn Client>,
     pods: Arc<Cache>,
@@ -117,7 +120,7 @@ pub(crate) struct PodManager {
     runtime: Arc<dyn Runtime>,
     config: PodConfig,
     /// Pod key to its incarnations on this node, by UID.
-    records: Mutex<HashMap<String, HashMap<String, Arc<AsyncMutex<PodRecord>>>>>,
+    records: Mutex<HashMap<String, Incarnations>>,
     /// The earliest pending timer per pod key, so timers do not pile up. By key, not UID: one
     /// reconcile of a key settles every incarnation of it.
     timers: Mutex<HashMap<String, Instant>>,

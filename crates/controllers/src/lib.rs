@@ -4,6 +4,7 @@ pub mod config;
 pub mod deployment;
 pub mod endpoints;
 pub mod events;
+pub mod eventttl;
 pub mod gc;
 pub mod nodelifecycle;
 pub mod podutil;
