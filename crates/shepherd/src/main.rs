@@ -235,6 +235,7 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
     let connection_metrics = ConnectionMetrics::default();
     if let Ok(mut registry) = server.registry().lock() {
         connection_metrics.register(&mut registry);
+        shepherd_apiserver::register_retention(store.clone(), &mut registry);
     }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
