@@ -704,7 +704,10 @@ impl PodManager {
             return Ok(());
         }
         let (ns, name) = (str_at(pod, "/metadata/namespace"), str_at(pod, "/metadata/name"));
-        match self.client.patch_status(&kinds::POD, Some(ns), name, Patch::Merge(json!({"status": desired}))).await {
+        // The uid makes the patch a precondition (as the kubelet's status manager sends it): a
+        // status meant for this incarnation never lands on a newer pod of the same name.
+        let patch = json!({"metadata": {"uid": rec.uid}, "status": desired});
+        match self.client.patch_status(&kinds::POD, Some(ns), name, Patch::Merge(patch)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e.into()),
