@@ -109,6 +109,9 @@ impl PodRecord {
     }
 }
 
+/// The records of one pod key's incarnations on the node, by UID.
+type Incarnations = HashMap<String, Arc<AsyncMutex<PodRecord>>>;
+
 pub(crate) struct PodManager {
     client: Arc<dyn Client>,
     pods: Arc<Cache>,
@@ -117,7 +120,7 @@ pub(crate) struct PodManager {
     runtime: Arc<dyn Runtime>,
     config: PodConfig,
     /// Pod key to its incarnations on this node, by UID.
-    records: Mutex<HashMap<String, HashMap<String, Arc<AsyncMutex<PodRecord>>>>>,
+    records: Mutex<HashMap<String, Incarnations>>,
     /// The earliest pending timer per pod key, so timers do not pile up. By key, not UID: one
     /// reconcile of a key settles every incarnation of it.
     timers: Mutex<HashMap<String, Instant>>,
@@ -701,7 +704,10 @@ impl PodManager {
             return Ok(());
         }
         let (ns, name) = (str_at(pod, "/metadata/namespace"), str_at(pod, "/metadata/name"));
-        match self.client.patch_status(&kinds::POD, Some(ns), name, Patch::Merge(json!({"status": desired}))).await {
+        // The uid makes the patch a precondition (as the kubelet's status manager sends it): a
+        // status meant for this incarnation never lands on a newer pod of the same name.
+        let patch = json!({"metadata": {"uid": rec.uid}, "status": desired});
+        match self.client.patch_status(&kinds::POD, Some(ns), name, Patch::Merge(patch)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e.into()),

@@ -461,6 +461,8 @@ impl ChildSetup {
                 self.shim(pid);
             }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            // The agent keeps its own files private (umask 077); a container gets the usual one.
+            libc::umask(0o022);
             if self.isolate {
                 libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null());
                 libc::mount(

@@ -10,6 +10,8 @@ mod metrics;
 mod openapi;
 mod patch;
 mod protobuf;
+mod retention;
+mod serve;
 mod service;
 mod table;
 mod watch;
@@ -23,6 +25,8 @@ use shepherd_store::Store;
 pub use client::LocalClient;
 pub use http::{HttpConfig, LogSource};
 pub use metrics::Metrics;
+pub use retention::register_retention;
+pub use serve::{ConnectionLimits, ConnectionMetrics, serve};
 pub use service::{
     ApiService, DeleteOptions, Deleted, ListOptions, Part, PatchType, RevisionMatch, SYSTEM_NAMESPACES, Written,
 };

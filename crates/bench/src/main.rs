@@ -9,6 +9,7 @@ mod plot;
 mod procstat;
 mod report;
 mod scale;
+mod soak;
 mod store;
 mod workloads;
 
@@ -117,6 +118,20 @@ enum Scenario {
         #[arg(long, allow_hyphen_values = true)]
         server_arg: Vec<String>,
     },
+    /// `shepherd standalone` (process runtime) under pod churn: a 10-replica Deployment, a pod
+    /// deleted every 0.1 s for --duration; RSS, data dir size, fds, threads and processes sampled
+    /// every 10 s, to see whether memory and disk level off.
+    Soak {
+        /// How long to churn: `300`, `300s`, `5m`, `30m`.
+        #[arg(long, default_value = "30m", value_parser = soak::parse_duration)]
+        duration: Duration,
+        /// Seconds between pod deletions.
+        #[arg(long, default_value_t = 0.1)]
+        deletion_interval_seconds: f64,
+        /// Extra argument for `shepherd standalone` (repeatable), e.g. `--server-arg=--event-ttl=60s`.
+        #[arg(long, allow_hyphen_values = true)]
+        server_arg: Vec<String>,
+    },
     /// (internal) One peer-comparison variant; runs until stdin closes.
     #[command(hide = true)]
     PeerWorker {
@@ -202,6 +217,17 @@ async fn main() -> anyhow::Result<()> {
                 }
             };
             scale::run_steady_churn(&cli.shepherd, p).await?
+        }
+        Scenario::Soak { duration, deletion_interval_seconds, server_arg } => {
+            let (duration, sample_interval) =
+                if cli.smoke { (Duration::from_secs(5), Duration::from_secs(1)) } else { (duration, Duration::from_secs(10)) };
+            let p = soak::Params {
+                duration,
+                deletion_interval: Duration::from_secs_f64(deletion_interval_seconds.max(0.001)),
+                sample_interval,
+                server_args: server_arg,
+            };
+            soak::run(&cli.shepherd, p).await?
         }
         Scenario::PeerWorker { .. } => unreachable!("handled above"),
     };

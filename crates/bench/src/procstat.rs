@@ -41,3 +41,57 @@ pub fn load_average() -> f64 {
         .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
         .unwrap_or(0.0)
 }
+
+/// Open file descriptors of process `pid`.
+pub fn open_fds(pid: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Threads of process `pid`.
+pub fn threads(pid: &str) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("Threads:")?.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Processes descended from `pid` (its containers and their shims), not counting itself.
+pub fn descendants(pid: u32) -> usize {
+    let mut parent_of = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // The parent pid is the second field after the parenthesised command name.
+        let ppid = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parent_of.insert(p, ppid);
+        }
+    }
+    parent_of
+        .keys()
+        .filter(|p| {
+            let mut cur = **p;
+            for _ in 0..64 {
+                match parent_of.get(&cur) {
+                    Some(&pp) if pp == pid => return true,
+                    Some(&pp) if pp > 1 => cur = pp,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .count()
+}
+
+/// Bytes of the regular files under `dir`.
+pub fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+        if meta.is_dir() {
+            stack.extend(std::fs::read_dir(&p).into_iter().flatten().flatten().map(|e| e.path()));
+        } else if meta.is_file() {
+            total += meta.len();
+        }
+    }
+    total
+}

@@ -6,6 +6,7 @@ pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
 pub mod events;
+pub mod eventttl;
 pub mod gc;
 pub mod nodelifecycle;
 pub mod podutil;

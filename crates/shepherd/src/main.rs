@@ -1,7 +1,9 @@
 //! The Shepherd daemon: `shepherd server`, `shepherd standalone`.
 
 mod control_plane;
+mod duration;
 mod node_agent;
+mod private_dir;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,7 +14,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use control_plane::ControllerArgs;
 use node_agent::AgentArgs;
-use shepherd_apiserver::{ApiServer, HttpConfig};
+use shepherd_apiserver::{ApiServer, ConnectionLimits, ConnectionMetrics, HttpConfig};
 use shepherd_runtime::{Client, Manager};
 use shepherd_store::{HistoryLimits, LocalStore, Store};
 
@@ -96,6 +98,18 @@ struct ServerArgs {
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 10)]
     bookmark_seconds: u64,
+    /// A connection that has not sent a complete request head this long after it was opened or
+    /// finished its previous request is closed (half-sent headers, idle keep-alive connections).
+    #[arg(long, default_value = "30s", value_parser = duration::parse)]
+    request_header_timeout: Duration,
+    /// HTTP connections served at once; more are closed on accept. Default: half the open-file
+    /// limit (which is raised to its hard limit at start).
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Events are deleted this long after their last update (e.g. 30m, 1h, 5s), as
+    /// kube-apiserver's --event-ttl.
+    #[arg(long, default_value = "1h", value_parser = duration::parse)]
+    event_ttl: Duration,
     #[command(flatten)]
     controllers: ControllerArgs,
 }
@@ -111,6 +125,7 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    private_dir::private_umask();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         match cli.command {
@@ -131,8 +146,7 @@ fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
     if args.in_memory {
         return Ok(Arc::new(LocalStore::in_memory(limits)));
     }
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
+    private_dir::secure(&args.data_dir)?;
     let path = args.data_dir.join("store.redb");
     let store = LocalStore::open_redb(&path, limits).with_context(|| format!("opening store {}", path.display()))?;
     Ok(Arc::new(store))
@@ -145,7 +159,7 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
     let client: Arc<dyn Client> = Arc::new(
         shepherd_client::RemoteClient::connect(&args.server, args.token.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?,
     );
-    node_agent::ensure_dir(&args.data_dir)?;
+    private_dir::secure(&args.data_dir)?;
     let mut config = args.agent.config(&args.data_dir)?;
     match args.simulate_nodes {
         Some(n) => {
@@ -198,6 +212,10 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
     };
     let manager = Arc::new(Manager::new(client.clone()));
     let enabled = args.controllers.install(client.clone(), &manager)?;
+    // Event expiry is the API server's duty in Kubernetes (--event-ttl), so it runs whatever
+    // --controllers says.
+    let ttl = shepherd_controllers::eventttl::event_ttl_controller(client.clone(), &manager, args.event_ttl, Default::default());
+    manager.add(ttl);
     if let Ok(mut registry) = server.registry().lock() {
         manager.metrics().register(&mut registry);
     }
@@ -212,6 +230,16 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
         }),
     ));
 
+    let open_files = raise_open_file_limit();
+    let limits = ConnectionLimits {
+        header_timeout: args.request_header_timeout,
+        max_connections: args.max_connections.unwrap_or_else(|| ConnectionLimits::cap_for_open_files(open_files)).max(1),
+    };
+    let connection_metrics = ConnectionMetrics::default();
+    if let Ok(mut registry) = server.registry().lock() {
+        connection_metrics.register(&mut registry);
+        shepherd_apiserver::register_retention(store.clone(), &mut registry);
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -219,7 +247,8 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
     let mode = if standalone { "standalone" } else { "server" };
     // The first line on stdout is the address, so scripts and tests can read it.
     println!("shepherd {mode} listening on http://{addr}");
-    tracing::info!(%addr, data_dir = %args.data_dir.display(), revision = store.revision(), controllers = ?enabled, "shepherd {mode} ready");
+    tracing::info!(%addr, data_dir = %args.data_dir.display(), revision = store.revision(), controllers = ?enabled,
+        open_files, max_connections = limits.max_connections, "shepherd {mode} ready");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -235,8 +264,8 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move { a.run(stop).await })
     });
-    let serving = axum::serve(listener, router).with_graceful_shutdown(stopped(stop_rx.clone()));
-    let serving = tokio::spawn(async move { serving.await });
+    let serving = shepherd_apiserver::serve(listener, router, limits, connection_metrics, stopped(stop_rx.clone()));
+    let serving = tokio::spawn(serving);
     shutdown_signal().await;
     stop_tx.send_replace(true);
     let _ = controllers.await;
@@ -248,6 +277,29 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
     serving.await??;
     tracing::info!("shut down cleanly");
     Ok(())
+}
+
+/// Raises the soft open-file limit to the hard one (each connection, watch and container log
+/// takes a descriptor; the usual soft default of 1024 is reached by a modest flood) and returns
+/// the limit in force.
+fn raise_open_file_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit write to and read from a struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 1024;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                tracing::debug!(from = limit.rlim_cur, to = limit.rlim_max, "open-file limit raised to its hard limit");
+                limit = raised;
+            } else {
+                tracing::warn!(soft = limit.rlim_cur, hard = limit.rlim_max, "cannot raise the open-file limit");
+            }
+        }
+    }
+    limit.rlim_cur
 }
 
 async fn shutdown_signal() {

@@ -89,4 +89,25 @@ pub trait Store: Send + Sync + 'static {
     fn watch(&self, prefix: &str, from_revision: Revision) -> Result<WatchStream, StoreError>;
     /// The revision of the last write.
     fn revision(&self) -> Revision;
+    /// What the store holds in memory and the bounds of it, for metrics. `None` for stores that
+    /// keep nothing of their own (clients of another store).
+    fn retention(&self) -> Option<Retention> {
+        None
+    }
+}
+
+/// The sizes of what a store holds in memory, beside the limits that bound them.
+#[derive(Debug, Clone, Default)]
+pub struct Retention {
+    pub objects: usize,
+    /// Bytes of the objects' serialized values.
+    pub object_bytes: usize,
+    /// Events kept for watchers to resume from, and the bytes of their values.
+    pub history_events: usize,
+    pub history_bytes: usize,
+    /// Watch subscriptions following live events.
+    pub live_watchers: usize,
+    /// Events held in the live buffer for the slowest watcher.
+    pub live_buffer_events: usize,
+    pub limits: HistoryLimits,
 }

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use crate::durable::{self, Committer};
 use crate::state::{State, Write};
-use crate::{HistoryLimits, KeyValue, ListResult, Revision, Store, StoreError, WatchStream};
+use crate::{HistoryLimits, KeyValue, ListResult, Retention, Revision, Store, StoreError, WatchStream};
 
 /// Reads are served from memory in both backends. Writes either apply at once under the lock
 /// (in-memory: nothing to wait for, so tests on tokio's paused clock see them immediately) or go
@@ -88,5 +88,8 @@ impl Store for LocalStore {
     }
     fn revision(&self) -> Revision {
         self.read(|s| s.revision).unwrap_or(0)
+    }
+    fn retention(&self) -> Option<Retention> {
+        self.read(State::retention).ok()
     }
 }

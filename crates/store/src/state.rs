@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::broadcast;
 
-use crate::{Event, EventKind, KeyValue, ListResult, Revision, StoreError};
+use crate::{Event, EventKind, KeyValue, ListResult, Retention, Revision, StoreError};
 
 /// How much write history is kept for watches to replay.
 #[derive(Debug, Clone, Copy)]
@@ -141,6 +141,18 @@ impl State {
         }
         // No receivers is fine: nobody is watching.
         let _ = self.events.send(event);
+    }
+
+    pub(crate) fn retention(&self) -> Retention {
+        Retention {
+            objects: self.objects.len(),
+            object_bytes: self.objects.values().map(|kv| kv.value.len()).sum(),
+            history_events: self.history.len(),
+            history_bytes: self.history_bytes,
+            live_watchers: self.events.receiver_count(),
+            live_buffer_events: self.events.len(),
+            limits: self.limits,
+        }
     }
 
     pub(crate) fn get(&self, key: &str) -> Option<KeyValue> {

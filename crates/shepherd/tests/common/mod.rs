@@ -16,7 +16,7 @@ impl Daemon {
     /// Starts `shepherd <mode> --data-dir DIR --listen 127.0.0.1:0 <extra>` and waits for its
     /// "listening on" line.
     pub fn start(mode: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
             .arg(mode)
             .arg("--data-dir")
             .arg(data_dir)
@@ -27,6 +27,11 @@ impl Daemon {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start shepherd");
+        Daemon::from_child(child)
+    }
+
+    /// Waits for the "listening on" line of a `shepherd` started with a piped stdout.
+    pub fn from_child(mut child: Child) -> Daemon {
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).expect("read address line");

@@ -1,0 +1,53 @@
+//! Gauges of what the store retains in memory and the bound of each, read at scrape time, so a
+//! growing buffer shows up in `/metrics` beside the limit it will stop at.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use shepherd_store::Store;
+
+struct RetentionCollector {
+    store: Arc<dyn Store>,
+}
+
+impl std::fmt::Debug for RetentionCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RetentionCollector")
+    }
+}
+
+impl prometheus_client::collector::Collector for RetentionCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(r) = self.store.retention() else { return Ok(()) };
+        let l = r.limits;
+        let gauges: [(&str, &str, f64); 10] = [
+            ("store_objects", "Objects the store holds (all kinds, in memory)", r.objects as f64),
+            ("store_object_bytes", "Bytes of the serialized objects the store holds in memory", r.object_bytes as f64),
+            ("store_watch_history_events", "Events kept for watchers to resume from", r.history_events as f64),
+            ("store_watch_history_events_limit", "Most events the watch history keeps (--history-events)", l.max_events as f64),
+            ("store_watch_history_bytes", "Bytes of object values the watch history keeps alive", r.history_bytes as f64),
+            ("store_watch_history_bytes_limit", "Most bytes the watch history keeps alive (--history-mib)", l.max_bytes as f64),
+            ("store_watch_history_age_limit_seconds", "Oldest event the watch history keeps (--history-seconds)", l.max_age.as_secs_f64()),
+            ("store_live_watchers", "Watch subscriptions following live events", r.live_watchers as f64),
+            ("store_live_buffer_events", "Events held in the live buffer for the slowest watcher", r.live_buffer_events as f64),
+            (
+                "store_live_buffer_events_limit",
+                "Most events the live buffer holds; a watcher further behind resumes from the history",
+                l.watcher_buffer as f64,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+/// Registers the store's retention gauges (`store_*`) into `registry`.
+pub fn register_retention(store: Arc<dyn Store>, registry: &mut Registry) {
+    registry.register_collector(Box::new(RetentionCollector { store }));
+}

@@ -1,0 +1,162 @@
+//! Serves the router over TCP with bounded connections: a header time-out, a connection cap, and
+//! a graceful stop.
+//!
+//! hyper's header time-out starts when a connection is ready for its next request, so it bounds
+//! both a client that sends half a request head and a keep-alive connection left idle: such a
+//! connection costs a file descriptor only for that long. A streaming response (a watch) is not
+//! idle and is never cut. Past the cap, new connections are accepted and closed at once (a quick
+//! error for the client instead of a hang in the kernel's backlog), so the descriptors the store
+//! and the node agent need are never taken by a flood.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tracing::{debug, warn};
+
+/// How many connections are served at once and how long a request head may take.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// A connection that has not sent a complete request head this long after it became ready
+    /// for one (opened, or finished its previous response) is closed.
+    pub header_timeout: Duration,
+    /// Connections served at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+}
+
+impl ConnectionLimits {
+    /// A cap sized from the process's open-file limit: half of it, leaving the rest for the
+    /// store, the node agent's containers and logs, and outgoing connections.
+    pub fn cap_for_open_files(limit: u64) -> usize {
+        usize::try_from(limit / 2).unwrap_or(usize::MAX).clamp(64, 1 << 20)
+    }
+}
+
+/// The connection gauges and counters, for `/metrics`.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionMetrics {
+    open: Gauge,
+    limit: Gauge,
+    rejected: Counter,
+}
+
+impl ConnectionMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("apiserver_connections", "HTTP connections currently open", self.open.clone());
+        registry.register(
+            "apiserver_connections_limit",
+            "Most HTTP connections served at once (--max-connections); more are closed on accept",
+            self.limit.clone(),
+        );
+        registry.register(
+            "apiserver_connections_rejected",
+            "HTTP connections closed on accept because --max-connections were open",
+            self.rejected.clone(),
+        );
+    }
+}
+
+/// Logs "connection cap reached" at most once per interval, with the count since the last line.
+struct RejectionLog {
+    since: AtomicU64,
+    last: std::sync::Mutex<Option<Instant>>,
+}
+
+/// How long open requests may take to finish once the server stops.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+const REJECTION_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+impl RejectionLog {
+    fn note(&self, max: usize) {
+        let count = self.since.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < REJECTION_LOG_INTERVAL) {
+            return;
+        }
+        *last = Some(Instant::now());
+        self.since.store(0, Ordering::Relaxed);
+        warn!(
+            max_connections = max,
+            rejected = count,
+            "connection cap reached: new connections are closed until others end (raise --max-connections or the open-file limit)"
+        );
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then lets open requests finish
+/// (watches end at once: they are told to stop by the same shutdown elsewhere).
+pub async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: ConnectionLimits,
+    metrics: ConnectionMetrics,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    metrics.limit.set(limits.max_connections as i64);
+    let rejections = RejectionLog { since: AtomicU64::new(0), last: std::sync::Mutex::new(None) };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    let builder = Arc::new(builder);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of descriptors or a connection reset before accept: not the listener's
+                    // fault; wait a little instead of spinning.
+                    warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            metrics.rejected.inc();
+            rejections.note(limits.max_connections);
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let (builder, metrics, mut stop) = (builder.clone(), metrics.clone(), stop_rx.clone());
+        metrics.open.inc();
+        tokio::spawn(async move {
+            let conn = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = async { let _ = stop.wait_for(|s| *s).await; } => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.as_mut().await
+                }
+            };
+            if let Err(e) = result {
+                debug!(%peer, error = %e, "connection ended with an error");
+            }
+            metrics.open.dec();
+            drop(permit);
+        });
+    }
+    stop_tx.send_replace(true);
+    drop(listener);
+    // Every connection task holds a permit: all of them back means every connection is closed.
+    // A client that keeps a response open past the stop does not hold the process up for long.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(SHUTDOWN_GRACE, permits.acquire_many(all)).await.is_err() {
+        warn!(open = limits.max_connections - permits.available_permits(), "connections still open at shutdown are dropped");
+    }
+    Ok(())
+}

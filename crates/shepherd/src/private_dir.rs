@@ -1,0 +1,98 @@
+//! Data directories only their owner can read: created 0700, files 0600, wider ones tightened.
+//!
+//! The store holds every Secret-like value a user writes and the agent's directory holds container
+//! logs; neither is anyone else's business on a shared host. New files get their mode from the
+//! process's umask (set to 077 at start); what an earlier version or a careless copy left wider is
+//! tightened here, and said so.
+
+use std::fs::{self, DirBuilder};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::Path;
+
+use anyhow::Context;
+
+/// Group and other permission bits.
+const NOT_OWNER: u32 = 0o077;
+
+/// Makes every file and directory the daemon creates from now on private to its user (0600 and
+/// 0700), while leaving the umask of the containers it starts to the runtime.
+pub fn private_umask() {
+    // SAFETY: umask has no preconditions and cannot fail.
+    unsafe { libc::umask(0o077) };
+}
+
+/// Creates `dir` (0700) if absent, and removes group and other access from it and everything in
+/// it, logging what was tightened.
+pub fn secure(dir: &Path) -> anyhow::Result<()> {
+    DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut tightened = Vec::new();
+    tighten(dir, &mut tightened).with_context(|| format!("restricting permissions under {}", dir.display()))?;
+    if !tightened.is_empty() {
+        let shown: Vec<String> = tightened.iter().take(5).map(|p| p.display().to_string()).collect();
+        tracing::warn!(
+            dir = %dir.display(), count = tightened.len(), examples = ?shown,
+            "data directory entries were readable by other users; group and other access removed"
+        );
+    }
+    Ok(())
+}
+
+fn tighten(path: &Path, tightened: &mut Vec<std::path::PathBuf>) -> std::io::Result<()> {
+    let meta = fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    let mode = meta.permissions().mode();
+    if mode & NOT_OWNER != 0 {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode & 0o7700 & !NOT_OWNER))?;
+        tightened.push(path.to_path_buf());
+    }
+    if meta.is_dir() {
+        for entry in fs::read_dir(path)? {
+            let entry = entry?;
+            match tighten(&entry.path(), tightened) {
+                // Removed meanwhile (a container ending): nothing left to protect.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                other => other?,
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        fs::metadata(p).expect("metadata").permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_wide_data_directory_and_its_files_are_tightened_to_the_owner() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("data");
+        fs::create_dir_all(dir.join("agent/containers/uid/web")).expect("mkdir");
+        fs::write(dir.join("store.redb"), b"x").expect("write");
+        fs::write(dir.join("agent/containers/uid/web/current.log"), b"x").expect("write");
+        for p in ["", "agent", "agent/containers", "agent/containers/uid", "agent/containers/uid/web"] {
+            fs::set_permissions(dir.join(p), fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        fs::set_permissions(dir.join("store.redb"), fs::Permissions::from_mode(0o644)).expect("chmod");
+        fs::set_permissions(dir.join("agent/containers/uid/web/current.log"), fs::Permissions::from_mode(0o666)).expect("chmod");
+
+        secure(&dir).expect("secure");
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("agent/containers/uid/web")), 0o700);
+        assert_eq!(mode(&dir.join("store.redb")), 0o600);
+        assert_eq!(mode(&dir.join("agent/containers/uid/web/current.log")), 0o600);
+    }
+
+    #[test]
+    fn a_new_data_directory_is_created_for_the_owner_only() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("a/b");
+        secure(&dir).expect("secure");
+        assert_eq!(mode(&dir), 0o700);
+    }
+}
