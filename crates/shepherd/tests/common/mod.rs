@@ -10,6 +10,9 @@ use std::time::Duration;
 pub struct Daemon {
     pub child: Child,
     pub url: String,
+    /// The daemon's command line as /proc shows it: a standalone daemon's containers are forked
+    /// from it and keep this command line, which is how `Drop` finds the ones a test left running.
+    cmdline: Vec<u8>,
 }
 
 impl Daemon {
@@ -37,7 +40,8 @@ impl Daemon {
         BufReader::new(stdout).read_line(&mut line).expect("read address line");
         let url = line.split_whitespace().last().expect("address").to_string();
         assert!(url.starts_with("http://"), "unexpected first line: {line:?}");
-        Daemon { child, url }
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap_or_default();
+        Daemon { child, url, cmdline }
     }
 
     /// SIGKILL: no chance to flush anything.
@@ -61,7 +65,20 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// Kills the daemon and every container it left running, so no test outlives its run.
     fn drop(&mut self) {
         self.kill9();
+        if self.cmdline.is_empty() {
+            return;
+        }
+        let Ok(procs) = std::fs::read_dir("/proc") else { return };
+        for entry in procs.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else { continue };
+            if std::fs::read(entry.path().join("cmdline")).is_ok_and(|c| c == self.cmdline) {
+                // A container's first process is the init of its PID namespace: killing it ends
+                // everything inside.
+                let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+            }
+        }
     }
 }
