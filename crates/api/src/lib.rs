@@ -3,6 +3,7 @@
 
 pub mod age;
 pub mod defaults;
+pub mod duration;
 pub mod error;
 pub mod json;
 pub mod kinds;

@@ -28,17 +28,12 @@ pub struct Params {
     pub server_args: Vec<String>,
 }
 
-/// `300`, `300s`, `5m` or `1h`.
+/// `300` (seconds), or a duration as Kubernetes writes it: `300s`, `5m`, `1h`, `1h30m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (number, unit) = s.trim().split_at(s.trim().find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.trim().len()));
-    let value: f64 = number.parse().map_err(|_| format!("invalid duration {s:?}: expected e.g. 300s, 5m or 1h"))?;
-    let seconds = match unit {
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(format!("invalid duration {s:?}: expected e.g. 300s, 5m or 1h")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("invalid duration {s:?}: {e}"))
+    match s.trim().parse::<u64>() {
+        Ok(seconds) => Ok(Duration::from_secs(seconds)),
+        Err(_) => shepherd_api::duration::parse(s),
+    }
 }
 
 fn deployment() -> Value {

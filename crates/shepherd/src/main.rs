@@ -1,7 +1,6 @@
 //! The Shepherd daemon: `shepherd server`, `shepherd standalone`.
 
 mod control_plane;
-mod duration;
 mod node_agent;
 mod private_dir;
 
@@ -100,7 +99,7 @@ struct ServerArgs {
     bookmark_seconds: u64,
     /// A connection that has not sent a complete request head this long after it was opened or
     /// finished its previous request is closed (half-sent headers, idle keep-alive connections).
-    #[arg(long, default_value = "30s", value_parser = duration::parse)]
+    #[arg(long, default_value = "30s", value_parser = shepherd_api::duration::parse)]
     request_header_timeout: Duration,
     /// HTTP connections served at once; more are closed on accept. Default: half the open-file
     /// limit (which is raised to its hard limit at start).
@@ -108,7 +107,7 @@ struct ServerArgs {
     max_connections: Option<usize>,
     /// Events are deleted this long after their last update (e.g. 30m, 1h, 5s), as
     /// kube-apiserver's --event-ttl.
-    #[arg(long, default_value = "1h", value_parser = duration::parse)]
+    #[arg(long, default_value = "1h", value_parser = shepherd_api::duration::parse)]
     event_ttl: Duration,
     #[command(flatten)]
     controllers: ControllerArgs,

@@ -1,4 +1,4 @@
-//! Durations in flags as Kubernetes writes them: `90s`, `10m`, `1h`, `1h30m`, `500ms`.
+//! Durations as Kubernetes writes them (Go's syntax, as in flags and `metav1.Duration`): `90s`, `10m`, `1h30m`.
 
 use std::time::Duration;
 
