@@ -2,24 +2,13 @@
 
 mod common;
 
-use std::process::Command;
+use std::path::Path;
 
 use common::Daemon;
 
 fn kubectl(url: &str, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    use std::io::Write;
-    let mut cmd = Command::new("kubectl");
-    cmd.arg("--server").arg(url).args(args);
-    cmd.env("KUBECONFIG", "/dev/null");
-    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-    let mut child = cmd.spawn().expect("kubectl is installed (.ci/run installs it)");
-    if let Some(input) = stdin {
-        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
-    } else {
-        drop(child.stdin.take());
-    }
-    let out = child.wait_with_output().expect("kubectl output");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    let (status, out, err) = common::run_with_stdin(common::kubectl_command(Path::new("kubectl"), url).args(args), stdin);
+    (status.success(), out, err)
 }
 
 const DEPLOYMENT: &str = "apiVersion: apps/v1

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -164,27 +164,6 @@ const ROWS: &[Row] = &[
     ("delete service", |k| k.expect(&["delete", "service", "web", "--wait=false"], &["service \"web\" deleted"])),
 ];
 
-/// The kubectl binaries to test: 1.27 and the newest preinstalled one (`kubectl.1.33` beside the
-/// Google Cloud SDK's kubectl where present, else the default `kubectl`).
-fn kubectl_binaries() -> Vec<(String, PathBuf)> {
-    let default = which("kubectl").expect("kubectl is installed (.ci/run installs it)");
-    let dir = std::fs::canonicalize(&default).ok().and_then(|p| p.parent().map(Path::to_path_buf));
-    let versioned = |v: &str| dir.as_ref().map(|d| d.join(format!("kubectl.{v}"))).filter(|p| p.exists());
-    let mut out = Vec::new();
-    if let Some(old) = versioned("1.27").or_else(|| which("kubectl.1.27")) {
-        out.push(("1.27".to_string(), old));
-    }
-    match versioned("1.33") {
-        Some(newest) => out.push(("1.33".to_string(), newest)),
-        None => out.push(("default".to_string(), default)),
-    }
-    out
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(name)).find(|p| p.is_file())
-}
-
 fn create_namespace(url: &str, name: &str) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let code = rt.block_on(async {
@@ -204,7 +183,7 @@ fn kubectl_1_27_and_the_newest_kubectl_pass_every_everyday_verb() {
 
     let started = Instant::now();
     let mut results: Vec<(String, Vec<Outcome>)> = ROWS.iter().map(|(name, _)| (name.to_string(), Vec::new())).collect();
-    let binaries = kubectl_binaries();
+    let binaries = common::kubectls_under_test();
     for (label, bin) in &binaries {
         let namespace = format!("compat-{}", label.replace('.', "-"));
         create_namespace(&daemon.url, &namespace);

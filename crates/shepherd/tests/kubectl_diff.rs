@@ -2,8 +2,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::path::Path;
 
 use common::Daemon;
 use serde_json::{Value, json};
@@ -18,18 +17,9 @@ fn deployment(replicas: i64) -> Value {
 /// Runs kubectl with `manifest` on stdin: its exit code, stdout and stderr. (`kubectl diff` exits
 /// 1 when it found differences, 0 when none, above 1 on errors.)
 fn kubectl(url: &str, args: &[&str], manifest: &Value) -> (i32, String, String) {
-    let mut child = Command::new("kubectl")
-        .args(["--server", url])
-        .args(args)
-        .env("KUBECONFIG", "/dev/null")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl is installed (.ci/run installs it)");
-    child.stdin.take().expect("stdin").write_all(manifest.to_string().as_bytes()).expect("write stdin");
-    let out = child.wait_with_output().expect("kubectl output");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    let mut cmd = common::kubectl_command(Path::new("kubectl"), url);
+    let (status, out, err) = common::run_with_stdin(cmd.args(args), Some(&manifest.to_string()));
+    (status.code().unwrap_or(-1), out, err)
 }
 
 fn kubectl_diff(url: &str, manifest: &Value) -> (i32, String, String) {

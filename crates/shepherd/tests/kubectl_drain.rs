@@ -35,18 +35,6 @@ impl Drop for Agent {
     }
 }
 
-/// `kubectl.VERSION` beside the default kubectl (the Google Cloud SDK installs them side by side).
-fn kubectl_binary(version: &str) -> Option<PathBuf> {
-    let default = which_kubectl()?;
-    let dir = std::fs::canonicalize(default).ok()?.parent()?.to_path_buf();
-    let versioned = dir.join(format!("kubectl.{version}"));
-    versioned.exists().then_some(versioned)
-}
-
-fn which_kubectl() -> Option<PathBuf> {
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| PathBuf::from(d).join("kubectl")).find(|p| p.exists())
-}
-
 struct Kubectl {
     bin: PathBuf,
     url: String,
@@ -54,24 +42,8 @@ struct Kubectl {
 
 impl Kubectl {
     fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-        use std::io::Write;
-        let mut child = Command::new(&self.bin)
-            .arg("--server")
-            .arg(&self.url)
-            .args(args)
-            .env("KUBECONFIG", "/dev/null")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run kubectl");
-        if let Some(input) = stdin {
-            child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
-        } else {
-            drop(child.stdin.take());
-        }
-        let out = child.wait_with_output().expect("kubectl output");
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+        let (status, out, err) = common::run_with_stdin(common::kubectl_command(&self.bin, &self.url).args(args), stdin);
+        (status.success(), out, err)
     }
 
     fn get(&self, args: &[&str]) -> String {
@@ -149,19 +121,17 @@ const MINUTE: Duration = Duration::from_secs(60);
 
 #[test]
 fn kubectl_1_27_drains_within_the_budget_and_a_no_execute_taint_evicts() {
-    drain_and_taint("1.27");
+    drain_and_taint(27);
 }
 
 #[test]
 fn kubectl_1_33_drains_within_the_budget_and_a_no_execute_taint_evicts() {
-    drain_and_taint("1.33");
+    drain_and_taint(33);
 }
 
-fn drain_and_taint(version: &str) {
-    let Some(bin) = kubectl_binary(version) else {
-        eprintln!("kubectl.{version} is not installed beside kubectl; skipping");
-        return;
-    };
+fn drain_and_taint(minor: u32) {
+    let bin = common::versioned_kubectl(minor)
+        .unwrap_or_else(|| panic!("this test needs kubectl.1.{minor} beside kubectl (the Google Cloud SDK's versioned kubectls)"));
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Daemon::start("server", dir.path(), &[]);
     let k = Kubectl { bin, url: server.url.clone() };

@@ -5,40 +5,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Daemon;
 
-/// kubectl 1.27 and the newest versioned kubectl beside the default one (the Google Cloud SDK ships
-/// `kubectl.1.27` .. `kubectl.1.33`); the default `kubectl` alone where there are none.
+/// kubectl 1.27 and the newest installed kubectl.
 fn kubectls() -> Vec<PathBuf> {
-    let default = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join("kubectl"))
-        .find(|p| p.is_file())
-        .expect("kubectl is installed (.ci/run installs it)");
-    let dir = std::fs::canonicalize(&default).ok().and_then(|p| p.parent().map(Path::to_path_buf));
-    let mut versioned: Vec<(u32, PathBuf)> = dir
-        .and_then(|d| std::fs::read_dir(d).ok())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            let minor = name.strip_prefix("kubectl.1.")?.parse().ok()?;
-            Some((minor, e.path()))
-        })
-        .collect();
-    versioned.sort();
-    let mut out: Vec<PathBuf> = versioned.iter().filter(|(m, _)| *m == 27).map(|(_, p)| p.clone()).collect();
-    match versioned.last() {
-        Some((m, p)) if *m != 27 => out.push(p.clone()),
-        Some(_) => {}
-        None => out.push(default),
-    }
-    out
+    common::kubectls_under_test().into_iter().map(|(_, bin)| bin).collect()
 }
 
 struct Kubectl<'a> {
@@ -49,22 +22,13 @@ struct Kubectl<'a> {
 
 impl Kubectl<'_> {
     fn run(&self, args: &[&str], stdin: Option<&str>, editor: Option<&Path>) -> (bool, String, String) {
-        use std::io::Write;
-        let mut cmd = Command::new(self.bin);
-        cmd.arg("--server").arg(self.url).args(args);
-        cmd.env("KUBECONFIG", "/dev/null").env("KUBECACHEDIR", self.cache);
+        let mut cmd = common::kubectl_command(self.bin, self.url);
+        cmd.args(args).env("KUBECACHEDIR", self.cache);
         if let Some(editor) = editor {
             cmd.env("KUBE_EDITOR", editor).env("EDITOR", editor);
         }
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("run kubectl");
-        if let Some(input) = stdin {
-            child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
-        } else {
-            drop(child.stdin.take());
-        }
-        let out = child.wait_with_output().expect("kubectl output");
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+        let (status, out, err) = common::run_with_stdin(&mut cmd, stdin);
+        (status.success(), out, err)
     }
 
     fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {

@@ -3,49 +3,28 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
 
 use common::Daemon;
 use serde_json::Value;
 
-/// `kubectl.1.33` beside the installed kubectl (the Google Cloud SDK ships versioned binaries),
-/// else `kubectl` itself.
+/// The newest kubectl installed (1.33 here), which sends protobuf.
 fn newest_kubectl() -> PathBuf {
-    let installed = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("kubectl"))
-        .find(|p| p.is_file())
-        .and_then(|p| std::fs::canonicalize(p).ok());
-    installed
-        .and_then(|p| p.parent().map(|d| d.join("kubectl.1.33")))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("kubectl"))
+    common::newest_kubectl().1
 }
 
 /// `kubectl.1.27`, which sends JSON, where the versioned binaries are installed.
 fn json_kubectl() -> Option<PathBuf> {
-    newest_kubectl().parent().map(|d| d.join("kubectl.1.27")).filter(|p| p.is_file())
+    common::versioned_kubectl(27)
 }
 
 fn kubectl(url: &str, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
     run(&newest_kubectl(), url, args, stdin)
 }
 
-fn run(binary: &std::path::Path, url: &str, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    use std::io::Write;
-    let mut cmd = Command::new(binary);
-    cmd.arg("--server").arg(url).args(args).env("KUBECONFIG", "/dev/null");
-    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-    let mut child = cmd.spawn().expect("kubectl is installed (.ci/run installs it)");
-    if let Some(input) = stdin {
-        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
-    } else {
-        drop(child.stdin.take());
-    }
-    let out = child.wait_with_output().expect("kubectl output");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+fn run(binary: &Path, url: &str, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let (status, out, err) = common::run_with_stdin(common::kubectl_command(binary, url).args(args), stdin);
+    (status.success(), out, err)
 }
 
 fn get_json(url: &str, what: &[&str]) -> Value {

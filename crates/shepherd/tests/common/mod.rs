@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -81,4 +81,72 @@ impl Drop for Daemon {
             }
         }
     }
+}
+
+/// The `kubectl` on PATH (on the test machines, a dispatcher that picks a version).
+pub fn installed_kubectl() -> PathBuf {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join("kubectl"))
+        .find(|p| p.is_file())
+        .expect("kubectl is installed (.ci/run installs it)")
+}
+
+/// `kubectl.1.<minor>` beside the installed kubectl (the Google Cloud SDK ships versioned
+/// binaries side by side), if present.
+pub fn versioned_kubectl(minor: u32) -> Option<PathBuf> {
+    let dir = std::fs::canonicalize(installed_kubectl()).ok()?.parent()?.to_path_buf();
+    Some(dir.join(format!("kubectl.1.{minor}"))).filter(|p| p.is_file())
+}
+
+/// The newest versioned kubectl beside the installed one, else the installed one: (label, binary).
+pub fn newest_kubectl() -> (String, PathBuf) {
+    let installed = installed_kubectl();
+    let dir = std::fs::canonicalize(&installed).ok().and_then(|p| p.parent().map(Path::to_path_buf));
+    let newest = dir
+        .and_then(|d| std::fs::read_dir(d).ok())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let minor: u32 = e.file_name().to_str()?.strip_prefix("kubectl.1.")?.parse().ok()?;
+            Some((minor, e.path()))
+        })
+        .max();
+    match newest {
+        Some((minor, path)) => (format!("1.{minor}"), path),
+        None => ("default".to_string(), installed),
+    }
+}
+
+/// The kubectls a compatibility test runs: 1.27 where installed, and the newest.
+pub fn kubectls_under_test() -> Vec<(String, PathBuf)> {
+    let mut out: Vec<(String, PathBuf)> = versioned_kubectl(27).map(|p| ("1.27".to_string(), p)).into_iter().collect();
+    let newest = newest_kubectl();
+    if out.iter().all(|(_, p)| *p != newest.1) {
+        out.push(newest);
+    }
+    out
+}
+
+/// `kubectl --server URL` with no kubeconfig, for the caller to add arguments and environment.
+pub fn kubectl_command(bin: &Path, url: &str) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.arg("--server").arg(url).env("KUBECONFIG", "/dev/null");
+    cmd
+}
+
+/// Runs `cmd` with `stdin` written to it (or closed): its exit status, stdout and stderr.
+pub fn run_with_stdin(cmd: &mut Command, stdin: Option<&str>) -> (std::process::ExitStatus, String, String) {
+    use std::io::Write;
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("run kubectl");
+    if let Some(input) = stdin {
+        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
+    } else {
+        drop(child.stdin.take());
+    }
+    let out = child.wait_with_output().expect("kubectl output");
+    (out.status, String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
