@@ -10,10 +10,11 @@ use crate::manifest::{self, Manifest};
 use crate::printer;
 
 /// Prints the diff of every object in the files; returns whether any object would change.
-/// Nothing is written: creates and patches are sent with `dryRun=All`.
+/// Nothing is written: creates and patches are sent with `dryRun=All`. The objects are printed
+/// in the order of their file names, as kubectl's diff of two directories prints them.
 pub async fn run(cluster: &Cluster, files: &[String]) -> anyhow::Result<bool> {
     let manifests = manifest::load(files)?;
-    let mut differs = false;
+    let mut diffs = Vec::new();
     for m in &manifests {
         let write = apply::plan(cluster, m, Record::Nothing).await?;
         let would_be = apply::send(cluster, &write, true).await?;
@@ -29,13 +30,16 @@ pub async fn run(cluster: &Cluster, files: &[String]) -> anyhow::Result<bool> {
         if old == new {
             continue;
         }
-        differs = true;
         let name = file_name(m, &cluster.namespace);
         let (a, b) = (format!("LIVE/{name}"), format!("MERGED/{name}"));
-        println!("diff -u -N {a} {b}");
-        print!("{}", TextDiff::from_lines(&old, &new).unified_diff().context_radius(3).header(&a, &b));
+        let hunks = TextDiff::from_lines(&old, &new).unified_diff().context_radius(3).header(&a, &b).to_string();
+        diffs.push((name, format!("diff -u -N {a} {b}\n{hunks}")));
     }
-    Ok(differs)
+    diffs.sort();
+    for (_, text) in &diffs {
+        print!("{text}");
+    }
+    Ok(!diffs.is_empty())
 }
 
 /// The object without what the server manages for its own bookkeeping and kubectl hides too.
@@ -47,12 +51,9 @@ fn without_noise(obj: &Value) -> Value {
     obj
 }
 
-/// `apps.v1.Deployment.default.web`: the file name kubectl gives an object in its diff.
+/// `apps.v1.Deployment.default.web`, `v1.Namespace..shop`: the file name kubectl gives an
+/// object in its diff.
 fn file_name(m: &Manifest, default_ns: &str) -> String {
-    let api_version = m.res.api_version().replace('/', ".");
-    if m.res.namespaced {
-        format!("{api_version}.{}.{}.{}", m.res.kind, m.namespace(default_ns), m.name())
-    } else {
-        format!("{api_version}.{}.{}", m.res.kind, m.name())
-    }
+    let namespace = if m.res.namespaced { m.namespace(default_ns) } else { "" };
+    format!("{}.{}.{namespace}.{}", m.res.api_version().replace('/', "."), m.res.kind, m.name())
 }

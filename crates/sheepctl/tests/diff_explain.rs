@@ -106,6 +106,32 @@ fn diff_of_a_new_object_shows_all_of_it_added_and_creates_nothing() {
 }
 
 #[test]
+fn diff_of_several_objects_prints_what_kubectl_diff_prints() {
+    let s = Shepherd::server();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("shop.yaml");
+    let path = file.to_str().expect("path");
+    std::fs::write(&file, DEPLOYMENT).expect("write");
+    s.sheepctl(&["apply", "-f", path]).ok();
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: cart}\nspec:\n  selector: {app: cart}\n  ports: [{port: 80}]\n";
+    let namespace = "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n";
+    let changed = DEPLOYMENT.replace("replicas: 2", "replicas: 3");
+    std::fs::write(&file, format!("{changed}---\n{service}---\n{namespace}")).expect("write");
+
+    let ours = s.sheepctl(&["diff", "-f", path]);
+    assert_eq!(ours.code, 1, "{ours:?}");
+    let home = tempfile::tempdir().expect("temp dir");
+    let (code, theirs) = kubectl(&s, home.path(), &["diff", "-f", path]);
+    assert_eq!(code, 1);
+    // kubectl compares two temporary directories and prints the time of each file.
+    let temporary = regex::Regex::new(r"/tmp/(LIVE|MERGED)-\d+/").expect("regex");
+    let stamp = regex::Regex::new(r"(?m)^((---|\+\+\+) \S+)\t.*$").expect("regex");
+    let theirs = stamp.replace_all(&temporary.replace_all(&theirs, "$1/"), "$1").into_owned();
+    assert_eq!(redact(&ours.stdout), redact(&theirs));
+    assert!(ours.stdout.contains("diff -u -N LIVE/v1.Namespace..shop MERGED/v1.Namespace..shop\n"), "{}", ours.stdout);
+}
+
+#[test]
 fn diff_that_fails_exits_2_as_kubectl_diff_does() {
     let s = Shepherd::server();
     let run = s.sheepctl(&["diff", "-f", "/nonexistent/cart.yaml"]);
