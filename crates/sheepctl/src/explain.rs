@@ -3,7 +3,7 @@
 
 use anyhow::{Context, anyhow, bail};
 use serde_json::{Map, Value};
-use shepherd_api::kinds::ResourceInfo;
+use shepherd_api::kinds::{self, ResourceInfo};
 
 use crate::connection::Cluster;
 use crate::resource;
@@ -13,13 +13,31 @@ const WIDTH: usize = 80;
 
 /// Prints the explanation of `RESOURCE[.field.path]`.
 pub async fn run(cluster: &Cluster, target: &str, recursive: bool) -> anyhow::Result<()> {
-    let mut segments = target.split('.');
-    let res = resource::resolve(segments.next().unwrap_or(""))?;
-    let fields: Vec<&str> = segments.collect();
+    let (res, fields) = split_target(target)?;
     let doc = cluster.get(&document_path(res)).await.with_context(|| format!("reading the OpenAPI schema of {}", res.api_version()))?;
     let schemas = doc.pointer("/components/schemas").and_then(Value::as_object).ok_or_else(|| anyhow!("the server's OpenAPI document for {} has no schemas", res.api_version()))?;
     print!("{}", explain(schemas, res, &fields, recursive)?);
     Ok(())
+}
+
+/// Splits `RESOURCE[.VERSION.GROUP|.GROUP][.field.path]` into the resource and the field path.
+/// The resource is the longest group-qualified prefix that names one (`deployments.apps`,
+/// `deployment.v1.apps`, `leases.coordination.k8s.io`, whose group has dots itself), else the
+/// first segment (`deploy`, `pods`).
+fn split_target(target: &str) -> anyhow::Result<(&'static ResourceInfo, Vec<&str>)> {
+    let segments: Vec<&str> = target.split('.').collect();
+    for take in (2..=segments.len()).rev() {
+        let prefix = segments[..take].join(".").to_ascii_lowercase();
+        let qualified = kinds::ALL.iter().filter(|r| !r.group.is_empty()).find(|r| {
+            let kind = r.kind.to_ascii_lowercase();
+            let names = [r.plural, r.singular, kind.as_str()].into_iter().chain(r.short_names.iter().copied());
+            names.into_iter().any(|n| prefix == format!("{n}.{}", r.group) || prefix == format!("{n}.{}.{}", r.version, r.group))
+        });
+        if let Some(res) = qualified {
+            return Ok((res, segments[take..].to_vec()));
+        }
+    }
+    Ok((resource::resolve(segments[0])?, segments[1..].to_vec()))
 }
 
 /// `/openapi/v3/api/v1` or `/openapi/v3/apis/apps/v1`.
@@ -211,6 +229,17 @@ fn wrap_line(text: &str, limit: usize) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resource_may_be_named_with_its_group_and_version_before_the_field_path() {
+        let split = |t: &str| split_target(t).map(|(r, f)| (r.kind, f.join("."))).expect(t);
+        assert_eq!(split("deploy.spec.replicas"), ("Deployment", "spec.replicas".into()));
+        assert_eq!(split("deployments.apps.spec.replicas"), ("Deployment", "spec.replicas".into()));
+        assert_eq!(split("deployment.v1.apps"), ("Deployment", String::new()));
+        assert_eq!(split("leases.coordination.k8s.io.spec"), ("Lease", "spec".into()));
+        assert_eq!(split("pods"), ("Pod", String::new()));
+        assert!(split_target("widgets.apps.spec").is_err());
+    }
 
     #[test]
     fn wrapping_keeps_words_whole_and_lines_within_the_width() {

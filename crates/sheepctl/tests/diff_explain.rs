@@ -147,13 +147,15 @@ fn diff_that_fails_exits_2_as_kubectl_diff_does() {
 fn explain_prints_exactly_what_kubectl_explain_prints() {
     let s = Shepherd::server();
     let home = tempfile::tempdir().expect("temp dir");
-    let cases: [&[&str]; 6] = [
+    let cases: [&[&str]; 8] = [
         &["pod"],
         &["deploy.spec.replicas"],
         &["deployments.spec.template.spec.containers"],
         &["svc.spec.ports.targetPort"],
         &["ep"],
         &["deploy.spec.strategy", "--recursive"],
+        &["deployments.apps.spec.replicas"],
+        &["leases.coordination.k8s.io.spec"],
     ];
     for args in cases {
         let mut full = vec!["explain"];
