@@ -48,10 +48,10 @@ pub async fn run(cluster: &Cluster, files: &[String]) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
-/// The object as it will be stored: the file's fields plus the annotation recording them.
-/// The recorded copy keeps an `annotations: {}` when the file had none, as kubectl's does, so
+/// The copy of the file's object recorded in the annotation (and what `diff` compares): the
+/// file's fields, keeping an `annotations: {}` when the file had none, as kubectl's does, so
 /// either tool finds the other's record identical.
-fn with_last_applied(obj: &Value) -> Value {
+fn recorded(obj: &Value) -> Value {
     let mut recorded = obj.clone();
     match recorded.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
         Some(a) => {
@@ -59,8 +59,13 @@ fn with_last_applied(obj: &Value) -> Value {
         }
         None => recorded["metadata"]["annotations"] = json!({}),
     }
+    recorded
+}
+
+/// The object as it will be stored: the file's fields plus the annotation recording them.
+fn with_last_applied(obj: &Value) -> Value {
     let mut out = obj.clone();
-    let text = recorded.to_string() + "\n";
+    let text = recorded(obj).to_string() + "\n";
     match out.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
         Some(a) => {
             a.insert(LAST_APPLIED.into(), json!(text));
@@ -70,19 +75,42 @@ fn with_last_applied(obj: &Value) -> Value {
     out
 }
 
-async fn apply_one(cluster: &Cluster, m: &Manifest) -> anyhow::Result<Outcome> {
+/// The write apply sends for one object, decided from the live object.
+pub enum Write {
+    /// The object does not exist: POST the body to the collection.
+    Create { collection: String, body: Value },
+    /// PATCH the object with a merge patch.
+    Patch { path: String, live: Value, patch: Value },
+    /// The live object already says everything the file says.
+    Unchanged { live: Value },
+}
+
+/// Whether the write records the file in the last-applied annotation. `diff` leaves it out, as
+/// `kubectl diff` does, so that only changes of the object itself show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    LastApplied,
+    Nothing,
+}
+
+/// Reads the live object and computes the write that makes it what the manifest asks for.
+pub async fn plan(cluster: &Cluster, m: &Manifest, record: Record) -> anyhow::Result<Write> {
     let ns = m.namespace(&cluster.namespace).to_string();
     let path = resource::object_path(m.res, &ns, m.name());
-    let modified = with_last_applied(&m.object);
     let live = match cluster.get(&path).await {
         Ok(v) => v,
         Err(e) if e.is_not_found() => {
-            // Unknown fields are refused rather than dropped, as `kubectl apply` asks.
-            let collection = resource::collection_path(m.res, Some(&ns));
-            cluster.post(&format!("{collection}?fieldValidation=Strict"), &modified).await?;
-            return Ok(Outcome::Created);
+            let body = match record {
+                Record::LastApplied => with_last_applied(&m.object),
+                Record::Nothing => m.object.clone(),
+            };
+            return Ok(Write::Create { collection: resource::collection_path(m.res, Some(&ns)), body });
         }
         Err(e) => return Err(e.into()),
+    };
+    let modified = match record {
+        Record::LastApplied => with_last_applied(&m.object),
+        Record::Nothing => recorded(&m.object),
     };
     let original: Option<Value> = live
         .pointer(&format!("/metadata/annotations/{}", LAST_APPLIED.replace('/', "~1")))
@@ -90,8 +118,29 @@ async fn apply_one(cluster: &Cluster, m: &Manifest) -> anyhow::Result<Outcome> {
         .and_then(|s| serde_json::from_str(s).ok());
     let patch = merge_patch::three_way(original.as_ref(), &modified, &live);
     if patch.is_empty() {
-        return Ok(Outcome::Unchanged);
+        return Ok(Write::Unchanged { live });
     }
-    cluster.merge_patch(&format!("{path}?fieldValidation=Strict"), &Value::Object(patch)).await?;
-    Ok(Outcome::Configured)
+    Ok(Write::Patch { path, live, patch: Value::Object(patch) })
+}
+
+/// Sends the write; with `dry_run` the server validates and answers the would-be object but
+/// stores nothing. Returns the object the server answered, or the live one when unchanged.
+pub async fn send(cluster: &Cluster, write: &Write, dry_run: bool) -> anyhow::Result<Value> {
+    // Unknown fields are refused rather than dropped, as `kubectl apply` asks.
+    let query = if dry_run { "?fieldValidation=Strict&dryRun=All" } else { "?fieldValidation=Strict" };
+    Ok(match write {
+        Write::Create { collection, body } => cluster.post(&format!("{collection}{query}"), body).await?,
+        Write::Patch { path, patch, .. } => cluster.merge_patch(&format!("{path}{query}"), patch).await?,
+        Write::Unchanged { live } => live.clone(),
+    })
+}
+
+async fn apply_one(cluster: &Cluster, m: &Manifest) -> anyhow::Result<Outcome> {
+    let write = plan(cluster, m, Record::LastApplied).await?;
+    send(cluster, &write, false).await?;
+    Ok(match write {
+        Write::Create { .. } => Outcome::Created,
+        Write::Patch { .. } => Outcome::Configured,
+        Write::Unchanged { .. } => Outcome::Unchanged,
+    })
 }

@@ -4,6 +4,8 @@ mod apply;
 mod connection;
 mod delete;
 mod describe;
+mod diff;
+mod explain;
 mod get;
 mod info;
 mod logs;
@@ -44,6 +46,18 @@ enum Command {
     Apply {
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<String>,
+    },
+    /// Show what `apply` would change, as a unified diff of live and would-be objects (exit 1 when they differ).
+    Diff {
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<String>,
+    },
+    /// Document a kind or a field: RESOURCE[.field.path], e.g. `pods` or `deploy.spec.replicas`.
+    Explain {
+        resource: String,
+        /// Print every field below, as a tree.
+        #[arg(long)]
+        recursive: bool,
     },
     /// List objects as tables, or print them as JSON, YAML or names.
     Get(GetCmd),
@@ -177,13 +191,15 @@ enum RolloutCmd {
 async fn main() -> ExitCode {
     die_quietly_on_a_closed_pipe();
     let cli = Cli::parse();
+    // `diff` exits 1 for "differences found", so its errors exit 2, as kubectl's do.
+    let error_code = if matches!(cli.command, Command::Diff { .. }) { 2 } else { 1 };
     match run(cli).await {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             let text = format!("{e:#}");
             eprintln!("Error: {}", text.lines().map(str::trim).collect::<Vec<_>>().join(" "));
-            ExitCode::FAILURE
+            ExitCode::from(error_code)
         }
     }
 }
@@ -209,6 +225,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     let cluster = Cluster::connect(&flags).await?;
     match cli.command {
         Command::Apply { files } => apply::run(&cluster, &files).await,
+        Command::Diff { files } => diff::run(&cluster, &files).await.map(|differs| !differs),
+        Command::Explain { resource, recursive } => explain::run(&cluster, &resource, recursive).await.map(|()| true),
         Command::Get(g) => {
             let args = get::GetArgs {
                 resource: g.resource,
