@@ -1,5 +1,6 @@
-//! The Shepherd daemon: `shepherd server`, `shepherd standalone`.
+//! The Shepherd daemon: `shepherd server`, `shepherd standalone`, and store backups.
 
+mod backup;
 mod control_plane;
 mod duration;
 mod node_agent;
@@ -38,6 +39,10 @@ enum Command {
     Standalone(StandaloneArgs),
     /// Run a node agent against an API server: registers the node and runs its pods.
     Agent(AgentCommand),
+    /// Write a consistent snapshot of the store (from a running server or an idle data dir).
+    Backup(backup::BackupArgs),
+    /// Create a data directory's store from a backup file.
+    Restore(backup::RestoreArgs),
 }
 
 #[derive(Args, Clone)]
@@ -132,11 +137,13 @@ fn main() -> anyhow::Result<()> {
             Command::Server(args) => run_server(args, None).await,
             Command::Standalone(args) => run_server(args.server, Some(args.agent)).await,
             Command::Agent(args) => run_agent(args).await,
+            Command::Backup(args) => backup::backup(args).await,
+            Command::Restore(args) => backup::restore(args),
         }
     })
 }
 
-fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
+fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
     let limits = HistoryLimits {
         max_events: args.history_events,
         max_age: Duration::from_secs(args.history_seconds),
@@ -144,12 +151,11 @@ fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
         ..HistoryLimits::default()
     };
     if args.in_memory {
-        return Ok(Arc::new(LocalStore::in_memory(limits)));
+        return Ok(LocalStore::in_memory(limits));
     }
     private_dir::secure(&args.data_dir)?;
-    let path = args.data_dir.join("store.redb");
-    let store = LocalStore::open_redb(&path, limits).with_context(|| format!("opening store {}", path.display()))?;
-    Ok(Arc::new(store))
+    let path = backup::store_file(&args.data_dir);
+    LocalStore::open_redb(&path, limits).with_context(|| format!("opening store {}", path.display()))
 }
 
 /// Most pods one agent process simulating many nodes reconciles at once (requests in flight).
@@ -187,7 +193,8 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
 
 async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow::Result<()> {
     let standalone = local_agent.is_some();
-    let store = open_store(&args)?;
+    let local_store = open_store(&args)?;
+    let store: Arc<dyn Store> = Arc::new(local_store.clone());
     let config = HttpConfig {
         max_body_bytes: args.max_body_bytes,
         token: args.token.clone(),
@@ -221,14 +228,18 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
     }
     let node_names = agent.as_ref().map(|a| a.node_names()).unwrap_or_default();
     let debug_manager = manager.clone();
-    // Behind the API's bearer token: it names objects and their errors.
-    let router = server.router_with(axum::Router::new().route(
-        "/debug/controllers",
-        axum::routing::get(move || {
-            let m = debug_manager.clone();
-            async move { axum::Json(m.snapshot().to_json()) }
-        }),
-    ));
+    // Behind the API's bearer token: they name objects and their errors, or hold every object.
+    let router = server.router_with(
+        axum::Router::new()
+            .route(
+                "/debug/controllers",
+                axum::routing::get(move || {
+                    let m = debug_manager.clone();
+                    async move { axum::Json(m.snapshot().to_json()) }
+                }),
+            )
+            .route("/backup", axum::routing::get(move || async move { backup::serve(&local_store) })),
+    );
 
     let open_files = raise_open_file_limit();
     let limits = ConnectionLimits {
