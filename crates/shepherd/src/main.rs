@@ -5,6 +5,7 @@ mod control_plane;
 mod duration;
 mod node_agent;
 mod private_dir;
+mod store_check;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,6 +44,9 @@ enum Command {
     Backup(backup::BackupArgs),
     /// Create a data directory's store from a backup file.
     Restore(backup::RestoreArgs),
+    /// Inspect a store no server holds.
+    #[command(subcommand)]
+    Store(store_check::StoreCommand),
 }
 
 #[derive(Args, Clone)]
@@ -139,6 +143,7 @@ fn main() -> anyhow::Result<()> {
             Command::Agent(args) => run_agent(args).await,
             Command::Backup(args) => backup::backup(args).await,
             Command::Restore(args) => backup::restore(args),
+            Command::Store(command) => store_check::run(command),
         }
     })
 }

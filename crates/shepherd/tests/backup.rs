@@ -206,3 +206,58 @@ async fn a_corrupted_backup_is_refused_and_restores_nothing() {
     assert!(text(&out).contains("checksum mismatch") && text(&out).contains("nothing was restored"), "{}", text(&out));
     assert!(!target.join("store.redb").exists(), "a refused restore wrote a store");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_check_counts_a_healthy_store_and_names_every_record_that_does_not_fit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let source = dir.path().join("source");
+    let source_arg = source.to_str().expect("path");
+    let mut daemon = Daemon::start("server", &source, &["--controllers", "none", "--token", TOKEN]);
+    let http = reqwest::Client::new();
+    for i in 0..3 {
+        let r = http
+            .post(format!("{}/api/v1/namespaces/default/pods", daemon.url))
+            .bearer_auth(TOKEN)
+            .json(&pod(&format!("p-{i}")))
+            .send()
+            .await
+            .expect("create");
+        assert_eq!(r.status().as_u16(), 201);
+    }
+    daemon.terminate();
+
+    let healthy = shepherd(&["store", "check", "--data-dir", source_arg]);
+    assert!(healthy.status.success(), "a healthy store was reported: {}", text(&healthy));
+    assert!(text(&healthy).contains("pods 3") && text(&healthy).contains("no problems"), "{}", text(&healthy));
+
+    // A store with damaged records, made through a backup file that carries them.
+    let file = dir.path().join("store.snap");
+    let out = shepherd(&["backup", "--data-dir", source_arg, "--to", file.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", text(&out));
+    let mut snapshot = shepherd_store::Snapshot::decode(&std::fs::read(&file).expect("read")).expect("decode");
+    let good = snapshot.items[0].clone();
+    let bad = |key: &str, value: &[u8]| shepherd_store::KeyValue {
+        key: key.into(),
+        value: value.to_vec().into(),
+        ..good.clone()
+    };
+    snapshot.items.push(bad("/registry/core/pods/default/zz-truncated", b"{\"metadata\":{\"name\""));
+    snapshot.items.push(bad("/registry/core/pods/zz-no-namespace", &good.value));
+    snapshot.items.push(bad("/zz/not-a-registry-key", &good.value));
+    snapshot.items.sort_by(|a, b| a.key.cmp(&b.key));
+    std::fs::write(&file, snapshot.encode()).expect("write");
+    let damaged = dir.path().join("damaged");
+    let out =
+        shepherd(&["restore", "--from", file.to_str().expect("path"), "--data-dir", damaged.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let out = shepherd(&["store", "check", "--data-dir", damaged.to_str().expect("path")]);
+    assert!(!out.status.success(), "damaged records passed the check: {}", text(&out));
+    let report = text(&out);
+    for key in
+        ["/registry/core/pods/default/zz-truncated", "/registry/core/pods/zz-no-namespace", "/zz/not-a-registry-key"]
+    {
+        assert!(report.contains(&format!("problem: {key}: ")), "{key} not reported: {report}");
+    }
+    assert!(report.contains("not valid JSON") && report.contains("3 of"), "{report}");
+}
