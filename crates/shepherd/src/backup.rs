@@ -139,13 +139,23 @@ pub fn restore(args: RestoreArgs) -> anyhow::Result<()> {
             args.data_dir.display()
         );
     }
-    crate::private_dir::secure(&args.data_dir)?;
     let target = store_file(&args.data_dir);
+    if LocalStore::redb_is_held(&target) {
+        bail!("{} is held by a running Shepherd process; stop it before restoring", target.display());
+    }
+    crate::private_dir::secure(&args.data_dir)?;
     let tmp = args.data_dir.join(format!(".store.redb.restoring-{}", std::process::id()));
     let _ = fs::remove_file(&tmp);
     if let Err(e) = LocalStore::write_redb_snapshot(&tmp, &snapshot) {
         let _ = fs::remove_file(&tmp);
         return Err(e).with_context(|| format!("writing {}", tmp.display()));
+    }
+    if target.exists() {
+        // Kept rather than overwritten: it may hold writes newer than the backup.
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+        let aside = args.data_dir.join(format!("store.redb.replaced-{secs}"));
+        fs::rename(&target, &aside).with_context(|| format!("moving {} aside", target.display()))?;
+        println!("the previous store was moved to {}", aside.display());
     }
     fs::rename(&tmp, &target).with_context(|| format!("replacing {}", target.display()))?;
     fs::File::open(&args.data_dir)

@@ -5,6 +5,7 @@ mod control_plane;
 mod duration;
 mod node_agent;
 mod private_dir;
+mod snapshots;
 mod store_check;
 
 use std::net::SocketAddr;
@@ -119,6 +120,13 @@ struct ServerArgs {
     /// kube-apiserver's --event-ttl.
     #[arg(long, default_value = "1h", value_parser = duration::parse)]
     event_ttl: Duration,
+    /// Write a snapshot of the store into <data-dir>/snapshots/ this often (e.g. 1h, 10m; 0
+    /// turns it off); a store damaged on disk is restored from one with `shepherd restore`.
+    #[arg(long, default_value = "1h", value_parser = duration::parse)]
+    snapshot_interval: Duration,
+    /// Snapshots kept in <data-dir>/snapshots/; older ones are removed.
+    #[arg(long, default_value_t = 3)]
+    snapshot_keep: usize,
     #[command(flatten)]
     controllers: ControllerArgs,
 }
@@ -160,7 +168,9 @@ fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
     }
     private_dir::secure(&args.data_dir)?;
     let path = backup::store_file(&args.data_dir);
-    LocalStore::open_redb(&path, limits).with_context(|| format!("opening store {}", path.display()))
+    LocalStore::open_redb(&path, limits).map_err(|e| {
+        anyhow::anyhow!("cannot open the store {}: {e}; {}", path.display(), snapshots::recovery_hint(&args.data_dir))
+    })
 }
 
 /// Most pods one agent process simulating many nodes reconciles at once (requests in flight).
@@ -233,6 +243,7 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
     }
     let node_names = agent.as_ref().map(|a| a.node_names()).unwrap_or_default();
     let debug_manager = manager.clone();
+    let backup_store = local_store.clone();
     // Behind the API's bearer token: they name objects and their errors, or hold every object.
     let router = server.router_with(
         axum::Router::new()
@@ -243,7 +254,7 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
                     async move { axum::Json(m.snapshot().to_json()) }
                 }),
             )
-            .route("/backup", axum::routing::get(move || async move { backup::serve(&local_store) })),
+            .route("/backup", axum::routing::get(move || async move { backup::serve(&backup_store) })),
     );
 
     let open_files = raise_open_file_limit();
@@ -280,10 +291,21 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move { a.run(stop).await })
     });
+    let snapshotter = (!args.in_memory && !args.snapshot_interval.is_zero()).then(|| {
+        tokio::spawn(snapshots::run_periodic(
+            local_store.clone(),
+            args.data_dir.clone(),
+            args.snapshot_interval,
+            args.snapshot_keep,
+        ))
+    });
     let serving = shepherd_apiserver::serve(listener, router, limits, connection_metrics, stopped(stop_rx.clone()));
     let serving = tokio::spawn(serving);
     shutdown_signal().await;
     stop_tx.send_replace(true);
+    if let Some(s) = snapshotter {
+        s.abort();
+    }
     let _ = controllers.await;
     if let Some(t) = agent_task
         && let Ok(Err(e)) = t.await

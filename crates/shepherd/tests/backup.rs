@@ -120,6 +120,9 @@ async fn a_backup_under_16_writers_restores_exactly_the_writes_acknowledged_up_t
     for w in writers {
         w.await.expect("writer");
     }
+    let live = shepherd(&["restore", "--from", file_arg, "--data-dir", source.to_str().expect("path"), "--force"]);
+    assert!(!live.status.success(), "a restore replaced the store of a running server");
+    assert!(text(&live).contains("running Shepherd process"), "{}", text(&live));
     daemon.terminate();
     let mode = std::fs::metadata(&file).expect("backup file").permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "the backup holds every object; only its owner may read it");
@@ -260,4 +263,72 @@ async fn store_check_counts_a_healthy_store_and_names_every_record_that_does_not
         assert!(report.contains(&format!("problem: {key}: ")), "{key} not reported: {report}");
     }
     assert!(report.contains("not valid JSON") && report.contains("3 of"), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_store_refuses_to_start_and_names_the_snapshot_to_restore() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data_arg = data.to_str().expect("path");
+    let args = ["--controllers", "none", "--token", TOKEN, "--snapshot-interval", "200ms", "--snapshot-keep", "2"];
+    let mut daemon = Daemon::start("server", &data, &args);
+    let http = reqwest::Client::new();
+    let mut last_rv = 0;
+    for name in ["p-0", "p-1", "p-2", "corrupt-me"] {
+        let r = http
+            .post(format!("{}/api/v1/namespaces/default/pods", daemon.url))
+            .bearer_auth(TOKEN)
+            .json(&pod(name))
+            .send()
+            .await
+            .expect("create");
+        assert_eq!(r.status().as_u16(), 201);
+        let body: Value = r.json().await.expect("json");
+        last_rv = body["metadata"]["resourceVersion"].as_str().and_then(|r| r.parse().ok()).expect("rv");
+    }
+    let snapshots = data.join("snapshots");
+    let snapshot_revisions = || -> Vec<u64> {
+        let Ok(entries) = std::fs::read_dir(&snapshots) else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".snap")?.split("-rev").nth(1)?.parse().ok())
+            .collect()
+    };
+    wait_for("a snapshot holding every create", || snapshot_revisions().iter().any(|r| *r >= last_rv)).await;
+    daemon.terminate();
+    assert!(snapshot_revisions().len() <= 2, "more snapshots than --snapshot-keep: {:?}", snapshot_revisions());
+
+    // 16 bytes of the page holding one pod.
+    let store = data.join("store.redb");
+    let mut bytes = std::fs::read(&store).expect("read store");
+    let needle = br#""name":"corrupt-me""#;
+    let at = bytes.windows(needle.len()).rposition(|w| w == needle).expect("the pod is in the store file");
+    for b in &mut bytes[at..at + 16] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&store, bytes).expect("write store");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(["server", "--data-dir", data_arg, "--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run shepherd");
+    let message = text(&out);
+    assert!(!out.status.success(), "a corrupted store was served: {message}");
+    let newest =
+        std::fs::read_dir(&snapshots).expect("snapshots").flatten().map(|e| e.path()).max().expect("a snapshot");
+    let newest = newest.to_str().expect("path");
+    assert!(message.contains(store.to_str().expect("path")), "the message does not name the store: {message}");
+    assert!(
+        message.contains(&format!("shepherd restore --from {newest} --data-dir {data_arg}")),
+        "the message does not name the snapshot to restore ({newest}): {message}"
+    );
+
+    // The advice works: every pod is back.
+    let out = shepherd(&["restore", "--from", newest, "--data-dir", data_arg, "--force"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let daemon = Daemon::start("server", &data, &args);
+    let (pods, _) = stored(&http, &daemon.url).await;
+    assert_eq!(pods.keys().map(String::as_str).collect::<Vec<_>>(), ["corrupt-me", "p-0", "p-1", "p-2"]);
 }

@@ -227,6 +227,11 @@ fn snapshot_of(db: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
     Ok(Snapshot { revision, items })
 }
 
+/// Whether a process holds the redb file at `path` open (a running server).
+pub(crate) fn is_held(path: &Path) -> bool {
+    matches!(redb::ReadOnlyDatabase::open(path), Err(redb::DatabaseError::DatabaseAlreadyOpen))
+}
+
 /// Writes `snapshot` as a new redb file at `path` (which must not exist), committed and fsync'd,
 /// with the store revision set to the snapshot's so revisions stay monotonic for clients.
 pub(crate) fn write_snapshot(path: &Path, snapshot: &Snapshot) -> Result<(), StoreError> {

@@ -44,6 +44,11 @@ impl LocalStore {
         durable::read_snapshot(path)
     }
 
+    /// Whether a process holds the redb file at `path` open.
+    pub fn redb_is_held(path: &Path) -> bool {
+        durable::is_held(path)
+    }
+
     /// Writes `snapshot` into a new redb file at `path`, which must not exist yet.
     pub fn write_redb_snapshot(path: &Path, snapshot: &Snapshot) -> Result<(), StoreError> {
         durable::write_snapshot(path, snapshot)
