@@ -52,21 +52,21 @@ pub struct RestoreArgs {
     force: bool,
 }
 
-/// `GET /backup`: the store's objects at one revision, in the snapshot format.
-pub fn serve(store: &LocalStore) -> Response {
-    match store.snapshot() {
-        Ok(s) => {
-            let revision = s.revision;
-            (
-                [
-                    (header::CONTENT_TYPE, "application/octet-stream"),
-                    (header::HeaderName::from_static("x-shepherd-revision"), &revision.to_string()),
-                ],
-                s.encode(),
-            )
-                .into_response()
-        }
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("snapshot: {e}")).into_response(),
+/// `GET /backup`: the store's objects at one revision, in the snapshot format. Encoded off the
+/// async workers: it is a pass over every object.
+pub async fn serve(store: LocalStore) -> Response {
+    let encoded = tokio::task::spawn_blocking(move || store.snapshot().map(|s| (s.revision, s.encode()))).await;
+    match encoded {
+        Ok(Ok((revision, bytes))) => (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                (header::HeaderName::from_static("x-shepherd-revision"), revision.to_string()),
+            ],
+            bytes,
+        )
+            .into_response(),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("snapshot: {e}")).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("snapshot: {e}")).into_response(),
     }
 }
 

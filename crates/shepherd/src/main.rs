@@ -254,7 +254,7 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
                     async move { axum::Json(m.snapshot().to_json()) }
                 }),
             )
-            .route("/backup", axum::routing::get(move || async move { backup::serve(&backup_store) })),
+            .route("/backup", axum::routing::get(move || backup::serve(backup_store.clone()))),
     );
 
     let open_files = raise_open_file_limit();

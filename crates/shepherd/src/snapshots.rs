@@ -36,7 +36,7 @@ pub fn take(store: &LocalStore, data_dir: &Path, keep: usize, last: Option<Revis
     let dir = dir(data_dir);
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let millis = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis();
-    let path = dir.join(format!("snapshot-{millis:015}-rev{}.snap", snapshot.revision));
+    let path = dir.join(format!("snapshot-{millis:015}-rev{:020}.snap", snapshot.revision));
     crate::backup::write_atomically(&path, &snapshot.encode())?;
     tracing::info!(path = %path.display(), revision = snapshot.revision, objects = snapshot.items.len(), "store snapshot written");
     let files = list(data_dir);
@@ -88,5 +88,34 @@ pub fn recovery_hint(data_dir: &Path) -> String {
             dir(data_dir).display(),
             data_dir.display()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shepherd_store::{HistoryLimits, Store};
+
+    #[tokio::test]
+    async fn only_the_newest_snapshots_are_kept_and_an_unchanged_store_is_not_written_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = LocalStore::in_memory(HistoryLimits::default());
+        let mut last = None;
+        for i in 0..5 {
+            store.create(&format!("/k{i}"), b"{}".to_vec().into()).await.expect("create");
+            last = Some(take(&store, dir.path(), 2, last).expect("snapshot"));
+        }
+        assert_eq!(take(&store, dir.path(), 2, last).expect("snapshot"), 5);
+        let revisions: Vec<Revision> = list(dir.path())
+            .iter()
+            .map(|p| Snapshot::decode(&fs::read(p).expect("read")).expect("decode").revision)
+            .collect();
+        assert_eq!(revisions, [4, 5]);
+        assert_eq!(newest_good(dir.path()).map(|(_, r)| r), Some(5));
+
+        // A damaged newest snapshot is passed over for the one before it.
+        let newest = list(dir.path()).pop().expect("a snapshot");
+        fs::write(&newest, b"SHEPSNAP damaged").expect("write");
+        assert_eq!(newest_good(dir.path()).map(|(_, r)| r), Some(4));
     }
 }

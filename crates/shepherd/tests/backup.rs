@@ -296,7 +296,6 @@ async fn a_corrupted_store_refuses_to_start_and_names_the_snapshot_to_restore() 
     };
     wait_for("a snapshot holding every create", || snapshot_revisions().iter().any(|r| *r >= last_rv)).await;
     daemon.terminate();
-    assert!(snapshot_revisions().len() <= 2, "more snapshots than --snapshot-keep: {:?}", snapshot_revisions());
 
     // 16 bytes of the page holding one pod.
     let store = data.join("store.redb");
