@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::{Args, Subcommand};
 use serde_json::Value;
 use shepherd_api::kinds::{self, ResourceInfo};
@@ -31,7 +31,9 @@ pub fn run(command: StoreCommand) -> anyhow::Result<()> {
 
 fn check(args: CheckArgs) -> anyhow::Result<()> {
     let path = crate::backup::store_file(&args.data_dir);
-    let snapshot = LocalStore::read_redb_snapshot(&path).with_context(|| format!("reading {}", path.display()))?;
+    let snapshot = LocalStore::read_redb_snapshot(&path).map_err(|e| {
+        anyhow::anyhow!("cannot read {}: {e}; {}", path.display(), crate::snapshots::recovery_hint(&args.data_dir))
+    })?;
     let report = Report::of(&snapshot);
     let counts: Vec<String> = report.counts.iter().map(|(plural, n)| format!("{plural} {n}")).collect();
     println!(

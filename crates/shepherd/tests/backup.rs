@@ -324,6 +324,10 @@ async fn a_corrupted_store_refuses_to_start_and_names_the_snapshot_to_restore() 
         "the message does not name the snapshot to restore ({newest}): {message}"
     );
 
+    let check = shepherd(&["store", "check", "--data-dir", data_arg]);
+    assert!(!check.status.success(), "store check passed a corrupted store: {}", text(&check));
+    assert!(text(&check).contains(&format!("shepherd restore --from {newest}")), "{}", text(&check));
+
     // The advice works: every pod is back.
     let out = shepherd(&["restore", "--from", newest, "--data-dir", data_arg, "--force"]);
     assert!(out.status.success(), "{}", text(&out));
