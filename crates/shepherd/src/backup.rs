@@ -158,6 +158,14 @@ pub fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         println!("the previous store was moved to {}", aside.display());
     }
     fs::rename(&tmp, &target).with_context(|| format!("replacing {}", target.display()))?;
+    // The snapshots belong to the history being replaced; a later start compares against them.
+    let snapshots = crate::snapshots::dir(&args.data_dir);
+    if snapshots.exists() {
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+        let aside = args.data_dir.join(format!("snapshots.replaced-{secs}"));
+        fs::rename(&snapshots, &aside).with_context(|| format!("moving {} aside", snapshots.display()))?;
+        println!("the previous snapshots were moved to {}", aside.display());
+    }
     fs::File::open(&args.data_dir)
         .and_then(|d| d.sync_all())
         .with_context(|| format!("syncing {}", args.data_dir.display()))?;

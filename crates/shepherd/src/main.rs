@@ -168,9 +168,26 @@ fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
     }
     private_dir::secure(&args.data_dir)?;
     let path = backup::store_file(&args.data_dir);
-    LocalStore::open_redb(&path, limits).map_err(|e| {
+    let store = LocalStore::open_redb(&path, limits).map_err(|e| {
         anyhow::anyhow!("cannot open the store {}: {e}; {}", path.display(), snapshots::recovery_hint(&args.data_dir))
-    })
+    })?;
+    // A store behind its own snapshot lost acknowledged writes: an older copy of the file, or a
+    // damaged newest commit that redb skipped for the one before it. Serving it would hand out
+    // resourceVersions again that clients already saw for other objects.
+    if let Some((snapshot, revision)) = snapshots::newest_good(&args.data_dir)
+        && revision > store.revision()
+    {
+        anyhow::bail!(
+            "the store {} is at revision {}, behind the snapshot {} at revision {revision}: writes were lost; \
+             restore the snapshot with: shepherd restore --from {} --data-dir {} --force",
+            path.display(),
+            store.revision(),
+            snapshot.display(),
+            snapshot.display(),
+            args.data_dir.display()
+        );
+    }
+    Ok(store)
 }
 
 /// Most pods one agent process simulating many nodes reconciles at once (requests in flight).

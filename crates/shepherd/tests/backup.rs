@@ -20,6 +20,28 @@ fn shepherd(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_shepherd")).args(args).env("RUST_LOG", "warn").output().expect("run shepherd")
 }
 
+/// Runs `shepherd args` expecting it to exit by itself; one still running after 30 s is serving
+/// what it should have refused.
+fn server_that_must_not_start(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run shepherd");
+    let start = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("shepherd {args:?} started serving a store it should have refused");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
 fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
@@ -306,24 +328,9 @@ async fn a_corrupted_store_refuses_to_start_and_names_the_snapshot_to_restore() 
     }
     std::fs::write(&store, bytes).expect("write store");
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .args(["server", "--data-dir", data_arg, "--listen", "127.0.0.1:0"])
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run shepherd");
-    let start = Instant::now();
-    while child.try_wait().expect("wait").is_none() {
-        if start.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("shepherd served a corrupted store");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().expect("output");
+    let out = server_that_must_not_start(
+        &[&["server", "--data-dir", data_arg, "--listen", "127.0.0.1:0"], &args[..]].concat(),
+    );
     let message = text(&out);
     assert!(!out.status.success(), "a corrupted store was served: {message}");
     let newest =
@@ -345,4 +352,41 @@ async fn a_corrupted_store_refuses_to_start_and_names_the_snapshot_to_restore() 
     let daemon = Daemon::start("server", &data, &args);
     let (pods, _) = stored(&http, &daemon.url).await;
     assert_eq!(pods.keys().map(String::as_str).collect::<Vec<_>>(), ["p-0", "p-1", "p-2", "p-3"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_behind_its_newest_snapshot_refuses_to_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let args = ["--controllers", "none", "--token", TOKEN, "--snapshot-interval", "100ms"];
+    let mut daemon = Daemon::start("server", &data, &args);
+    daemon.terminate();
+    let store = data.join("store.redb");
+    let old_copy = std::fs::read(&store).expect("read store");
+
+    let mut daemon = Daemon::start("server", &data, &args);
+    let r = http_create(&daemon.url, "later").await;
+    assert_eq!(r.status().as_u16(), 201);
+    let snapshots = data.join("snapshots");
+    wait_for("a snapshot after the create", || std::fs::read_dir(&snapshots).is_ok_and(|mut d| d.next().is_some()))
+        .await;
+    daemon.terminate();
+
+    // An older copy of the file put back (or a newest commit redb skipped as damaged).
+    std::fs::write(&store, old_copy).expect("write store");
+    let out =
+        server_that_must_not_start(&["server", "--data-dir", data.to_str().expect("path"), "--listen", "127.0.0.1:0"]);
+    let message = text(&out);
+    assert!(!out.status.success(), "a store that lost writes was served: {message}");
+    assert!(message.contains("behind the snapshot") && message.contains("shepherd restore --from"), "{message}");
+}
+
+async fn http_create(url: &str, name: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{url}/api/v1/namespaces/default/pods"))
+        .bearer_auth(TOKEN)
+        .json(&pod(name))
+        .send()
+        .await
+        .expect("create")
 }
