@@ -1,8 +1,11 @@
-//! The Shepherd daemon: `shepherd server`, `shepherd standalone`.
+//! The Shepherd daemon: `shepherd server`, `shepherd standalone`, and store backups.
 
+mod backup;
 mod control_plane;
 mod node_agent;
 mod private_dir;
+mod snapshots;
+mod store_check;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,6 +40,13 @@ enum Command {
     Standalone(StandaloneArgs),
     /// Run a node agent against an API server: registers the node and runs its pods.
     Agent(AgentCommand),
+    /// Write a consistent snapshot of the store (from a running server or an idle data dir).
+    Backup(backup::BackupArgs),
+    /// Create a data directory's store from a backup file.
+    Restore(backup::RestoreArgs),
+    /// Inspect a store no server holds.
+    #[command(subcommand)]
+    Store(store_check::StoreCommand),
 }
 
 #[derive(Args, Clone)]
@@ -109,6 +119,13 @@ struct ServerArgs {
     /// kube-apiserver's --event-ttl.
     #[arg(long, default_value = "1h", value_parser = shepherd_api::duration::parse)]
     event_ttl: Duration,
+    /// Write a snapshot of the store into <data-dir>/snapshots/ this often (e.g. 1h, 10m; 0
+    /// turns it off); a store damaged on disk is restored from one with `shepherd restore`.
+    #[arg(long, default_value = "1h", value_parser = duration::parse)]
+    snapshot_interval: Duration,
+    /// Snapshots kept in <data-dir>/snapshots/; older ones are removed.
+    #[arg(long, default_value_t = 3)]
+    snapshot_keep: usize,
     #[command(flatten)]
     controllers: ControllerArgs,
 }
@@ -131,11 +148,14 @@ fn main() -> anyhow::Result<()> {
             Command::Server(args) => run_server(args, None).await,
             Command::Standalone(args) => run_server(args.server, Some(args.agent)).await,
             Command::Agent(args) => run_agent(args).await,
+            Command::Backup(args) => backup::backup(args).await,
+            Command::Restore(args) => backup::restore(args),
+            Command::Store(command) => store_check::run(command),
         }
     })
 }
 
-fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
+fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
     let limits = HistoryLimits {
         max_events: args.history_events,
         max_age: Duration::from_secs(args.history_seconds),
@@ -143,12 +163,30 @@ fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
         ..HistoryLimits::default()
     };
     if args.in_memory {
-        return Ok(Arc::new(LocalStore::in_memory(limits)));
+        return Ok(LocalStore::in_memory(limits));
     }
     private_dir::secure(&args.data_dir)?;
-    let path = args.data_dir.join("store.redb");
-    let store = LocalStore::open_redb(&path, limits).with_context(|| format!("opening store {}", path.display()))?;
-    Ok(Arc::new(store))
+    let path = backup::store_file(&args.data_dir);
+    let store = LocalStore::open_redb(&path, limits).map_err(|e| {
+        anyhow::anyhow!("cannot open the store {}: {e}; {}", path.display(), snapshots::recovery_hint(&args.data_dir))
+    })?;
+    // A store behind its own snapshot lost acknowledged writes: an older copy of the file, or a
+    // damaged newest commit that redb skipped for the one before it. Serving it would hand out
+    // resourceVersions again that clients already saw for other objects.
+    if let Some((snapshot, revision)) = snapshots::newest_good(&args.data_dir)
+        && revision > store.revision()
+    {
+        anyhow::bail!(
+            "the store {} is at revision {}, behind the snapshot {} at revision {revision}: writes were lost; \
+             restore the snapshot with: shepherd restore --from {} --data-dir {} --force",
+            path.display(),
+            store.revision(),
+            snapshot.display(),
+            snapshot.display(),
+            args.data_dir.display()
+        );
+    }
+    Ok(store)
 }
 
 /// Most pods one agent process simulating many nodes reconciles at once (requests in flight).
@@ -186,7 +224,8 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
 
 async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow::Result<()> {
     let standalone = local_agent.is_some();
-    let store = open_store(&args)?;
+    let local_store = open_store(&args)?;
+    let store: Arc<dyn Store> = Arc::new(local_store.clone());
     let config = HttpConfig {
         max_body_bytes: args.max_body_bytes,
         token: args.token.clone(),
@@ -220,14 +259,19 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
     }
     let node_names = agent.as_ref().map(|a| a.node_names()).unwrap_or_default();
     let debug_manager = manager.clone();
-    // Behind the API's bearer token: it names objects and their errors.
-    let router = server.router_with(axum::Router::new().route(
-        "/debug/controllers",
-        axum::routing::get(move || {
-            let m = debug_manager.clone();
-            async move { axum::Json(m.snapshot().to_json()) }
-        }),
-    ));
+    let backup_store = local_store.clone();
+    // Behind the API's bearer token: they name objects and their errors, or hold every object.
+    let router = server.router_with(
+        axum::Router::new()
+            .route(
+                "/debug/controllers",
+                axum::routing::get(move || {
+                    let m = debug_manager.clone();
+                    async move { axum::Json(m.snapshot().to_json()) }
+                }),
+            )
+            .route("/backup", axum::routing::get(move || backup::serve(backup_store.clone()))),
+    );
 
     let open_files = raise_open_file_limit();
     let limits = ConnectionLimits {
@@ -263,10 +307,21 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move { a.run(stop).await })
     });
+    let snapshotter = (!args.in_memory && !args.snapshot_interval.is_zero()).then(|| {
+        tokio::spawn(snapshots::run_periodic(
+            local_store.clone(),
+            args.data_dir.clone(),
+            args.snapshot_interval,
+            args.snapshot_keep,
+        ))
+    });
     let serving = shepherd_apiserver::serve(listener, router, limits, connection_metrics, stopped(stop_rx.clone()));
     let serving = tokio::spawn(serving);
     shutdown_signal().await;
     stop_tx.send_replace(true);
+    if let Some(s) = snapshotter {
+        s.abort();
+    }
     let _ = controllers.await;
     if let Some(t) = agent_task
         && let Ok(Err(e)) = t.await

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
+use crate::snapshot::Snapshot;
 use crate::state::{State, Write};
 use crate::{Event, EventKind, HistoryLimits, KeyValue, Revision, StoreError};
 
@@ -182,3 +183,70 @@ fn persist(db: &Database, accepted: &[(Event, Reply)]) -> Result<(), StoreError>
     txn.commit().map_err(backend("commit"))
 }
 
+
+/// Reads every object of the redb file at `path` at its last committed revision, changing
+/// nothing but what a start would repair. Fails if another process holds the file open.
+pub(crate) fn read_snapshot(path: &Path) -> Result<Snapshot, StoreError> {
+    if !path.exists() {
+        return Err(StoreError::Backend(format!("{} does not exist", path.display())));
+    }
+    let opened = |e: redb::DatabaseError| match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(format!(
+            "{} is held by a running Shepherd process; back it up through its API (--server) instead",
+            path.display()
+        )),
+        e => StoreError::Backend(format!("opening {}: {e}", path.display())),
+    };
+    match redb::ReadOnlyDatabase::open(path) {
+        Ok(db) => snapshot_of(&db),
+        // A process that was killed leaves the file needing a repair of redb's allocation state
+        // (committed data is intact); only a writable open performs it, as the next start would.
+        Err(redb::DatabaseError::RepairAborted) => snapshot_of(&Database::open(path).map_err(opened)?),
+        Err(e) => Err(opened(e)),
+    }
+}
+
+fn snapshot_of(db: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
+    let r = db.begin_read().map_err(backend("begin read"))?;
+    let revision = match r.open_table(META) {
+        Ok(meta) => meta.get(REVISION_KEY).map_err(backend("read revision"))?.map(|v| v.value()).unwrap_or(0),
+        Err(redb::TableError::TableDoesNotExist(_)) => 0,
+        Err(e) => return Err(StoreError::Backend(format!("open meta: {e}"))),
+    };
+    let mut items = Vec::new();
+    match r.open_table(OBJECTS) {
+        Ok(table) => {
+            for entry in table.iter().map_err(backend("scan objects"))? {
+                let (k, v) = entry.map_err(backend("scan objects"))?;
+                items.push(decode(k.value(), v.value())?);
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(StoreError::Backend(format!("open objects: {e}"))),
+    }
+    Ok(Snapshot { revision, items })
+}
+
+/// Whether a process holds the redb file at `path` open (a running server).
+pub(crate) fn is_held(path: &Path) -> bool {
+    matches!(redb::ReadOnlyDatabase::open(path), Err(redb::DatabaseError::DatabaseAlreadyOpen))
+}
+
+/// Writes `snapshot` as a new redb file at `path` (which must not exist), committed and fsync'd,
+/// with the store revision set to the snapshot's so revisions stay monotonic for clients.
+pub(crate) fn write_snapshot(path: &Path, snapshot: &Snapshot) -> Result<(), StoreError> {
+    if path.exists() {
+        return Err(StoreError::Backend(format!("{} already exists", path.display())));
+    }
+    let db = Database::create(path).map_err(|e| StoreError::Backend(format!("creating {}: {e}", path.display())))?;
+    let txn = db.begin_write().map_err(backend("begin write"))?;
+    {
+        let mut objects = txn.open_table(OBJECTS).map_err(backend("open objects"))?;
+        for kv in &snapshot.items {
+            objects.insert(kv.key.as_str(), encode(kv).as_slice()).map_err(backend("insert"))?;
+        }
+        let mut meta = txn.open_table(META).map_err(backend("open meta"))?;
+        meta.insert(REVISION_KEY, snapshot.revision).map_err(backend("write revision"))?;
+    }
+    txn.commit().map_err(backend("commit"))
+}

@@ -8,6 +8,7 @@
 mod durable;
 mod error;
 mod local;
+mod snapshot;
 mod state;
 mod watch;
 
@@ -16,6 +17,7 @@ use bytes::Bytes;
 
 pub use error::StoreError;
 pub use local::LocalStore;
+pub use snapshot::{Snapshot, SnapshotError};
 pub use state::HistoryLimits;
 pub use watch::WatchStream;
 

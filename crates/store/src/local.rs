@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use crate::durable::{self, Committer};
 use crate::state::{State, Write};
-use crate::{HistoryLimits, KeyValue, ListResult, Retention, Revision, Store, StoreError, WatchStream};
+use crate::{HistoryLimits, Snapshot, KeyValue, ListResult, Retention, Revision, Store, StoreError, WatchStream};
 
 /// Reads are served from memory in both backends. Writes either apply at once under the lock
 /// (in-memory: nothing to wait for, so tests on tokio's paused clock see them immediately) or go
@@ -31,6 +31,27 @@ impl LocalStore {
     pub fn open_redb(path: &Path, limits: HistoryLimits) -> Result<Self, StoreError> {
         let (state, committer) = durable::open(path, limits)?;
         Ok(LocalStore { state, committer: Some(committer) })
+    }
+
+    /// Every object at the current revision: a consistent cut, since writes reach memory only
+    /// after their commit and under the same lock this read takes.
+    pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        self.read(|s| Snapshot { revision: s.revision, items: s.objects.values().cloned().collect() })
+    }
+
+    /// Every object of the redb file at `path` (not open in any process), at its last revision.
+    pub fn read_redb_snapshot(path: &Path) -> Result<Snapshot, StoreError> {
+        durable::read_snapshot(path)
+    }
+
+    /// Whether a process holds the redb file at `path` open.
+    pub fn redb_is_held(path: &Path) -> bool {
+        durable::is_held(path)
+    }
+
+    /// Writes `snapshot` into a new redb file at `path`, which must not exist yet.
+    pub fn write_redb_snapshot(path: &Path, snapshot: &Snapshot) -> Result<(), StoreError> {
+        durable::write_snapshot(path, snapshot)
     }
 
     async fn write(&self, w: Write) -> Result<KeyValue, StoreError> {
