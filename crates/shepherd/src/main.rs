@@ -121,7 +121,7 @@ struct ServerArgs {
     event_ttl: Duration,
     /// Write a snapshot of the store into <data-dir>/snapshots/ this often (e.g. 1h, 10m; 0
     /// turns it off); a store damaged on disk is restored from one with `shepherd restore`.
-    #[arg(long, default_value = "1h", value_parser = duration::parse)]
+    #[arg(long, default_value = "1h", value_parser = shepherd_api::duration::parse)]
     snapshot_interval: Duration,
     /// Snapshots kept in <data-dir>/snapshots/; older ones are removed.
     #[arg(long, default_value_t = 3)]
