@@ -206,43 +206,13 @@ impl ApiError {
             "NotFound" => ApiError::NotFound { kind, name: field("name"), message },
             "AlreadyExists" => ApiError::AlreadyExists { kind, name: field("name"), message },
             "Conflict" => ApiError::Conflict { kind, name: field("name"), message },
-            "Invalid" => {
-                let causes = details
-                    .and_then(|d| d.get("causes"))
-                    .and_then(Value::as_array)
-                    .map(|cs| {
-                        cs.iter()
-                            .map(|c| Cause {
-                                reason: cause_reason(c.get("reason").and_then(Value::as_str).unwrap_or("")),
-                                field: c.get("field").and_then(Value::as_str).unwrap_or("").to_string(),
-                                message: c.get("message").and_then(Value::as_str).unwrap_or("").to_string(),
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                ApiError::Invalid { kind, name: field("name"), message, causes }
-            }
+            "Invalid" => ApiError::Invalid { kind, name: field("name"), message, causes: causes_of(details) },
             "BadRequest" => ApiError::BadRequest(message),
             "Expired" | "Gone" => ApiError::Expired(message),
             "MethodNotAllowed" => ApiError::MethodNotAllowed(message),
             "RequestEntityTooLarge" => ApiError::RequestEntityTooLarge(message),
             "Forbidden" => ApiError::Forbidden(message),
-            "TooManyRequests" => {
-                let causes = details
-                    .and_then(|d| d.get("causes"))
-                    .and_then(Value::as_array)
-                    .map(|cs| {
-                        cs.iter()
-                            .map(|c| Cause {
-                                reason: cause_reason(c.get("reason").and_then(Value::as_str).unwrap_or("")),
-                                field: String::new(),
-                                message: c.get("message").and_then(Value::as_str).unwrap_or("").to_string(),
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                ApiError::TooManyRequests { message, causes }
-            }
+            "TooManyRequests" => ApiError::TooManyRequests { message, causes: causes_of(details) },
             "ServiceUnavailable" => ApiError::ServiceUnavailable(message),
             _ => ApiError::Internal(message),
         }
@@ -260,6 +230,24 @@ fn details(qualified: &str, name: &str) -> Value {
         }
     }
     Value::Object(d)
+}
+
+/// The `details.causes` of a received `Status`.
+fn causes_of(details: Option<&Value>) -> Vec<Cause> {
+    let text = |c: &Value, k: &str| c.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    details
+        .and_then(|d| d.get("causes"))
+        .and_then(Value::as_array)
+        .map(|cs| {
+            cs.iter()
+                .map(|c| Cause {
+                    reason: cause_reason(c.get("reason").and_then(Value::as_str).unwrap_or("")),
+                    field: text(c, "field"),
+                    message: text(c, "message"),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn cause_reason(r: &str) -> &'static str {
