@@ -61,6 +61,9 @@ pub enum ApiError {
     TooManyRequests { message: String, causes: Vec<Cause> },
     #[error("{0}")]
     ServiceUnavailable(String),
+    /// 507: the store's disk is full; the write was not applied.
+    #[error("{0}")]
+    InsufficientStorage(String),
     #[error("{0}")]
     Internal(String),
     /// A read asked for a revision the store has not reached (Kubernetes: 504 `Timeout` with
@@ -122,6 +125,7 @@ impl ApiError {
             ApiError::Forbidden(_) => 403,
             ApiError::TooManyRequests { .. } => 429,
             ApiError::ServiceUnavailable(_) => 503,
+            ApiError::InsufficientStorage(_) => 507,
             ApiError::Internal(_) => 500,
             ApiError::ResourceVersionTooLarge { .. } => 504,
         }
@@ -142,6 +146,7 @@ impl ApiError {
             ApiError::Forbidden(_) => "Forbidden",
             ApiError::TooManyRequests { .. } => "TooManyRequests",
             ApiError::ServiceUnavailable(_) => "ServiceUnavailable",
+            ApiError::InsufficientStorage(_) => "InsufficientStorage",
             ApiError::Internal(_) => "InternalError",
             ApiError::ResourceVersionTooLarge { .. } => "Timeout",
         }
@@ -214,6 +219,7 @@ impl ApiError {
             "Forbidden" => ApiError::Forbidden(message),
             "TooManyRequests" => ApiError::TooManyRequests { message, causes: causes_of(details) },
             "ServiceUnavailable" => ApiError::ServiceUnavailable(message),
+            "InsufficientStorage" => ApiError::InsufficientStorage(message),
             _ => ApiError::Internal(message),
         }
     }

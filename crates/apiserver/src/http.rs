@@ -78,9 +78,9 @@ pub(crate) fn router(state: AppState, extra: Router) -> Router {
     // client's `VersionApi`, `ApisApi`) always send one.
     let version = || get(|| async { axum::Json(discovery::version()) });
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(readiness))
         .route("/livez", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
+        .route("/readyz", get(readiness))
         .route("/version", version())
         .route("/version/", version())
         .route("/metrics", get(metrics))
@@ -167,6 +167,25 @@ async fn authenticate(State(app): State<AppState>, req: Request, next: axum::mid
         }
     }
     next.run(req).await
+}
+
+/// `/readyz` (and `/healthz`): ready while the store can write. The process stays live (`/livez`)
+/// while it cannot: restarting does not give a full disk room, and reads keep being served.
+async fn readiness(State(app): State<AppState>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let store = app.svc.store.writable();
+    let check = match &store {
+        Ok(()) => "[+]store ok".to_string(),
+        Err(e) => format!("[-]store failed: {e}"),
+    };
+    let (code, body) = match store {
+        Ok(()) if !q.contains_key("verbose") => (StatusCode::OK, "ok".to_string()),
+        Ok(()) => (StatusCode::OK, format!("[+]ping ok\n{check}\nreadyz check passed\n")),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, format!("[+]ping ok\n{check}\nreadyz check failed\n")),
+    };
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = code;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
 }
 
 async fn metrics(State(app): State<AppState>) -> Response {

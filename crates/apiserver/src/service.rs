@@ -159,6 +159,8 @@ fn store_err(res: &ResourceInfo, name: &str, e: StoreError) -> ApiError {
         StoreError::Lagged => ApiError::Expired("watch fell behind; re-list and watch again".into()),
         StoreError::Closed => ApiError::ServiceUnavailable("the store is shutting down".into()),
         StoreError::Backend(m) => ApiError::Internal(m),
+        StoreError::NoSpace(m) => ApiError::InsufficientStorage(m),
+        StoreError::Unavailable(m) => ApiError::ServiceUnavailable(m),
     }
 }
 

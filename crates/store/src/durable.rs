@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, RwLock, mpsc};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -34,28 +35,57 @@ pub(crate) type Reply = oneshot::Sender<Result<KeyValue, StoreError>>;
 /// Where writes go: the committer thread's queue.
 pub(crate) type Committer = mpsc::Sender<(Write, Reply)>;
 
+/// Whether the store can write: `None` while commits succeed, else the failure that stops them.
+/// The committer sets and clears it; `/readyz` reads it.
+pub(crate) type Health = Arc<RwLock<Option<StoreError>>>;
+
+/// How often a store that cannot write tries again on its own (reopening redb and committing an
+/// unchanged revision), so writes and readiness come back once the disk has room.
+const RECOVERY_PROBE: Duration = Duration::from_secs(1);
+/// How long a batch whose commit failed waits for the file to be reopened and read back before
+/// its writers are answered "outcome unknown".
+const RECOVERY_WAIT: Duration = Duration::from_secs(2);
+
 /// Opens (or creates) the redb file at `path`, loads it, and starts the committer thread that
 /// will own every write. A second open of the same file fails with a clear error.
 pub(crate) fn open(
     path: &Path,
     limits: HistoryLimits,
-) -> Result<(Arc<RwLock<State>>, Committer), StoreError> {
-    let db = Database::builder().set_cache_size(REDB_CACHE_BYTES).create(path).map_err(|e| match e {
+) -> Result<(Arc<RwLock<State>>, Committer, Health), StoreError> {
+    let owned = path.to_path_buf();
+    open_with(Box::new(move || open_db(&owned)), limits, RECOVERY_WAIT)
+}
+
+/// Opens the redb file anew; called again after every failed commit.
+type Opener = Box<dyn Fn() -> Result<Database, StoreError> + Send>;
+
+fn open_with(
+    opener: Opener,
+    limits: HistoryLimits,
+    recovery_wait: Duration,
+) -> Result<(Arc<RwLock<State>>, Committer, Health), StoreError> {
+    let db = opener()?;
+    let (objects, revision) = load(&db)?;
+    let state = Arc::new(RwLock::new(State::new(objects, revision, limits)));
+    let health: Health = Arc::new(RwLock::new(None));
+    let (tx, rx) = mpsc::channel();
+    let disk = Disk { opener, db: Some(db), unresolved: None, health: health.clone(), recovery_wait };
+    let committer_state = state.clone();
+    thread::Builder::new()
+        .name("store-committer".into())
+        .spawn(move || commit_loop(disk, committer_state, rx))
+        .map_err(|e| StoreError::Backend(format!("starting committer thread: {e}")))?;
+    Ok((state, tx, health))
+}
+
+fn open_db(path: &Path) -> Result<Database, StoreError> {
+    Database::builder().set_cache_size(REDB_CACHE_BYTES).create(path).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(format!(
             "{} is already open in another Shepherd process; stop it or use another --data-dir",
             path.display()
         )),
         e => StoreError::Backend(format!("opening {}: {e}", path.display())),
-    })?;
-    let (objects, revision) = load(&db)?;
-    let state = Arc::new(RwLock::new(State::new(objects, revision, limits)));
-    let (tx, rx) = mpsc::channel();
-    let committer_state = state.clone();
-    thread::Builder::new()
-        .name("store-committer".into())
-        .spawn(move || commit_loop(db, committer_state, rx))
-        .map_err(|e| StoreError::Backend(format!("starting committer thread: {e}")))?;
-    Ok((state, tx))
+    })
 }
 
 fn backend<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> StoreError {
@@ -102,8 +132,137 @@ fn decode(key: &str, raw: &[u8]) -> Result<KeyValue, StoreError> {
     Ok(KeyValue { key: key.to_string(), value: Bytes::copy_from_slice(value), create_revision: rev(c), mod_revision: rev(m) })
 }
 
-fn commit_loop(db: Database, state: Arc<RwLock<State>>, rx: mpsc::Receiver<(Write, Reply)>) {
-    while let Ok(first) = rx.recv() {
+/// The redb file as the committer sees it.
+///
+/// The rule for a failed commit (the lesson of PostgreSQL's fsync bug: after an I/O error the
+/// file's state is unknown, and retrying on the same handle can report success for data that is
+/// not there): memory never takes a write before its commit succeeded, and a failed commit is
+/// never retried on the handle that failed. The file is closed and reopened, and its revision
+/// read back decides what happened: the batch's last revision means the commit did land (its
+/// writers are answered success), the revision before it means it did not (they get the error).
+/// If the file cannot be reopened in time, the writers are told the outcome is unknown and the
+/// batch is remembered; when the file opens again, any of it that landed is rolled back to the
+/// state in memory, so a write answered with an error never appears later.
+struct Disk {
+    opener: Opener,
+    /// `None` after a failure, until the file is reopened.
+    db: Option<Database>,
+    /// A batch whose writers were answered with an error while the file's state was unknown.
+    unresolved: Option<Unresolved>,
+    health: Health,
+    recovery_wait: Duration,
+}
+
+/// The keys a failed batch wrote and the revision the file had before it.
+struct Unresolved {
+    keys: Vec<String>,
+    revision_before: Revision,
+}
+
+impl Disk {
+    fn set_health(&self, failure: Option<StoreError>) {
+        if let Ok(mut h) = self.health.write() {
+            if failure.is_none() && h.is_some() {
+                tracing::info!("store writes again");
+            }
+            *h = failure;
+        }
+    }
+
+    /// Reopens the file if a failure closed it, settling an unresolved batch against `state`.
+    fn ensure_open(&mut self, state: &State) -> Result<&Database, StoreError> {
+        if self.db.is_none() {
+            let db = (self.opener)().map_err(|e| classify("reopening the store", &e.to_string()))?;
+            if let Some(u) = &self.unresolved {
+                roll_back(&db, u, state)?;
+                tracing::warn!(revision = u.revision_before, "rolled back a batch whose writers were told it failed");
+            }
+            self.unresolved = None;
+            self.db = Some(db);
+        }
+        self.db.as_ref().ok_or(StoreError::Closed)
+    }
+
+    /// Commits an unchanged revision: proves the file can take a write again.
+    fn probe(&mut self, state: &State) -> Result<(), StoreError> {
+        let db = self.ensure_open(state)?;
+        let result = (|| {
+            let txn = db.begin_write().map_err(backend("begin write"))?;
+            txn.open_table(META)
+                .map_err(backend("open meta"))?
+                .insert(REVISION_KEY, state.revision)
+                .map_err(backend("write revision"))?;
+            txn.commit().map_err(backend("commit"))
+        })();
+        if let Err(e) = &result {
+            self.db = None;
+            return Err(classify("store probe", &e.to_string()));
+        }
+        result
+    }
+}
+
+/// What a writer is told when the disk fails it: 507-style for a full disk, else 503.
+fn classify(what: &str, message: &str) -> StoreError {
+    let no_space = message.contains("No space left on device") || message.contains("Disk quota exceeded");
+    if no_space {
+        StoreError::NoSpace(format!("{what}: no space left on the store's disk ({message})"))
+    } else {
+        StoreError::Unavailable(format!("{what}: {message}"))
+    }
+}
+
+/// Reads the revision the file holds.
+fn disk_revision(db: &Database) -> Result<Revision, StoreError> {
+    let r = db.begin_read().map_err(backend("begin read"))?;
+    let meta = r.open_table(META).map_err(backend("open meta"))?;
+    Ok(meta.get(REVISION_KEY).map_err(backend("read revision"))?.map(|v| v.value()).unwrap_or(0))
+}
+
+/// Puts the keys of an unresolved batch back to their values in memory, when the batch landed.
+fn roll_back(db: &Database, u: &Unresolved, state: &State) -> Result<(), StoreError> {
+    if disk_revision(db)? == u.revision_before {
+        return Ok(());
+    }
+    let txn = db.begin_write().map_err(backend("begin write"))?;
+    {
+        let mut objects = txn.open_table(OBJECTS).map_err(backend("open objects"))?;
+        for key in &u.keys {
+            match state.objects.get(key) {
+                Some(kv) => objects.insert(key.as_str(), encode(kv).as_slice()).map(drop),
+                None => objects.remove(key.as_str()).map(drop),
+            }
+            .map_err(backend("roll back"))?;
+        }
+        let mut meta = txn.open_table(META).map_err(backend("open meta"))?;
+        meta.insert(REVISION_KEY, u.revision_before).map_err(backend("write revision"))?;
+    }
+    txn.commit().map_err(|e| classify("rolling back a failed batch", &e.to_string()))
+}
+
+fn commit_loop(mut disk: Disk, state: Arc<RwLock<State>>, rx: mpsc::Receiver<(Write, Reply)>) {
+    loop {
+        let failing = disk.health.read().map(|h| h.is_some()).unwrap_or(false);
+        let first = if failing {
+            match rx.recv_timeout(RECOVERY_PROBE) {
+                Ok(w) => w,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let Ok(s) = state.read() else { return };
+                    let outcome = disk.probe(&s);
+                    drop(s);
+                    if outcome.is_ok() {
+                        disk.set_health(None);
+                    }
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        } else {
+            match rx.recv() {
+                Ok(w) => w,
+                Err(_) => return,
+            }
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -116,8 +275,10 @@ fn commit_loop(db: Database, state: Arc<RwLock<State>>, rx: mpsc::Receiver<(Writ
         // revision. Only this thread changes the state, so it cannot move under us.
         let mut accepted = Vec::with_capacity(batch.len());
         let mut rejected = Vec::new();
+        let revision_before;
         {
             let Ok(s) = state.read() else { return };
+            revision_before = s.revision;
             let mut pending: BTreeMap<String, Option<KeyValue>> = BTreeMap::new();
             let mut rev = s.revision;
             for (w, reply) in batch {
@@ -139,13 +300,19 @@ fn commit_loop(db: Database, state: Arc<RwLock<State>>, rx: mpsc::Receiver<(Writ
             continue;
         }
 
-        if let Err(e) = persist(&db, &accepted) {
+        let committed = {
+            let Ok(s) = state.read() else { return };
+            commit(&mut disk, &s, &accepted, revision_before)
+        };
+        if let Err(e) = committed {
             tracing::error!(error = %e, "store commit failed; rejecting {} writes", accepted.len());
+            disk.set_health(Some(e.clone()));
             for (_, reply) in accepted {
                 let _ = reply.send(Err(e.clone()));
             }
             continue;
         }
+        disk.set_health(None);
 
         let Ok(mut s) = state.write() else { return };
         let mut replies = Vec::with_capacity(accepted.len());
@@ -156,6 +323,48 @@ fn commit_loop(db: Database, state: Arc<RwLock<State>>, rx: mpsc::Receiver<(Writ
         drop(s);
         for (kv, reply) in replies {
             let _ = reply.send(Ok(kv));
+        }
+    }
+}
+
+/// Commits a batch; on failure, finds out from a reopened file whether it landed after all.
+fn commit(disk: &mut Disk, state: &State, accepted: &[(Event, Reply)], revision_before: Revision) -> Result<(), StoreError> {
+    let db = disk.ensure_open(state)?;
+    let Err(e) = persist(db, accepted) else { return Ok(()) };
+    let failure = classify("commit", &e.to_string());
+    // Never reuse the handle that failed: its view of the file may not be the file's.
+    disk.db = None;
+    let last = accepted.last().map_or(revision_before, |(ev, _)| ev.revision());
+    let deadline = Instant::now() + disk.recovery_wait;
+    loop {
+        match (disk.opener)().and_then(|db| disk_revision(&db).map(|r| (db, r))) {
+            Ok((db, r)) if r == last => {
+                tracing::warn!(revision = r, "a commit that reported {e} is on disk; keeping it");
+                disk.db = Some(db);
+                return Ok(());
+            }
+            Ok((db, r)) if r == revision_before => {
+                disk.db = Some(db);
+                return Err(failure);
+            }
+            Ok((_, r)) => {
+                // Neither before nor after: not a state this process wrote. Stop writing.
+                return Err(StoreError::Unavailable(format!(
+                    "the store file is at revision {r}, expected {revision_before} or {last}; restart to reload it"
+                )));
+            }
+            Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(100)),
+            Err(reopen) => {
+                disk.unresolved = Some(Unresolved {
+                    keys: accepted.iter().map(|(ev, _)| ev.kv.key.clone()).collect(),
+                    revision_before,
+                });
+                let message = format!("{failure}; the store cannot be reopened ({reopen}), so this write was not applied");
+                return Err(match failure {
+                    StoreError::NoSpace(_) => StoreError::NoSpace(message),
+                    _ => StoreError::Unavailable(message),
+                });
+            }
         }
     }
 }
@@ -182,7 +391,6 @@ fn persist(db: &Database, accepted: &[(Event, Reply)]) -> Result<(), StoreError>
     // Durability::Immediate is redb's default: commit returns after fsync.
     txn.commit().map_err(backend("commit"))
 }
-
 
 /// Reads every object of the redb file at `path` at its last committed revision, changing
 /// nothing but what a start would repair. Fails if another process holds the file open.
@@ -249,4 +457,180 @@ pub(crate) fn write_snapshot(path: &Path, snapshot: &Snapshot) -> Result<(), Sto
         meta.insert(REVISION_KEY, snapshot.revision).map_err(backend("write revision"))?;
     }
     txn.commit().map_err(backend("commit"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs::{File, OpenOptions};
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// What the next operations of a [`Flaky`] file do wrong.
+    #[derive(Debug, Default)]
+    struct Faults {
+        syncs: AtomicUsize,
+        /// The sync (counted from 1) that completes and then reports an error: a commit that
+        /// lands on disk while its writer is told it failed.
+        fail_sync: AtomicUsize,
+        /// Opening the file fails, as it can while the disk is full.
+        refuse_open: AtomicBool,
+        /// Writes fail with ENOSPC and write nothing.
+        disk_full: AtomicBool,
+    }
+
+    /// A redb file whose fsyncs and opens fail when told to.
+    #[derive(Debug)]
+    struct Flaky {
+        file: File,
+        faults: Arc<Faults>,
+    }
+
+    impl redb::StorageBackend for Flaky {
+        fn len(&self) -> Result<u64, std::io::Error> {
+            Ok(self.file.metadata()?.len())
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+            self.file.read_exact_at(out, offset)
+        }
+        fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+            self.file.set_len(len)
+        }
+        fn sync_data(&self) -> Result<(), std::io::Error> {
+            self.file.sync_data()?;
+            let n = self.faults.syncs.fetch_add(1, Ordering::SeqCst) + 1;
+            if n == self.faults.fail_sync.load(Ordering::SeqCst) {
+                return Err(std::io::Error::other("injected: fsync reported an error after writing"));
+            }
+            Ok(())
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+            if self.faults.disk_full.load(Ordering::SeqCst) {
+                return Err(std::io::Error::from_raw_os_error(libc_enospc()));
+            }
+            self.file.write_all_at(data, offset)
+        }
+    }
+
+    /// ENOSPC on Linux.
+    fn libc_enospc() -> i32 {
+        28
+    }
+
+    fn flaky_store(path: &Path, faults: &Arc<Faults>) -> (Arc<RwLock<State>>, Committer, Health) {
+        let (path, faults) = (path.to_path_buf(), faults.clone());
+        let opener: Opener = Box::new(move || {
+            if faults.refuse_open.load(Ordering::SeqCst) {
+                return Err(StoreError::Backend("injected: cannot open".into()));
+            }
+            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path);
+            let file = file.map_err(|e| StoreError::Backend(e.to_string()))?;
+            Database::builder()
+                .create_with_backend(Flaky { file, faults: faults.clone() })
+                .map_err(|e| StoreError::Backend(e.to_string()))
+        });
+        open_with(opener, HistoryLimits::default(), Duration::from_millis(200)).expect("open")
+    }
+
+    fn create(c: &Committer, key: &str) -> Result<KeyValue, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        c.send((Write::Create { key: key.into(), value: Bytes::from_static(b"v") }, tx)).expect("send");
+        rx.blocking_recv().expect("reply")
+    }
+
+    /// The syncs one commit makes, so a test can fail exactly the last of them.
+    fn syncs_per_commit(c: &Committer, faults: &Faults) -> usize {
+        let before = faults.syncs.load(Ordering::SeqCst);
+        create(c, "/probe").expect("a commit");
+        faults.syncs.load(Ordering::SeqCst) - before
+    }
+
+    /// Reads the file fresh, once the store that held it has let go of it.
+    fn keys_on_disk(path: &Path) -> Vec<String> {
+        for _ in 0..100 {
+            if let Ok(db) = Database::open(path) {
+                let r = db.begin_read().expect("read");
+                let t = r.open_table(OBJECTS).expect("objects");
+                return t.iter().expect("iter").map(|e| e.expect("entry").0.value().to_string()).collect();
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the store file stayed held");
+    }
+
+    #[test]
+    fn a_commit_that_reports_an_error_after_landing_is_kept_and_acknowledged() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("store.redb");
+        let faults = Arc::new(Faults::default());
+        let (state, c, health) = flaky_store(&path, &faults);
+        let n = syncs_per_commit(&c, &faults);
+        faults.fail_sync.store(faults.syncs.load(Ordering::SeqCst) + n, Ordering::SeqCst);
+
+        let kv = create(&c, "/a").expect("the reopened file shows the write landed, so it succeeds");
+        assert_eq!(state.read().expect("state").get("/a"), Some(kv.clone()));
+        assert!(health.read().expect("health").is_none(), "the store writes again");
+        create(&c, "/b").expect("later writes go on");
+        drop(c);
+        assert_eq!(keys_on_disk(&path), ["/a", "/b", "/probe"]);
+    }
+
+    #[test]
+    fn a_commit_on_a_full_disk_is_refused_everywhere_and_writes_resume_when_it_has_room() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("store.redb");
+        let faults = Arc::new(Faults::default());
+        let (state, c, health) = flaky_store(&path, &faults);
+        syncs_per_commit(&c, &faults);
+        faults.disk_full.store(true, Ordering::SeqCst);
+
+        let e = create(&c, "/a").expect_err("nothing can be written");
+        assert!(matches!(e, StoreError::NoSpace(_)), "a full disk is told apart: {e:?}");
+        assert_eq!(state.read().expect("state").get("/a"), None);
+        assert!(matches!(*health.read().expect("health"), Some(StoreError::NoSpace(_))));
+
+        faults.disk_full.store(false, Ordering::SeqCst);
+        for _ in 0..100 {
+            if health.read().expect("health").is_none() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        assert!(health.read().expect("health").is_none(), "the probe finds room again without a write");
+        create(&c, "/b").expect("writes resume");
+        drop(c);
+        assert_eq!(keys_on_disk(&path), ["/b", "/probe"]);
+    }
+
+    #[test]
+    fn a_write_answered_unknown_is_rolled_back_when_the_file_opens_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("store.redb");
+        let faults = Arc::new(Faults::default());
+        let (state, c, health) = flaky_store(&path, &faults);
+        let n = syncs_per_commit(&c, &faults);
+        // The commit lands but reports an error, and the file cannot be reopened to find out.
+        faults.fail_sync.store(faults.syncs.load(Ordering::SeqCst) + n, Ordering::SeqCst);
+        faults.refuse_open.store(true, Ordering::SeqCst);
+
+        let e = create(&c, "/a").expect_err("the outcome cannot be known");
+        assert!(e.to_string().contains("not applied"), "{e}");
+        assert!(health.read().expect("health").is_some(), "/readyz reports it");
+        assert!(create(&c, "/b").is_err(), "no write while the file cannot be opened");
+
+        faults.refuse_open.store(false, Ordering::SeqCst);
+        // The committer's probe reopens the file by itself within a second.
+        for _ in 0..100 {
+            if health.read().expect("health").is_none() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        assert!(health.read().expect("health").is_none(), "the store recovered on its own");
+        assert_eq!(state.read().expect("state").get("/a"), None);
+        create(&c, "/c").expect("writes resume");
+        drop(c);
+        assert_eq!(keys_on_disk(&path), ["/c", "/probe"], "the write answered with an error never comes back");
+    }
 }

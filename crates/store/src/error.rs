@@ -16,4 +16,10 @@ pub enum StoreError {
     Closed,
     #[error("storage backend: {0}")]
     Backend(String),
+    /// The store's disk is full: writes fail until it has room again (reads keep working).
+    #[error("{0}")]
+    NoSpace(String),
+    /// The store cannot write for now (an I/O error it is recovering from); reads keep working.
+    #[error("{0}")]
+    Unavailable(String),
 }

@@ -96,6 +96,11 @@ pub trait Store: Send + Sync + 'static {
     fn retention(&self) -> Option<Retention> {
         None
     }
+    /// `Ok` while writes can succeed; the failure that stops them otherwise (a full disk, an I/O
+    /// error being recovered from). Readiness probes report it.
+    fn writable(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// The sizes of what a store holds in memory, beside the limits that bound them.

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use crate::durable::{self, Committer};
+use crate::durable::{self, Committer, Health};
 use crate::state::{State, Write};
 use crate::{HistoryLimits, Snapshot, KeyValue, ListResult, Retention, Revision, Store, StoreError, WatchStream};
 
@@ -19,18 +19,19 @@ use crate::{HistoryLimits, Snapshot, KeyValue, ListResult, Retention, Revision, 
 pub struct LocalStore {
     state: Arc<RwLock<State>>,
     committer: Option<Committer>,
+    health: Option<Health>,
 }
 
 impl LocalStore {
     /// A store that lives as long as the process.
     pub fn in_memory(limits: HistoryLimits) -> Self {
-        LocalStore { state: Arc::new(RwLock::new(State::new(BTreeMap::new(), 0, limits))), committer: None }
+        LocalStore { state: Arc::new(RwLock::new(State::new(BTreeMap::new(), 0, limits))), committer: None, health: None }
     }
 
     /// A durable store in the redb file at `path` (created if absent).
     pub fn open_redb(path: &Path, limits: HistoryLimits) -> Result<Self, StoreError> {
-        let (state, committer) = durable::open(path, limits)?;
-        Ok(LocalStore { state, committer: Some(committer) })
+        let (state, committer, health) = durable::open(path, limits)?;
+        Ok(LocalStore { state, committer: Some(committer), health: Some(health) })
     }
 
     /// Every object at the current revision: a consistent cut, since writes reach memory only
@@ -112,5 +113,11 @@ impl Store for LocalStore {
     }
     fn retention(&self) -> Option<Retention> {
         self.read(State::retention).ok()
+    }
+    fn writable(&self) -> Result<(), StoreError> {
+        match &self.health {
+            Some(h) => h.read().map_err(|_| StoreError::Closed)?.clone().map_or(Ok(()), Err),
+            None => Ok(()),
+        }
     }
 }
