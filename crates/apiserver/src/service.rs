@@ -556,7 +556,11 @@ impl ApiService {
             }
         }
         let precondition = parse_resource_version(meta_str(&body, "resourceVersion").unwrap_or(""))?;
-        self.mutate_checked(res, ns, name, precondition, true, opts, |old| Ok(merge_update(res, old, &body, part))).await
+        self.mutate_checked(res, ns, name, precondition, true, opts, |old| {
+            check_uid_precondition(res, old, &body)?;
+            Ok(merge_update(res, old, &body, part))
+        })
+        .await
     }
 
     /// Applies a patch to the current object (or its status), retrying if another writer got in
@@ -594,6 +598,7 @@ impl ApiService {
             let patched = apply_patch(old, patch_type, patch)?;
             check_type_unchanged(res, old, &patched)?;
             check_metadata_is_object(res, &patched)?;
+            check_uid_precondition(res, old, &patched)?;
             Ok(merge_update(res, old, &patched, part))
         })
         .await
@@ -897,6 +902,19 @@ fn check_type_unchanged(res: &ResourceInfo, old: &Value, new: &Value) -> Result<
         return Ok(());
     }
     Err(ApiError::invalid(res.kind, meta_str(old, "name").unwrap_or(""), causes))
+}
+
+/// A `metadata.uid` in a write is a precondition, as in Kubernetes: it must be the stored object's,
+/// so a write meant for an object that was deleted and re-created under its name is refused.
+fn check_uid_precondition(res: &ResourceInfo, old: &Value, new: &Value) -> Result<(), ApiError> {
+    match (meta_str(new, "uid"), meta_str(old, "uid")) {
+        (Some(want), Some(actual)) if !want.is_empty() && want != actual => Err(ApiError::conflict(
+            &res.qualified_plural(),
+            meta_str(old, "name").unwrap_or(""),
+            &format!("Precondition failed: UID in precondition: {want}, UID in object meta: {actual}"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Whether a pod marked for deletion is still waiting for its agent (grace period not zero).

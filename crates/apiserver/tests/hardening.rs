@@ -112,6 +112,30 @@ async fn kind_and_api_version_cannot_be_changed_by_a_patch_or_an_update() {
 }
 
 #[tokio::test]
+async fn a_uid_in_a_patch_or_an_update_is_a_precondition() {
+    let s = start().await;
+    let created = s.create(DEPLOYMENTS, &deployment("web")).await;
+    let path = format!("{DEPLOYMENTS}/web");
+    let uid = created["metadata"]["uid"].as_str().expect("uid").to_string();
+    let before = s.store.revision();
+
+    let r = s.patch(&path, &json!({"metadata": {"uid": "not-this-one"}, "spec": {"replicas": 5}}), MERGE).await;
+    assert_eq!(r.code, StatusCode::CONFLICT, "{}", r.body);
+    let message = r.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&format!("UID in precondition: not-this-one, UID in object meta: {uid}")), "{message}");
+    let mut other = created.clone();
+    other["metadata"]["uid"] = json!("not-this-one");
+    other["metadata"].as_object_mut().expect("meta").remove("resourceVersion");
+    let r = s.put(&path, &other).await;
+    assert_eq!(r.code, StatusCode::CONFLICT, "{}", r.body);
+    assert_eq!(s.store.revision(), before, "nothing was written");
+
+    let r = s.patch(&path, &json!({"metadata": {"uid": uid}, "spec": {"replicas": 5}}), MERGE).await;
+    assert_eq!(r.code, StatusCode::OK, "the right uid applies: {}", r.body);
+    assert_eq!(r.body["spec"]["replicas"], 5);
+}
+
+#[tokio::test]
 async fn generation_counts_changes_of_the_spec_only() {
     let s = start().await;
     s.create(DEPLOYMENTS, &deployment("web")).await;
