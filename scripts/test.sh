@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on a fresh Debian machine: installs the system packages the tests use
+# when they are missing (apt-get, as root), then `cargo test --workspace --locked`.
+# Arguments are passed to cargo test (e.g. `scripts/test.sh -p shepherd-store`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# What the tests run, and the Debian package that provides it.
+need=()
+command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)         # the kubectl compatibility suite
+python3 -c 'import kubernetes' >/dev/null 2>&1 || need+=(python3-kubernetes)  # the Python client test
+command -v skopeo >/dev/null 2>&1 || need+=(skopeo)                    # pushes and pulls against `shepherd registry`
+[ -x /bin/busybox ] || need+=(busybox-static)                           # the test images' userland
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "scripts/test.sh: missing ${need[*]}; run as root (or install them) first" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+exec cargo test --workspace --locked "$@"
