@@ -43,6 +43,12 @@ pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
                 set_absent(status, "phase", json!("Active"));
             }
         }
+        "Secret" => {
+            if let Some(secret) = obj.as_object_mut() {
+                set_absent(secret, "type", json!("Opaque"));
+                fold_string_data(secret);
+            }
+        }
         "EndpointSlice" => {
             if let Some(slice) = obj.as_object_mut() {
                 for port in each_object(slice, "ports") {
@@ -52,6 +58,28 @@ pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
             }
         }
         _ => {}
+    }
+}
+
+/// A Secret's `stringData` is write-only, as in Kubernetes: each entry replaces the `data` entry of
+/// its key (base64-encoded) and the field itself is never stored. A non-string entry is left in
+/// place for validation to refuse.
+fn fold_string_data(secret: &mut Map<String, Value>) {
+    use base64::Engine;
+    let Some(Value::Object(strings)) = secret.get("stringData") else { return };
+    if strings.values().any(|v| !v.is_string()) {
+        return;
+    }
+    let encoded: Vec<(String, Value)> = strings
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap_or_default()))))
+        .collect();
+    secret.remove("stringData");
+    if !secret.get("data").is_some_and(Value::is_object) {
+        secret.insert("data".into(), json!({}));
+    }
+    if let Some(data) = secret.get_mut("data").and_then(Value::as_object_mut) {
+        data.extend(encoded);
     }
 }
 

@@ -92,6 +92,10 @@ pub const SERVICE: ResourceInfo =
     res("", "Service", "services", "service", true, &["svc"], true, false).in_categories(&["all"]);
 pub const ENDPOINTS: ResourceInfo = res("", "Endpoints", "endpoints", "endpoints", true, &["ep"], false, false);
 pub const EVENT: ResourceInfo = res("", "Event", "events", "event", true, &["ev"], false, false);
+pub const CONFIGMAP: ResourceInfo = res("", "ConfigMap", "configmaps", "configmap", true, &["cm"], false, false);
+pub const SECRET: ResourceInfo = res("", "Secret", "secrets", "secret", true, &[], false, false);
+pub const SERVICEACCOUNT: ResourceInfo =
+    res("", "ServiceAccount", "serviceaccounts", "serviceaccount", true, &["sa"], false, false);
 pub const DEPLOYMENT: ResourceInfo =
     res("apps", "Deployment", "deployments", "deployment", true, &["deploy"], true, true).in_categories(&["all"]);
 pub const REPLICASET: ResourceInfo =
@@ -103,8 +107,8 @@ pub const PODDISRUPTIONBUDGET: ResourceInfo =
     res("policy", "PodDisruptionBudget", "poddisruptionbudgets", "poddisruptionbudget", true, &["pdb"], true, false);
 
 /// Every resource Shepherd serves, in discovery order.
-pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT, DEPLOYMENT, REPLICASET, LEASE,
-    ENDPOINTSLICE, PODDISRUPTIONBUDGET];
+pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT, CONFIGMAP, SECRET, SERVICEACCOUNT,
+    DEPLOYMENT, REPLICASET, LEASE, ENDPOINTSLICE, PODDISRUPTIONBUDGET];
 
 /// The groups Shepherd serves besides core, in discovery order.
 pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy"];
@@ -151,7 +155,8 @@ mod tests {
         for (typed, kind) in [("po", "Pod"), ("pods", "Pod"), ("Pod", "Pod"), ("deploy", "Deployment"),
             ("deployments.apps", "Deployment"), ("rs", "ReplicaSet"), ("svc", "Service"), ("no", "Node"),
             ("ep", "Endpoints"), ("ev", "Event"), ("ns", "Namespace"), ("lease", "Lease"),
-            ("endpointslices", "EndpointSlice"), ("pdb", "PodDisruptionBudget")] {
+            ("endpointslices", "EndpointSlice"), ("pdb", "PodDisruptionBudget"), ("cm", "ConfigMap"),
+            ("secrets", "Secret"), ("sa", "ServiceAccount")] {
             assert_eq!(resolve(typed).map(|r| r.kind), Some(kind), "{typed}");
         }
         assert!(resolve("widgets").is_none());

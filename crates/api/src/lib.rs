@@ -2,6 +2,7 @@
 //! selectors, and API errors as Kubernetes `Status` objects.
 
 pub mod age;
+mod config_validation;
 pub mod defaults;
 pub mod duration;
 pub mod error;

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Endpoints, Event, Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Serialize;
@@ -271,6 +271,7 @@ pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: 
                 c.push(Cause::invalid("addressType", format!("Invalid value: \"{}\": field is immutable", sent.unwrap_or(""))));
             }
         }
+        "ConfigMap" | "Secret" => crate::config_validation::validate_config_update(res.kind, old, new, &mut c),
         "Service" => {
             let stored = str_at(old, "spec.clusterIP").unwrap_or("");
             let sent = str_at(new, "spec.clusterIP").unwrap_or("");
@@ -320,6 +321,8 @@ fn causes_for(res: &ResourceInfo, obj: &Value, schema: Schema) -> Vec<Cause> {
         "Endpoints" => validate_endpoints(obj, &mut c),
         "EndpointSlice" => validate_endpoint_slice(obj, &mut c),
         "PodDisruptionBudget" => validate_pod_disruption_budget(obj, &mut c),
+        "ConfigMap" => crate::config_validation::validate_config_map(obj, &mut c),
+        "Secret" => crate::config_validation::validate_secret(obj, &mut c),
         _ => {}
     }
     c
@@ -541,6 +544,9 @@ fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
         "Lease" => Some(round_trip::<Lease>(input)),
         "EndpointSlice" => Some(round_trip::<EndpointSlice>(input)),
         "PodDisruptionBudget" => Some(round_trip::<PodDisruptionBudget>(input)),
+        "ConfigMap" => Some(round_trip::<ConfigMap>(input)),
+        "Secret" => Some(round_trip::<Secret>(input)),
+        "ServiceAccount" => Some(round_trip::<ServiceAccount>(input)),
         _ => None,
     })
 }

@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::autoscaling::v1::Scale;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Endpoints, Event, Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, Status, WatchEvent};
@@ -76,6 +76,9 @@ const KIND_TYPES: &[KindType] = &[
     typed::<Lease>(),
     typed::<EndpointSlice>(),
     typed::<PodDisruptionBudget>(),
+    typed::<ConfigMap>(),
+    typed::<Secret>(),
+    typed::<ServiceAccount>(),
 ];
 
 /// Extensions Kubernetes puts on a field: how strategic merge patch and server-side apply treat it.

@@ -169,6 +169,11 @@ fn containers(obj: &Value, ptr: &str, field: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Entries of the map at `ptr` (a ConfigMap's or Secret's data).
+fn entries(obj: &Value, ptr: &str) -> usize {
+    obj.at(ptr).and_then(Value::as_object).map_or(0, serde_json::Map::len)
+}
+
 fn selector_string(obj: &Value) -> String {
     let labels = obj.at("/spec/selector/matchLabels").and_then(Value::as_object);
     labels
@@ -201,6 +206,9 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
         "EndpointSlice" => vec![name, ("AddressType", "string", 0), ("Ports", "string", 0), ("Endpoints", "string", 0), age],
         "PodDisruptionBudget" => vec![name, ("Min Available", "string", 0), ("Max Unavailable", "string", 0),
             ("Allowed Disruptions", "integer", 0), age],
+        "ConfigMap" => vec![name, ("Data", "integer", 0), age],
+        "Secret" => vec![name, ("Type", "string", 0), ("Data", "integer", 0), age],
+        "ServiceAccount" => vec![name, ("Secrets", "integer", 0), age],
         _ => vec![name, age],
     }
 }
@@ -241,6 +249,9 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
         "EndpointSlice" => vec![name, json!(s(o, "/addressType")), json!(slice_ports(o)), json!(slice_endpoints(o)), created],
         "PodDisruptionBudget" => vec![name, json!(int_or_percent(o, "/spec/minAvailable")),
             json!(int_or_percent(o, "/spec/maxUnavailable")), json!(i(o, "/status/disruptionsAllowed")), created],
+        "ConfigMap" => vec![name, json!(entries(o, "/data") + entries(o, "/binaryData")), created],
+        "Secret" => vec![name, json!(s(o, "/type")), json!(entries(o, "/data")), created],
+        "ServiceAccount" => vec![name, json!(o.at("/secrets").and_then(Value::as_array).map_or(0, Vec::len)), created],
         _ => vec![name, created],
     }
 }

@@ -83,11 +83,11 @@ async fn discovery_paths_answer_with_or_without_a_trailing_slash() {
 async fn what_is_not_served_answers_404_not_found_and_writes_nothing() {
     let s = start().await;
     let before = s.store.revision();
-    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "b"}});
-    let (code, body) = s.post("/api/v1/namespaces/default/configmaps", &cm).await;
+    let pvc = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c"}, "spec": {}});
+    let (code, body) = s.post("/api/v1/namespaces/default/persistentvolumeclaims", &pvc).await;
     assert_kubernetes_404(code, &body, "an unserved core resource in a namespace");
     for path in [
-        "/api/v1/configmaps",
+        "/api/v1/persistentvolumeclaims",
         "/api/v2/pods",
         "/api/v2",
         "/apis/widgets.example.com",

@@ -12,6 +12,7 @@ pub mod nodelifecycle;
 pub mod podutil;
 pub mod replicaset;
 pub mod scheduler;
+pub mod serviceaccount;
 pub mod taintmanager;
 
 pub use config::ControllerConfig;

@@ -155,6 +155,8 @@ pub fn describe(res: &ResourceInfo, obj: &Value, events: &[Value]) -> String {
     match res.kind {
         "Pod" => pod(&mut out, obj),
         "Deployment" => deployment(&mut out, obj),
+        "Secret" => secret(&mut out, obj),
+        "ConfigMap" => config_map(&mut out, obj),
         _ => generic(&mut out, res, obj),
     }
     events_section(&mut out, events);
@@ -284,6 +286,42 @@ fn selector(d: &Value) -> String {
 }
 
 /// Kinds without a dedicated layout: metadata, then spec and status as indented fields.
+/// The size of a base64 value as the bytes it stands for.
+fn decoded_size(v: &Value) -> usize {
+    use base64::Engine;
+    let raw = v.as_str().unwrap_or_default();
+    base64::engine::general_purpose::STANDARD.decode(raw).map_or(raw.len(), |b| b.len())
+}
+
+/// A Secret's keys and the sizes of their values; never the values.
+fn secret(out: &mut String, obj: &Value) {
+    let w = 14;
+    common_header(out, obj, w, true);
+    meta_maps(out, obj, w);
+    let _ = writeln!(out, "\nType:  {}\n\nData\n====", s(obj, "/type"));
+    let data = obj.get("data").and_then(Value::as_object);
+    let width = data.into_iter().flatten().map(|(k, _)| k.len() + 3).max().unwrap_or(0);
+    for (k, v) in data.into_iter().flatten() {
+        let label = format!("{k}:");
+        let _ = writeln!(out, "{label:<width$}{} bytes", decoded_size(v));
+    }
+}
+
+/// A ConfigMap's data in full, and the sizes of its binary data.
+fn config_map(out: &mut String, obj: &Value) {
+    let w = 14;
+    common_header(out, obj, w, true);
+    meta_maps(out, obj, w);
+    out.push_str("\nData\n====\n");
+    for (k, v) in obj.get("data").and_then(Value::as_object).into_iter().flatten() {
+        let _ = writeln!(out, "{k}:\n----\n{}\n", v.as_str().unwrap_or_default());
+    }
+    out.push_str("\nBinaryData\n====\n");
+    for (k, v) in obj.get("binaryData").and_then(Value::as_object).into_iter().flatten() {
+        let _ = writeln!(out, "{k}: {} bytes", decoded_size(v));
+    }
+}
+
 fn generic(out: &mut String, res: &ResourceInfo, obj: &Value) {
     let w = 18;
     common_header(out, obj, w, res.namespaced);

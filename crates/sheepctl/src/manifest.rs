@@ -158,6 +158,9 @@ fn check(mut obj: Value, source: &Source, prefix: &str) -> anyhow::Result<Manife
         "Deployment" => type_check::<k8s_openapi::api::apps::v1::Deployment>(&obj),
         "ReplicaSet" => type_check::<k8s_openapi::api::apps::v1::ReplicaSet>(&obj),
         "Lease" => type_check::<k8s_openapi::api::coordination::v1::Lease>(&obj),
+        "ConfigMap" => type_check::<k8s_openapi::api::core::v1::ConfigMap>(&obj),
+        "Secret" => type_check::<k8s_openapi::api::core::v1::Secret>(&obj),
+        "ServiceAccount" => type_check::<k8s_openapi::api::core::v1::ServiceAccount>(&obj),
         _ => Ok(()),
     };
     if let Err((field, why)) = typed {

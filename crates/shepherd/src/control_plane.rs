@@ -17,7 +17,7 @@ use shepherd_runtime::{Client, Manager, TriggerMode};
 
 /// Every controller `shepherd` runs, by the name used in flags.
 pub const CONTROLLERS: &[&str] = &["deployment", "replicaset", "endpoints", "endpointslice", "clusterip", "nodelifecycle",
-    "taint-eviction", "disruption", "garbagecollector", "scheduler"];
+    "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount"];
 
 /// The scheduler's default workers, after kube-scheduler's default parallelism of 16.
 const SCHEDULER_WORKERS: usize = 16;
@@ -145,6 +145,9 @@ impl ControllerArgs {
                 }
                 "disruption" => {
                     manager.add(disruption_controller(client.clone(), manager, cfg));
+                }
+                "serviceaccount" => {
+                    manager.add(shepherd_controllers::serviceaccount::service_account_controller(client.clone(), manager, cfg));
                 }
                 "clusterip" => {
                     manager.add(cluster_ip_allocator(client.clone(), manager, ClusterIpConfig { run: cfg, range }));

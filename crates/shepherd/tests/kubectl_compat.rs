@@ -160,6 +160,21 @@ const ROWS: &[Row] = &[
     ("rollout status after restart", |k| k.rolled_out()),
     ("rollout undo", |k| k.expect(&["rollout", "undo", "deployment/web"], &["rolled back"])),
     ("rollout status after undo", |k| k.rolled_out()),
+    ("create configmap", |k| k.expect(&["create", "configmap", "app", "--from-literal=a=1", "--from-literal=b=two"], &["configmap/app created"])),
+    ("get configmap (cm)", |k| k.expect(&["get", "cm", "app"], &["NAME", "DATA", "app    2"])),
+    ("describe configmap", |k| k.expect(&["describe", "configmap", "app"], &["Data", "a:", "two"])),
+    ("create secret generic", |k| k.expect(&["create", "secret", "generic", "creds", "--from-literal=password=s3cret!"], &["secret/creds created"])),
+    ("get secret -o yaml (base64)", |k| k.expect(&["get", "secret", "creds", "-o", "yaml"], &["password: czNjcmV0IQ==", "type: Opaque"])),
+    ("describe secret (sizes, no values)", |k| {
+        let out = k.run(&["describe", "secret", "creds"])?;
+        if out.contains("password:") && out.contains("7 bytes") && !out.contains("s3cret") { Ok(()) } else { Err(format!("describe secret:\n{out}")) }
+    }),
+    ("create secret tls without a key: refused", |k| match k.run(&["create", "secret", "generic", "bad", "--type=kubernetes.io/tls", "--from-literal=tls.crt=x"]) {
+        Err(e) if e.contains("data[tls.key]: Required value") => Ok(()),
+        other => Err(format!("wanted 422 naming data[tls.key], got {other:?}")),
+    }),
+    ("create serviceaccount", |k| k.expect(&["create", "serviceaccount", "bot"], &["serviceaccount/bot created"])),
+    ("get sa (default made by the controller)", |k| k.expect(&["get", "sa"], &["default", "bot"])),
     ("delete", |k| k.expect(&["delete", "deployment", "web", "--wait=false"], &["deployment.apps \"web\" deleted"])),
     ("delete service", |k| k.expect(&["delete", "service", "web", "--wait=false"], &["service \"web\" deleted"])),
 ];
