@@ -2,6 +2,7 @@
 
 mod apply;
 mod connection;
+mod create;
 mod delete;
 mod describe;
 mod diff;
@@ -47,6 +48,9 @@ enum Command {
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<String>,
     },
+    /// Create a ConfigMap, Secret, ServiceAccount or Namespace from flags, as `kubectl create` does.
+    #[command(subcommand)]
+    Create(create::CreateCmd),
     /// Show what `apply` would change, as a unified diff of live and would-be objects (exit 1 when they differ).
     Diff {
         #[arg(short = 'f', long = "filename", required = true)]
@@ -225,6 +229,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     let cluster = Cluster::connect(&flags).await?;
     match cli.command {
         Command::Apply { files } => apply::run(&cluster, &files).await,
+        Command::Create(cmd) => create::run(&cluster, cmd).await,
         Command::Diff { files } => diff::run(&cluster, &files).await.map(|differs| !differs),
         Command::Explain { resource, recursive } => explain::run(&cluster, &resource, recursive).await.map(|()| true),
         Command::Get(g) => {

@@ -169,3 +169,39 @@ fn info_version_and_completion() {
         assert!(out.ok().contains("rollout"), "{shell} completion mentions subcommands");
     }
 }
+
+#[test]
+fn create_makes_config_maps_secrets_and_service_accounts_from_kubectl_flags() {
+    let s = Shepherd::server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("app.conf");
+    std::fs::write(&conf, "port=8080\n").expect("write");
+    let conf = conf.display().to_string();
+
+    let out = s.sheepctl(&["create", "configmap", "app", "--from-literal=a=1", &format!("--from-file={conf}")]);
+    assert_eq!(out.ok(), "configmap/app created\n");
+    let cm = s.ok("GET", "/api/v1/namespaces/default/configmaps/app", None);
+    assert_eq!(cm["data"], json!({"a": "1", "app.conf": "port=8080\n"}));
+
+    assert_eq!(s.sheepctl(&["create", "secret", "generic", "db", "--from-literal=password=s3cret!"]).ok(), "secret/db created\n");
+    let secret = s.ok("GET", "/api/v1/namespaces/default/secrets/db", None);
+    assert_eq!((secret["type"].as_str(), secret["data"]["password"].as_str()), (Some("Opaque"), Some("czNjcmV0IQ==")));
+    let described = s.sheepctl(&["describe", "secret", "db"]);
+    assert!(described.ok().contains("password:  7 bytes") && !described.ok().contains("s3cret"), "{}", described.ok());
+
+    let out = s.sheepctl(&["create", "secret", "docker-registry", "pull", "--docker-server=r.local:5000",
+        "--docker-username=u", "--docker-password=p"]);
+    assert_eq!(out.ok(), "secret/pull created\n");
+    let pull = s.ok("GET", "/api/v1/namespaces/default/secrets/pull", None);
+    assert_eq!(pull["type"], "kubernetes.io/dockerconfigjson");
+
+    // The server's validation speaks for a bad Secret; nothing is created.
+    let refused = s.sheepctl(&["create", "secret", "generic", "half", "--type=kubernetes.io/tls", "--from-literal=tls.crt=x"]);
+    assert!(refused.code != 0 && refused.stderr.contains("data[tls.key]: Required value"), "{}", refused.stderr);
+    assert_eq!(s.api("GET", "/api/v1/namespaces/default/secrets/half", None).0, 404);
+
+    assert_eq!(s.sheepctl(&["create", "sa", "bot"]).ok(), "serviceaccount/bot created\n");
+    let yaml = s.sheepctl(&["create", "configmap", "preview", "--from-literal=k=v", "--dry-run=client", "-o", "yaml"]);
+    assert!(yaml.ok().contains("kind: ConfigMap") && yaml.ok().contains("k: v"), "{}", yaml.ok());
+    assert_eq!(s.api("GET", "/api/v1/namespaces/default/configmaps/preview", None).0, 404, "a client dry run sends nothing");
+}
