@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -19,6 +20,10 @@ use tokio::io::AsyncWriteExt;
 use crate::error::{ErrorCode, RegistryError, Result};
 use crate::name::{Digest, RepositoryName, valid_tag};
 use crate::storage::Storage;
+
+/// An upload session with no request for this long is abandoned: its bytes are deleted when the
+/// next upload starts. Clients that crash mid-push never send the DELETE that would free them.
+const UPLOAD_IDLE_LIMIT: Duration = Duration::from_secs(3600);
 
 /// Largest manifest accepted, as the reference implementation's default.
 const MAX_MANIFEST_BYTES: usize = 4 * 1024 * 1024;
@@ -52,6 +57,8 @@ struct Upload {
     size: u64,
     /// The digest state of those bytes, so finishing an upload needs no second read.
     hasher: sha2::Sha256,
+    /// The last request on the session; sessions idle for [`UPLOAD_IDLE_LIMIT`] are dropped.
+    touched: Instant,
 }
 
 impl Registry {
@@ -94,6 +101,21 @@ impl Registry {
                 ErrorCode::BlobUploadUnknown,
                 format!("no upload {id} in progress for repository {repository}"),
             )),
+        }
+    }
+
+    /// Drops sessions idle past [`UPLOAD_IDLE_LIMIT`]; a session busy with a request is not idle.
+    fn drop_idle_uploads(&self) {
+        let mut abandoned = Vec::new();
+        self.uploads.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, (_, upload)| match upload.try_lock() {
+            Ok(upload) if upload.touched.elapsed() > UPLOAD_IDLE_LIMIT => {
+                abandoned.push(upload.path.clone());
+                false
+            }
+            _ => true,
+        });
+        for path in abandoned {
+            let _ = std::fs::remove_file(path);
         }
     }
 
@@ -274,13 +296,16 @@ async fn handle(registry: &Registry, method: &Method, uri: &Uri, headers: &Heade
         (Route::Upload(name, id), &Method::GET) => {
             let name = repository(name)?;
             let upload = registry.upload(&name, &id)?;
-            let upload = upload.lock().await;
+            let mut upload = upload.lock().await;
+            upload.touched = Instant::now();
             Ok(upload_progress(StatusCode::NO_CONTENT, &name, &id, upload.size))
         }
         (Route::Upload(name, id), &Method::PATCH) => {
             patch_upload(registry, &repository(name)?, &id, headers, body).await
         }
-        (Route::Upload(name, id), &Method::PUT) => finish_upload(registry, &repository(name)?, &id, &query, body).await,
+        (Route::Upload(name, id), &Method::PUT) => {
+            finish_upload(registry, &repository(name)?, &id, &query, headers, body).await
+        }
         (Route::Upload(name, id), &Method::DELETE) => {
             let name = repository(name)?;
             let upload = registry.upload(&name, &id)?;
@@ -297,6 +322,7 @@ async fn handle(registry: &Registry, method: &Method, uri: &Uri, headers: &Heade
 
 fn blob_unknown(name: &RepositoryName, digest: &Digest) -> RegistryError {
     RegistryError::new(ErrorCode::BlobUnknown, format!("blob {digest} is not in repository {name}"))
+        .about_digest(digest.as_str())
 }
 
 fn tags_list(registry: &Registry, name: &RepositoryName, query: &HashMap<String, String>) -> Result<Response> {
@@ -308,7 +334,11 @@ fn tags_list(registry: &Registry, name: &RepositoryName, query: &HashMap<String,
     }
     let limit = match query.get("n") {
         Some(n) => Some(n.parse::<usize>().map_err(|_| {
-            RegistryError::new(ErrorCode::PaginationNumberInvalid, format!("n={n:?} is not a number of tags"))
+            RegistryError::with_status(
+                ErrorCode::Unsupported,
+                StatusCode::BAD_REQUEST,
+                format!("n={n:?} is not a number of tags"),
+            )
         })?),
         None => None,
     };
@@ -334,9 +364,21 @@ fn resolve(registry: &Registry, name: &RepositoryName, reference: &str) -> Resul
         return digest(reference);
     }
     if !valid_tag(reference) {
-        return Err(RegistryError::new(ErrorCode::TagInvalid, format!("invalid tag {reference:?}")));
+        return Err(RegistryError::new(ErrorCode::ManifestUnknown, invalid_tag(reference)));
     }
     registry.storage.resolve_tag(name, reference)?.ok_or_else(|| manifest_unknown(name, reference))
+}
+
+fn invalid_tag(reference: &str) -> String {
+    format!("invalid tag {reference:?}: a tag matches [a-zA-Z0-9_][a-zA-Z0-9._-]{{0,127}}")
+}
+
+fn manifest_too_large() -> RegistryError {
+    RegistryError::with_status(
+        ErrorCode::ManifestInvalid,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("manifest over {MAX_MANIFEST_BYTES} bytes (or its body ended early)"),
+    )
 }
 
 fn manifest_unknown(name: &RepositoryName, reference: &str) -> RegistryError {
@@ -390,14 +432,14 @@ async fn put_manifest(
     } else if valid_tag(reference) {
         Some(reference)
     } else {
-        return Err(RegistryError::new(ErrorCode::TagInvalid, format!("invalid tag {reference:?}")));
+        return Err(RegistryError::new(ErrorCode::ManifestInvalid, invalid_tag(reference)));
     };
-    let bytes = axum::body::to_bytes(body, MAX_MANIFEST_BYTES).await.map_err(|e| {
-        RegistryError::new(
-            ErrorCode::ManifestInvalid,
-            format!("manifest unreadable or over {MAX_MANIFEST_BYTES} bytes: {e}"),
-        )
-    })?;
+    if let Some(length) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        && length > MAX_MANIFEST_BYTES
+    {
+        return Err(manifest_too_large());
+    }
+    let bytes = axum::body::to_bytes(body, MAX_MANIFEST_BYTES).await.map_err(|_| manifest_too_large())?;
     let actual = Digest::of(&bytes);
     if tag.is_none() && digest(reference)? != actual {
         return Err(RegistryError::new(
@@ -441,7 +483,8 @@ async fn put_manifest(
                     return Err(RegistryError::new(
                         ErrorCode::ManifestBlobUnknown,
                         format!("{what} blob {blob} is not in repository {name}; push it before the manifest"),
-                    ));
+                    )
+                    .about_digest(blob.as_str()));
                 }
             }
         }
@@ -452,7 +495,8 @@ async fn put_manifest(
                     return Err(RegistryError::new(
                         ErrorCode::ManifestBlobUnknown,
                         format!("manifest {manifest} listed in the index is not in repository {name}"),
-                    ));
+                    )
+                    .about_digest(manifest.as_str()));
                 }
             }
         }
@@ -479,7 +523,7 @@ fn delete_manifest(registry: &Registry, name: &RepositoryName, reference: &str) 
     } else if valid_tag(reference) {
         registry.storage.delete_tag(name, reference)?
     } else {
-        return Err(RegistryError::new(ErrorCode::TagInvalid, format!("invalid tag {reference:?}")));
+        return Err(RegistryError::new(ErrorCode::ManifestUnknown, invalid_tag(reference)));
     };
     if deleted { Ok(StatusCode::ACCEPTED.into_response()) } else { Err(manifest_unknown(name, reference)) }
 }
@@ -540,10 +584,12 @@ async fn start_upload(
         }
         // Not mountable: the spec asks for an ordinary upload session instead.
     }
+    registry.drop_idle_uploads();
     let id = uuid::Uuid::new_v4().simple().to_string();
     let path = registry.storage.upload_path(&id);
     tokio::fs::File::create(&path).await?;
-    let mut upload = Upload { repository: name.clone(), path, size: 0, hasher: sha2::Sha256::new() };
+    let mut upload =
+        Upload { repository: name.clone(), path, size: 0, hasher: sha2::Sha256::new(), touched: Instant::now() };
     if let Some(expected) = query.get("digest") {
         // A monolithic upload: the whole blob is this request's body.
         let result = async {
@@ -569,6 +615,7 @@ async fn start_upload(
 /// Appends a request body to an upload. A body cut short (the client went away) is taken back
 /// out, so the session stays at its last complete chunk and can be resumed or finished cleanly.
 async fn append(upload: &mut Upload, body: Body) -> Result<()> {
+    upload.touched = Instant::now();
     let mut file = tokio::fs::OpenOptions::new().append(true).open(&upload.path).await?;
     let (size_before, hasher_before) = (upload.size, upload.hasher.clone());
     let mut stream = body.into_data_stream();
@@ -615,7 +662,8 @@ fn complete(registry: &Registry, upload: &mut Upload, expected: &Digest) -> Resu
         return Err(RegistryError::new(
             ErrorCode::DigestInvalid,
             format!("uploaded content has digest {actual}, not {expected}; nothing was stored"),
-        ));
+        )
+        .about_digest(expected.as_str()));
     }
     registry.storage.commit_upload(&upload.path, &upload.repository, expected)?;
     Ok(())
@@ -630,18 +678,35 @@ async fn patch_upload(
 ) -> Result<Response> {
     let upload = registry.upload(name, id)?;
     let mut upload = upload.lock().await;
-    if let Some(range) = headers.get(header::CONTENT_RANGE).and_then(|v| v.to_str().ok()) {
-        let start = range.trim_start_matches("bytes ").trim_start_matches("bytes=").split('-').next();
-        if start.and_then(|s| s.trim().parse::<u64>().ok()) != Some(upload.size) {
-            return Err(RegistryError::with_status(
-                ErrorCode::BlobUploadInvalid,
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                format!("chunk {range} does not start at the upload's end, byte {}", upload.size),
-            ));
-        }
+    if let Some(refused) = out_of_order(headers, name, id, upload.size) {
+        return Ok(refused);
     }
     append(&mut upload, body).await?;
     Ok(upload_progress(StatusCode::ACCEPTED, name, id, upload.size))
+}
+
+/// A 416 answer, with the upload's true progress, to a chunk whose `Content-Range` (`<start>-<end>`)
+/// does not start where the upload ends.
+fn out_of_order(headers: &HeaderMap, name: &RepositoryName, id: &str, size: u64) -> Option<Response> {
+    let range = headers.get(header::CONTENT_RANGE)?;
+    let text = range.to_str().unwrap_or_default();
+    let start = text.trim_start_matches("bytes ").trim_start_matches("bytes=").split_once('-').map(|(start, _)| start);
+    if start.and_then(|s| s.trim().parse::<u64>().ok()) == Some(size) {
+        return None;
+    }
+    let mut response = RegistryError::with_status(
+        ErrorCode::BlobUploadInvalid,
+        StatusCode::RANGE_NOT_SATISFIABLE,
+        format!("chunk {text:?} does not start at the upload's end, byte {size}"),
+    )
+    .into_response();
+    let progress = upload_progress(StatusCode::RANGE_NOT_SATISFIABLE, name, id, size);
+    for key in [header::LOCATION, header::RANGE, header::HeaderName::from_static(UPLOAD_UUID_HEADER)] {
+        if let Some(value) = progress.headers().get(&key) {
+            response.headers_mut().insert(key, value.clone());
+        }
+    }
+    Some(response)
 }
 
 async fn finish_upload(
@@ -649,11 +714,15 @@ async fn finish_upload(
     name: &RepositoryName,
     id: &str,
     query: &HashMap<String, String>,
+    headers: &HeaderMap,
     body: Body,
 ) -> Result<Response> {
     let upload = registry.upload(name, id)?;
     let mut upload = upload.lock().await;
     let expected = digest(query.get("digest").map(String::as_str).unwrap_or(""))?;
+    if let Some(refused) = out_of_order(headers, name, id, upload.size) {
+        return Ok(refused);
+    }
     append(&mut upload, body).await?;
     let result = complete(registry, &mut upload, &expected);
     // Finished either way: a digest mismatch ends the session as in the reference implementation.

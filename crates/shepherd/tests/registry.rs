@@ -246,6 +246,7 @@ async fn an_interrupted_chunked_upload_keeps_its_last_whole_chunk_and_can_be_fin
         .await
         .expect("out of order chunk");
     assert_eq!(out_of_order.status(), 416);
+    assert_eq!(out_of_order.headers()["range"], format!("0-{}", first.len() - 1).as_str(), "416 tells where to resume");
     assert_eq!(error_code(&out_of_order.text().await.expect("body")), "BLOB_UPLOAD_INVALID");
 
     let resumed = client
@@ -320,6 +321,15 @@ async fn manifests_need_their_blobs_and_tags_list_in_pages() {
         .expect("put by digest");
     assert_eq!(error_code(&wrong_digest.text().await.expect("body")), "DIGEST_INVALID");
 
+    let huge = client
+        .put(registry.url("/v2/pages/manifests/huge"))
+        .header("content-type", shepherd_registry::OCI_MANIFEST)
+        .body(vec![b' '; 5 * 1024 * 1024])
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(huge.status(), 413);
+
     for tag in ["e", "a", "d", "b", "c"] {
         image.push(&registry.url(""), "pages", tag).await.expect("push");
     }
@@ -384,4 +394,78 @@ async fn a_blob_mounts_from_a_repository_that_has_it_and_only_from_one() {
     assert!(not_mounted.headers()["location"].to_str().expect("location").starts_with("/v2/third/blobs/uploads/"));
     let absent = client.head(registry.url(&format!("/v2/third/blobs/{layer}"))).send().await.expect("head");
     assert_eq!(absent.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_schema2_manifests_and_oci_indexes_keep_their_media_types() {
+    let registry = RegistryProcess::start();
+    let work = tempfile::tempdir().expect("tempdir");
+    let client = reqwest::Client::new();
+    let image = ImageBuilder::busybox().expect("busybox-static").build().expect("build");
+    let layout = work.path().join("layout");
+    image.write_oci_layout(&layout, "1").expect("layout");
+
+    // skopeo converts the image to Docker's schema 2 on the way in.
+    let source = format!("oci:{}:1", layout.display());
+    let docker = format!("docker://{}/dockerfmt:1", registry.address);
+    assert!(succeeded(&skopeo(
+        work.path(),
+        &["copy", "--format", "v2s2", "--dest-tls-verify=false", &source, &docker]
+    )));
+    let manifest = client
+        .get(registry.url("/v2/dockerfmt/manifests/1"))
+        .header("accept", shepherd_registry::DOCKER_MANIFEST)
+        .send()
+        .await
+        .expect("manifest");
+    assert_eq!(manifest.headers()["content-type"], shepherd_registry::DOCKER_MANIFEST);
+    let config = skopeo(work.path(), &["inspect", "--config", "--tls-verify=false", &docker]);
+    assert!(succeeded(&config));
+    let config: Value = serde_json::from_slice(&config.stdout).expect("config JSON");
+    assert_eq!(config["config"]["Cmd"], serde_json::json!(["sh"]));
+
+    // An index may only list manifests the repository has.
+    let index = |digest: &str, size: usize| {
+        serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": shepherd_registry::OCI_INDEX,
+            "manifests": [{"mediaType": shepherd_registry::OCI_MANIFEST, "digest": digest, "size": size,
+                "platform": {"architecture": "amd64", "os": "linux"}}],
+        })
+        .to_string()
+    };
+    let early = index(image.manifest_digest.as_str(), image.manifest.len());
+    let refused = client
+        .put(registry.url("/v2/multi/manifests/latest"))
+        .header("content-type", shepherd_registry::OCI_INDEX)
+        .body(early.clone())
+        .send()
+        .await
+        .expect("put index");
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.expect("error JSON");
+    assert_eq!(body["errors"][0]["code"], "MANIFEST_BLOB_UNKNOWN");
+    assert_eq!(body["errors"][0]["detail"]["digest"], image.manifest_digest.as_str());
+
+    image.push(&registry.url(""), "multi", "amd64").await.expect("push");
+    let stored = client
+        .put(registry.url("/v2/multi/manifests/latest"))
+        .header("content-type", shepherd_registry::OCI_INDEX)
+        .body(early.clone())
+        .send()
+        .await
+        .expect("put index");
+    assert_eq!(stored.status(), 201);
+    let index_digest = digest_of(early.as_bytes());
+    assert_eq!(stored.headers()["docker-content-digest"], index_digest.as_str());
+
+    let target = format!("docker://{}/multi:latest", registry.address);
+    let raw = skopeo(work.path(), &["inspect", "--raw", "--tls-verify=false", &target]);
+    assert!(succeeded(&raw));
+    assert_eq!(String::from_utf8_lossy(&raw.stdout).trim(), early, "the index is served byte for byte");
+    let copied = format!("oci:{}:latest", work.path().join("copied").display());
+    let arch = ["--override-arch", "amd64", "--override-os", "linux"];
+    let mut args = arch.to_vec();
+    args.extend(["copy", "--src-tls-verify=false", &target, &copied]);
+    assert!(succeeded(&skopeo(work.path(), &args)), "skopeo follows the index to the image");
 }
