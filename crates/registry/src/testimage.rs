@@ -444,6 +444,23 @@ mod tests {
     }
 
     #[test]
+    fn the_unpacked_busybox_layer_runs_its_applets() {
+        let image = ImageBuilder::busybox().expect("busybox-static installed").build().expect("build");
+        let root = tempfile::tempdir().expect("tempdir");
+        tar::Archive::new(flate2::read::GzDecoder::new(image.layer.as_slice())).unpack(root.path()).expect("unpack");
+        // busybox picks the applet from the name it is started as, so the links work outside a chroot.
+        let output = std::process::Command::new(root.path().join("bin/sh"))
+            .arg("-c")
+            .arg(format!("cat {}{MARKER_PATH} && echo $((6 * 7))", root.path().display()))
+            .output()
+            .expect("run the image's sh");
+        assert!(output.status.success(), "{output:?}");
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "shepherd busybox test image\n42\n");
+        let help = std::process::Command::new(root.path().join("bin/httpd")).arg("--help").output().expect("httpd");
+        assert!(String::from_utf8_lossy(&help.stderr).contains("httpd"), "{help:?}");
+    }
+
+    #[test]
     fn an_oci_layout_keeps_other_tags_and_replaces_the_same_tag() {
         let dir = tempfile::tempdir().expect("tempdir");
         let one = ImageBuilder::new().file("/a", "1", 0o644).build().expect("build");

@@ -1,6 +1,8 @@
 //! `shepherd registry` with real clients: skopeo copies the busybox test image in and out, and
 //! corrupt or interrupted pushes, bad names and unknown content get the spec's errors.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -525,4 +527,31 @@ async fn a_registry_killed_mid_push_restarts_with_its_images_and_without_the_hal
         .expect("range");
     assert_eq!(tail.status(), 206);
     assert_eq!(tail.bytes().await.expect("tail").as_ref(), &image.layer[1000..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_serves_a_registry_beside_the_cluster_when_asked() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut daemon =
+        common::Daemon::start("standalone", data.path(), &["--runtime", "simulated", "--registry-listen", &listen]);
+    let client = reqwest::Client::new();
+    let base = format!("http://{listen}");
+    let mut up = false;
+    for _ in 0..600 {
+        if client.get(format!("{base}/v2/")).send().await.is_ok_and(|r| r.status() == 200) {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "the registry answers /v2/ on {listen}");
+    let image = ImageBuilder::busybox().expect("busybox-static").build().expect("build");
+    image.push(&base, "busybox", "1").await.expect("push");
+    let tags: Value =
+        client.get(format!("{base}/v2/busybox/tags/list")).send().await.expect("tags").json().await.expect("JSON");
+    assert_eq!(tags["tags"], serde_json::json!(["1"]));
+    assert!(data.path().join("registry/blobs/sha256").join(image.layer_digest.hex()).is_file());
+    assert!(daemon.terminate().success(), "standalone with a registry stops cleanly");
 }
