@@ -59,6 +59,8 @@ struct Upload {
     hasher: sha2::Sha256,
     /// The last request on the session; sessions idle for [`UPLOAD_IDLE_LIMIT`] are dropped.
     touched: Instant,
+    /// Finished or cancelled: the bytes are gone, whoever still holds the session must not use it.
+    closed: bool,
 }
 
 impl Registry {
@@ -92,16 +94,29 @@ impl Registry {
         *pulls.entry((repository.to_string(), key.to_string())).or_default() += 1;
     }
 
-    fn upload(&self, repository: &RepositoryName, id: &str) -> Result<SharedUpload> {
-        let uploads = self.uploads.lock().unwrap_or_else(|e| e.into_inner());
-        match uploads.get(id) {
-            // The repository is fixed when the session starts; it is not reachable under another name.
-            Some((owner, upload)) if owner == repository => Ok(upload.clone()),
-            _ => Err(RegistryError::new(
+    /// The open session `id` of `repository`, locked for one request.
+    async fn upload(&self, repository: &RepositoryName, id: &str) -> Result<tokio::sync::OwnedMutexGuard<Upload>> {
+        let unknown = || {
+            RegistryError::new(
                 ErrorCode::BlobUploadUnknown,
                 format!("no upload {id} in progress for repository {repository}"),
-            )),
+            )
+        };
+        let upload = {
+            let uploads = self.uploads.lock().unwrap_or_else(|e| e.into_inner());
+            match uploads.get(id) {
+                // The repository is fixed when the session starts; it is not reachable under another name.
+                Some((owner, upload)) if owner == repository => upload.clone(),
+                _ => return Err(unknown()),
+            }
+        };
+        let mut upload = upload.lock_owned().await;
+        // A request that waited for the lock behind the one that finished or cancelled the session.
+        if upload.closed {
+            return Err(unknown());
         }
+        upload.touched = Instant::now();
+        Ok(upload)
     }
 
     /// Drops sessions idle past [`UPLOAD_IDLE_LIMIT`]; a session busy with a request is not idle.
@@ -133,6 +148,7 @@ pub async fn serve(
     axum::serve(listener, registry.router()).with_graceful_shutdown(shutdown).await
 }
 
+/// Logs every request (the access log) and marks every answer as the registry API version 2.
 async fn access_log(request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
@@ -295,9 +311,7 @@ async fn handle(registry: &Registry, method: &Method, uri: &Uri, headers: &Heade
         (Route::StartUpload(name), &Method::POST) => start_upload(registry, repository(name)?, &query, body).await,
         (Route::Upload(name, id), &Method::GET) => {
             let name = repository(name)?;
-            let upload = registry.upload(&name, &id)?;
-            let mut upload = upload.lock().await;
-            upload.touched = Instant::now();
+            let upload = registry.upload(&name, &id).await?;
             Ok(upload_progress(StatusCode::NO_CONTENT, &name, &id, upload.size))
         }
         (Route::Upload(name, id), &Method::PATCH) => {
@@ -308,8 +322,8 @@ async fn handle(registry: &Registry, method: &Method, uri: &Uri, headers: &Heade
         }
         (Route::Upload(name, id), &Method::DELETE) => {
             let name = repository(name)?;
-            let upload = registry.upload(&name, &id)?;
-            let upload = upload.lock().await;
+            let mut upload = registry.upload(&name, &id).await?;
+            upload.closed = true;
             registry.forget_upload(&id);
             let _ = tokio::fs::remove_file(&upload.path).await;
             Ok(StatusCode::NO_CONTENT.into_response())
@@ -643,8 +657,14 @@ async fn start_upload(
     let id = uuid::Uuid::new_v4().simple().to_string();
     let path = registry.storage.upload_path(&id);
     tokio::fs::File::create(&path).await?;
-    let mut upload =
-        Upload { repository: name.clone(), path, size: 0, hasher: sha2::Sha256::new(), touched: Instant::now() };
+    let mut upload = Upload {
+        repository: name.clone(),
+        path,
+        size: 0,
+        hasher: sha2::Sha256::new(),
+        touched: Instant::now(),
+        closed: false,
+    };
     if let Some(expected) = query.get("digest") {
         // A monolithic upload: the whole blob is this request's body.
         let result = async {
@@ -670,7 +690,6 @@ async fn start_upload(
 /// Appends a request body to an upload. A body cut short (the client went away) is taken back
 /// out, so the session stays at its last complete chunk and can be resumed or finished cleanly.
 async fn append(upload: &mut Upload, body: Body) -> Result<()> {
-    upload.touched = Instant::now();
     let mut file = tokio::fs::OpenOptions::new().append(true).open(&upload.path).await?;
     let (size_before, hasher_before) = (upload.size, upload.hasher.clone());
     let mut stream = body.into_data_stream();
@@ -731,8 +750,7 @@ async fn patch_upload(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response> {
-    let upload = registry.upload(name, id)?;
-    let mut upload = upload.lock().await;
+    let mut upload = registry.upload(name, id).await?;
     if let Some(refused) = out_of_order(headers, name, id, upload.size) {
         return Ok(refused);
     }
@@ -772,8 +790,7 @@ async fn finish_upload(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response> {
-    let upload = registry.upload(name, id)?;
-    let mut upload = upload.lock().await;
+    let mut upload = registry.upload(name, id).await?;
     let expected = digest(query.get("digest").map(String::as_str).unwrap_or(""))?;
     if let Some(refused) = out_of_order(headers, name, id, upload.size) {
         return Ok(refused);
@@ -781,6 +798,7 @@ async fn finish_upload(
     append(&mut upload, body).await?;
     let result = complete(registry, &mut upload, &expected);
     // Finished either way: a digest mismatch ends the session as in the reference implementation.
+    upload.closed = true;
     registry.forget_upload(id);
     if result.is_err() {
         let _ = tokio::fs::remove_file(&upload.path).await;
