@@ -555,3 +555,30 @@ async fn standalone_serves_a_registry_beside_the_cluster_when_asked() {
     assert!(data.path().join("registry/blobs/sha256").join(image.layer_digest.hex()).is_file());
     assert!(daemon.terminate().success(), "standalone with a registry stops cleanly");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_whole_download_of_a_blob_counts_as_one_pull() {
+    let registry = RegistryProcess::start();
+    let client = reqwest::Client::new();
+    let image = ImageBuilder::new().file("/counted", "x", 0o644).build().expect("build");
+    image.push(&registry.url(""), "counted", "1").await.expect("push");
+    let layer_url = registry.url(&format!("/v2/counted/blobs/{}", image.layer_digest));
+
+    let head = client.head(&layer_url).send().await.expect("head");
+    assert_eq!(head.status(), 200);
+    let part = client.get(&layer_url).header("range", "bytes=0-9").send().await.expect("range");
+    assert_eq!(part.status(), 206);
+    let downloads = (0..10).map(|_| {
+        let (client, url) = (client.clone(), layer_url.clone());
+        async move { client.get(url).send().await.expect("get").bytes().await.expect("body") }
+    });
+    for body in futures::future::join_all(downloads).await {
+        assert_eq!(body.as_ref(), image.layer.as_slice());
+    }
+
+    let metrics = client.get(registry.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    let line = format!("registry_blob_pulls_total{{repository=\"counted\",digest=\"{}\"}} ", image.layer_digest);
+    let count =
+        metrics.lines().find_map(|l| l.strip_prefix(&line)).unwrap_or_else(|| panic!("no {line} in\n{metrics}"));
+    assert_eq!(count, "10", "ten GETs, not the HEAD or the range request");
+}
