@@ -19,38 +19,42 @@ pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 pub const DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 
+/// One page of a sorted list, as `n` and `last` ask (`last` excluded), and the `Link` header to the
+/// next page when the list goes on past it. `n=0` is an empty page with no link, as the spec says.
+pub(crate) fn page(
+    mut items: Vec<String>,
+    query: &HashMap<String, String>,
+    path: &str,
+) -> Result<(Vec<String>, Option<HeaderValue>)> {
+    if let Some(last) = query.get("last") {
+        items.retain(|item| item.as_str() > last.as_str());
+    }
+    let Some(n) = query.get("n") else { return Ok((items, None)) };
+    let limit = n.parse::<usize>().map_err(|_| {
+        RegistryError::with_status(ErrorCode::Unsupported, StatusCode::BAD_REQUEST, format!("n={n:?} is not a count"))
+    })?;
+    if items.len() <= limit {
+        return Ok((items, None));
+    }
+    items.truncate(limit);
+    let link = items
+        .last()
+        .and_then(|last| HeaderValue::from_str(&format!("<{path}?n={limit}&last={last}>; rel=\"next\"")).ok());
+    Ok((items, link))
+}
+
 pub(crate) fn tags_list(
     registry: &Registry,
     name: &RepositoryName,
     query: &HashMap<String, String>,
 ) -> Result<Response> {
-    let Some(mut tags) = registry.storage.tags(name)? else {
+    let Some(tags) = registry.storage.tags(name)? else {
         return Err(RegistryError::new(ErrorCode::NameUnknown, format!("repository {name} is not known")));
     };
-    if let Some(last) = query.get("last") {
-        tags.retain(|tag| tag.as_str() > last.as_str());
-    }
-    let limit = match query.get("n") {
-        Some(n) => Some(n.parse::<usize>().map_err(|_| {
-            RegistryError::with_status(
-                ErrorCode::Unsupported,
-                StatusCode::BAD_REQUEST,
-                format!("n={n:?} is not a number of tags"),
-            )
-        })?),
-        None => None,
-    };
+    let (tags, link) = page(tags, query, &format!("/v2/{name}/tags/list"))?;
     let mut response_headers = HeaderMap::new();
-    if let Some(limit) = limit
-        && tags.len() > limit
-    {
-        tags.truncate(limit);
-        if let Some(last) = tags.last() {
-            let link = format!("</v2/{name}/tags/list?n={limit}&last={last}>; rel=\"next\"");
-            if let Ok(value) = HeaderValue::from_str(&link) {
-                response_headers.insert(header::LINK, value);
-            }
-        }
+    if let Some(link) = link {
+        response_headers.insert(header::LINK, link);
     }
     let body = serde_json::json!({ "name": name.as_str(), "tags": tags });
     Ok((response_headers, axum::Json(body)).into_response())

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::blobs::{delete_blob, get_blob};
 use crate::error::{ErrorCode, RegistryError, Result};
-use crate::manifests::{delete_manifest, get_manifest, put_manifest, tags_list};
+use crate::manifests::{delete_manifest, get_manifest, page, put_manifest, tags_list};
 use crate::name::{Digest, RepositoryName};
 use crate::storage::Storage;
 use crate::uploads::{SharedUpload, cancel_upload, finish_upload, patch_upload, start_upload, upload_status};
@@ -205,8 +205,12 @@ async fn handle(registry: &Registry, method: &Method, uri: &Uri, headers: &Heade
             Ok(([(header::CONTENT_TYPE, "application/json")], "{}").into_response())
         }
         (Route::Catalog, &Method::GET) => {
-            let repositories = registry.storage.repositories()?;
-            Ok(axum::Json(serde_json::json!({ "repositories": repositories })).into_response())
+            let (repositories, link) = page(registry.storage.repositories()?, &query, "/v2/_catalog")?;
+            let mut response = axum::Json(serde_json::json!({ "repositories": repositories })).into_response();
+            if let Some(link) = link {
+                response.headers_mut().insert(header::LINK, link);
+            }
+            Ok(response)
         }
         (Route::Tags(name), &Method::GET) => tags_list(registry, &repository(name)?, &query),
         (Route::Manifest(name, reference), &Method::GET) => {
