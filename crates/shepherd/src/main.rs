@@ -4,6 +4,7 @@ mod backup;
 mod control_plane;
 mod node_agent;
 mod private_dir;
+mod registry;
 mod snapshots;
 mod store_check;
 
@@ -47,6 +48,8 @@ enum Command {
     /// Inspect a store no server holds.
     #[command(subcommand)]
     Store(store_check::StoreCommand),
+    /// Serve an OCI distribution registry (push and pull) over a data directory.
+    Registry(registry::RegistryArgs),
 }
 
 #[derive(Args, Clone)]
@@ -55,6 +58,8 @@ struct StandaloneArgs {
     server: ServerArgs,
     #[command(flatten)]
     agent: AgentArgs,
+    #[command(flatten)]
+    registry: registry::BesideArgs,
 }
 
 #[derive(Args, Clone)]
@@ -146,11 +151,15 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Server(args) => run_server(args, None).await,
-            Command::Standalone(args) => run_server(args.server, Some(args.agent)).await,
+            Command::Standalone(args) => {
+                registry::start_beside(&args.registry, &args.server.data_dir).await?;
+                run_server(args.server, Some(args.agent)).await
+            }
             Command::Agent(args) => run_agent(args).await,
             Command::Backup(args) => backup::backup(args).await,
             Command::Restore(args) => backup::restore(args),
             Command::Store(command) => store_check::run(command),
+            Command::Registry(args) => registry::run(args).await,
         }
     })
 }
