@@ -34,9 +34,10 @@ pub(crate) fn unpack_layer(blob: &Path, dest: &Path, diff_id: &Digest) -> Result
     let tar: Box<dyn Read> = if magic.starts_with(&[0x1f, 0x8b]) {
         Box::new(flate2::bufread::MultiGzDecoder::new(compressed))
     } else if magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        return Err(fail(
-            "zstd-compressed layers are not supported; push the image with gzip layers".into(),
-        ));
+        Box::new(ZstdFrames {
+            source: Some(compressed),
+            frame: None,
+        })
     } else {
         Box::new(compressed)
     };
@@ -74,6 +75,35 @@ pub(crate) fn unpack_layer(blob: &Path, dest: &Path, diff_id: &Digest) -> Result
             .map_err(|e| fail(format!("setting the time of {}: {e}", path.display())))?;
     }
     Ok(unpacker.bytes)
+}
+
+/// Decodes every zstd frame of a stream (a layer compressed in parallel has several, back to back).
+struct ZstdFrames<R: BufRead> {
+    source: Option<R>,
+    frame: Option<ruzstd::decoding::StreamingDecoder<R, ruzstd::decoding::FrameDecoder>>,
+}
+
+impl<R: BufRead> Read for ZstdFrames<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if let Some(frame) = self.frame.as_mut() {
+                let n = frame.read(buf)?;
+                if n > 0 || buf.is_empty() {
+                    return Ok(n);
+                }
+                self.source = self.frame.take().map(|f| f.into_inner());
+            }
+            let Some(mut source) = self.source.take() else {
+                return Ok(0);
+            };
+            if source.fill_buf()?.is_empty() {
+                return Ok(0);
+            }
+            let frame =
+                ruzstd::decoding::StreamingDecoder::new(source).map_err(io::Error::other)?;
+            self.frame = Some(frame);
+        }
+    }
 }
 
 fn read_error(e: &io::Error) -> String {

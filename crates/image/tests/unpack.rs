@@ -78,6 +78,30 @@ fn an_uncompressed_layer_unpacks_too() {
 }
 
 #[test]
+fn a_zstd_layer_of_several_frames_unpacks_too() {
+    let (_dir, store) = store();
+    let layer = Layer::default()
+        .file("first", &"1".repeat(5000))
+        .file("second", "2");
+    let tar = layer.tar();
+    let (head, tail) = tar.split_at(1024);
+    let mut blob =
+        ruzstd::encoding::compress_to_vec(head, ruzstd::encoding::CompressionLevel::Fastest);
+    blob.extend(ruzstd::encoding::compress_to_vec(
+        tail,
+        ruzstd::encoding::CompressionLevel::Fastest,
+    ));
+    let root = store
+        .ensure_layer(&store_layer(&store, &blob, &tar))
+        .unwrap();
+    assert_eq!(
+        fs::read_to_string(root.join("first")).unwrap(),
+        "1".repeat(5000)
+    );
+    assert_eq!(fs::read_to_string(root.join("second")).unwrap(), "2");
+}
+
+#[test]
 fn whiteouts_become_overlay_whiteout_devices_and_opaque_markers_an_xattr() {
     let (_dir, store) = store();
     let layer = Layer::default()
