@@ -247,6 +247,16 @@ impl Unpacker<'_> {
             for ext in extensions {
                 let ext = ext.map_err(|e| format!("bad PAX header: {e}"))?;
                 if let Some(name) = ext.key_bytes().strip_prefix(b"SCHILY.xattr.") {
+                    if name.starts_with(b"trusted.") {
+                        // `trusted.overlay.*` would steer overlayfs (redirects, opacity); OCI
+                        // layers express those only through whiteout files.
+                        tracing::warn!(
+                            layer_entry = %relative.display(),
+                            xattr = %String::from_utf8_lossy(name),
+                            "ignoring a trusted.* extended attribute from an image layer"
+                        );
+                        continue;
+                    }
                     rustix::fs::lsetxattr(
                         &target,
                         OsStr::from_bytes(name),

@@ -69,6 +69,24 @@ fn a_layer_unpacks_files_directories_symlinks_and_hard_links_with_modes_and_owne
 }
 
 #[test]
+fn extended_attributes_are_kept_except_ones_that_would_steer_overlayfs() {
+    let (_dir, store) = store();
+    let layer = Layer::default()
+        .xattrs(&[
+            ("user.note", "kept"),
+            ("trusted.overlay.redirect", "/elsewhere"),
+        ])
+        .file("noted", "x");
+    let root = store.layer_path(&unpacked(&store, &layer).diff_id);
+    let mut value = [0u8; 32];
+    let n = rustix::fs::lgetxattr(root.join("noted"), "user.note", &mut value).unwrap();
+    assert_eq!(&value[..n], b"kept");
+    assert!(
+        rustix::fs::lgetxattr(root.join("noted"), "trusted.overlay.redirect", &mut value).is_err()
+    );
+}
+
+#[test]
 fn an_uncompressed_layer_unpacks_too() {
     let (_dir, store) = store();
     let layer = Layer::default().file("hello", "world");

@@ -21,7 +21,7 @@ impl Layer {
         data: &[u8],
         mode: u32,
     ) -> Self {
-        let mut header = tar::Header::new_old();
+        let mut header = tar::Header::new_gnu();
         let old = header.as_old_mut();
         old.name[..name.len()].copy_from_slice(name.as_bytes());
         if let Some(link) = link {
@@ -61,6 +61,21 @@ impl Layer {
 
     pub fn hard_link(self, name: &str, target: &str) -> Self {
         self.push(tar::EntryType::Link, name, Some(target), b"", 0o644)
+    }
+
+    /// PAX extended attributes for the entry that follows.
+    pub fn xattrs(self, attributes: &[(&str, &str)]) -> Self {
+        let mut records = Vec::new();
+        for (name, value) in attributes {
+            let body = format!(" SCHILY.xattr.{name}={value}\n");
+            // A record's length counts its own digits.
+            let mut len = body.len() + 1;
+            while format!("{len}{body}").len() != len {
+                len += 1;
+            }
+            records.extend(format!("{len}{body}").into_bytes());
+        }
+        self.push(tar::EntryType::XHeader, "PaxHeader", None, &records, 0o644)
     }
 
     pub fn char_device(self, name: &str) -> Self {
