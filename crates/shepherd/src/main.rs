@@ -4,6 +4,7 @@ mod backup;
 mod control_plane;
 mod node_agent;
 mod private_dir;
+mod registry;
 mod snapshots;
 mod store_check;
 
@@ -47,6 +48,8 @@ enum Command {
     /// Inspect a store no server holds.
     #[command(subcommand)]
     Store(store_check::StoreCommand),
+    /// Serve an OCI distribution registry (push and pull) over a data directory.
+    Registry(registry::RegistryArgs),
 }
 
 #[derive(Args, Clone)]
@@ -151,6 +154,7 @@ fn main() -> anyhow::Result<()> {
             Command::Backup(args) => backup::backup(args).await,
             Command::Restore(args) => backup::restore(args),
             Command::Store(command) => store_check::run(command),
+            Command::Registry(args) => registry::run(args).await,
         }
     })
 }
