@@ -8,9 +8,7 @@ use sha2::{Digest as _, Sha256};
 use crate::error::{ImageError, Result};
 
 /// A validated `sha256:` digest: 64 lowercase hex digits, so `hex()` never contains a path separator.
-#[derive(
-    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Digest(String);
 

@@ -12,9 +12,7 @@ pub enum ImageError {
     InvalidDigest { digest: String, reason: String },
     #[error("image {reference} not found: {detail}")]
     NotFound { reference: String, detail: String },
-    #[error(
-        "pull access denied for {reference}: the repository does not exist or needs credentials ({detail})"
-    )]
+    #[error("pull access denied for {reference}: the repository does not exist or needs credentials ({detail})")]
     Unauthorized { reference: String, detail: String },
     #[error("pulling {reference} from its registry failed: {detail}")]
     Registry { reference: String, detail: String },
@@ -43,11 +41,7 @@ pub enum ImageError {
 }
 
 impl ImageError {
-    pub(crate) fn io(
-        action: &'static str,
-        path: impl Into<PathBuf>,
-        source: std::io::Error,
-    ) -> Self {
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         ImageError::Io {
             action,
             path: path.into(),

@@ -15,6 +15,4 @@ pub use error::{ImageError, Result};
 pub use policy::{PullDecision, PullPolicy};
 pub use pull::{Credentials, Ensured, Puller};
 pub use reference::ImageRef;
-pub use store::{
-    BlobWriter, Collected, DiskUsage, GcPolicy, ImageRecord, ImageStore, LayerRecord, Pin,
-};
+pub use store::{BlobWriter, Collected, DiskUsage, GcPolicy, ImageRecord, ImageStore, LayerRecord, Pin};

@@ -63,8 +63,7 @@ impl ImageStore {
             lower.push(empty);
         }
         let options = overlay_options(&lower, &upper, &work)?;
-        let options =
-            std::ffi::CString::new(options).map_err(|e| ImageError::Internal(e.to_string()))?;
+        let options = std::ffi::CString::new(options).map_err(|e| ImageError::Internal(e.to_string()))?;
         rustix::mount::mount(
             "overlay",
             &rootfs,

@@ -68,14 +68,8 @@ mod tests {
     fn latest_or_no_tag_defaults_to_always_and_other_tags_to_if_not_present() {
         let digest = format!("sha256:{}", "b".repeat(64));
         assert_eq!(PullPolicy::default_for(&image("nginx")), PullPolicy::Always);
-        assert_eq!(
-            PullPolicy::default_for(&image("nginx:latest")),
-            PullPolicy::Always
-        );
-        assert_eq!(
-            PullPolicy::default_for(&image("nginx:1.27")),
-            PullPolicy::IfNotPresent
-        );
+        assert_eq!(PullPolicy::default_for(&image("nginx:latest")), PullPolicy::Always);
+        assert_eq!(PullPolicy::default_for(&image("nginx:1.27")), PullPolicy::IfNotPresent);
         assert_eq!(
             PullPolicy::default_for(&image(&format!("nginx@{digest}"))),
             PullPolicy::IfNotPresent
@@ -99,18 +93,12 @@ mod tests {
     fn each_policy_pulls_only_when_kubernetes_would() {
         let tagged = image("nginx:1.27");
         let pinned = image(&format!("nginx:latest@sha256:{}", "c".repeat(64)));
-        assert_eq!(
-            PullPolicy::Always.decide(&tagged, true).unwrap(),
-            PullDecision::Pull
-        );
+        assert_eq!(PullPolicy::Always.decide(&tagged, true).unwrap(), PullDecision::Pull);
         assert_eq!(
             PullPolicy::Always.decide(&pinned, true).unwrap(),
             PullDecision::UsePresent
         );
-        assert_eq!(
-            PullPolicy::Always.decide(&pinned, false).unwrap(),
-            PullDecision::Pull
-        );
+        assert_eq!(PullPolicy::Always.decide(&pinned, false).unwrap(), PullDecision::Pull);
         assert_eq!(
             PullPolicy::IfNotPresent.decide(&tagged, true).unwrap(),
             PullDecision::UsePresent
@@ -123,10 +111,7 @@ mod tests {
             PullPolicy::Never.decide(&tagged, true).unwrap(),
             PullDecision::UsePresent
         );
-        let err = PullPolicy::Never
-            .decide(&tagged, false)
-            .unwrap_err()
-            .to_string();
+        let err = PullPolicy::Never.decide(&tagged, false).unwrap_err().to_string();
         assert!(
             err.contains("docker.io/library/nginx:1.27") && err.contains("Never"),
             "{err}"

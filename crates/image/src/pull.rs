@@ -85,12 +85,7 @@ impl Puller {
 
     /// Makes the image available by its pull policy: pulls when the policy says so, else uses the
     /// stored image. Marks the image used either way.
-    pub async fn ensure(
-        &self,
-        image: &ImageRef,
-        policy: PullPolicy,
-        credentials: &Credentials,
-    ) -> Result<Ensured> {
+    pub async fn ensure(&self, image: &ImageRef, policy: PullPolicy, credentials: &Credentials) -> Result<Ensured> {
         let present = self.store.image(&image.to_string())?;
         let ensured = match (policy.decide(image, present.is_some())?, present) {
             (PullDecision::UsePresent, Some(record)) => Ensured::AlreadyPresent(record),
@@ -115,19 +110,13 @@ impl Puller {
         let store = Arc::clone(&self.store);
         let (image, credentials) = (image.clone(), credentials.clone());
         self.flights
-            .run(image.to_string(), move || {
-                pull_image(client, store, image, credentials)
-            })
+            .run(image.to_string(), move || pull_image(client, store, image, credentials))
             .await
     }
 
     fn client_for(&self, image: &ImageRef) -> Client {
         let plain = image.uses_plain_http(&self.insecure_registries);
-        let key = format!(
-            "{}|{}",
-            if plain { "http" } else { "https" },
-            image.registry()
-        );
+        let key = format!("{}|{}", if plain { "http" } else { "https" }, image.registry());
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
         clients
             .entry(key)
@@ -156,9 +145,7 @@ async fn pull_image(
     let reference = image.to_string();
     let auth = match &credentials {
         Credentials::Anonymous => RegistryAuth::Anonymous,
-        Credentials::Basic { username, password } => {
-            RegistryAuth::Basic(username.clone(), password.clone())
-        }
+        Credentials::Basic { username, password } => RegistryAuth::Basic(username.clone(), password.clone()),
     };
     tracing::info!(image = %reference, "pulling image");
     let (manifest, manifest_digest, config) = client
@@ -189,11 +176,9 @@ async fn pull_image(
         });
     }
     let _pin = store.pin(
-        [config_digest.clone()].into_iter().chain(
-            layers
-                .iter()
-                .flat_map(|l| [l.digest.clone(), l.diff_id.clone()]),
-        ),
+        [config_digest.clone()]
+            .into_iter()
+            .chain(layers.iter().flat_map(|l| [l.digest.clone(), l.diff_id.clone()])),
     );
 
     let config_size = store.write_blob(&config_digest, config.as_bytes())?;
@@ -286,20 +271,14 @@ fn diff_ids(reference: &str, config: &[u8]) -> Result<Vec<Digest>> {
         reference: reference.to_string(),
         reason: format!("its config is not a container image config: {e}"),
     })?;
-    config
-        .rootfs
-        .diff_ids
-        .iter()
-        .map(|d| Digest::parse(d))
-        .collect()
+    config.rootfs.diff_ids.iter().map(|d| Digest::parse(d)).collect()
 }
 
 fn check_layer_media_type(reference: &str, layer: &OciDescriptor) -> Result<()> {
     let media_type = layer.media_type.as_str();
     let container_layer = media_type.starts_with("application/vnd.oci.image.layer.v1.tar")
         || media_type.starts_with("application/vnd.docker.image.rootfs.diff.tar");
-    if !container_layer || media_type.contains("nondistributable") || media_type.contains("foreign")
-    {
+    if !container_layer || media_type.contains("nondistributable") || media_type.contains("foreign") {
         return Err(ImageError::Unsupported {
             reference: reference.to_string(),
             reason: format!(
@@ -314,12 +293,8 @@ fn check_layer_media_type(reference: &str, layer: &OciDescriptor) -> Result<()> 
 fn registry_error(reference: &str, error: OciDistributionError) -> ImageError {
     let reference = reference.to_string();
     match error {
-        OciDistributionError::ImageManifestNotFoundError(detail) => {
-            ImageError::NotFound { reference, detail }
-        }
-        OciDistributionError::ServerError {
-            code: 404, message, ..
-        } => ImageError::NotFound {
+        OciDistributionError::ImageManifestNotFoundError(detail) => ImageError::NotFound { reference, detail },
+        OciDistributionError::ServerError { code: 404, message, .. } => ImageError::NotFound {
             reference,
             detail: format!("the registry answered 404 {}", message.trim()),
         },
@@ -329,9 +304,7 @@ fn registry_error(reference: &str, error: OciDistributionError) -> ImageError {
             if codes.iter().any(|c| {
                 matches!(
                     c,
-                    OciErrorCode::ManifestUnknown
-                        | OciErrorCode::NameUnknown
-                        | OciErrorCode::BlobUnknown
+                    OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown | OciErrorCode::BlobUnknown
                 )
             }) {
                 ImageError::NotFound { reference, detail }
@@ -344,13 +317,8 @@ fn registry_error(reference: &str, error: OciDistributionError) -> ImageError {
                 ImageError::Registry { reference, detail }
             }
         }
-        OciDistributionError::UnauthorizedError { url } => ImageError::Unauthorized {
-            reference,
-            detail: url,
-        },
-        OciDistributionError::AuthenticationFailure(detail) => {
-            ImageError::Unauthorized { reference, detail }
-        }
+        OciDistributionError::UnauthorizedError { url } => ImageError::Unauthorized { reference, detail: url },
+        OciDistributionError::AuthenticationFailure(detail) => ImageError::Unauthorized { reference, detail },
         OciDistributionError::DigestError(e) => ImageError::Registry {
             reference,
             detail: format!("content failed verification: {e}"),

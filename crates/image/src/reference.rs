@@ -26,9 +26,7 @@ impl ImageRef {
             return Err(invalid("the image name is empty".into()));
         }
         if image != image.trim() {
-            return Err(invalid(
-                "the image name has leading or trailing whitespace".into(),
-            ));
+            return Err(invalid("the image name has leading or trailing whitespace".into()));
         }
         let inner: Reference = image.parse().map_err(|e| {
             let name = image.split(['@']).next().unwrap_or(image);
@@ -40,20 +38,12 @@ impl ImageRef {
             if path.chars().any(|c| c.is_ascii_uppercase()) {
                 invalid("repository name must be lowercase".into())
             } else {
-                invalid(format!(
-                    "{e} (expected [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST])"
-                ))
+                invalid(format!("{e} (expected [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST])"))
             }
         })?;
         let last = image.rsplit('/').next().unwrap_or(image);
-        let explicit_tag = last
-            .split('@')
-            .next()
-            .is_some_and(|name| name.contains(':'));
-        Ok(ImageRef {
-            inner,
-            explicit_tag,
-        })
+        let explicit_tag = last.split('@').next().is_some_and(|name| name.contains(':'));
+        Ok(ImageRef { inner, explicit_tag })
     }
 
     /// The registry host as written (`docker.io`, `127.0.0.1:5000`).
@@ -105,8 +95,7 @@ fn is_loopback_host(registry: &str) -> bool {
     } else {
         registry.rsplit_once(':').map_or(registry, |(h, _)| h)
     };
-    host.eq_ignore_ascii_case("localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -159,10 +148,7 @@ mod tests {
             "nginx/",
         ] {
             let err = ImageRef::parse(bad).unwrap_err();
-            assert!(
-                matches!(err, ImageError::InvalidReference { .. }),
-                "{bad}: {err}"
-            );
+            assert!(matches!(err, ImageError::InvalidReference { .. }), "{bad}: {err}");
         }
     }
 
@@ -175,26 +161,11 @@ mod tests {
             "127.9.0.1/a",
             "registry.lan:5000/a",
         ] {
-            assert!(
-                ImageRef::parse(plain).unwrap().uses_plain_http(&insecure),
-                "{plain}"
-            );
+            assert!(ImageRef::parse(plain).unwrap().uses_plain_http(&insecure), "{plain}");
         }
-        for tls in [
-            "nginx",
-            "registry.lan/a",
-            "10.0.0.1:5000/a",
-            "localhost.example.com/a",
-        ] {
-            assert!(
-                !ImageRef::parse(tls).unwrap().uses_plain_http(&insecure),
-                "{tls}"
-            );
+        for tls in ["nginx", "registry.lan/a", "10.0.0.1:5000/a", "localhost.example.com/a"] {
+            assert!(!ImageRef::parse(tls).unwrap().uses_plain_http(&insecure), "{tls}");
         }
-        assert!(
-            is_loopback_host("[::1]:5000")
-                && is_loopback_host("::1")
-                && !is_loopback_host("[::2]:5000")
-        );
+        assert!(is_loopback_host("[::1]:5000") && is_loopback_host("::1") && !is_loopback_host("[::2]:5000"));
     }
 }

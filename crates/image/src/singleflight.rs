@@ -39,12 +39,10 @@ impl<K: Eq + Hash + Clone + Send + 'static, T: Clone + Send + Sync + 'static> Si
                 let map = Arc::clone(&self.inflight);
                 let done_key = key.clone();
                 let shared = async move {
-                    let result = task.await.unwrap_or_else(|e| {
-                        Err(ImageError::Internal(format!("pull task failed: {e}")))
-                    });
-                    map.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&done_key);
+                    let result = task
+                        .await
+                        .unwrap_or_else(|e| Err(ImageError::Internal(format!("pull task failed: {e}"))));
+                    map.lock().unwrap_or_else(|p| p.into_inner()).remove(&done_key);
                     result
                 }
                 .boxed()
@@ -87,14 +85,8 @@ mod tests {
             assert_eq!(result.unwrap(), 1);
         }
         assert_eq!(runs.load(Ordering::SeqCst), 1);
-        let again = flights
-            .run("busybox".to_string(), || async { Ok(99) })
-            .await
-            .unwrap();
-        assert_eq!(
-            again, 99,
-            "a run that finished does not answer later requests"
-        );
+        let again = flights.run("busybox".to_string(), || async { Ok(99) }).await.unwrap();
+        assert_eq!(again, 99, "a run that finished does not answer later requests");
     }
 
     #[tokio::test]

@@ -114,10 +114,8 @@ impl BlobWriter {
                 actual: actual.to_string(),
             });
         }
-        file.sync_all()
-            .map_err(|e| ImageError::io("syncing", &self.tmp, e))?;
-        fs::rename(&self.tmp, &self.dest)
-            .map_err(|e| ImageError::io("renaming into place", &self.dest, e))?;
+        file.sync_all().map_err(|e| ImageError::io("syncing", &self.tmp, e))?;
+        fs::rename(&self.tmp, &self.dest).map_err(|e| ImageError::io("renaming into place", &self.dest, e))?;
         Ok(len)
     }
 }
@@ -145,13 +143,7 @@ impl ImageStore {
         if tmp.exists() {
             fs::remove_dir_all(&tmp).map_err(|e| ImageError::io("clearing", &tmp, e))?;
         }
-        for dir in [
-            "blobs/sha256",
-            "layers/sha256",
-            "images",
-            "containers",
-            "tmp",
-        ] {
+        for dir in ["blobs/sha256", "layers/sha256", "images", "containers", "tmp"] {
             let path = root.join(dir);
             fs::create_dir_all(&path).map_err(|e| ImageError::io("creating", &path, e))?;
         }
@@ -180,9 +172,7 @@ impl ImageStore {
     }
 
     pub(crate) fn temp_path(&self, what: &str) -> PathBuf {
-        self.root
-            .join("tmp")
-            .join(format!("{what}-{}", uuid::Uuid::new_v4()))
+        self.root.join("tmp").join(format!("{what}-{}", uuid::Uuid::new_v4()))
     }
 
     pub fn blob_writer(&self, expected: &Digest) -> Result<BlobWriter> {
@@ -224,10 +214,7 @@ impl ImageStore {
         for d in &digests {
             *pinned.entry(d.clone()).or_default() += 1;
         }
-        Pin {
-            store: self,
-            digests,
-        }
+        Pin { store: self, digests }
     }
 
     /// The unpacked root of a stored layer, unpacking its blob first if no one has yet. Blocking.
@@ -236,10 +223,7 @@ impl ImageStore {
         if dest.is_dir() {
             return Ok(dest);
         }
-        let gate = lock(&self.unpacking)
-            .entry(layer.diff_id.clone())
-            .or_default()
-            .clone();
+        let gate = lock(&self.unpacking).entry(layer.diff_id.clone()).or_default().clone();
         let _unpacking = lock(&gate);
         let result = if dest.is_dir() {
             Ok(dest.clone())
@@ -281,8 +265,7 @@ impl ImageStore {
     fn write_record(&self, record: &ImageRecord) -> Result<()> {
         let path = self.record_path(&record.reference);
         let tmp = self.temp_path("image");
-        let bytes =
-            serde_json::to_vec_pretty(record).map_err(|e| ImageError::Internal(e.to_string()))?;
+        let bytes = serde_json::to_vec_pretty(record).map_err(|e| ImageError::Internal(e.to_string()))?;
         fs::write(&tmp, bytes).map_err(|e| ImageError::io("writing", &tmp, e))?;
         fs::rename(&tmp, &path).map_err(|e| ImageError::io("renaming into place", &path, e))
     }
@@ -369,12 +352,7 @@ impl ImageStore {
     /// Kubelet's image GC: when the disk is at or above `policy.high_percent` used, removes the
     /// least recently used images that no running container uses (`in_use`, normalized references)
     /// until usage would be at `policy.low_percent`.
-    pub fn collect_garbage(
-        &self,
-        policy: GcPolicy,
-        disk: DiskUsage,
-        in_use: &HashSet<String>,
-    ) -> Result<Collected> {
+    pub fn collect_garbage(&self, policy: GcPolicy, disk: DiskUsage, in_use: &HashSet<String>) -> Result<Collected> {
         let mut collected = Collected::default();
         if disk.capacity == 0 || disk.used_percent() < u64::from(policy.high_percent) {
             return Ok(collected);
@@ -435,8 +413,7 @@ pub struct DiskUsage {
 impl DiskUsage {
     /// The usage of the filesystem holding `path`.
     pub fn of(path: &Path) -> Result<Self> {
-        let stat = rustix::fs::statvfs(path)
-            .map_err(|e| ImageError::io("measuring the disk of", path, e.into()))?;
+        let stat = rustix::fs::statvfs(path).map_err(|e| ImageError::io("measuring the disk of", path, e.into()))?;
         Ok(DiskUsage {
             capacity: stat.f_blocks * stat.f_frsize,
             available: stat.f_bavail * stat.f_frsize,
@@ -476,10 +453,7 @@ fn disk_bytes(path: &Path) -> u64 {
     if meta.is_dir()
         && let Ok(entries) = fs::read_dir(path)
     {
-        total += entries
-            .flatten()
-            .map(|e| disk_bytes(&e.path()))
-            .sum::<u64>();
+        total += entries.flatten().map(|e| disk_bytes(&e.path())).sum::<u64>();
     }
     total
 }

@@ -28,9 +28,7 @@ pub(crate) fn unpack_layer(blob: &Path, dest: &Path, diff_id: &Digest) -> Result
     };
     let file = File::open(blob).map_err(|e| ImageError::io("opening", blob, e))?;
     let mut compressed = BufReader::with_capacity(256 * 1024, file);
-    let magic = compressed
-        .fill_buf()
-        .map_err(|e| ImageError::io("reading", blob, e))?;
+    let magic = compressed.fill_buf().map_err(|e| ImageError::io("reading", blob, e))?;
     let tar: Box<dyn Read> = if magic.starts_with(&[0x1f, 0x8b]) {
         Box::new(flate2::bufread::MultiGzDecoder::new(compressed))
     } else if magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
@@ -71,8 +69,7 @@ pub(crate) fn unpack_layer(blob: &Path, dest: &Path, diff_id: &Digest) -> Result
     }
     // Directory times last: creating entries inside a directory changes its mtime.
     for (path, mtime) in unpacker.dir_times.iter().rev() {
-        set_mtime(path, *mtime)
-            .map_err(|e| fail(format!("setting the time of {}: {e}", path.display())))?;
+        set_mtime(path, *mtime).map_err(|e| fail(format!("setting the time of {}: {e}", path.display())))?;
     }
     Ok(unpacker.bytes)
 }
@@ -99,8 +96,7 @@ impl<R: BufRead> Read for ZstdFrames<R> {
             if source.fill_buf()?.is_empty() {
                 return Ok(0);
             }
-            let frame =
-                ruzstd::decoding::StreamingDecoder::new(source).map_err(io::Error::other)?;
+            let frame = ruzstd::decoding::StreamingDecoder::new(source).map_err(io::Error::other)?;
             self.frame = Some(frame);
         }
     }
@@ -132,22 +128,13 @@ impl Unpacker<'_> {
             .map_err(|e| format!("bad link name: {e}"))?
             .map(|l| l.into_owned());
 
-        let name = relative
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
+        let name = relative.file_name().unwrap_or_default().to_string_lossy().into_owned();
         let parent = self.ensure_parent(&relative)?;
         if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
             if name == OPAQUE_WHITEOUT {
                 // The directory hides whatever lower layers have in it; overlayfs reads this xattr.
-                return rustix::fs::lsetxattr(
-                    &parent,
-                    OVERLAY_OPAQUE_XATTR,
-                    b"y",
-                    XattrFlags::empty(),
-                )
-                .map_err(|e| format!("marking the directory opaque: {e}"));
+                return rustix::fs::lsetxattr(&parent, OVERLAY_OPAQUE_XATTR, b"y", XattrFlags::empty())
+                    .map_err(|e| format!("marking the directory opaque: {e}"));
             }
             if hidden.starts_with(WHITEOUT_PREFIX) {
                 return Ok(()); // other `.wh..wh.` names are aufs bookkeeping, meaningless here
@@ -166,15 +153,12 @@ impl Unpacker<'_> {
                     Ok(meta) if meta.is_dir() => {}
                     Ok(_) => {
                         remove_existing(&target)?;
-                        fs::create_dir(&target)
-                            .map_err(|e| format!("creating the directory: {e}"))?;
+                        fs::create_dir(&target).map_err(|e| format!("creating the directory: {e}"))?;
                     }
-                    Err(_) => fs::create_dir(&target)
-                        .map_err(|e| format!("creating the directory: {e}"))?,
+                    Err(_) => fs::create_dir(&target).map_err(|e| format!("creating the directory: {e}"))?,
                 }
                 chown(&target, uid, gid)?;
-                fs::set_permissions(&target, fs::Permissions::from_mode(mode))
-                    .map_err(|e| e.to_string())?;
+                fs::set_permissions(&target, fs::Permissions::from_mode(mode)).map_err(|e| e.to_string())?;
                 self.dir_times.push((target.clone(), mtime));
             }
             EntryType::Regular | EntryType::Continuous => {
@@ -190,8 +174,7 @@ impl Unpacker<'_> {
                 drop(file);
                 // chown clears set-id bits, so the mode goes on after it.
                 chown(&target, uid, gid)?;
-                fs::set_permissions(&target, fs::Permissions::from_mode(mode))
-                    .map_err(|e| e.to_string())?;
+                fs::set_permissions(&target, fs::Permissions::from_mode(mode)).map_err(|e| e.to_string())?;
                 set_mtime(&target, mtime).map_err(|e| e.to_string())?;
             }
             EntryType::Symlink => {
@@ -199,8 +182,7 @@ impl Unpacker<'_> {
                 remove_existing(&target)?;
                 // The target is read inside the container's root at run time, so an absolute or
                 // `..` target is legitimate here; only writing *through* a symlink is refused.
-                std::os::unix::fs::symlink(&link, &target)
-                    .map_err(|e| format!("creating the symlink: {e}"))?;
+                std::os::unix::fs::symlink(&link, &target).map_err(|e| format!("creating the symlink: {e}"))?;
                 chown(&target, uid, gid)?;
                 set_mtime(&target, mtime).map_err(|e| e.to_string())?;
             }
@@ -209,18 +191,13 @@ impl Unpacker<'_> {
                 let source_rel = contained(&link)?.ok_or("a hard link to the layer's root")?;
                 self.ensure_parent(&source_rel)?;
                 let source = self.root.join(&source_rel);
-                let meta = fs::symlink_metadata(&source).map_err(|_| {
-                    format!(
-                        "hard link to {:?}, which is not earlier in this layer",
-                        link.display()
-                    )
-                })?;
+                let meta = fs::symlink_metadata(&source)
+                    .map_err(|_| format!("hard link to {:?}, which is not earlier in this layer", link.display()))?;
                 if meta.is_dir() {
                     return Err(format!("hard link to the directory {:?}", link.display()));
                 }
                 remove_existing(&target)?;
-                fs::hard_link(&source, &target)
-                    .map_err(|e| format!("creating the hard link: {e}"))?;
+                fs::hard_link(&source, &target).map_err(|e| format!("creating the hard link: {e}"))?;
             }
             EntryType::Char | EntryType::Block | EntryType::Fifo => {
                 let what = match kind {
@@ -232,18 +209,12 @@ impl Unpacker<'_> {
                     "is {what}; device files and FIFOs are not allowed in image layers"
                 ));
             }
-            EntryType::XGlobalHeader
-            | EntryType::XHeader
-            | EntryType::GNULongName
-            | EntryType::GNULongLink => {
+            EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName | EntryType::GNULongLink => {
                 return Ok(());
             }
             other => return Err(format!("unsupported tar entry type {other:?}")),
         }
-        if let Some(extensions) = entry
-            .pax_extensions()
-            .map_err(|e| format!("bad PAX header: {e}"))?
-        {
+        if let Some(extensions) = entry.pax_extensions().map_err(|e| format!("bad PAX header: {e}"))? {
             for ext in extensions {
                 let ext = ext.map_err(|e| format!("bad PAX header: {e}"))?;
                 if let Some(name) = ext.key_bytes().strip_prefix(b"SCHILY.xattr.") {
@@ -257,18 +228,10 @@ impl Unpacker<'_> {
                         );
                         continue;
                     }
-                    rustix::fs::lsetxattr(
-                        &target,
-                        OsStr::from_bytes(name),
-                        ext.value_bytes(),
-                        XattrFlags::empty(),
-                    )
-                    .map_err(|e| {
-                        format!(
-                            "setting the extended attribute {}: {e}",
-                            String::from_utf8_lossy(name)
-                        )
-                    })?;
+                    rustix::fs::lsetxattr(&target, OsStr::from_bytes(name), ext.value_bytes(), XattrFlags::empty())
+                        .map_err(|e| {
+                            format!("setting the extended attribute {}: {e}", String::from_utf8_lossy(name))
+                        })?;
                 }
             }
         }
@@ -294,10 +257,8 @@ impl Unpacker<'_> {
                 Ok(meta) if meta.is_dir() => {}
                 Ok(_) => return Err(format!("its parent {:?} is not a directory", dir.display())),
                 Err(_) => {
-                    fs::create_dir(&dir)
-                        .map_err(|e| format!("creating the parent directory: {e}"))?;
-                    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))
-                        .map_err(|e| e.to_string())?;
+                    fs::create_dir(&dir).map_err(|e| format!("creating the parent directory: {e}"))?;
+                    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
                 }
             }
         }
@@ -317,9 +278,7 @@ fn contained(raw: &Path) -> Result<Option<PathBuf>, String> {
                 return Err("the path contains `..` and could escape the layer".into());
             }
             Component::RootDir | Component::Prefix(_) => {
-                return Err(
-                    "the path is absolute; layer paths are relative to the image root".into(),
-                );
+                return Err("the path is absolute; layer paths are relative to the image root".into());
             }
         }
     }
@@ -329,9 +288,7 @@ fn contained(raw: &Path) -> Result<Option<PathBuf>, String> {
 /// Later entries replace earlier ones of the same path, as `tar` extraction does.
 fn remove_existing(path: &Path) -> Result<(), String> {
     match fs::symlink_metadata(path) {
-        Ok(meta) if meta.is_dir() => {
-            fs::remove_dir_all(path).map_err(|e| format!("replacing a directory: {e}"))
-        }
+        Ok(meta) if meta.is_dir() => fs::remove_dir_all(path).map_err(|e| format!("replacing a directory: {e}")),
         Ok(_) => fs::remove_file(path).map_err(|e| format!("replacing a file: {e}")),
         Err(_) => Ok(()),
     }

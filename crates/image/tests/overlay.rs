@@ -10,9 +10,7 @@ use shepherd_image::ImageStore;
 fn mounted(path: &std::path::Path) -> bool {
     let mounts = fs::read_to_string("/proc/self/mountinfo").expect("reading /proc/self/mountinfo");
     let path = path.to_str().expect("a UTF-8 temp path");
-    mounts
-        .lines()
-        .any(|line| line.split(' ').nth(4) == Some(path))
+    mounts.lines().any(|line| line.split(' ').nth(4) == Some(path))
 }
 
 #[test]
@@ -34,12 +32,7 @@ fn a_write_in_the_container_root_changes_neither_the_image_layers_nor_another_co
             .file("etc/.wh.issue", "")
             .file("etc/version", "2\n"),
     );
-    let record = image(
-        &store,
-        "example.com/app:2",
-        vec![base.clone(), top.clone()],
-        0,
-    );
+    let record = image(&store, "example.com/app:2", vec![base.clone(), top.clone()], 0);
 
     let root = store.mount_rootfs("web-0_app", &record).unwrap();
     let other = store.mount_rootfs("web-1_app", &record).unwrap();
@@ -62,19 +55,13 @@ fn a_write_in_the_container_root_changes_neither_the_image_layers_nor_another_co
         "base\n"
     );
     assert!(!store.layer_path(&top.diff_id).join("new-file").exists());
-    assert_eq!(
-        fs::read_to_string(other.join("etc/motd")).unwrap(),
-        "base\n"
-    );
+    assert_eq!(fs::read_to_string(other.join("etc/motd")).unwrap(), "base\n");
     assert_eq!(
         store.mount_rootfs("web-0_app", &record).unwrap(),
         root,
         "mounting again adopts the mount"
     );
-    assert_eq!(
-        fs::read_to_string(root.join("etc/motd")).unwrap(),
-        "changed\n"
-    );
+    assert_eq!(fs::read_to_string(root.join("etc/motd")).unwrap(), "changed\n");
 
     store.remove_rootfs("web-0_app").unwrap();
     assert!(!mounted(&root));
@@ -84,12 +71,7 @@ fn a_write_in_the_container_root_changes_neither_the_image_layers_nor_another_co
     );
     store.remove_rootfs("web-0_app").unwrap();
     store.remove_rootfs("web-1_app").unwrap();
-    assert_eq!(
-        fs::read_dir(store.root().join("containers"))
-            .unwrap()
-            .count(),
-        0
-    );
+    assert_eq!(fs::read_dir(store.root().join("containers")).unwrap().count(), 0);
     assert!(
         store.layer_path(&base.diff_id).join("etc/motd").exists(),
         "the image layers stay"

@@ -22,9 +22,7 @@ fn files_under(path: &std::path::Path) -> usize {
 fn a_blob_that_does_not_match_its_digest_is_refused_and_leaves_nothing() {
     let (_dir, store) = store();
     let claimed = Digest::of(b"what the manifest promised");
-    let err = store
-        .write_blob(&claimed, &b"what the registry sent"[..])
-        .unwrap_err();
+    let err = store.write_blob(&claimed, &b"what the registry sent"[..]).unwrap_err();
     assert!(
         matches!(&err, ImageError::DigestMismatch { expected, actual }
             if *expected == claimed.to_string() && *actual == Digest::of(b"what the registry sent").to_string()),
@@ -125,18 +123,8 @@ fn image_gc_removes_least_recently_used_unused_images_until_under_the_low_thresh
     let only_a = unpacked(&store, &Layer::default().file("a", "a"));
     let only_b = unpacked(&store, &Layer::default().file("b", "b"));
     let only_c = unpacked(&store, &Layer::default().file("c", "c"));
-    image(
-        &store,
-        "example.com/a:1",
-        vec![shared.clone(), only_a.clone()],
-        1,
-    );
-    image(
-        &store,
-        "example.com/b:1",
-        vec![shared.clone(), only_b.clone()],
-        2,
-    );
+    image(&store, "example.com/a:1", vec![shared.clone(), only_a.clone()], 1);
+    image(&store, "example.com/b:1", vec![shared.clone(), only_b.clone()], 2);
     image(&store, "example.com/c:1", vec![only_c.clone()], 3);
     let running: HashSet<String> = ["example.com/a:1".to_string()].into();
     let policy = GcPolicy {
@@ -162,15 +150,8 @@ fn image_gc_removes_least_recently_used_unused_images_until_under_the_low_thresh
         available: 15_000,
     };
     let collected = store.collect_garbage(policy, at_high, &running).unwrap();
-    assert_eq!(
-        collected.removed_images,
-        vec!["example.com/b:1".to_string()]
-    );
-    assert!(
-        collected.freed_bytes >= 5_000,
-        "freed {}",
-        collected.freed_bytes
-    );
+    assert_eq!(collected.removed_images, vec!["example.com/b:1".to_string()]);
+    assert!(collected.freed_bytes >= 5_000, "freed {}", collected.freed_bytes);
     assert!(!store.layer_path(&only_b.diff_id).exists() && !store.has_blob(&only_b.digest));
     assert!(
         store.layer_path(&shared.diff_id).exists(),
@@ -184,16 +165,8 @@ fn image_gc_removes_least_recently_used_unused_images_until_under_the_low_thresh
         available: 0,
     };
     let collected = store.collect_garbage(policy, full, &running).unwrap();
-    assert_eq!(
-        collected.removed_images,
-        vec!["example.com/c:1".to_string()]
-    );
-    let left: Vec<String> = store
-        .images()
-        .unwrap()
-        .into_iter()
-        .map(|i| i.reference)
-        .collect();
+    assert_eq!(collected.removed_images, vec!["example.com/c:1".to_string()]);
+    let left: Vec<String> = store.images().unwrap().into_iter().map(|i| i.reference).collect();
     assert_eq!(left, vec!["example.com/a:1".to_string()]);
     for layer in [&shared, &only_a] {
         assert!(store.layer_path(&layer.diff_id).exists() && store.has_blob(&layer.digest));

@@ -27,10 +27,7 @@ fn refused(store: &ImageStore, layer: &LayerRecord, what: &str) -> String {
         "a refused layer must not be stored"
     );
     let leftovers = fs::read_dir(store.root().join("tmp")).unwrap().count();
-    assert_eq!(
-        leftovers, 0,
-        "a refused layer must leave no temporary files"
-    );
+    assert_eq!(leftovers, 0, "a refused layer must leave no temporary files");
     err
 }
 
@@ -49,10 +46,7 @@ fn a_layer_unpacks_files_directories_symlinks_and_hard_links_with_modes_and_owne
     let tool = fs::metadata(root.join("bin/tool")).unwrap();
     assert_eq!(tool.mode() & 0o7777, 0o4755, "set-uid survives the chown");
     assert_eq!((tool.uid(), tool.gid()), (1000, 2000));
-    assert_eq!(
-        fs::metadata(root.join("bin/tool-again")).unwrap().ino(),
-        tool.ino()
-    );
+    assert_eq!(fs::metadata(root.join("bin/tool-again")).unwrap().ino(), tool.ino());
     assert_eq!(
         fs::read_link(root.join("bin/sh")).unwrap().to_str(),
         Some("/bin/busybox")
@@ -61,10 +55,7 @@ fn a_layer_unpacks_files_directories_symlinks_and_hard_links_with_modes_and_owne
         fs::read_link(root.join("etc/relative")).unwrap().to_str(),
         Some("../bin/tool")
     );
-    assert_eq!(
-        fs::read_to_string(root.join("etc/hostname")).unwrap(),
-        "image\n"
-    );
+    assert_eq!(fs::read_to_string(root.join("etc/hostname")).unwrap(), "image\n");
     assert_eq!(tool.mtime(), 1_700_000_000);
 }
 
@@ -72,18 +63,13 @@ fn a_layer_unpacks_files_directories_symlinks_and_hard_links_with_modes_and_owne
 fn extended_attributes_are_kept_except_ones_that_would_steer_overlayfs() {
     let (_dir, store) = store();
     let layer = Layer::default()
-        .xattrs(&[
-            ("user.note", "kept"),
-            ("trusted.overlay.redirect", "/elsewhere"),
-        ])
+        .xattrs(&[("user.note", "kept"), ("trusted.overlay.redirect", "/elsewhere")])
         .file("noted", "x");
     let root = store.layer_path(&unpacked(&store, &layer).diff_id);
     let mut value = [0u8; 32];
     let n = rustix::fs::lgetxattr(root.join("noted"), "user.note", &mut value).unwrap();
     assert_eq!(&value[..n], b"kept");
-    assert!(
-        rustix::fs::lgetxattr(root.join("noted"), "trusted.overlay.redirect", &mut value).is_err()
-    );
+    assert!(rustix::fs::lgetxattr(root.join("noted"), "trusted.overlay.redirect", &mut value).is_err());
 }
 
 #[test]
@@ -98,24 +84,16 @@ fn an_uncompressed_layer_unpacks_too() {
 #[test]
 fn a_zstd_layer_of_several_frames_unpacks_too() {
     let (_dir, store) = store();
-    let layer = Layer::default()
-        .file("first", &"1".repeat(5000))
-        .file("second", "2");
+    let layer = Layer::default().file("first", &"1".repeat(5000)).file("second", "2");
     let tar = layer.tar();
     let (head, tail) = tar.split_at(1024);
-    let mut blob =
-        ruzstd::encoding::compress_to_vec(head, ruzstd::encoding::CompressionLevel::Fastest);
+    let mut blob = ruzstd::encoding::compress_to_vec(head, ruzstd::encoding::CompressionLevel::Fastest);
     blob.extend(ruzstd::encoding::compress_to_vec(
         tail,
         ruzstd::encoding::CompressionLevel::Fastest,
     ));
-    let root = store
-        .ensure_layer(&store_layer(&store, &blob, &tar))
-        .unwrap();
-    assert_eq!(
-        fs::read_to_string(root.join("first")).unwrap(),
-        "1".repeat(5000)
-    );
+    let root = store.ensure_layer(&store_layer(&store, &blob, &tar)).unwrap();
+    assert_eq!(fs::read_to_string(root.join("first")).unwrap(), "1".repeat(5000));
     assert_eq!(fs::read_to_string(root.join("second")).unwrap(), "2");
 }
 
@@ -140,8 +118,7 @@ fn whiteouts_become_overlay_whiteout_devices_and_opaque_markers_an_xattr() {
         "the OCI marker itself is not unpacked"
     );
     let mut value = [0u8; 8];
-    let n = rustix::fs::lgetxattr(root.join("var/cache"), "trusted.overlay.opaque", &mut value)
-        .unwrap();
+    let n = rustix::fs::lgetxattr(root.join("var/cache"), "trusted.overlay.opaque", &mut value).unwrap();
     assert_eq!(&value[..n], b"y");
     assert!(!root.join("var/cache/.wh..wh..opq").exists());
 }
@@ -200,16 +177,9 @@ fn device_files_and_fifos_are_refused_with_a_clear_error() {
         &store_layer(&store, &layer.gzip(), &layer.tar()),
         "character device",
     );
-    assert!(
-        err.contains("dev/null") && err.contains("not allowed"),
-        "{err}"
-    );
+    assert!(err.contains("dev/null") && err.contains("not allowed"), "{err}");
     let layer = Layer::default().fifo("pipe");
-    refused(
-        &store,
-        &store_layer(&store, &layer.gzip(), &layer.tar()),
-        "FIFO",
-    );
+    refused(&store, &store_layer(&store, &layer.gzip(), &layer.tar()), "FIFO");
 }
 
 #[test]
@@ -218,9 +188,7 @@ fn a_corrupt_or_truncated_gzip_layer_is_refused() {
     let layer = Layer::default().file("big", &"shepherd ".repeat(10_000));
     let mut corrupt = layer.gzip();
     let middle = corrupt.len() / 2;
-    corrupt[middle..middle + 16]
-        .iter_mut()
-        .for_each(|b| *b ^= 0x5a);
+    corrupt[middle..middle + 16].iter_mut().for_each(|b| *b ^= 0x5a);
     refused(
         &store,
         &store_layer(&store, &corrupt, &layer.tar()),
@@ -241,9 +209,7 @@ fn a_layer_whose_content_does_not_hash_to_its_diff_id_is_refused() {
     let other = Layer::default().file("a", "2");
     let record = store_layer(&store, &layer.gzip(), &other.tar());
     let err = store.ensure_layer(&record).unwrap_err();
-    assert!(
-        matches!(err, ImageError::DigestMismatch { ref expected, .. } if *expected == record.diff_id.to_string())
-    );
+    assert!(matches!(err, ImageError::DigestMismatch { ref expected, .. } if *expected == record.diff_id.to_string()));
     assert!(!store.layer_path(&record.diff_id).exists());
 }
 
@@ -253,18 +219,9 @@ fn a_layer_shared_by_concurrent_unpackers_is_unpacked_once_and_all_get_it() {
     let layer = Layer::default().file("shared", "yes");
     let record = store_layer(&store, &layer.gzip(), &layer.tar());
     let roots: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..8)
-            .map(|_| s.spawn(|| store.ensure_layer(&record)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap().unwrap())
-            .collect()
+        let handles: Vec<_> = (0..8).map(|_| s.spawn(|| store.ensure_layer(&record))).collect();
+        handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
     });
-    assert!(
-        roots
-            .iter()
-            .all(|r| *r == store.layer_path(&record.diff_id))
-    );
+    assert!(roots.iter().all(|r| *r == store.layer_path(&record.diff_id)));
     assert_eq!(fs::read_to_string(roots[0].join("shared")).unwrap(), "yes");
 }

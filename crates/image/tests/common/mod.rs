@@ -13,14 +13,7 @@ pub struct Layer {
 }
 
 impl Layer {
-    fn push(
-        mut self,
-        kind: tar::EntryType,
-        name: &str,
-        link: Option<&str>,
-        data: &[u8],
-        mode: u32,
-    ) -> Self {
+    fn push(mut self, kind: tar::EntryType, name: &str, link: Option<&str>, data: &[u8], mode: u32) -> Self {
         let mut header = tar::Header::new_gnu();
         let old = header.as_old_mut();
         old.name[..name.len()].copy_from_slice(name.as_bytes());
@@ -123,19 +116,12 @@ pub fn store_layer(store: &ImageStore, blob: &[u8], tar: &[u8]) -> LayerRecord {
 /// Stores a gzip layer and unpacks it.
 pub fn unpacked(store: &ImageStore, layer: &Layer) -> LayerRecord {
     let record = store_layer(store, &layer.gzip(), &layer.tar());
-    store
-        .ensure_layer(&record)
-        .expect("unpacking a well-formed layer");
+    store.ensure_layer(&record).expect("unpacking a well-formed layer");
     record
 }
 
 /// Stores an image record over unpacked layers, with a config blob of its own.
-pub fn image(
-    store: &ImageStore,
-    reference: &str,
-    layers: Vec<LayerRecord>,
-    last_used_ms: u64,
-) -> ImageRecord {
+pub fn image(store: &ImageStore, reference: &str, layers: Vec<LayerRecord>, last_used_ms: u64) -> ImageRecord {
     let diff_ids: Vec<String> = layers.iter().map(|l| l.diff_id.to_string()).collect();
     let config = serde_json::json!({
         "architecture": "amd64", "os": "linux",

@@ -1,0 +1,235 @@
+//! Pulls from the real `shepherd registry` binary on loopback: plain http, verified content, one
+//! fetch per blob however many callers ask, and clear errors for what is missing or corrupt.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use shepherd_image::{Credentials, Digest, Ensured, ImageError, ImageRef, ImageStore, PullPolicy, Puller};
+use shepherd_registry::testimage::{ImageBuilder, MARKER_PATH};
+
+/// `target/debug/shepherd`, built beside this test (`cargo build -p shepherd` when run alone).
+fn shepherd_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let binary = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|debug| debug.join("shepherd"))
+        .expect("target/debug");
+    assert!(
+        binary.is_file(),
+        "{} is missing: build it first with `cargo build -p shepherd`",
+        binary.display()
+    );
+    binary
+}
+
+struct Registry {
+    _child: tokio::process::Child,
+    address: String,
+    data: tempfile::TempDir,
+}
+
+impl Registry {
+    /// Starts `shepherd registry` on a free loopback port and waits for the line announcing it.
+    async fn start() -> Registry {
+        let data = tempfile::tempdir().expect("a temp dir");
+        let mut child = tokio::process::Command::new(shepherd_binary())
+            .args(["registry", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data.path().join("registry"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting `shepherd registry`");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let announced = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await.expect("reading the registry's output") {
+                if let Some(url) = line.strip_prefix("registry serving on http://") {
+                    return url.trim().to_string();
+                }
+            }
+            panic!("`shepherd registry` exited without announcing its address");
+        });
+        let address = announced.await.expect("`shepherd registry` did not start within 60 s");
+        Registry {
+            _child: child,
+            address,
+            data,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.data.path().join("registry")
+    }
+
+    /// Completed blob downloads per digest, from the registry's `/metrics`.
+    async fn blob_pulls(&self) -> BTreeMap<String, u64> {
+        let text = reqwest::get(format!("{}/metrics", self.url()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with("registry_blob_pulls_total{"))
+            .filter_map(|l| {
+                let digest = l.split("digest=\"").nth(1)?.split('"').next()?.to_string();
+                Some((digest, l.rsplit(' ').next()?.parse().ok()?))
+            })
+            .collect()
+    }
+}
+
+fn puller() -> (tempfile::TempDir, Arc<Puller>) {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "pull tests unpack layers with their owners: run them as root"
+    );
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let store = Arc::new(ImageStore::open(dir.path().join("images")).expect("opening the store"));
+    (dir, Arc::new(Puller::new(store, Vec::new())))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_busybox_test_image_pulls_over_plain_http_from_a_loopback_registry_and_unpacks() {
+    let registry = Registry::start().await;
+    let image = ImageBuilder::busybox().unwrap().cmd(["sh"]).build().unwrap();
+    image.push(&registry.url(), "test/busybox", "1").await.unwrap();
+    let (_dir, puller) = puller();
+    let reference = ImageRef::parse(&format!("{}/test/busybox:1", registry.address)).unwrap();
+
+    let ensured = puller
+        .ensure(&reference, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .await
+        .unwrap();
+    let Ensured::Pulled { image: record, .. } = ensured else {
+        panic!("the first ensure must pull")
+    };
+    assert_eq!(record.manifest_digest.as_str(), image.manifest_digest.as_str());
+    assert_eq!(record.layers.len(), 1);
+    let store = puller.store();
+    let root = store.layer_path(&record.layers[0].diff_id);
+    assert!(
+        root.join(MARKER_PATH.trim_start_matches('/')).is_file(),
+        "the image's own file is unpacked"
+    );
+    assert!(root.join("bin/busybox").is_file());
+    let config = store.config(&record).unwrap();
+    assert_eq!(
+        config.config().as_ref().and_then(|c| c.cmd().clone()),
+        Some(vec!["sh".to_string()])
+    );
+
+    let again = puller
+        .ensure(&reference, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, Ensured::AlreadyPresent(_)),
+        "IfNotPresent does not pull a present image"
+    );
+    let always = puller
+        .ensure(&reference, PullPolicy::Always, &Credentials::Anonymous)
+        .await
+        .unwrap();
+    assert!(
+        matches!(always, Ensured::Pulled { .. }),
+        "Always checks the registry again"
+    );
+    let pulls = registry.blob_pulls().await;
+    assert_eq!(
+        pulls.get(image.layer_digest.as_str()),
+        Some(&1),
+        "a stored layer is not fetched again: {pulls:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_concurrent_pulls_of_one_image_fetch_each_blob_once() {
+    let registry = Registry::start().await;
+    let image = ImageBuilder::busybox().unwrap().build().unwrap();
+    image.push(&registry.url(), "test/busybox", "1").await.unwrap();
+    let (_dir, puller) = puller();
+    let reference = ImageRef::parse(&format!("{}/test/busybox:1", registry.address)).unwrap();
+
+    let pulls: Vec<_> = (0..10)
+        .map(|_| {
+            let (puller, reference) = (puller.clone(), reference.clone());
+            tokio::spawn(async move { puller.pull(&reference, &Credentials::Anonymous).await })
+        })
+        .collect();
+    for pull in pulls {
+        let record = pull.await.unwrap().unwrap();
+        assert_eq!(record.manifest_digest.as_str(), image.manifest_digest.as_str());
+    }
+    let fetched = registry.blob_pulls().await;
+    assert_eq!(fetched.get(image.layer_digest.as_str()), Some(&1), "{fetched:?}");
+    assert_eq!(fetched.get(image.config_digest.as_str()), Some(&1), "{fetched:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_image_is_a_clear_not_found_error_until_it_is_pushed() {
+    let registry = Registry::start().await;
+    let (_dir, puller) = puller();
+    let reference = ImageRef::parse(&format!("{}/test/later:1", registry.address)).unwrap();
+
+    let err = puller.pull(&reference, &Credentials::Anonymous).await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&reference.to_string()) && message.contains("not found"),
+        "{message}"
+    );
+    assert!(puller.store().images().unwrap().is_empty());
+
+    let image = ImageBuilder::busybox().unwrap().build().unwrap();
+    image.push(&registry.url(), "test/later", "1").await.unwrap();
+    let record = puller.pull(&reference, &Credentials::Anonymous).await.unwrap();
+    assert_eq!(record.manifest_digest.as_str(), image.manifest_digest.as_str());
+    assert!(puller.store().image(&reference.to_string()).unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blob_corrupted_in_the_registry_fails_verification_and_stores_nothing() {
+    let registry = Registry::start().await;
+    let image = ImageBuilder::busybox().unwrap().build().unwrap();
+    image.push(&registry.url(), "test/busybox", "1").await.unwrap();
+    let stored = registry.data_dir().join("blobs/sha256").join(image.layer_digest.hex());
+    let good = std::fs::read(&stored).unwrap();
+    let mut bad = good.clone();
+    let middle = bad.len() / 2;
+    bad[middle] ^= 0xff;
+    std::fs::write(&stored, &bad).unwrap();
+    let (_dir, puller) = puller();
+    let reference = ImageRef::parse(&format!("{}/test/busybox:1", registry.address)).unwrap();
+
+    let err = puller.pull(&reference, &Credentials::Anonymous).await.unwrap_err();
+    assert!(
+        matches!(err, ImageError::DigestMismatch { .. } | ImageError::Registry { .. }),
+        "a corrupt blob must fail the pull: {err}"
+    );
+    let store = puller.store();
+    assert!(store.images().unwrap().is_empty());
+    assert!(
+        !store.has_blob(&Digest::parse(image.layer_digest.as_str()).unwrap()),
+        "the corrupt layer is not kept"
+    );
+    assert_eq!(
+        std::fs::read_dir(store.root().join("layers/sha256")).unwrap().count(),
+        0
+    );
+    assert_eq!(std::fs::read_dir(store.root().join("tmp")).unwrap().count(), 0);
+
+    std::fs::write(&stored, &good).unwrap();
+    puller.pull(&reference, &Credentials::Anonymous).await.unwrap();
+}
