@@ -37,9 +37,13 @@ struct Registry {
 impl Registry {
     /// Starts `shepherd registry` on a free loopback port and waits for the line announcing it.
     async fn start() -> Registry {
+        Self::start_on("127.0.0.1:0").await
+    }
+
+    async fn start_on(listen: &str) -> Registry {
         let data = tempfile::tempdir().expect("a temp dir");
         let mut child = tokio::process::Command::new(shepherd_binary())
-            .args(["registry", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["registry", "--listen", listen, "--data-dir"])
             .arg(data.path().join("registry"))
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -232,4 +236,57 @@ async fn a_blob_corrupted_in_the_registry_fails_verification_and_stores_nothing(
 
     std::fs::write(&stored, &good).unwrap();
     puller.pull(&reference, &Credentials::Anonymous).await.unwrap();
+}
+
+/// An address of this host that is not loopback (so not trusted for plain http), from the
+/// kernel's table of local addresses.
+fn non_loopback_address() -> std::net::IpAddr {
+    let table = std::fs::read_to_string("/proc/net/fib_trie").expect("reading /proc/net/fib_trie");
+    let lines: Vec<&str> = table.lines().collect();
+    lines
+        .windows(2)
+        .filter(|pair| pair[1].trim() == "/32 host LOCAL")
+        .filter_map(|pair| {
+            pair[0]
+                .trim()
+                .trim_start_matches("|-- ")
+                .parse::<std::net::IpAddr>()
+                .ok()
+        })
+        .find(|address| !address.is_loopback())
+        .expect("this test needs a network interface with a non-loopback IPv4 address")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_off_loopback_is_pulled_over_https_unless_it_is_named_insecure() {
+    let registry = Registry::start_on("0.0.0.0:0").await;
+    let port = registry
+        .address
+        .rsplit_once(':')
+        .map(|(_, port)| port.to_string())
+        .unwrap();
+    let host = format!("{}:{port}", non_loopback_address());
+    let image = ImageBuilder::busybox().unwrap().build().unwrap();
+    image
+        .push(&format!("http://{host}"), "test/busybox", "1")
+        .await
+        .unwrap();
+    let reference = ImageRef::parse(&format!("{host}/test/busybox:1")).unwrap();
+
+    let (_dir, strict) = puller();
+    let err = strict.pull(&reference, &Credentials::Anonymous).await.unwrap_err();
+    assert!(
+        matches!(err, ImageError::Registry { .. }),
+        "https to a plain-http registry must fail: {err}"
+    );
+    assert!(
+        registry.blob_pulls().await.is_empty(),
+        "nothing is fetched over plain http"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(ImageStore::open(dir.path().join("images")).unwrap());
+    let insecure = Puller::new(store, vec![host.clone()]);
+    let record = insecure.pull(&reference, &Credentials::Anonymous).await.unwrap();
+    assert_eq!(record.manifest_digest.as_str(), image.manifest_digest.as_str());
 }
