@@ -86,7 +86,11 @@ impl Puller {
     /// Makes the image available by its pull policy: pulls when the policy says so, else uses the
     /// stored image. Marks the image used either way.
     pub async fn ensure(&self, image: &ImageRef, policy: PullPolicy, credentials: &Credentials) -> Result<Ensured> {
-        let present = self.store.image(&image.to_string())?;
+        // A record whose layers were removed from under it (by hand, or a crash mid-GC) is not present.
+        let present = self
+            .store
+            .image(&image.to_string())?
+            .filter(|record| self.store.is_complete(record));
         let ensured = match (policy.decide(image, present.is_some())?, present) {
             (PullDecision::UsePresent, Some(record)) => Ensured::AlreadyPresent(record),
             _ => {

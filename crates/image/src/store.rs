@@ -288,6 +288,11 @@ impl ImageStore {
         Ok(images)
     }
 
+    /// Whether everything a container of the image needs is on disk: its config and unpacked layers.
+    pub fn is_complete(&self, image: &ImageRecord) -> bool {
+        self.has_blob(&image.config_digest) && image.layers.iter().all(|l| self.layer_path(&l.diff_id).is_dir())
+    }
+
     /// Marks an image used now (a container started from it), protecting it from the next GC.
     pub fn touch(&self, reference: &str) -> Result<()> {
         let _records = lock(&self.records);

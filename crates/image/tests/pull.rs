@@ -78,17 +78,27 @@ impl Registry {
 
     /// Completed blob downloads per digest, from the registry's `/metrics`.
     async fn blob_pulls(&self) -> BTreeMap<String, u64> {
+        self.counters("registry_blob_pulls_total", "digest").await
+    }
+
+    /// Manifest downloads per reference (tag or digest).
+    async fn manifest_pulls(&self) -> BTreeMap<String, u64> {
+        self.counters("registry_manifest_pulls_total", "reference").await
+    }
+
+    async fn counters(&self, metric: &str, label: &str) -> BTreeMap<String, u64> {
         let text = reqwest::get(format!("{}/metrics", self.url()))
             .await
             .unwrap()
             .text()
             .await
             .unwrap();
+        let label = format!("{label}=\"");
         text.lines()
-            .filter(|l| l.starts_with("registry_blob_pulls_total{"))
+            .filter(|l| l.starts_with(&format!("{metric}{{")))
             .filter_map(|l| {
-                let digest = l.split("digest=\"").nth(1)?.split('"').next()?.to_string();
-                Some((digest, l.rsplit(' ').next()?.parse().ok()?))
+                let key = l.split(label.as_str()).nth(1)?.split('"').next()?.to_string();
+                Some((key, l.rsplit(' ').next()?.parse().ok()?))
             })
             .collect()
     }
@@ -156,6 +166,46 @@ async fn the_busybox_test_image_pulls_over_plain_http_from_a_loopback_registry_a
         Some(&1),
         "a stored layer is not fetched again: {pulls:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_pulled_by_digest_is_not_pulled_again_even_under_always() {
+    let registry = Registry::start().await;
+    let image = ImageBuilder::busybox().unwrap().build().unwrap();
+    image.push(&registry.url(), "test/busybox", "1").await.unwrap();
+    let (_dir, puller) = puller();
+    let reference = ImageRef::parse(&format!("{}/test/busybox@{}", registry.address, image.manifest_digest)).unwrap();
+    assert_eq!(PullPolicy::default_for(&reference), PullPolicy::IfNotPresent);
+
+    let first = puller
+        .ensure(&reference, PullPolicy::Always, &Credentials::Anonymous)
+        .await
+        .unwrap();
+    assert!(matches!(first, Ensured::Pulled { .. }));
+    let fetched = registry.manifest_pulls().await;
+    assert_eq!(fetched.get(image.manifest_digest.as_str()), Some(&1), "{fetched:?}");
+    let second = puller
+        .ensure(&reference, PullPolicy::Always, &Credentials::Anonymous)
+        .await
+        .unwrap();
+    assert!(
+        matches!(second, Ensured::AlreadyPresent(_)),
+        "a digest names content that cannot change"
+    );
+    assert_eq!(
+        registry.manifest_pulls().await,
+        fetched,
+        "the registry is not asked again"
+    );
+
+    // A record whose layer vanished is not trusted as present.
+    let layer = puller.store().layer_path(&second.image().layers[0].diff_id);
+    std::fs::remove_dir_all(&layer).unwrap();
+    let third = puller
+        .ensure(&reference, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .await
+        .unwrap();
+    assert!(matches!(third, Ensured::Pulled { .. }) && layer.join("bin/busybox").is_file());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

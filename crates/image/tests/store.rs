@@ -196,3 +196,10 @@ fn image_gc_leaves_content_a_pull_in_progress_has_pinned() {
     assert!(!store.has_blob(&stray));
     drop(pin);
 }
+
+#[test]
+fn disk_usage_reads_the_filesystem_holding_the_store() {
+    let (_dir, store) = store();
+    let usage = DiskUsage::of(store.root()).unwrap();
+    assert!(usage.capacity > 0 && usage.available <= usage.capacity, "{usage:?}");
+}
