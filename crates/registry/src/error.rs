@@ -3,7 +3,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-/// The spec's error codes that this registry returns.
+/// The spec's error codes that this registry returns (a 4xx body may carry no others).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
     BlobUnknown,
@@ -15,9 +15,7 @@ pub enum ErrorCode {
     ManifestUnknown,
     NameInvalid,
     NameUnknown,
-    PaginationNumberInvalid,
     SizeInvalid,
-    TagInvalid,
     Unsupported,
 }
 
@@ -33,9 +31,7 @@ impl ErrorCode {
             Self::ManifestUnknown => "MANIFEST_UNKNOWN",
             Self::NameInvalid => "NAME_INVALID",
             Self::NameUnknown => "NAME_UNKNOWN",
-            Self::PaginationNumberInvalid => "PAGINATION_NUMBER_INVALID",
             Self::SizeInvalid => "SIZE_INVALID",
-            Self::TagInvalid => "TAG_INVALID",
             Self::Unsupported => "UNSUPPORTED",
         }
     }
@@ -57,7 +53,7 @@ impl ErrorCode {
 pub enum RegistryError {
     /// A client error with the spec's code.
     #[error("{}: {message}", code.as_str())]
-    Client { code: ErrorCode, status: StatusCode, message: String },
+    Client { code: ErrorCode, status: StatusCode, message: String, detail: Option<serde_json::Value> },
     /// The registry failed on its own side (disk full, permissions, ...).
     #[error("storage: {0}")]
     Io(#[from] std::io::Error),
@@ -65,25 +61,35 @@ pub enum RegistryError {
 
 impl RegistryError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self::Client { code, status: code.status(), message: message.into() }
+        Self::Client { code, status: code.status(), message: message.into(), detail: None }
+    }
+
+    /// The same error naming the digest it is about in `detail`, as the spec's examples do.
+    pub fn about_digest(self, digest: &str) -> Self {
+        match self {
+            Self::Client { code, status, message, .. } => {
+                Self::Client { code, status, message, detail: Some(serde_json::json!({ "digest": digest })) }
+            }
+            other => other,
+        }
     }
 
     /// The same error with another status than the code's usual one (416 for an out-of-order chunk).
     pub fn with_status(code: ErrorCode, status: StatusCode, message: impl Into<String>) -> Self {
-        Self::Client { code, status, message: message.into() }
+        Self::Client { code, status, message: message.into(), detail: None }
     }
 }
 
 impl IntoResponse for RegistryError {
     fn into_response(self) -> Response {
-        let (status, code, message) = match self {
-            Self::Client { code, status, message } => (status, code.as_str(), message),
+        let (status, code, message, detail) = match self {
+            Self::Client { code, status, message, detail } => (status, code.as_str(), message, detail),
             Self::Io(error) => {
                 tracing::error!(%error, "registry storage failed");
-                (StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN", format!("storage error: {error}"))
+                (StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN", format!("storage error: {error}"), None)
             }
         };
-        let body = serde_json::json!({"errors": [{"code": code, "message": message, "detail": null}]});
+        let body = serde_json::json!({"errors": [{"code": code, "message": message, "detail": detail}]});
         (status, [(axum::http::header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
     }
 }

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -19,6 +20,10 @@ use tokio::io::AsyncWriteExt;
 use crate::error::{ErrorCode, RegistryError, Result};
 use crate::name::{Digest, RepositoryName, valid_tag};
 use crate::storage::Storage;
+
+/// An upload session with no request for this long is abandoned: its bytes are deleted when the
+/// next upload starts. Clients that crash mid-push never send the DELETE that would free them.
+const UPLOAD_IDLE_LIMIT: Duration = Duration::from_secs(3600);
 
 /// Largest manifest accepted, as the reference implementation's default.
 const MAX_MANIFEST_BYTES: usize = 4 * 1024 * 1024;
@@ -52,6 +57,10 @@ struct Upload {
     size: u64,
     /// The digest state of those bytes, so finishing an upload needs no second read.
     hasher: sha2::Sha256,
+    /// The last request on the session; sessions idle for [`UPLOAD_IDLE_LIMIT`] are dropped.
+    touched: Instant,
+    /// Finished or cancelled: the bytes are gone, whoever still holds the session must not use it.
+    closed: bool,
 }
 
 impl Registry {
@@ -85,15 +94,43 @@ impl Registry {
         *pulls.entry((repository.to_string(), key.to_string())).or_default() += 1;
     }
 
-    fn upload(&self, repository: &RepositoryName, id: &str) -> Result<SharedUpload> {
-        let uploads = self.uploads.lock().unwrap_or_else(|e| e.into_inner());
-        match uploads.get(id) {
-            // The repository is fixed when the session starts; it is not reachable under another name.
-            Some((owner, upload)) if owner == repository => Ok(upload.clone()),
-            _ => Err(RegistryError::new(
+    /// The open session `id` of `repository`, locked for one request.
+    async fn upload(&self, repository: &RepositoryName, id: &str) -> Result<tokio::sync::OwnedMutexGuard<Upload>> {
+        let unknown = || {
+            RegistryError::new(
                 ErrorCode::BlobUploadUnknown,
                 format!("no upload {id} in progress for repository {repository}"),
-            )),
+            )
+        };
+        let upload = {
+            let uploads = self.uploads.lock().unwrap_or_else(|e| e.into_inner());
+            match uploads.get(id) {
+                // The repository is fixed when the session starts; it is not reachable under another name.
+                Some((owner, upload)) if owner == repository => upload.clone(),
+                _ => return Err(unknown()),
+            }
+        };
+        let mut upload = upload.lock_owned().await;
+        // A request that waited for the lock behind the one that finished or cancelled the session.
+        if upload.closed {
+            return Err(unknown());
+        }
+        upload.touched = Instant::now();
+        Ok(upload)
+    }
+
+    /// Drops sessions idle past [`UPLOAD_IDLE_LIMIT`]; a session busy with a request is not idle.
+    fn drop_idle_uploads(&self) {
+        let mut abandoned = Vec::new();
+        self.uploads.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, (_, upload)| match upload.try_lock() {
+            Ok(upload) if upload.touched.elapsed() > UPLOAD_IDLE_LIMIT => {
+                abandoned.push(upload.path.clone());
+                false
+            }
+            _ => true,
+        });
+        for path in abandoned {
+            let _ = std::fs::remove_file(path);
         }
     }
 
@@ -111,6 +148,7 @@ pub async fn serve(
     axum::serve(listener, registry.router()).with_graceful_shutdown(shutdown).await
 }
 
+/// Logs every request (the access log) and marks every answer as the registry API version 2.
 async fn access_log(request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
@@ -257,10 +295,10 @@ async fn handle(registry: &Registry, method: &Method, uri: &Uri, headers: &Heade
             delete_manifest(registry, &repository(name)?, &reference)
         }
         (Route::Blob(name, value), &Method::GET) => {
-            get_blob(registry, &repository(name)?, &digest(&value)?, true).await
+            get_blob(registry, &repository(name)?, &digest(&value)?, headers, true).await
         }
         (Route::Blob(name, value), &Method::HEAD) => {
-            get_blob(registry, &repository(name)?, &digest(&value)?, false).await
+            get_blob(registry, &repository(name)?, &digest(&value)?, headers, false).await
         }
         (Route::Blob(name, value), &Method::DELETE) => {
             let (name, digest) = (repository(name)?, digest(&value)?);
@@ -273,18 +311,19 @@ async fn handle(registry: &Registry, method: &Method, uri: &Uri, headers: &Heade
         (Route::StartUpload(name), &Method::POST) => start_upload(registry, repository(name)?, &query, body).await,
         (Route::Upload(name, id), &Method::GET) => {
             let name = repository(name)?;
-            let upload = registry.upload(&name, &id)?;
-            let upload = upload.lock().await;
+            let upload = registry.upload(&name, &id).await?;
             Ok(upload_progress(StatusCode::NO_CONTENT, &name, &id, upload.size))
         }
         (Route::Upload(name, id), &Method::PATCH) => {
             patch_upload(registry, &repository(name)?, &id, headers, body).await
         }
-        (Route::Upload(name, id), &Method::PUT) => finish_upload(registry, &repository(name)?, &id, &query, body).await,
+        (Route::Upload(name, id), &Method::PUT) => {
+            finish_upload(registry, &repository(name)?, &id, &query, headers, body).await
+        }
         (Route::Upload(name, id), &Method::DELETE) => {
             let name = repository(name)?;
-            let upload = registry.upload(&name, &id)?;
-            let upload = upload.lock().await;
+            let mut upload = registry.upload(&name, &id).await?;
+            upload.closed = true;
             registry.forget_upload(&id);
             let _ = tokio::fs::remove_file(&upload.path).await;
             Ok(StatusCode::NO_CONTENT.into_response())
@@ -297,6 +336,7 @@ async fn handle(registry: &Registry, method: &Method, uri: &Uri, headers: &Heade
 
 fn blob_unknown(name: &RepositoryName, digest: &Digest) -> RegistryError {
     RegistryError::new(ErrorCode::BlobUnknown, format!("blob {digest} is not in repository {name}"))
+        .about_digest(digest.as_str())
 }
 
 fn tags_list(registry: &Registry, name: &RepositoryName, query: &HashMap<String, String>) -> Result<Response> {
@@ -308,7 +348,11 @@ fn tags_list(registry: &Registry, name: &RepositoryName, query: &HashMap<String,
     }
     let limit = match query.get("n") {
         Some(n) => Some(n.parse::<usize>().map_err(|_| {
-            RegistryError::new(ErrorCode::PaginationNumberInvalid, format!("n={n:?} is not a number of tags"))
+            RegistryError::with_status(
+                ErrorCode::Unsupported,
+                StatusCode::BAD_REQUEST,
+                format!("n={n:?} is not a number of tags"),
+            )
         })?),
         None => None,
     };
@@ -334,9 +378,21 @@ fn resolve(registry: &Registry, name: &RepositoryName, reference: &str) -> Resul
         return digest(reference);
     }
     if !valid_tag(reference) {
-        return Err(RegistryError::new(ErrorCode::TagInvalid, format!("invalid tag {reference:?}")));
+        return Err(RegistryError::new(ErrorCode::ManifestUnknown, invalid_tag(reference)));
     }
     registry.storage.resolve_tag(name, reference)?.ok_or_else(|| manifest_unknown(name, reference))
+}
+
+fn invalid_tag(reference: &str) -> String {
+    format!("invalid tag {reference:?}: a tag matches [a-zA-Z0-9_][a-zA-Z0-9._-]{{0,127}}")
+}
+
+fn manifest_too_large() -> RegistryError {
+    RegistryError::with_status(
+        ErrorCode::ManifestInvalid,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("manifest over {MAX_MANIFEST_BYTES} bytes (or its body ended early)"),
+    )
 }
 
 fn manifest_unknown(name: &RepositoryName, reference: &str) -> RegistryError {
@@ -390,14 +446,14 @@ async fn put_manifest(
     } else if valid_tag(reference) {
         Some(reference)
     } else {
-        return Err(RegistryError::new(ErrorCode::TagInvalid, format!("invalid tag {reference:?}")));
+        return Err(RegistryError::new(ErrorCode::ManifestInvalid, invalid_tag(reference)));
     };
-    let bytes = axum::body::to_bytes(body, MAX_MANIFEST_BYTES).await.map_err(|e| {
-        RegistryError::new(
-            ErrorCode::ManifestInvalid,
-            format!("manifest unreadable or over {MAX_MANIFEST_BYTES} bytes: {e}"),
-        )
-    })?;
+    if let Some(length) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        && length > MAX_MANIFEST_BYTES
+    {
+        return Err(manifest_too_large());
+    }
+    let bytes = axum::body::to_bytes(body, MAX_MANIFEST_BYTES).await.map_err(|_| manifest_too_large())?;
     let actual = Digest::of(&bytes);
     if tag.is_none() && digest(reference)? != actual {
         return Err(RegistryError::new(
@@ -441,7 +497,8 @@ async fn put_manifest(
                     return Err(RegistryError::new(
                         ErrorCode::ManifestBlobUnknown,
                         format!("{what} blob {blob} is not in repository {name}; push it before the manifest"),
-                    ));
+                    )
+                    .about_digest(blob.as_str()));
                 }
             }
         }
@@ -452,7 +509,8 @@ async fn put_manifest(
                     return Err(RegistryError::new(
                         ErrorCode::ManifestBlobUnknown,
                         format!("manifest {manifest} listed in the index is not in repository {name}"),
-                    ));
+                    )
+                    .about_digest(manifest.as_str()));
                 }
             }
         }
@@ -479,27 +537,82 @@ fn delete_manifest(registry: &Registry, name: &RepositoryName, reference: &str) 
     } else if valid_tag(reference) {
         registry.storage.delete_tag(name, reference)?
     } else {
-        return Err(RegistryError::new(ErrorCode::TagInvalid, format!("invalid tag {reference:?}")));
+        return Err(RegistryError::new(ErrorCode::ManifestUnknown, invalid_tag(reference)));
     };
     if deleted { Ok(StatusCode::ACCEPTED.into_response()) } else { Err(manifest_unknown(name, reference)) }
 }
 
-async fn get_blob(registry: &Registry, name: &RepositoryName, digest: &Digest, with_body: bool) -> Result<Response> {
+async fn get_blob(
+    registry: &Registry,
+    name: &RepositoryName,
+    digest: &Digest,
+    headers: &HeaderMap,
+    with_body: bool,
+) -> Result<Response> {
     let Some((path, size)) = registry.storage.blob_in_repository(name, digest) else {
         return Err(blob_unknown(name, digest));
     };
-    let headers = [
-        (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-        (header::CONTENT_LENGTH, size.to_string()),
-        (header::HeaderName::from_static(DIGEST_HEADER), digest.to_string()),
-        (header::ETAG, format!("\"{digest}\"")),
-    ];
-    if !with_body {
-        return Ok((headers, Body::empty()).into_response());
+    let mut response_headers = HeaderMap::new();
+    response_headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    response_headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    for (key, value) in
+        [(header::HeaderName::from_static(DIGEST_HEADER), digest.to_string()), (header::ETAG, format!("\"{digest}\""))]
+    {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response_headers.insert(key, value);
+        }
     }
-    let file = tokio::fs::File::open(&path).await?;
-    Registry::count_pull(&registry.blob_pulls, name, digest.as_str());
-    Ok((headers, Body::from_stream(tokio_util::io::ReaderStream::new(file))).into_response())
+    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        None => None,
+        Some(range) => match byte_range(range, size) {
+            Some(range) => Some(range),
+            None => {
+                let mut refused = StatusCode::RANGE_NOT_SATISFIABLE.into_response();
+                if let Ok(value) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                    refused.headers_mut().insert(header::CONTENT_RANGE, value);
+                }
+                return Ok(refused);
+            }
+        },
+    };
+    let (status, start, length) = match range {
+        Some((start, end)) => {
+            if let Ok(value) = HeaderValue::from_str(&format!("bytes {start}-{end}/{size}")) {
+                response_headers.insert(header::CONTENT_RANGE, value);
+            }
+            (StatusCode::PARTIAL_CONTENT, start, end - start + 1)
+        }
+        None => (StatusCode::OK, 0, size),
+    };
+    response_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    if !with_body {
+        return Ok((status, response_headers, Body::empty()).into_response());
+    }
+    let mut file = tokio::fs::File::open(&path).await?;
+    if start > 0 {
+        tokio::io::AsyncSeekExt::seek(&mut file, std::io::SeekFrom::Start(start)).await?;
+    }
+    if status == StatusCode::OK {
+        // Only whole downloads count as pulls; a resumed one is the same pull continued.
+        Registry::count_pull(&registry.blob_pulls, name, digest.as_str());
+    }
+    let body = Body::from_stream(tokio_util::io::ReaderStream::new(tokio::io::AsyncReadExt::take(file, length)));
+    Ok((status, response_headers, body).into_response())
+}
+
+/// One `bytes=START-END`, `bytes=START-` or `bytes=-SUFFIX` range within a blob of `size` bytes,
+/// as inclusive offsets; `None` when it is malformed, asks for several ranges or lies outside.
+fn byte_range(range: &str, size: u64) -> Option<(u64, u64)> {
+    let (first, last) = range.strip_prefix("bytes=")?.trim().split_once('-')?;
+    let (start, end) = match (first.trim(), last.trim()) {
+        ("", suffix) => {
+            let suffix: u64 = suffix.parse().ok()?;
+            (size.checked_sub(suffix.min(size))?, size.checked_sub(1)?)
+        }
+        (start, "") => (start.parse().ok()?, size.checked_sub(1)?),
+        (start, end) => (start.parse().ok()?, end.parse::<u64>().ok()?.min(size.checked_sub(1)?)),
+    };
+    (start <= end && end < size).then_some((start, end))
 }
 
 /// The response to an upload step: where to send the next chunk and how much has arrived.
@@ -540,10 +653,18 @@ async fn start_upload(
         }
         // Not mountable: the spec asks for an ordinary upload session instead.
     }
+    registry.drop_idle_uploads();
     let id = uuid::Uuid::new_v4().simple().to_string();
     let path = registry.storage.upload_path(&id);
     tokio::fs::File::create(&path).await?;
-    let mut upload = Upload { repository: name.clone(), path, size: 0, hasher: sha2::Sha256::new() };
+    let mut upload = Upload {
+        repository: name.clone(),
+        path,
+        size: 0,
+        hasher: sha2::Sha256::new(),
+        touched: Instant::now(),
+        closed: false,
+    };
     if let Some(expected) = query.get("digest") {
         // A monolithic upload: the whole blob is this request's body.
         let result = async {
@@ -615,7 +736,8 @@ fn complete(registry: &Registry, upload: &mut Upload, expected: &Digest) -> Resu
         return Err(RegistryError::new(
             ErrorCode::DigestInvalid,
             format!("uploaded content has digest {actual}, not {expected}; nothing was stored"),
-        ));
+        )
+        .about_digest(expected.as_str()));
     }
     registry.storage.commit_upload(&upload.path, &upload.repository, expected)?;
     Ok(())
@@ -628,20 +750,36 @@ async fn patch_upload(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response> {
-    let upload = registry.upload(name, id)?;
-    let mut upload = upload.lock().await;
-    if let Some(range) = headers.get(header::CONTENT_RANGE).and_then(|v| v.to_str().ok()) {
-        let start = range.trim_start_matches("bytes ").trim_start_matches("bytes=").split('-').next();
-        if start.and_then(|s| s.trim().parse::<u64>().ok()) != Some(upload.size) {
-            return Err(RegistryError::with_status(
-                ErrorCode::BlobUploadInvalid,
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                format!("chunk {range} does not start at the upload's end, byte {}", upload.size),
-            ));
-        }
+    let mut upload = registry.upload(name, id).await?;
+    if let Some(refused) = out_of_order(headers, name, id, upload.size) {
+        return Ok(refused);
     }
     append(&mut upload, body).await?;
     Ok(upload_progress(StatusCode::ACCEPTED, name, id, upload.size))
+}
+
+/// A 416 answer, with the upload's true progress, to a chunk whose `Content-Range` (`<start>-<end>`)
+/// does not start where the upload ends.
+fn out_of_order(headers: &HeaderMap, name: &RepositoryName, id: &str, size: u64) -> Option<Response> {
+    let range = headers.get(header::CONTENT_RANGE)?;
+    let text = range.to_str().unwrap_or_default();
+    let start = text.trim_start_matches("bytes ").trim_start_matches("bytes=").split_once('-').map(|(start, _)| start);
+    if start.and_then(|s| s.trim().parse::<u64>().ok()) == Some(size) {
+        return None;
+    }
+    let mut response = RegistryError::with_status(
+        ErrorCode::BlobUploadInvalid,
+        StatusCode::RANGE_NOT_SATISFIABLE,
+        format!("chunk {text:?} does not start at the upload's end, byte {size}"),
+    )
+    .into_response();
+    let progress = upload_progress(StatusCode::RANGE_NOT_SATISFIABLE, name, id, size);
+    for key in [header::LOCATION, header::RANGE, header::HeaderName::from_static(UPLOAD_UUID_HEADER)] {
+        if let Some(value) = progress.headers().get(&key) {
+            response.headers_mut().insert(key, value.clone());
+        }
+    }
+    Some(response)
 }
 
 async fn finish_upload(
@@ -649,14 +787,18 @@ async fn finish_upload(
     name: &RepositoryName,
     id: &str,
     query: &HashMap<String, String>,
+    headers: &HeaderMap,
     body: Body,
 ) -> Result<Response> {
-    let upload = registry.upload(name, id)?;
-    let mut upload = upload.lock().await;
+    let mut upload = registry.upload(name, id).await?;
     let expected = digest(query.get("digest").map(String::as_str).unwrap_or(""))?;
+    if let Some(refused) = out_of_order(headers, name, id, upload.size) {
+        return Ok(refused);
+    }
     append(&mut upload, body).await?;
     let result = complete(registry, &mut upload, &expected);
     // Finished either way: a digest mismatch ends the session as in the reference implementation.
+    upload.closed = true;
     registry.forget_upload(id);
     if result.is_err() {
         let _ = tokio::fs::remove_file(&upload.path).await;
@@ -667,6 +809,19 @@ async fn finish_upload(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_ranges_are_clamped_to_the_blob_and_refused_outside_it() {
+        assert_eq!(byte_range("bytes=0-9", 100), Some((0, 9)));
+        assert_eq!(byte_range("bytes=90-", 100), Some((90, 99)));
+        assert_eq!(byte_range("bytes=-10", 100), Some((90, 99)));
+        assert_eq!(byte_range("bytes=50-1000", 100), Some((50, 99)));
+        assert_eq!(byte_range("bytes=100-", 100), None);
+        assert_eq!(byte_range("bytes=5-1", 100), None);
+        assert_eq!(byte_range("bytes=0-1,5-6", 100), None);
+        assert_eq!(byte_range("items=0-1", 100), None);
+        assert_eq!(byte_range("bytes=0-", 0), None);
+    }
 
     #[test]
     fn paths_are_split_from_the_right_so_names_may_contain_endpoint_words() {

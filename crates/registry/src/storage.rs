@@ -5,7 +5,8 @@
 //! - `repositories/<name>/_blobs/<hex>`: the blob belongs to the repository (pushed or mounted);
 //! - `repositories/<name>/_manifests/<hex>`: the manifest belongs to it; holds its media type;
 //! - `repositories/<name>/_tags/<tag>`: holds the digest the tag points at;
-//! - `uploads/<id>`: bytes of an unfinished upload; `tmp/`: files being written.
+//! - `uploads/<id>`: bytes of an unfinished upload; `tmp/`: files being written;
+//! - `lock`: held by the one registry serving the directory.
 //!
 //! A file appears under its final name only by `rename`, after `fsync`, so a push interrupted at any
 //! point leaves nothing visible. Names and tags are validated (`name.rs`) before they become paths,
@@ -19,11 +20,23 @@ use crate::name::{Digest, RepositoryName};
 
 pub struct Storage {
     root: PathBuf,
+    /// Holds an exclusive lock on `<root>/lock` while the registry runs: a second registry on the
+    /// same directory would delete this one's uploads when it starts.
+    _lock: fs::File,
 }
 
 impl Storage {
     /// Opens (creating if absent) the data directory; unfinished uploads of an earlier run are dropped.
     pub fn open(root: &Path) -> io::Result<Self> {
+        fs::create_dir_all(root)?;
+        let lock = fs::OpenOptions::new().create(true).truncate(false).write(true).open(root.join("lock"))?;
+        lock.try_lock().map_err(|e| match e {
+            fs::TryLockError::WouldBlock => io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("another registry is using {}; stop it or choose another --data-dir", root.display()),
+            ),
+            fs::TryLockError::Error(e) => e,
+        })?;
         for dir in ["uploads", "tmp"] {
             let path = root.join(dir);
             if path.exists() {
@@ -33,7 +46,7 @@ impl Storage {
         for dir in ["blobs/sha256", "repositories", "uploads", "tmp"] {
             fs::create_dir_all(root.join(dir))?;
         }
-        Ok(Self { root: root.to_path_buf() })
+        Ok(Self { root: root.to_path_buf(), _lock: lock })
     }
 
     fn blob_path(&self, digest: &Digest) -> PathBuf {
@@ -214,5 +227,18 @@ fn remove_if_present(path: &Path) -> io::Result<bool> {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_registry_on_the_same_directory_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let _first = Storage::open(dir.path()).expect("first");
+        let second = Storage::open(dir.path()).err().expect("a second registry must be refused");
+        assert!(second.to_string().contains("another registry is using"), "{second}");
     }
 }

@@ -105,9 +105,28 @@ pub enum TestImageError {
 
 #[derive(Clone)]
 enum Entry {
-    Directory { mode: u32 },
-    File { data: Vec<u8>, mode: u32 },
-    Symlink { target: String },
+    Directory {
+        mode: u32,
+    },
+    File {
+        data: Vec<u8>,
+        mode: u32,
+    },
+    Symlink {
+        target: String,
+    },
+    /// Written with its name as given, unchecked: for images a puller must refuse.
+    Hostile {
+        kind: HostileKind,
+        data: Vec<u8>,
+    },
+}
+
+#[derive(Clone, Copy)]
+enum HostileKind {
+    File,
+    CharDevice,
+    HardLink,
 }
 
 /// A one-layer image under construction.
@@ -184,6 +203,26 @@ impl ImageBuilder {
     pub fn symlink(mut self, path: &str, target: &str) -> Self {
         let path = self.add_parents(path);
         self.entries.insert(path, Entry::Symlink { target: target.to_string() });
+        self
+    }
+
+    /// Adds a regular file whose tar name is written exactly as given, e.g. `../../etc/escaped`:
+    /// for testing that an unpacker refuses paths leaving the root. No parents are added.
+    pub fn hostile_file(mut self, name: &str, data: impl Into<Vec<u8>>) -> Self {
+        self.entries.insert(name.to_string(), Entry::Hostile { kind: HostileKind::File, data: data.into() });
+        self
+    }
+
+    /// Adds a character device node (1:3, as `/dev/null`), which an unpacker should refuse.
+    pub fn char_device(mut self, name: &str) -> Self {
+        self.entries.insert(name.to_string(), Entry::Hostile { kind: HostileKind::CharDevice, data: Vec::new() });
+        self
+    }
+
+    /// Adds a hard link to `target`, written as given (e.g. `../../etc/passwd`).
+    pub fn hard_link(mut self, name: &str, target: &str) -> Self {
+        self.entries
+            .insert(name.to_string(), Entry::Hostile { kind: HostileKind::HardLink, data: target.as_bytes().to_vec() });
         self
     }
 
@@ -299,10 +338,49 @@ impl ImageBuilder {
                     header.set_size(0);
                     tar.append_link(&mut header, path, target)?;
                 }
+                Entry::Hostile { kind, data } => {
+                    // The tar crate refuses such names, rightly; they are written into the header by hand.
+                    let old = header.as_old_mut();
+                    copy_raw(&mut old.name, path)?;
+                    let body: &[u8] = match kind {
+                        HostileKind::File => {
+                            header.set_entry_type(tar::EntryType::Regular);
+                            header.set_size(data.len() as u64);
+                            data
+                        }
+                        HostileKind::CharDevice => {
+                            header.set_entry_type(tar::EntryType::Char);
+                            header.set_device_major(1)?;
+                            header.set_device_minor(3)?;
+                            header.set_size(0);
+                            &[]
+                        }
+                        HostileKind::HardLink => {
+                            copy_raw(&mut header.as_old_mut().linkname, &String::from_utf8_lossy(data))?;
+                            header.set_entry_type(tar::EntryType::Link);
+                            header.set_size(0);
+                            &[]
+                        }
+                    };
+                    header.set_mode(0o644);
+                    header.set_cksum();
+                    tar.append(&header, body)?;
+                }
             }
         }
         tar.into_inner()
     }
+}
+
+/// Copies `value` into a fixed-size, NUL-padded tar header field.
+fn copy_raw(field: &mut [u8], value: &str) -> std::io::Result<()> {
+    let bytes = value.as_bytes();
+    if bytes.len() > field.len() {
+        return Err(std::io::Error::other(format!("{value:?} is longer than a tar name field")));
+    }
+    field.fill(0);
+    field[..bytes.len()].copy_from_slice(bytes);
+    Ok(())
 }
 
 fn descriptor(media_type: MediaType, data: &[u8], digest: &Digest) -> Result<Descriptor, TestImageError> {
@@ -441,6 +519,44 @@ mod tests {
         let config: serde_json::Value = serde_json::from_slice(&image.config).expect("config");
         assert_eq!(config["config"]["Cmd"], serde_json::json!(["sh"]));
         assert_eq!(config["rootfs"]["diff_ids"][0], image.diff_id.as_str());
+    }
+
+    #[test]
+    fn the_unpacked_busybox_layer_runs_its_applets() {
+        let image = ImageBuilder::busybox().expect("busybox-static installed").build().expect("build");
+        let root = tempfile::tempdir().expect("tempdir");
+        tar::Archive::new(flate2::read::GzDecoder::new(image.layer.as_slice())).unpack(root.path()).expect("unpack");
+        // busybox picks the applet from the name it is started as, so the links work outside a chroot.
+        let output = std::process::Command::new(root.path().join("bin/sh"))
+            .arg("-c")
+            .arg(format!("cat {}{MARKER_PATH} && echo $((6 * 7))", root.path().display()))
+            .output()
+            .expect("run the image's sh");
+        assert!(output.status.success(), "{output:?}");
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "shepherd busybox test image\n42\n");
+        let help = std::process::Command::new(root.path().join("bin/httpd")).arg("--help").output().expect("httpd");
+        assert!(String::from_utf8_lossy(&help.stderr).contains("httpd"), "{help:?}");
+    }
+
+    #[test]
+    fn hostile_entries_reach_the_layer_as_written() {
+        let image = ImageBuilder::new()
+            .hostile_file("../../escaped", "x")
+            .char_device("dev/evil")
+            .hard_link("etc/link", "../../etc/passwd")
+            .build()
+            .expect("build");
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(image.layer.as_slice()));
+        let mut seen = Vec::new();
+        for entry in archive.entries().expect("entries") {
+            let entry = entry.expect("entry");
+            let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+            let link = entry.link_name_bytes().map(|l| String::from_utf8_lossy(&l).into_owned());
+            seen.push((name, entry.header().entry_type(), link));
+        }
+        assert!(seen.contains(&("../../escaped".to_string(), tar::EntryType::Regular, None)), "{seen:?}");
+        assert!(seen.iter().any(|(n, t, _)| n == "dev/evil" && t.is_character_special()), "{seen:?}");
+        assert!(seen.contains(&("etc/link".to_string(), tar::EntryType::Link, Some("../../etc/passwd".to_string()))));
     }
 
     #[test]

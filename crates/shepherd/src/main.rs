@@ -58,6 +58,8 @@ struct StandaloneArgs {
     server: ServerArgs,
     #[command(flatten)]
     agent: AgentArgs,
+    #[command(flatten)]
+    registry: registry::BesideArgs,
 }
 
 #[derive(Args, Clone)]
@@ -149,7 +151,10 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Server(args) => run_server(args, None).await,
-            Command::Standalone(args) => run_server(args.server, Some(args.agent)).await,
+            Command::Standalone(args) => {
+                registry::start_beside(&args.registry, &args.server.data_dir).await?;
+                run_server(args.server, Some(args.agent)).await
+            }
             Command::Agent(args) => run_agent(args).await,
             Command::Backup(args) => backup::backup(args).await,
             Command::Restore(args) => backup::restore(args),

@@ -1,7 +1,7 @@
 //! `shepherd registry`: an OCI distribution registry over a data directory.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
@@ -20,6 +20,36 @@ pub struct RegistryArgs {
     /// serving, e.g. `--test-image busybox:1`; may be given more than once.
     #[arg(long, value_name = "REPOSITORY:TAG")]
     test_image: Vec<String>,
+}
+
+/// `shepherd standalone`'s flags for a registry in the same process.
+#[derive(Args, Clone)]
+pub struct BesideArgs {
+    /// Also serve an OCI registry on this address (e.g. 127.0.0.1:5000); off when absent.
+    #[arg(long, value_name = "ADDR")]
+    registry_listen: Option<SocketAddr>,
+    /// The registry's data directory; default: `registry` under --data-dir.
+    #[arg(long, value_name = "DIR")]
+    registry_data_dir: Option<PathBuf>,
+}
+
+/// Starts the registry `shepherd standalone` was asked for, if any; it serves until the process stops.
+pub async fn start_beside(args: &BesideArgs, server_data_dir: &Path) -> anyhow::Result<()> {
+    let Some(listen) = args.registry_listen else { return Ok(()) };
+    let data_dir = args.registry_data_dir.clone().unwrap_or_else(|| server_data_dir.join("registry"));
+    crate::private_dir::secure(&data_dir)?;
+    let registry = Registry::open(&data_dir)
+        .with_context(|| format!("opening the registry's data directory {}", data_dir.display()))?;
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("registry: listening on {listen}"))?;
+    let address = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(error) = shepherd_registry::serve(listener, registry, crate::shutdown_signal()).await {
+            tracing::error!(%error, "the registry stopped");
+        }
+    });
+    tracing::info!(address = %format!("http://{address}"), data_dir = %data_dir.display(), "registry serving");
+    Ok(())
 }
 
 pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {

@@ -1,6 +1,8 @@
 //! `shepherd registry` with real clients: skopeo copies the busybox test image in and out, and
 //! corrupt or interrupted pushes, bad names and unknown content get the spec's errors.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -14,16 +16,22 @@ use shepherd_registry::testimage::{ImageBuilder, MARKER_PATH};
 struct RegistryProcess {
     child: Child,
     address: String,
-    _data: tempfile::TempDir,
+    _data: Option<tempfile::TempDir>,
 }
 
 impl RegistryProcess {
     fn start() -> Self {
         let data = tempfile::tempdir().expect("tempdir");
+        let mut registry = Self::start_in(data.path());
+        registry._data = Some(data);
+        registry
+    }
+
+    fn start_in(data: &Path) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
             .args(["registry", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data.path())
-            .env("RUST_LOG", "warn")
+            .arg(data)
+            .env("RUST_LOG", "error")
             .stdout(Stdio::piped())
             .spawn()
             .expect("run shepherd registry");
@@ -33,7 +41,7 @@ impl RegistryProcess {
         BufReader::new(stdout).read_line(&mut line).expect("read the serving line");
         let address = line.trim().rsplit("http://").next().unwrap_or_default().to_string();
         assert!(address.starts_with("127.0.0.1:"), "unexpected first line {line:?}");
-        Self { child, address, _data: data }
+        Self { child, address, _data: None }
     }
 
     fn url(&self, path: &str) -> String {
@@ -246,6 +254,7 @@ async fn an_interrupted_chunked_upload_keeps_its_last_whole_chunk_and_can_be_fin
         .await
         .expect("out of order chunk");
     assert_eq!(out_of_order.status(), 416);
+    assert_eq!(out_of_order.headers()["range"], format!("0-{}", first.len() - 1).as_str(), "416 tells where to resume");
     assert_eq!(error_code(&out_of_order.text().await.expect("body")), "BLOB_UPLOAD_INVALID");
 
     let resumed = client
@@ -320,6 +329,17 @@ async fn manifests_need_their_blobs_and_tags_list_in_pages() {
         .expect("put by digest");
     assert_eq!(error_code(&wrong_digest.text().await.expect("body")), "DIGEST_INVALID");
 
+    // Refused from its Content-Length alone (a client still sending 5 MiB would see a broken pipe).
+    let head = format!(
+        "PUT /v2/pages/manifests/huge HTTP/1.1\r\nHost: {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        registry.address,
+        shepherd_registry::OCI_MANIFEST,
+        5 * 1024 * 1024
+    );
+    let (status, body) = raw_request(&registry.address, &head, b"");
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(error_code(&body), "MANIFEST_INVALID");
+
     for tag in ["e", "a", "d", "b", "c"] {
         image.push(&registry.url(""), "pages", tag).await.expect("push");
     }
@@ -384,4 +404,181 @@ async fn a_blob_mounts_from_a_repository_that_has_it_and_only_from_one() {
     assert!(not_mounted.headers()["location"].to_str().expect("location").starts_with("/v2/third/blobs/uploads/"));
     let absent = client.head(registry.url(&format!("/v2/third/blobs/{layer}"))).send().await.expect("head");
     assert_eq!(absent.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_schema2_manifests_and_oci_indexes_keep_their_media_types() {
+    let registry = RegistryProcess::start();
+    let work = tempfile::tempdir().expect("tempdir");
+    let client = reqwest::Client::new();
+    let image = ImageBuilder::busybox().expect("busybox-static").build().expect("build");
+    let layout = work.path().join("layout");
+    image.write_oci_layout(&layout, "1").expect("layout");
+
+    // skopeo converts the image to Docker's schema 2 on the way in.
+    let source = format!("oci:{}:1", layout.display());
+    let docker = format!("docker://{}/dockerfmt:1", registry.address);
+    assert!(succeeded(&skopeo(
+        work.path(),
+        &["copy", "--format", "v2s2", "--dest-tls-verify=false", &source, &docker]
+    )));
+    let manifest = client
+        .get(registry.url("/v2/dockerfmt/manifests/1"))
+        .header("accept", shepherd_registry::DOCKER_MANIFEST)
+        .send()
+        .await
+        .expect("manifest");
+    assert_eq!(manifest.headers()["content-type"], shepherd_registry::DOCKER_MANIFEST);
+    let config = skopeo(work.path(), &["inspect", "--config", "--tls-verify=false", &docker]);
+    assert!(succeeded(&config));
+    let config: Value = serde_json::from_slice(&config.stdout).expect("config JSON");
+    assert_eq!(config["config"]["Cmd"], serde_json::json!(["sh"]));
+
+    // An index may only list manifests the repository has.
+    let index = |digest: &str, size: usize| {
+        serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": shepherd_registry::OCI_INDEX,
+            "manifests": [{"mediaType": shepherd_registry::OCI_MANIFEST, "digest": digest, "size": size,
+                "platform": {"architecture": "amd64", "os": "linux"}}],
+        })
+        .to_string()
+    };
+    let early = index(image.manifest_digest.as_str(), image.manifest.len());
+    let refused = client
+        .put(registry.url("/v2/multi/manifests/latest"))
+        .header("content-type", shepherd_registry::OCI_INDEX)
+        .body(early.clone())
+        .send()
+        .await
+        .expect("put index");
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.expect("error JSON");
+    assert_eq!(body["errors"][0]["code"], "MANIFEST_BLOB_UNKNOWN");
+    assert_eq!(body["errors"][0]["detail"]["digest"], image.manifest_digest.as_str());
+
+    image.push(&registry.url(""), "multi", "amd64").await.expect("push");
+    let stored = client
+        .put(registry.url("/v2/multi/manifests/latest"))
+        .header("content-type", shepherd_registry::OCI_INDEX)
+        .body(early.clone())
+        .send()
+        .await
+        .expect("put index");
+    assert_eq!(stored.status(), 201);
+    let index_digest = digest_of(early.as_bytes());
+    assert_eq!(stored.headers()["docker-content-digest"], index_digest.as_str());
+
+    let target = format!("docker://{}/multi:latest", registry.address);
+    let raw = skopeo(work.path(), &["inspect", "--raw", "--tls-verify=false", &target]);
+    assert!(succeeded(&raw));
+    assert_eq!(String::from_utf8_lossy(&raw.stdout).trim(), early, "the index is served byte for byte");
+    let copied = format!("oci:{}:latest", work.path().join("copied").display());
+    let arch = ["--override-arch", "amd64", "--override-os", "linux"];
+    let mut args = arch.to_vec();
+    args.extend(["copy", "--src-tls-verify=false", &target, &copied]);
+    assert!(succeeded(&skopeo(work.path(), &args)), "skopeo follows the index to the image");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_killed_mid_push_restarts_with_its_images_and_without_the_half_upload() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let client = reqwest::Client::new();
+    let image = ImageBuilder::busybox().expect("busybox-static").build().expect("build");
+    let half = ImageBuilder::new().file("/half", "x".repeat(100_000), 0o644).build().expect("build");
+    let location = {
+        let registry = RegistryProcess::start_in(data.path());
+        image.push(&registry.url(""), "kept", "1").await.expect("push");
+        let session = client.post(registry.url("/v2/half/blobs/uploads/")).send().await.expect("start");
+        let location = session.headers()["location"].to_str().expect("location").to_string();
+        let chunk = client
+            .patch(registry.url(&location))
+            .body(half.layer[..half.layer.len() / 2].to_vec())
+            .send()
+            .await
+            .expect("chunk");
+        assert_eq!(chunk.status(), 202);
+        location
+        // Dropping the process kills it (SIGKILL) with the upload unfinished.
+    };
+
+    let registry = RegistryProcess::start_in(data.path());
+    let session = client.get(registry.url(&location)).send().await.expect("status");
+    assert_eq!(session.status(), 404, "an upload does not survive a restart");
+    let layer = client.head(registry.url(&format!("/v2/half/blobs/{}", half.layer_digest))).send().await.expect("head");
+    assert_eq!(layer.status(), 404);
+    let leftovers = std::fs::read_dir(data.path().join("uploads")).expect("uploads dir").count();
+    assert_eq!(leftovers, 0, "the half upload's bytes are gone");
+
+    let catalog: Value =
+        client.get(registry.url("/v2/_catalog")).send().await.expect("catalog").json().await.expect("JSON");
+    assert_eq!(catalog["repositories"], serde_json::json!(["kept"]));
+    let work = tempfile::tempdir().expect("tempdir");
+    let source = format!("docker://{}/kept:1", registry.address);
+    let destination = format!("oci:{}:1", work.path().join("out").display());
+    assert!(succeeded(&skopeo(work.path(), &["copy", "--src-tls-verify=false", &source, &destination])));
+
+    // A download cut short resumes with a range request.
+    let tail = client
+        .get(registry.url(&format!("/v2/kept/blobs/{}", image.layer_digest)))
+        .header("range", "bytes=1000-")
+        .send()
+        .await
+        .expect("range");
+    assert_eq!(tail.status(), 206);
+    assert_eq!(tail.bytes().await.expect("tail").as_ref(), &image.layer[1000..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_serves_a_registry_beside_the_cluster_when_asked() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut daemon =
+        common::Daemon::start("standalone", data.path(), &["--runtime", "simulated", "--registry-listen", &listen]);
+    let client = reqwest::Client::new();
+    let base = format!("http://{listen}");
+    let mut up = false;
+    for _ in 0..600 {
+        if client.get(format!("{base}/v2/")).send().await.is_ok_and(|r| r.status() == 200) {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "the registry answers /v2/ on {listen}");
+    let image = ImageBuilder::busybox().expect("busybox-static").build().expect("build");
+    image.push(&base, "busybox", "1").await.expect("push");
+    let tags: Value =
+        client.get(format!("{base}/v2/busybox/tags/list")).send().await.expect("tags").json().await.expect("JSON");
+    assert_eq!(tags["tags"], serde_json::json!(["1"]));
+    assert!(data.path().join("registry/blobs/sha256").join(image.layer_digest.hex()).is_file());
+    assert!(daemon.terminate().success(), "standalone with a registry stops cleanly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_whole_download_of_a_blob_counts_as_one_pull() {
+    let registry = RegistryProcess::start();
+    let client = reqwest::Client::new();
+    let image = ImageBuilder::new().file("/counted", "x", 0o644).build().expect("build");
+    image.push(&registry.url(""), "counted", "1").await.expect("push");
+    let layer_url = registry.url(&format!("/v2/counted/blobs/{}", image.layer_digest));
+
+    let head = client.head(&layer_url).send().await.expect("head");
+    assert_eq!(head.status(), 200);
+    let part = client.get(&layer_url).header("range", "bytes=0-9").send().await.expect("range");
+    assert_eq!(part.status(), 206);
+    let downloads = (0..10).map(|_| {
+        let (client, url) = (client.clone(), layer_url.clone());
+        async move { client.get(url).send().await.expect("get").bytes().await.expect("body") }
+    });
+    for body in futures::future::join_all(downloads).await {
+        assert_eq!(body.as_ref(), image.layer.as_slice());
+    }
+
+    let metrics = client.get(registry.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    let line = format!("registry_blob_pulls_total{{repository=\"counted\",digest=\"{}\"}} ", image.layer_digest);
+    let count =
+        metrics.lines().find_map(|l| l.strip_prefix(&line)).unwrap_or_else(|| panic!("no {line} in\n{metrics}"));
+    assert_eq!(count, "10", "ten GETs, not the HEAD or the range request");
 }
