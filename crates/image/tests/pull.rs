@@ -340,3 +340,51 @@ async fn a_registry_off_loopback_is_pulled_over_https_unless_it_is_named_insecur
     let record = insecure.pull(&reference, &Credentials::Anonymous).await.unwrap();
     assert_eq!(record.manifest_digest.as_str(), image.manifest_digest.as_str());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_whose_layer_escapes_the_root_is_refused_and_a_good_push_then_pulls() {
+    let registry = Registry::start().await;
+    let (_dir, puller) = puller();
+    let reference = ImageRef::parse(&format!("{}/test/evil:1", registry.address)).unwrap();
+    let hostile = [
+        (
+            ImageBuilder::busybox().unwrap().hostile_file("../../escaped", "x"),
+            "`..`",
+        ),
+        (
+            ImageBuilder::busybox().unwrap().char_device("dev/kmem"),
+            "character device",
+        ),
+        (
+            ImageBuilder::busybox().unwrap().hard_link("passwd", "../../etc/passwd"),
+            "`..`",
+        ),
+    ];
+    for (builder, reason) in hostile {
+        builder
+            .build()
+            .unwrap()
+            .push(&registry.url(), "test/evil", "1")
+            .await
+            .unwrap();
+        let err = puller.pull(&reference, &Credentials::Anonymous).await.unwrap_err();
+        let message = err.to_string();
+        assert!(
+            matches!(err, ImageError::Unpack { .. }) && message.contains(reason),
+            "{message}"
+        );
+        let store = puller.store();
+        assert!(store.images().unwrap().is_empty(), "a refused image is not recorded");
+        assert_eq!(
+            std::fs::read_dir(store.root().join("layers/sha256")).unwrap().count(),
+            0
+        );
+        assert_eq!(std::fs::read_dir(store.root().join("tmp")).unwrap().count(), 0);
+    }
+    assert!(!puller.store().root().join("escaped").exists(), "nothing is written outside the layer");
+
+    let good = ImageBuilder::busybox().unwrap().build().unwrap();
+    good.push(&registry.url(), "test/evil", "1").await.unwrap();
+    let record = puller.pull(&reference, &Credentials::Anonymous).await.unwrap();
+    assert_eq!(record.manifest_digest.as_str(), good.manifest_digest.as_str());
+}
