@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, Once};
 use std::time::Instant;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use oci_client::Client;
 use oci_client::client::{ClientConfig, ClientProtocol, linux_amd64_resolver};
 use oci_client::errors::{OciDistributionError, OciErrorCode};
@@ -186,17 +186,24 @@ async fn pull_image(
     );
 
     let config_size = store.write_blob(&config_digest, config.as_bytes())?;
-    for (layer, descriptor) in layers.iter().zip(&manifest.layers) {
-        if !store.has_blob(&layer.digest) && !store.layer_path(&layer.diff_id).is_dir() {
-            fetch_blob(&client, &store, &image, descriptor, &layer.digest).await?;
-        }
-    }
-    for layer in &layers {
-        let (store, layer) = (Arc::clone(&store), layer.clone());
-        tokio::task::spawn_blocking(move || store.ensure_layer(&layer))
-            .await
-            .map_err(|e| ImageError::Internal(format!("unpacking task failed: {e}")))??;
-    }
+    // Layers download and unpack a few at a time, as containerd does; each is fetched only if
+    // neither its blob nor its unpacked form is stored yet.
+    let work: Vec<_> = layers.iter().cloned().zip(manifest.layers.iter().cloned()).collect();
+    futures::stream::iter(work)
+        .map(|(layer, descriptor)| {
+            let (client, store, image) = (client.clone(), Arc::clone(&store), image.clone());
+            async move {
+                if !store.has_blob(&layer.digest) && !store.layer_path(&layer.diff_id).is_dir() {
+                    fetch_blob(&client, &store, &image, &descriptor, &layer.digest).await?;
+                }
+                tokio::task::spawn_blocking(move || store.ensure_layer(&layer))
+                    .await
+                    .map_err(|e| ImageError::Internal(format!("unpacking task failed: {e}")))?
+            }
+        })
+        .buffer_unordered(3)
+        .try_collect::<Vec<_>>()
+        .await?;
     let record = ImageRecord {
         size: config_size + layers.iter().map(|l| l.size).sum::<u64>(),
         reference: reference.clone(),

@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+mod common;
+
+use common::Layer;
 use shepherd_image::{Credentials, Digest, Ensured, ImageError, ImageRef, ImageStore, PullPolicy, Puller};
 use shepherd_registry::testimage::{ImageBuilder, MARKER_PATH};
 
@@ -381,10 +384,84 @@ async fn an_image_whose_layer_escapes_the_root_is_refused_and_a_good_push_then_p
         );
         assert_eq!(std::fs::read_dir(store.root().join("tmp")).unwrap().count(), 0);
     }
-    assert!(!puller.store().root().join("escaped").exists(), "nothing is written outside the layer");
+    assert!(
+        !puller.store().root().join("escaped").exists(),
+        "nothing is written outside the layer"
+    );
 
     let good = ImageBuilder::busybox().unwrap().build().unwrap();
     good.push(&registry.url(), "test/evil", "1").await.unwrap();
     let record = puller.pull(&reference, &Credentials::Anonymous).await.unwrap();
     assert_eq!(record.manifest_digest.as_str(), good.manifest_digest.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_layer_image_pushed_by_another_client_pulls_and_mounts_with_whiteouts_across_layers() {
+    use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+    let registry = Registry::start().await;
+    let base = Layer::default()
+        .dir("etc/")
+        .file("etc/motd", "base\n")
+        .dir("var/cache/")
+        .file("var/cache/old", "1");
+    let middle = Layer::default()
+        .dir("etc/")
+        .file("etc/.wh.motd", "")
+        .file("etc/version", "2\n");
+    let top = Layer::default()
+        .dir("var/cache/")
+        .file("var/cache/.wh..wh..opq", "")
+        .file("var/cache/new", "3");
+    let zstd = ruzstd::encoding::compress_to_vec(top.tar().as_slice(), ruzstd::encoding::CompressionLevel::Fastest);
+    let layers = vec![
+        ImageLayer::oci_v1_gzip(base.gzip(), None),
+        ImageLayer::oci_v1(middle.tar(), None),
+        ImageLayer::new(zstd, "application/vnd.oci.image.layer.v1.tar+zstd".to_string(), None),
+    ];
+    let diff_ids: Vec<String> = [&base, &middle, &top]
+        .iter()
+        .map(|l| Digest::of(&l.tar()).to_string())
+        .collect();
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux", "config": {"Cmd": ["/bin/true"]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    });
+    let config = Config::oci_v1(serde_json::to_vec(&config).unwrap(), None);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = oci_client::Client::new(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..Default::default()
+    });
+    let pushed: oci_client::Reference = format!("{}/test/layered:1", registry.address).parse().unwrap();
+    client
+        .push(
+            &pushed,
+            &layers,
+            config,
+            &oci_client::secrets::RegistryAuth::Anonymous,
+            None,
+        )
+        .await
+        .unwrap();
+
+    let (_dir, puller) = puller();
+    let reference = ImageRef::parse(&pushed.to_string()).unwrap();
+    let record = puller.pull(&reference, &Credentials::Anonymous).await.unwrap();
+    assert_eq!(record.layers.len(), 3);
+    let root = puller.store().mount_rootfs("layered-0", &record).unwrap();
+    let seen = || {
+        assert!(
+            !root.join("etc/motd").exists(),
+            "the middle layer's whiteout hides the base file"
+        );
+        assert_eq!(std::fs::read_to_string(root.join("etc/version")).unwrap(), "2\n");
+        assert!(
+            !root.join("var/cache/old").exists(),
+            "the top layer's opaque directory hides the base's content"
+        );
+        assert_eq!(std::fs::read_to_string(root.join("var/cache/new")).unwrap(), "3");
+    };
+    let outcome = std::panic::catch_unwind(seen);
+    puller.store().remove_rootfs("layered-0").unwrap();
+    outcome.unwrap();
 }
