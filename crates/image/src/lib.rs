@@ -2,6 +2,7 @@
 
 mod digest;
 mod error;
+mod gc;
 mod overlay;
 mod policy;
 mod pull;
@@ -12,7 +13,8 @@ mod unpack;
 
 pub use digest::Digest;
 pub use error::{ImageError, Result};
+pub use gc::{Collected, DiskUsage, GcPolicy};
 pub use policy::{PullDecision, PullPolicy};
 pub use pull::{Credentials, Ensured, Puller};
 pub use reference::ImageRef;
-pub use store::{BlobWriter, Collected, DiskUsage, GcPolicy, ImageRecord, ImageStore, LayerRecord, Pin};
+pub use store::{BlobWriter, ImageRecord, ImageStore, LayerRecord, Pin};

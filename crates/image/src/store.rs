@@ -46,7 +46,7 @@ pub struct LayerRecord {
 pub struct ImageStore {
     root: PathBuf,
     /// Serializes read-modify-write of image records and garbage collection within the process.
-    records: Mutex<()>,
+    pub(crate) records: Mutex<()>,
     /// One lock per layer being unpacked, so that two pulls sharing a layer unpack it once.
     unpacking: Mutex<HashMap<Digest, Arc<Mutex<()>>>>,
     /// Digests a pull in progress has fetched or relies on before its record exists; garbage
@@ -126,13 +126,6 @@ impl Drop for BlobWriter {
             let _ = fs::remove_file(&self.tmp);
         }
     }
-}
-
-/// What one garbage collection did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Collected {
-    pub removed_images: Vec<String>,
-    pub freed_bytes: u64,
 }
 
 impl ImageStore {
@@ -309,7 +302,7 @@ impl ImageStore {
         self.remove_locked(reference)
     }
 
-    fn remove_locked(&self, reference: &str) -> Result<u64> {
+    pub(crate) fn remove_locked(&self, reference: &str) -> Result<u64> {
         let path = self.record_path(reference);
         match fs::remove_file(&path) {
             Ok(()) => {}
@@ -353,81 +346,6 @@ impl ImageStore {
         }
         Ok(freed)
     }
-
-    /// Kubelet's image GC: when the disk is at or above `policy.high_percent` used, removes the
-    /// least recently used images that no running container uses (`in_use`, normalized references)
-    /// until usage would be at `policy.low_percent`.
-    pub fn collect_garbage(&self, policy: GcPolicy, disk: DiskUsage, in_use: &HashSet<String>) -> Result<Collected> {
-        let mut collected = Collected::default();
-        if disk.capacity == 0 || disk.used_percent() < u64::from(policy.high_percent) {
-            return Ok(collected);
-        }
-        let target_available = disk.capacity * u64::from(100 - policy.low_percent.min(100)) / 100;
-        let to_free = target_available.saturating_sub(disk.available);
-        let _records = lock(&self.records);
-        let mut images = self.images()?;
-        images.sort_by(|a, b| {
-            a.last_used_ms
-                .cmp(&b.last_used_ms)
-                .then_with(|| a.reference.cmp(&b.reference))
-        });
-        for image in images {
-            if collected.freed_bytes >= to_free {
-                break;
-            }
-            if in_use.contains(&image.reference) {
-                continue;
-            }
-            collected.freed_bytes += self.remove_locked(&image.reference)?;
-            tracing::info!(image = %image.reference, "image garbage collection removed an unused image");
-            collected.removed_images.push(image.reference);
-        }
-        if collected.freed_bytes < to_free {
-            tracing::warn!(
-                freed = collected.freed_bytes,
-                wanted = to_free,
-                "image garbage collection could not free enough space: the remaining images are in use"
-            );
-        }
-        Ok(collected)
-    }
-}
-
-/// Kubelet's `--image-gc-high-threshold` and `--image-gc-low-threshold` (percent of the disk used).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GcPolicy {
-    pub high_percent: u8,
-    pub low_percent: u8,
-}
-
-impl Default for GcPolicy {
-    fn default() -> Self {
-        GcPolicy {
-            high_percent: 85,
-            low_percent: 80,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DiskUsage {
-    pub capacity: u64,
-    pub available: u64,
-}
-
-impl DiskUsage {
-    /// The usage of the filesystem holding `path`.
-    pub fn of(path: &Path) -> Result<Self> {
-        let stat = rustix::fs::statvfs(path).map_err(|e| ImageError::io("measuring the disk of", path, e.into()))?;
-        Ok(DiskUsage {
-            capacity: stat.f_blocks * stat.f_frsize,
-            available: stat.f_bavail * stat.f_frsize,
-        })
-    }
-
-    fn used_percent(&self) -> u64 {
-        100 - (self.available.min(self.capacity) * 100 / self.capacity)
-    }
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -465,6 +383,6 @@ fn disk_bytes(path: &Path) -> u64 {
 
 /// A poisoned lock only means another thread panicked mid-update of in-memory bookkeeping that
 /// every reader re-validates against the disk, so it is safe to continue.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
