@@ -670,7 +670,7 @@ async fn start_upload(
         let result = async {
             let expected = digest(expected)?;
             append(&mut upload, body).await?;
-            complete(registry, &mut upload, &expected)?;
+            complete(registry, &mut upload, &expected).await?;
             Ok(blob_created(&name, &expected))
         }
         .await;
@@ -730,7 +730,7 @@ async fn append(upload: &mut Upload, body: Body) -> Result<()> {
 }
 
 /// Checks the received bytes against the digest the client named, then publishes the blob.
-fn complete(registry: &Registry, upload: &mut Upload, expected: &Digest) -> Result<()> {
+async fn complete(registry: &Registry, upload: &mut Upload, expected: &Digest) -> Result<()> {
     let actual = Digest::from_hasher(upload.hasher.clone());
     if &actual != expected {
         return Err(RegistryError::new(
@@ -739,6 +739,7 @@ fn complete(registry: &Registry, upload: &mut Upload, expected: &Digest) -> Resu
         )
         .about_digest(expected.as_str()));
     }
+    tokio::fs::File::open(&upload.path).await?.sync_all().await?;
     registry.storage.commit_upload(&upload.path, &upload.repository, expected)?;
     Ok(())
 }
@@ -796,7 +797,7 @@ async fn finish_upload(
         return Ok(refused);
     }
     append(&mut upload, body).await?;
-    let result = complete(registry, &mut upload, &expected);
+    let result = complete(registry, &mut upload, &expected).await;
     // Finished either way: a digest mismatch ends the session as in the reference implementation.
     upload.closed = true;
     registry.forget_upload(id);

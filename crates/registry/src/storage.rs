@@ -88,13 +88,13 @@ impl Storage {
         remove_if_present(&self.repository(name).join("_blobs").join(digest.hex()))
     }
 
-    /// Moves a finished, verified upload into the blob store and links it to the repository.
+    /// Moves a finished, verified upload into the blob store and links it to the repository. The
+    /// caller has synced the upload's file to disk (off the async workers: a layer can be large).
     pub fn commit_upload(&self, upload: &Path, name: &RepositoryName, digest: &Digest) -> io::Result<()> {
         let target = self.blob_path(digest);
         if target.is_file() {
             fs::remove_file(upload)?;
         } else {
-            fs::File::open(upload)?.sync_all()?;
             fs::rename(upload, &target)?;
         }
         self.link_blob(name, digest)

@@ -2,9 +2,11 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use shepherd_apiserver::{ConnectionLimits, ConnectionMetrics};
 use shepherd_registry::Registry;
 use shepherd_registry::testimage::ImageBuilder;
 
@@ -44,7 +46,7 @@ pub async fn start_beside(args: &BesideArgs, server_data_dir: &Path) -> anyhow::
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("registry: listening on {listen}"))?;
     let address = listener.local_addr()?;
     tokio::spawn(async move {
-        if let Err(error) = shepherd_registry::serve(listener, registry, crate::shutdown_signal()).await {
+        if let Err(error) = serve(listener, registry).await {
             tracing::error!(%error, "the registry stopped");
         }
     });
@@ -59,7 +61,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let address = listener.local_addr()?;
-    let server = tokio::spawn(shepherd_registry::serve(listener, registry, crate::shutdown_signal()));
+    let server = tokio::spawn(serve(listener, registry));
     for reference in &args.test_image {
         let (repository, tag) =
             reference.rsplit_once(':').with_context(|| format!("--test-image {reference}: expected REPOSITORY:TAG"))?;
@@ -69,4 +71,15 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
     }
     println!("registry serving on http://{address}");
     server.await.context("registry task")?.context("serving the registry")
+}
+
+/// Serves with the API server's connection handling (a request-head time-out, a connection cap
+/// from the open-file limit, a bounded grace period on stop) until SIGTERM or SIGINT.
+async fn serve(listener: tokio::net::TcpListener, registry: std::sync::Arc<Registry>) -> std::io::Result<()> {
+    let limits = ConnectionLimits {
+        header_timeout: Duration::from_secs(30),
+        max_connections: ConnectionLimits::cap_for_open_files(crate::raise_open_file_limit()),
+    };
+    let router = registry.router();
+    shepherd_apiserver::serve(listener, router, limits, ConnectionMetrics::default(), crate::shutdown_signal()).await
 }

@@ -582,3 +582,33 @@ async fn every_whole_download_of_a_blob_counts_as_one_pull() {
         metrics.lines().find_map(|l| l.strip_prefix(&line)).unwrap_or_else(|| panic!("no {line} in\n{metrics}"));
     assert_eq!(count, "10", "ten GETs, not the HEAD or the range request");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_image_flag_serves_the_busybox_image_from_the_start() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(["registry", "--listen", "127.0.0.1:0", "--test-image", "busybox:1", "--test-image", "tools/bb:2"])
+        .arg("--data-dir")
+        .arg(data.path())
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run shepherd registry");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("serving line");
+    let address = line.trim().rsplit("http://").next().unwrap_or_default().to_string();
+    let registry = RegistryProcess { child, address, _data: Some(data) };
+
+    let image = ImageBuilder::busybox().expect("busybox-static").build().expect("build");
+    let client = reqwest::Client::new();
+    for (repository, tag) in [("busybox", "1"), ("tools/bb", "2")] {
+        let manifest =
+            client.head(registry.url(&format!("/v2/{repository}/manifests/{tag}"))).send().await.expect("manifest");
+        assert_eq!(manifest.status(), 200, "{repository}:{tag} is there once the registry says it serves");
+        assert_eq!(
+            manifest.headers()["docker-content-digest"],
+            image.manifest_digest.as_str(),
+            "same image as built here"
+        );
+    }
+}
