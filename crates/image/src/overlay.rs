@@ -1,5 +1,6 @@
 //! A container's root filesystem: an overlay of its image's unpacked layers under a private upper dir.
 
+use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -62,16 +63,17 @@ impl ImageStore {
             fs::create_dir_all(&empty).map_err(|e| ImageError::io("creating", &empty, e))?;
             lower.push(empty);
         }
-        let options = overlay_options(&lower, &upper, &work)?;
-        let options = std::ffi::CString::new(options).map_err(|e| ImageError::Internal(e.to_string()))?;
-        rustix::mount::mount(
-            "overlay",
-            &rootfs,
-            "overlay",
-            MountFlags::empty(),
-            Some(options.as_c_str()),
-        )
-        .map_err(|e| {
+        check_option_paths(
+            lower
+                .iter()
+                .map(PathBuf::as_path)
+                .chain([upper.as_path(), work.as_path()]),
+        )?;
+        let mounted = match legacy_options(&lower, &upper, &work) {
+            Some(options) => rustix::mount::mount("overlay", &rootfs, "overlay", MountFlags::empty(), Some(&*options)),
+            None => mount_layer_by_layer(&lower, &upper, &work, &rootfs),
+        };
+        mounted.map_err(|e| {
             let hint = if e == rustix::io::Errno::PERM {
                 " (mounting needs root)"
             } else {
@@ -110,10 +112,8 @@ impl ImageStore {
     }
 }
 
-fn overlay_options(lower: &[PathBuf], upper: &Path, work: &Path) -> Result<String> {
-    let mut all: Vec<&Path> = lower.iter().map(PathBuf::as_path).collect();
-    all.extend([upper, work]);
-    for path in &all {
+fn check_option_paths<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Result<()> {
+    for path in paths {
         let text = path.to_str().unwrap_or(",");
         if text.contains([',', ':']) {
             return Err(ImageError::Internal(format!(
@@ -122,6 +122,11 @@ fn overlay_options(lower: &[PathBuf], upper: &Path, work: &Path) -> Result<Strin
             )));
         }
     }
+    Ok(())
+}
+
+/// The classic `mount(2)` options, or `None` when they do not fit the one page the kernel reads.
+fn legacy_options(lower: &[PathBuf], upper: &Path, work: &Path) -> Option<CString> {
     let lower: Vec<&str> = lower.iter().filter_map(|p| p.to_str()).collect();
     let options = format!(
         "lowerdir={},upperdir={},workdir={}",
@@ -129,14 +134,32 @@ fn overlay_options(lower: &[PathBuf], upper: &Path, work: &Path) -> Result<Strin
         upper.to_str().unwrap_or_default(),
         work.to_str().unwrap_or_default()
     );
-    // The kernel takes mount options in one page.
-    if options.len() >= 4096 {
-        return Err(ImageError::Internal(format!(
-            "the image has too many layers ({}) for one overlay mount",
-            lower.len()
-        )));
+    if options.len() >= 4095 {
+        None
+    } else {
+        CString::new(options).ok()
     }
-    Ok(options)
+}
+
+/// Images with many layers: the mount API (Linux 6.8+) takes each lower layer as its own
+/// `lowerdir+` parameter, so the page limit on the joined options does not apply.
+fn mount_layer_by_layer(lower: &[PathBuf], upper: &Path, work: &Path, target: &Path) -> rustix::io::Result<()> {
+    use rustix::mount::{FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags};
+    let fs = rustix::mount::fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)?;
+    for layer in lower {
+        rustix::mount::fsconfig_set_string(&fs, "lowerdir+", layer)?;
+    }
+    rustix::mount::fsconfig_set_string(&fs, "upperdir", upper)?;
+    rustix::mount::fsconfig_set_string(&fs, "workdir", work)?;
+    rustix::mount::fsconfig_create(&fs)?;
+    let mount = rustix::mount::fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())?;
+    rustix::mount::move_mount(
+        &mount,
+        "",
+        rustix::fs::CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
 }
 
 /// A mounted root has another device than the directory holding it.

@@ -88,3 +88,23 @@ fn a_container_id_that_could_name_another_path_is_refused() {
         assert!(err.contains("invalid container id"), "{bad}: {err}");
     }
 }
+
+#[test]
+fn an_image_with_more_layers_than_one_page_of_mount_options_still_mounts() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(dir.path().join("images")).unwrap();
+    // Each lower layer costs about 100 bytes of options here, so 60 layers exceed the 4 KiB page.
+    let layers: Vec<_> = (0..60)
+        .map(|i| unpacked(&store, &Layer::default().file(&format!("layer-{i}"), &i.to_string())))
+        .collect();
+    let record = image(&store, "example.com/tall:1", layers, 0);
+    let root = store.mount_rootfs("tall", &record).unwrap();
+    let seen = std::panic::catch_unwind(|| {
+        assert_eq!(fs::read_to_string(root.join("layer-0")).unwrap(), "0");
+        assert_eq!(fs::read_to_string(root.join("layer-59")).unwrap(), "59");
+    });
+    store.remove_rootfs("tall").unwrap();
+    seen.unwrap();
+    assert!(!mounted(&root));
+}
