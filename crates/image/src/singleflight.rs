@@ -35,15 +35,20 @@ impl<K: Eq + Hash + Clone + Send + 'static, T: Clone + Send + Sync + 'static> Si
             if let Some(running) = inflight.get(&key) {
                 running.clone()
             } else {
-                let task = tokio::spawn(work());
                 let map = Arc::clone(&self.inflight);
                 let done_key = key.clone();
-                let shared = async move {
-                    let result = task
-                        .await
-                        .unwrap_or_else(|e| Err(ImageError::Internal(format!("pull task failed: {e}"))));
+                let work = work();
+                // The task forgets the key itself, so the next request starts a fresh run even
+                // when every caller of this one gave up. It cannot remove a newer run's entry: one
+                // is only added once this entry is gone, and this insert holds the lock meanwhile.
+                let task = tokio::spawn(async move {
+                    let result = work.await;
                     map.lock().unwrap_or_else(|p| p.into_inner()).remove(&done_key);
                     result
+                });
+                let shared = async move {
+                    task.await
+                        .unwrap_or_else(|e| Err(ImageError::Internal(format!("pull task failed: {e}"))))
                 }
                 .boxed()
                 .shared();
@@ -104,5 +109,35 @@ mod tests {
         );
         assert!(a.unwrap_err().is_not_found());
         assert!(b.unwrap_err().is_not_found());
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_gives_up_does_not_cancel_the_run_for_the_others() {
+        let flights = SingleFlight::<&'static str, usize>::new();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (release, released) = tokio::sync::watch::channel(false);
+        let work = {
+            let runs = runs.clone();
+            move || async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let _ = released.clone().wait_for(|r| *r).await;
+                Ok(7)
+            }
+        };
+        let first = flights.run("x", work);
+        futures::pin_mut!(first);
+        assert!(
+            futures::poll!(first.as_mut()).is_pending(),
+            "the run waits for its release"
+        );
+        drop(first); // the first caller gives up
+        let second = flights.run("x", || async { Ok(0) });
+        release.send(true).unwrap();
+        assert_eq!(
+            second.await.unwrap(),
+            7,
+            "the second caller joins the run the first one started"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 }
