@@ -112,32 +112,40 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_caller_that_gives_up_does_not_cancel_the_run_for_the_others() {
+    async fn a_run_whose_callers_all_gave_up_still_completes_and_is_then_forgotten() {
         let flights = SingleFlight::<&'static str, usize>::new();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let (release, released) = tokio::sync::watch::channel(false);
+        let done = Arc::new(AtomicUsize::new(0));
+        let (release, mut released) = tokio::sync::watch::channel(false);
         let work = {
-            let runs = runs.clone();
+            let done = done.clone();
             move || async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                let _ = released.clone().wait_for(|r| *r).await;
+                let _ = released.wait_for(|r| *r).await;
+                done.fetch_add(1, Ordering::SeqCst);
                 Ok(7)
             }
         };
-        let first = flights.run("x", work);
-        futures::pin_mut!(first);
+        let mut only_caller = Box::pin(flights.run("x", work));
         assert!(
-            futures::poll!(first.as_mut()).is_pending(),
+            futures::poll!(only_caller.as_mut()).is_pending(),
             "the run waits for its release"
         );
-        drop(first); // the first caller gives up
-        let second = flights.run("x", || async { Ok(0) });
+        drop(only_caller);
         release.send(true).unwrap();
+        for _ in 0..10_000 {
+            if done.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
         assert_eq!(
-            second.await.unwrap(),
-            7,
-            "the second caller joins the run the first one started"
+            done.load(Ordering::SeqCst),
+            1,
+            "the pull finishes with no caller left (its blobs are kept)"
         );
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            flights.run("x", || async { Ok(0) }).await.unwrap(),
+            0,
+            "a finished run answers no one later"
+        );
     }
 }
