@@ -404,6 +404,15 @@ async fn a_blob_mounts_from_a_repository_that_has_it_and_only_from_one() {
     assert!(not_mounted.headers()["location"].to_str().expect("location").starts_with("/v2/third/blobs/uploads/"));
     let absent = client.head(registry.url(&format!("/v2/third/blobs/{layer}"))).send().await.expect("head");
     assert_eq!(absent.status(), 404);
+
+    // The catalog pages as the tags list does; "third" holds nothing and is not listed.
+    let first = client.get(registry.url("/v2/_catalog?n=1")).send().await.expect("catalog");
+    assert_eq!(first.headers()["link"], "</v2/_catalog?n=1&last=source>; rel=\"next\"");
+    let first: Value = first.json().await.expect("JSON");
+    assert_eq!(first["repositories"], serde_json::json!(["source"]));
+    let rest: Value =
+        client.get(registry.url("/v2/_catalog?last=source")).send().await.expect("catalog").json().await.expect("JSON");
+    assert_eq!(rest["repositories"], serde_json::json!(["target"]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -512,7 +521,7 @@ async fn a_registry_killed_mid_push_restarts_with_its_images_and_without_the_hal
 
     let catalog: Value =
         client.get(registry.url("/v2/_catalog")).send().await.expect("catalog").json().await.expect("JSON");
-    assert_eq!(catalog["repositories"], serde_json::json!(["kept"]));
+    assert_eq!(catalog["repositories"], serde_json::json!(["kept"]), "the half upload's repository holds nothing");
     let work = tempfile::tempdir().expect("tempdir");
     let source = format!("docker://{}/kept:1", registry.address);
     let destination = format!("oci:{}:1", work.path().join("out").display());
