@@ -27,6 +27,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Endpoints, Event, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, Status, WatchEvent};
 use prost::Message;
 use schemars::generate::SchemaSettings;
@@ -76,6 +77,7 @@ const KIND_TYPES: &[KindType] = &[
     typed::<Lease>(),
     typed::<EndpointSlice>(),
     typed::<PodDisruptionBudget>(),
+    typed::<CustomResourceDefinition>(),
 ];
 
 /// Extensions Kubernetes puts on a field: how strategic merge patch and server-side apply treat it.
@@ -198,6 +200,10 @@ async fn documents() -> &'static Documents {
     }
 }
 
+/// Forgets the documents after the served custom resources changed. (Custom resources are not
+/// described yet: the documents do not change.)
+pub(crate) fn invalidate() {}
+
 fn build() -> Documents {
     let definitions = definitions();
     let paths: Vec<PathEntry> = kinds::ALL.iter().filter(|r| kind_type(r).is_some()).flat_map(paths_of).collect();
@@ -300,6 +306,12 @@ fn definitions() -> Map<String, Value> {
         json!({"description": "A patch: a JSON patch, a JSON merge patch or a strategic merge patch, as the \
             request's Content-Type says.", "type": "object"}),
     );
+    // A schema or a list of schemas, a schema or a bool...: described without the `oneOf`, as
+    // Kubernetes publishes them (neither OpenAPI v2 nor its protobuf form has `oneOf`).
+    for (name, d) in defs.iter_mut().filter(|(n, _)| n.starts_with("io.k8s.apiextensions-apiserver.") && n.contains("JSONSchemaPropsOr")) {
+        *d = json!({"description": format!("{}: a value of more than one form; see the Kubernetes API reference.",
+            name.rsplit('.').next().unwrap_or(name))});
+    }
     for (definition, field) in shepherd_api::validation::unsupported_fields() {
         prune(&mut defs, definition, field);
     }
@@ -911,7 +923,7 @@ mod tests {
     #[test]
     fn each_v3_document_resolves_its_references_and_names_its_kinds() {
         let docs = build();
-        assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apps/v1", "apis/coordination.k8s.io/v1", "apis/discovery.k8s.io/v1", "apis/policy/v1"]);
+        assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apiextensions.k8s.io/v1", "apis/apps/v1", "apis/coordination.k8s.io/v1", "apis/discovery.k8s.io/v1", "apis/policy/v1"]);
         for gv in docs.v3.keys() {
             let doc = v3(&docs, gv);
             let schemas = doc["components"]["schemas"].as_object().expect("schemas");
