@@ -39,44 +39,8 @@ fn strings(v: Option<&Value>) -> Vec<String> {
     v.and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_string).collect()
 }
 
-/// The served versions of a stored definition, as the registry holds them.
 pub(crate) fn served_versions(def: &Value) -> Vec<(CustomResource, CustomVersion)> {
-    let name = str_at(def, "/metadata/name");
-    let group = str_at(def, "/spec/group");
-    let names = def.at("/spec/names").cloned().unwrap_or(Value::Null);
-    let kind = str_at(&names, "/kind");
-    let storage = versions(def).iter().find(|v| v["storage"] == true).map(|v| str_at(v, "/name")).unwrap_or("");
-    versions(def)
-        .iter()
-        .filter(|v| v["served"] == true)
-        .map(|v| {
-            let subresources = v.get("subresources");
-            let resource = CustomResource {
-                group: group.to_string(),
-                version: str_at(v, "/name").to_string(),
-                kind: kind.to_string(),
-                plural: str_at(&names, "/plural").to_string(),
-                singular: match str_at(&names, "/singular") {
-                    "" => kind.to_ascii_lowercase(),
-                    s => s.to_string(),
-                },
-                namespaced: str_at(def, "/spec/scope") == "Namespaced",
-                short_names: strings(names.get("shortNames")),
-                categories: strings(names.get("categories")),
-                has_status: subresources.and_then(|s| s.get("status")).is_some_and(|s| !s.is_null()),
-                has_scale: subresources.and_then(|s| s.get("scale")).is_some_and(|s| !s.is_null()),
-            };
-            let custom = CustomVersion {
-                definition: name.to_string(),
-                schema: v.at("/schema/openAPIV3Schema").cloned(),
-                printer_columns: v.get("additionalPrinterColumns").and_then(Value::as_array).cloned().unwrap_or_default(),
-                scale: subresources.and_then(|s| s.get("scale")).filter(|s| !s.is_null()).cloned(),
-                storage: str_at(v, "/name") == storage,
-                storage_api_version: format!("{group}/{storage}"),
-            };
-            (resource, custom)
-        })
-        .collect()
+    kinds::custom_resources_of(def)
 }
 
 /// Serves what a stored definition defines (or stops serving it once it is gone).
