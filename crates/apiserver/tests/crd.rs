@@ -211,3 +211,25 @@ async fn objects_written_through_any_served_version_are_stored_in_the_storage_ve
     let preferred = s.get(&format!("/apis/{group}")).await.body;
     assert_eq!(preferred["preferredVersion"]["version"], "v1", "{preferred}");
 }
+
+#[tokio::test]
+async fn a_definition_adds_its_schema_to_the_openapi_documents_and_changes_their_etag() {
+    let s = start().await;
+    let group = "openapi.example.com";
+    let before = s.get("/openapi/v2").await;
+    let etag_before = before.headers.get("etag").cloned();
+    assert_eq!(s.post(CRDS, &widget_crd(group)).await.code, StatusCode::CREATED);
+
+    let after = s.get("/openapi/v2").await;
+    assert_ne!(after.headers.get("etag").cloned(), etag_before, "the ETag must change with the served kinds");
+    let widget = &after.body["definitions"]["com.example.openapi.v1.Widget"];
+    assert_eq!(widget["properties"]["spec"]["properties"]["size"]["type"], "integer", "{widget}");
+    assert_eq!(widget["x-kubernetes-group-version-kind"][0]["kind"], "Widget");
+    let patch = &after.body["paths"][format!("/apis/{group}/v1/namespaces/{{namespace}}/widgets/{{name}}").as_str()]["patch"];
+    assert!(patch["parameters"].as_array().is_some_and(|p| p.iter().any(|q| q["name"] == "fieldValidation")), "{patch}");
+
+    let index = s.get("/openapi/v3").await.body;
+    let url = index["paths"][format!("apis/{group}/v1").as_str()]["serverRelativeURL"].as_str().expect("listed").to_string();
+    let doc = s.get(&url).await.body;
+    assert_eq!(doc["components"]["schemas"]["com.example.openapi.v1.Widget"]["properties"]["spec"]["required"], json!(["size"]));
+}

@@ -154,3 +154,12 @@ pub fn delete_definition(k: &Kubectl) -> Outcome {
     k.expect(&["delete", "crd", &gizmos(k), "--timeout=60s"], &["deleted"])?;
     expect_failure(k, &["get", &gizmos(k)], &["the server doesn't have a resource type"])
 }
+
+pub fn explain(k: &Kubectl) -> Outcome {
+    k.expect(&["explain", &gizmos(k)], &["KIND:", "Gizmo", "spec"])?;
+    k.expect(&["explain", &format!("{}.spec", gizmos(k))], &["size", "colour", "integer"])
+}
+
+pub fn describe(k: &Kubectl) -> Outcome {
+    k.expect(&["describe", &gizmos(k), "g1"], &["Name:", "g1", "Kind:", "Gizmo", "Size:"])
+}
