@@ -175,6 +175,8 @@ const ROWS: &[Row] = &[
     ("crd: status subresource ignores spec", crd::status_ignores_spec),
     ("crd: non-structural schema refused", crd::non_structural_refused),
     ("crd: pod owned by a custom object collected", crd::owned_pod_collected),
+    ("crd: custom object owned by a pod collected", crd::custom_dependent_collected),
+    ("crd: foreground deletion of a custom owner", crd::foreground_deletion),
     ("crd: delete definition removes its objects", crd::delete_definition),
 ];
 
