@@ -340,6 +340,13 @@ async fn serve(app: AppState, target: Result<Target, ApiError>, req: Request) ->
         None => t.res.plural.to_string(),
     };
     let accept = protobuf::Accept::of(req.headers());
+    if accept == protobuf::Accept::OnlyProtobuf && kinds::is_custom(t.res) {
+        // Custom resources have no protobuf form; Kubernetes serves them in JSON only.
+        let e = ApiError::NotAcceptable(
+            "only the following media types are accepted: application/json, application/json;stream=watch".into(),
+        );
+        return error_response(&e);
+    }
     let response = match handle(&app, &t, &query, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
@@ -850,7 +857,12 @@ async fn watch(app: &AppState, t: &Target, query: &HashMap<String, String>, head
     let events = app.svc.watch(t.res, t.namespace.as_deref(), opts).await?;
     let res = t.res;
     let as_table = wants_table(headers);
+    let read_as = crate::crd::read_as(res);
     let lines = events.map(move |e: WireEvent| {
+        let e = match &read_as {
+            Some(api_version) => crate::crd::convert_event(api_version, e),
+            None => e,
+        };
         let e = if as_table && matches!(e.kind, "ADDED" | "MODIFIED" | "DELETED") {
             match serde_json::from_slice::<Value>(&e.object) {
                 Ok(obj) => {

@@ -233,3 +233,81 @@ async fn a_definition_adds_its_schema_to_the_openapi_documents_and_changes_their
     let doc = s.get(&url).await.body;
     assert_eq!(doc["components"]["schemas"]["com.example.openapi.v1.Widget"]["properties"]["spec"]["required"], json!(["size"]));
 }
+
+/// The first `n` events of a watch.
+async fn watch_events(s: &Server, path: &str, n: usize) -> Vec<Value> {
+    use futures::StreamExt;
+    let resp = s.http.get(s.url(path)).send().await.expect("watch");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.bytes_stream();
+    let (mut buf, mut out) = (Vec::new(), Vec::new());
+    while out.len() < n {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next()).await.expect("event in time");
+        let Some(Ok(chunk)) = chunk else { break };
+        buf.extend_from_slice(&chunk);
+        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            out.push(serde_json::from_slice(&line).expect("json line"));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn custom_objects_are_watched_and_selected_like_built_in_ones() {
+    let s = start().await;
+    let group = "watch.example.com";
+    let mut crd = widget_crd(group);
+    let mut beta = crd["spec"]["versions"][0].clone();
+    beta["name"] = json!("v1beta1");
+    beta["storage"] = json!(false);
+    crd["spec"]["versions"].as_array_mut().expect("versions").push(beta);
+    assert_eq!(s.post(CRDS, &crd).await.code, StatusCode::CREATED);
+    for (name, colour) in [("a", "red"), ("b", "blue")] {
+        let mut w = widget(name, group, json!({"size": 1}));
+        w["metadata"]["labels"] = json!({"colour": colour});
+        assert_eq!(s.post(&widgets(group), &w).await.code, StatusCode::CREATED);
+    }
+    let by_label = s.get(&format!("{}?labelSelector=colour%3Dblue", widgets(group))).await.body;
+    assert_eq!(by_label["items"].as_array().map(|i| i.iter().map(|o| o["metadata"]["name"].clone()).collect::<Vec<_>>()), Some(vec![json!("b")]));
+    let by_field = s.get(&format!("/apis/{group}/v1/widgets?fieldSelector=metadata.name%3Da,metadata.namespace%3Ddefault")).await.body;
+    assert_eq!(by_field["items"].as_array().map(Vec::len), Some(1), "{by_field}");
+
+    let beta_watch = format!("/apis/{group}/v1beta1/namespaces/default/widgets?watch=true&labelSelector=colour%3Dred");
+    let events = watch_events(&s, &beta_watch, 1).await;
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "a");
+    assert_eq!(events[0]["object"]["apiVersion"], format!("{group}/v1beta1"));
+
+    let protobuf_first = s.http.get(s.url(&widgets(group)))
+        .header("accept", "application/vnd.kubernetes.protobuf, application/json")
+        .send().await.expect("get");
+    assert_eq!(protobuf_first.status(), StatusCode::OK);
+    assert!(protobuf_first.headers()["content-type"].to_str().unwrap_or("").starts_with("application/json"));
+    let only_protobuf = s.http.get(s.url(&widgets(group)))
+        .header("accept", "application/vnd.kubernetes.protobuf")
+        .send().await.expect("get");
+    assert_eq!(only_protobuf.status(), StatusCode::NOT_ACCEPTABLE);
+}
+
+#[tokio::test]
+async fn updating_a_definition_changes_what_is_served() {
+    let s = start().await;
+    let group = "update.example.com";
+    let created = s.post(CRDS, &widget_crd(group)).await.body;
+    let mut crd = created.clone();
+    let mut beta = crd["spec"]["versions"][0].clone();
+    beta["name"] = json!("v2");
+    beta["storage"] = json!(false);
+    crd["spec"]["versions"].as_array_mut().expect("versions").push(beta);
+    crd["spec"]["versions"][0]["served"] = json!(false);
+    let r = s.put(&format!("{CRDS}/widgets.{group}"), &crd).await;
+    assert_eq!(r.code, StatusCode::OK, "{}", r.body);
+    assert_eq!(s.get(&widgets(group)).await.code, StatusCode::NOT_FOUND, "v1 is no longer served");
+    assert_eq!(s.get(&format!("/apis/{group}/v2/namespaces/default/widgets")).await.code, StatusCode::OK);
+    let mut scope = r.body.clone();
+    scope["spec"]["scope"] = json!("Cluster");
+    let refused = s.put(&format!("{CRDS}/widgets.{group}"), &scope).await;
+    assert_eq!(refused.code, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(refused.body["details"]["causes"][0]["field"], "spec.scope");
+}

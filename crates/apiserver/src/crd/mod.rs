@@ -372,6 +372,23 @@ pub(crate) async fn convert_response(api_version: &str, response: axum::response
     axum::response::Response::from_parts(parts, axum::body::Body::from(converted))
 }
 
+/// A watch event of a custom object, in the version it was watched through.
+pub(crate) fn convert_event(api_version: &str, e: crate::watch::WireEvent) -> crate::watch::WireEvent {
+    if !matches!(e.kind, "ADDED" | "MODIFIED" | "DELETED") {
+        return e;
+    }
+    match serde_json::from_slice::<Value>(&e.object) {
+        Ok(mut obj) => {
+            obj["apiVersion"] = json!(api_version);
+            match serde_json::to_vec(&obj) {
+                Ok(object) => crate::watch::WireEvent { kind: e.kind, object },
+                Err(_) => e,
+            }
+        }
+        Err(_) => e,
+    }
+}
+
 /// A simple JSONPath (`.spec.replicas`, `.status.conditions[0].type`) as JSON-pointer steps;
 /// none for anything fancier, which Shepherd does not evaluate.
 pub(crate) fn simple_path(path: &str) -> Option<Vec<String>> {
