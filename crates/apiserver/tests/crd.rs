@@ -311,3 +311,20 @@ async fn updating_a_definition_changes_what_is_served() {
     assert_eq!(refused.code, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(refused.body["details"]["causes"][0]["field"], "spec.scope");
 }
+
+#[tokio::test]
+async fn a_definition_whose_names_are_taken_is_not_accepted_nor_served() {
+    let s = start().await;
+    let group = "conflict.example.com";
+    assert_eq!(s.post(CRDS, &widget_crd(group)).await.code, StatusCode::CREATED);
+    let mut other = widget_crd(group);
+    other["metadata"]["name"] = json!(format!("gadgets.{group}"));
+    other["spec"]["names"] = json!({"plural": "gadgets", "kind": "Widget"});
+    let r = s.post(CRDS, &other).await;
+    assert_eq!(r.code, StatusCode::CREATED, "{}", r.body);
+    let accepted = r.body["status"]["conditions"].as_array().expect("conditions").iter()
+        .find(|c| c["type"] == "NamesAccepted").cloned().expect("NamesAccepted");
+    assert_eq!((accepted["status"].as_str(), accepted["reason"].as_str()), (Some("False"), Some("NameConflict")), "{accepted}");
+    assert_eq!(s.get(&format!("/apis/{group}/v1/namespaces/default/gadgets")).await.code, StatusCode::NOT_FOUND);
+    assert_eq!(s.get(&widgets(group)).await.code, StatusCode::OK, "the first definition is still served");
+}

@@ -45,7 +45,10 @@ pub(crate) fn served_versions(def: &Value) -> Vec<(CustomResource, CustomVersion
 
 /// Serves what a stored definition defines (or stops serving it once it is gone).
 pub(crate) fn sync(def: &Value) {
-    kinds::register_custom(str_at(def, "/metadata/name"), served_versions(def));
+    let accepted = def.at("/status/conditions").and_then(Value::as_array).into_iter().flatten()
+        .any(|c| c["type"] == "NamesAccepted" && c["status"] == "True");
+    let versions = if accepted { served_versions(def) } else { Vec::new() };
+    kinds::register_custom(str_at(def, "/metadata/name"), versions);
     crate::openapi::invalidate();
 }
 
@@ -107,10 +110,16 @@ pub(crate) fn prepare(old: Option<&Value>, def: &mut Value) {
             .unwrap_or_else(|| json!(now));
         json!({"type": t, "status": status, "reason": reason, "message": message, "lastTransitionTime": since})
     };
-    let mut conditions = vec![
-        condition("NamesAccepted", "True", "NoConflicts", "no conflicts found"),
-        condition("Established", "True", "InitialNamesAccepted", "the initial names have been accepted"),
-    ];
+    let mut conditions = match name_conflict(def) {
+        None => vec![
+            condition("NamesAccepted", "True", "NoConflicts", "no conflicts found"),
+            condition("Established", "True", "InitialNamesAccepted", "the initial names have been accepted"),
+        ],
+        Some(conflict) => vec![
+            condition("NamesAccepted", "False", "NameConflict", &conflict),
+            condition("Established", "False", "NotAccepted", "not all names are accepted"),
+        ],
+    };
     if deleting {
         conditions.push(condition("Terminating", "True", "InstanceDeletionInProgress", "CustomResource deletion is in progress"));
     }
@@ -122,6 +131,36 @@ pub(crate) fn prepare(old: Option<&Value>, def: &mut Value) {
     }
     let accepted = def.at("/spec/names").cloned().unwrap_or(json!({}));
     def["status"] = json!({"conditions": conditions, "acceptedNames": accepted, "storedVersions": stored});
+}
+
+/// A name of `def` another definition of the same group already uses, as Kubernetes' naming
+/// controller words it; such a definition is not served.
+fn name_conflict(def: &Value) -> Option<String> {
+    let me = str_at(def, "/metadata/name");
+    let group = str_at(def, "/spec/group");
+    let names = def.at("/spec/names")?;
+    let others: Vec<&'static ResourceInfo> = kinds::all()
+        .into_iter()
+        .filter(|r| r.group == group && kinds::custom(r).is_some_and(|c| c.definition != me))
+        .collect();
+    let plural = str_at(names, "/plural");
+    let singular = str_at(names, "/singular");
+    let kind = str_at(names, "/kind");
+    for r in &others {
+        if r.plural == plural || r.singular == plural {
+            return Some(format!("\"{plural}\" is already in use"));
+        }
+        if !singular.is_empty() && (r.plural == singular || r.singular == singular) {
+            return Some(format!("\"{singular}\" is already in use"));
+        }
+        if r.kind == kind {
+            return Some(format!("\"{kind}\" is already in use"));
+        }
+        if let Some(short) = strings(names.get("shortNames")).into_iter().find(|s| r.short_names.contains(&s.as_str())) {
+            return Some(format!("\"{short}\" is already in use"));
+        }
+    }
+    None
 }
 
 /// Checks a definition as Kubernetes' validation does; `old` is the stored one on an update.
