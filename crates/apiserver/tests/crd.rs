@@ -328,3 +328,29 @@ async fn a_definition_whose_names_are_taken_is_not_accepted_nor_served() {
     assert_eq!(s.get(&format!("/apis/{group}/v1/namespaces/default/gadgets")).await.code, StatusCode::NOT_FOUND);
     assert_eq!(s.get(&widgets(group)).await.code, StatusCode::OK, "the first definition is still served");
 }
+
+#[tokio::test]
+async fn a_finalizer_holds_a_custom_object_and_the_definition_until_it_is_removed() {
+    let s = start().await;
+    let group = "finalizers.example.com";
+    assert_eq!(s.post(CRDS, &widget_crd(group)).await.code, StatusCode::CREATED);
+    let mut w = widget("held", group, json!({"size": 1}));
+    w["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    assert_eq!(s.post(&widgets(group), &w).await.code, StatusCode::CREATED);
+    let path = format!("{}/held", widgets(group));
+
+    let r = s.delete(&path).await;
+    assert_eq!(r.code, StatusCode::ACCEPTED, "{}", r.body);
+    assert!(r.body["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(s.delete(&format!("{CRDS}/widgets.{group}")).await.code, StatusCode::ACCEPTED);
+    // The definition waits for its last object, which stays served so its finalizer can go.
+    eventually(&s, &format!("{CRDS}/widgets.{group}"), "the definition reports its cleanup", |d| {
+        d["status"]["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "Terminating"))
+    })
+    .await;
+    assert_eq!(s.get(&path).await.code, StatusCode::OK);
+    let r = s.patch(&path, &json!({"metadata": {"finalizers": null}}), MERGE).await;
+    assert_eq!(r.code, StatusCode::OK, "{}", r.body);
+    eventually(&s, &format!("{CRDS}/widgets.{group}"), "the definition goes", |b| b.is_null() || b["code"] == 404).await;
+    assert_eq!(s.get(&path).await.code, StatusCode::NOT_FOUND);
+}

@@ -590,6 +590,13 @@ async fn cleanup_once(svc: &ApiService, name: &str) -> Result<bool, ApiError> {
     if def.at("/metadata/deletionTimestamp").is_none() {
         return Ok(true);
     }
+    let terminating = def.at("/status/conditions").and_then(Value::as_array).into_iter().flatten()
+        .any(|c| c["type"] == "Terminating");
+    if !terminating {
+        // Rewriting the definition as it is lets `prepare` report the cleanup in its status.
+        let opts = crate::write_options::WriteOptions::default();
+        svc.mutate(&kinds::CUSTOMRESOURCEDEFINITION, None, name, None, &opts, |old| Ok(old.clone())).await?;
+    }
     let served = served_versions(&def);
     let mut remaining = 0;
     if let Some((first, _)) = served.first()
