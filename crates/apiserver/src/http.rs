@@ -649,6 +649,11 @@ async fn handle(
                     "patch content type {ct:?} is not supported: use application/merge-patch+json, application/json-patch+json or application/strategic-merge-patch+json"
                 )));
             };
+            if patch_type == PatchType::StrategicMerge && kinds::is_custom(res) {
+                // Custom resources have no patch strategies to merge by, as in Kubernetes.
+                return Err(ApiError::UnsupportedMediaType("the body of the request was in an unknown format - accepted \
+                    media types include: application/json-patch+json, application/merge-patch+json".into()));
+            }
             let opts = write_options(OptionsKind::Patch, query)?;
             let mut warnings = Vec::new();
             let patch = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;

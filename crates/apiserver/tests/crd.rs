@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{MERGE, Server, start};
+use common::{MERGE, STRATEGIC, Server, start};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -154,6 +154,8 @@ async fn the_status_and_scale_subresources_follow_the_definition() {
     let r = s.patch(&format!("{path}/scale"), &json!({"spec": {"replicas": 4}}), MERGE).await;
     assert_eq!(r.code, StatusCode::OK, "{}", r.body);
     assert_eq!(s.get(&path).await.body["spec"]["replicas"], 4);
+    let strategic = s.patch(&path, &json!({"spec": {"size": 3}}), STRATEGIC).await;
+    assert_eq!(strategic.code, StatusCode::UNSUPPORTED_MEDIA_TYPE, "custom resources take no strategic merge patch");
 
     let table = s.http.get(s.url(&widgets(group)))
         .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")

@@ -167,6 +167,7 @@ const ROWS: &[Row] = &[
     ("crd: apply definition, served within 1 s", crd::create_and_serve),
     ("crd: apply object (default validation)", crd::apply_object),
     ("crd: get -o wide (printer columns)", crd::wide_columns),
+    ("crd: re-apply, label, get by short name", crd::reapply_and_label),
     ("crd: explain", crd::explain),
     ("crd: describe", crd::describe),
     ("crd: defaulting and pruning", crd::defaulted_and_pruned),

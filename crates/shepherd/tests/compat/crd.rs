@@ -121,7 +121,7 @@ pub fn scale(k: &Kubectl) -> Outcome {
 pub fn status_ignores_spec(k: &Kubectl) -> Outcome {
     let patch = r#"{"spec":{"size":9},"status":{"replicas":2}}"#;
     k.expect(&["patch", &gizmos(k), "g1", "--subresource=status", "--type=merge", "-p", patch], &["patched"])?;
-    k.expect_exactly(&["get", &gizmos(k), "g1", "-o", "jsonpath={.spec.size}/{.status.replicas}"], "3/2")
+    k.expect_exactly(&["get", &gizmos(k), "g1", "-o", "jsonpath={.spec.size}/{.status.replicas}"], "5/2")
 }
 
 pub fn non_structural_refused(k: &Kubectl) -> Outcome {
@@ -201,4 +201,11 @@ pub fn foreground_deletion(k: &Kubectl) -> Outcome {
         Ok(out) => Err(format!("the dependent outlived its owner's foreground deletion:\n{out}")),
         Err(_) => Ok(()),
     }
+}
+
+pub fn reapply_and_label(k: &Kubectl) -> Outcome {
+    let file = write(k, "gizmo.yaml", &gizmo(k, "g1", "{size: 5, replicas: 1}"))?;
+    k.expect(&["apply", "-f", &file], &["g1 configured"])?;
+    k.expect(&["label", &gizmos(k), "g1", "tier=fe"], &["labeled"])?;
+    k.expect(&["get", "gz", "-l", "tier=fe"], &["g1", "5"])
 }
