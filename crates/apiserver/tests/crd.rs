@@ -329,6 +329,13 @@ async fn a_definition_whose_names_are_taken_is_not_accepted_nor_served() {
     assert_eq!((accepted["status"].as_str(), accepted["reason"].as_str()), (Some("False"), Some("NameConflict")), "{accepted}");
     assert_eq!(s.get(&format!("/apis/{group}/v1/namespaces/default/gadgets")).await.code, StatusCode::NOT_FOUND);
     assert_eq!(s.get(&widgets(group)).await.code, StatusCode::OK, "the first definition is still served");
+
+    assert!(s.delete(&format!("{CRDS}/widgets.{group}")).await.code.is_success());
+    eventually(&s, &format!("{CRDS}/gadgets.{group}"), "the names are accepted once free", |d| {
+        d["status"]["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "Established" && c["status"] == "True"))
+    })
+    .await;
+    assert_eq!(s.get(&format!("/apis/{group}/v1/namespaces/default/gadgets")).await.code, StatusCode::OK);
 }
 
 #[tokio::test]

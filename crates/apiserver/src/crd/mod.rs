@@ -119,12 +119,40 @@ pub(crate) fn written(svc: &ApiService, res: &ResourceInfo, obj: &Value, gone: b
     let name = str_at(obj, "/metadata/name");
     if gone {
         forget(name);
+        let svc = svc.clone();
+        let group = str_at(obj, "/spec/group").to_string();
+        tokio::spawn(async move {
+            if let Err(e) = accept_freed_names(&svc, &group).await {
+                tracing::warn!(%group, error = %e, "re-checking definitions whose names were taken");
+            }
+        });
         return;
     }
     sync(obj);
     if obj.at("/metadata/deletionTimestamp").is_some() {
         spawn_cleanup(svc.clone(), name.to_string());
     }
+}
+
+/// Looks again at the definitions of `group` whose names were taken: rewriting one as it is
+/// re-evaluates its names, and serves it if they are free now.
+async fn accept_freed_names(svc: &ApiService, group: &str) -> Result<(), ApiError> {
+    let page = svc.list(&kinds::CUSTOMRESOURCEDEFINITION, None, &ListOptions::default()).await?;
+    for kv in &page.items {
+        let def = codec::decode(kv)?;
+        let refused = def.at("/status/conditions").and_then(Value::as_array).into_iter().flatten()
+            .any(|c| c["type"] == "NamesAccepted" && c["status"] == "False");
+        if refused && str_at(&def, "/spec/group") == group {
+            let opts = crate::write_options::WriteOptions::default();
+            let name = str_at(&def, "/metadata/name");
+            match svc.mutate(&kinds::CUSTOMRESOURCEDEFINITION, None, name, None, &opts, |old| Ok(old.clone())).await {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks a custom object against its schema, or a definition against the rules for definitions.
