@@ -195,8 +195,12 @@ pub(crate) fn apply_defaults(schema: &Value, v: &mut Value) {
         Value::Object(m) => {
             if let Some(props) = kw(schema, "properties").and_then(Value::as_object) {
                 for (name, sub) in props {
-                    if m.get(name).is_none_or(|x| x.is_null())
-                        && let Some(d) = kw(sub, "default")
+                    // A null is defaulted too, unless the field may be null.
+                    let missing = match m.get(name) {
+                        None => true,
+                        Some(x) => x.is_null() && !flag(sub, "nullable"),
+                    };
+                    if missing && let Some(d) = kw(sub, "default")
                     {
                         m.insert(name.clone(), d.clone());
                     }
@@ -483,6 +487,11 @@ mod tests {
         apply_defaults(&widget_schema(), &mut obj);
         assert_eq!(obj["spec"], json!({"size": 3, "colour": "red", "extra": {"anything": [1]}}));
         assert_eq!(obj["metadata"]["name"], "w");
+        let nullable = json!({"type": "object", "properties": {"a": {"type": "string", "default": "x", "nullable": true},
+            "b": {"type": "string", "default": "y"}}});
+        let mut nulls = json!({"a": null, "b": null});
+        apply_defaults(&nullable, &mut nulls);
+        assert_eq!(nulls, json!({"a": null, "b": "y"}));
     }
 
     #[test]
