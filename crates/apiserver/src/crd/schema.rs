@@ -43,6 +43,22 @@ pub(crate) fn check_structural(schema: &Value, path: &str, causes: &mut Vec<Caus
         "object" => {}
         other => causes.push(Cause::invalid(child(path, "type"), format!("Invalid value: \"{other}\": must be object at the root"))),
     }
+    // Object metadata has its own rules; a schema may only narrow the name.
+    if let Some(meta) = schema.get("properties").and_then(|p| p.get("metadata")) {
+        let only_names = meta.as_object().is_some_and(|m| {
+            m.iter().all(|(k, v)| match k.as_str() {
+                "type" => v == "object",
+                "properties" => v.as_object().is_some_and(|p| p.keys().all(|k| k == "name" || k == "generateName")),
+                _ => false,
+            })
+        });
+        if !only_names {
+            causes.push(Cause::forbidden(
+                format!("{path}.properties[metadata]"),
+                "Forbidden: must not specify anything other than name and generateName, but metadata is implicitly specified",
+            ));
+        }
+    }
     check_node(schema, path, causes);
 }
 
@@ -476,6 +492,11 @@ mod tests {
         let mut fine = Vec::new();
         check_structural(&widget_schema(), "s", &mut fine);
         assert!(fine.is_empty(), "{fine:?}");
+        let mut meta = Vec::new();
+        check_structural(&json!({"type": "object", "properties": {"metadata": {"type": "object",
+            "properties": {"labels": {"type": "object"}}}}}), "s", &mut meta);
+        assert_eq!(meta.len(), 1, "{meta:?}");
+        assert_eq!(meta[0].field, "s.properties[metadata]");
     }
 
     #[test]
