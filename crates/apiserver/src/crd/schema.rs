@@ -312,6 +312,7 @@ fn validate_value(schema: &Value, v: &Value, path: &str, causes: &mut Vec<Cause>
         }
         return;
     }
+    check_combinators(schema, v, path, causes);
     let ty = type_of(schema);
     if !type_matches(ty, v) {
         causes.push(Cause::invalid(path, format!(
@@ -376,6 +377,35 @@ fn validate_value(schema: &Value, v: &Value, path: &str, causes: &mut Vec<Cause>
             }
         }
         _ => {}
+    }
+}
+
+/// `allOf`, `anyOf`, `oneOf` and `not`: value validations a structural schema may add.
+fn check_combinators(schema: &Value, v: &Value, path: &str, causes: &mut Vec<Cause>) {
+    let fits = |sub: &Value| {
+        let mut found = Vec::new();
+        validate_value(sub, v, path, &mut found);
+        found
+    };
+    for sub in kw(schema, "allOf").and_then(Value::as_array).into_iter().flatten() {
+        causes.extend(fits(sub));
+    }
+    if let Some(any) = kw(schema, "anyOf").and_then(Value::as_array)
+        && !any.is_empty()
+        && !any.iter().any(|sub| fits(sub).is_empty())
+    {
+        causes.push(Cause::invalid(path, format!("Invalid value: {}: {path} in body must validate at least one schema (anyOf)", shown(v))));
+    }
+    if let Some(one) = kw(schema, "oneOf").and_then(Value::as_array)
+        && !one.is_empty()
+        && one.iter().filter(|sub| fits(sub).is_empty()).count() != 1
+    {
+        causes.push(Cause::invalid(path, format!("Invalid value: {}: {path} in body must validate one and only one schema (oneOf)", shown(v))));
+    }
+    if let Some(not) = kw(schema, "not").filter(|n| n.is_object())
+        && fits(not).is_empty()
+    {
+        causes.push(Cause::invalid(path, format!("Invalid value: {}: {path} in body must not validate the schema (not)", shown(v))));
     }
 }
 
@@ -527,5 +557,20 @@ mod tests {
         let required = validate(&widget_schema(), &json!({"spec": {}}));
         assert_eq!((required[0].field.as_str(), required[0].reason), ("spec.size", "FieldValueRequired"));
         assert!(validate(&widget_schema(), &json!({"spec": {"size": 2, "port": "http"}})).is_empty());
+    }
+
+    #[test]
+    fn one_of_any_of_and_not_are_enforced() {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object",
+            "properties": {"a": {"type": "string"}, "b": {"type": "string"}, "n": {"type": "integer", "not": {"enum": [13]},
+                "anyOf": [{"minimum": 0}, {"maximum": -10}]}},
+            "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}}});
+        assert!(validate(&schema, &json!({"spec": {"a": "x", "n": 1}})).is_empty());
+        let both = validate(&schema, &json!({"spec": {"a": "x", "b": "y"}}));
+        assert!(both[0].message.contains("must validate one and only one schema (oneOf)"), "{both:?}");
+        let n: Vec<String> = validate(&schema, &json!({"spec": {"a": "x", "n": -5}})).into_iter().map(|c| c.message).collect();
+        assert!(n.iter().any(|m| m.contains("(anyOf)")), "{n:?}");
+        let unlucky = validate(&schema, &json!({"spec": {"a": "x", "n": 13}}));
+        assert!(unlucky[0].message.contains("must not validate the schema (not)"), "{unlucky:?}");
     }
 }
