@@ -9,6 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -547,6 +548,7 @@ fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
         "ConfigMap" => Some(round_trip::<ConfigMap>(input)),
         "Secret" => Some(round_trip::<Secret>(input)),
         "ServiceAccount" => Some(round_trip::<ServiceAccount>(input)),
+        "CustomResourceDefinition" if res.group == "apiextensions.k8s.io" => Some(round_trip::<CustomResourceDefinition>(input)),
         _ => None,
     })
 }

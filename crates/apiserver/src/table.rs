@@ -209,6 +209,7 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
         "ConfigMap" => vec![name, ("Data", "integer", 0), age],
         "Secret" => vec![name, ("Type", "string", 0), ("Data", "integer", 0), age],
         "ServiceAccount" => vec![name, ("Secrets", "integer", 0), age],
+        "CustomResourceDefinition" => vec![name, ("Created At", "date", 0)],
         _ => vec![name, age],
     }
 }
@@ -252,6 +253,7 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
         "ConfigMap" => vec![name, json!(entries(o, "/data") + entries(o, "/binaryData")), created],
         "Secret" => vec![name, json!(s(o, "/type")), json!(entries(o, "/data")), created],
         "ServiceAccount" => vec![name, json!(o.at("/secrets").and_then(Value::as_array).map_or(0, Vec::len)), created],
+        "CustomResourceDefinition" => vec![name, json!(s(o, "/metadata/creationTimestamp"))],
         _ => vec![name, created],
     }
 }
@@ -259,6 +261,9 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
 /// A `meta.k8s.io/v1` Table of `objects`; each row carries the object's metadata, so kubectl can
 /// show namespaces and labels.
 pub fn table(res: &ResourceInfo, objects: &[Value], resource_version: &str) -> Value {
+    if let Some(custom) = shepherd_api::kinds::custom(res) {
+        return crate::crd::table(&custom, objects, resource_version);
+    }
     let defs: Vec<Value> = columns(res)
         .into_iter()
         .map(|(n, t, p)| json!({"name": n, "type": t, "format": if n == "Name" { "name" } else { "" }, "description": "", "priority": p}))

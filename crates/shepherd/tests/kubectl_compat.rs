@@ -5,6 +5,8 @@
 //! kubectl version, so a row may rely on what the rows before it created.
 
 mod common;
+#[path = "compat/crd.rs"]
+mod crd;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -177,6 +179,21 @@ const ROWS: &[Row] = &[
     ("get sa (default made by the controller)", |k| k.expect(&["get", "sa"], &["default", "bot"])),
     ("delete", |k| k.expect(&["delete", "deployment", "web", "--wait=false"], &["deployment.apps \"web\" deleted"])),
     ("delete service", |k| k.expect(&["delete", "service", "web", "--wait=false"], &["service \"web\" deleted"])),
+    ("crd: apply definition, served within 1 s", crd::create_and_serve),
+    ("crd: apply object (default validation)", crd::apply_object),
+    ("crd: get -o wide (printer columns)", crd::wide_columns),
+    ("crd: re-apply, label, get by short name", crd::reapply_and_label),
+    ("crd: explain", crd::explain),
+    ("crd: describe", crd::describe),
+    ("crd: defaulting and pruning", crd::defaulted_and_pruned),
+    ("crd: invalid object names the field", crd::invalid_object),
+    ("crd: scale subresource", crd::scale),
+    ("crd: status subresource ignores spec", crd::status_ignores_spec),
+    ("crd: non-structural schema refused", crd::non_structural_refused),
+    ("crd: pod owned by a custom object collected", crd::owned_pod_collected),
+    ("crd: custom object owned by a pod collected", crd::custom_dependent_collected),
+    ("crd: foreground deletion of a custom owner", crd::foreground_deletion),
+    ("crd: delete definition removes its objects", crd::delete_definition),
 ];
 
 fn create_namespace(url: &str, name: &str) {
