@@ -198,17 +198,29 @@ async fn documents() -> &'static Documents {
     }
 }
 
+/// The definitions with Kubernetes' extensions, built once: the documents and server-side apply's
+/// merge rules (`crate::apply`) read the same facts.
+pub(crate) fn annotated_definitions() -> &'static Map<String, Value> {
+    static DEFINITIONS: OnceLock<Map<String, Value>> = OnceLock::new();
+    DEFINITIONS.get_or_init(definitions)
+}
+
+/// The definition name of a served kind, if it has one.
+pub(crate) fn definition_of(res: &ResourceInfo) -> Option<String> {
+    kind_type(res).map(|t| (t.definition)().into_owned())
+}
+
 fn build() -> Documents {
-    let definitions = definitions();
+    let definitions = annotated_definitions();
     let paths: Vec<PathEntry> = kinds::ALL.iter().filter(|r| kind_type(r).is_some()).flat_map(paths_of).collect();
 
-    let v2 = v2_document(&paths, &definitions);
+    let v2 = v2_document(&paths, definitions);
     let v2_json = serde_json::to_vec(&v2).unwrap_or_default();
     let v2_protobuf = gnostic::document(&v2, &mut Vec::new()).encode_to_vec();
 
     let mut v3 = BTreeMap::new();
     for gv_path in group_version_paths() {
-        let doc = v3_document(&gv_path, &paths, &definitions);
+        let doc = v3_document(&gv_path, &paths, definitions);
         let json = serde_json::to_vec(&doc).unwrap_or_default();
         let hash = content_hash(&json);
         v3.insert(gv_path, V3Document { json, hash });
@@ -443,7 +455,8 @@ const DELETE_PARAMS: &[QueryParam] = &[
 ];
 
 const PATCH_TYPES: &[&str] =
-    &["application/json-patch+json", "application/merge-patch+json", "application/strategic-merge-patch+json"];
+    &["application/json-patch+json", "application/merge-patch+json", "application/strategic-merge-patch+json",
+        "application/apply-patch+yaml"];
 
 struct Operation {
     method: &'static str,
