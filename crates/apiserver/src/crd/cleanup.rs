@@ -57,7 +57,7 @@ async fn cleanup_once(svc: &ApiService, name: &str) -> Result<bool, ApiError> {
     if !terminating {
         // Rewriting the definition as it is lets `prepare` report the cleanup in its status.
         let opts = crate::write_options::WriteOptions::default();
-        svc.mutate(&kinds::CUSTOMRESOURCEDEFINITION, None, name, None, &opts, |old| Ok(old.clone())).await?;
+        svc.mutate(&kinds::CUSTOMRESOURCEDEFINITION, None, name, None, "", &opts, |old| Ok(old.clone())).await?;
     }
     let served = served_versions(&def);
     let mut remaining = 0;
@@ -88,7 +88,7 @@ async fn cleanup_once(svc: &ApiService, name: &str) -> Result<bool, ApiError> {
     }
     let opts = crate::write_options::WriteOptions::default();
     let result = svc
-        .mutate(&kinds::CUSTOMRESOURCEDEFINITION, None, name, None, &opts, |old| {
+        .mutate(&kinds::CUSTOMRESOURCEDEFINITION, None, name, None, "", &opts, |old| {
             let mut new = old.clone();
             if let Some(list) = new.get_mut("metadata").and_then(|m| m.get_mut("finalizers")).and_then(Value::as_array_mut) {
                 list.retain(|f| f != CLEANUP_FINALIZER);

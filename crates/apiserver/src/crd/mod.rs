@@ -145,7 +145,7 @@ async fn accept_freed_names(svc: &ApiService, group: &str) -> Result<(), ApiErro
         if refused && str_at(&def, "/spec/group") == group {
             let opts = crate::write_options::WriteOptions::default();
             let name = str_at(&def, "/metadata/name");
-            match svc.mutate(&kinds::CUSTOMRESOURCEDEFINITION, None, name, None, &opts, |old| Ok(old.clone())).await {
+            match svc.mutate(&kinds::CUSTOMRESOURCEDEFINITION, None, name, None, "", &opts, |old| Ok(old.clone())).await {
                 Ok(_) => {}
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),
