@@ -858,16 +858,8 @@ fn scale_of(res: &ResourceInfo, obj: &Value) -> Value {
     let selector = obj.at("/spec/selector/matchLabels").and_then(Value::as_object).map(|m| {
         m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(",")
     });
-    json!({
-        "kind": "Scale", "apiVersion": "autoscaling/v1",
-        "metadata": {
-            "name": obj.at("/metadata/name"), "namespace": obj.at("/metadata/namespace"),
-            "uid": obj.at("/metadata/uid"), "resourceVersion": obj.at("/metadata/resourceVersion"),
-            "creationTimestamp": obj.at("/metadata/creationTimestamp"),
-        },
-        "spec": {"replicas": obj.at("/spec/replicas").and_then(Value::as_i64).unwrap_or(0)},
-        "status": {"replicas": obj.at("/status/replicas").and_then(Value::as_i64).unwrap_or(0), "selector": selector.unwrap_or_default()},
-    })
+    let replicas = |p: &str| obj.at(p).and_then(Value::as_i64).unwrap_or(0);
+    crate::crd::scale_body(obj, replicas("/spec/replicas"), replicas("/status/replicas"), &selector.unwrap_or_default())
 }
 
 fn scale_replicas(scale: &Value) -> Result<i64, ApiError> {

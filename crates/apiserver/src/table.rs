@@ -268,13 +268,18 @@ pub fn table(res: &ResourceInfo, objects: &[Value], resource_version: &str) -> V
         .into_iter()
         .map(|(n, t, p)| json!({"name": n, "type": t, "format": if n == "Name" { "name" } else { "" }, "description": "", "priority": p}))
         .collect();
-    let rows: Vec<Value> = objects
-        .iter()
-        .map(|o| {
-            json!({"cells": cells(res, o), "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                "metadata": o.get("metadata").cloned().unwrap_or(json!({}))}})
-        })
-        .collect();
+    let rows: Vec<Value> = objects.iter().map(|o| row(cells(res, o), o)).collect();
+    envelope(defs, rows, resource_version)
+}
+
+/// One row of a Table: its cells, and the object's metadata for kubectl's namespace and label columns.
+pub(crate) fn row(cells: Vec<Value>, obj: &Value) -> Value {
+    json!({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata").cloned().unwrap_or(json!({}))}})
+}
+
+/// The `meta.k8s.io/v1` Table around column definitions and rows.
+pub(crate) fn envelope(defs: Vec<Value>, rows: Vec<Value>, resource_version: &str) -> Value {
     json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
         "columnDefinitions": defs, "rows": rows})
 }

@@ -546,6 +546,16 @@ mod tests {
         faults.syncs.load(Ordering::SeqCst) - before
     }
 
+    /// Waits up to 5 s for the committer's probe to find the store writable again.
+    fn wait_until_writable(health: &Health) {
+        for _ in 0..100 {
+            if health.read().expect("health").is_none() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Reads the file fresh, once the store that held it has let go of it.
     fn keys_on_disk(path: &Path) -> Vec<String> {
         for _ in 0..100 {
@@ -591,12 +601,7 @@ mod tests {
         assert!(matches!(*health.read().expect("health"), Some(StoreError::NoSpace(_))));
 
         faults.disk_full.store(false, Ordering::SeqCst);
-        for _ in 0..100 {
-            if health.read().expect("health").is_none() {
-                break;
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
+        wait_until_writable(&health);
         assert!(health.read().expect("health").is_none(), "the probe finds room again without a write");
         create(&c, "/b").expect("writes resume");
         drop(c);
@@ -621,12 +626,7 @@ mod tests {
 
         faults.refuse_open.store(false, Ordering::SeqCst);
         // The committer's probe reopens the file by itself within a second.
-        for _ in 0..100 {
-            if health.read().expect("health").is_none() {
-                break;
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
+        wait_until_writable(&health);
         assert!(health.read().expect("health").is_none(), "the store recovered on its own");
         assert_eq!(state.read().expect("state").get("/a"), None);
         create(&c, "/c").expect("writes resume");

@@ -15,7 +15,7 @@ mod views;
 pub(crate) use cleanup::spawn_cleanup;
 pub(crate) use conversion::{convert_event, convert_response, read_as};
 use definition::{prepare, validate};
-pub(crate) use views::{scale_view, set_replicas, simple_path, table};
+pub(crate) use views::{scale_body, scale_view, set_replicas, simple_path, table};
 
 use serde_json::{Value, json};
 use shepherd_api::kinds::{self, CustomResource, CustomVersion, ResourceInfo};

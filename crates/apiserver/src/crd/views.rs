@@ -66,6 +66,11 @@ pub(crate) fn scale_of(scale: &Value, obj: &Value) -> Value {
     let path = |f: &str| str_at(scale, &format!("/{f}")).to_string();
     let int = |p: String| value_at(obj, &p).and_then(Value::as_i64).unwrap_or(0);
     let selector = value_at(obj, &path("labelSelectorPath")).and_then(Value::as_str).unwrap_or("").to_string();
+    scale_body(obj, int(path("specReplicasPath")), int(path("statusReplicasPath")), &selector)
+}
+
+/// The `autoscaling/v1` Scale of `obj` with the replicas and selector its kind keeps.
+pub(crate) fn scale_body(obj: &Value, spec_replicas: i64, status_replicas: i64, selector: &str) -> Value {
     json!({
         "kind": "Scale", "apiVersion": "autoscaling/v1",
         "metadata": {
@@ -73,8 +78,8 @@ pub(crate) fn scale_of(scale: &Value, obj: &Value) -> Value {
             "uid": obj.at("/metadata/uid"), "resourceVersion": obj.at("/metadata/resourceVersion"),
             "creationTimestamp": obj.at("/metadata/creationTimestamp"),
         },
-        "spec": {"replicas": int(path("specReplicasPath"))},
-        "status": {"replicas": int(path("statusReplicasPath")), "selector": selector},
+        "spec": {"replicas": spec_replicas},
+        "status": {"replicas": status_replicas, "selector": selector},
     })
 }
 
@@ -119,12 +124,10 @@ pub(crate) fn table(custom: &CustomVersion, objects: &[Value], resource_version:
                     (_, Some(v)) => v.clone(),
                 });
             }
-            json!({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                "metadata": o.get("metadata").cloned().unwrap_or(json!({}))}})
+            crate::table::row(cells, o)
         })
         .collect();
-    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
-        "columnDefinitions": defs, "rows": rows})
+    crate::table::envelope(defs, rows, resource_version)
 }
 
 #[cfg(test)]
