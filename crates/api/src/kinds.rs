@@ -1,4 +1,10 @@
-//! The kinds Shepherd serves, and where each lives in the REST tree.
+//! The kinds Shepherd serves, and where each lives in the REST tree: a static table of built-in
+//! kinds, and a registry of the custom kinds that CustomResourceDefinitions add while it runs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, LazyLock, RwLock};
+
+use serde_json::Value;
 
 /// One servable resource: its kind, where it is mounted and what it supports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,45 +107,258 @@ pub const ENDPOINTSLICE: ResourceInfo =
     res("discovery.k8s.io", "EndpointSlice", "endpointslices", "endpointslice", true, &[], false, false);
 pub const PODDISRUPTIONBUDGET: ResourceInfo =
     res("policy", "PodDisruptionBudget", "poddisruptionbudgets", "poddisruptionbudget", true, &["pdb"], true, false);
+pub const CUSTOMRESOURCEDEFINITION: ResourceInfo = res("apiextensions.k8s.io", "CustomResourceDefinition",
+    "customresourcedefinitions", "customresourcedefinition", false, &["crd", "crds"], true, false)
+    .in_categories(&["api-extensions"]);
 
 /// Every resource Shepherd serves, in discovery order.
 pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT, DEPLOYMENT, REPLICASET, LEASE,
-    ENDPOINTSLICE, PODDISRUPTIONBUDGET];
+    ENDPOINTSLICE, PODDISRUPTIONBUDGET, CUSTOMRESOURCEDEFINITION];
 
 /// The groups Shepherd serves besides core, in discovery order.
-pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy"];
+pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy", "apiextensions.k8s.io"];
+
+/// Every resource served now: the built-in ones, then the custom ones (ordered by group,
+/// version and plural).
+pub fn all() -> Vec<&'static ResourceInfo> {
+    let mut out: Vec<&'static ResourceInfo> = ALL.iter().collect();
+    out.extend(read_registry().served.values().map(|e| e.info));
+    out
+}
 
 /// The resources in a category (`all`), in discovery order.
 pub fn in_category(category: &str) -> impl Iterator<Item = &'static ResourceInfo> + '_ {
-    ALL.iter().filter(move |r| r.categories.contains(&category))
+    all().into_iter().filter(move |r| r.categories.contains(&category))
 }
 
-/// Finds a resource by group and plural (`("apps", "deployments")`).
+/// Finds a resource by group and plural (`("apps", "deployments")`); of a custom resource
+/// served in several versions, the storage version.
 pub fn by_plural(group: &str, plural: &str) -> Option<&'static ResourceInfo> {
-    ALL.iter().find(|r| r.group == group && r.plural == plural)
+    ALL.iter().find(|r| r.group == group && r.plural == plural).or_else(|| {
+        let reg = read_registry();
+        let mut versions = reg.served.values().filter(|e| e.info.group == group && e.info.plural == plural);
+        let first = versions.next()?;
+        Some(std::iter::once(first).chain(versions).find(|e| e.custom.storage).unwrap_or(first).info)
+    })
+}
+
+/// Finds a resource by group, version and plural, as a request path names it.
+pub fn by_group_version_plural(group: &str, version: &str, plural: &str) -> Option<&'static ResourceInfo> {
+    ALL.iter().find(|r| r.group == group && r.version == version && r.plural == plural).or_else(|| {
+        read_registry().served.get(&(group.to_string(), version.to_string(), plural.to_string())).map(|e| e.info)
+    })
 }
 
 /// Finds a resource by `apiVersion` and `kind` as written in a manifest.
 pub fn by_api_version_kind(api_version: &str, kind: &str) -> Option<&'static ResourceInfo> {
-    ALL.iter().find(|r| r.kind == kind && r.api_version() == api_version)
+    ALL.iter()
+        .find(|r| r.kind == kind && r.api_version() == api_version)
+        .or_else(|| read_registry().served.values().map(|e| e.info).find(|r| r.kind == kind && r.api_version() == api_version))
 }
 
 /// Finds a resource by kind alone (`Deployment`), case-sensitive.
 pub fn by_kind(kind: &str) -> Option<&'static ResourceInfo> {
-    ALL.iter().find(|r| r.kind == kind)
+    ALL.iter().find(|r| r.kind == kind).or_else(|| by_plural_of_kind(kind))
+}
+
+fn by_plural_of_kind(kind: &str) -> Option<&'static ResourceInfo> {
+    let info = read_registry().served.values().map(|e| e.info).find(|r| r.kind == kind)?;
+    by_plural(info.group, info.plural)
 }
 
 /// Finds a resource the way kubectl resolves a name typed by a user: plural, singular, short
-/// name, kind, or `plural.group`, case-insensitive.
+/// name, kind, or `plural.group`, case-insensitive. Built-in kinds win over custom ones.
 pub fn resolve(name: &str) -> Option<&'static ResourceInfo> {
     let n = name.to_ascii_lowercase();
-    ALL.iter().find(|r| {
+    let matches = |r: &ResourceInfo| {
         r.plural == n
             || r.singular == n
             || r.kind.to_ascii_lowercase() == n
             || r.short_names.contains(&n.as_str())
             || r.qualified_plural() == n
+    };
+    ALL.iter().find(|r| matches(r)).or_else(|| {
+        let info = read_registry().served.values().map(|e| e.info).find(|r| matches(r))?;
+        by_plural(info.group, info.plural)
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Custom kinds
+// ---------------------------------------------------------------------------------------------
+
+/// A custom resource as a CustomResourceDefinition describes one served version of it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CustomResource {
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    pub plural: String,
+    pub singular: String,
+    pub namespaced: bool,
+    pub short_names: Vec<String>,
+    pub categories: Vec<String>,
+    pub has_status: bool,
+    pub has_scale: bool,
+}
+
+/// What a custom resource version carries besides its place in the REST tree.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CustomVersion {
+    /// The CustomResourceDefinition that defines it (`widgets.example.com`).
+    pub definition: String,
+    /// `openAPIV3Schema` of this version; none means anything goes (only for definitions
+    /// stored before a schema was required).
+    pub schema: Option<Value>,
+    /// `additionalPrinterColumns`, as written in the definition.
+    pub printer_columns: Vec<Value>,
+    /// `subresources.scale`: `specReplicasPath`, `statusReplicasPath`, `labelSelectorPath`.
+    pub scale: Option<Value>,
+    /// Whether this is the version objects are stored in.
+    pub storage: bool,
+    /// The storage version, as objects carry it in `apiVersion`.
+    pub storage_api_version: String,
+}
+
+struct CustomEntry {
+    info: &'static ResourceInfo,
+    custom: Arc<CustomVersion>,
+}
+
+#[derive(Default)]
+struct Registry {
+    /// Served custom versions by (group, version, plural).
+    served: BTreeMap<(String, String, String), CustomEntry>,
+    /// Every `ResourceInfo` ever made for a custom resource. Handed out as `&'static`, so never
+    /// freed: a definition re-created or updated with the same names reuses its allocation, and
+    /// only a change of names, scope or subresources allocates (and leaks) a new one.
+    interned: HashMap<CustomResource, &'static ResourceInfo>,
+}
+
+static REGISTRY: LazyLock<RwLock<Registry>> = LazyLock::new(Default::default);
+
+fn read_registry() -> std::sync::RwLockReadGuard<'static, Registry> {
+    // The registry holds no invariant a panicking writer could break half-way.
+    REGISTRY.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write_registry() -> std::sync::RwLockWriteGuard<'static, Registry> {
+    REGISTRY.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn leak(s: &str) -> &'static str {
+    Box::leak(s.to_string().into_boxed_str())
+}
+
+fn leak_list(list: &[String]) -> &'static [&'static str] {
+    Box::leak(list.iter().map(|s| leak(s)).collect::<Vec<_>>().into_boxed_slice())
+}
+
+impl Registry {
+    fn intern(&mut self, c: &CustomResource) -> &'static ResourceInfo {
+        if let Some(info) = self.interned.get(c) {
+            return info;
+        }
+        let info: &'static ResourceInfo = Box::leak(Box::new(ResourceInfo {
+            group: leak(&c.group),
+            version: leak(&c.version),
+            kind: leak(&c.kind),
+            plural: leak(&c.plural),
+            singular: leak(&c.singular),
+            namespaced: c.namespaced,
+            short_names: leak_list(&c.short_names),
+            categories: leak_list(&c.categories),
+            has_status: c.has_status,
+            has_scale: c.has_scale,
+        }));
+        self.interned.insert(c.clone(), info);
+        info
+    }
+}
+
+/// Serves the versions a definition lists (replacing what it served before), and stops serving
+/// those it no longer lists.
+pub fn register_custom(definition: &str, versions: Vec<(CustomResource, CustomVersion)>) {
+    let mut reg = write_registry();
+    reg.served.retain(|_, e| e.custom.definition != definition);
+    for (c, v) in versions {
+        let info = reg.intern(&c);
+        reg.served.insert((c.group, c.version, c.plural), CustomEntry { info, custom: Arc::new(v) });
+    }
+}
+
+fn str_at<'a>(obj: &'a Value, ptr: &str) -> &'a str {
+    obj.pointer(ptr).and_then(Value::as_str).unwrap_or("")
+}
+
+fn versions(def: &Value) -> &[Value] {
+    def.pointer("/spec/versions").and_then(Value::as_array).map_or(&[], Vec::as_slice)
+}
+
+fn strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_string).collect()
+}
+
+/// The served versions a CustomResourceDefinition (as JSON) defines, ready for [`register_custom`].
+pub fn custom_resources_of(def: &Value) -> Vec<(CustomResource, CustomVersion)> {
+    let name = str_at(def, "/metadata/name");
+    let group = str_at(def, "/spec/group");
+    let names = def.pointer("/spec/names").cloned().unwrap_or(Value::Null);
+    let kind = str_at(&names, "/kind");
+    let storage = versions(def).iter().find(|v| v["storage"] == true).map(|v| str_at(v, "/name")).unwrap_or("");
+    versions(def)
+        .iter()
+        .filter(|v| v["served"] == true)
+        .map(|v| {
+            let subresources = v.get("subresources");
+            let resource = CustomResource {
+                group: group.to_string(),
+                version: str_at(v, "/name").to_string(),
+                kind: kind.to_string(),
+                plural: str_at(&names, "/plural").to_string(),
+                singular: match str_at(&names, "/singular") {
+                    "" => kind.to_ascii_lowercase(),
+                    s => s.to_string(),
+                },
+                namespaced: str_at(def, "/spec/scope") == "Namespaced",
+                short_names: strings(names.get("shortNames")),
+                categories: strings(names.get("categories")),
+                has_status: subresources.and_then(|s| s.get("status")).is_some_and(|s| !s.is_null()),
+                has_scale: subresources.and_then(|s| s.get("scale")).is_some_and(|s| !s.is_null()),
+            };
+            let custom = CustomVersion {
+                definition: name.to_string(),
+                schema: v.pointer("/schema/openAPIV3Schema").cloned(),
+                printer_columns: v.get("additionalPrinterColumns").and_then(Value::as_array).cloned().unwrap_or_default(),
+                scale: subresources.and_then(|s| s.get("scale")).filter(|s| !s.is_null()).cloned(),
+                storage: str_at(v, "/name") == storage,
+                storage_api_version: format!("{group}/{storage}"),
+            };
+            (resource, custom)
+        })
+        .collect()
+}
+
+/// Stops serving every version of a definition.
+pub fn unregister_custom(definition: &str) {
+    write_registry().served.retain(|_, e| e.custom.definition != definition);
+}
+
+/// What a custom resource's definition says of the version `res` is; none for built-in kinds
+/// and for resources no longer served.
+pub fn custom(res: &ResourceInfo) -> Option<Arc<CustomVersion>> {
+    if ALL.iter().any(|r| r.group == res.group) {
+        return None;
+    }
+    read_registry()
+        .served
+        .get(&(res.group.to_string(), res.version.to_string(), res.plural.to_string()))
+        .map(|e| e.custom.clone())
+}
+
+/// Whether `res` is a custom resource (served or not any more).
+pub fn is_custom(res: &ResourceInfo) -> bool {
+    !ALL.iter().any(|r| r.group == res.group && r.plural == res.plural)
 }
 
 #[cfg(test)]

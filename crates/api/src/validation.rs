@@ -9,6 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Endpoints, Event, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -541,6 +542,7 @@ fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
         "Lease" => Some(round_trip::<Lease>(input)),
         "EndpointSlice" => Some(round_trip::<EndpointSlice>(input)),
         "PodDisruptionBudget" => Some(round_trip::<PodDisruptionBudget>(input)),
+        "CustomResourceDefinition" if res.group == "apiextensions.k8s.io" => Some(round_trip::<CustomResourceDefinition>(input)),
         _ => None,
     })
 }

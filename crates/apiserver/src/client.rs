@@ -49,7 +49,7 @@ fn patch_parts(patch: Patch) -> (PatchType, Value) {
 
 /// `ResourceInfo` values handed to the client are copies; the service wants the registry's own.
 fn registered(res: &ResourceInfo) -> Result<&'static ResourceInfo, ApiError> {
-    shepherd_api::kinds::by_plural(res.group, res.plural)
+    shepherd_api::kinds::by_group_version_plural(res.group, res.version, res.plural)
         .ok_or_else(|| ApiError::NotFound { kind: res.plural.into(), name: String::new(), message: format!("unknown resource {}", res.plural) })
 }
 

@@ -27,7 +27,7 @@ pub fn version() -> Value {
 /// The served groups besides core, in discovery order.
 fn group_names() -> Vec<&'static str> {
     let mut names: Vec<&'static str> = Vec::new();
-    for r in kinds::ALL.iter().filter(|r| !r.group.is_empty()) {
+    for r in kinds::all().into_iter().filter(|r| !r.group.is_empty()) {
         if !names.contains(&r.group) {
             names.push(r.group);
         }
@@ -38,17 +38,36 @@ fn group_names() -> Vec<&'static str> {
 /// The versions a group serves (`""` is core), in discovery order; the first is preferred.
 fn versions_of(group: &str) -> Vec<&'static str> {
     let mut versions: Vec<&'static str> = Vec::new();
-    for r in kinds::ALL.iter().filter(|r| r.group == group) {
+    for r in kinds::all().into_iter().filter(|r| r.group == group) {
         if !versions.contains(&r.version) {
             versions.push(r.version);
         }
     }
+    if !kinds::GROUPS.contains(&group) && !group.is_empty() {
+        versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
+    }
     versions
+}
+
+/// Kubernetes' order of versions (`v2` > `v1` > `v1beta2` > `v1beta1` > `v1alpha1` > others):
+/// the first of a custom group's versions is its preferred one.
+fn version_priority(v: &str) -> (u8, u64, u64) {
+    let Some(rest) = v.strip_prefix('v') else { return (0, 0, 0) };
+    let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    let Ok(major) = rest[..digits].parse::<u64>() else { return (0, 0, 0) };
+    let tail = &rest[digits..];
+    let (level, minor) = match tail {
+        "" => (3, 0),
+        t if t.starts_with("beta") => (2, t[4..].parse().unwrap_or(0)),
+        t if t.starts_with("alpha") => (1, t[5..].parse().unwrap_or(0)),
+        _ => return (0, 0, 0),
+    };
+    (level, major, minor)
 }
 
 /// Whether `group`/`version` is served (`""` is core); the router answers 404 otherwise.
 pub fn serves(group: &str, version: &str) -> bool {
-    kinds::ALL.iter().any(|r| r.group == group && r.version == version)
+    kinds::all().into_iter().any(|r| r.group == group && r.version == version)
 }
 
 pub fn core_versions() -> Value {
@@ -115,7 +134,7 @@ pub fn has_subresource(res: &ResourceInfo, name: &str) -> bool {
 
 fn members(group: &str, version: &str) -> impl Iterator<Item = &'static ResourceInfo> {
     let (group, version) = (group.to_string(), version.to_string());
-    kinds::ALL.iter().filter(move |r| r.group == group && r.version == version)
+    kinds::all().into_iter().filter(move |r| r.group == group && r.version == version)
 }
 
 /// `APIResourceList` for one group version (`""` is core).

@@ -170,7 +170,7 @@ async fn authenticate(State(app): State<AppState>, req: Request, next: axum::mid
 }
 
 async fn metrics(State(app): State<AppState>) -> Response {
-    for res in kinds::ALL {
+    for res in kinds::all() {
         let n = app.svc.store.count(&res.key_prefix()) as i64;
         app.svc.metrics.objects.get_or_create(&crate::metrics::ResourceLabel { resource: res.plural.into() }).set(n);
     }
@@ -208,7 +208,7 @@ fn resolve(group: &str, version: &str, rest: &[&str]) -> Result<Target, ApiError
     if !discovery::serves(group, version) {
         return Err(unknown());
     }
-    let served = |plural: &str| kinds::by_plural(group, plural).filter(|r| r.version == version);
+    let served = |plural: &str| kinds::by_group_version_plural(group, version, plural);
     // `namespaces/{name}/{x}` is a subresource of the namespace when it has one called x, and
     // otherwise resource x inside that namespace.
     let (namespace, rest) = match rest {
@@ -349,6 +349,10 @@ async fn serve(app: AppState, target: Result<Target, ApiError>, req: Request) ->
     let response = match handle(&app, &t, &query, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
+    };
+    let response = match crate::crd::read_as(t.res) {
+        Some(api_version) if verb != "WATCH" => crate::crd::convert_response(&api_version, response).await,
+        _ => response,
     };
     let response = protobuf::respond(accept, verb == "WATCH", response).await;
     app.svc.metrics.observe_request(verb, &resource, response.status().as_u16(), started);
@@ -560,7 +564,7 @@ async fn handle(
         }
         (&Method::GET, Some(name), Some("scale")) if res.has_scale => {
             let kv = svc.get(res, ns, name).await?;
-            Ok(json_response(StatusCode::OK, scale_of(&codec::decode(&kv)?).to_string().into_bytes()))
+            Ok(json_response(StatusCode::OK, scale_of(res, &codec::decode(&kv)?).to_string().into_bytes()))
         }
         (&Method::GET, Some(name), Some("log")) if res.kind == "Pod" => {
             let ns = ns.unwrap_or("default");
@@ -619,10 +623,10 @@ async fn handle(
                     let rv = parse_resource_version(body.at("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or(""))?;
                     let kv = svc.mutate(res, ns, name, rv, &opts, |old| {
                         let mut new = old.clone();
-                        new["spec"]["replicas"] = json!(replicas);
+                        set_replicas(res, &mut new, replicas)?;
                         Ok(new)
                     }).await?;
-                    Ok(json_response(StatusCode::OK, scale_of(&codec::decode(&kv)?).to_string().into_bytes()))
+                    Ok(json_response(StatusCode::OK, scale_of(res, &codec::decode(&kv)?).to_string().into_bytes()))
                 }
                 Some(s) => Err(ApiError::not_found("subresources", s)),
             }
@@ -658,7 +662,7 @@ async fn handle(
                 }
                 Some("scale") if res.has_scale => {
                     let kv = svc.mutate(res, ns, name, None, &opts, |old| {
-                        let mut scale = scale_of(old);
+                        let mut scale = scale_of(res, old);
                         let patched = match patch_type {
                             PatchType::Json => {
                                 apply_json_patch(&mut scale, &patch)?;
@@ -676,10 +680,10 @@ async fn handle(
                             return Err(ApiError::BadRequest("the patched Scale must be an object with object metadata".into()));
                         }
                         let mut new = old.clone();
-                        new["spec"]["replicas"] = json!(scale_replicas(&patched)?);
+                        set_replicas(res, &mut new, scale_replicas(&patched)?)?;
                         Ok(new)
                     }).await?;
-                    Ok(json_response(StatusCode::OK, scale_of(&codec::decode(&kv)?).to_string().into_bytes()))
+                    Ok(json_response(StatusCode::OK, scale_of(res, &codec::decode(&kv)?).to_string().into_bytes()))
                 }
                 Some(s) => Err(ApiError::not_found("subresources", s)),
             }
@@ -764,8 +768,20 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<Delete
     Ok(opts)
 }
 
-/// The `autoscaling/v1` Scale view of a Deployment or ReplicaSet.
-fn scale_of(obj: &Value) -> Value {
+/// Sets the replicas a Scale asks for: through the definition's path for a custom object,
+/// `spec.replicas` otherwise.
+fn set_replicas(res: &ResourceInfo, obj: &mut Value, replicas: i64) -> Result<(), ApiError> {
+    if !crate::crd::set_replicas(res, obj, replicas)? {
+        obj["spec"]["replicas"] = json!(replicas);
+    }
+    Ok(())
+}
+
+/// The `autoscaling/v1` Scale view of a Deployment, a ReplicaSet or a custom object.
+fn scale_of(res: &ResourceInfo, obj: &Value) -> Value {
+    if let Some(scale) = crate::crd::scale_view(res, obj) {
+        return scale;
+    }
     let selector = obj.at("/spec/selector/matchLabels").and_then(Value::as_object).map(|m| {
         m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(",")
     });

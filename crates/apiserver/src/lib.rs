@@ -3,6 +3,7 @@
 
 mod client;
 mod codec;
+mod crd;
 mod discovery;
 mod eviction;
 mod http;
@@ -51,6 +52,7 @@ impl ApiServer {
         metrics.register(&mut registry);
         let service = ApiService::new(store, metrics);
         service.ensure_system_namespaces().await?;
+        crd::load(&service).await?;
         Ok(ApiServer { service, registry: Arc::new(Mutex::new(registry)), config: Arc::new(config), logs: None })
     }
 

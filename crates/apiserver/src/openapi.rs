@@ -15,7 +15,8 @@
 mod gnostic;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use axum::body::Body;
 use axum::extract::{Path, Query};
@@ -27,6 +28,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Endpoints, Event, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, Status, WatchEvent};
 use prost::Message;
 use schemars::generate::SchemaSettings;
@@ -76,6 +78,7 @@ const KIND_TYPES: &[KindType] = &[
     typed::<Lease>(),
     typed::<EndpointSlice>(),
     typed::<PodDisruptionBudget>(),
+    typed::<CustomResourceDefinition>(),
 ];
 
 /// Extensions Kubernetes puts on a field: how strategic merge patch and server-side apply treat it.
@@ -185,22 +188,53 @@ struct Documents {
     v3: BTreeMap<String, V3Document>,
 }
 
-static DOCUMENTS: OnceLock<Documents> = OnceLock::new();
+/// The definitions of the built-in kinds: generated once, the costly part of a build.
+static BUILT_IN: OnceLock<Map<String, Value>> = OnceLock::new();
+
+/// Bumped whenever the served custom resources change; documents built at an older generation
+/// are rebuilt (and get new ETags and hashes) on the next request.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The documents last built, with the generation they describe.
+static DOCUMENTS: RwLock<Option<(u64, Arc<Documents>)>> = RwLock::new(None);
 
 /// The documents, built on first use off the async workers (generation takes a moment).
-async fn documents() -> &'static Documents {
-    if let Some(d) = DOCUMENTS.get() {
-        return d;
+async fn documents() -> Arc<Documents> {
+    let generation = GENERATION.load(Ordering::Acquire);
+    if let Some((g, d)) = DOCUMENTS.read().unwrap_or_else(|e| e.into_inner()).as_ref()
+        && *g == generation
+    {
+        return d.clone();
     }
-    match tokio::task::spawn_blocking(|| DOCUMENTS.get_or_init(build)).await {
-        Ok(d) => d,
-        Err(_) => DOCUMENTS.get_or_init(build),
+    let docs = match tokio::task::spawn_blocking(build).await {
+        Ok(d) => Arc::new(d),
+        Err(_) => Arc::new(build()),
+    };
+    let mut cached = DOCUMENTS.write().unwrap_or_else(|e| e.into_inner());
+    if cached.as_ref().is_none_or(|(g, _)| *g <= generation) {
+        *cached = Some((generation, docs.clone()));
     }
+    docs
+}
+
+/// Forgets the documents after the served custom resources changed.
+pub(crate) fn invalidate() {
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Whether a resource has a schema to describe: a built-in kind, or a custom one whose
+/// definition gives its version one.
+fn described(res: &ResourceInfo) -> bool {
+    kind_type(res).is_some() || kinds::custom(res).is_some_and(|c| c.schema.is_some())
 }
 
 fn build() -> Documents {
-    let definitions = definitions();
-    let paths: Vec<PathEntry> = kinds::ALL.iter().filter(|r| kind_type(r).is_some()).flat_map(paths_of).collect();
+    let mut definitions = BUILT_IN.get_or_init(definitions).clone();
+    let served = kinds::all();
+    for res in served.iter().filter(|r| kind_type(r).is_none()) {
+        add_custom_definitions(res, &mut definitions);
+    }
+    let paths: Vec<PathEntry> = served.iter().filter(|r| described(r)).flat_map(|r| paths_of(r)).collect();
 
     let v2 = v2_document(&paths, &definitions);
     let v2_json = serde_json::to_vec(&v2).unwrap_or_default();
@@ -243,12 +277,42 @@ fn group_version_prefix(res: &ResourceInfo) -> String {
 }
 
 fn group_version_paths() -> BTreeSet<String> {
-    kinds::ALL.iter().filter(|r| kind_type(r).is_some()).map(|r| group_version_prefix(r)[1..].to_string()).collect()
+    kinds::all().into_iter().filter(|r| described(r)).map(|r| group_version_prefix(r)[1..].to_string()).collect()
 }
 
-/// The definition name Kubernetes gives a kind: `io.k8s.api.core.v1.Pod`, `io.k8s.api.apps.v1.Deployment`.
+/// The definition name Kubernetes gives a kind: `io.k8s.api.core.v1.Pod`, `io.k8s.api.apps.v1.Deployment`;
+/// for a custom kind, its group reversed: `com.example.v1.Widget`.
 fn definition_name(res: &ResourceInfo) -> String {
-    kind_type(res).map(|t| (t.definition)().into_owned()).unwrap_or_default()
+    match kind_type(res) {
+        Some(t) => (t.definition)().into_owned(),
+        None => {
+            let group: Vec<&str> = res.group.split('.').rev().collect();
+            format!("{}.{}.{}", group.join("."), res.version, res.kind)
+        }
+    }
+}
+
+/// A custom kind's definitions: its schema with the fields every object has, and its list.
+fn add_custom_definitions(res: &ResourceInfo, defs: &mut Map<String, Value>) {
+    let Some(schema) = kinds::custom(res).and_then(|c| c.schema.clone()) else { return };
+    let name = definition_name(res);
+    let mut d = match schema {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    let props = d.entry("properties").or_insert_with(|| json!({}));
+    if let Some(p) = props.as_object_mut() {
+        p.insert("apiVersion".into(), json!({"description": "APIVersion defines the versioned schema of this \
+            representation of an object.", "type": "string"}));
+        p.insert("kind".into(), json!({"description": "Kind is a string value representing the REST resource this \
+            object represents.", "type": "string"}));
+        p.insert("metadata".into(), json!({"description": "Standard object's metadata.",
+            "$ref": format!("{V2_REF}{META}.ObjectMeta")}));
+    }
+    d.insert("type".into(), json!("object"));
+    d.insert("x-kubernetes-group-version-kind".into(), json!([gvk(res.group, res.version, res.kind)]));
+    defs.insert(name.clone(), Value::Object(d));
+    defs.insert(format!("{name}List"), list_schema(res, &name));
 }
 
 fn gvk(group: &str, version: &str, kind: &str) -> Value {
@@ -282,6 +346,7 @@ fn definitions() -> Map<String, Value> {
         format!("{META}.DeleteOptions"), format!("{META}.WatchEvent"), format!("{META}.Patch")]);
     let mut defs = generator.take_definitions(false);
 
+    roots.push(format!("{META}.ObjectMeta"));
     for res in kinds::ALL.iter().filter(|r| kind_type(r).is_some()) {
         let name = definition_name(res);
         if let Some(Value::Object(d)) = defs.get_mut(&name) {
@@ -300,6 +365,12 @@ fn definitions() -> Map<String, Value> {
         json!({"description": "A patch: a JSON patch, a JSON merge patch or a strategic merge patch, as the \
             request's Content-Type says.", "type": "object"}),
     );
+    // A schema or a list of schemas, a schema or a bool...: described without the `oneOf`, as
+    // Kubernetes publishes them (neither OpenAPI v2 nor its protobuf form has `oneOf`).
+    for (name, d) in defs.iter_mut().filter(|(n, _)| n.starts_with("io.k8s.apiextensions-apiserver.") && n.contains("JSONSchemaPropsOr")) {
+        *d = json!({"description": format!("{}: a value of more than one form; see the Kubernetes API reference.",
+            name.rsplit('.').next().unwrap_or(name))});
+    }
     for (definition, field) in shepherd_api::validation::unsupported_fields() {
         prune(&mut defs, definition, field);
     }
@@ -649,14 +720,31 @@ fn v2_query(p: &QueryParam) -> Value {
     json!({"name": p.0, "in": "query", "type": p.1, "uniqueItems": true, "description": p.2})
 }
 
-/// OpenAPI v2 has no int-or-string; Kubernetes writes these two as strings there.
+/// OpenAPI v2 has no int-or-string; Kubernetes writes these two as strings there. Custom kinds'
+/// schemas lose, in v2, what v2 cannot say (as Kubernetes publishes them).
 fn v2_quirks(name: &str, d: &mut Value) {
+    if !name.starts_with("io.k8s.") {
+        strip_for_v2(d);
+    }
     let Some(m) = d.as_object_mut() else { return };
     if m.remove("x-kubernetes-int-or-string").is_some() {
         m.insert("type".into(), json!("string"));
         if name.ends_with("IntOrString") {
             m.insert("format".into(), json!("int-or-string"));
         }
+    }
+}
+
+fn strip_for_v2(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for k in ["nullable", "oneOf", "anyOf", "allOf", "not", "x-kubernetes-int-or-string"] {
+                m.remove(k);
+            }
+            m.values_mut().for_each(strip_for_v2);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_for_v2),
+        _ => {}
     }
 }
 
@@ -911,7 +999,7 @@ mod tests {
     #[test]
     fn each_v3_document_resolves_its_references_and_names_its_kinds() {
         let docs = build();
-        assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apps/v1", "apis/coordination.k8s.io/v1", "apis/discovery.k8s.io/v1", "apis/policy/v1"]);
+        assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apiextensions.k8s.io/v1", "apis/apps/v1", "apis/coordination.k8s.io/v1", "apis/discovery.k8s.io/v1", "apis/policy/v1"]);
         for gv in docs.v3.keys() {
             let doc = v3(&docs, gv);
             let schemas = doc["components"]["schemas"].as_object().expect("schemas");

@@ -448,7 +448,10 @@ impl ApiService {
         opts: &WriteOptions,
         warnings: &mut Vec<String>,
     ) -> Result<validation::Schema, ApiError> {
-        let (unknown, schema) = validation::prune_and_check(res, obj);
+        let (unknown, schema) = match crate::crd::prune_unknown(res, obj) {
+            Some(unknown) => (unknown, validation::Schema::Check),
+            None => validation::prune_and_check(res, obj),
+        };
         if unknown.is_empty() {
             return Ok(schema);
         }
@@ -501,6 +504,7 @@ impl ApiService {
         }
         reset_status_on_create(res, &mut obj);
         defaults::apply_defaults(res, &mut obj);
+        crate::crd::admit(res, None, &mut obj)?;
         let name = meta_str(&obj, "name").unwrap_or("").to_string();
         validation::validate_as(res, &obj, schema)?;
         self.namespace_must_exist(res, ns.as_deref()).await?;
@@ -515,7 +519,9 @@ impl ApiService {
         let started = Instant::now();
         let r = self.store.create(&key, bytes).await;
         self.metrics.observe_store_write(started);
-        r.map(|kv| Written { kv, warnings }).map_err(|e| store_err(res, &name, e))
+        let kv = r.map_err(|e| store_err(res, &name, e))?;
+        crate::crd::written(self, res, &obj, false);
+        Ok(Written { kv, warnings })
     }
 
     /// Replaces an object (or only its status), as `PUT` does. A `metadata.resourceVersion` in
@@ -645,6 +651,7 @@ impl ApiService {
             let mut warnings = Vec::new();
             let schema = Self::check_fields(res, &mut new, opts, &mut warnings)?;
             defaults::apply_defaults(res, &mut new);
+            crate::crd::admit(res, Some(&old), &mut new)?;
             if spec_changed(&old, &new) {
                 let generation = meta(&old).and_then(|m| m.get("generation")).and_then(Value::as_i64).unwrap_or(1);
                 meta_mut(&mut new).insert("generation".into(), json!(generation.saturating_add(1)));
@@ -674,7 +681,10 @@ impl ApiService {
             };
             self.metrics.observe_store_write(started);
             match result {
-                Ok(kv) => return Ok(Written { kv, warnings }),
+                Ok(kv) => {
+                    crate::crd::written(self, res, &new, deleting && !graceful_pod);
+                    return Ok(Written { kv, warnings });
+                }
                 Err(StoreError::Conflict { .. }) if precondition.is_none() && retry.wait().await => continue,
                 Err(StoreError::Conflict { .. }) if precondition.is_none() => {
                     return Err(ApiError::conflict(&res.qualified_plural(), name, &format!(
@@ -784,9 +794,13 @@ impl ApiService {
                     if res.kind == "Namespace" {
                         self.delete_namespace_contents(name).await?;
                     }
+                    crate::crd::written(self, res, &new, true);
                     return Ok(Deleted::Gone(kv));
                 }
-                Ok(d) => return Ok(d),
+                Ok(d) => {
+                    crate::crd::written(self, res, &codec::decode(d.kv())?, false);
+                    return Ok(d);
+                }
                 Err(StoreError::Conflict { .. }) if retry.wait().await => continue,
                 Err(e) => return Err(store_err(res, name, e)),
             }
@@ -812,7 +826,7 @@ impl ApiService {
 
     /// Removes everything left in a deleted namespace.
     async fn delete_namespace_contents(&self, ns: &str) -> Result<(), ApiError> {
-        for res in kinds::ALL.iter().filter(|r| r.namespaced) {
+        for res in kinds::all().into_iter().filter(|r| r.namespaced) {
             let page = self.store.list(&res.namespace_prefix(ns), None, None).await.map_err(|e| store_err(res, ns, e))?;
             for kv in page.items {
                 match self.store.delete(&kv.key, None).await {

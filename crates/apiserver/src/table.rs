@@ -201,6 +201,7 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
         "EndpointSlice" => vec![name, ("AddressType", "string", 0), ("Ports", "string", 0), ("Endpoints", "string", 0), age],
         "PodDisruptionBudget" => vec![name, ("Min Available", "string", 0), ("Max Unavailable", "string", 0),
             ("Allowed Disruptions", "integer", 0), age],
+        "CustomResourceDefinition" => vec![name, ("Created At", "date", 0)],
         _ => vec![name, age],
     }
 }
@@ -241,6 +242,7 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
         "EndpointSlice" => vec![name, json!(s(o, "/addressType")), json!(slice_ports(o)), json!(slice_endpoints(o)), created],
         "PodDisruptionBudget" => vec![name, json!(int_or_percent(o, "/spec/minAvailable")),
             json!(int_or_percent(o, "/spec/maxUnavailable")), json!(i(o, "/status/disruptionsAllowed")), created],
+        "CustomResourceDefinition" => vec![name, json!(s(o, "/metadata/creationTimestamp"))],
         _ => vec![name, created],
     }
 }
@@ -248,6 +250,9 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
 /// A `meta.k8s.io/v1` Table of `objects`; each row carries the object's metadata, so kubectl can
 /// show namespaces and labels.
 pub fn table(res: &ResourceInfo, objects: &[Value], resource_version: &str) -> Value {
+    if let Some(custom) = shepherd_api::kinds::custom(res) {
+        return crate::crd::table(&custom, objects, resource_version);
+    }
     let defs: Vec<Value> = columns(res)
         .into_iter()
         .map(|(n, t, p)| json!({"name": n, "type": t, "format": if n == "Name" { "name" } else { "" }, "description": "", "priority": p}))

@@ -28,6 +28,10 @@ use crate::config::ControllerConfig;
 use crate::events::{EventRecorder, EventType};
 use crate::podutil;
 
+/// How often a dependent of a custom object looks at its owner again: custom kinds come and go
+/// at run time, so no informer wakes their dependents when they are deleted.
+const CUSTOM_OWNER_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Keeps an object until its dependents are deleted (`propagationPolicy: Foreground`).
 pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
 /// Keeps an object until its dependents no longer reference it (`propagationPolicy: Orphan`).
@@ -190,6 +194,12 @@ impl Shared {
     /// owner is gone (the cache may simply not have seen a new owner yet).
     async fn owner_state(&self, dependent: &Value, r: &Value) -> Result<OwnerState, ApiError> {
         let kind = r.get("kind").and_then(Value::as_str).unwrap_or("");
+        let api_version = r.get("apiVersion").and_then(Value::as_str);
+        if self.kind_index(api_version, kind).is_none()
+            && let Some(res) = api_version.and_then(|v| kinds::by_api_version_kind(v, kind))
+        {
+            return self.custom_owner_state(res, dependent, r).await;
+        }
         let (Some(i), Some(name), Some(uid)) = (
             self.kind_index(r.get("apiVersion").and_then(Value::as_str), kind),
             r.get("name").and_then(Value::as_str),
@@ -222,6 +232,40 @@ impl Shared {
             Err(e) if e.is_not_found() => Ok(OwnerState::Gone),
             Err(e) => Err(e),
         }
+    }
+
+    /// An owner of a custom kind, read from the API (no informer follows custom kinds).
+    async fn custom_owner_state(&self, res: &ResourceInfo, dependent: &Value, r: &Value) -> Result<OwnerState, ApiError> {
+        let (Some(name), Some(uid)) = (r.get("name").and_then(Value::as_str), r.get("uid").and_then(Value::as_str)) else {
+            return Ok(OwnerState::Solid);
+        };
+        let ns = if res.namespaced {
+            match podutil::namespace(dependent) {
+                Some(ns) => Some(ns),
+                None => return Ok(OwnerState::Solid),
+            }
+        } else {
+            None
+        };
+        match self.client.get(res, ns, name).await {
+            Ok(live) if podutil::uid(&live) == uid => {
+                if podutil::is_deleting(&live) && podutil::has_finalizer(&live, FOREGROUND_FINALIZER) {
+                    Ok(OwnerState::WaitingForDependents)
+                } else {
+                    Ok(OwnerState::Solid)
+                }
+            }
+            Ok(_) => Ok(OwnerState::Gone),
+            Err(e) if e.is_not_found() => Ok(OwnerState::Gone),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether an owner reference points at a custom kind, which no informer here follows.
+    fn is_unwatched(&self, r: &Value) -> bool {
+        let kind = r.get("kind").and_then(Value::as_str).unwrap_or("");
+        let api_version = r.get("apiVersion").and_then(Value::as_str);
+        self.kind_index(api_version, kind).is_none() && api_version.and_then(|v| kinds::by_api_version_kind(v, kind)).is_some()
     }
 
     /// Deletes `obj` if it is still the object we saw; in the foreground when it has dependents
@@ -328,9 +372,13 @@ impl Reconciler for GcReconciler {
         let mut solid = 0;
         let mut waiting = 0;
         let mut dangling = Vec::new();
+        let mut unwatched_owner = false;
         for r in &refs {
             match s.owner_state(&obj, r).await? {
-                OwnerState::Solid => solid += 1,
+                OwnerState::Solid => {
+                    solid += 1;
+                    unwatched_owner |= s.is_unwatched(r);
+                }
                 OwnerState::WaitingForDependents => waiting += 1,
                 OwnerState::Gone => dangling.extend(r.get("uid").and_then(Value::as_str).map(str::to_string)),
             }
@@ -349,6 +397,9 @@ impl Reconciler for GcReconciler {
                     Err(e) if e.is_not_found() => {}
                     Err(e) => return Err(e.into()),
                 }
+            }
+            if unwatched_owner {
+                return Ok(Action::RequeueAfter(CUSTOM_OWNER_POLL));
             }
             return Ok(Action::Done);
         }

@@ -147,6 +147,17 @@ impl Cluster {
         serde_json::from_str(&text).map_err(|e| RequestError::Transport(anyhow!("the server at {} sent a response that is not JSON: {e}", self.server)))
     }
 
+    /// Learns the custom resources the server serves from its CustomResourceDefinitions, so
+    /// that they resolve like built-in kinds. A server that cannot answer is reported by the
+    /// command's own request, not here.
+    pub async fn learn_custom_resources(&self) {
+        let Ok(list) = self.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions").await else { return };
+        for def in list.get("items").and_then(Value::as_array).into_iter().flatten() {
+            let name = def.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+            shepherd_api::kinds::register_custom(name, shepherd_api::kinds::custom_resources_of(def));
+        }
+    }
+
     pub async fn get(&self, path: &str) -> Result<Value, RequestError> {
         self.json(self.build(Method::GET, path, Some("application/json"), None, Vec::new())?).await
     }

@@ -223,6 +223,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     }
     let flags = ConnectionFlags { server: cli.server, token: cli.token, namespace: cli.namespace };
     let cluster = Cluster::connect(&flags).await?;
+    cluster.learn_custom_resources().await;
     match cli.command {
         Command::Apply { files } => apply::run(&cluster, &files).await,
         Command::Diff { files } => diff::run(&cluster, &files).await.map(|differs| !differs),

@@ -5,6 +5,8 @@
 //! kubectl version, so a row may rely on what the rows before it created.
 
 mod common;
+#[path = "compat/crd.rs"]
+mod crd;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -162,6 +164,18 @@ const ROWS: &[Row] = &[
     ("rollout status after undo", |k| k.rolled_out()),
     ("delete", |k| k.expect(&["delete", "deployment", "web", "--wait=false"], &["deployment.apps \"web\" deleted"])),
     ("delete service", |k| k.expect(&["delete", "service", "web", "--wait=false"], &["service \"web\" deleted"])),
+    ("crd: apply definition, served within 1 s", crd::create_and_serve),
+    ("crd: apply object (default validation)", crd::apply_object),
+    ("crd: get -o wide (printer columns)", crd::wide_columns),
+    ("crd: explain", crd::explain),
+    ("crd: describe", crd::describe),
+    ("crd: defaulting and pruning", crd::defaulted_and_pruned),
+    ("crd: invalid object names the field", crd::invalid_object),
+    ("crd: scale subresource", crd::scale),
+    ("crd: status subresource ignores spec", crd::status_ignores_spec),
+    ("crd: non-structural schema refused", crd::non_structural_refused),
+    ("crd: pod owned by a custom object collected", crd::owned_pod_collected),
+    ("crd: delete definition removes its objects", crd::delete_definition),
 ];
 
 fn create_namespace(url: &str, name: &str) {
