@@ -42,6 +42,10 @@ pub enum ApiError {
     Conflict { kind: String, name: String, message: String },
     #[error("{message}")]
     Invalid { kind: String, name: String, message: String, causes: Vec<Cause> },
+    /// 409 from server-side apply: each cause names a field another manager owns
+    /// (`FieldManagerConflict`), as Kubernetes answers it.
+    #[error("{message}")]
+    ApplyConflict { message: String, causes: Vec<Cause> },
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
@@ -111,7 +115,7 @@ impl ApiError {
     pub fn code(&self) -> u16 {
         match self {
             ApiError::NotFound { .. } => 404,
-            ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } => 409,
+            ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => 409,
             ApiError::Invalid { .. } => 422,
             ApiError::BadRequest(_) => 400,
             ApiError::Expired(_) => 410,
@@ -131,7 +135,7 @@ impl ApiError {
         match self {
             ApiError::NotFound { .. } => "NotFound",
             ApiError::AlreadyExists { .. } => "AlreadyExists",
-            ApiError::Conflict { .. } => "Conflict",
+            ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => "Conflict",
             ApiError::Invalid { .. } => "Invalid",
             ApiError::BadRequest(_) => "BadRequest",
             ApiError::Expired(_) => "Expired",
@@ -151,7 +155,7 @@ impl ApiError {
         matches!(self, ApiError::NotFound { .. })
     }
     pub fn is_conflict(&self) -> bool {
-        matches!(self, ApiError::Conflict { .. })
+        matches!(self, ApiError::Conflict { .. } | ApiError::ApplyConflict { .. })
     }
     pub fn is_already_exists(&self) -> bool {
         matches!(self, ApiError::AlreadyExists { .. })
@@ -184,6 +188,10 @@ impl ApiError {
                 "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
                 "retryAfterSeconds": 1,
             })),
+            ApiError::ApplyConflict { causes, .. } => Some(json!({
+                "causes": causes.iter().map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                    .collect::<Vec<_>>(),
+            })),
             ApiError::TooManyRequests { causes, .. } => Some(json!({
                 "causes": causes.iter().map(|c| json!({"reason": c.reason, "message": c.message})).collect::<Vec<_>>(),
             })),
@@ -205,6 +213,7 @@ impl ApiError {
         match status.get("reason").and_then(Value::as_str).unwrap_or("") {
             "NotFound" => ApiError::NotFound { kind, name: field("name"), message },
             "AlreadyExists" => ApiError::AlreadyExists { kind, name: field("name"), message },
+            "Conflict" if !causes_of(details).is_empty() => ApiError::ApplyConflict { message, causes: causes_of(details) },
             "Conflict" => ApiError::Conflict { kind, name: field("name"), message },
             "Invalid" => ApiError::Invalid { kind, name: field("name"), message, causes: causes_of(details) },
             "BadRequest" => ApiError::BadRequest(message),
@@ -258,6 +267,7 @@ fn cause_reason(r: &str) -> &'static str {
         "FieldValueDuplicate" => "FieldValueDuplicate",
         "FieldValueTooLong" => "FieldValueTooLong",
         "DisruptionBudget" => "DisruptionBudget",
+        "FieldManagerConflict" => "FieldManagerConflict",
         _ => "FieldValueInvalid",
     }
 }

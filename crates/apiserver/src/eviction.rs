@@ -118,7 +118,7 @@ async fn mark_disruption_target(svc: &ApiService, ns: &str, name: &str, pod: &Va
     }
     let uid = str_at(pod, "/metadata/uid").to_string();
     let write = WriteOptions::default();
-    let marked = svc.mutate(&kinds::POD, Some(ns), name, None, &write, |current| {
+    let marked = svc.mutate(&kinds::POD, Some(ns), name, None, "eviction", &write, |current| {
         if str_at(current, "/metadata/uid") != uid {
             return Err(ApiError::conflict("pods", name, "the pod was replaced during its eviction"));
         }
@@ -160,7 +160,7 @@ async fn spend_disruption(svc: &ApiService, ns: &str, pdb: &Value, pod: &Value) 
     let pdb_name = str_at(pdb, "/metadata/name").to_string();
     let pod_name = str_at(pod, "/metadata/name").to_string();
     let pod_ready = is_ready(pod);
-    svc.mutate(&kinds::PODDISRUPTIONBUDGET, Some(ns), &pdb_name, None, &WriteOptions::default(), |current| {
+    svc.mutate(&kinds::PODDISRUPTIONBUDGET, Some(ns), &pdb_name, None, "status", &WriteOptions::default(), |current| {
         let observed = int_at(current, "/status/observedGeneration");
         let generation = int_at(current, "/metadata/generation");
         if observed < generation {

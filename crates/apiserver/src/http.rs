@@ -27,7 +27,8 @@ use crate::service::{
 use crate::table;
 use crate::watch::{WatchOptions, WireEvent};
 use crate::write_options::{
-    FieldValidation, OptionsKind, WriteOptions, parse_noting_duplicates, parse_write_options, strict_decoding_error,
+    FieldValidation, OptionsKind, WriteOptions, parse_field_manager, parse_noting_duplicates, parse_write_options,
+    strict_decoding_error,
 };
 
 /// Settings of the HTTP layer.
@@ -444,6 +445,41 @@ fn write_options(kind: OptionsKind, query: &HashMap<String, String>) -> Result<W
     parse_write_options(kind, query.get("dryRun").map(String::as_str), query.get("fieldValidation").map(String::as_str))
 }
 
+/// The options of a create, update or patch, with who makes it (`fieldManager`, else the
+/// User-Agent) and, for an apply, `force`.
+fn manager_options(
+    kind: OptionsKind,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+    apply: bool,
+) -> Result<WriteOptions, ApiError> {
+    let user_agent = headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let manager =
+        parse_field_manager(kind, query.get("fieldManager").map(String::as_str), query.get("force").map(String::as_str), apply, user_agent);
+    let mut opts = write_options(kind, query)?;
+    (opts.field_manager, opts.force) = manager?;
+    Ok(opts)
+}
+
+/// An apply body: YAML, of which JSON is a part (JSON bodies keep the duplicate-field checks).
+fn parse_apply_body(
+    body: &[u8],
+    res: &ResourceInfo,
+    opts: &WriteOptions,
+    warnings: &mut Vec<String>,
+) -> Result<Value, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|_| ApiError::BadRequest("an apply body must be UTF-8 YAML or JSON".into()))?;
+    if text.trim_start().starts_with('{') {
+        return parse_write_body(body, res, opts, warnings);
+    }
+    let value: Value = serde_saphyr::from_str(text)
+        .map_err(|e| ApiError::BadRequest(format!("error decoding YAML: {}", e.to_string().lines().next().unwrap_or(""))))?;
+    if !value.is_object() {
+        return Err(ApiError::BadRequest("an apply body must be a YAML or JSON object".into()));
+    }
+    Ok(value)
+}
+
 /// Parses a write's JSON body; duplicate fields are an error under `fieldValidation=Strict` and
 /// a warning under Warn (the last one wins), as in Kubernetes.
 fn parse_write_body(
@@ -583,7 +619,7 @@ async fn handle(
         }
         (&Method::POST, None, None) => {
             check_json_body(&headers)?;
-            let opts = write_options(OptionsKind::Create, query)?;
+            let opts = manager_options(OptionsKind::Create, query, &headers, false)?;
             let mut warnings = Vec::new();
             let body = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
             let w = svc.create_with(res, ns, body, &opts).await?;
@@ -606,7 +642,7 @@ async fn handle(
         }
         (&Method::PUT, Some(name), sub) => {
             check_json_body(&headers)?;
-            let opts = write_options(OptionsKind::Update, query)?;
+            let opts = manager_options(OptionsKind::Update, query, &headers, false)?;
             let mut warnings = Vec::new();
             let body = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
             match sub {
@@ -621,7 +657,7 @@ async fn handle(
                 Some("scale") if res.has_scale => {
                     let replicas = scale_replicas(&body)?;
                     let rv = parse_resource_version(body.at("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or(""))?;
-                    let kv = svc.mutate(res, ns, name, rv, &opts, |old| {
+                    let kv = svc.mutate(res, ns, name, rv, "scale", &opts, |old| {
                         let mut new = old.clone();
                         set_replicas(res, &mut new, replicas)?;
                         Ok(new)
@@ -639,16 +675,28 @@ async fn handle(
                 PatchType::Json
             } else if ct.starts_with("application/strategic-merge-patch+json") {
                 PatchType::StrategicMerge
-            } else if ct.starts_with("application/apply-patch") {
-                return Err(ApiError::UnsupportedMediaType(
-                    "server-side apply is not supported by Shepherd: use client-side apply (kubectl apply without --server-side)".into(),
-                ));
+            } else if ct.starts_with("application/apply-patch+yaml") {
+                let opts = manager_options(OptionsKind::Patch, query, &headers, true)?;
+                let mut warnings = Vec::new();
+                let config = parse_apply_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
+                let part = match sub {
+                    None => Part::Main,
+                    Some("status") if res.has_status => Part::Status,
+                    Some(s) => {
+                        return Err(ApiError::UnsupportedMediaType(format!(
+                            "server-side apply of the {s} subresource is not supported: apply the object or its status"
+                        )));
+                    }
+                };
+                let (w, created) = svc.apply_with(res, ns, name, &config, part, &opts).await?;
+                let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+                return Ok(written_response(code, &w, &warnings));
             } else {
                 return Err(ApiError::UnsupportedMediaType(format!(
                     "patch content type {ct:?} is not supported: use application/merge-patch+json, application/json-patch+json or application/strategic-merge-patch+json"
                 )));
             };
-            let opts = write_options(OptionsKind::Patch, query)?;
+            let opts = manager_options(OptionsKind::Patch, query, &headers, false)?;
             let mut warnings = Vec::new();
             let patch = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
             match sub {
@@ -661,7 +709,7 @@ async fn handle(
                     Ok(written_response(StatusCode::OK, &w, &warnings))
                 }
                 Some("scale") if res.has_scale => {
-                    let kv = svc.mutate(res, ns, name, None, &opts, |old| {
+                    let kv = svc.mutate(res, ns, name, None, "scale", &opts, |old| {
                         let mut scale = scale_of(res, old);
                         let patched = match patch_type {
                             PatchType::Json => {

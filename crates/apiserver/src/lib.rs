@@ -1,6 +1,7 @@
 //! Kubernetes-shaped HTTP API over the Shepherd store: REST paths, verbs, watch, discovery,
 //! Status errors, metrics; and the in-process client that controllers use.
 
+mod apply;
 mod client;
 mod codec;
 mod crd;

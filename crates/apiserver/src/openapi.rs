@@ -188,9 +188,6 @@ struct Documents {
     v3: BTreeMap<String, V3Document>,
 }
 
-/// The definitions of the built-in kinds: generated once, the costly part of a build.
-static BUILT_IN: OnceLock<Map<String, Value>> = OnceLock::new();
-
 /// Bumped whenever the served custom resources change; documents built at an older generation
 /// are rebuilt (and get new ETags and hashes) on the next request.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
@@ -228,8 +225,20 @@ fn described(res: &ResourceInfo) -> bool {
     kind_type(res).is_some() || kinds::custom(res).is_some_and(|c| c.schema.is_some())
 }
 
+/// The definitions with Kubernetes' extensions, built once: the documents and server-side apply's
+/// merge rules (`crate::apply`) read the same facts.
+pub(crate) fn annotated_definitions() -> &'static Map<String, Value> {
+    static DEFINITIONS: OnceLock<Map<String, Value>> = OnceLock::new();
+    DEFINITIONS.get_or_init(definitions)
+}
+
+/// The definition name of a served kind, if it has one.
+pub(crate) fn definition_of(res: &ResourceInfo) -> Option<String> {
+    kind_type(res).map(|t| (t.definition)().into_owned())
+}
+
 fn build() -> Documents {
-    let mut definitions = BUILT_IN.get_or_init(definitions).clone();
+    let mut definitions = annotated_definitions().clone();
     let served = kinds::all();
     for res in served.iter().filter(|r| kind_type(r).is_none()) {
         add_custom_definitions(res, &mut definitions);
@@ -514,7 +523,8 @@ const DELETE_PARAMS: &[QueryParam] = &[
 ];
 
 const PATCH_TYPES: &[&str] =
-    &["application/json-patch+json", "application/merge-patch+json", "application/strategic-merge-patch+json"];
+    &["application/json-patch+json", "application/merge-patch+json", "application/strategic-merge-patch+json",
+        "application/apply-patch+yaml"];
 
 struct Operation {
     method: &'static str,

@@ -15,6 +15,7 @@ use shepherd_api::selector::{FieldSelector, LabelSelector};
 use shepherd_api::{ApiError, defaults, validation};
 use shepherd_store::{KeyValue, Revision, Store, StoreError};
 
+use crate::apply::{self, Writer};
 use crate::codec;
 use crate::metrics::Metrics;
 pub use crate::patch::PatchType;
@@ -96,6 +97,25 @@ pub struct ListPage {
 pub enum Part {
     Main,
     Status,
+}
+
+impl Part {
+    fn track(self) -> Track<'static> {
+        match self {
+            Part::Main => Track::Update(""),
+            Part::Status => Track::Update("status"),
+        }
+    }
+}
+
+/// How a write records its owners in `managedFields`.
+#[derive(Debug, Clone, Copy)]
+enum Track<'a> {
+    /// As an update through this subresource (`""` for the object itself): the writer takes the
+    /// fields it changed.
+    Update(&'a str),
+    /// The object is the result of an apply, which set its owners.
+    Applied,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -479,8 +499,20 @@ impl ApiService {
         &self,
         res: &ResourceInfo,
         ns: Option<&str>,
+        obj: Value,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
+        self.create_tracked(res, ns, obj, opts, Track::Update("")).await
+    }
+
+    /// A create; `Track::Applied` when `obj` is the result of an apply, its owners already set.
+    async fn create_tracked(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
         mut obj: Value,
         opts: &WriteOptions,
+        track: Track<'_>,
     ) -> Result<Written, ApiError> {
         Self::check_type(res, &mut obj)?;
         let mut warnings = Vec::new();
@@ -495,8 +527,11 @@ impl ApiService {
                 m.insert("name".into(), json!(format!("{generate}{}", random_suffix())));
             }
             for server_owned in ["uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
-                "deletionGracePeriodSeconds", "generation", "managedFields", "selfLink"] {
+                "deletionGracePeriodSeconds", "generation", "selfLink"] {
                 m.remove(server_owned);
+            }
+            if let Track::Update(_) = track {
+                m.remove("managedFields");
             }
             m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
             m.insert("creationTimestamp".into(), json!(now_rfc3339()));
@@ -505,6 +540,9 @@ impl ApiService {
         reset_status_on_create(res, &mut obj);
         defaults::apply_defaults(res, &mut obj);
         crate::crd::admit(res, None, &mut obj)?;
+        if let Track::Update(subresource) = track {
+            apply::record_update(res, None, &mut obj, Writer { manager: opts.manager(), subresource });
+        }
         let name = meta_str(&obj, "name").unwrap_or("").to_string();
         validation::validate_as(res, &obj, schema)?;
         self.namespace_must_exist(res, ns.as_deref()).await?;
@@ -560,7 +598,10 @@ impl ApiService {
             }
         }
         let precondition = parse_resource_version(meta_str(&body, "resourceVersion").unwrap_or(""))?;
-        self.mutate_checked(res, ns, name, precondition, true, opts, |old| Ok(merge_update(res, old, &body, part))).await
+        self.mutate_checked(res, ns, name, precondition, true, opts, part.track(), |old| {
+            Ok(merge_update(res, old, &body, part))
+        })
+        .await
     }
 
     /// Applies a patch to the current object (or its status), retrying if another writer got in
@@ -594,27 +635,105 @@ impl ApiService {
                 patch.get("metadata").and_then(|m| m.get("resourceVersion")).and_then(Value::as_str).unwrap_or(""),
             )?,
         };
-        self.mutate_checked(res, ns, name, precondition, true, opts, |old| {
+        self.mutate_checked(res, ns, name, precondition, true, opts, part.track(), |old| {
             let patched = apply_patch(old, patch_type, patch)?;
             check_type_unchanged(res, old, &patched)?;
+            // A JSON patch that replaces the resourceVersion makes it a precondition, as in Kubernetes
+            // (kubectl moves client-side ownership to server-side apply so).
+            if patch_type == PatchType::Json && patched.pointer("/metadata/resourceVersion") != old.pointer("/metadata/resourceVersion") {
+                return Err(ApiError::conflict(&res.qualified_plural(), name,
+                    "the object has been modified; please apply your changes to the latest version and try again"));
+            }
             check_metadata_is_object(res, &patched)?;
             Ok(merge_update(res, old, &patched, part))
         })
         .await
     }
 
+    /// Server-side apply (`application/apply-patch+yaml`) of `config` by `opts.field_manager`: merges
+    /// it into the object (creating the object if it is absent, for the main resource), records the
+    /// manager's ownership, and refuses with 409 a change to fields another manager owns unless
+    /// `opts.force`. The bool says whether the object was created.
+    pub async fn apply_with(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        config: &Value,
+        part: Part,
+        opts: &WriteOptions,
+    ) -> Result<(Written, bool), ApiError> {
+        let mut config = config.clone();
+        Self::check_type(res, &mut config)?;
+        Self::check_namespace(res, ns, &mut config)?;
+        match meta_str(&config, "name") {
+            Some(n) if n == name => {}
+            Some("") | None => {
+                meta_mut(&mut config).insert("name".into(), json!(name));
+            }
+            Some(n) => {
+                return Err(ApiError::BadRequest(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )));
+            }
+        }
+        if meta(&config).and_then(|m| m.get("managedFields")).is_some_and(|f| !f.is_null()) {
+            return Err(ApiError::BadRequest("metadata.managedFields must be nil".into()));
+        }
+        let precondition = parse_resource_version(meta_str(&config, "resourceVersion").unwrap_or(""))?;
+        meta_mut(&mut config).remove("resourceVersion");
+        let subresource = match part {
+            Part::Main => "",
+            Part::Status => "status",
+        };
+        let w = Writer { manager: opts.manager(), subresource };
+        loop {
+            let applied = self
+                .mutate_checked(res, ns, name, precondition, true, opts, Track::Applied, |old| {
+                    if opts.field_validation == FieldValidation::Strict {
+                        // Unknown fields are refused before pruning could hide them.
+                        let mut probe = apply::merged(res, old, &config, w);
+                        Self::check_fields(res, &mut probe, opts, &mut Vec::new())?;
+                    }
+                    let applied = apply::apply(res, old, &config, w, opts.force)?;
+                    check_type_unchanged(res, old, &applied)?;
+                    let mut new = merge_update(res, old, &applied, part);
+                    match meta(&applied).and_then(|m| m.get("managedFields")) {
+                        Some(f) => meta_mut(&mut new).insert("managedFields".into(), f.clone()),
+                        None => meta_mut(&mut new).remove("managedFields"),
+                    };
+                    Ok(new)
+                })
+                .await;
+            match applied {
+                Err(e) if e.is_not_found() && part == Part::Main && precondition.is_none() => {
+                    let created = apply::apply(res, &json!({}), &config, w, opts.force)?;
+                    match self.create_tracked(res, ns, created, opts, Track::Applied).await {
+                        // Created by someone else meanwhile: apply to theirs.
+                        Err(ApiError::AlreadyExists { .. }) => continue,
+                        r => return r.map(|w| (w, true)),
+                    }
+                }
+                r => return r.map(|w| (w, false)),
+            }
+        }
+    }
+
     /// The read-modify-write every update goes through: read, compute the new object, validate,
-    /// write with the revision read as precondition; on a lost race, read again.
+    /// write with the revision read as precondition; on a lost race, read again. `subresource`
+    /// names where the write came through, for `managedFields` (`scale`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn mutate(
         &self,
         res: &ResourceInfo,
         ns: Option<&str>,
         name: &str,
         precondition: Option<Revision>,
+        subresource: &str,
         opts: &WriteOptions,
         f: impl Fn(&Value) -> Result<Value, ApiError>,
     ) -> Result<KeyValue, ApiError> {
-        self.mutate_checked(res, ns, name, precondition, true, opts, f).await.map(|w| w.kv)
+        self.mutate_checked(res, ns, name, precondition, true, opts, Track::Update(subresource), f).await.map(|w| w.kv)
     }
 
     /// `mutate`, optionally without the update rules (for `binding`, the one writer allowed to
@@ -629,6 +748,7 @@ impl ApiService {
         precondition: Option<Revision>,
         check_update: bool,
         opts: &WriteOptions,
+        track: Track<'_>,
         f: impl Fn(&Value) -> Result<Value, ApiError>,
     ) -> Result<Written, ApiError> {
         let ns = Self::require_namespace(res, ns)?;
@@ -652,6 +772,9 @@ impl ApiService {
             let schema = Self::check_fields(res, &mut new, opts, &mut warnings)?;
             defaults::apply_defaults(res, &mut new);
             crate::crd::admit(res, Some(&old), &mut new)?;
+            if let Track::Update(subresource) = track {
+                apply::record_update(res, Some(&old), &mut new, Writer { manager: opts.manager(), subresource });
+            }
             if spec_changed(&old, &new) {
                 let generation = meta(&old).and_then(|m| m.get("generation")).and_then(Value::as_i64).unwrap_or(1);
                 meta_mut(&mut new).insert("generation".into(), json!(generation.saturating_add(1)));
@@ -845,7 +968,7 @@ impl ApiService {
         }
         let res = &kinds::POD;
         let opts = WriteOptions::default();
-        let written = self.mutate_checked(res, Some(ns), name, None, false, &opts, |old| {
+        let written = self.mutate_checked(res, Some(ns), name, None, false, &opts, Track::Update("binding"), |old| {
             let current = old.at("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
             if !current.is_empty() {
                 return Err(ApiError::conflict("pods/binding", name, &format!(
@@ -1003,7 +1126,6 @@ fn merge_update(res: &ResourceInfo, old: &Value, body: &Value, part: Part) -> Va
             }
         }
     }
-    m.remove("managedFields");
     m.remove("selfLink");
     // The scheduler's decision is made through `binding`, never undone by an update.
     if res.kind == "Pod"

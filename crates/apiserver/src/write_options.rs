@@ -22,12 +22,26 @@ pub enum FieldValidation {
 }
 
 /// Options of a create, update or patch, passed through the service layer as one value.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WriteOptions {
     /// `dryRun=All`: defaulting, validation and admission run in full, nothing is written, and
     /// the object as it would have been stored is returned.
     pub dry_run: bool,
     pub field_validation: FieldValidation,
+    /// Who makes the write, recorded in `metadata.managedFields`: the `fieldManager` parameter, or
+    /// what the client's User-Agent says; `None` for the server's own components.
+    pub field_manager: Option<String>,
+    /// `force=true` on a server-side apply: take the fields other managers own.
+    pub force: bool,
+}
+
+/// The manager of writes that name none (the in-process controllers, scheduler and agents).
+pub const DEFAULT_FIELD_MANAGER: &str = "shepherd";
+
+impl WriteOptions {
+    pub(crate) fn manager(&self) -> &str {
+        self.field_manager.as_deref().unwrap_or(DEFAULT_FIELD_MANAGER)
+    }
 }
 
 /// Which options kind a write's query parameters are validated as (`CreateOptions`...), for the
@@ -87,7 +101,54 @@ pub fn parse_write_options(
     if !causes.is_empty() {
         return Err(ApiError::invalid(&format!("{}.meta.k8s.io", kind.name()), "", causes));
     }
-    Ok(WriteOptions { dry_run, field_validation })
+    Ok(WriteOptions { dry_run, field_validation, ..Default::default() })
+}
+
+/// Reads `fieldManager` and `force` as Kubernetes validates them (a 422 on the options kind): at most
+/// 128 printable characters; required for an apply; `force` only on an apply. Without one, the
+/// manager is what the client's User-Agent says.
+pub fn parse_field_manager(
+    kind: OptionsKind,
+    field_manager: Option<&str>,
+    force: Option<&str>,
+    apply: bool,
+    user_agent: &str,
+) -> Result<(Option<String>, bool), ApiError> {
+    let mut causes = Vec::new();
+    let given = field_manager.filter(|m| !m.is_empty());
+    if apply && given.is_none() {
+        causes.push(Cause::new("FieldValueRequired", "fieldManager", "Required value: is required for apply patch"));
+    }
+    if let Some(m) = given {
+        if m.len() > crate::apply::FIELD_MANAGER_MAX_LENGTH {
+            causes.push(Cause::new(
+                "FieldValueTooLong",
+                "fieldManager",
+                format!("Too long: may not be more than {} bytes", crate::apply::FIELD_MANAGER_MAX_LENGTH),
+            ));
+        }
+        if m.chars().any(char::is_control) {
+            causes.push(Cause::invalid("fieldManager", format!("Invalid value: {m:?}: must only contain printable characters")));
+        }
+    }
+    let force = match force {
+        None => false,
+        Some(_) if !apply => {
+            causes.push(Cause::forbidden("force", "Forbidden: may not be specified for non-apply patch"));
+            false
+        }
+        Some("true" | "1") => true,
+        Some("false" | "0" | "") => false,
+        Some(other) => {
+            causes.push(Cause::invalid("force", format!("Invalid value: {other:?}: must be true or false")));
+            false
+        }
+    };
+    if !causes.is_empty() {
+        return Err(ApiError::invalid(&format!("{}.meta.k8s.io", kind.name()), "", causes));
+    }
+    let manager = given.map(str::to_string).unwrap_or_else(|| crate::apply::manager_from_user_agent(user_agent));
+    Ok((Some(manager), force))
 }
 
 /// The strict-decoding error Kubernetes answers for unknown or duplicate fields under
@@ -223,7 +284,7 @@ mod tests {
     #[test]
     fn only_all_is_a_dry_run_and_bad_values_name_the_parameter() {
         let ok = parse_write_options(OptionsKind::Create, Some("All"), Some("Strict")).expect("valid");
-        assert_eq!(ok, WriteOptions { dry_run: true, field_validation: FieldValidation::Strict });
+        assert_eq!(ok, WriteOptions { dry_run: true, field_validation: FieldValidation::Strict, ..Default::default() });
         let e = parse_write_options(OptionsKind::Patch, Some("Server"), None).expect_err("invalid");
         assert_eq!(e.code(), 422);
         assert!(e.to_string().starts_with("PatchOptions.meta.k8s.io \"\" is invalid: dryRun: Unsupported value"), "{e}");

@@ -386,6 +386,8 @@ async fn every_rejection_says_why_and_writes_nothing() {
     assert!(fields.iter().any(|f| f.starts_with("spec.template.metadata.labels") || f.starts_with("spec.selector")), "{fields:?}");
 
     let (code, st) = s.patch(&format!("{PODS}/exists"), &json!({"metadata": {"name": "x"}}), "application/apply-patch+yaml").await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "an apply names its field manager: {st}");
+    let (code, st) = s.patch(&format!("{PODS}/exists"), &json!({"metadata": {"name": "x"}}), "application/apply-patch+cbor").await;
     assert_eq!(code, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{st}");
     let (code, _) = s.get("/apis/apps/v1/namespaces/default/widgets").await;
     assert_eq!(code, StatusCode::NOT_FOUND);

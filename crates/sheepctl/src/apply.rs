@@ -1,4 +1,5 @@
-//! `sheepctl apply`: client-side apply, as kubectl does it without `--server-side`.
+//! `sheepctl apply`: client-side apply, as kubectl does it without `--server-side`, and server-side
+//! apply with `--server-side`.
 //!
 //! The applied configuration is stored on the object in the
 //! `kubectl.kubernetes.io/last-applied-configuration` annotation, so the next apply knows which
@@ -12,6 +13,49 @@ use crate::merge_patch;
 use crate::resource;
 
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// kubectl's manager names: client-side apply writes as the first, server-side apply as the second,
+/// so that either tool continues what the other started (and the server moves client-side fields
+/// to the server-side manager as it does for kubectl).
+const CLIENT_SIDE_MANAGER: &str = "kubectl-client-side-apply";
+pub const SERVER_SIDE_MANAGER: &str = "kubectl";
+
+/// Applies every object on the server as `manager`; reports each failure (a conflict names the
+/// fields and their managers) and keeps going. Returns whether every object applied.
+pub async fn run_server_side(cluster: &Cluster, files: &[String], manager: &str, force: bool) -> anyhow::Result<bool> {
+    let manifests = manifest::load(files)?;
+    let mut ok = true;
+    for m in &manifests {
+        let ns = m.namespace(&cluster.namespace).to_string();
+        let path = resource::object_path(m.res, &ns, m.name());
+        let mut query = format!("?fieldManager={}&fieldValidation=Strict", urlencode(manager));
+        if force {
+            query.push_str("&force=true");
+        }
+        match cluster.apply_patch(&format!("{path}{query}"), &m.object).await {
+            Ok(_) => println!("{} serverside-applied", resource::object_ref(m.res, m.name())),
+            Err(e) => {
+                let conflict = e.to_string().contains("Apply failed with");
+                eprintln!("Error: {e:#}");
+                if conflict && !force {
+                    eprintln!("Either take these fields with --force-conflicts, or leave them out of the file to keep their current managers.");
+                }
+                ok = false;
+            }
+        }
+    }
+    Ok(ok)
+}
+
+/// A query parameter value, percent-encoded.
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
 
 /// What apply did to one object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +171,10 @@ pub async fn plan(cluster: &Cluster, m: &Manifest, record: Record) -> anyhow::Re
 /// stores nothing. Returns the object the server answered, or the live one when unchanged.
 pub async fn send(cluster: &Cluster, write: &Write, dry_run: bool) -> anyhow::Result<Value> {
     // Unknown fields are refused rather than dropped, as `kubectl apply` asks.
-    let query = if dry_run { "?fieldValidation=Strict&dryRun=All" } else { "?fieldValidation=Strict" };
+    let query = format!(
+        "?fieldValidation=Strict&fieldManager={CLIENT_SIDE_MANAGER}{}",
+        if dry_run { "&dryRun=All" } else { "" }
+    );
     Ok(match write {
         Write::Create { collection, body } => cluster.post(&format!("{collection}{query}"), body).await?,
         Write::Patch { path, patch, .. } => cluster.merge_patch(&format!("{path}{query}"), patch).await?,

@@ -177,6 +177,12 @@ impl Cluster {
         self.json(req).await
     }
 
+    /// A server-side apply: the configuration is the body (JSON is YAML).
+    pub async fn apply_patch(&self, path: &str, config: &Value) -> Result<Value, RequestError> {
+        let req = self.build(Method::PATCH, path, Some("application/json"), Some("application/apply-patch+yaml"), config.to_string().into_bytes())?;
+        self.json(req).await
+    }
+
     pub async fn delete(&self, path: &str) -> Result<Value, RequestError> {
         self.json(self.build(Method::DELETE, path, Some("application/json"), None, Vec::new())?).await
     }

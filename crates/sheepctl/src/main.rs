@@ -46,6 +46,17 @@ enum Command {
     Apply {
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<String>,
+        /// Apply on the server (server-side apply): the server merges the file and records which
+        /// fields this manager owns; a field another manager set differently is a conflict.
+        #[arg(long)]
+        server_side: bool,
+        /// With --server-side: take the conflicting fields from their other managers.
+        #[arg(long, requires = "server_side")]
+        force_conflicts: bool,
+        /// The field manager named in managedFields (with --server-side; default `kubectl`, so that
+        /// sheepctl and kubectl apply as one manager).
+        #[arg(long, requires = "server_side")]
+        field_manager: Option<String>,
     },
     /// Show what `apply` would change, as a unified diff of live and would-be objects (exit 1 when they differ).
     Diff {
@@ -225,7 +236,11 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     let cluster = Cluster::connect(&flags).await?;
     cluster.learn_custom_resources().await;
     match cli.command {
-        Command::Apply { files } => apply::run(&cluster, &files).await,
+        Command::Apply { files, server_side: false, .. } => apply::run(&cluster, &files).await,
+        Command::Apply { files, server_side: true, force_conflicts, field_manager } => {
+            let manager = field_manager.unwrap_or_else(|| apply::SERVER_SIDE_MANAGER.to_string());
+            apply::run_server_side(&cluster, &files, &manager, force_conflicts).await
+        }
         Command::Diff { files } => diff::run(&cluster, &files).await.map(|differs| !differs),
         Command::Explain { resource, recursive } => explain::run(&cluster, &resource, recursive).await.map(|()| true),
         Command::Get(g) => {

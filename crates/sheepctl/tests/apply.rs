@@ -135,3 +135,39 @@ fn kubectl_and_sheepctl_store_the_same_spec_and_apply_over_each_other() {
     let same = dir.path().join("by-kubectl.yaml");
     assert_eq!(s.sheepctl(&["apply", "-f", same.to_str().expect("path")]).ok(), "deployment.apps/cart unchanged\n");
 }
+
+#[test]
+fn server_side_apply_owns_fields_conflicts_with_another_manager_and_takes_them_when_forced() {
+    let s = Shepherd::server();
+    let path = "/apis/apps/v1/namespaces/default/deployments/web";
+    let run = s.sheepctl_stdin(&["apply", "--server-side", "-f", "-"], SEED);
+    assert_eq!(run.ok(), "deployment.apps/web serverside-applied\n");
+    let d = s.ok("GET", path, None);
+    let entry = &d["metadata"]["managedFields"][0];
+    assert_eq!((entry["manager"].as_str(), entry["operation"].as_str()), (Some("kubectl"), Some("Apply")), "{d}");
+    assert!(entry["fieldsV1"]["f:spec"]["f:replicas"].is_object());
+
+    // Another manager takes spec.replicas; applying 3 again conflicts, naming it and the field.
+    s.ok("PATCH", &format!("{path}?fieldManager=autoscaler"), Some(json!({"spec": {"replicas": 7}})));
+    let run = s.sheepctl_stdin(&["apply", "--server-side", "-f", "-"], SEED);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stderr.contains("conflict with \"autoscaler\" using apps/v1: .spec.replicas"), "{}", run.stderr);
+    assert!(run.stderr.contains("--force-conflicts"), "{}", run.stderr);
+    assert_eq!(s.ok("GET", path, None)["spec"]["replicas"], 7);
+
+    let run = s.sheepctl_stdin(&["apply", "--server-side", "--force-conflicts", "--field-manager", "deployer", "-f", "-"], SEED);
+    assert_eq!(run.ok(), "deployment.apps/web serverside-applied\n");
+    let d = s.ok("GET", path, None);
+    assert_eq!(d["spec"]["replicas"], 3);
+    let managers: Vec<&str> =
+        d["metadata"]["managedFields"].as_array().into_iter().flatten().filter_map(|e| e["manager"].as_str()).collect();
+    assert!(managers.contains(&"deployer"), "{managers:?}");
+}
+
+#[test]
+fn client_side_apply_records_kubectls_client_side_manager() {
+    let s = Shepherd::server();
+    s.sheepctl_stdin(&["apply", "-f", "-"], SEED).ok();
+    let d = s.ok("GET", "/apis/apps/v1/namespaces/default/deployments/web", None);
+    assert_eq!(d["metadata"]["managedFields"][0]["manager"], "kubectl-client-side-apply", "{d}");
+}

@@ -563,7 +563,7 @@ async fn cleanup_once(svc: &ApiService, name: &str) -> Result<bool, ApiError> {
     }
     let opts = crate::write_options::WriteOptions::default();
     let result = svc
-        .mutate(&kinds::CUSTOMRESOURCEDEFINITION, None, name, None, &opts, |old| {
+        .mutate(&kinds::CUSTOMRESOURCEDEFINITION, None, name, None, "", &opts, |old| {
             let mut new = old.clone();
             if let Some(list) = new.get_mut("metadata").and_then(|m| m.get_mut("finalizers")).and_then(Value::as_array_mut) {
                 list.retain(|f| f != CLEANUP_FINALIZER);

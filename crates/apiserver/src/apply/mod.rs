@@ -1,0 +1,338 @@
+//! Server-side apply and field ownership (`metadata.managedFields`), as Kubernetes defines them.
+//!
+//! Every write records who set which fields: an apply (`application/apply-patch+yaml`) owns exactly
+//! the fields of its configuration under an `Apply` entry; any other write takes the fields it
+//! changed under an `Update` entry. An apply that would change a field another manager owns is a
+//! 409 naming both, unless forced; fields an applier stops applying are removed unless someone
+//! else owns them. How fields merge (keyed lists, sets, atomic values) comes from the schema.
+
+mod fieldpath;
+mod managed;
+mod schema;
+mod typed;
+
+use std::sync::OnceLock;
+
+use serde_json::{Value, json};
+use shepherd_api::kinds::ResourceInfo;
+use shepherd_api::{ApiError, Cause};
+
+use fieldpath::{PathElement, Set, path_string};
+use managed::{Entry, Operation};
+use schema::Schema;
+
+/// kubectl's client-side apply keeps the configuration it applied in this annotation.
+pub(crate) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The manager of the fields an object had before its first apply, when nothing recorded owners.
+const BEFORE_FIRST_APPLY: &str = "before-first-apply";
+
+/// kubectl's server-side apply manager. Kubernetes gives it two rules for moving from client-side
+/// apply: it keeps the last-applied annotation in step, and it may take fields whose value is the
+/// one the annotation recorded without a conflict.
+const KUBECTL: &str = "kubectl";
+
+/// Kubernetes' limit on a field manager's name.
+pub(crate) const FIELD_MANAGER_MAX_LENGTH: usize = 128;
+
+/// Who writes, and through which subresource (`""` for the object itself).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Writer<'a> {
+    pub(crate) manager: &'a str,
+    pub(crate) subresource: &'a str,
+}
+
+/// The manager Kubernetes assumes when a request names none: its User-Agent up to the first `/`,
+/// printable characters only, at most 128 bytes (`kubectl/v1.33.0 (linux/amd64)` is `kubectl`).
+pub(crate) fn manager_from_user_agent(user_agent: &str) -> String {
+    let mut out = String::new();
+    for c in user_agent.split('/').next().unwrap_or("").chars().filter(|c| !c.is_control()) {
+        if out.len() + c.len_utf8() > FIELD_MANAGER_MAX_LENGTH {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn f(name: &str) -> PathElement {
+    PathElement::Field(name.into())
+}
+
+/// Fields the server sets, which no manager owns (Kubernetes strips the same ones).
+fn server_owned() -> &'static (Set, Set) {
+    static SETS: OnceLock<(Set, Set)> = OnceLock::new();
+    SETS.get_or_init(|| {
+        let mut plain = Set::new();
+        for p in [vec![f("apiVersion")], vec![f("kind")], vec![f("metadata")]] {
+            plain.insert(&p);
+        }
+        let mut recursive = Set::new();
+        for field in ["name", "namespace", "creationTimestamp", "selfLink", "uid", "generation", "managedFields",
+            "resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"]
+        {
+            recursive.insert(&[f("metadata"), f(field)]);
+        }
+        (plain, recursive)
+    })
+}
+
+/// The part of `set` a write through `subresource` can own: not the server's fields; not status
+/// through the main resource of a kind with a status subresource; only status through `/status`.
+fn scope(res: &ResourceInfo, subresource: &str, set: &Set) -> Set {
+    let (plain, recursive) = server_owned();
+    let set = set.difference(plain).recursive_difference(recursive);
+    match subresource {
+        "" if res.has_status => {
+            let mut status = Set::new();
+            status.insert(&[f("status")]);
+            set.recursive_difference(&status)
+        }
+        "status" => set.restricted_to(&f("status")),
+        _ => set,
+    }
+}
+
+fn without_managed_fields(obj: &Value) -> Value {
+    let mut o = obj.clone();
+    if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("managedFields");
+    }
+    o
+}
+
+fn now() -> String {
+    crate::service::now_rfc3339()
+}
+
+/// Records a create, update or patch (not an apply) that turned `old` (`None` for a create) into
+/// `new`: the writer takes the fields it added or changed, others lose those and the removed ones.
+/// A client may set `managedFields` itself (kubectl does, to move client-side ownership to its
+/// server-side apply manager); otherwise they are carried over from `old`.
+pub(crate) fn record_update(res: &ResourceInfo, old: Option<&Value>, new: &mut Value, w: Writer) {
+    let schema = Schema::get();
+    let ty = Schema::root(res);
+    let api_version = res.api_version();
+    let old_fields = old.and_then(|o| o.get("metadata")).and_then(|m| m.get("managedFields"));
+    let new_fields = new.get("metadata").and_then(|m| m.get("managedFields"));
+    let set_by_client = w.subresource.is_empty()
+        && new_fields.and_then(Value::as_array).is_some_and(|a| !a.is_empty())
+        && new_fields != old_fields;
+    let from_old = || old.map(managed::decode).unwrap_or(Ok(Vec::new())).unwrap_or_default();
+    let mut entries = if set_by_client { managed::decode(new).unwrap_or_else(|_| from_old()) } else { from_old() };
+    let old_obj = old.map_or_else(|| json!({}), without_managed_fields);
+    let new_obj = without_managed_fields(new);
+    if entries.is_empty() && old.is_some() {
+        // An object that never had owners recorded keeps none until it is applied (Kubernetes).
+        *new = new_obj;
+        return;
+    }
+    let c = typed::compare(schema, &ty, &old_obj, &new_obj);
+    let taken = scope(res, w.subresource, &c.added.union(&c.modified));
+    if taken.is_empty() && c.removed.is_empty() && !set_by_client {
+        if let (Some(m), Some(fields)) = (new.get_mut("metadata").and_then(Value::as_object_mut), old_fields) {
+            m.insert("managedFields".into(), fields.clone());
+        }
+        return;
+    }
+    for e in &mut entries {
+        e.set = e.set.difference(&taken).difference(&c.removed);
+    }
+    if !taken.is_empty() {
+        match entries.iter_mut().find(|e| e.is(w.manager, Operation::Update, w.subresource, &api_version)) {
+            Some(e) => {
+                e.set = e.set.union(&taken);
+                e.time = Some(now());
+            }
+            None => entries.push(Entry {
+                manager: w.manager.to_string(),
+                operation: Operation::Update,
+                api_version,
+                time: Some(now()),
+                subresource: w.subresource.to_string(),
+                set: taken,
+            }),
+        }
+    }
+    *new = new_obj;
+    managed::encode(new, entries);
+}
+
+/// The configuration an apply through `subresource` may set: the main resource of a kind with a
+/// status subresource ignores status, `/status` ignores all but status.
+fn applicable(res: &ResourceInfo, subresource: &str, config: &Value) -> Value {
+    let mut c = config.clone();
+    let Some(o) = c.as_object_mut() else { return c };
+    match subresource {
+        "" if res.has_status => {
+            o.remove("status");
+        }
+        "status" => o.retain(|k, _| matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status")),
+        _ => {}
+    }
+    if subresource == "status"
+        && let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut)
+    {
+        m.retain(|k, _| k == "name" || k == "namespace");
+    }
+    c
+}
+
+/// `config` merged into `live` before anything is pruned: what strict field validation reads, since
+/// a configuration alone is often too partial to be read as its kind.
+pub(crate) fn merged(res: &ResourceInfo, live: &Value, config: &Value, w: Writer) -> Value {
+    let config = applicable(res, w.subresource, config);
+    typed::merge(Schema::get(), &Schema::root(res), &without_managed_fields(live), &config)
+}
+
+/// Applies `config` for `w` to `live` (an empty object when the apply creates it) and returns the
+/// object to store, with its `managedFields`; a change to a field another manager owns is a 409
+/// naming each such field, unless `force`.
+pub(crate) fn apply(
+    res: &ResourceInfo,
+    live: &Value,
+    config: &Value,
+    w: Writer,
+    force: bool,
+) -> Result<Value, ApiError> {
+    let schema = Schema::get();
+    let ty = Schema::root(res);
+    let api_version = res.api_version();
+    let creating = live.get("metadata").and_then(|m| m.get("uid")).is_none();
+    let mut entries = managed::decode(live).unwrap_or_default();
+    let live_obj = without_managed_fields(live);
+    if entries.is_empty() && !creating {
+        let c = typed::compare(schema, &ty, &json!({}), &live_obj);
+        let set = scope(res, "", &c.added);
+        if !set.is_empty() {
+            entries.push(Entry {
+                manager: BEFORE_FIRST_APPLY.into(),
+                operation: Operation::Update,
+                api_version: api_version.clone(),
+                time: Some(now()),
+                subresource: String::new(),
+                set,
+            });
+        }
+    }
+    let config = applicable(res, w.subresource, config);
+    let mut merged = typed::merge(schema, &ty, &live_obj, &config);
+    let config_set = scope(res, w.subresource, &typed::field_set(schema, &ty, &config));
+    let (me, last) = match entries.iter().position(|e| e.is(w.manager, Operation::Apply, w.subresource, "")) {
+        Some(i) => {
+            let last = std::mem::replace(&mut entries[i].set, config_set);
+            entries[i].api_version = api_version.clone();
+            (i, last)
+        }
+        None => {
+            entries.push(Entry {
+                manager: w.manager.to_string(),
+                operation: Operation::Apply,
+                api_version: api_version.clone(),
+                time: None,
+                subresource: w.subresource.to_string(),
+                set: config_set,
+            });
+            (entries.len() - 1, Set::new())
+        }
+    };
+    if !last.is_empty() {
+        let owned_now = entries.iter().fold(Set::new(), |acc, e| acc.union(&e.set));
+        typed::prune(schema, &ty, &mut merged, &last, &owned_now);
+    }
+    let c = typed::compare(schema, &ty, &live_obj, &merged);
+    let changed = scope(res, w.subresource, &c.added.union(&c.modified));
+    let mut conflicts: Vec<(usize, Set)> = entries
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != me)
+        .map(|(i, e)| (i, e.set.intersection(&changed)))
+        .filter(|(_, s)| !s.is_empty())
+        .collect();
+    if !conflicts.is_empty() && !force {
+        if w.manager == KUBECTL
+            && let Some(allowed) = allowed_by_last_applied(res, &live_obj)
+        {
+            let refused: Vec<(usize, Set)> = conflicts
+                .iter()
+                .map(|(i, s)| (*i, s.difference(&allowed)))
+                .filter(|(_, s)| !s.is_empty())
+                .collect();
+            if !refused.is_empty() {
+                return Err(conflict_error(&entries, &refused));
+            }
+        } else {
+            return Err(conflict_error(&entries, &conflicts));
+        }
+    }
+    for (i, taken) in conflicts.drain(..) {
+        entries[i].set = entries[i].set.difference(&taken);
+    }
+    for (i, e) in entries.iter_mut().enumerate() {
+        if i != me {
+            e.set = e.set.difference(&c.removed);
+        }
+    }
+    if merged != live_obj || entries[me].time.is_none() {
+        entries[me].time = Some(now());
+    }
+    if w.manager == KUBECTL && annotation(&live_obj, LAST_APPLIED).is_some() {
+        let mut recorded = config.clone();
+        if let Some(a) = recorded.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
+            a.remove(LAST_APPLIED);
+        }
+        if let Some(m) = merged.get_mut("metadata").and_then(Value::as_object_mut) {
+            let annotations = m.entry("annotations").or_insert_with(|| json!({}));
+            if let Some(a) = annotations.as_object_mut() {
+                a.insert(LAST_APPLIED.into(), json!(recorded.to_string()));
+            }
+        }
+    }
+    managed::encode(&mut merged, entries);
+    Ok(merged)
+}
+
+fn annotation<'a>(obj: &'a Value, name: &str) -> Option<&'a str> {
+    obj.pointer("/metadata/annotations").and_then(|a| a.get(name)).and_then(Value::as_str)
+}
+
+/// The fields a client-side apply recorded in the last-applied annotation and still has as it
+/// left them: kubectl's server-side apply takes these over without a conflict.
+fn allowed_by_last_applied(res: &ResourceInfo, live: &Value) -> Option<Set> {
+    let last: Value = serde_json::from_str(annotation(live, LAST_APPLIED)?).ok()?;
+    if !last.is_object() {
+        return None;
+    }
+    let schema = Schema::get();
+    let ty = Schema::root(res);
+    let set = typed::field_set(schema, &ty, &last);
+    let c = typed::compare(schema, &ty, &last, live);
+    Some(set.difference(&c.modified))
+}
+
+/// The 409 Kubernetes answers: one cause per field, the message naming managers and fields.
+fn conflict_error(entries: &[Entry], conflicts: &[(usize, Set)]) -> ApiError {
+    let mut by_manager: Vec<(String, Vec<String>)> = conflicts
+        .iter()
+        .map(|(i, s)| (entries[*i].describe(), s.paths().iter().map(|p| path_string(p)).collect()))
+        .collect();
+    by_manager.sort();
+    let causes: Vec<Cause> = by_manager
+        .iter()
+        .flat_map(|(who, paths)| {
+            paths.iter().map(move |p| Cause::new("FieldManagerConflict", p.clone(), format!("conflict with {who}")))
+        })
+        .collect();
+    let message = match (causes.len(), by_manager.first()) {
+        (1, Some((who, paths))) => format!("Apply failed with 1 conflict: conflict with {who}: {}", paths[0]),
+        (n, _) => {
+            let mut lines = Vec::new();
+            for (who, paths) in &by_manager {
+                lines.push(format!("conflicts with {who}:"));
+                lines.extend(paths.iter().map(|p| format!("- {p}")));
+            }
+            format!("Apply failed with {n} conflicts: {}", lines.join("\n"))
+        }
+    };
+    ApiError::ApplyConflict { message, causes }
+}
