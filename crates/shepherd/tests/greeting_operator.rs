@@ -62,8 +62,9 @@ async fn greeting_status(greetings: &Api<Greeting>, generation: i64, ready: i32)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs CustomResourceDefinitions and server-side apply on the server"]
 async fn a_kube_rs_operator_installs_its_crd_reconciles_with_server_side_apply_and_cleans_up_with_a_finalizer() {
+    // The operator's own log lines (failed reconciles) show in the test's output.
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("greeting_operator=info").try_init();
     let dir = tempfile::tempdir().expect("tempdir");
     let daemon = Daemon::start("standalone", dir.path(), &[]);
     let client = Client::try_from(kube::Config::new(daemon.url.parse().expect("url"))).expect("client");
@@ -102,7 +103,8 @@ async fn a_kube_rs_operator_installs_its_crd_reconciles_with_server_side_apply_a
 
     // A child edited behind the operator's back is put back.
     let scale = json!({"spec": {"replicas": 1}});
-    deployments.patch("hello", &PatchParams::default(), &Patch::Merge(&scale)).await.expect("scale the child");
+    let scaled = deployments.patch("hello", &PatchParams::default(), &Patch::Merge(&scale)).await.expect("scale");
+    assert_eq!(scaled.spec.and_then(|s| s.replicas), Some(1));
     deployment_following(&deployments, 3, "bonjour").await;
 
     // Delete: the finalizer holds the Greeting (deletionTimestamp set, still readable) while the
