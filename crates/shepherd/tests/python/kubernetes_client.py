@@ -247,14 +247,75 @@ def main():
         deployments = dyn.resources.get(api_version="apps/v1", kind="Deployment")
         assert [d.metadata.name for d in deployments.get(namespace=NS).items] == ["py-web"]
 
-    @check("unknown resources are 404")
+    @check("unknown resources are 404, for reads and writes")
     def _():
-        expect_api_error(404, lambda: core.api_client.call_api(
-            f"/api/v1/namespaces/{NS}/widgets", "GET", response_type="object", _return_http_data_only=True
-        ))
-        expect_api_error(404, lambda: core.api_client.call_api(
-            "/apis/nowhere.example.com/v1/widgets", "GET", response_type="object", _return_http_data_only=True
-        ))
+        def call(method, path, body=None):
+            return core.api_client.call_api(
+                path, method, body=body, response_type="object", _return_http_data_only=True,
+                header_params={"Content-Type": "application/json"},
+            )
+
+        expect_api_error(404, lambda: call("GET", f"/api/v1/namespaces/{NS}/widgets"))
+        expect_api_error(404, lambda: call("POST", f"/api/v1/namespaces/{NS}/widgets", {"metadata": {"name": "w"}}))
+        expect_api_error(404, lambda: call("GET", "/apis/nowhere.example.com/v1/widgets"))
+
+    @check("ApiextensionsV1Api and CustomObjectsApi: a CRD, its custom objects and their status")
+    def _():
+        ext = client.ApiextensionsV1Api(api_client)
+        custom = client.CustomObjectsApi(api_client)
+        schema = {
+            "type": "object",
+            "properties": {
+                "spec": {"type": "object", "properties": {"size": {"type": "integer"}}},
+                "status": {"type": "object", "properties": {"phase": {"type": "string"}}},
+            },
+        }
+        ext.create_custom_resource_definition(
+            client.V1CustomResourceDefinition(
+                metadata=client.V1ObjectMeta(name="widgets.py.example.com"),
+                spec=client.V1CustomResourceDefinitionSpec(
+                    group="py.example.com",
+                    scope="Namespaced",
+                    names=client.V1CustomResourceDefinitionNames(plural="widgets", kind="Widget"),
+                    versions=[
+                        client.V1CustomResourceDefinitionVersion(
+                            name="v1",
+                            served=True,
+                            storage=True,
+                            schema=client.V1CustomResourceValidation(open_apiv3_schema=schema),
+                            subresources=client.V1CustomResourceSubresources(status={}),
+                        )
+                    ],
+                ),
+            )
+        )
+        wait_for(
+            "the CRD Established",
+            lambda: any(
+                c.type == "Established" and c.status == "True"
+                for c in ext.read_custom_resource_definition("widgets.py.example.com").status.conditions or []
+            ),
+        )
+        widget = {"apiVersion": "py.example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 1}}
+        gvr = ("py.example.com", "v1", NS, "widgets")
+        before = custom.list_namespaced_custom_object(*gvr)["metadata"]["resourceVersion"]
+        created = custom.create_namespaced_custom_object(*gvr, widget)
+        assert created["metadata"]["uid"], created
+        w = watch.Watch()
+        first = None
+        for event in w.stream(custom.list_namespaced_custom_object, *gvr, resource_version=before, timeout_seconds=TIMEOUT):
+            first = (event["type"], event["object"]["metadata"]["name"])
+            w.stop()
+        assert first == ("ADDED", "w"), first
+        assert [w["metadata"]["name"] for w in custom.list_namespaced_custom_object(*gvr)["items"]] == ["w"]
+        patched = custom.patch_namespaced_custom_object(*gvr, "w", {"spec": {"size": 2}})
+        assert patched["spec"]["size"] == 2, patched
+        custom.patch_namespaced_custom_object_status(*gvr, "w", {"status": {"phase": "Ready"}})
+        read = custom.get_namespaced_custom_object(*gvr, "w")
+        assert read["status"] == {"phase": "Ready"} and read["spec"] == {"size": 2}, read
+        custom.delete_namespaced_custom_object(*gvr, "w")
+        expect_api_error(404, lambda: custom.get_namespaced_custom_object(*gvr, "w"))
+        ext.delete_custom_resource_definition("widgets.py.example.com")
 
     @check("delete a Service and a Deployment with propagationPolicy=Foreground, and its pods go")
     def _():
