@@ -61,6 +61,14 @@ async fn greeting_status(greetings: &Api<Greeting>, generation: i64, ready: i32)
     .await
 }
 
+/// The Greeting's Deployment as another field manager would apply it, with its own replica count.
+fn rival_deployment(replicas: i32) -> serde_json::Value {
+    let labels = json!({GREETING_LABEL: "hello"});
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "hello"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": &labels}, "template": {"metadata": {"labels": &labels},
+            "spec": {"containers": [{"name": "greeter", "image": "minimal"}]}}}})
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kube_rs_operator_installs_its_crd_reconciles_with_server_side_apply_and_cleans_up_with_a_finalizer() {
     // The operator's own log lines (failed reconciles) show in the test's output.
@@ -100,6 +108,15 @@ async fn a_kube_rs_operator_installs_its_crd_reconciles_with_server_side_apply_a
     greetings.patch("hello", &PatchParams::default(), &Patch::Merge(&change)).await.expect("change the spec");
     deployment_following(&deployments, 3, "bonjour").await;
     greeting_status(&greetings, 2, 3).await;
+
+    // The operator owns the child's fields: another manager's apply of them conflicts, naming it.
+    let conflict = deployments.patch("hello", &PatchParams::apply("rival"), &Patch::Apply(&rival_deployment(5))).await;
+    match conflict {
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            assert!(s.message.contains(MANAGER) && s.message.contains(".spec.replicas"), "{}", s.message);
+        }
+        other => panic!("expected a 409 conflict naming {MANAGER}, got {other:?}"),
+    }
 
     // A child edited behind the operator's back is put back.
     let scale = json!({"spec": {"replicas": 1}});

@@ -104,7 +104,9 @@ pub async fn run(client: Client, shutdown: impl Future<Output = ()> + Send + Syn
         .for_each(|outcome| async move {
             match outcome {
                 Ok((obj, action)) => tracing::debug!(greeting = %obj, ?action, "reconciled"),
-                Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+                // error_policy has logged the reconciler's own errors.
+                Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+                Err(e) => tracing::warn!(error = %e, "controller error"),
             }
         })
         .await;
