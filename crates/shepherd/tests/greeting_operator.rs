@@ -26,7 +26,9 @@ where
     loop {
         match probe().await {
             Ok(v) => return v,
-            Err(last) if tokio::time::Instant::now() > deadline => panic!("timed out waiting for {what}; last seen: {last}"),
+            Err(last) if tokio::time::Instant::now() > deadline => {
+                panic!("timed out waiting for {what}; last seen: {last}")
+            }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
@@ -65,8 +67,9 @@ async fn greeting_status(greetings: &Api<Greeting>, generation: i64, ready: i32)
 fn rival_deployment(replicas: i32) -> serde_json::Value {
     let labels = json!({GREETING_LABEL: "hello"});
     json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "hello"},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": &labels}, "template": {"metadata": {"labels": &labels},
-            "spec": {"containers": [{"name": "greeter", "image": "minimal"}]}}}})
+        "spec": {"replicas": replicas, "selector": {"matchLabels": &labels},
+            "template": {"metadata": {"labels": &labels},
+                "spec": {"containers": [{"name": "greeter", "image": "minimal"}]}}}})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::{Controller, conditions, wait, watcher};
@@ -191,8 +191,7 @@ async fn apply(greeting: &Greeting, client: &Client, ns: &str) -> Result<Action,
 async fn cleanup(greeting: &Greeting, client: &Client, ns: &str) -> Result<Action, Error> {
     let name = greeting.name_any();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let foreground = DeleteParams { propagation_policy: Some(PropagationPolicy::Foreground), ..DeleteParams::default() };
-    match deployments.delete(&name, &foreground).await {
+    match deployments.delete(&name, &DeleteParams::foreground()).await {
         Ok(_) => Err(Error::ChildStillThere(name)),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(Action::await_change()),
         Err(e) => Err(e.into()),
