@@ -1,6 +1,7 @@
 //! `shepherd-bench`: starts real Shepherd processes, drives them through the public API only, and
 //! writes what it measured as JSON under `bench/results/` and as Markdown on stdout.
 
+mod apply_cost;
 mod cluster;
 mod counting;
 mod experiment;
@@ -132,6 +133,12 @@ enum Scenario {
         #[arg(long, allow_hyphen_values = true)]
         server_arg: Vec<String>,
     },
+    /// `shepherd server`: server CPU per request of server-side apply against a merge patch making
+    /// the same change to one Deployment (N of each).
+    ApplyCost {
+        #[arg(long, default_value_t = 2_000)]
+        requests: usize,
+    },
     /// (internal) One peer-comparison variant; runs until stdin closes.
     #[command(hide = true)]
     PeerWorker {
@@ -229,6 +236,7 @@ async fn main() -> anyhow::Result<()> {
             };
             soak::run(&cli.shepherd, p).await?
         }
+        Scenario::ApplyCost { requests } => apply_cost::run(&cli.shepherd, if cli.smoke { 50 } else { requests }).await?,
         Scenario::PeerWorker { .. } => unreachable!("handled above"),
     };
     report::write(&cli.out, &machine, &result)?;

@@ -109,8 +109,25 @@ pub fn render(t: &TextTable) -> String {
     out
 }
 
-/// JSON as kubectl prints it: four-space indentation.
+/// The object (or each item of a list) without `metadata.managedFields`, which kubectl leaves out
+/// of its output unless asked: they are long and say who set what, not what the object is.
+fn without_managed_fields(v: &Value) -> Value {
+    let mut v = v.clone();
+    let strip = |o: &mut Value| {
+        if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("managedFields");
+        }
+    };
+    strip(&mut v);
+    if let Some(items) = v.get_mut("items").and_then(Value::as_array_mut) {
+        items.iter_mut().for_each(strip);
+    }
+    v
+}
+
+/// JSON as kubectl prints it: four-space indentation, without managedFields.
 pub fn json(v: &Value) -> String {
+    let v = &without_managed_fields(v);
     let mut buf = Vec::new();
     let mut ser = serde_json::Serializer::with_formatter(&mut buf, serde_json::ser::PrettyFormatter::with_indent(b"    "));
     match v.serialize(&mut ser) {
@@ -120,7 +137,7 @@ pub fn json(v: &Value) -> String {
 }
 
 pub fn yaml(v: &Value) -> anyhow::Result<String> {
-    let mut s = serde_saphyr::to_string(v).map_err(|e| anyhow::anyhow!("cannot write YAML: {e}"))?;
+    let mut s = serde_saphyr::to_string(&without_managed_fields(v)).map_err(|e| anyhow::anyhow!("cannot write YAML: {e}"))?;
     if !s.ends_with('\n') {
         s.push('\n');
     }

@@ -162,6 +162,8 @@ fn server_side_apply_owns_fields_conflicts_with_another_manager_and_takes_them_w
     let managers: Vec<&str> =
         d["metadata"]["managedFields"].as_array().into_iter().flatten().filter_map(|e| e["manager"].as_str()).collect();
     assert!(managers.contains(&"deployer"), "{managers:?}");
+    let yaml = s.sheepctl(&["get", "deploy", "web", "-o", "yaml"]);
+    assert!(!yaml.ok().contains("managedFields"), "printed as kubectl prints it, without managedFields");
 }
 
 #[test]

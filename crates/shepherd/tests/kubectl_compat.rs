@@ -60,6 +60,33 @@ impl Kubectl {
         }
     }
 
+    /// Fails, and says every one of `wanted` (in stdout or stderr).
+    fn expect_failure(&self, args: &[&str], wanted: &[&str]) -> Outcome {
+        match self.run(args) {
+            Ok(out) => Err(format!("kubectl {} succeeded, but should have failed:\n{out}", args.join(" "))),
+            Err(err) => match wanted.iter().find(|w| !err.contains(*w)) {
+                Some(missing) => Err(format!("{missing:?} missing from\n{err}")),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// After `apply --server-side` over a client-side apply: kubectl's apply manager owns what the
+    /// client-side one did, and the client-side manager is gone from the Deployment.
+    fn migrated_to_server_side(&self) -> Outcome {
+        let d = self.json(&["get", "deployment", "web", "-o", "json", "--show-managed-fields"])?;
+        let entries = d["metadata"]["managedFields"].as_array().cloned().unwrap_or_default();
+        let names: Vec<String> =
+            entries.iter().map(|e| format!("{} {}", e["manager"].as_str().unwrap_or(""), e["operation"].as_str().unwrap_or(""))).collect();
+        if names.iter().any(|n| n.starts_with("kubectl-client-side-apply ")) || !names.contains(&"kubectl Apply".to_string()) {
+            return Err(format!("managers after the migration: {names:?}"));
+        }
+        if d["spec"]["replicas"] != 2 {
+            return Err(format!("--force-conflicts did not take spec.replicas: {}", d["spec"]));
+        }
+        Ok(())
+    }
+
     /// Succeeds and prints exactly `wanted` (surrounding whitespace aside).
     fn expect_exactly(&self, args: &[&str], wanted: &str) -> Outcome {
         let out = self.run(args)?;
@@ -125,6 +152,24 @@ spec:
   - port: 80
 ";
 
+/// The Deployment of [`APP`] without its `app` label: applied server-side, the label goes.
+const APP_WITHOUT_LABEL: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: web
+        image: minimal
+";
+
 /// The verbs, in the order they run: (row name, check). One line each.
 #[rustfmt::skip]
 const ROWS: &[Row] = &[
@@ -162,6 +207,11 @@ const ROWS: &[Row] = &[
     ("rollout status after restart", |k| k.rolled_out()),
     ("rollout undo", |k| k.expect(&["rollout", "undo", "deployment/web"], &["rolled back"])),
     ("rollout status after undo", |k| k.rolled_out()),
+    ("apply --server-side: 409 names the manager", |k| k.expect_failure(&["apply", "--server-side", "-f", "app.yaml"], &["Apply failed with 1 conflict", "with subresource \"scale\"", ".spec.replicas", "--force-conflicts"])),
+    ("apply --server-side --force-conflicts", |k| k.expect(&["apply", "--server-side", "--force-conflicts", "-f", "app.yaml"], &["deployment.apps/web serverside-applied", "service/web serverside-applied"])),
+    ("client-side to server-side migration", |k| k.migrated_to_server_side()),
+    ("apply --server-side, a field removed", |k| k.run(&["apply", "--server-side", "-f", "app-without-label.yaml"])
+        .and_then(|_| k.expect_exactly(&["get", "deploy", "web", "-o", "jsonpath={.metadata.labels.app}|{.metadata.labels.tier}"], "|fe"))),
     ("delete", |k| k.expect(&["delete", "deployment", "web", "--wait=false"], &["deployment.apps \"web\" deleted"])),
     ("delete service", |k| k.expect(&["delete", "service", "web", "--wait=false"], &["service \"web\" deleted"])),
     ("crd: apply definition, served within 1 s", crd::create_and_serve),
@@ -194,6 +244,7 @@ fn kubectl_1_27_and_the_newest_kubectl_pass_every_everyday_verb() {
     let manifests = dir.path().join("manifests");
     std::fs::create_dir_all(&manifests).expect("manifest dir");
     std::fs::write(manifests.join("app.yaml"), APP).expect("write manifest");
+    std::fs::write(manifests.join("app-without-label.yaml"), APP_WITHOUT_LABEL).expect("write manifest");
 
     let started = Instant::now();
     let mut results: Vec<(String, Vec<Outcome>)> = ROWS.iter().map(|(name, _)| (name.to_string(), Vec::new())).collect();

@@ -336,3 +336,73 @@ fn conflict_error(entries: &[Entry], conflicts: &[(usize, Set)]) -> ApiError {
     };
     ApiError::ApplyConflict { message, causes }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shepherd_api::kinds;
+
+    fn deployment(replicas: i64) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "x"}]}}}})
+    }
+
+    /// A Deployment created by kubectl's client-side apply of `deployment(2)`, then scaled to `replicas`.
+    fn client_side_applied(replicas: i64) -> Value {
+        let mut created = deployment(2);
+        created["metadata"]["uid"] = json!("u1");
+        created["metadata"]["annotations"] = json!({LAST_APPLIED: deployment(2).to_string()});
+        let csa = Writer { manager: "kubectl-client-side-apply", subresource: "" };
+        record_update(&kinds::DEPLOYMENT, None, &mut created, csa);
+        let mut scaled = created.clone();
+        scaled["spec"]["replicas"] = json!(replicas);
+        record_update(&kinds::DEPLOYMENT, Some(&created), &mut scaled, Writer { manager: "hpa", subresource: "" });
+        scaled
+    }
+
+    fn error_text(r: Result<Value, ApiError>) -> String {
+        match r {
+            Err(e) => e.to_string(),
+            Ok(v) => panic!("applied: {v}"),
+        }
+    }
+
+    #[test]
+    fn kubectl_takes_over_what_client_side_apply_left_as_it_recorded_it_and_no_one_else_does() {
+        let live = client_side_applied(2);
+        let kubectl = Writer { manager: KUBECTL, subresource: "" };
+        let applied = apply(&kinds::DEPLOYMENT, &live, &deployment(3), kubectl, false).expect("kubectl migrates");
+        assert_eq!(applied["spec"]["replicas"], 3);
+        let recorded: Value = serde_json::from_str(annotation(&applied, LAST_APPLIED).expect("annotation")).expect("json");
+        assert_eq!(recorded["spec"]["replicas"], 3, "the annotation follows kubectl's applies");
+
+        let other = Writer { manager: "ci", subresource: "" };
+        let e = error_text(apply(&kinds::DEPLOYMENT, &live, &deployment(3), other, false));
+        assert_eq!(e, "Apply failed with 1 conflict: conflict with \"kubectl-client-side-apply\" using apps/v1: .spec.replicas");
+    }
+
+    #[test]
+    fn a_field_changed_since_the_client_side_apply_still_conflicts_for_kubectl() {
+        let live = client_side_applied(5);
+        let kubectl = Writer { manager: KUBECTL, subresource: "" };
+        let e = error_text(apply(&kinds::DEPLOYMENT, &live, &deployment(3), kubectl, false));
+        assert_eq!(e, "Apply failed with 1 conflict: conflict with \"hpa\" using apps/v1: .spec.replicas");
+    }
+
+    #[test]
+    fn an_update_that_changes_nothing_keeps_the_entries_as_they_were() {
+        let live = client_side_applied(2);
+        let mut same = live.clone();
+        record_update(&kinds::DEPLOYMENT, Some(&live), &mut same, Writer { manager: "other", subresource: "" });
+        assert_eq!(same, live);
+    }
+
+    #[test]
+    fn the_manager_named_by_a_user_agent_is_its_first_word() {
+        assert_eq!(manager_from_user_agent("kubectl/v1.33.0 (linux/amd64) kubernetes/abc"), "kubectl");
+        assert_eq!(manager_from_user_agent("kube-rs/1.0"), "kube-rs");
+        assert_eq!(manager_from_user_agent(&"x".repeat(300)).len(), FIELD_MANAGER_MAX_LENGTH);
+        assert_eq!(manager_from_user_agent(""), "");
+    }
+}
