@@ -34,16 +34,31 @@ fn python_with_kubernetes() -> PathBuf {
     );
 }
 
+/// A kubeconfig (JSON is YAML) with one context that points at `url`.
+fn kubeconfig_for(url: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "shepherd", "cluster": {"server": url}}],
+        "users": [{"name": "shepherd", "user": {}}],
+        "contexts": [{"name": "shepherd", "context": {"cluster": "shepherd", "user": "shepherd", "namespace": "default"}}],
+        "current-context": "shepherd",
+    })
+    .to_string()
+}
+
 #[test]
 fn the_kubernetes_python_client_discovers_creates_patches_watches_and_deletes() {
     let python = python_with_kubernetes();
     let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = Daemon::start("standalone", dir.path(), &[]);
+    let daemon = Daemon::start("standalone", &dir.path().join("data"), &[]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/kubernetes_client.py");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kubeconfig_for(&daemon.url)).expect("write the kubeconfig");
 
     let mut child = Command::new(&python)
         .arg(&script)
-        .arg(&daemon.url)
+        .arg(&kubeconfig)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -1,6 +1,6 @@
 """Drives a running Shepherd with the official Kubernetes Python client, as a user's script would.
 
-Usage: kubernetes_client.py SERVER_URL
+Usage: kubernetes_client.py KUBECONFIG
 
 Every check runs even when an earlier one failed; each prints "ok NAME" or "FAIL NAME: why", and
 the exit status is 1 if any failed. The client deserializes every response into its typed models,
@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 
-from kubernetes import client, dynamic, watch
+from kubernetes import client, config, dynamic, watch
 from kubernetes.client.rest import ApiException
 
 NS = "py-client"
@@ -55,9 +55,8 @@ def deployment(name, replicas, labels):
 
 
 def main():
-    configuration = client.Configuration()
-    configuration.host = sys.argv[1]
-    api_client = client.ApiClient(configuration)
+    # As most scripts start: the server and credentials from a kubeconfig file.
+    api_client = config.new_client_from_config(config_file=sys.argv[1])
     core = client.CoreV1Api(api_client)
     apps = client.AppsV1Api(api_client)
     failures = []
