@@ -6,11 +6,14 @@
 //! status (server-side apply on the status subresource), and holds each Greeting with a finalizer
 //! until its Deployment is gone.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -143,27 +146,37 @@ fn error_policy(greeting: Arc<Greeting>, error: &Error, _ctx: Arc<Context>) -> A
 /// The Deployment a Greeting asks for, owned by the Greeting.
 pub fn deployment_for(greeting: &Greeting) -> Deployment {
     let name = greeting.name_any();
-    let labels = json!({GREETING_LABEL: &name});
-    let owner = greeting.controller_owner_ref(&()).map(|o| vec![o]);
-    let manifest = json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": &name, "labels": &labels, "ownerReferences": owner},
-        "spec": {
-            "replicas": greeting.spec.replicas,
-            "selector": {"matchLabels": &labels},
-            "template": {
-                "metadata": {"labels": &labels},
-                "spec": {"containers": [{
-                    "name": "greeter",
-                    "image": "minimal",
-                    "env": [{"name": "GREETING", "value": &greeting.spec.message}],
-                }]},
-            },
+    let labels = BTreeMap::from([(GREETING_LABEL.to_string(), name.clone())]);
+    Deployment {
+        metadata: ObjectMeta {
+            name: Some(name),
+            labels: Some(labels.clone()),
+            owner_references: greeting.controller_owner_ref(&()).map(|o| vec![o]),
+            ..ObjectMeta::default()
         },
-    });
-    // The manifest is built from typed values above; it always fits the Deployment type.
-    serde_json::from_value(manifest).unwrap_or_default()
+        spec: Some(DeploymentSpec {
+            replicas: Some(greeting.spec.replicas),
+            selector: LabelSelector { match_labels: Some(labels.clone()), ..LabelSelector::default() },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: "greeter".into(),
+                        image: Some("minimal".into()),
+                        env: Some(vec![EnvVar {
+                            name: "GREETING".into(),
+                            value: Some(greeting.spec.message.clone()),
+                            ..EnvVar::default()
+                        }]),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    }
 }
 
 async fn apply(greeting: &Greeting, client: &Client, ns: &str) -> Result<Action, Error> {
@@ -195,5 +208,40 @@ async fn cleanup(greeting: &Greeting, client: &Client, ns: &str) -> Result<Actio
         Ok(_) => Err(Error::ChildStillThere(name)),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(Action::await_change()),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn greeting(message: &str, replicas: i32) -> Greeting {
+        let mut g = Greeting::new("hello", GreetingSpec { message: message.into(), replicas });
+        g.metadata.namespace = Some("default".into());
+        g.metadata.uid = Some("0b0e5b33-1b7c-4a5e-9d9a-000000000001".into());
+        g
+    }
+
+    #[test]
+    fn the_crd_has_a_status_subresource_and_a_schema_for_spec_and_status() {
+        let crd = Greeting::crd();
+        assert_eq!(crd.spec.group, "example.shepherd.dev");
+        let version = &crd.spec.versions[0];
+        assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+        let schema = version.schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref()).expect("schema");
+        let properties = schema.properties.as_ref().expect("properties");
+        assert!(properties.contains_key("spec") && properties.contains_key("status"), "{properties:?}");
+    }
+
+    #[test]
+    fn the_deployment_is_controlled_by_its_greeting_and_carries_the_message() {
+        let d = deployment_for(&greeting("bonjour", 3));
+        let owner = &d.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.controller), ("Greeting", "hello", Some(true)));
+        let spec = d.spec.expect("spec");
+        assert_eq!(spec.replicas, Some(3));
+        let env = spec.template.spec.expect("pod spec").containers[0].env.clone().unwrap_or_default();
+        assert_eq!((env[0].name.as_str(), env[0].value.as_deref()), ("GREETING", Some("bonjour")));
+        assert_eq!(spec.selector.match_labels, spec.template.metadata.and_then(|m| m.labels));
     }
 }
