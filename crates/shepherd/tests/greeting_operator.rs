@@ -10,8 +10,9 @@ use futures::{StreamExt, TryStreamExt};
 use greeting_operator::{FINALIZER, GREETING_LABEL, Greeting, GreetingSpec, MANAGER};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -152,6 +153,26 @@ async fn a_kube_rs_operator_installs_its_crd_reconciles_with_server_side_apply_a
     assert!(deployments.get_opt("hello").await.expect("get").is_none(), "the Deployment went before the Greeting");
     let left = pods.list(&ListParams::default().labels(&format!("{GREETING_LABEL}=hello"))).await.expect("pods");
     assert_eq!(left.items.iter().map(|p| p.name_any()).collect::<Vec<_>>(), Vec::<String>::new(), "pods left");
+
+    // Uninstall: deleting the CRD deletes the remaining Greetings, each through its finalizer.
+    let spec = GreetingSpec { message: "bye".into(), replicas: 1 };
+    greetings.create(&PostParams::default(), &Greeting::new("bye", spec)).await.expect("create another");
+    wait_for("the second Greeting's Deployment", || async {
+        deployments.get_opt("bye").await.map_err(|e| e.to_string())?.ok_or_else(|| "no Deployment".to_string())
+    })
+    .await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd_name = Greeting::crd().name_any();
+    crds.delete(&crd_name, &DeleteParams::default()).await.expect("delete the CRD");
+    wait_for("the CRD and the second Greeting's Deployment gone", || async {
+        let crd = crds.get_opt(&crd_name).await.map_err(|e| e.to_string())?;
+        let child = deployments.get_opt("bye").await.map_err(|e| e.to_string())?;
+        match (crd, child) {
+            (None, None) => Ok(()),
+            (crd, child) => Err(format!("CRD there: {}, Deployment there: {}", crd.is_some(), child.is_some())),
+        }
+    })
+    .await;
 
     let _ = stop.send(());
     tokio::time::timeout(Duration::from_secs(10), operator).await.expect("operator stops").expect("operator task");
