@@ -382,6 +382,36 @@ mod tests {
         assert_eq!(all, ["pods", "services", "deployments", "replicasets"]);
     }
 
+    fn gadget_definition(short: &str) -> Value {
+        serde_json::json!({"metadata": {"name": "gadgets.kinds.example.com"}, "spec": {
+            "group": "kinds.example.com", "scope": "Namespaced",
+            "names": {"plural": "gadgets", "kind": "Gadget", "shortNames": [short]},
+            "versions": [{"name": "v1beta1", "served": true, "storage": false},
+                {"name": "v1", "served": true, "storage": true}, {"name": "v1alpha1", "served": false, "storage": false}]}})
+    }
+
+    #[test]
+    fn custom_kinds_resolve_beside_built_in_ones_and_re_registering_reuses_their_allocation() {
+        register_custom("gadgets.kinds.example.com", custom_resources_of(&gadget_definition("gd")));
+        let v1 = by_group_version_plural("kinds.example.com", "v1", "gadgets").expect("v1 served");
+        assert_eq!((v1.kind, v1.singular, v1.namespaced), ("Gadget", "gadget", true));
+        assert!(by_group_version_plural("kinds.example.com", "v1alpha1", "gadgets").is_none());
+        assert!(std::ptr::eq(by_plural("kinds.example.com", "gadgets").expect("by plural"), v1), "the storage version");
+        assert!(std::ptr::eq(resolve("gd").expect("short name"), v1));
+        assert_eq!(by_api_version_kind("kinds.example.com/v1beta1", "Gadget").map(|r| r.version), Some("v1beta1"));
+        assert!(custom(v1).is_some_and(|c| c.storage && c.storage_api_version == "kinds.example.com/v1"));
+        assert_eq!(resolve("po").map(|r| r.kind), Some("Pod"));
+
+        register_custom("gadgets.kinds.example.com", custom_resources_of(&gadget_definition("gd")));
+        assert!(std::ptr::eq(by_group_version_plural("kinds.example.com", "v1", "gadgets").expect("again"), v1));
+        register_custom("gadgets.kinds.example.com", custom_resources_of(&gadget_definition("gdt")));
+        assert!(resolve("gd").is_none() && resolve("gdt").is_some());
+
+        unregister_custom("gadgets.kinds.example.com");
+        assert!(by_plural("kinds.example.com", "gadgets").is_none());
+        assert!(custom(v1).is_none() && is_custom(v1));
+    }
+
     #[test]
     fn keys_separate_namespaces_and_kinds() {
         assert_eq!(POD.key(Some("default"), "web-0"), "/registry/core/pods/default/web-0");

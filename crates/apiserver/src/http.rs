@@ -347,6 +347,13 @@ async fn serve(app: AppState, target: Result<Target, ApiError>, req: Request) ->
         None => t.res.plural.to_string(),
     };
     let accept = protobuf::Accept::of(req.headers());
+    if accept == protobuf::Accept::OnlyProtobuf && kinds::is_custom(t.res) {
+        // Custom resources have no protobuf form; Kubernetes serves them in JSON only.
+        let e = ApiError::NotAcceptable(
+            "only the following media types are accepted: application/json, application/json;stream=watch".into(),
+        );
+        return error_response(&e);
+    }
     let response = match handle(&app, &t, &query, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
@@ -696,6 +703,11 @@ async fn handle(
                     "patch content type {ct:?} is not supported: use application/merge-patch+json, application/json-patch+json or application/strategic-merge-patch+json"
                 )));
             };
+            if patch_type == PatchType::StrategicMerge && kinds::is_custom(res) {
+                // Custom resources have no patch strategies to merge by, as in Kubernetes.
+                return Err(ApiError::UnsupportedMediaType("the body of the request was in an unknown format - accepted \
+                    media types include: application/json-patch+json, application/merge-patch+json".into()));
+            }
             let opts = manager_options(OptionsKind::Patch, query, &headers, false)?;
             let mut warnings = Vec::new();
             let patch = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
@@ -900,7 +912,12 @@ async fn watch(app: &AppState, t: &Target, query: &HashMap<String, String>, head
     let events = app.svc.watch(t.res, t.namespace.as_deref(), opts).await?;
     let res = t.res;
     let as_table = wants_table(headers);
+    let read_as = crate::crd::read_as(res);
     let lines = events.map(move |e: WireEvent| {
+        let e = match &read_as {
+            Some(api_version) => crate::crd::convert_event(api_version, e),
+            None => e,
+        };
         let e = if as_table && matches!(e.kind, "ADDED" | "MODIFIED" | "DELETED") {
             match serde_json::from_slice::<Value>(&e.object) {
                 Ok(obj) => {

@@ -525,6 +525,9 @@ const DELETE_PARAMS: &[QueryParam] = &[
 const PATCH_TYPES: &[&str] =
     &["application/json-patch+json", "application/merge-patch+json", "application/strategic-merge-patch+json",
         "application/apply-patch+yaml"];
+/// Custom resources take no strategic merge patch; kubectl reads this list to choose its patch type.
+const CUSTOM_PATCH_TYPES: &[&str] =
+    &["application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml"];
 
 struct Operation {
     method: &'static str,
@@ -588,6 +591,7 @@ fn paths_of(res: &ResourceInfo) -> Vec<PathEntry> {
         consumes,
     };
     let json_only: &'static [&'static str] = &[];
+    let patch_types = if kind_type(res).is_some() { PATCH_TYPES } else { CUSTOM_PATCH_TYPES };
 
     let mut collection_ops = vec![
         op("get", "list", "list", "", format!("list or watch objects of kind {kind}"), LIST_PARAMS.to_vec(), None,
@@ -622,7 +626,7 @@ fn paths_of(res: &ResourceInfo) -> Vec<PathEntry> {
             op("put", "put", "replace", "", format!("replace the specified {kind}"), WRITE_PARAMS.to_vec(),
                 Some(def.clone()), def.clone(), kind_gvk.clone(), json_only),
             op("patch", "patch", "patch", "", format!("partially update the specified {kind}"), WRITE_PARAMS.to_vec(),
-                Some(format!("{META}.Patch")), def.clone(), kind_gvk.clone(), PATCH_TYPES),
+                Some(format!("{META}.Patch")), def.clone(), kind_gvk.clone(), patch_types),
             op("delete", "delete", "delete", "", format!("delete a {kind}"), DELETE_PARAMS.to_vec(),
                 Some(format!("{META}.DeleteOptions")), def.clone(), kind_gvk.clone(), json_only),
         ],
@@ -637,7 +641,7 @@ fn paths_of(res: &ResourceInfo) -> Vec<PathEntry> {
                 op("put", "put", "replace", suffix, format!("replace {what} of the specified {kind}"),
                     WRITE_PARAMS.to_vec(), Some(target.clone()), target.clone(), target_gvk.clone(), json_only),
                 op("patch", "patch", "patch", suffix, format!("partially update {what} of the specified {kind}"),
-                    WRITE_PARAMS.to_vec(), Some(format!("{META}.Patch")), target.clone(), target_gvk, PATCH_TYPES),
+                    WRITE_PARAMS.to_vec(), Some(format!("{META}.Patch")), target.clone(), target_gvk, patch_types),
             ],
         ));
     };

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{MERGE, Server, start};
+use common::{MERGE, STRATEGIC, Server, start};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -154,6 +154,8 @@ async fn the_status_and_scale_subresources_follow_the_definition() {
     let r = s.patch(&format!("{path}/scale"), &json!({"spec": {"replicas": 4}}), MERGE).await;
     assert_eq!(r.code, StatusCode::OK, "{}", r.body);
     assert_eq!(s.get(&path).await.body["spec"]["replicas"], 4);
+    let strategic = s.patch(&path, &json!({"spec": {"size": 3}}), STRATEGIC).await;
+    assert_eq!(strategic.code, StatusCode::UNSUPPORTED_MEDIA_TYPE, "custom resources take no strategic merge patch");
 
     let table = s.http.get(s.url(&widgets(group)))
         .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
@@ -232,4 +234,132 @@ async fn a_definition_adds_its_schema_to_the_openapi_documents_and_changes_their
     let url = index["paths"][format!("apis/{group}/v1").as_str()]["serverRelativeURL"].as_str().expect("listed").to_string();
     let doc = s.get(&url).await.body;
     assert_eq!(doc["components"]["schemas"]["com.example.openapi.v1.Widget"]["properties"]["spec"]["required"], json!(["size"]));
+}
+
+/// The first `n` events of a watch.
+async fn watch_events(s: &Server, path: &str, n: usize) -> Vec<Value> {
+    use futures::StreamExt;
+    let resp = s.http.get(s.url(path)).send().await.expect("watch");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.bytes_stream();
+    let (mut buf, mut out) = (Vec::new(), Vec::new());
+    while out.len() < n {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next()).await.expect("event in time");
+        let Some(Ok(chunk)) = chunk else { break };
+        buf.extend_from_slice(&chunk);
+        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            out.push(serde_json::from_slice(&line).expect("json line"));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn custom_objects_are_watched_and_selected_like_built_in_ones() {
+    let s = start().await;
+    let group = "watch.example.com";
+    let mut crd = widget_crd(group);
+    let mut beta = crd["spec"]["versions"][0].clone();
+    beta["name"] = json!("v1beta1");
+    beta["storage"] = json!(false);
+    crd["spec"]["versions"].as_array_mut().expect("versions").push(beta);
+    assert_eq!(s.post(CRDS, &crd).await.code, StatusCode::CREATED);
+    for (name, colour) in [("a", "red"), ("b", "blue")] {
+        let mut w = widget(name, group, json!({"size": 1}));
+        w["metadata"]["labels"] = json!({"colour": colour});
+        assert_eq!(s.post(&widgets(group), &w).await.code, StatusCode::CREATED);
+    }
+    let by_label = s.get(&format!("{}?labelSelector=colour%3Dblue", widgets(group))).await.body;
+    assert_eq!(by_label["items"].as_array().map(|i| i.iter().map(|o| o["metadata"]["name"].clone()).collect::<Vec<_>>()), Some(vec![json!("b")]));
+    let by_field = s.get(&format!("/apis/{group}/v1/widgets?fieldSelector=metadata.name%3Da,metadata.namespace%3Ddefault")).await.body;
+    assert_eq!(by_field["items"].as_array().map(Vec::len), Some(1), "{by_field}");
+
+    let beta_watch = format!("/apis/{group}/v1beta1/namespaces/default/widgets?watch=true&labelSelector=colour%3Dred");
+    let events = watch_events(&s, &beta_watch, 1).await;
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "a");
+    assert_eq!(events[0]["object"]["apiVersion"], format!("{group}/v1beta1"));
+
+    let protobuf_first = s.http.get(s.url(&widgets(group)))
+        .header("accept", "application/vnd.kubernetes.protobuf, application/json")
+        .send().await.expect("get");
+    assert_eq!(protobuf_first.status(), StatusCode::OK);
+    assert!(protobuf_first.headers()["content-type"].to_str().unwrap_or("").starts_with("application/json"));
+    let only_protobuf = s.http.get(s.url(&widgets(group)))
+        .header("accept", "application/vnd.kubernetes.protobuf")
+        .send().await.expect("get");
+    assert_eq!(only_protobuf.status(), StatusCode::NOT_ACCEPTABLE);
+}
+
+#[tokio::test]
+async fn updating_a_definition_changes_what_is_served() {
+    let s = start().await;
+    let group = "update.example.com";
+    let created = s.post(CRDS, &widget_crd(group)).await.body;
+    let mut crd = created.clone();
+    let mut beta = crd["spec"]["versions"][0].clone();
+    beta["name"] = json!("v2");
+    beta["storage"] = json!(false);
+    crd["spec"]["versions"].as_array_mut().expect("versions").push(beta);
+    crd["spec"]["versions"][0]["served"] = json!(false);
+    let r = s.put(&format!("{CRDS}/widgets.{group}"), &crd).await;
+    assert_eq!(r.code, StatusCode::OK, "{}", r.body);
+    assert_eq!(s.get(&widgets(group)).await.code, StatusCode::NOT_FOUND, "v1 is no longer served");
+    assert_eq!(s.get(&format!("/apis/{group}/v2/namespaces/default/widgets")).await.code, StatusCode::OK);
+    let mut scope = r.body.clone();
+    scope["spec"]["scope"] = json!("Cluster");
+    let refused = s.put(&format!("{CRDS}/widgets.{group}"), &scope).await;
+    assert_eq!(refused.code, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(refused.body["details"]["causes"][0]["field"], "spec.scope");
+}
+
+#[tokio::test]
+async fn a_definition_whose_names_are_taken_is_not_accepted_nor_served() {
+    let s = start().await;
+    let group = "conflict.example.com";
+    assert_eq!(s.post(CRDS, &widget_crd(group)).await.code, StatusCode::CREATED);
+    let mut other = widget_crd(group);
+    other["metadata"]["name"] = json!(format!("gadgets.{group}"));
+    other["spec"]["names"] = json!({"plural": "gadgets", "kind": "Widget"});
+    let r = s.post(CRDS, &other).await;
+    assert_eq!(r.code, StatusCode::CREATED, "{}", r.body);
+    let accepted = r.body["status"]["conditions"].as_array().expect("conditions").iter()
+        .find(|c| c["type"] == "NamesAccepted").cloned().expect("NamesAccepted");
+    assert_eq!((accepted["status"].as_str(), accepted["reason"].as_str()), (Some("False"), Some("NameConflict")), "{accepted}");
+    assert_eq!(s.get(&format!("/apis/{group}/v1/namespaces/default/gadgets")).await.code, StatusCode::NOT_FOUND);
+    assert_eq!(s.get(&widgets(group)).await.code, StatusCode::OK, "the first definition is still served");
+
+    assert!(s.delete(&format!("{CRDS}/widgets.{group}")).await.code.is_success());
+    eventually(&s, &format!("{CRDS}/gadgets.{group}"), "the names are accepted once free", |d| {
+        d["status"]["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "Established" && c["status"] == "True"))
+    })
+    .await;
+    assert_eq!(s.get(&format!("/apis/{group}/v1/namespaces/default/gadgets")).await.code, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_finalizer_holds_a_custom_object_and_the_definition_until_it_is_removed() {
+    let s = start().await;
+    let group = "finalizers.example.com";
+    assert_eq!(s.post(CRDS, &widget_crd(group)).await.code, StatusCode::CREATED);
+    let mut w = widget("held", group, json!({"size": 1}));
+    w["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    assert_eq!(s.post(&widgets(group), &w).await.code, StatusCode::CREATED);
+    let path = format!("{}/held", widgets(group));
+
+    let r = s.delete(&path).await;
+    assert_eq!(r.code, StatusCode::ACCEPTED, "{}", r.body);
+    assert!(r.body["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(s.delete(&format!("{CRDS}/widgets.{group}")).await.code, StatusCode::ACCEPTED);
+    // The definition waits for its last object, which stays served so its finalizer can go.
+    eventually(&s, &format!("{CRDS}/widgets.{group}"), "the definition reports its cleanup", |d| {
+        d["status"]["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "Terminating"))
+    })
+    .await;
+    assert_eq!(s.get(&path).await.code, StatusCode::OK);
+    let r = s.patch(&path, &json!({"metadata": {"finalizers": null}}), MERGE).await;
+    assert_eq!(r.code, StatusCode::OK, "{}", r.body);
+    eventually(&s, &format!("{CRDS}/widgets.{group}"), "the definition goes", |b| b.is_null() || b["code"] == 404).await;
+    assert_eq!(s.get(&path).await.code, StatusCode::NOT_FOUND);
 }

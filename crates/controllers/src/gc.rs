@@ -43,7 +43,8 @@ fn collected_kinds() -> Vec<ResourceInfo> {
     kinds::ALL.iter().filter(|k| k.kind != "Event").copied().collect()
 }
 
-/// Builds the garbage collector: one controller per collected kind, sharing one dependency graph.
+/// Builds the garbage collector: one controller per collected kind, and one polling the custom
+/// kinds, sharing one dependency graph.
 /// Add every returned controller to the manager.
 pub fn garbage_collector(client: Arc<dyn Client>, manager: &Manager, config: &ControllerConfig) -> Vec<Controller> {
     let kinds = collected_kinds();
@@ -56,7 +57,9 @@ pub fn garbage_collector(client: Arc<dyn Client>, manager: &Manager, config: &Co
     }
     let events = EventRecorder::new(client.clone(), "garbage-collector");
     let shared = Arc::new(Shared { client, kinds: kinds.clone(), caches: caches.clone(), graph: graph.clone(), events });
-    kinds
+    let custom = Controller::new("garbage-collector-custom-kinds", &kinds::CUSTOMRESOURCEDEFINITION,
+        CustomKindsReconciler { shared: shared.clone() });
+    let mut controllers: Vec<Controller> = kinds
         .iter()
         .enumerate()
         .map(|(i, kind)| {
@@ -68,7 +71,9 @@ pub fn garbage_collector(client: Arc<dyn Client>, manager: &Manager, config: &Co
             }
             c.workers(config.workers).mode(config.mode)
         })
-        .collect()
+        .collect();
+    controllers.push(custom.mode(config.mode));
+    controllers
 }
 
 /// A node of the dependency graph: kind index and object key.
@@ -270,7 +275,7 @@ impl Shared {
 
     /// Deletes `obj` if it is still the object we saw; in the foreground when it has dependents
     /// of its own, so a chain of owners is taken down from the bottom. `true` once it is gone.
-    async fn delete(&self, kind: usize, obj: &Value, foreground: bool) -> Result<bool, ApiError> {
+    async fn delete(&self, res: &ResourceInfo, obj: &Value, foreground: bool) -> Result<bool, ApiError> {
         let propagation = if foreground && self.graph.has_dependents(podutil::uid(obj)) {
             Propagation::Foreground
         } else {
@@ -281,18 +286,18 @@ impl Shared {
             precondition_uid: Some(podutil::uid(obj).to_string()),
             ..Default::default()
         };
-        match self.client.delete(&self.kinds[kind], podutil::namespace(obj), podutil::name(obj), &params).await {
+        match self.client.delete(res, podutil::namespace(obj), podutil::name(obj), &params).await {
             Ok(remaining) => Ok(remaining.is_none()),
             Err(e) if e.is_not_found() || e.is_conflict() => Ok(true),
             Err(e) => Err(e),
         }
     }
 
-    async fn remove_finalizer(&self, kind: usize, obj: &Value, finalizer: &str) -> Result<(), ApiError> {
+    async fn remove_finalizer(&self, res: &ResourceInfo, obj: &Value, finalizer: &str) -> Result<(), ApiError> {
         let remaining: Vec<&str> = podutil::finalizers(obj).into_iter().filter(|f| *f != finalizer).collect();
         let list = if remaining.is_empty() { Value::Null } else { json!(remaining) };
         let patch = json!({"metadata": {"finalizers": list, "resourceVersion": podutil::resource_version(obj)}});
-        match self.client.patch(&self.kinds[kind], podutil::namespace(obj), podutil::name(obj), Patch::Merge(patch)).await {
+        match self.client.patch(res, podutil::namespace(obj), podutil::name(obj), Patch::Merge(patch)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),
@@ -312,7 +317,7 @@ impl Shared {
             .collect()
     }
 
-    async fn orphan_dependents(&self, kind: usize, owner: &Value) -> Result<(), ApiError> {
+    async fn orphan_dependents(&self, owner_kind: &ResourceInfo, owner: &Value) -> Result<(), ApiError> {
         let uid = podutil::uid(owner);
         for (dep_kind, dep, _) in self.dependents_of(uid) {
             let patch = podutil::release_patch(&dep, uid);
@@ -323,25 +328,25 @@ impl Shared {
                 Err(e) => return Err(e),
             }
         }
-        let msg = format!("Orphaned the dependents of {} {}", self.kinds[kind].kind, podutil::name(owner));
+        let msg = format!("Orphaned the dependents of {} {}", owner_kind.kind, podutil::name(owner));
         self.events.record(owner, EventType::Normal, "OrphanedDependents", &msg).await;
-        self.remove_finalizer(kind, owner, ORPHAN_FINALIZER).await
+        self.remove_finalizer(owner_kind, owner, ORPHAN_FINALIZER).await
     }
 
     /// Deletes the dependents of an owner in foreground deletion; removes its finalizer once
     /// no dependent blocking owner deletion is left.
-    async fn delete_dependents(&self, kind: usize, owner: &Value) -> Result<(), ApiError> {
+    async fn delete_dependents(&self, owner_kind: &ResourceInfo, owner: &Value) -> Result<(), ApiError> {
         let uid = podutil::uid(owner);
         let mut blocking = 0;
         for (dep_kind, dep, r) in self.dependents_of(uid) {
             let blocks = r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true);
-            let gone = if podutil::is_deleting(&dep) { false } else { self.delete(dep_kind, &dep, true).await? };
+            let gone = if podutil::is_deleting(&dep) { false } else { self.delete(&self.kinds[dep_kind], &dep, true).await? };
             if blocks && !gone {
                 blocking += 1;
             }
         }
         if blocking == 0 {
-            self.remove_finalizer(kind, owner, FOREGROUND_FINALIZER).await?;
+            self.remove_finalizer(owner_kind, owner, FOREGROUND_FINALIZER).await?;
         }
         Ok(())
     }
@@ -357,15 +362,23 @@ impl Reconciler for GcReconciler {
     async fn reconcile(&self, key: &str) -> Result<Action, Error> {
         let s = &self.shared;
         let Some(obj) = s.caches[self.kind].get(key) else { return Ok(Action::Done) };
-        if podutil::is_deleting(&obj) {
-            if podutil::has_finalizer(&obj, ORPHAN_FINALIZER) {
-                s.orphan_dependents(self.kind, &obj).await?;
-            } else if podutil::has_finalizer(&obj, FOREGROUND_FINALIZER) {
-                s.delete_dependents(self.kind, &obj).await?;
+        s.collect(&s.kinds[self.kind], &obj).await
+    }
+}
+
+impl Shared {
+    /// Carries out what the collector does for one object of kind `res` (see the module header).
+    async fn collect(&self, res: &ResourceInfo, obj: &Value) -> Result<Action, Error> {
+        let s = self;
+        if podutil::is_deleting(obj) {
+            if podutil::has_finalizer(obj, ORPHAN_FINALIZER) {
+                s.orphan_dependents(res, obj).await?;
+            } else if podutil::has_finalizer(obj, FOREGROUND_FINALIZER) {
+                s.delete_dependents(res, obj).await?;
             }
             return Ok(Action::Done);
         }
-        let refs = podutil::owner_references(&obj).to_vec();
+        let refs = podutil::owner_references(obj).to_vec();
         if refs.is_empty() {
             return Ok(Action::Done);
         }
@@ -374,7 +387,7 @@ impl Reconciler for GcReconciler {
         let mut dangling = Vec::new();
         let mut unwatched_owner = false;
         for r in &refs {
-            match s.owner_state(&obj, r).await? {
+            match s.owner_state(obj, r).await? {
                 OwnerState::Solid => {
                     solid += 1;
                     unwatched_owner |= s.is_unwatched(r);
@@ -383,7 +396,6 @@ impl Reconciler for GcReconciler {
                 OwnerState::Gone => dangling.extend(r.get("uid").and_then(Value::as_str).map(str::to_string)),
             }
         }
-        let res = &s.kinds[self.kind];
         if solid > 0 {
             if !dangling.is_empty() {
                 let kept: Vec<Value> = refs
@@ -391,8 +403,8 @@ impl Reconciler for GcReconciler {
                     .filter(|r| r.get("uid").and_then(Value::as_str).is_none_or(|u| !dangling.iter().any(|d| d == u)))
                     .cloned()
                     .collect();
-                let patch = podutil::owner_references_patch(&obj, kept);
-                match s.client.patch(res, podutil::namespace(&obj), podutil::name(&obj), Patch::Merge(patch)).await {
+                let patch = podutil::owner_references_patch(obj, kept);
+                match s.client.patch(res, podutil::namespace(obj), podutil::name(obj), Patch::Merge(patch)).await {
                     Ok(_) => {}
                     Err(e) if e.is_not_found() => {}
                     Err(e) => return Err(e.into()),
@@ -403,11 +415,52 @@ impl Reconciler for GcReconciler {
             }
             return Ok(Action::Done);
         }
-        s.delete(self.kind, &obj, waiting > 0).await?;
+        s.delete(res, obj, waiting > 0).await?;
         let why = if waiting > 0 { "its owner is being deleted in the foreground" } else { "its owners are gone" };
-        let msg = format!("Deleted {} {}: {why}", res.kind, podutil::name(&obj));
-        s.events.record(&obj, EventType::Normal, "GarbageCollected", &msg).await;
+        let msg = format!("Deleted {} {}: {why}", res.kind, podutil::name(obj));
+        s.events.record(obj, EventType::Normal, "GarbageCollected", &msg).await;
         Ok(Action::Done)
+    }
+}
+
+/// How often the objects of each custom kind are looked at: custom kinds come and go at run time,
+/// so no informer follows them; the collector polls them instead, per definition.
+const CUSTOM_KIND_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Collects the objects of the custom kinds one CustomResourceDefinition (the key) defines:
+/// dependents whose owners are gone, and owners deleted in the foreground or with orphaning.
+struct CustomKindsReconciler {
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl Reconciler for CustomKindsReconciler {
+    async fn reconcile(&self, key: &str) -> Result<Action, Error> {
+        let s = &self.shared;
+        let Some(res) = kinds::all().into_iter().find(|r| kinds::custom(r).is_some_and(|c| c.storage && c.definition == key))
+        else {
+            // A definition is announced by its informer before its kinds are served, and goes
+            // before its objects: keep polling while it exists.
+            return match s.client.get(&kinds::CUSTOMRESOURCEDEFINITION, None, key).await {
+                Ok(_) => Ok(Action::RequeueAfter(CUSTOM_KIND_POLL)),
+                Err(e) if e.is_not_found() => Ok(Action::Done),
+                Err(e) => Err(e.into()),
+            };
+        };
+        let list = match s.client.list(res, &shepherd_runtime::ListParams::default()).await {
+            Ok(l) => l,
+            Err(e) if e.is_not_found() => return Ok(Action::Done),
+            Err(e) => return Err(e.into()),
+        };
+        for obj in &list.items {
+            let interesting = !podutil::owner_references(obj).is_empty()
+                || podutil::has_finalizer(obj, ORPHAN_FINALIZER)
+                || podutil::has_finalizer(obj, FOREGROUND_FINALIZER);
+            if interesting {
+                s.collect(res, obj).await?;
+            }
+        }
+        Ok(Action::RequeueAfter(CUSTOM_KIND_POLL))
     }
 }
 

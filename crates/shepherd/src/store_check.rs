@@ -63,6 +63,14 @@ struct Report {
 impl Report {
     fn of(snapshot: &Snapshot) -> Report {
         let mut report = Report::default();
+        // Custom objects are checked against the definitions stored beside them.
+        let definitions = kinds::CUSTOMRESOURCEDEFINITION.key_prefix();
+        for kv in snapshot.items.iter().filter(|kv| kv.key.starts_with(&definitions)) {
+            if let Ok(def) = serde_json::from_slice::<Value>(&kv.value) {
+                let name = def.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+                kinds::register_custom(name, kinds::custom_resources_of(&def));
+            }
+        }
         for kv in &snapshot.items {
             if kv.create_revision > kv.mod_revision || kv.mod_revision > snapshot.revision {
                 report.problems.push(format!(
@@ -82,8 +90,9 @@ impl Report {
 /// The resource a record belongs to, if its key follows `/registry/<group>/<plural>/[<ns>/]<name>`
 /// and its value is that object.
 fn check_record(kv: &KeyValue) -> Result<&'static ResourceInfo, String> {
-    let res = kinds::ALL
-        .iter()
+    let res = kinds::all()
+        .into_iter()
+        .filter(|r| kinds::custom(r).is_none_or(|c| c.storage))
         .find(|r| kv.key.starts_with(&r.key_prefix()))
         .ok_or("the key is not under any resource's /registry/<group>/<plural>/ prefix")?;
     let rest = &kv.key[res.key_prefix().len()..];
@@ -153,5 +162,25 @@ mod tests {
             report.problems
         );
         assert!(report.problems[0].contains("not valid JSON"), "{}", report.problems[0]);
+    }
+
+    #[test]
+    fn custom_objects_are_checked_against_the_definitions_stored_beside_them() {
+        let crd = r#"{"metadata":{"name":"gadgets.check.example.com"},"kind":"CustomResourceDefinition",
+            "spec":{"group":"check.example.com","scope":"Namespaced","names":{"plural":"gadgets","kind":"Gadget"},
+            "versions":[{"name":"v1","served":true,"storage":true}]}}"#;
+        let gadget = r#"{"metadata":{"name":"g","namespace":"default"},"kind":"Gadget"}"#;
+        let snapshot = Snapshot {
+            revision: 5,
+            items: vec![
+                kv("/registry/apiextensions.k8s.io/customresourcedefinitions/gadgets.check.example.com", crd),
+                kv("/registry/check.example.com/gadgets/default/g", gadget),
+                kv("/registry/check.example.com/gizmos/default/g", gadget),
+            ],
+        };
+        let report = Report::of(&snapshot);
+        assert_eq!(report.counts.get("gadgets.check.example.com"), Some(&1), "{:?}", report.problems);
+        assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+        assert!(report.problems[0].starts_with("/registry/check.example.com/gizmos/"), "{:?}", report.problems);
     }
 }

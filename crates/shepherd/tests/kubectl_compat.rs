@@ -217,6 +217,7 @@ const ROWS: &[Row] = &[
     ("crd: apply definition, served within 1 s", crd::create_and_serve),
     ("crd: apply object (default validation)", crd::apply_object),
     ("crd: get -o wide (printer columns)", crd::wide_columns),
+    ("crd: re-apply, label, get by short name", crd::reapply_and_label),
     ("crd: explain", crd::explain),
     ("crd: describe", crd::describe),
     ("crd: defaulting and pruning", crd::defaulted_and_pruned),
@@ -225,6 +226,8 @@ const ROWS: &[Row] = &[
     ("crd: status subresource ignores spec", crd::status_ignores_spec),
     ("crd: non-structural schema refused", crd::non_structural_refused),
     ("crd: pod owned by a custom object collected", crd::owned_pod_collected),
+    ("crd: custom object owned by a pod collected", crd::custom_dependent_collected),
+    ("crd: foreground deletion of a custom owner", crd::foreground_deletion),
     ("crd: delete definition removes its objects", crd::delete_definition),
 ];
 

@@ -43,6 +43,22 @@ pub(crate) fn check_structural(schema: &Value, path: &str, causes: &mut Vec<Caus
         "object" => {}
         other => causes.push(Cause::invalid(child(path, "type"), format!("Invalid value: \"{other}\": must be object at the root"))),
     }
+    // Object metadata has its own rules; a schema may only narrow the name.
+    if let Some(meta) = schema.get("properties").and_then(|p| p.get("metadata")) {
+        let only_names = meta.as_object().is_some_and(|m| {
+            m.iter().all(|(k, v)| match k.as_str() {
+                "type" => v == "object",
+                "properties" => v.as_object().is_some_and(|p| p.keys().all(|k| k == "name" || k == "generateName")),
+                _ => false,
+            })
+        });
+        if !only_names {
+            causes.push(Cause::forbidden(
+                format!("{path}.properties[metadata]"),
+                "Forbidden: must not specify anything other than name and generateName, but metadata is implicitly specified",
+            ));
+        }
+    }
     check_node(schema, path, causes);
 }
 
@@ -195,8 +211,12 @@ pub(crate) fn apply_defaults(schema: &Value, v: &mut Value) {
         Value::Object(m) => {
             if let Some(props) = kw(schema, "properties").and_then(Value::as_object) {
                 for (name, sub) in props {
-                    if m.get(name).is_none_or(|x| x.is_null())
-                        && let Some(d) = kw(sub, "default")
+                    // A null is defaulted too, unless the field may be null.
+                    let missing = match m.get(name) {
+                        None => true,
+                        Some(x) => x.is_null() && !flag(sub, "nullable"),
+                    };
+                    if missing && let Some(d) = kw(sub, "default")
                     {
                         m.insert(name.clone(), d.clone());
                     }
@@ -292,6 +312,7 @@ fn validate_value(schema: &Value, v: &Value, path: &str, causes: &mut Vec<Cause>
         }
         return;
     }
+    check_combinators(schema, v, path, causes);
     let ty = type_of(schema);
     if !type_matches(ty, v) {
         causes.push(Cause::invalid(path, format!(
@@ -356,6 +377,35 @@ fn validate_value(schema: &Value, v: &Value, path: &str, causes: &mut Vec<Cause>
             }
         }
         _ => {}
+    }
+}
+
+/// `allOf`, `anyOf`, `oneOf` and `not`: value validations a structural schema may add.
+fn check_combinators(schema: &Value, v: &Value, path: &str, causes: &mut Vec<Cause>) {
+    let fits = |sub: &Value| {
+        let mut found = Vec::new();
+        validate_value(sub, v, path, &mut found);
+        found
+    };
+    for sub in kw(schema, "allOf").and_then(Value::as_array).into_iter().flatten() {
+        causes.extend(fits(sub));
+    }
+    if let Some(any) = kw(schema, "anyOf").and_then(Value::as_array)
+        && !any.is_empty()
+        && !any.iter().any(|sub| fits(sub).is_empty())
+    {
+        causes.push(Cause::invalid(path, format!("Invalid value: {}: {path} in body must validate at least one schema (anyOf)", shown(v))));
+    }
+    if let Some(one) = kw(schema, "oneOf").and_then(Value::as_array)
+        && !one.is_empty()
+        && one.iter().filter(|sub| fits(sub).is_empty()).count() != 1
+    {
+        causes.push(Cause::invalid(path, format!("Invalid value: {}: {path} in body must validate one and only one schema (oneOf)", shown(v))));
+    }
+    if let Some(not) = kw(schema, "not").filter(|n| n.is_object())
+        && fits(not).is_empty()
+    {
+        causes.push(Cause::invalid(path, format!("Invalid value: {}: {path} in body must not validate the schema (not)", shown(v))));
     }
 }
 
@@ -472,6 +522,11 @@ mod tests {
         let mut fine = Vec::new();
         check_structural(&widget_schema(), "s", &mut fine);
         assert!(fine.is_empty(), "{fine:?}");
+        let mut meta = Vec::new();
+        check_structural(&json!({"type": "object", "properties": {"metadata": {"type": "object",
+            "properties": {"labels": {"type": "object"}}}}}), "s", &mut meta);
+        assert_eq!(meta.len(), 1, "{meta:?}");
+        assert_eq!(meta[0].field, "s.properties[metadata]");
     }
 
     #[test]
@@ -483,6 +538,11 @@ mod tests {
         apply_defaults(&widget_schema(), &mut obj);
         assert_eq!(obj["spec"], json!({"size": 3, "colour": "red", "extra": {"anything": [1]}}));
         assert_eq!(obj["metadata"]["name"], "w");
+        let nullable = json!({"type": "object", "properties": {"a": {"type": "string", "default": "x", "nullable": true},
+            "b": {"type": "string", "default": "y"}}});
+        let mut nulls = json!({"a": null, "b": null});
+        apply_defaults(&nullable, &mut nulls);
+        assert_eq!(nulls, json!({"a": null, "b": "y"}));
     }
 
     #[test]
@@ -497,5 +557,20 @@ mod tests {
         let required = validate(&widget_schema(), &json!({"spec": {}}));
         assert_eq!((required[0].field.as_str(), required[0].reason), ("spec.size", "FieldValueRequired"));
         assert!(validate(&widget_schema(), &json!({"spec": {"size": 2, "port": "http"}})).is_empty());
+    }
+
+    #[test]
+    fn one_of_any_of_and_not_are_enforced() {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object",
+            "properties": {"a": {"type": "string"}, "b": {"type": "string"}, "n": {"type": "integer", "not": {"enum": [13]},
+                "anyOf": [{"minimum": 0}, {"maximum": -10}]}},
+            "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}}});
+        assert!(validate(&schema, &json!({"spec": {"a": "x", "n": 1}})).is_empty());
+        let both = validate(&schema, &json!({"spec": {"a": "x", "b": "y"}}));
+        assert!(both[0].message.contains("must validate one and only one schema (oneOf)"), "{both:?}");
+        let n: Vec<String> = validate(&schema, &json!({"spec": {"a": "x", "n": -5}})).into_iter().map(|c| c.message).collect();
+        assert!(n.iter().any(|m| m.contains("(anyOf)")), "{n:?}");
+        let unlucky = validate(&schema, &json!({"spec": {"a": "x", "n": 13}}));
+        assert!(unlucky[0].message.contains("must not validate the schema (not)"), "{unlucky:?}");
     }
 }

@@ -121,7 +121,7 @@ pub fn scale(k: &Kubectl) -> Outcome {
 pub fn status_ignores_spec(k: &Kubectl) -> Outcome {
     let patch = r#"{"spec":{"size":9},"status":{"replicas":2}}"#;
     k.expect(&["patch", &gizmos(k), "g1", "--subresource=status", "--type=merge", "-p", patch], &["patched"])?;
-    k.expect_exactly(&["get", &gizmos(k), "g1", "-o", "jsonpath={.spec.size}/{.status.replicas}"], "3/2")
+    k.expect_exactly(&["get", &gizmos(k), "g1", "-o", "jsonpath={.spec.size}/{.status.replicas}"], "5/2")
 }
 
 pub fn non_structural_refused(k: &Kubectl) -> Outcome {
@@ -162,4 +162,50 @@ pub fn explain(k: &Kubectl) -> Outcome {
 
 pub fn describe(k: &Kubectl) -> Outcome {
     k.expect(&["describe", &gizmos(k), "g1"], &["Name:", "g1", "Kind:", "Gizmo", "Size:"])
+}
+
+fn owned_pod(k: &Kubectl, pod: &str, owner: &str) -> Result<String, String> {
+    let uid = k.run(&["get", &gizmos(k), owner, "-o", "jsonpath={.metadata.uid}"])?;
+    let manifest = format!("apiVersion: v1
+kind: Pod
+metadata:
+  name: {pod}
+  ownerReferences:
+  - {{apiVersion: {}/v1, kind: Gizmo, name: {owner}, uid: {uid}, blockOwnerDeletion: true}}
+spec:
+  containers:
+  - {{name: c, image: minimal}}
+", group(k));
+    write(k, &format!("{pod}.yaml"), &manifest)
+}
+
+pub fn custom_dependent_collected(k: &Kubectl) -> Outcome {
+    k.expect(&["run", "gizmo-owner", "--image=minimal"], &["created"])?;
+    let uid = k.run(&["get", "pod", "gizmo-owner", "-o", "jsonpath={.metadata.uid}"])?;
+    let g = format!("{}metadata:\n  name: g3\n  ownerReferences:\n  - {{apiVersion: v1, kind: Pod, name: gizmo-owner, uid: {uid}}}\nspec: {{size: 1}}\n",
+        format_args!("apiVersion: {}/v1\nkind: Gizmo\n", group(k)));
+    let file = write(k, "g3.yaml", &g)?;
+    k.expect(&["apply", "-f", &file], &["g3 created"])?;
+    k.expect(&["delete", "pod", "gizmo-owner", "--grace-period=0", "--force"], &["deleted"])?;
+    k.run(&["wait", "--for=delete", &format!("{}/g3", gizmos(k)), "--timeout=60s"]).map(|_| ())
+}
+
+pub fn foreground_deletion(k: &Kubectl) -> Outcome {
+    let file = write(k, "g4.yaml", &gizmo(k, "g4", "{size: 1}"))?;
+    k.expect(&["apply", "-f", &file], &["g4 created"])?;
+    let pod = owned_pod(k, "held-by-g4", "g4")?;
+    k.expect(&["apply", "-f", &pod], &["created"])?;
+    k.expect(&["delete", &gizmos(k), "g4", "--cascade=foreground", "--timeout=60s"], &["deleted"])?;
+    k.run(&["wait", "--for=delete", &format!("{}/g4", gizmos(k)), "--timeout=60s"])?;
+    match k.run(&["get", "pod", "held-by-g4"]) {
+        Ok(out) => Err(format!("the dependent outlived its owner's foreground deletion:\n{out}")),
+        Err(_) => Ok(()),
+    }
+}
+
+pub fn reapply_and_label(k: &Kubectl) -> Outcome {
+    let file = write(k, "gizmo.yaml", &gizmo(k, "g1", "{size: 5, replicas: 1}"))?;
+    k.expect(&["apply", "-f", &file], &["g1 configured"])?;
+    k.expect(&["label", &gizmos(k), "g1", "tier=fe"], &["labeled"])?;
+    k.expect(&["get", "gz", "-l", "tier=fe"], &["g1", "5"])
 }
