@@ -12,6 +12,8 @@ use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use reqwest::Method;
 use serde_json::{Map, Value, json};
 
+const APPLY: &str = "application/apply-patch+yaml";
+
 /// A kind under test: its collection path and a valid object of it named `fz`.
 struct Kind {
     collection: &'static str,
@@ -277,6 +279,7 @@ fn case() -> impl Strategy<Value = Case> {
         (Method::PATCH, STRATEGIC),
         (Method::PATCH, JSON_PATCH),
         (Method::PATCH, JSON_PATCH),
+        (Method::PATCH, APPLY),
         // Always a dry run (below), so the objects under test stay.
         (Method::DELETE, "application/json"),
     ]);
@@ -306,7 +309,13 @@ impl Fuzz {
         let kind = &KINDS[c.kind];
         let object = format!("{}/fz", kind.collection);
         let sub = if c.method == Method::POST || c.method == Method::DELETE { "" } else { kind.subresources[c.sub % kind.subresources.len()] };
-        let path = format!("{}{sub}{}", if c.method == Method::POST { kind.collection } else { &object }, c.query);
+        let apply = c.content_type == APPLY;
+        let query = match (apply, c.query) {
+            (true, "") => "?fieldManager=fuzz&force=true".to_string(),
+            (true, q) => format!("{q}&fieldManager=fuzz&force=true"),
+            (false, q) => q.to_string(),
+        };
+        let path = format!("{}{sub}{query}", if c.method == Method::POST { kind.collection } else { &object });
         self.rt.block_on(async {
             let base = match c.method {
                 Method::POST => {
@@ -314,7 +323,14 @@ impl Fuzz {
                     seed["metadata"]["name"] = json!(format!("fz{}", c.name % 64));
                     seed
                 }
-                _ => self.server.get(&format!("{object}{sub}")).await.body,
+                _ => {
+                    let mut current = self.server.get(&format!("{object}{sub}")).await.body;
+                    if apply && let Some(m) = current.get_mut("metadata").and_then(Value::as_object_mut) {
+                        // An applied configuration carries no managedFields.
+                        m.remove("managedFields");
+                    }
+                    current
+                }
             };
             let body = match &c.body {
                 Some(Body::Raw(s)) => s.clone(),
@@ -324,7 +340,7 @@ impl Fuzz {
                     apply_edits(json!({"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
                         "preconditions": {"uid": "x"}, "propagationPolicy": "Orphan", "dryRun": []}), &c.edits).to_string()
                 }
-                None if c.method == Method::PATCH => {
+                None if c.method == Method::PATCH && !apply => {
                     // A merge patch made of the edits, applied to nothing: random fields only.
                     apply_edits(json!({"metadata": {}}), &c.edits).to_string()
                 }
