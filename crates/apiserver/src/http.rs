@@ -331,8 +331,14 @@ fn check_json_body(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// A boolean query parameter read as Kubernetes reads one: absent, `0` or `false` in any case is
+/// false, anything else is true (the Python client sends `watch=True`).
+fn query_flag(query: &HashMap<String, String>, name: &str) -> bool {
+    query.get(name).is_some_and(|v| v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
 fn verb_name(method: &Method, t: &Target, query: &HashMap<String, String>) -> &'static str {
-    let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let watching = query_flag(query, "watch");
     match (method.as_str(), &t.name) {
         ("GET", None) if watching => "WATCH",
         ("GET", None) => "LIST",
@@ -575,7 +581,7 @@ async fn handle(
     let headers = req.headers().clone();
     match (&method, t.name.as_deref(), t.sub.as_deref()) {
         (&Method::GET, None, None) => {
-            if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
+            if query_flag(query, "watch") {
                 return watch(app, t, query, &headers).await;
             }
             let page = svc.list(res, ns, &list_options(query)?).await?;
@@ -873,11 +879,7 @@ fn scale_replicas(scale: &Value) -> Result<i64, ApiError> {
 async fn watch(app: &AppState, t: &Target, query: &HashMap<String, String>, headers: &HeaderMap) -> Result<Response, ApiError> {
     let rv = parse_resource_version(query.get("resourceVersion").map(String::as_str).unwrap_or(""))?;
     let send_initial_param = query.get("sendInitialEvents").map(String::as_str);
-    let send_initial = match send_initial_param {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => return Err(ApiError::BadRequest(format!("sendInitialEvents={other} is not a boolean"))),
-    };
+    let send_initial = query_flag(query, "sendInitialEvents");
     // Kubernetes' watch options validation: resourceVersionMatch only with sendInitialEvents, and
     // then only NotOlderThan.
     let matching = query.get("resourceVersionMatch").map(String::as_str).filter(|m| !m.is_empty());
@@ -913,7 +915,7 @@ async fn watch(app: &AppState, t: &Target, query: &HashMap<String, String>, head
         label_selector: query.get("labelSelector").cloned(),
         field_selector: query.get("fieldSelector").cloned(),
         resource_version: rv,
-        allow_bookmarks: query.get("allowWatchBookmarks").is_some_and(|b| b == "true"),
+        allow_bookmarks: query_flag(query, "allowWatchBookmarks"),
         send_initial_events: send_initial,
         timeout,
         bookmark_interval: Some(app.config.bookmark_interval),

@@ -529,7 +529,8 @@ const PATCH_TYPES: &[&str] =
     &["application/json-patch+json", "application/merge-patch+json", "application/strategic-merge-patch+json",
         "application/apply-patch+yaml"];
 /// Custom resources take no strategic merge patch; kubectl reads this list to choose its patch type.
-const CUSTOM_PATCH_TYPES: &[&str] = &["application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml"];
+const CUSTOM_PATCH_TYPES: &[&str] =
+    &["application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml"];
 
 struct Operation {
     method: &'static str,

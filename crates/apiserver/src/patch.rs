@@ -72,6 +72,9 @@ pub(crate) fn apply_json_patch(doc: &mut Value, patch: &Value) -> Result<(), Api
                 (&o.path, source)
             }
             json_patch::PatchOperation::Move(o) => (&o.path, doc.at(o.from.as_str())),
+            json_patch::PatchOperation::Test(t) if t.value.is_null() && tests_absent_member(doc, t.path.as_str()) => {
+                continue;
+            }
             json_patch::PatchOperation::Remove(_) | json_patch::PatchOperation::Test(_) => {
                 apply_one(doc, op)?;
                 continue;
@@ -87,6 +90,14 @@ pub(crate) fn apply_json_patch(doc: &mut Value, patch: &Value) -> Result<(), Api
         apply_one(doc, op)?;
     }
     Ok(())
+}
+
+/// Whether `path` names an absent member of an object that exists. Kubernetes' JSON patch reads
+/// such a member as null, so `{"op": "test", "path": "/metadata/finalizers", "value": null}`
+/// passes on an object without finalizers (kube-rs's finalizer helper sends exactly that).
+fn tests_absent_member(doc: &Value, path: &str) -> bool {
+    let Some((parent, _)) = path.rsplit_once('/') else { return false };
+    doc.at(path).is_none() && doc.at(parent).is_some_and(Value::is_object)
 }
 
 fn apply_one(doc: &mut Value, op: &json_patch::PatchOperation) -> Result<(), ApiError> {
@@ -156,6 +167,24 @@ fn is_named_list(v: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_json_patch_test_for_null_passes_on_an_absent_member_of_an_existing_object() {
+        let old = json!({"metadata": {"name": "a"}});
+        let add_first_finalizer = json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["f"]},
+        ]);
+        let new = apply_patch(&old, PatchType::Json, &add_first_finalizer).expect("test for null passes");
+        assert_eq!(new["metadata"]["finalizers"], json!(["f"]));
+        // Once the member exists, the same patch fails: that is what makes it safe to retry.
+        assert!(apply_patch(&new, PatchType::Json, &add_first_finalizer).is_err());
+        // A missing parent is still an error, as is a null test against a present value.
+        let missing_parent = json!([{"op": "test", "path": "/spec/x", "value": null}]);
+        assert!(apply_patch(&old, PatchType::Json, &missing_parent).is_err());
+        let present = json!([{"op": "test", "path": "/metadata/name", "value": null}]);
+        assert!(apply_patch(&old, PatchType::Json, &present).is_err());
+    }
 
     #[test]
     fn strategic_merge_patches_containers_by_name() {

@@ -296,6 +296,21 @@ async fn watch_resumes_from_a_resource_version_without_gaps() {
 }
 
 #[tokio::test]
+async fn boolean_query_parameters_are_read_as_kubernetes_reads_them() {
+    let s = start().await;
+    s.post(PODS, &pod("a", json!({}))).await;
+    // The Python client writes Python's booleans: `watch=True`.
+    for on in ["True", "TRUE", "1", "yes"] {
+        let events = watch_lines(&s, &format!("{PODS}?watch={on}&allowWatchBookmarks=True"), 1).await;
+        assert_eq!(events[0]["type"], "ADDED", "watch={on}");
+    }
+    for off in ["False", "false", "0"] {
+        let (code, list) = s.get(&format!("{PODS}?watch={off}")).await;
+        assert_eq!((code, list["kind"].as_str()), (StatusCode::OK, Some("PodList")), "watch={off}");
+    }
+}
+
+#[tokio::test]
 async fn a_watch_from_before_the_history_gets_410_expired() {
     let s = start_with(HistoryLimits { max_events: 2, ..HistoryLimits::default() }, HttpConfig::default()).await;
     for i in 0..5 {
