@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 # What the tests run, and the Debian package that provides it.
 need=()
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)         # the kubectl compatibility suite
-python3 -c 'import kubernetes' >/dev/null 2>&1 || need+=(python3-kubernetes)  # the Python client test
+# The Python client test runs Debian's python3-kubernetes (with /usr/bin/python3 unless SHEPHERD_PYTHON says).
+dpkg-query -W -f='${Status}' python3-kubernetes 2>/dev/null | grep -q "ok installed" || need+=(python3-kubernetes)
 command -v skopeo >/dev/null 2>&1 || need+=(skopeo)                    # pushes and pulls against `shepherd registry`
 [ -x /bin/busybox ] || need+=(busybox-static)                           # the test images' userland
 if [ ${#need[@]} -gt 0 ]; then
