@@ -10,6 +10,7 @@
 
 mod backoff;
 mod cgroup;
+mod envvars;
 mod logs;
 mod node;
 mod pods;

@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
+use crate::envvars;
 use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
 use crate::quantity;
 use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, Runtime, RuntimeEvent};
@@ -437,15 +438,9 @@ impl PodManager {
                 .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
                 .unwrap_or_default()
         };
-        let env = spec
-            .get("env")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|e| Some((e.get("name")?.as_str()?.to_string(), e.get("value").and_then(Value::as_str).unwrap_or("").to_string())))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let ip = self.nodes.get(str_at(pod, "/spec/nodeName")).map_or("127.0.0.1", String::as_str);
+        let (cpu_millis, memory_bytes) = envvars::host_allocatable();
+        let env = envvars::container_env(pod, spec, &envvars::Node { ip, cpu_millis, memory_bytes });
         let restarting = !matches!(c.state, CState::NotStarted);
         let restart_count = if restarting { c.restart_count + 1 } else { c.restart_count };
         let hostname = pod
@@ -456,8 +451,8 @@ impl PodManager {
         let cs = ContainerSpec {
             id: c.id.clone(),
             image: c.image.clone(),
-            command: strings("command"),
-            args: strings("args"),
+            command: envvars::expand_all(strings("command"), &env),
+            args: envvars::expand_all(strings("args"), &env),
             env,
             working_dir: spec.get("workingDir").and_then(Value::as_str).map(str::to_string),
             hostname,

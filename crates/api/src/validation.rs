@@ -64,7 +64,8 @@ const UNSUPPORTED: &[(Scope, &str)] = &[
     (Scope::Container, "resizePolicy"),
     (Scope::Container, "stdin"),
     (Scope::Container, "tty"),
-    (Scope::EnvVar, "valueFrom"),
+    (Scope::EnvVar, "valueFrom.configMapKeyRef"),
+    (Scope::EnvVar, "valueFrom.secretKeyRef"),
     (Scope::Probe, "grpc"),
     (Scope::ServiceSpec, "externalName"),
     (Scope::ServiceSpec, "loadBalancerIP"),
@@ -725,6 +726,9 @@ fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut
             if e.is_object() && str_at(e, "name").is_none_or(str::is_empty) {
                 c.push(Cause::required(format!("{p}.env[{j}].name")));
             }
+            if let Some(from) = at(e, "valueFrom") {
+                validate_env_source(e, from, &format!("{p}.env[{j}]"), c);
+            }
         }
     }
     if let Some(r) = ct.get("resources") {
@@ -733,6 +737,56 @@ fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut
     for (probe, liveness) in [("livenessProbe", true), ("readinessProbe", false)] {
         if let Some(pr) = at(ct, probe) {
             validate_probe(pr, &join(p, probe), liveness, c);
+        }
+    }
+}
+
+/// The pod fields the downward API gives an environment variable (Kubernetes' list for `env`).
+const ENV_FIELD_PATHS: &[&str] = &["metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName",
+    "spec.serviceAccountName", "status.hostIP", "status.hostIPs", "status.podIP", "status.podIPs"];
+const ENV_RESOURCES: &[&str] =
+    &["limits.cpu", "limits.memory", "limits.ephemeral-storage", "requests.cpu", "requests.memory", "requests.ephemeral-storage"];
+
+/// `env[].valueFrom`: one source, and no `value` beside it; the downward API's fields and resources.
+fn validate_env_source(env: &Value, from: &Value, p: &str, c: &mut Vec<Cause>) {
+    let vp = format!("{p}.valueFrom");
+    if str_at(env, "value").is_some_and(|v| !v.is_empty()) {
+        c.push(Cause::invalid(&vp, "Invalid value: \"\": may not be specified when `value` is not empty"));
+    }
+    let sources = ["fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef"];
+    match sources.iter().filter(|s| at(from, s).is_some()).count() {
+        0 => c.push(Cause::invalid(&vp, "Invalid value: \"\": must specify one of: `fieldRef`, `resourceFieldRef`, `configMapKeyRef` or `secretKeyRef`")),
+        1 => {}
+        _ => c.push(Cause::invalid(&vp, "Invalid value: \"\": may not have more than one field specified at a time")),
+    }
+    if let Some(field) = at(from, "fieldRef") {
+        let fp = format!("{vp}.fieldRef.fieldPath");
+        match str_at(field, "fieldPath") {
+            None | Some("") => c.push(Cause::required(fp)),
+            Some(path) => {
+                let keyed = ["metadata.labels['", "metadata.annotations['"]
+                    .iter()
+                    .any(|prefix| path.strip_prefix(prefix).and_then(|k| k.strip_suffix("']")).is_some_and(|k| !k.is_empty()));
+                if !keyed && !ENV_FIELD_PATHS.contains(&path) {
+                    c.push(unsupported_value(fp, path, ENV_FIELD_PATHS));
+                }
+            }
+        }
+        if let Some(v) = str_at(field, "apiVersion").filter(|v| !v.is_empty() && *v != "v1") {
+            c.push(unsupported_value(format!("{vp}.fieldRef.apiVersion"), v, &["v1"]));
+        }
+    }
+    if let Some(res) = at(from, "resourceFieldRef") {
+        let rp = format!("{vp}.resourceFieldRef.resource");
+        match str_at(res, "resource") {
+            None | Some("") => c.push(Cause::required(rp)),
+            Some(r) if !ENV_RESOURCES.contains(&r) => c.push(unsupported_value(rp, r, ENV_RESOURCES)),
+            Some(_) => {}
+        }
+        if let Some(d) = res.get("divisor").and_then(quantity_text)
+            && !crate::quantity::Quantity::parse(&d).is_ok_and(|q| !q.is_negative() && q.to_f64() > 0.0)
+        {
+            c.push(invalid_value(format!("{vp}.resourceFieldRef.divisor"), &Value::from(d), "must be a positive quantity"));
         }
     }
 }
@@ -1356,10 +1410,32 @@ mod tests {
     }
 
     #[test]
+    fn environment_variables_take_the_downward_api_and_refuse_what_it_lacks() {
+        let env = |e: Value| pod(json!({"containers": [{"name": "web", "image": "minimal", "env": [e]}]}));
+        for ok in [
+            json!({"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}),
+            json!({"name": "L", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}}),
+            json!({"name": "M", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}}),
+        ] {
+            assert_eq!(causes(&POD, &env(ok.clone())), vec![], "{ok}");
+        }
+        let bad = |e: Value| causes(&POD, &env(e)).into_iter().map(|(f, _)| f).collect::<Vec<_>>();
+        assert_eq!(bad(json!({"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}})),
+            ["spec.containers[0].env[0].valueFrom.fieldRef.fieldPath"]);
+        assert_eq!(bad(json!({"name": "X", "value": "v", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})),
+            ["spec.containers[0].env[0].valueFrom"]);
+        assert_eq!(bad(json!({"name": "X", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}})),
+            ["spec.containers[0].env[0].valueFrom.resourceFieldRef.resource"]);
+        assert_eq!(bad(json!({"name": "X", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "0"}}})),
+            ["spec.containers[0].env[0].valueFrom.resourceFieldRef.divisor"]);
+        assert_eq!(bad(json!({"name": "X", "valueFrom": {}})), ["spec.containers[0].env[0].valueFrom"]);
+    }
+
+    #[test]
     fn kubernetes_features_shepherd_lacks_are_refused_by_name() {
         let p = pod(json!({
             "containers": [{"name": "web", "image": "minimal", "volumeMounts": [{"name": "data", "mountPath": "/d"}],
-                "tty": true, "env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}],
+                "tty": true, "env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]}],
             "volumes": [{"name": "data", "emptyDir": {}}],
             "hostNetwork": true,
             "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
@@ -1372,7 +1448,7 @@ mod tests {
             "spec.affinity.podAffinity",
             "spec.containers[0].volumeMounts",
             "spec.containers[0].tty",
-            "spec.containers[0].env[0].valueFrom",
+            "spec.containers[0].env[0].valueFrom.configMapKeyRef",
         ] {
             assert!(got.contains(&(f.to_string(), "FieldValueForbidden")), "{f}: {got:?}");
         }

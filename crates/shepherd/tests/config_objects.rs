@@ -110,3 +110,42 @@ async fn secrets_and_config_maps_follow_kubernetes_rules() {
     let (code, _) = send(http.delete(format!("{configmaps}/frozen"))).await;
     assert_eq!(code, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_sees_the_downward_api_in_its_environment_and_arguments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = Daemon::start("standalone", &dir.path().join("data"), &[]);
+    let (http, url) = (reqwest::Client::new(), daemon.url.clone());
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "env-demo", "labels": {"app": "demo"}},
+        "spec": {"containers": [{"name": "c", "image": "minimal",
+            "command": ["sh", "-c", "echo \"name=$POD ns=$NS app=$APP mem=$MEM_MI greeting=$GREETING arg=$0\"; sleep 1000", "$(POD)"],
+            "resources": {"limits": {"memory": "64Mi"}},
+            "env": [
+                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+                {"name": "MEM_MI", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+                {"name": "GREETING", "value": "hello $(POD)"},
+            ]}]}});
+    let (code, body) = send(http.post(format!("{url}/api/v1/namespaces/default/pods")).json(&pod)).await;
+    assert_eq!(code, 201, "{body}");
+    let want = "name=env-demo ns=default app=demo mem=64 greeting=hello env-demo arg=env-demo";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = http.get(format!("{url}/api/v1/namespaces/default/pods/env-demo/log")).send().await.expect("log");
+        let text = r.text().await.unwrap_or_default();
+        if text.contains(want) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the container printed {text:?}, not {want:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A source the agent cannot read yet is refused by name, not ignored.
+    let mut cm_env = pod.clone();
+    cm_env["metadata"]["name"] = json!("cm-env");
+    cm_env["spec"]["containers"][0]["env"] = json!([{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "a"}}}]);
+    let (code, st) = send(http.post(format!("{url}/api/v1/namespaces/default/pods")).json(&cm_env)).await;
+    assert_eq!(code, 422, "{st}");
+    assert_eq!(causes(&st), ["spec.containers[0].env[0].valueFrom.configMapKeyRef: not supported by Shepherd"]);
+}

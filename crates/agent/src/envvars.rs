@@ -1,0 +1,197 @@
+//! A container's environment as kubelet builds it: each `env` entry in order, a `value` with its
+//! `$(VAR)` references to earlier entries expanded, a `valueFrom` read through the downward API
+//! (`fieldRef`, `resourceFieldRef`); and the same expansion applied to `command` and `args`.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+use shepherd_api::JsonPath;
+
+use crate::quantity;
+
+/// What the downward API needs to know of the node a pod runs on.
+pub(crate) struct Node<'a> {
+    pub ip: &'a str,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
+/// This host's cpu count (in millicores) and memory: what a container without a limit may use.
+pub(crate) fn host_allocatable() -> (u64, u64) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib * 1024);
+    (cpus * 1000, memory)
+}
+
+/// The environment of `container` (an entry of the pod's `containers`), in order.
+pub(crate) fn container_env(pod: &Value, container: &Value, node: &Node) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = Vec::new();
+    for e in container.get("env").and_then(Value::as_array).into_iter().flatten() {
+        let Some(name) = e.get("name").and_then(Value::as_str) else { continue };
+        let value = match e.get("valueFrom").filter(|v| v.is_object()) {
+            Some(from) => downward(pod, container, from, node),
+            None => {
+                let vars: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                expand(e.get("value").and_then(Value::as_str).unwrap_or(""), &vars)
+            }
+        };
+        env.retain(|(k, _)| k != name);
+        env.push((name.to_string(), value));
+    }
+    env
+}
+
+/// `command` or `args` with `$(VAR)` references to the container's environment expanded.
+pub(crate) fn expand_all(words: Vec<String>, env: &[(String, String)]) -> Vec<String> {
+    let vars: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    words.iter().map(|w| expand(w, &vars)).collect()
+}
+
+/// Kubernetes' expansion: `$(NAME)` becomes the variable's value when it is defined and stays as
+/// written when it is not; `$$` is a literal `$`.
+pub(crate) fn expand(s: &str, vars: &HashMap<&str, &str>) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(')
+            && let Some(end) = inner.find(')')
+        {
+            let name = &inner[..end];
+            match vars.get(name) {
+                Some(v) => out.push_str(v),
+                None => {
+                    out.push_str("$(");
+                    out.push_str(name);
+                    out.push(')');
+                }
+            }
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.at(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+fn downward(pod: &Value, container: &Value, from: &Value, node: &Node) -> String {
+    if let Some(field) = from.get("fieldRef") {
+        return field_value(pod, str_at(field, "/fieldPath"), node);
+    }
+    if let Some(res) = from.get("resourceFieldRef") {
+        let name = str_at(res, "/containerName");
+        let target = if name.is_empty() {
+            Some(container)
+        } else {
+            pod.at("/spec/containers").and_then(Value::as_array).and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        };
+        return target.map(|c| resource_value(c, res, node)).unwrap_or_default();
+    }
+    String::new()
+}
+
+fn field_value(pod: &Value, path: &str, node: &Node) -> String {
+    let keyed = |prefix: &str| path.strip_prefix(prefix).and_then(|k| k.strip_suffix("']"));
+    if let Some(key) = keyed("metadata.labels['") {
+        return pod.at("/metadata/labels").and_then(|l| l.get(key)).and_then(Value::as_str).unwrap_or("").into();
+    }
+    if let Some(key) = keyed("metadata.annotations['") {
+        return pod.at("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str).unwrap_or("").into();
+    }
+    match path {
+        "metadata.name" => str_at(pod, "/metadata/name").into(),
+        "metadata.namespace" => str_at(pod, "/metadata/namespace").into(),
+        "metadata.uid" => str_at(pod, "/metadata/uid").into(),
+        "spec.nodeName" => str_at(pod, "/spec/nodeName").into(),
+        "spec.serviceAccountName" => str_at(pod, "/spec/serviceAccountName").into(),
+        // Pods share their node's network, so a pod's address is its node's.
+        "status.hostIP" | "status.hostIPs" | "status.podIP" | "status.podIPs" => node.ip.into(),
+        _ => String::new(),
+    }
+}
+
+/// A resource of a container in units of the divisor, rounded up as kubelet does; a limit that is
+/// not set reads as the node's allocatable amount, a request that is not set as zero.
+fn resource_value(container: &Value, res: &Value, node: &Node) -> String {
+    let resource = str_at(res, "/resource");
+    let (kind, name) = resource.split_once('.').unwrap_or(("", ""));
+    let set = container.at(&format!("/resources/{kind}/{name}")).and_then(quantity::text);
+    let divisor = res.get("divisor").and_then(quantity::text);
+    let value = match name {
+        "cpu" => {
+            let millis = set.and_then(|q| quantity::millicores(&q)).or((kind == "limits").then_some(node.cpu_millis)).unwrap_or(0);
+            let per = divisor.and_then(|d| quantity::millicores(&d)).filter(|d| *d > 0).unwrap_or(1000);
+            millis.div_ceil(per)
+        }
+        "memory" | "ephemeral-storage" => {
+            let fallback = (kind == "limits" && name == "memory").then_some(node.memory_bytes);
+            let bytes = set.and_then(|q| quantity::bytes(&q)).or(fallback).unwrap_or(0);
+            let per = divisor.and_then(|d| quantity::bytes(&d)).filter(|d| *d > 0).unwrap_or(1);
+            bytes.div_ceil(per)
+        }
+        _ => return String::new(),
+    };
+    value.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const NODE: Node = Node { ip: "10.0.0.7", cpu_millis: 2000, memory_bytes: 8 << 30 };
+
+    #[test]
+    fn references_expand_like_kubelet_expands_them() {
+        let vars: HashMap<&str, &str> = [("A", "1"), ("B", "two")].into();
+        assert_eq!(expand("$(A)-$(B)", &vars), "1-two");
+        assert_eq!(expand("$(MISSING) stays", &vars), "$(MISSING) stays");
+        assert_eq!(expand("$$(A) is escaped, $5 is not a reference", &vars), "$(A) is escaped, $5 is not a reference");
+        assert_eq!(expand("$(A", &vars), "$(A");
+    }
+
+    #[test]
+    fn the_downward_api_fills_fields_and_resources() {
+        let pod = json!({"metadata": {"name": "web-0", "namespace": "shop", "uid": "u-1", "labels": {"app": "web"}},
+            "spec": {"nodeName": "n1", "serviceAccountName": "bot", "containers": [
+                {"name": "c", "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}}, "env": [
+                    {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "GREETING", "value": "hi $(POD) in $(NS)"},
+                    {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+                    {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+                    {"name": "CPU_M", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "1m"}}},
+                    {"name": "MEM_MI", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+                    {"name": "REQ_MEM", "valueFrom": {"resourceFieldRef": {"resource": "requests.memory"}}},
+                ]},
+                {"name": "other"}]}});
+        let env = container_env(&pod, &pod["spec"]["containers"][0], &NODE);
+        let got: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(got["POD"], "web-0");
+        assert_eq!(got["GREETING"], "hi web-0 in $(NS)", "only earlier variables expand");
+        assert_eq!((got["NS"], got["APP"], got["IP"]), ("shop", "web", "10.0.0.7"));
+        assert_eq!((got["CPU"], got["CPU_M"], got["MEM_MI"], got["REQ_MEM"]), ("1", "500", "64", "0"));
+
+        let other = json!({"name": "other", "env": [{"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}}]});
+        assert_eq!(container_env(&pod, &other, &NODE), [("CPU".to_string(), "2".to_string())], "no limit: the node's");
+        assert_eq!(expand_all(vec!["echo".into(), "$(POD)".into()], &env), ["echo", "web-0"]);
+    }
+}
