@@ -63,6 +63,12 @@ pub fn replicaset_controller(client: Arc<dyn Client>, manager: &Manager, config:
         .mode(config.mode)
 }
 
+/// The revision a pod was written at (`metadata.resourceVersion`); when unreadable, one no cache
+/// reaches, so the expectation waits for the pod itself or its TTL.
+fn created_revision(pod: &Value) -> u64 {
+    shepherd_runtime::cache::resource_version(pod).unwrap_or(u64::MAX)
+}
+
 fn selector_of(rs: &Value) -> Result<LabelSelector, ApiError> {
     LabelSelector::from_k8s(rs.at("/spec/selector").unwrap_or(&Value::Null))
 }
@@ -71,15 +77,19 @@ fn selector_of(rs: &Value) -> Result<LabelSelector, ApiError> {
 /// Without them a reconcile right after a create would see too few pods and create more.
 #[derive(Default)]
 struct Expectations {
-    creating: HashMap<String, (String, Instant)>,
+    /// Pod name to its uid, the revision that created it, and when.
+    creating: HashMap<String, (String, u64, Instant)>,
     deleting: HashMap<String, (String, Instant)>,
 }
 
 impl Expectations {
-    /// Forgets what the cache now reflects (or what is too old to wait for).
-    fn prune(&mut self, pods: &HashMap<&str, &Value>) {
+    /// Forgets what the cache now reflects (or what is too old to wait for). `observed` is the
+    /// pod cache's revision: a creation at or below it was seen, even if the pod is gone again.
+    fn prune(&mut self, pods: &HashMap<&str, &Value>, observed: u64) {
         let fresh = |at: &Instant| at.elapsed() < EXPECTATION_TTL;
-        self.creating.retain(|name, (uid, at)| fresh(at) && pods.get(name.as_str()).is_none_or(|p| podutil::uid(p) != uid));
+        self.creating.retain(|name, (uid, created, at)| {
+            fresh(at) && *created > observed && pods.get(name.as_str()).is_none_or(|p| podutil::uid(p) != uid)
+        });
         self.deleting.retain(|name, (uid, at)| {
             fresh(at) && pods.get(name.as_str()).is_some_and(|p| podutil::uid(p) == uid && !podutil::is_deleting(p))
         })
@@ -128,8 +138,9 @@ impl Ordinals<'_> {
 
 /// What a create of one pod name came to.
 enum Created {
-    /// Created now, or found already created for this ReplicaSet by an earlier try: its uid.
-    Ours(String),
+    /// Created now, or found already created for this ReplicaSet by an earlier try: its uid and
+    /// the revision it was created at.
+    Ours(String, u64),
     /// The name belongs to a pod of someone else; try another ordinal.
     Taken,
 }
@@ -228,7 +239,7 @@ impl ReplicaSetReconciler {
         let (pending_creates, mut active) = {
             let mut all = self.lock_expectations();
             let exp = all.entry(key.to_string()).or_default();
-            exp.prune(&by_name);
+            exp.prune(&by_name, self.pods.observed_revision());
             let active: Vec<Arc<Value>> =
                 owned.iter().filter(|p| podutil::is_active(p) && !exp.is_being_deleted(p)).cloned().collect();
             (exp.creating.len(), active)
@@ -300,10 +311,10 @@ impl ReplicaSetReconciler {
             let mut failure = None;
             for (name, r) in names.iter().zip(results) {
                 match r {
-                    Ok(Created::Ours(uid)) => {
+                    Ok(Created::Ours(uid, revision)) => {
                         remaining -= 1;
                         if let Some(exp) = self.lock_expectations().get_mut(key) {
-                            exp.creating.insert(name.clone(), (uid, Instant::now()));
+                            exp.creating.insert(name.clone(), (uid, revision, Instant::now()));
                         }
                         let msg = format!("Created pod: {name}");
                         self.events.record(rs, EventType::Normal, "SuccessfulCreate", &msg).await;
@@ -323,10 +334,10 @@ impl ReplicaSetReconciler {
     async fn create_pod(&self, rs: &Value, name: &str) -> Result<Created, ApiError> {
         let ns = podutil::namespace(rs);
         match self.client.create(&kinds::POD, ns, pod_from_template(rs, name)).await {
-            Ok(pod) => Ok(Created::Ours(podutil::uid(&pod).to_string())),
+            Ok(pod) => Ok(Created::Ours(podutil::uid(&pod).to_string(), created_revision(&pod))),
             Err(e) if e.is_already_exists() => match self.client.get(&kinds::POD, ns, name).await {
                 Ok(pod) if podutil::controller_uid(&pod) == Some(podutil::uid(rs)) && podutil::is_active(&pod) => {
-                    Ok(Created::Ours(podutil::uid(&pod).to_string()))
+                    Ok(Created::Ours(podutil::uid(&pod).to_string(), created_revision(&pod)))
                 }
                 Ok(_) => Ok(Created::Taken),
                 // Gone again between the create and the read: let the next reconcile retry it.
@@ -503,6 +514,16 @@ fn same_status(current: &Value, new: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_created_pod_deleted_before_any_reconcile_saw_it_stops_being_expected() {
+        let mut exp = Expectations::default();
+        exp.creating.insert("web-0".into(), ("uid-a".into(), 7, Instant::now()));
+        exp.prune(&HashMap::new(), 6);
+        assert_eq!(exp.creating.len(), 1, "the cache has not reached the create: still expected");
+        exp.prune(&HashMap::new(), 9);
+        assert!(exp.creating.is_empty(), "the cache passed the create and has no such pod: it was deleted");
+    }
 
     #[test]
     fn pods_of_a_deployment_replicaset_are_named_after_the_deployment() {

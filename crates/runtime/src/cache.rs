@@ -71,6 +71,8 @@ struct State {
     /// Objects without a controlling owner, by namespace (`""` for cluster-scoped ones).
     unowned: Index,
     by_node: Index,
+    /// The highest resourceVersion of any event applied: every write up to it has been seen.
+    high_water: u64,
 }
 
 /// Index value to the keys of the objects carrying it. `BTreeSet` keeps lookups in key order.
@@ -160,6 +162,7 @@ impl State {
     }
 
     fn upsert(&mut self, key: String, obj: Value) -> Option<Change> {
+        self.high_water = self.high_water.max(resource_version(&obj).unwrap_or(0));
         let new = Arc::new(obj);
         match self.objects.get(&key).cloned() {
             Some(old) => {
@@ -181,6 +184,7 @@ impl State {
     }
 
     fn remove(&mut self, key: &str, last_known: Option<Value>) -> Option<Change> {
+        self.high_water = self.high_water.max(last_known.as_ref().and_then(resource_version).unwrap_or(0));
         let old = self.objects.remove(key)?;
         self.reindex(key, Some(&old), None);
         // The deletion event carries the final state; fall back to what was cached.
@@ -255,6 +259,13 @@ impl Cache {
     }
 
     /// Pods bound to a node (`spec.nodeName`).
+    /// The highest resourceVersion among the events applied so far. A watch delivers events in
+    /// revision order without gaps, so a write at or below it has been seen: an object created at
+    /// such a revision and absent now was seen and deleted, not yet to come.
+    pub fn observed_revision(&self) -> u64 {
+        self.read().high_water
+    }
+
     pub fn by_node_name(&self, node: &str) -> Vec<Arc<Value>> {
         let s = self.read();
         s.lookup(&s.by_node, node)
@@ -296,6 +307,17 @@ impl Cache {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_observed_revision_follows_every_event_deletions_included() {
+        let c = Cache::default();
+        assert_eq!(c.observed_revision(), 0);
+        c.apply_upsert(pod("a", 3, "n1", "u1"));
+        c.apply_upsert(pod("a", 2, "n1", "u1"));
+        assert_eq!(c.observed_revision(), 3, "an older copy does not move it back");
+        c.apply_delete(pod("a", 8, "n1", "u1"));
+        assert_eq!(c.observed_revision(), 8);
+    }
 
     fn pod(name: &str, rv: u64, node: &str, owner_uid: &str) -> Value {
         json!({
