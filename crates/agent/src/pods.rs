@@ -461,6 +461,7 @@ impl PodManager {
             simulate_fail: pod.at(&format!("/metadata/annotations/{}", SIMULATE_FAIL_ANNOTATION.replace('/', "~1"))).and_then(Value::as_str)
                 == Some("true"),
             restart_count,
+            mounts: Vec::new(),
         };
         let previous = match &c.state {
             CState::Exited { exit, .. } => Some(exit.clone()),

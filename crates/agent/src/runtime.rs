@@ -31,6 +31,18 @@ pub(crate) struct ContainerSpec {
     /// The pod asked to fail (`shepherd.io/simulate-fail: "true"`); only the simulated runtime reads it.
     pub simulate_fail: bool,
     pub restart_count: u32,
+    /// Host paths the container sees at `destination` (volumes, and files the agent writes for it).
+    pub mounts: Vec<Mount>,
+}
+
+/// One bind mount into a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Mount {
+    /// A file or directory on the host, prepared by the agent before the container starts.
+    pub source: PathBuf,
+    /// Absolute path inside the container.
+    pub destination: String,
+    pub read_only: bool,
 }
 
 /// A container instance the runtime accepted.
