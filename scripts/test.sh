@@ -12,6 +12,8 @@ command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)         # the ku
 dpkg-query -W -f='${Status}' python3-kubernetes 2>/dev/null | grep -q "ok installed" || need+=(python3-kubernetes)
 command -v skopeo >/dev/null 2>&1 || need+=(skopeo)                    # pushes and pulls against `shepherd registry`
 [ -x /bin/busybox ] || need+=(busybox-static)                           # the test images' userland
+command -v runc >/dev/null 2>&1 || need+=(runc)                        # the `oci` runtime
+command -v tmux >/dev/null 2>&1 || need+=(tmux)                        # drives `kubectl exec -it` in a terminal
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "scripts/test.sh: missing ${need[*]}; run as root (or install them) first" >&2
