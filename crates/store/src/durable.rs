@@ -93,24 +93,22 @@ fn backend<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> StoreError
 }
 
 fn load(db: &Database) -> Result<(BTreeMap<String, KeyValue>, Revision), StoreError> {
-    // Create the tables on first open so reads below find them.
+    // Create the tables on first open so later reads find them.
     let w = db.begin_write().map_err(backend("begin write"))?;
     w.open_table(OBJECTS).map_err(backend("open objects"))?;
     w.open_table(META).map_err(backend("open meta"))?;
     w.commit().map_err(backend("commit"))?;
+    let snapshot = snapshot_of(db)?;
+    Ok((snapshot.items.into_iter().map(|kv| (kv.key.clone(), kv)).collect(), snapshot.revision))
+}
 
-    let r = db.begin_read().map_err(backend("begin read"))?;
-    let meta = r.open_table(META).map_err(backend("open meta"))?;
-    let revision = meta.get(REVISION_KEY).map_err(backend("read revision"))?.map(|v| v.value()).unwrap_or(0);
-    let table = r.open_table(OBJECTS).map_err(backend("open objects"))?;
-    let mut objects = BTreeMap::new();
-    for entry in table.iter().map_err(backend("scan objects"))? {
-        let (k, v) = entry.map_err(backend("scan objects"))?;
-        let key = k.value().to_string();
-        let kv = decode(&key, v.value())?;
-        objects.insert(key, kv);
+/// The revision a read transaction sees (0 in a file that has none yet).
+fn revision_in(r: &redb::ReadTransaction) -> Result<Revision, StoreError> {
+    match r.open_table(META) {
+        Ok(meta) => Ok(meta.get(REVISION_KEY).map_err(backend("read revision"))?.map(|v| v.value()).unwrap_or(0)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+        Err(e) => Err(StoreError::Backend(format!("open meta: {e}"))),
     }
-    Ok((objects, revision))
 }
 
 /// Stored value layout: create revision (8 bytes LE), mod revision (8 bytes LE), then the value.
@@ -214,9 +212,7 @@ fn classify(what: &str, message: &str) -> StoreError {
 
 /// Reads the revision the file holds.
 fn disk_revision(db: &Database) -> Result<Revision, StoreError> {
-    let r = db.begin_read().map_err(backend("begin read"))?;
-    let meta = r.open_table(META).map_err(backend("open meta"))?;
-    Ok(meta.get(REVISION_KEY).map_err(backend("read revision"))?.map(|v| v.value()).unwrap_or(0))
+    revision_in(&db.begin_read().map_err(backend("begin read"))?)
 }
 
 /// Puts the keys of an unresolved batch back to their values in memory, when the batch landed.
@@ -416,11 +412,7 @@ pub(crate) fn read_snapshot(path: &Path) -> Result<Snapshot, StoreError> {
 
 fn snapshot_of(db: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
     let r = db.begin_read().map_err(backend("begin read"))?;
-    let revision = match r.open_table(META) {
-        Ok(meta) => meta.get(REVISION_KEY).map_err(backend("read revision"))?.map(|v| v.value()).unwrap_or(0),
-        Err(redb::TableError::TableDoesNotExist(_)) => 0,
-        Err(e) => return Err(StoreError::Backend(format!("open meta: {e}"))),
-    };
+    let revision = revision_in(&r)?;
     let mut items = Vec::new();
     match r.open_table(OBJECTS) {
         Ok(table) => {
