@@ -4,6 +4,7 @@
 pub mod age;
 mod config_validation;
 pub mod defaults;
+pub mod digest;
 pub mod duration;
 pub mod error;
 pub mod json;

@@ -341,6 +341,7 @@ fn verb_name(method: &Method, t: &Target, query: &HashMap<String, String>) -> &'
     let watching = query_flag(query, "watch");
     match (method.as_str(), &t.name) {
         ("GET", None) if watching => "WATCH",
+        ("GET", None) if query.contains_key("digest") => "DIGEST",
         ("GET", None) => "LIST",
         ("GET", Some(_)) => "GET",
         ("POST", _) => "POST",
@@ -583,6 +584,18 @@ async fn handle(
         (&Method::GET, None, None) => {
             if query_flag(query, "watch") {
                 return watch(app, t, query, &headers).await;
+            }
+            if let Some(detail) = query.get("digest") {
+                let detail = shepherd_api::digest::DigestDetail::parse(detail).map_err(ApiError::BadRequest)?;
+                let revision = parse_rv_param(query.get("resourceVersion").map(String::as_str).unwrap_or(""))?;
+                let d = svc
+                    .digest(res, ns, query.get("labelSelector").map(String::as_str),
+                        query.get("fieldSelector").map(String::as_str), revision, detail)
+                    .await?;
+                let mut body = serde_json::to_value(&d).map_err(|e| ApiError::Internal(e.to_string()))?;
+                body["kind"] = json!("ListDigest");
+                body["apiVersion"] = json!("shepherd.io/v1alpha1");
+                return Ok(json_response(StatusCode::OK, body.to_string().into_bytes()));
             }
             let page = svc.list(res, ns, &list_options(query)?).await?;
             if wants_table(&headers) {

@@ -5,6 +5,7 @@ mod apply;
 mod client;
 mod codec;
 mod crd;
+mod digest;
 mod discovery;
 mod eviction;
 mod http;

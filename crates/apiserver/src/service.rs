@@ -164,7 +164,7 @@ pub(crate) fn now_rfc3339() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-fn store_err(res: &ResourceInfo, name: &str, e: StoreError) -> ApiError {
+pub(crate) fn store_err(res: &ResourceInfo, name: &str, e: StoreError) -> ApiError {
     match e {
         StoreError::NotFound { .. } => ApiError::not_found(&res.qualified_plural(), name),
         StoreError::AlreadyExists { .. } => ApiError::already_exists(&res.qualified_plural(), name),

@@ -37,9 +37,13 @@ impl Reply {
 }
 
 pub async fn start_with(config: HttpConfig, extra: axum::Router) -> Server {
+    start_on(HistoryLimits::default(), config, extra).await
+}
+
+/// A server whose store keeps the watch history `limits` allow.
+pub async fn start_on(limits: HistoryLimits, config: HttpConfig, extra: axum::Router) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store: Arc<dyn Store> =
-        Arc::new(LocalStore::open_redb(&dir.path().join("s.redb"), HistoryLimits::default()).expect("store"));
+    let store: Arc<dyn Store> = Arc::new(LocalStore::open_redb(&dir.path().join("s.redb"), limits).expect("store"));
     let server = ApiServer::new(store.clone(), config).await.expect("server");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");

@@ -1,0 +1,134 @@
+//! List digests (`GET <list path>?digest=total|buckets|N&resourceVersion=R`): the digest of the
+//! (key, resourceVersion) pairs a list would return, as of revision `R`, without object bodies.
+//!
+//! The digest is computed over the current state and moved back to `R` through the store's watch
+//! history: every write after `R` in the scope is undone (its new pair subtracted, its previous
+//! pair added back). Label and field selectors apply to both sides of each write, so an object
+//! that entered or left the scope after `R` counts as it stood at `R`. A revision older than the
+//! retained history is 410 Expired, as a watch from it would be; one newer than the store's is
+//! waited for briefly, as a list waits.
+
+use std::collections::BTreeMap;
+
+use futures::{FutureExt, StreamExt};
+use shepherd_api::digest::{DigestDetail, DigestItem, ListDigest, SetDigest, bucket_of, hex};
+use shepherd_api::{ApiError, FieldSelector, LabelSelector, ResourceInfo};
+use shepherd_store::{EventKind, KeyValue, Revision};
+
+use crate::codec;
+use crate::service::{ApiService, store_err};
+
+/// Which objects a digest covers.
+struct Scope {
+    /// Store keys start with this; the object key is the rest.
+    key_prefix: String,
+    labels: Option<LabelSelector>,
+    fields: Option<FieldSelector>,
+}
+
+impl Scope {
+    fn object_key<'a>(&self, kv: &'a KeyValue) -> &'a str {
+        kv.key.strip_prefix(&self.key_prefix).unwrap_or(&kv.key)
+    }
+
+    fn contains(&self, kv: &KeyValue) -> Result<bool, ApiError> {
+        if self.labels.as_ref().is_none_or(LabelSelector::is_empty) && self.fields.as_ref().is_none_or(FieldSelector::is_empty) {
+            return Ok(true);
+        }
+        let obj = codec::decode(kv)?;
+        Ok(self.labels.as_ref().is_none_or(|l| l.matches_object(&obj)) && self.fields.as_ref().is_none_or(|f| f.matches(&obj)))
+    }
+}
+
+impl ApiService {
+    /// The digest of what a list of `res` in `ns` with these selectors would hold at `revision`
+    /// (the current revision when `None`).
+    pub async fn digest(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        label_selector: Option<&str>,
+        field_selector: Option<&str>,
+        revision: Option<Revision>,
+        detail: DigestDetail,
+    ) -> Result<ListDigest, ApiError> {
+        let scope = Scope {
+            key_prefix: res.key_prefix(),
+            labels: label_selector.map(LabelSelector::parse).transpose()?,
+            fields: field_selector.map(FieldSelector::parse).transpose()?,
+        };
+        if let Some(rv) = revision {
+            self.wait_for_revision(rv).await?;
+        }
+        let prefix = match (res.namespaced, ns) {
+            (true, Some(ns)) => res.namespace_prefix(ns),
+            _ => res.key_prefix(),
+        };
+        let current = self.store.list(&prefix, None, None).await.map_err(|e| store_err(res, "", e))?;
+        let now = current.revision;
+        let at = revision.unwrap_or(now).min(now);
+
+        let mut set = SetDigest::default();
+        // With one bucket asked for, its members by key (the revision of each).
+        let wanted = match detail {
+            DigestDetail::Bucket(b) => Some(b),
+            _ => None,
+        };
+        let mut members = BTreeMap::new();
+        for kv in &current.items {
+            if scope.contains(kv)? {
+                let key = scope.object_key(kv);
+                set.insert(key, kv.mod_revision);
+                if wanted == Some(bucket_of(key)) {
+                    members.insert(key.to_string(), kv.mod_revision);
+                }
+            }
+        }
+
+        if at < now {
+            // The writes after `at` are all in the history (the list above saw them), so each
+            // is ready at once; the first that is not, or is past `now`, ends the walk.
+            let mut stream = self.store.watch(&prefix, at).map_err(|e| store_err(res, "", e))?;
+            let mut undo = Vec::new();
+            while let Some(Some(next)) = stream.next().now_or_never() {
+                let event = next.map_err(|e| store_err(res, "", e))?;
+                if event.revision() > now {
+                    break;
+                }
+                undo.push(event);
+            }
+            for event in undo.iter().rev() {
+                let key = scope.object_key(&event.kv);
+                if event.kind != EventKind::Deleted && scope.contains(&event.kv)? {
+                    set.remove(key, event.kv.mod_revision);
+                    if wanted == Some(bucket_of(key)) {
+                        members.remove(key);
+                    }
+                }
+                if let Some(prev) = &event.prev
+                    && scope.contains(prev)?
+                {
+                    set.insert(key, prev.mod_revision);
+                    if wanted == Some(bucket_of(key)) {
+                        members.insert(key.to_string(), prev.mod_revision);
+                    }
+                }
+            }
+        }
+
+        Ok(ListDigest {
+            resource_version: at.to_string(),
+            count: set.count(),
+            digest: hex(set.sum()),
+            buckets: match detail {
+                DigestDetail::Buckets => set.buckets().iter().map(|b| hex(*b)).collect(),
+                _ => Vec::new(),
+            },
+            bucket: wanted,
+            items: members
+                .into_iter()
+                .map(|(key, rv)| DigestItem { key, resource_version: rv.to_string() })
+                .collect(),
+        })
+    }
+}
