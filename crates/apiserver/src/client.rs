@@ -7,6 +7,7 @@ use futures::stream::BoxStream;
 use serde_json::Value;
 use shepherd_api::JsonPath;
 use shepherd_api::ApiError;
+use shepherd_api::digest::{DigestDetail, ListDigest};
 use shepherd_api::kinds::ResourceInfo;
 use shepherd_runtime::{Client, DeleteParams, ListParams, ObjectList, Patch, WatchEvent};
 
@@ -145,5 +146,17 @@ impl Client for LocalClient {
 
     async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError> {
         self.svc.bind(namespace, name, node_name).await.map(|_| ())
+    }
+
+    async fn digest(
+        &self,
+        res: &ResourceInfo,
+        params: &ListParams,
+        revision: u64,
+        detail: DigestDetail,
+    ) -> Result<ListDigest, ApiError> {
+        let (labels, fields) = (params.label_selector.as_deref(), params.field_selector.as_deref());
+        let revision = (revision > 0).then_some(revision);
+        self.svc.digest(registered(res)?, params.namespace.as_deref(), labels, fields, revision, detail).await
     }
 }

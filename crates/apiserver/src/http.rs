@@ -587,7 +587,9 @@ async fn handle(
             }
             if let Some(detail) = query.get("digest") {
                 let detail = shepherd_api::digest::DigestDetail::parse(detail).map_err(ApiError::BadRequest)?;
-                let revision = parse_rv_param(query.get("resourceVersion").map(String::as_str).unwrap_or(""))?;
+                // As for lists, "0" means any revision: the current one.
+                let revision = parse_rv_param(query.get("resourceVersion").map(String::as_str).unwrap_or(""))?
+                    .filter(|rv| *rv > 0);
                 let d = svc
                     .digest(res, ns, query.get("labelSelector").map(String::as_str),
                         query.get("fieldSelector").map(String::as_str), revision, detail)

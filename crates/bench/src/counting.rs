@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use serde::Serialize;
 use serde_json::Value;
+use shepherd_api::digest::{DigestDetail, ListDigest};
 use shepherd_api::{ApiError, ResourceInfo};
 use shepherd_runtime::{Client, DeleteParams, ListParams, ObjectList, Patch, WatchEvent};
 
@@ -18,6 +19,7 @@ pub struct Counters {
     listed_objects: AtomicU64,
     watches: AtomicU64,
     writes: AtomicU64,
+    digests: AtomicU64,
 }
 
 /// The counters at one moment; subtract two to get what happened in between.
@@ -28,6 +30,8 @@ pub struct Counts {
     pub listed_objects: u64,
     pub watches: u64,
     pub writes: u64,
+    /// Digest checks (anti-entropy): reads without object bodies.
+    pub digests: u64,
 }
 
 impl Counts {
@@ -43,6 +47,7 @@ impl Counts {
             listed_objects: self.listed_objects - earlier.listed_objects,
             watches: self.watches - earlier.watches,
             writes: self.writes - earlier.writes,
+            digests: self.digests - earlier.digests,
         }
     }
 }
@@ -55,6 +60,7 @@ impl Counters {
             listed_objects: self.listed_objects.load(Ordering::Relaxed),
             watches: self.watches.load(Ordering::Relaxed),
             writes: self.writes.load(Ordering::Relaxed),
+            digests: self.digests.load(Ordering::Relaxed),
         }
     }
 }
@@ -123,5 +129,10 @@ impl Client for CountingClient {
     async fn bind_pod(&self, ns: &str, name: &str, node: &str) -> Result<(), ApiError> {
         self.wrote();
         self.inner.bind_pod(ns, name, node).await
+    }
+
+    async fn digest(&self, res: &ResourceInfo, params: &ListParams, revision: u64, detail: DigestDetail) -> Result<ListDigest, ApiError> {
+        self.counters.digests.fetch_add(1, Ordering::Relaxed);
+        self.inner.digest(res, params, revision, detail).await
     }
 }

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::kinds::{self, ResourceInfo};
 use shepherd_api::ApiError;
+use shepherd_api::digest::{DigestDetail, ListDigest};
 use shepherd_runtime::{Client, DeleteParams, ListParams, ObjectList, Patch, WatchEvent};
 
 /// How long a server-side watch runs before the client starts a new one from its last revision.
@@ -257,5 +258,18 @@ impl Client for RemoteClient {
             "target": {"apiVersion": "v1", "kind": "Node", "name": node_name}});
         let url = format!("{}/binding", item(&kinds::POD, Some(namespace), name));
         self.call(Method::POST, url, Some(("application/json", json_body(&binding)?))).await.map(|_| ())
+    }
+
+    async fn digest(
+        &self,
+        res: &ResourceInfo,
+        params: &ListParams,
+        revision: u64,
+        detail: DigestDetail,
+    ) -> Result<ListDigest, ApiError> {
+        let extra = [("digest", detail.as_query()), ("resourceVersion", revision.to_string())];
+        let url = format!("{}{}", collection(res, params.namespace.as_deref()), query(params, &extra));
+        let reply = self.call(Method::GET, url, None).await?;
+        serde_json::from_value(reply).map_err(|e| ApiError::Internal(format!("decoding a list digest: {e}")))
     }
 }

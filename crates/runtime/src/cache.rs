@@ -6,13 +6,17 @@
 //! - the indexes (namespace, label `key=value`, controller owner uid, `spec.nodeName`) always agree
 //!   with the objects: both change under the same write lock;
 //! - a copy of an object older than the cached one (by `metadata.resourceVersion`) never replaces
-//!   it, so a late or replayed event cannot move the cache backwards.
+//!   it, and a deletion older than the cached copy never removes it, so a late or replayed event
+//!   cannot move the cache backwards;
+//! - the digest of the cached (key, resourceVersion) pairs (`shepherd_api::digest`) is kept with
+//!   every change, for the informer's anti-entropy check.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde_json::Value;
 use shepherd_api::JsonPath;
+use shepherd_api::digest::{SetDigest, bucket_of};
 
 /// A change the cache went through, handed to informer subscribers.
 #[derive(Debug, Clone)]
@@ -73,6 +77,10 @@ struct State {
     by_node: Index,
     /// The highest resourceVersion of any event applied: every write up to it has been seen.
     high_water: u64,
+    /// A revision the cache is known to agree with the server at, from an anti-entropy check or
+    /// a repair; unlike `high_water`, it does not mean every event up to it was delivered.
+    verified: u64,
+    digest: SetDigest,
 }
 
 /// Index value to the keys of the objects carrying it. `BTreeSet` keeps lookups in key order.
@@ -161,32 +169,47 @@ impl State {
         }
     }
 
-    fn upsert(&mut self, key: String, obj: Value) -> Option<Change> {
-        self.high_water = self.high_water.max(resource_version(&obj).unwrap_or(0));
+    /// `delivered`: the object came from the watch or a list (it moves `high_water`), not from
+    /// a repair that fetched it out of order.
+    fn upsert(&mut self, key: String, obj: Value, delivered: bool) -> Option<Change> {
+        let rv = resource_version(&obj).unwrap_or(0);
+        if delivered {
+            self.high_water = self.high_water.max(rv);
+        }
         let new = Arc::new(obj);
-        match self.objects.get(&key).cloned() {
+        let change = match self.objects.get(&key).cloned() {
             Some(old) => {
-                if let (Some(have), Some(got)) = (resource_version(&old), resource_version(&new))
+                let had = resource_version(&old);
+                if let (Some(have), Some(got)) = (had, resource_version(&new))
                     && got <= have
                 {
                     return None;
                 }
                 self.reindex(&key, Some(&old), Some(&new));
-                self.objects.insert(key, new.clone());
-                Some(Change::Updated { old, new })
+                self.digest.remove(&key, had.unwrap_or(0));
+                Change::Updated { old, new: new.clone() }
             }
             None => {
                 self.reindex(&key, None, Some(&new));
-                self.objects.insert(key, new.clone());
-                Some(Change::Added(new))
+                Change::Added(new.clone())
             }
-        }
+        };
+        self.digest.insert(&key, rv);
+        self.objects.insert(key, new);
+        Some(change)
     }
 
     fn remove(&mut self, key: &str, last_known: Option<Value>) -> Option<Change> {
-        self.high_water = self.high_water.max(last_known.as_ref().and_then(resource_version).unwrap_or(0));
+        let deleted_at = last_known.as_ref().and_then(resource_version);
+        self.high_water = self.high_water.max(deleted_at.unwrap_or(0));
+        let had = resource_version(self.objects.get(key)?).unwrap_or(0);
+        if deleted_at.is_some_and(|at| at < had) {
+            // A deletion of an older incarnation, arriving after a newer one was cached.
+            return None;
+        }
         let old = self.objects.remove(key)?;
         self.reindex(key, Some(&old), None);
+        self.digest.remove(key, had);
         // The deletion event carries the final state; fall back to what was cached.
         Some(Change::Deleted(last_known.map(Arc::new).unwrap_or(old)))
     }
@@ -274,7 +297,54 @@ impl Cache {
     /// Applies an added or modified object; `None` when it was not newer than the cached copy.
     pub(crate) fn apply_upsert(&self, obj: Value) -> Option<Change> {
         let key = object_key(&obj)?;
-        self.write().upsert(key, obj)
+        self.write().upsert(key, obj, true)
+    }
+
+    /// Applies an object an anti-entropy repair fetched: like `apply_upsert`, but it says nothing
+    /// about which events were delivered, so `observed_revision` stays where it is.
+    pub(crate) fn apply_repair(&self, obj: Value) -> Option<Change> {
+        let key = object_key(&obj)?;
+        let mut s = self.write();
+        s.verified = s.verified.max(resource_version(&obj).unwrap_or(0));
+        s.upsert(key, obj, false)
+    }
+
+    /// Removes an object a repair found gone, unless the cached copy is newer than `revision`.
+    pub(crate) fn apply_repair_delete(&self, key: &str, revision: u64) -> Option<Change> {
+        let mut s = self.write();
+        let cached = s.objects.get(key)?;
+        if resource_version(cached).unwrap_or(0) > revision {
+            return None;
+        }
+        s.remove(key, None)
+    }
+
+    /// Records that the server's digest at `revision` matched (or was repaired to match).
+    pub(crate) fn mark_verified(&self, revision: u64) {
+        let mut s = self.write();
+        s.verified = s.verified.max(revision);
+    }
+
+    /// The revision the cache stands at for an anti-entropy check (the newest of the delivered
+    /// events and the verified revision), with its digest's count and sum.
+    pub fn digest(&self) -> (u64, u64, u64) {
+        let s = self.read();
+        (s.high_water.max(s.verified), s.digest.count(), s.digest.sum())
+    }
+
+    /// The per-bucket sums of the cache's digest.
+    pub fn digest_buckets(&self) -> Vec<u64> {
+        self.read().digest.buckets().to_vec()
+    }
+
+    /// The (key, resourceVersion) pairs cached in one digest bucket.
+    pub fn bucket_members(&self, bucket: usize) -> Vec<(String, u64)> {
+        let s = self.read();
+        s.objects
+            .iter()
+            .filter(|(k, _)| bucket_of(k) == bucket)
+            .map(|(k, o)| (k.clone(), resource_version(o).unwrap_or(0)))
+            .collect()
     }
 
     /// Applies a deletion; `None` when the object was not cached.
@@ -293,7 +363,7 @@ impl Cache {
             let Some(key) = object_key(&obj) else { continue };
             listed.insert(key.clone());
             // `upsert` ignores equal or older revisions, so unchanged objects emit nothing.
-            changes.extend(s.upsert(key, obj));
+            changes.extend(s.upsert(key, obj, true));
         }
         let gone: Vec<String> = s.objects.keys().filter(|k| !listed.contains(*k)).cloned().collect();
         for key in gone {

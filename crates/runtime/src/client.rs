@@ -7,6 +7,7 @@
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use serde_json::Value;
+use shepherd_api::digest::{DigestDetail, ListDigest};
 use shepherd_api::{ApiError, ResourceInfo};
 
 /// A list result: the objects and the revision they were read at (watch from there).
@@ -120,6 +121,18 @@ pub trait Client: Send + Sync + 'static {
     -> Result<Option<Value>, ApiError>;
     /// Binds a pod to a node through `pods/{name}/binding`.
     async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError>;
+    /// The digest of the (key, resourceVersion) pairs a list with `params` held at `revision`
+    /// (`shepherd_api::digest`); `ApiError::Expired` when that revision is older than the history.
+    async fn digest(
+        &self,
+        res: &ResourceInfo,
+        params: &ListParams,
+        revision: u64,
+        detail: DigestDetail,
+    ) -> Result<ListDigest, ApiError> {
+        let _ = (params, revision, detail);
+        Err(ApiError::MethodNotAllowed(format!("this client cannot ask for digests of {}", res.plural)))
+    }
 }
 
 /// Converts between wire JSON and `k8s-openapi` types.

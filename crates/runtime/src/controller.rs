@@ -89,6 +89,10 @@ pub enum TriggerMode {
     /// Events, plus every `resync` (± `jitter` as a fraction) a re-list diffed into the cache and
     /// every key enqueued.
     Hybrid { resync: Duration, jitter: f64 },
+    /// Events, plus every `check` a digest comparison with the server that repairs exactly the
+    /// objects a lost event left stale (no object read when nothing was lost), plus a rare full
+    /// `resync` for drift outside the API.
+    AntiEntropy { check: Duration, resync: Duration },
 }
 
 impl TriggerMode {
@@ -106,21 +110,28 @@ impl TriggerMode {
         TriggerMode::Hybrid { resync: Duration::from_secs(300), jitter: 0.1 }
     }
 
-    /// `level`, `edge` or `hybrid`.
+    /// Anti-entropy with a check every second and a full resync every 10 minutes.
+    pub fn anti_entropy() -> Self {
+        TriggerMode::AntiEntropy { check: Duration::from_secs(1), resync: Duration::from_secs(600) }
+    }
+
+    /// `level`, `edge`, `hybrid` or `anti-entropy`.
     pub fn name(&self) -> &'static str {
         match self {
             TriggerMode::Level { .. } => "level",
             TriggerMode::Edge => "edge",
             TriggerMode::Hybrid { .. } => "hybrid",
+            TriggerMode::AntiEntropy { .. } => "anti-entropy",
         }
     }
 
-    /// The level interval or the hybrid resync period.
+    /// The level interval, the hybrid resync period or the anti-entropy check interval.
     pub fn period(&self) -> Option<Duration> {
         match self {
             TriggerMode::Level { interval } => Some(*interval),
             TriggerMode::Edge => None,
             TriggerMode::Hybrid { resync, .. } => Some(*resync),
+            TriggerMode::AntiEntropy { check, .. } => Some(*check),
         }
     }
 
@@ -130,6 +141,7 @@ impl TriggerMode {
             TriggerMode::Level { .. } => TriggerMode::Level { interval: period },
             TriggerMode::Edge => TriggerMode::Edge,
             TriggerMode::Hybrid { jitter, .. } => TriggerMode::Hybrid { resync: period, jitter },
+            TriggerMode::AntiEntropy { resync, .. } => TriggerMode::AntiEntropy { check: period, resync },
         }
     }
 }
@@ -143,13 +155,14 @@ impl Default for TriggerMode {
 impl FromStr for TriggerMode {
     type Err = String;
 
-    /// Parses a flag value: `level`, `edge` or `hybrid`, with their default periods.
+    /// Parses a flag value: `level`, `edge`, `hybrid` or `anti-entropy`, with their default periods.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "level" => Ok(TriggerMode::level()),
             "edge" => Ok(TriggerMode::edge()),
             "hybrid" => Ok(TriggerMode::hybrid()),
-            other => Err(format!("unknown trigger mode {other:?}: expected level, edge or hybrid")),
+            "anti-entropy" => Ok(TriggerMode::anti_entropy()),
+            other => Err(format!("unknown trigger mode {other:?}: expected level, edge, hybrid or anti-entropy")),
         }
     }
 }
@@ -422,6 +435,9 @@ pub(crate) async fn run(
         }
         all_informers.push(informer);
     }
+    if let TriggerMode::AntiEntropy { check, .. } = state.mode {
+        all_informers.iter().for_each(|i| i.enable_anti_entropy(check));
+    }
     factory.start();
 
     let synced = futures::future::join_all(all_informers.iter().map(|i| i.wait_synced()));
@@ -473,6 +489,11 @@ async fn tick(state: Arc<ControllerState>, primary: Arc<Informer>, informers: Ve
         }
         TriggerMode::Hybrid { resync, jitter } => loop {
             tokio::time::sleep(jittered(resync, jitter)).await;
+            relist_and_enqueue().await;
+        },
+        // The informers check their digests on their own; this is only the rare full resync.
+        TriggerMode::AntiEntropy { resync, .. } => loop {
+            tokio::time::sleep(jittered(resync, 0.1)).await;
             relist_and_enqueue().await;
         },
     }

@@ -19,9 +19,9 @@ pub struct ControllersSnapshot {
 pub struct ControllerSnapshot {
     pub name: String,
     pub kind: String,
-    /// `level`, `edge` or `hybrid`.
+    /// `level`, `edge`, `hybrid` or `anti-entropy`.
     pub mode: String,
-    /// Level interval or hybrid resync period.
+    /// Level interval, hybrid resync period or anti-entropy check interval.
     pub period_seconds: Option<f64>,
     pub workers: usize,
     /// Keys ready for a worker.
@@ -34,6 +34,12 @@ pub struct ControllerSnapshot {
     pub last_resync: Option<String>,
     /// When the primary kind's informer last completed a full list.
     pub last_list: Option<String>,
+    /// When the primary kind's informer last compared digests with the server (anti-entropy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_check: Option<String>,
+    /// When such a check last repaired an object.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_repair: Option<String>,
     pub reconciles: ReconcileCounts,
 }
 
@@ -82,6 +88,8 @@ pub(crate) fn snapshot(controllers: &[Arc<ControllerState>], factory: &InformerF
                     })
                 })
                 .collect();
+            let informer = factory.informer(&c.primary);
+            let (last_check, last_repair) = informer.anti_entropy_times();
             ControllerSnapshot {
                 name: c.name.clone(),
                 kind: c.primary.kind.to_string(),
@@ -92,7 +100,9 @@ pub(crate) fn snapshot(controllers: &[Arc<ControllerState>], factory: &InformerF
                 in_flight: c.queue.in_flight(),
                 backoff,
                 last_resync: c.last_resync.lock().unwrap_or_else(|e| e.into_inner()).map(|t| t.to_string()),
-                last_list: factory.informer(&c.primary).last_list().map(|t| t.to_string()),
+                last_list: informer.last_list().map(|t| t.to_string()),
+                last_check: last_check.map(|t| t.to_string()),
+                last_repair: last_repair.map(|t| t.to_string()),
                 reconciles: ReconcileCounts {
                     success: c.metrics.success.get(),
                     error: c.metrics.error.get(),

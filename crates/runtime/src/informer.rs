@@ -10,7 +10,12 @@
 //! - a subscriber sees every change to the cache exactly once and in order; a subscriber added
 //!   late first receives every cached object as `Added`. Subscribers run on the informer's task
 //!   under its dispatch lock: they must be quick and must not subscribe or unsubscribe.
-//! - the event source is the `Client` trait, so the same informer serves in-process and remote use.
+//! - the event source is the `Client` trait, so the same informer serves in-process and remote use;
+//! - with anti-entropy on (`enable_anti_entropy`), every interval it compares the digest of its
+//!   cache with the server's digest of the same list scope at the same revision; on a mismatch it
+//!   narrows it down by buckets, fetches only the objects whose resourceVersion differs, drops the
+//!   ones the server no longer has, and delivers both as ordinary changes. A check that matches
+//!   reads no object at all. Checks run on the informer's own task, between events.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,7 +26,8 @@ use futures::StreamExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::Value;
-use shepherd_api::{ApiError, ResourceInfo};
+use shepherd_api::digest::{BUCKETS, DigestDetail, ListDigest, parse_hex};
+use shepherd_api::{ApiError, FieldSelector, LabelSelector, ResourceInfo};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
@@ -57,6 +63,10 @@ pub struct Informer {
     metrics: InformerMetrics,
     last_list: Mutex<Option<jiff::Timestamp>>,
     started: AtomicBool,
+    /// Time between anti-entropy checks; zero while off.
+    anti_entropy: watch::Sender<Duration>,
+    last_check: Mutex<Option<jiff::Timestamp>>,
+    last_repair: Mutex<Option<jiff::Timestamp>>,
 }
 
 struct InformerMetrics {
@@ -65,6 +75,9 @@ struct InformerMetrics {
     relists: Counter,
     last_resync: Gauge<f64, AtomicU64>,
     objects: Gauge,
+    checks: Counter,
+    mismatches: Counter,
+    repairs: Counter,
 }
 
 impl Informer {
@@ -89,9 +102,15 @@ impl Informer {
                 relists: m.informer_relists.get_or_create_owned(&labels),
                 last_resync: m.informer_last_resync.get_or_create_owned(&labels),
                 objects: m.informer_objects.get_or_create_owned(&labels),
+                checks: m.informer_anti_entropy_checks.get_or_create_owned(&labels),
+                mismatches: m.informer_anti_entropy_mismatches.get_or_create_owned(&labels),
+                repairs: m.informer_anti_entropy_repairs.get_or_create_owned(&labels),
             },
             last_list: Mutex::default(),
             started: AtomicBool::new(false),
+            anti_entropy: watch::Sender::new(Duration::ZERO),
+            last_check: Mutex::default(),
+            last_repair: Mutex::default(),
         }
     }
 
@@ -114,6 +133,23 @@ impl Informer {
     /// When the last full list completed (start, recovery or resync).
     pub fn last_list(&self) -> Option<jiff::Timestamp> {
         *self.last_list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Turns on anti-entropy checks every `every` (the shortest interval asked for wins).
+    pub fn enable_anti_entropy(&self, every: Duration) {
+        let every = every.max(Duration::from_millis(10));
+        self.anti_entropy.send_if_modified(|current| {
+            let shorter = current.is_zero() || every < *current;
+            if shorter {
+                *current = every;
+            }
+            shorter
+        });
+    }
+
+    /// When the last anti-entropy check ran, and when one last repaired something.
+    pub fn anti_entropy_times(&self) -> (Option<jiff::Timestamp>, Option<jiff::Timestamp>) {
+        (*lock(&self.last_check), *lock(&self.last_repair))
     }
 
     /// Subscribes to changes; the subscriber first receives every cached object as `Added`.
@@ -187,6 +223,10 @@ impl Informer {
             self.apply_list(list.items);
             waiters.drain(..).for_each(|w| drop(w.send(Ok(()))));
             debug!(kind, revision, "listed; watching");
+            let mut interval = self.anti_entropy.subscribe();
+            let mut next_check = tokio::time::Instant::now() + *interval.borrow_and_update();
+            // The server's revision at the last check that found the cache behind it.
+            let mut tail = None;
 
             let mut stream = None;
             loop {
@@ -211,8 +251,37 @@ impl Informer {
                     }
                 }
                 let Some(events) = stream.as_mut() else { continue };
+                let every = *interval.borrow();
+                let check_due = async {
+                    if every.is_zero() {
+                        std::future::pending::<()>().await;
+                    }
+                    tokio::time::sleep_until(next_check).await;
+                };
                 let outcome = tokio::select! {
                     _ = shutdown.changed() => return,
+                    _ = interval.changed() => {
+                        next_check = tokio::time::Instant::now() + *interval.borrow_and_update();
+                        Outcome::Continue
+                    }
+                    _ = check_due => {
+                        next_check = tokio::time::Instant::now() + every;
+                        match self.check(&mut tail).await {
+                            Ok(Recheck::AtInterval) => Outcome::Continue,
+                            Ok(Recheck::Soon) => {
+                                next_check = tokio::time::Instant::now() + every / 10;
+                                Outcome::Continue
+                            }
+                            Err(ApiError::Expired(msg)) => {
+                                info!(kind, %msg, "digest revision expired; relisting");
+                                Outcome::Relist
+                            }
+                            Err(e) => {
+                                warn!(kind, error = %e, "anti-entropy check failed; trying again at the next one");
+                                Outcome::Continue
+                            }
+                        }
+                    }
                     Some(reply) = resync_rx.recv() => {
                         waiters.push(reply);
                         while let Ok(reply) = resync_rx.try_recv() {
@@ -273,6 +342,105 @@ impl Informer {
         }
     }
 
+    /// One anti-entropy check: compare the cache's digest with the server's and repair what
+    /// differs. `tail` carries the server's revision from one check to the next: writes up to it
+    /// that have still not arrived by the next check (a tenth of the interval later) count as lost.
+    async fn check(&self, tail: &mut Option<u64>) -> Result<Recheck, ApiError> {
+        self.metrics.checks.inc();
+        *lock(&self.last_check) = Some(jiff::Timestamp::now());
+        let (at, count, sum) = self.cache.digest();
+        let now = self.client.digest(&self.res, &self.params, 0, DigestDetail::Total).await?;
+        let now_revision = parse_revision(&now.resource_version)?;
+        if same(&now, count, sum) {
+            // Nothing in this scope changed since the cache's revision, or all of it arrived.
+            self.cache.mark_verified(now_revision);
+            *tail = None;
+            return Ok(Recheck::AtInterval);
+        }
+        // The server is ahead. Writes up to the cache's revision should all be here; writes up
+        // to the previous check's server revision should have arrived by now.
+        let overdue = tail.filter(|t| *t > at);
+        // The first time the server is seen ahead, look again soon; while it stays ahead (writes
+        // keep coming), at the normal interval.
+        let first_behind = tail.is_none();
+        *tail = Some(now_revision);
+        let at = overdue.unwrap_or(at);
+        let server = if at == now_revision { now } else { self.client.digest(&self.res, &self.params, at, DigestDetail::Total).await? };
+        if same(&server, count, sum) {
+            self.cache.mark_verified(at);
+            // Right up to its own revision; what the server has beyond it is in flight or lost.
+            return Ok(if first_behind { Recheck::Soon } else { Recheck::AtInterval });
+        }
+        self.metrics.mismatches.inc();
+        let repaired = self.repair(at).await?;
+        self.cache.mark_verified(at);
+        self.metrics.repairs.inc_by(repaired);
+        if repaired > 0 {
+            *lock(&self.last_repair) = Some(jiff::Timestamp::now());
+            info!(kind = self.res.kind, revision = at, repaired, "anti-entropy repaired the cache");
+        }
+        Ok(if first_behind { Recheck::Soon } else { Recheck::AtInterval })
+    }
+
+    /// Finds the buckets whose digests differ at `at`, and in them the keys whose versions
+    /// differ; fetches those objects (or drops them) and delivers the changes. Returns how many.
+    async fn repair(&self, at: u64) -> Result<u64, ApiError> {
+        let server = self.client.digest(&self.res, &self.params, at, DigestDetail::Buckets).await?;
+        let local = self.cache.digest_buckets();
+        let differing = (0..BUCKETS).filter(|b| server.buckets.get(*b).and_then(|h| parse_hex(h)) != local.get(*b).copied());
+        let mut repaired = 0;
+        for bucket in differing.collect::<Vec<_>>() {
+            let listed = self.client.digest(&self.res, &self.params, at, DigestDetail::Bucket(bucket)).await?;
+            let theirs: HashMap<String, u64> =
+                listed.items.into_iter().filter_map(|i| Some((i.key, i.resource_version.parse().ok()?))).collect();
+            let ours: HashMap<String, u64> = self.cache.bucket_members(bucket).into_iter().collect();
+            for (key, version) in &theirs {
+                // A cached copy newer than `at` arrived after it: nothing to learn from `at`.
+                if ours.get(key).is_some_and(|mine| mine == version || *mine > at) {
+                    continue;
+                }
+                repaired += u64::from(self.refetch(key).await?);
+            }
+            for (key, mine) in &ours {
+                if !theirs.contains_key(key) && *mine <= at {
+                    repaired += u64::from(self.deliver(self.cache.apply_repair_delete(key, at)));
+                }
+            }
+        }
+        Ok(repaired)
+    }
+
+    /// Reads one object again and delivers what it says: its current state, or its absence
+    /// (gone, or no longer matching this informer's selectors).
+    async fn refetch(&self, key: &str) -> Result<bool, ApiError> {
+        let (namespace, name) = match key.split_once('/') {
+            Some((ns, name)) => (Some(ns), name),
+            None => (None, key),
+        };
+        match self.client.get(&self.res, namespace, name).await {
+            Ok(obj) if self.in_scope(&obj) => Ok(self.deliver(self.cache.apply_repair(obj))),
+            Ok(_) | Err(ApiError::NotFound { .. }) => Ok(self.deliver(self.cache.apply_repair_delete(key, u64::MAX))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether an object matches the selectors this informer lists with.
+    fn in_scope(&self, obj: &Value) -> bool {
+        let labels = self.params.label_selector.as_deref().map(LabelSelector::parse);
+        let fields = self.params.field_selector.as_deref().map(FieldSelector::parse);
+        labels.is_none_or(|l| l.is_ok_and(|l| l.matches_object(obj))) && fields.is_none_or(|f| f.is_ok_and(|f| f.matches(obj)))
+    }
+
+    /// Tells subscribers of a change the cache went through; true if there was one.
+    fn deliver(&self, change: Option<Change>) -> bool {
+        let Some(change) = change else { return false };
+        let handlers = self.lock_handlers();
+        handlers.iter().for_each(|(_, h)| h(&change));
+        drop(handlers);
+        self.metrics.objects.set(self.cache.len() as i64);
+        true
+    }
+
     /// Applies one watch event (unless fault injection drops it); returns the revision it carries.
     fn apply_event(&self, event: WatchEvent) -> Option<u64> {
         let (obj, deleted) = match event {
@@ -301,6 +469,26 @@ enum Outcome {
     Continue,
     Relist,
     Ended,
+}
+
+/// When the next anti-entropy check should come.
+enum Recheck {
+    AtInterval,
+    /// The server was ahead of the cache: look again shortly, and repair what has not arrived.
+    Soon,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether a server digest equals the cache's count and sum.
+fn same(d: &ListDigest, count: u64, sum: u64) -> bool {
+    d.count == count && parse_hex(&d.digest) == Some(sum)
+}
+
+fn parse_revision(rv: &str) -> Result<u64, ApiError> {
+    rv.parse().map_err(|_| ApiError::Internal(format!("the server sent a digest at revision {rv:?}")))
 }
 
 /// Sleeps `delay` unless shutdown comes first; `false` on shutdown.
@@ -415,8 +603,10 @@ impl InformerFactory {
 mod tests {
     use super::*;
     use crate::client::{DeleteParams, Patch};
+    use crate::cache::object_key;
     use crate::testing::MemoryClient;
     use serde_json::json;
+    use shepherd_api::JsonPath;
     use shepherd_api::kinds::POD;
 
     fn pod(name: &str) -> Value {
@@ -524,5 +714,133 @@ mod tests {
         assert!(informer.cache().is_empty());
         informer.resync().await.unwrap();
         assert_eq!(informer.cache().keys(), ["ns/a"]);
+    }
+
+    /// An informer of pods with anti-entropy checks every second, synced.
+    async fn checked(client: &Arc<MemoryClient>) -> (InformerFactory, Arc<Informer>) {
+        let factory = InformerFactory::new(client.clone(), Metrics::new());
+        let informer = factory.informer(&POD);
+        informer.enable_anti_entropy(Duration::from_secs(1));
+        factory.start();
+        informer.wait_synced().await;
+        (factory, informer)
+    }
+
+    fn label_of(informer: &Informer, name: &str) -> Option<String> {
+        informer.cache().get(&format!("ns/{name}"))?.at("/metadata/labels/x").and_then(Value::as_str).map(str::to_string)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_change_is_repaired_at_the_next_check_and_only_that_object_is_read() {
+        let client = Arc::new(MemoryClient::new());
+        for n in ["a", "b", "c"] {
+            client.create(&POD, None, pod(n)).await.unwrap();
+        }
+        let (_factory, informer) = checked(&client).await;
+        let seen = recorder(&informer);
+        seen.lock().unwrap().clear();
+        let reads = client.reads();
+
+        client.set_drop_watch_events(true);
+        client.patch(&POD, Some("ns"), "a", Patch::Merge(json!({"metadata": {"labels": {"x": "lost"}}}))).await.unwrap();
+        client.delete(&POD, Some("ns"), "b", &DeleteParams::default()).await.unwrap();
+        client.set_drop_watch_events(false);
+        client.create(&POD, None, pod("d")).await.unwrap();
+        settle().await;
+        assert_eq!(label_of(&informer, "a"), None, "the change is not seen yet");
+        assert!(informer.cache().get("ns/b").is_some());
+
+        tokio::time::sleep(Duration::from_millis(1_001)).await;
+        settle().await;
+        assert_eq!(label_of(&informer, "a").as_deref(), Some("lost"));
+        assert!(informer.cache().get("ns/b").is_none(), "the lost deletion is repaired too");
+        assert_eq!(*seen.lock().unwrap(), ["add d", "update a", "delete b"], "as ordinary changes, once");
+        assert_eq!(client.reads() - reads, 1, "one get (a); b's absence needs no read");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_last_change_is_repaired_shortly_after_the_first_check_that_sees_the_server_ahead() {
+        let client = Arc::new(MemoryClient::new());
+        client.create(&POD, None, pod("a")).await.unwrap();
+        let (_factory, informer) = checked(&client).await;
+        client.set_drop_watch_events(true);
+        client.patch(&POD, Some("ns"), "a", Patch::Merge(json!({"metadata": {"labels": {"x": "lost"}}}))).await.unwrap();
+        client.set_drop_watch_events(false);
+        tokio::time::sleep(Duration::from_millis(1_050)).await;
+        settle().await;
+        assert_eq!(label_of(&informer, "a"), None, "one check: maybe still in flight");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        settle().await;
+        assert_eq!(label_of(&informer, "a").as_deref(), Some("lost"), "a tenth of an interval later it counts as lost");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_nothing_lost_checks_read_no_object() {
+        let client = Arc::new(MemoryClient::new());
+        let (_factory, informer) = checked(&client).await;
+        let reads = client.reads();
+        for i in 0..20 {
+            client.create(&POD, None, pod(&format!("p{i}"))).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        settle().await;
+        assert_eq!(informer.cache().len(), 20);
+        assert!(client.digest_requests() >= 10, "checks ran: {}", client.digest_requests());
+        assert_eq!(client.reads(), reads, "no get and no list");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_check_at_a_revision_the_history_no_longer_has_relists() {
+        let client = Arc::new(MemoryClient::new());
+        client.create(&POD, None, pod("a")).await.unwrap();
+        let (_factory, informer) = checked(&client).await;
+        client.set_drop_watch_events(true);
+        client.create(&POD, None, pod("lost")).await.unwrap();
+        client.set_drop_watch_events(false);
+        client.compact();
+        let reads = client.reads();
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        settle().await;
+        assert_eq!(informer.cache().keys(), ["ns/a", "ns/lost"]);
+        assert_eq!(client.reads() - reads, 1, "one list");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// Whatever was written and whatever of it was lost, one check (and its follow-up) makes
+        /// the cache equal the server.
+        #[test]
+        fn after_a_check_the_cache_equals_the_server(ops in proptest::collection::vec((0u8..3, 0u8..6, proptest::bool::ANY), 1..40)) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+            rt.block_on(async {
+                let client = Arc::new(MemoryClient::new());
+                let (_factory, informer) = checked(&client).await;
+                for (op, n, lost) in ops {
+                    let name = format!("p{n}");
+                    client.set_drop_watch_events(lost);
+                    let exists = client.get(&POD, Some("ns"), &name).await.is_ok();
+                    match (op, exists) {
+                        (0, false) | (1, false) => drop(client.create(&POD, None, pod(&name)).await),
+                        (0, true) | (1, true) => drop(client
+                            .patch(&POD, Some("ns"), &name, Patch::Merge(json!({"metadata": {"labels": {"x": format!("{op}{n}")}}})))
+                            .await),
+                        _ => drop(client.delete(&POD, Some("ns"), &name, &DeleteParams::default()).await),
+                    }
+                    client.set_drop_watch_events(false);
+                    settle().await;
+                }
+                tokio::time::sleep(Duration::from_millis(1_150)).await;
+                settle().await;
+                let server = client.list(&POD, &ListParams::default()).await.unwrap();
+                let mut want: Vec<(String, Option<u64>)> =
+                    server.items.iter().map(|o| (object_key(o).unwrap(), resource_version(o))).collect();
+                want.sort();
+                let mut got: Vec<(String, Option<u64>)> =
+                    informer.cache().list().iter().map(|o| (object_key(o).unwrap(), resource_version(o))).collect();
+                got.sort();
+                assert_eq!(got, want);
+            });
+        }
     }
 }

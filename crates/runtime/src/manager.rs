@@ -241,6 +241,27 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn anti_entropy_reconciles_every_change_within_one_check_even_when_every_watch_event_is_lost() {
+        let client = Arc::new(MemoryClient::new());
+        let names = create_sources(&client, 5, "1").await;
+        let check = Duration::from_secs(1);
+        let running = Manager::spawn(toy_manager(&client, TriggerMode::anti_entropy().with_period(check)));
+        assert!(wait_until(Duration::from_secs(1), || all_derived_are(&client, &names, "1")).await.is_some());
+
+        running.manager().informers().watch_faults().set_drop_fraction(1.0);
+        set_all_sources(&client, &names, "2").await;
+        let took = wait_until(check * 3, || all_derived_are(&client, &names, "2")).await;
+        let took = took.expect("anti-entropy must converge without any watch event");
+        // One check sees the server ahead, a tenth of an interval later the writes count as lost.
+        assert!(took <= check.mul_f64(1.15), "converged after {took:?}, more than one check interval");
+        let debug = running.manager().snapshot();
+        let toy = &debug.controllers[0];
+        assert_eq!((toy.mode.as_str(), toy.period_seconds), ("anti-entropy", Some(1.0)));
+        assert!(toy.last_repair.is_some() && toy.last_check.is_some(), "{toy:?}");
+        running.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn edge_stays_stuck_forever_when_its_watch_events_are_lost() {
         let client = Arc::new(MemoryClient::new());
         let names = create_sources(&client, 5, "1").await;

@@ -73,6 +73,9 @@ pub(crate) struct Inner {
     pub informer_relists: Family<KindLabels, Counter>,
     pub informer_last_resync: Family<KindLabels, Gauge<f64, AtomicU64>>,
     pub informer_objects: Family<KindLabels, Gauge>,
+    pub informer_anti_entropy_checks: Family<KindLabels, Counter>,
+    pub informer_anti_entropy_mismatches: Family<KindLabels, Counter>,
+    pub informer_anti_entropy_repairs: Family<KindLabels, Counter>,
     live_queues: Arc<Mutex<Vec<Weak<dyn InFlight>>>>,
 }
 
@@ -93,6 +96,9 @@ impl Default for Inner {
             informer_relists: Family::default(),
             informer_last_resync: Family::default(),
             informer_objects: Family::default(),
+            informer_anti_entropy_checks: Family::default(),
+            informer_anti_entropy_mismatches: Family::default(),
+            informer_anti_entropy_repairs: Family::default(),
             live_queues: Arc::default(),
         }
     }
@@ -153,6 +159,21 @@ impl Metrics {
             m.informer_last_resync.clone(),
         );
         registry.register("informer_cached_objects", "Objects in the informer cache", m.informer_objects.clone());
+        registry.register(
+            "informer_anti_entropy_checks",
+            "Digest comparisons with the server (anti-entropy mode)",
+            m.informer_anti_entropy_checks.clone(),
+        );
+        registry.register(
+            "informer_anti_entropy_mismatches",
+            "Digest comparisons that found the cache differing from the server",
+            m.informer_anti_entropy_mismatches.clone(),
+        );
+        registry.register(
+            "informer_anti_entropy_repairs",
+            "Objects fetched or dropped to repair the cache after a digest mismatch",
+            m.informer_anti_entropy_repairs.clone(),
+        );
     }
 }
 

@@ -10,11 +10,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::{Map, Value, json};
 use shepherd_api::JsonPath;
+use shepherd_api::digest::{self, DigestDetail, DigestItem, ListDigest, SetDigest};
 use shepherd_api::{ApiError, ResourceInfo};
 use tokio::sync::mpsc;
 
@@ -24,6 +26,9 @@ use crate::client::{Client, DeleteParams, ListParams, ObjectList, Patch, WatchEv
 #[derive(Default)]
 pub struct MemoryClient {
     state: Mutex<State>,
+    digest_requests: AtomicU64,
+    /// Gets and lists served: the requests that carry object bodies.
+    reads: AtomicU64,
 }
 
 #[derive(Default)]
@@ -31,8 +36,8 @@ struct State {
     revision: u64,
     /// Store key (`ResourceInfo::key`) to object.
     objects: BTreeMap<String, Value>,
-    /// Retained changes: revision, store key, event.
-    history: VecDeque<(u64, String, WatchEvent)>,
+    /// Retained changes: revision, store key, event, and the object as it was before.
+    history: VecDeque<(u64, String, WatchEvent, Option<Value>)>,
     /// `None` keeps everything.
     history_limit: Option<usize>,
     /// Changes at or before this revision may be gone from `history`.
@@ -58,6 +63,16 @@ impl MemoryClient {
         let client = MemoryClient::default();
         client.lock().history_limit = Some(limit);
         client
+    }
+
+    /// How many digests were asked for.
+    pub fn digest_requests(&self) -> u64 {
+        self.digest_requests.load(Ordering::Relaxed)
+    }
+
+    /// How many gets and lists were served.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 
     /// The revision of the last write.
@@ -100,6 +115,7 @@ impl State {
     fn commit(&mut self, key: String, mut obj: Value, deleted: bool, added: bool) -> Value {
         self.revision += 1;
         obj["metadata"]["resourceVersion"] = Value::String(self.revision.to_string());
+        let before = self.objects.get(&key).cloned();
         let event = if deleted {
             self.objects.remove(&key);
             WatchEvent::Deleted(obj.clone())
@@ -110,10 +126,10 @@ impl State {
         if !self.drop_watch_events {
             self.watchers.retain(|w| !w.prefix_matches(&key) || w.tx.send(Ok(event.clone())).is_ok());
         }
-        self.history.push_back((self.revision, key, event));
+        self.history.push_back((self.revision, key, event, before));
         if let Some(limit) = self.history_limit {
             while self.history.len() > limit {
-                if let Some((rev, _, _)) = self.history.pop_front() {
+                if let Some((rev, ..)) = self.history.pop_front() {
                     self.compacted = rev;
                 }
             }
@@ -208,11 +224,13 @@ fn merge_patch(target: &mut Value, patch: &Value) {
 #[async_trait]
 impl Client for MemoryClient {
     async fn get(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
         let s = self.lock();
         s.objects.get(&res.key(namespace, name)).cloned().ok_or_else(|| ApiError::not_found(res.plural, name))
     }
 
     async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
         let labels = parse_selector(params.label_selector.as_deref().unwrap_or(""))?;
         let fields = parse_selector(params.field_selector.as_deref().unwrap_or(""))?;
         let s = self.lock();
@@ -244,7 +262,7 @@ impl Client for MemoryClient {
         }
         let prefix = prefix(res, params);
         let (tx, rx) = mpsc::unbounded_channel();
-        for (rev, key, event) in &s.history {
+        for (rev, key, event, _) in &s.history {
             if *rev > resource_version && key.starts_with(&prefix) {
                 let _ = tx.send(Ok(event.clone()));
             }
@@ -344,6 +362,71 @@ impl Client for MemoryClient {
         let patch = json!({ "spec": { "nodeName": node_name } });
         self.patch(&shepherd_api::kinds::POD, Some(namespace), name, Patch::Merge(patch)).await.map(|_| ())
     }
+
+    /// As the API server computes it: the current set, moved back through the history.
+    async fn digest(
+        &self,
+        res: &ResourceInfo,
+        params: &ListParams,
+        revision: u64,
+        detail: DigestDetail,
+    ) -> Result<ListDigest, ApiError> {
+        let labels = parse_selector(params.label_selector.as_deref().unwrap_or(""))?;
+        let fields = parse_selector(params.field_selector.as_deref().unwrap_or(""))?;
+        self.digest_requests.fetch_add(1, Ordering::Relaxed);
+        let s = self.lock();
+        let at = if revision == 0 { s.revision } else { revision.min(s.revision) };
+        if at < s.compacted {
+            return Err(ApiError::Expired(format!("too old resource version: {at} ({})", s.compacted)));
+        }
+        let prefix = prefix(res, params);
+        let key_prefix = res.key_prefix();
+        let mut members: BTreeMap<String, u64> = s
+            .objects
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .filter(|(_, o)| matches(o, &labels, &fields))
+            .map(|(k, o)| (k[key_prefix.len()..].to_string(), rv_of(o)))
+            .collect();
+        for (rev, key, _, before) in s.history.iter().rev() {
+            if *rev <= at {
+                break;
+            }
+            if !key.starts_with(&prefix) {
+                continue;
+            }
+            let short = &key[key_prefix.len()..];
+            members.remove(short);
+            if let Some(b) = before.as_ref().filter(|b| matches(b, &labels, &fields)) {
+                members.insert(short.to_string(), rv_of(b));
+            }
+        }
+        let mut set = SetDigest::default();
+        members.iter().for_each(|(k, rv)| set.insert(k, *rv));
+        let wanted = match detail {
+            DigestDetail::Bucket(b) => Some(b),
+            _ => None,
+        };
+        Ok(ListDigest {
+            resource_version: at.to_string(),
+            count: set.count(),
+            digest: digest::hex(set.sum()),
+            buckets: match detail {
+                DigestDetail::Buckets => set.buckets().iter().map(|b| digest::hex(*b)).collect(),
+                _ => Vec::new(),
+            },
+            bucket: wanted,
+            items: members
+                .into_iter()
+                .filter(|(k, _)| wanted == Some(digest::bucket_of(k)))
+                .map(|(key, rv)| DigestItem { key, resource_version: rv.to_string() })
+                .collect(),
+        })
+    }
+}
+
+fn rv_of(obj: &Value) -> u64 {
+    obj.at("/metadata/resourceVersion").and_then(Value::as_str).and_then(|r| r.parse().ok()).unwrap_or(0)
 }
 
 #[cfg(test)]
