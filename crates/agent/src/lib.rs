@@ -62,7 +62,7 @@ pub struct AgentConfig {
     pub lease_duration_seconds: i64,
     /// Pods reconciled at once.
     pub workers: usize,
-    /// The engine's trigger mode for pod events (hybrid: events plus a periodic re-list).
+    /// The engine's trigger mode for pod events (anti-entropy: events plus digest checks).
     pub mode: TriggerMode,
     /// Restart back-off: first delay, doubling up to `restart_backoff_max`.
     pub restart_backoff_initial: Duration,
@@ -75,7 +75,7 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     /// Defaults: process runtime, 127.0.0.1, lease renewed every 10 s for 40 s, back-off 10 s to
-    /// 5 min, logs rotated at 10 MiB, 4 workers, hybrid mode with a 5 minute re-list.
+    /// 5 min, logs rotated at 10 MiB, 4 workers, anti-entropy mode (1 s checks, 10 minute re-list).
     pub fn new(node_name: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
         AgentConfig {
             node_name: node_name.into(),
@@ -85,7 +85,7 @@ impl AgentConfig {
             lease_interval: Duration::from_secs(10),
             lease_duration_seconds: 40,
             workers: 4,
-            mode: TriggerMode::hybrid(),
+            mode: TriggerMode::anti_entropy(),
             restart_backoff_initial: Duration::from_secs(10),
             restart_backoff_max: Duration::from_secs(300),
             log_max_bytes: 10 * 1024 * 1024,

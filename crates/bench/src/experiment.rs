@@ -1,5 +1,5 @@
 //! Scenario `trigger-modes`: the seeds' experiment. The real Deployment and ReplicaSet
-//! controllers run in level, edge and hybrid mode while a fraction of their watch events is lost;
+//! controllers run in level, edge, hybrid and anti-entropy mode while a fraction of their watch events is lost;
 //! we measure how fast spec changes converge, what never converges, and what each mode costs.
 //!
 //! Everything runs in this process: an API server over the in-memory store (the same service
@@ -66,6 +66,8 @@ impl Params {
             // Edge has no period; 30 s is over a hundred times its p99 at 0% loss.
             cells.push(cell("edge", TriggerMode::edge(), loss, secs(30.0), true));
             cells.push(cell("hybrid 30 s", TriggerMode::hybrid().with_period(secs(30.0)), loss, secs(60.0), true));
+            // Digest checks every second, the full resync at its 10 minute default (never, here).
+            cells.push(cell("anti-entropy 1 s", TriggerMode::anti_entropy().with_period(secs(1.0)), loss, secs(30.0), true));
         }
         cells.push(cell("level 1 s", TriggerMode::level().with_period(secs(1.0)), 0.0, secs(20.0), false));
         cells.push(cell("level 30 s", TriggerMode::level().with_period(secs(30.0)), 0.0, secs(60.0), false));
@@ -78,6 +80,7 @@ impl Params {
             cell("level 1 s", TriggerMode::level().with_period(secs(1.0)), 0.0, secs(6.0), true),
             cell("edge", TriggerMode::edge(), 0.1, secs(2.0), true),
             cell("hybrid 1 s", TriggerMode::hybrid().with_period(secs(1.0)), 0.1, secs(2.0), true),
+            cell("anti-entropy 1 s", TriggerMode::anti_entropy().with_period(secs(1.0)), 0.1, secs(3.0), true),
         ];
         Params { deployments: 20, replicas: 2, change_rate: 5.0, change_phase: secs(2.0), workers: 2, cells }
     }
@@ -116,6 +119,8 @@ pub struct CellResult {
     /// Rates over the settle wait alone, when no spec changes: the cost of the trigger mode itself.
     pub idle_api_reads_per_min: f64,
     pub idle_listed_objects_per_min: f64,
+    /// Digest requests (anti-entropy checks; no object bodies).
+    pub idle_digests_per_min: f64,
     pub idle_reconciles_per_min: f64,
     pub idle_cpu_seconds_per_min: f64,
     pub calls: Counts,
@@ -130,13 +135,15 @@ pub async fn run(p: &Params, out: &std::path::Path) -> anyhow::Result<ScenarioRe
         "scenario trigger-modes: deployments={} replicas={} change_rate={}/s change_phase={:?} workers={} (rates over change phase + settle wait)",
         p.deployments, p.replicas, p.change_rate, p.change_phase, p.workers
     );
-    println!("| mode | loss | changes | p50 ms | p99 ms | mean ms | never converged | API reads/min | idle reads/min | reconciles/min | CPU s |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| mode | loss | changes | p50 ms | p99 ms | mean ms | never converged | API reads/min | idle reads/min | idle listed/min | idle digests/min | reconciles/min | CPU s |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut results = Vec::new();
     for c in &p.cells {
         let r = run_cell(p, c).await?;
         println!(
-            "| {} | {}% | {} | {:.1} | {:.1} | {:.1} | {} ({} at end) | {:.0} | {:.0} | {:.0} | {:.2} |",
+            "| {} | {}% | {} | {:.1} | {:.1} | {:.1} | {} ({} at end) | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} |",
             r.mode,
             r.loss * 100.0,
             r.changes,
@@ -147,6 +154,8 @@ pub async fn run(p: &Params, out: &std::path::Path) -> anyhow::Result<ScenarioRe
             r.unconverged_at_end,
             r.api_reads_per_min,
             r.idle_api_reads_per_min,
+            r.idle_listed_objects_per_min,
+            r.idle_digests_per_min,
             r.reconciles_per_min,
             r.cpu_seconds
         );
@@ -416,6 +425,7 @@ async fn run_cell(p: &Params, c: &Cell) -> anyhow::Result<CellResult> {
         cpu_seconds: cpu_now - cpu0,
         idle_api_reads_per_min: settle_calls.reads() as f64 / settle_min,
         idle_listed_objects_per_min: settle_calls.listed_objects as f64 / settle_min,
+        idle_digests_per_min: settle_calls.digests as f64 / settle_min,
         idle_reconciles_per_min: (rec1 - rec_changed) / settle_min,
         idle_cpu_seconds_per_min: (cpu_now - cpu_changed) / settle_min,
         calls,

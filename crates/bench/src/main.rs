@@ -57,7 +57,8 @@ enum Scenario {
         /// Seconds of changes per cell.
         #[arg(long, default_value_t = 20.0)]
         change_seconds: f64,
-        /// Run only the cells whose mode label contains this (e.g. `hybrid`).
+        /// Run only the cells whose mode label contains one of these comma-separated texts
+        /// (e.g. `hybrid` or `edge,hybrid 30,anti-entropy`).
         #[arg(long)]
         only: Option<String>,
     },
@@ -169,7 +170,7 @@ async fn main() -> anyhow::Result<()> {
                 experiment::Params::full(deployments, change_rate, change_seconds)
             };
             if let Some(only) = only {
-                params.cells.retain(|c| c.label.contains(&only));
+                params.cells.retain(|c| only.split(',').any(|o| c.label.contains(o.trim())));
             }
             experiment::run(&params, &cli.out).await?
         }

@@ -30,13 +30,17 @@ pub struct ControllerArgs {
     #[arg(long, default_value = "all")]
     pub controllers: String,
     /// Default trigger mode: `hybrid` (events plus periodic resync), `level` (re-list on a
-    /// ticker only) or `edge` (events only).
+    /// ticker only), `edge` (events only) or `anti-entropy` (events plus digest checks that
+    /// repair what a lost event left stale, plus a rare resync).
     #[arg(long, default_value = "hybrid")]
     pub controller_mode: TriggerMode,
-    /// Resync period in hybrid mode, tick interval in level mode (seconds). Defaults: hybrid
-    /// 300, level 5.
+    /// Resync period in hybrid and anti-entropy mode, tick interval in level mode (seconds).
+    /// Defaults: hybrid 300, anti-entropy 600, level 5.
     #[arg(long)]
     pub resync_seconds: Option<f64>,
+    /// Digest check interval in anti-entropy mode (seconds; default 1).
+    #[arg(long)]
+    pub anti_entropy_seconds: Option<f64>,
     /// Default workers per controller (the scheduler has at least 16: its binds in flight).
     #[arg(long, default_value_t = 4)]
     pub controller_workers: usize,
@@ -58,11 +62,30 @@ pub struct ControllerArgs {
     pub drop_watch_events: f64,
 }
 
-fn with_period(mode: TriggerMode, seconds: Option<f64>) -> anyhow::Result<TriggerMode> {
-    match seconds {
-        None => Ok(mode),
-        Some(s) if s > 0.0 && s.is_finite() => Ok(mode.with_period(Duration::from_secs_f64(s))),
-        Some(s) => bail!("a resync interval must be a positive number of seconds, not {s}"),
+fn seconds(s: f64) -> anyhow::Result<Duration> {
+    if s > 0.0 && s.is_finite() {
+        Ok(Duration::from_secs_f64(s))
+    } else {
+        bail!("a resync or check interval must be a positive number of seconds, not {s}")
+    }
+}
+
+fn with_period(mode: TriggerMode, period: Option<f64>) -> anyhow::Result<TriggerMode> {
+    Ok(match period {
+        None => mode,
+        Some(s) => mode.with_period(seconds(s)?),
+    })
+}
+
+/// `mode` with the periods of `--resync-seconds` (hybrid's resync, level's tick, anti-entropy's
+/// full resync) and `--anti-entropy-seconds` (anti-entropy's check interval).
+fn tuned(mode: TriggerMode, resync: Option<f64>, check: Option<f64>) -> anyhow::Result<TriggerMode> {
+    match mode {
+        TriggerMode::AntiEntropy { check: c, resync: r } => Ok(TriggerMode::AntiEntropy {
+            check: check.map(seconds).transpose()?.unwrap_or(c),
+            resync: resync.map(seconds).transpose()?.unwrap_or(r),
+        }),
+        other => with_period(other, resync),
     }
 }
 
@@ -87,7 +110,7 @@ impl ControllerArgs {
     fn configs(&self) -> anyhow::Result<HashMap<&'static str, ControllerConfig>> {
         let base = ControllerConfig {
             workers: self.controller_workers.max(1),
-            mode: with_period(self.controller_mode, self.resync_seconds)?,
+            mode: tuned(self.controller_mode, self.resync_seconds, self.anti_entropy_seconds)?,
         };
         let mut out: HashMap<&'static str, ControllerConfig> = CONTROLLERS.iter().map(|c| (*c, base)).collect();
         // The scheduler decides one pod at a time; its workers are the binds waiting on the store.
@@ -111,7 +134,11 @@ impl ControllerArgs {
                     other => bail!("--controller {o:?}: unknown setting {other:?} (mode, workers, interval)"),
                 }
             }
-            cfg.mode = with_period(cfg.mode, interval.or(self.resync_seconds))?;
+            // `interval` is the mode's own period (for anti-entropy, the check interval).
+            cfg.mode = match interval {
+                Some(_) => with_period(cfg.mode, interval)?,
+                None => tuned(cfg.mode, self.resync_seconds, self.anti_entropy_seconds)?,
+            };
         }
         Ok(out)
     }

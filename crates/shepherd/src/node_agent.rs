@@ -49,8 +49,8 @@ pub struct AgentArgs {
     /// separate agents would, up to 64 pods at once in all.
     #[arg(long, default_value_t = 4)]
     pub agent_workers: usize,
-    /// The agent's trigger mode (hybrid, level or edge).
-    #[arg(long, default_value = "hybrid")]
+    /// The agent's trigger mode for its pods (anti-entropy, hybrid, level or edge).
+    #[arg(long, default_value = "anti-entropy")]
     pub agent_mode: TriggerMode,
 }
 
