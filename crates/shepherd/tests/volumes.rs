@@ -1,0 +1,261 @@
+//! ConfigMaps and Secrets as pods use them, driven by real kubectl (1.27 and the newest) against a
+//! real `shepherd standalone`: environment from `envFrom`, configMap and secret volumes whose
+//! files follow edits without a restart, a pod waiting in `CreateContainerConfigError` until its
+//! ConfigMap exists, an emptyDir shared by two containers, and bad input refused naming the field.
+//!
+//! The process runtime binds volumes in each container's mount namespace, so this needs root.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Daemon, kubectl_command, kubectls_under_test, run_with_stdin};
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(uid, 0, "volume tests need root: the process runtime mounts volumes in a mount namespace (run as root, as CI does)");
+}
+
+struct Kubectl<'a> {
+    bin: &'a Path,
+    url: &'a str,
+    ns: String,
+}
+
+impl Kubectl<'_> {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = kubectl_command(self.bin, self.url);
+        cmd.args(["-n", &self.ns]).args(args);
+        cmd
+    }
+
+    /// Runs kubectl; (success, stdout, stderr).
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+        let (status, out, err) = run_with_stdin(&mut self.command(args), stdin);
+        (status.success(), out, err)
+    }
+
+    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let (ok, out, err) = self.run(args, stdin);
+        assert!(ok, "kubectl {args:?} failed: {err}{out}");
+        out
+    }
+
+    /// Polls `kubectl args` until its stdout contains `want`; returns how long that took.
+    fn wait_for(&self, args: &[&str], want: &str, limit: Duration) -> Duration {
+        let start = Instant::now();
+        loop {
+            let (_, out, err) = self.run(args, None);
+            if out.contains(want) {
+                return start.elapsed();
+            }
+            assert!(start.elapsed() < limit, "kubectl {args:?} did not show {want:?} within {limit:?}; last: {out}{err}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn daemon() -> (tempfile::TempDir, Daemon) {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = Daemon::start("standalone", &dir.path().join("data"), &[]);
+    (dir, daemon)
+}
+
+/// Each kubectl under test gets a namespace of its own on one daemon.
+fn each_kubectl(url: &str, prefix: &str, mut f: impl FnMut(&Kubectl)) {
+    for (label, bin) in kubectls_under_test() {
+        let ns = format!("{prefix}-{}", label.replace('.', "-"));
+        let k = Kubectl { bin: &bin, url, ns: ns.clone() };
+        k.ok(&["create", "namespace", &ns], None);
+        eprintln!("kubectl {label}: namespace {ns}");
+        f(&k);
+    }
+}
+
+const APP_POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: app}
+spec:
+  containers:
+  - name: c
+    image: minimal
+    command: ["sh", "-c", "while :; do echo \"file a=$(cat /srv/a) env a=$a\"; sleep 0.2; done"]
+    envFrom: [{configMapRef: {name: app}}]
+    volumeMounts: [{name: conf, mountPath: /srv}]
+  volumes: [{name: conf, configMap: {name: app}}]
+"#;
+
+#[test]
+fn a_config_map_reaches_a_pod_as_environment_and_files_and_the_files_follow_edits() {
+    let (_dir, daemon) = daemon();
+    each_kubectl(&daemon.url, "cm", |k| {
+        k.ok(&["create", "configmap", "app", "--from-literal=a=1"], None);
+        k.ok(&["apply", "-f", "-"], Some(APP_POD));
+        k.wait_for(&["logs", "app"], "file a=1 env a=1", Duration::from_secs(60));
+
+        k.ok(&["patch", "configmap", "app", "-p", r#"{"data":{"a":"2"}}"#], None);
+        k.wait_for(&["logs", "app"], "file a=2 env a=1", Duration::from_secs(10));
+
+        let applied = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: app}\ndata: {a: \"3\"}\n";
+        k.ok(&["apply", "-f", "-"], Some(applied));
+        k.wait_for(&["logs", "app"], "file a=3 env a=1", Duration::from_secs(10));
+
+        let mut edit = k.command(&["edit", "configmap", "app"]);
+        edit.env("KUBE_EDITOR", r#"sed -i -e 's/^  a: .*/  a: "4"/'"#);
+        let (status, out, err) = run_with_stdin(&mut edit, None);
+        assert!(status.success(), "kubectl edit: {err}{out}");
+        k.wait_for(&["logs", "app"], "file a=4 env a=1", Duration::from_secs(10));
+
+        let restarts = k.ok(&["get", "pod", "app", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"], None);
+        assert_eq!(restarts, "0", "the files changed without a restart");
+        k.ok(&["delete", "pod", "app", "--wait=false"], None);
+    });
+}
+
+#[test]
+fn a_secret_from_a_file_is_mounted_with_its_mode_and_never_printed_by_describe() {
+    let (dir, daemon) = daemon();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "hunter2-very-secret").expect("write token");
+    each_kubectl(&daemon.url, "secret", |k| {
+        k.ok(&["create", "secret", "generic", "creds", &format!("--from-file=token={}", token.display())], None);
+        let pod = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: reader}
+spec:
+  containers:
+  - name: c
+    image: minimal
+    command: ["sh", "-c", "echo \"mode=$(stat -L -c %a /srv/token) token=$(cat /srv/token)\"; touch /srv/x 2>/dev/null || echo read-only; sleep 1000"]
+    volumeMounts: [{name: creds, mountPath: /srv}]
+  volumes: [{name: creds, secret: {secretName: creds, defaultMode: 0400}}]
+"#;
+        k.ok(&["apply", "-f", "-"], Some(pod));
+        k.wait_for(&["logs", "reader"], "mode=400 token=hunter2-very-secret", Duration::from_secs(60));
+        k.wait_for(&["logs", "reader"], "read-only", Duration::from_secs(10));
+
+        let described = k.ok(&["describe", "secret", "creds"], None);
+        assert!(!described.contains("hunter2"), "describe printed the value: {described}");
+        assert!(described.contains("token:") && described.contains("19 bytes"), "{described}");
+        let yaml = k.ok(&["get", "secret", "creds", "-o", "yaml"], None);
+        assert!(yaml.contains("token: aHVudGVyMi12ZXJ5LXNlY3JldA=="), "base64 in -o yaml: {yaml}");
+        k.ok(&["delete", "pod", "reader", "--wait=false"], None);
+    });
+}
+
+#[test]
+fn a_pod_waits_for_its_missing_config_map_and_starts_once_it_exists() {
+    let (_dir, daemon) = daemon();
+    each_kubectl(&daemon.url, "wait", |k| {
+        let pod = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: patient}
+spec:
+  containers:
+  - name: c
+    image: minimal
+    command: ["sh", "-c", "echo \"greeting=$GREETING\"; sleep 1000"]
+    env: [{name: GREETING, valueFrom: {configMapKeyRef: {name: later, key: greeting}}}]
+"#;
+        k.ok(&["apply", "-f", "-"], Some(pod));
+        k.wait_for(&["get", "pod", "patient"], "CreateContainerConfigError", Duration::from_secs(30));
+        let message = k.ok(&["get", "pod", "patient", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.message}"], None);
+        assert_eq!(message, "configmap \"later\" not found");
+        k.wait_for(&["get", "events", "--field-selector", "involvedObject.name=patient"], "configmap \"later\" not found", Duration::from_secs(10));
+
+        k.ok(&["create", "configmap", "later", "--from-literal=greeting=hello"], None);
+        k.wait_for(&["logs", "patient"], "greeting=hello", Duration::from_secs(30));
+        k.wait_for(&["get", "pod", "patient"], "Running", Duration::from_secs(10));
+        k.ok(&["delete", "pod", "patient", "--wait=false"], None);
+    });
+}
+
+#[test]
+fn two_containers_of_a_pod_share_an_empty_dir() {
+    let (_dir, daemon) = daemon();
+    each_kubectl(&daemon.url, "empty", |k| {
+        let pod = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: pair}
+spec:
+  containers:
+  - name: writer
+    image: minimal
+    command: ["sh", "-c", "echo from-the-writer > /srv/msg; sleep 1000"]
+    volumeMounts: [{name: shared, mountPath: /srv}]
+  - name: reader
+    image: minimal
+    command: ["sh", "-c", "until cat /mnt/msg; do sleep 0.2; done; sleep 1000"]
+    volumeMounts: [{name: shared, mountPath: /mnt}]
+  volumes: [{name: shared, emptyDir: {}}]
+"#;
+        k.ok(&["apply", "-f", "-"], Some(pod));
+        k.wait_for(&["logs", "pair", "-c", "reader"], "from-the-writer", Duration::from_secs(60));
+        assert!(!Path::new("/srv/msg").exists(), "the host's /srv is untouched");
+        k.ok(&["delete", "pod", "pair", "--wait=false"], None);
+    });
+}
+
+#[test]
+fn a_mount_over_a_path_the_host_lacks_is_refused_naming_the_path() {
+    let (_dir, daemon) = daemon();
+    each_kubectl(&daemon.url, "nopath", |k| {
+        let pod = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: lost}
+spec:
+  containers:
+  - name: c
+    image: minimal
+    command: ["sleep", "1000"]
+    volumeMounts: [{name: scratch, mountPath: /no/such/dir/on/this/host}]
+  volumes: [{name: scratch, emptyDir: {}}]
+"#;
+        k.ok(&["apply", "-f", "-"], Some(pod));
+        k.wait_for(
+            &["get", "pod", "lost", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.message}"],
+            "mount path /no/such/dir/on/this/host does not exist on this host",
+            Duration::from_secs(30),
+        );
+        assert!(!Path::new("/no").exists(), "nothing was created on the host");
+        k.ok(&["delete", "pod", "lost", "--wait=false"], None);
+    });
+}
+
+#[test]
+fn bad_volumes_and_oversized_secrets_are_refused_naming_the_field() {
+    let (dir, daemon) = daemon();
+    let big = dir.path().join("big");
+    std::fs::write(&big, vec![b'x'; 1024 * 1024 + 1]).expect("write big file");
+    each_kubectl(&daemon.url, "bad", |k| {
+        let unknown = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: bad}
+spec:
+  containers:
+  - {name: c, image: minimal, volumeMounts: [{name: nope, mountPath: /srv}]}
+  volumes: [{name: data, emptyDir: {}}]
+"#;
+        let (ok, _, err) = k.run(&["apply", "-f", "-"], Some(unknown));
+        assert!(!ok && err.contains("spec.containers[0].volumeMounts[0].name: Not found: \"nope\""), "{err}");
+
+        let escape = unknown.replace("name: nope, mountPath: /srv", "name: data, mountPath: /srv, subPath: ../../etc");
+        let (ok, _, err) = k.run(&["apply", "-f", "-"], Some(&escape));
+        assert!(!ok && err.contains("spec.containers[0].volumeMounts[0].subPath: Invalid value: \"../../etc\": must not contain '..'"), "{err}");
+
+        let (ok, _, err) = k.run(&["create", "secret", "generic", "big", &format!("--from-file=big={}", big.display())], None);
+        assert!(!ok && err.contains("Too long: must have at most 1048576 bytes"), "{err}");
+        let (_, out, _) = k.run(&["get", "pods,secrets", "-o", "name"], None);
+        assert!(!out.contains("pod/bad") && !out.contains("secret/big"), "nothing was written: {out}");
+    });
+}
