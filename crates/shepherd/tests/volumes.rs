@@ -257,5 +257,25 @@ spec:
         assert!(!ok && err.contains("Too long: must have at most 1048576 bytes"), "{err}");
         let (_, out, _) = k.run(&["get", "pods,secrets", "-o", "name"], None);
         assert!(!out.contains("pod/bad") && !out.contains("secret/big"), "nothing was written: {out}");
+
+        // A pod naming a ServiceAccount that does not exist is refused, as Kubernetes' admission does.
+        let robot = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: robot}
+spec:
+  serviceAccountName: bot
+  containers:
+  - name: c
+    image: minimal
+    command: ["sh", "-c", "echo account=$SA; sleep 1000"]
+    env: [{name: SA, valueFrom: {fieldRef: {fieldPath: spec.serviceAccountName}}}]
+"#;
+        let (ok, _, err) = k.run(&["apply", "-f", "-"], Some(robot));
+        assert!(!ok && err.contains("error looking up service account") && err.contains("serviceaccount \"bot\" not found"), "{err}");
+        k.ok(&["create", "serviceaccount", "bot"], None);
+        k.ok(&["apply", "-f", "-"], Some(robot));
+        k.wait_for(&["logs", "robot"], "account=bot", Duration::from_secs(60));
+        k.ok(&["delete", "pod", "robot", "--wait=false"], None);
     });
 }
