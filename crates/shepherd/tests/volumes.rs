@@ -205,6 +205,36 @@ spec:
 }
 
 #[test]
+fn a_memory_empty_dir_is_a_tmpfs_of_its_size_limit_and_goes_away_with_its_pod() {
+    let (dir, daemon) = daemon();
+    each_kubectl(&daemon.url, "ram", |k| {
+        let pod = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: ram}
+spec:
+  containers:
+  - name: c
+    image: minimal
+    command: ["sh", "-c", "echo \"fs=$(stat -f -c %T /srv) blocks=$(df -k /srv | tail -1 | awk '{print $2}')\"; sleep 1000"]
+    volumeMounts: [{name: fast, mountPath: /srv}]
+  volumes: [{name: fast, emptyDir: {medium: Memory, sizeLimit: 8Mi}}]
+"#;
+        k.ok(&["apply", "-f", "-"], Some(pod));
+        k.wait_for(&["logs", "ram"], "fs=tmpfs blocks=8192", Duration::from_secs(60));
+        let data = dir.path().to_string_lossy().to_string();
+        let mounted = || std::fs::read_to_string("/proc/self/mounts").unwrap_or_default().lines().any(|l| l.contains(&data));
+        assert!(mounted(), "the tmpfs is mounted under the data dir");
+        k.ok(&["delete", "pod", "ram", "--grace-period=1", "--timeout=60s"], None);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while mounted() {
+            assert!(Instant::now() < deadline, "the pod's tmpfs is still mounted after its deletion");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+}
+
+#[test]
 fn a_mount_over_a_path_the_host_lacks_is_refused_naming_the_path() {
     let (_dir, daemon) = daemon();
     each_kubectl(&daemon.url, "nopath", |k| {
