@@ -32,7 +32,6 @@ use crate::sources::{SourceKind, Sources};
 type Files = BTreeMap<String, (Vec<u8>, u32)>;
 
 const DEFAULT_MODE: u32 = 0o644;
-const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 pub(crate) struct Volumes {
     /// `<data-dir>/pods`.
@@ -105,6 +104,11 @@ impl Volumes {
                     return Err(fail("volume type not supported by Shepherd".into()));
                 };
                 let dir = dir_for(plugin);
+                // As kubelet does, a Secret's files live in memory only, never on the node's disk.
+                if plugin == "secret" && self.can_mount {
+                    fs::create_dir_all(&dir).map_err(|e| fail(format!("creating {}: {e}", dir.display())))?;
+                    mount_tmpfs(&dir, None, 0o755).map_err(fail)?;
+                }
                 match files {
                     Ok(files) => write_atomically(&dir, &files).map_err(|e| fail(format!("writing {}: {e}", dir.display())))?,
                     // Kubelet keeps the last content when the source goes away.
@@ -121,27 +125,15 @@ impl Volumes {
 
     fn empty_dir(&self, dir: &Path, spec: &Value) -> Result<(), String> {
         fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        if str_at(spec, "/medium") != "Memory" || is_tmpfs(dir) {
+        if str_at(spec, "/medium") != "Memory" {
             let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o777));
             return Ok(());
         }
         if !self.can_mount {
             return Err("an emptyDir with medium Memory is a tmpfs, and mounting one needs the agent to run as root".into());
         }
-        let mut options = String::from("mode=0777");
-        if let Some(bytes) = spec.get("sizeLimit").and_then(quantity::text).and_then(|q| quantity::bytes(&q)) {
-            options.push_str(&format!(",size={bytes}"));
-        }
-        let target = cstring(dir)?;
-        let options = std::ffi::CString::new(options).map_err(|_| "bad tmpfs options".to_string())?;
-        // SAFETY: mount with valid NUL-terminated strings.
-        let r = unsafe {
-            libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, options.as_ptr().cast())
-        };
-        if r != 0 {
-            return Err(format!("mounting a tmpfs at {}: {}", dir.display(), io::Error::last_os_error()));
-        }
-        Ok(())
+        let size = spec.get("sizeLimit").and_then(quantity::text).and_then(|q| quantity::bytes(&q));
+        mount_tmpfs(dir, size, 0o777)
     }
 
     /// The files of a configMap or secret volume (or projected source): every key, or the
@@ -232,10 +224,11 @@ impl Volumes {
     /// Removes a pod's volume directories (a tmpfs is unmounted first). Host paths stay.
     pub fn remove(&self, uid: &str) {
         let dir = self.pod_dir(uid);
-        let empty = dir.join("volumes").join("kubernetes.io~empty-dir");
-        for entry in fs::read_dir(&empty).into_iter().flatten().flatten() {
+        let plugins = fs::read_dir(dir.join("volumes")).into_iter().flatten().flatten();
+        let volumes = plugins.flat_map(|p| fs::read_dir(p.path()).into_iter().flatten().flatten());
+        for entry in volumes {
             let path = entry.path();
-            if is_tmpfs(&path)
+            if is_mount_point(&path)
                 && let Ok(c) = cstring(&path)
             {
                 // SAFETY: umount2 with a valid path.
@@ -257,13 +250,31 @@ fn cstring(p: &Path) -> Result<std::ffi::CString, String> {
     std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| format!("{} contains a NUL byte", p.display()))
 }
 
-fn is_tmpfs(p: &Path) -> bool {
-    let Ok(c) = cstring(p) else { return false };
-    // SAFETY: statfs into a zeroed struct with a valid path.
-    unsafe {
-        let mut s: libc::statfs = std::mem::zeroed();
-        libc::statfs(c.as_ptr(), &mut s) == 0 && s.f_type as i64 == TMPFS_MAGIC
+/// Whether something is mounted at `p` (it lies on another device than its parent).
+fn is_mount_point(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let parent = p.parent().and_then(|d| fs::symlink_metadata(d).ok());
+    matches!((fs::symlink_metadata(p), parent), (Ok(m), Some(d)) if m.is_dir() && m.dev() != d.dev())
+}
+
+/// Mounts a tmpfs at `dir` (once: a directory already mounted on is left as it is).
+fn mount_tmpfs(dir: &Path, size: Option<u64>, mode: u32) -> Result<(), String> {
+    if is_mount_point(dir) {
+        return Ok(());
     }
+    let mut options = format!("mode={mode:o}");
+    if let Some(bytes) = size {
+        options.push_str(&format!(",size={bytes}"));
+    }
+    let target = cstring(dir)?;
+    let options = std::ffi::CString::new(options).map_err(|_| "bad tmpfs options".to_string())?;
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+    // SAFETY: mount with valid NUL-terminated strings.
+    let r = unsafe { libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), flags, options.as_ptr().cast()) };
+    if r != 0 {
+        return Err(format!("mounting a tmpfs at {}: {}", dir.display(), io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 /// A hostPath volume's path, after its `type` check (and creation for the `...OrCreate` types).

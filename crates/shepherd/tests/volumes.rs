@@ -58,6 +58,20 @@ impl Kubectl<'_> {
     }
 }
 
+fn mounted_under(dir: &Path) -> bool {
+    let dir = dir.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mounts").unwrap_or_default().lines().any(|l| l.contains(&dir))
+}
+
+/// Waits until nothing is mounted under `dir` (a deleted pod's tmpfs volumes are unmounted).
+fn wait_unmounted(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mounted_under(dir) {
+        assert!(Instant::now() < deadline, "a deleted pod's tmpfs is still mounted under {}", dir.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn daemon() -> (tempfile::TempDir, Daemon) {
     require_root();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -132,12 +146,12 @@ spec:
   containers:
   - name: c
     image: minimal
-    command: ["sh", "-c", "echo \"mode=$(stat -L -c %a /srv/token) token=$(cat /srv/token)\"; touch /srv/x 2>/dev/null || echo read-only; sleep 1000"]
+    command: ["sh", "-c", "echo \"mode=$(stat -L -c %a /srv/token) token=$(cat /srv/token) fs=$(stat -f -c %T /srv)\"; touch /srv/x 2>/dev/null || echo read-only; sleep 1000"]
     volumeMounts: [{name: creds, mountPath: /srv}]
   volumes: [{name: creds, secret: {secretName: creds, defaultMode: 0400}}]
 "#;
         k.ok(&["apply", "-f", "-"], Some(pod));
-        k.wait_for(&["logs", "reader"], "mode=400 token=hunter2-very-secret", Duration::from_secs(60));
+        k.wait_for(&["logs", "reader"], "mode=400 token=hunter2-very-secret fs=tmpfs", Duration::from_secs(60));
         k.wait_for(&["logs", "reader"], "read-only", Duration::from_secs(10));
 
         let described = k.ok(&["describe", "secret", "creds"], None);
@@ -145,7 +159,8 @@ spec:
         assert!(described.contains("token:") && described.contains("19 bytes"), "{described}");
         let yaml = k.ok(&["get", "secret", "creds", "-o", "yaml"], None);
         assert!(yaml.contains("token: aHVudGVyMi12ZXJ5LXNlY3JldA=="), "base64 in -o yaml: {yaml}");
-        k.ok(&["delete", "pod", "reader", "--wait=false"], None);
+        k.ok(&["delete", "pod", "reader", "--grace-period=1", "--timeout=60s"], None);
+        wait_unmounted(dir.path());
     });
 }
 
@@ -222,15 +237,9 @@ spec:
 "#;
         k.ok(&["apply", "-f", "-"], Some(pod));
         k.wait_for(&["logs", "ram"], "fs=tmpfs blocks=8192", Duration::from_secs(60));
-        let data = dir.path().to_string_lossy().to_string();
-        let mounted = || std::fs::read_to_string("/proc/self/mounts").unwrap_or_default().lines().any(|l| l.contains(&data));
-        assert!(mounted(), "the tmpfs is mounted under the data dir");
+        assert!(mounted_under(dir.path()), "the tmpfs is mounted under the data dir");
         k.ok(&["delete", "pod", "ram", "--grace-period=1", "--timeout=60s"], None);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while mounted() {
-            assert!(Instant::now() < deadline, "the pod's tmpfs is still mounted after its deletion");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_unmounted(dir.path());
     });
 }
 
