@@ -47,11 +47,17 @@ fn set(env: &mut Vec<(String, String)>, name: &str, value: String) {
 /// The environment of `container` (an entry of the pod's `containers`) as kubelet builds it:
 /// `envFrom` sources first, then `env` in order (a later name replaces an earlier one). A
 /// ConfigMap or Secret that is missing (and not optional) is an error: the container waits.
-pub(crate) fn container_env(pod: &Value, container: &Value, node: &Node, sources: &Sources) -> Result<Environment, SourceError> {
+pub(crate) fn container_env(
+    pod: &Value,
+    container: &Value,
+    node: &Node,
+    sources: &Sources,
+) -> Result<Environment, SourceError> {
     let namespace = str_at(pod, "/metadata/namespace");
     let mut out = Environment::default();
     for from in container.get("envFrom").and_then(Value::as_array).into_iter().flatten() {
-        let (kind, r) = match (from.get("configMapRef").filter(|r| r.is_object()), from.get("secretRef").filter(|r| r.is_object())) {
+        let object = |key: &str| from.get(key).filter(|r| r.is_object());
+        let (kind, r) = match (object("configMapRef"), object("secretRef")) {
             (Some(r), _) => (SourceKind::ConfigMap, r),
             (None, Some(r)) => (SourceKind::Secret, r),
             (None, None) => continue,
@@ -70,7 +76,8 @@ pub(crate) fn container_env(pod: &Value, container: &Value, node: &Node, sources
         }
         if !invalid.is_empty() {
             out.skipped.push(format!(
-                "Keys [{}] from the EnvFrom {} {namespace}/{name} were skipped since they are considered invalid environment variable names.",
+                "Keys [{}] from the EnvFrom {} {namespace}/{name} were skipped since they are considered invalid \
+                 environment variable names.",
                 invalid.join(", "),
                 kind.word()
             ));
@@ -245,7 +252,8 @@ mod tests {
         assert_eq!((got["CPU"], got["CPU_M"], got["MEM_MI"], got["REQ_MEM"]), ("1", "500", "64", "0"));
 
         let other = json!({"name": "other", "env": [{"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}}]});
-        assert_eq!(container_env(&pod, &other, &NODE, &none).expect("env").vars, [("CPU".to_string(), "2".to_string())], "no limit: the node's");
+        let vars = container_env(&pod, &other, &NODE, &none).expect("env").vars;
+        assert_eq!(vars, [("CPU".to_string(), "2".to_string())], "no limit: the node's");
         assert_eq!(expand_all(vec!["echo".into(), "$(POD)".into()], &env), ["echo", "web-0"]);
     }
 

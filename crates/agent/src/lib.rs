@@ -181,7 +181,8 @@ impl Agent {
         let configmaps = manager.informers().informer(&kinds::CONFIGMAP);
         let secrets = manager.informers().informer(&kinds::SECRET);
         let sources = Arc::new(sources::Sources::new(configmaps.cache().clone(), secrets.cache().clone()));
-        let volumes = (config.runtime == RuntimeKind::Process).then(|| volumes::Volumes::new(&config.data_dir, sources.clone()));
+        let process = config.runtime == RuntimeKind::Process;
+        let volumes = process.then(|| volumes::Volumes::new(&config.data_dir, sources.clone()));
         let inputs = pods::ConfigInputs { sources, volumes };
         let pods = pods::PodManager::new(client.clone(), cache.clone(), addresses, runtime, pc, rx, inputs);
         // A changed ConfigMap or Secret re-syncs the pods that read it: waiting containers start,

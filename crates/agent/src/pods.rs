@@ -687,8 +687,9 @@ impl PodManager {
             json!({ "terminated": t })
         };
         let held = c.waiting.as_ref().map(|(reason, message)| json!({"waiting": {"reason": reason, "message": message}}));
+        let creating = || json!({"waiting": {"reason": "ContainerCreating"}});
         let (state, started, instance) = match &c.state {
-            CState::NotStarted => (held.unwrap_or_else(|| json!({"waiting": {"reason": "ContainerCreating"}})), false, None),
+            CState::NotStarted => (held.unwrap_or_else(creating), false, None),
             CState::Exited { instance, exit, .. } if held.is_some() && should_restart(policy, exit.code) => {
                 (held.unwrap_or_default(), false, Some(*instance))
             }

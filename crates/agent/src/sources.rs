@@ -104,8 +104,8 @@ impl Sources {
     }
 
     /// Like `contents`, with a missing object an error unless `optional` (then empty).
-    pub fn require(&self, kind: SourceKind, namespace: &str, name: &str, optional: bool) -> Result<Contents, SourceError> {
-        match self.contents(kind, namespace, name) {
+    pub fn require(&self, kind: SourceKind, ns: &str, name: &str, optional: bool) -> Result<Contents, SourceError> {
+        match self.contents(kind, ns, name) {
             Some(c) => Ok(c),
             None if optional => Ok(Contents::new()),
             None => Err(SourceError::Missing { kind, name: name.to_string() }),

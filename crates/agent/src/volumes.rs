@@ -94,8 +94,9 @@ impl Volumes {
             } else {
                 let (plugin, files) = if let Some(cm) = vol.get("configMap").filter(|v| v.is_object()) {
                     ("configmap", self.object_files(SourceKind::ConfigMap, namespace, cm, "name", mode_of(cm, "defaultMode")))
-                } else if let Some(s) = vol.get("secret").filter(|v| v.is_object()) {
-                    ("secret", self.object_files(SourceKind::Secret, namespace, s, "secretName", mode_of(s, "defaultMode")))
+                } else if let Some(sec) = vol.get("secret").filter(|v| v.is_object()) {
+                    let mode = mode_of(sec, "defaultMode");
+                    ("secret", self.object_files(SourceKind::Secret, namespace, sec, "secretName", mode))
                 } else if let Some(d) = vol.get("downwardAPI").filter(|v| v.is_object()) {
                     ("downward-api", Ok(downward_files(pod, d, mode_of(d, "defaultMode"), node)))
                 } else if let Some(p) = vol.get("projected").filter(|v| v.is_object()) {
@@ -110,9 +111,13 @@ impl Volumes {
                     mount_tmpfs(&dir, None, 0o755).map_err(fail)?;
                 }
                 match files {
-                    Ok(files) => write_atomically(&dir, &files).map_err(|e| fail(format!("writing {}: {e}", dir.display())))?,
+                    Ok(files) => {
+                        write_atomically(&dir, &files).map_err(|e| fail(format!("writing {}: {e}", dir.display())))?
+                    }
                     // Kubelet keeps the last content when the source goes away.
-                    Err(why) if dir.join("..data").exists() => debug!(volume = name, reason = %why, "keeping the last content"),
+                    Err(why) if dir.join("..data").exists() => {
+                        debug!(volume = name, reason = %why, "keeping the last content")
+                    }
                     Err(why) => return Err(fail(why)),
                 }
                 prepared.read_only.push(name.to_string());
@@ -130,7 +135,8 @@ impl Volumes {
             return Ok(());
         }
         if !self.can_mount {
-            return Err("an emptyDir with medium Memory is a tmpfs, and mounting one needs the agent to run as root".into());
+            return Err("an emptyDir with medium Memory is a tmpfs, and mounting one needs the agent to run as root"
+                .into());
         }
         let size = spec.get("sizeLimit").and_then(quantity::text).and_then(|q| quantity::bytes(&q));
         mount_tmpfs(dir, size, 0o777)
@@ -138,7 +144,14 @@ impl Volumes {
 
     /// The files of a configMap or secret volume (or projected source): every key, or the
     /// `items` asked for.
-    fn object_files(&self, kind: SourceKind, ns: &str, spec: &Value, name_key: &str, default_mode: Option<u32>) -> Result<Files, String> {
+    fn object_files(
+        &self,
+        kind: SourceKind,
+        ns: &str,
+        spec: &Value,
+        name_key: &str,
+        default_mode: Option<u32>,
+    ) -> Result<Files, String> {
         let name = str_at(spec, &format!("/{name_key}"));
         let optional = spec.get("optional").and_then(Value::as_bool).unwrap_or(false);
         let contents = self.sources.require(kind, ns, name, optional).map_err(|e| e.to_string())?;
@@ -155,7 +168,8 @@ impl Volumes {
                     let key = str_at(item, "/key");
                     match contents.get(key) {
                         Some(v) => {
-                            files.insert(str_at(item, "/path").to_string(), (v.clone(), mode_of(item, "mode").unwrap_or(mode)));
+                            let item_mode = mode_of(item, "mode").unwrap_or(mode);
+                            files.insert(str_at(item, "/path").to_string(), (v.clone(), item_mode));
                         }
                         None if optional => {}
                         None => return Err(format!("{} references non-existent config key: {key}", kind.word())),
@@ -199,7 +213,7 @@ impl Volumes {
                 base.clone()
             } else {
                 if Path::new(sub).components().any(|c| !matches!(c, Component::Normal(_))) {
-                    return Err(format!("subPath {sub:?} of volume \"{name}\" must be a relative path below the volume"));
+                    return Err(format!("subPath {sub:?} of volume \"{name}\" must be a relative path in the volume"));
                 }
                 let source = base.join(sub);
                 if !source.exists() && !prepared.read_only.iter().any(|r| r == name) {
@@ -215,7 +229,8 @@ impl Volumes {
                 }
                 real
             };
-            let read_only = vm.get("readOnly").and_then(Value::as_bool).unwrap_or(false) || prepared.read_only.iter().any(|r| r == name);
+            let asked = vm.get("readOnly").and_then(Value::as_bool).unwrap_or(false);
+            let read_only = asked || prepared.read_only.iter().any(|r| r == name);
             out.push(Mount { source, destination: str_at(vm, "/mountPath").to_string(), read_only });
         }
         Ok(out)
@@ -296,7 +311,8 @@ fn host_path(spec: &Value) -> Result<PathBuf, String> {
             if let Some(parent) = path.parent() {
                 fs::create_dir_all(parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
             }
-            fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+            let created = fs::OpenOptions::new().create(true).append(true).open(&path);
+            created.map_err(|e| format!("creating {}: {e}", path.display()))?;
             let _ = fs::set_permissions(&path, fs::Permissions::from_mode(0o644));
         }
         "DirectoryOrCreate" | "Directory" => is(|m| m.is_dir(), "directory")?,

@@ -54,9 +54,11 @@ const HOST_PATH_TYPES: &[&str] =
 /// Pod fields the downward API writes into a volume file.
 const VOLUME_FIELD_PATHS: &[&str] =
     &["metadata.name", "metadata.namespace", "metadata.uid", "metadata.labels", "metadata.annotations"];
-const VOLUME_RESOURCES: &[&str] =
-    &["limits.cpu", "limits.memory", "limits.ephemeral-storage", "requests.cpu", "requests.memory", "requests.ephemeral-storage"];
+const VOLUME_RESOURCES: &[&str] = &["limits.cpu", "limits.memory", "limits.ephemeral-storage", "requests.cpu",
+    "requests.memory", "requests.ephemeral-storage"];
 
+const ENV_NAME_RULE: &str = "a valid environment variable name must consist of alphabetic characters, digits, '_', \
+     '-', or '.', and must not start with a digit";
 const MODE_RULE: &str = "must be a number between 0 and 0777 (octal), both inclusive";
 const DNS1123_LABEL_RULE: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or \
      '-', start and end with an alphanumeric character, and be at most 63 characters";
@@ -79,6 +81,16 @@ fn invalid(field: impl Into<String>, value: &str, why: &str) -> Cause {
     Cause::invalid(field, format!("Invalid value: {}: {why}", quoted(value)))
 }
 
+fn unsupported(field: impl Into<String>, value: &str, supported: &[&str]) -> Cause {
+    let list = supported.iter().map(|s| quoted(s)).collect::<Vec<_>>().join(", ");
+    Cause::not_supported(field, format!("Unsupported value: {}: supported values: {list}", quoted(value)))
+}
+
+/// The entries of `v[key]` that are objects.
+fn objects_in<'a>(v: &'a Value, keys: &[&'a str]) -> Vec<&'a str> {
+    keys.iter().copied().filter(|k| v.get(*k).is_some_and(Value::is_object)).collect()
+}
+
 fn is_dns1123_label(s: &str) -> bool {
     let b = s.as_bytes();
     let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
@@ -87,7 +99,8 @@ fn is_dns1123_label(s: &str) -> bool {
 
 /// Kubernetes' config key rule (ConfigMap and Secret keys).
 fn is_config_key(k: &str) -> bool {
-    !k.is_empty() && k.len() <= 253 && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)) && !k.starts_with("..")
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-._".contains(&b);
+    !k.is_empty() && k.len() <= 253 && k.bytes().all(allowed) && !k.starts_with("..")
 }
 
 /// `[-._a-zA-Z][-._a-zA-Z0-9]*`: what Kubernetes calls a valid environment variable name.
@@ -147,7 +160,8 @@ fn check_item_path(item: &Value, ip: &str, paths: &mut BTreeSet<String>, c: &mut
                 c.push(invalid(join(ip, "path"), path, "must not start with '..'"));
             }
             if !paths.insert(path.to_string()) {
-                c.push(Cause::new("FieldValueDuplicate", join(ip, "path"), format!("Duplicate value: {}", quoted(path))));
+                let message = format!("Duplicate value: {}", quoted(path));
+                c.push(Cause::new("FieldValueDuplicate", join(ip, "path"), message));
             }
         }
     }
@@ -161,19 +175,22 @@ fn check_downward_items(v: &Value, p: &str, c: &mut Vec<Cause>) {
         check_item_path(item, &ip, &mut paths, c);
         check_mode(item, "mode", &ip, c);
         match (item.get("fieldRef").filter(|f| f.is_object()), item.get("resourceFieldRef").filter(|f| f.is_object())) {
-            (Some(_), Some(_)) => c.push(Cause::invalid(&ip, "Invalid value: \"\": fieldRef and resourceFieldRef can not be specified simultaneously")),
+            (Some(_), Some(_)) => c.push(Cause::invalid(
+                &ip,
+                "Invalid value: \"\": fieldRef and resourceFieldRef can not be specified simultaneously",
+            )),
             (None, None) => c.push(Cause::required(join(&ip, "fieldRef"))),
             (Some(f), None) => {
                 let fp = format!("{ip}.fieldRef.fieldPath");
                 match str_of(f, "fieldPath") {
                     None | Some("") => c.push(Cause::required(fp)),
                     Some(path) => {
+                        let key_of = |pre: &str| path.strip_prefix(pre).and_then(|k| k.strip_suffix("']"));
                         let keyed = ["metadata.labels['", "metadata.annotations['"]
                             .iter()
-                            .any(|pre| path.strip_prefix(pre).and_then(|k| k.strip_suffix("']")).is_some_and(|k| !k.is_empty()));
+                            .any(|pre| key_of(pre).is_some_and(|k| !k.is_empty()));
                         if !keyed && !VOLUME_FIELD_PATHS.contains(&path) {
-                            let list = VOLUME_FIELD_PATHS.iter().map(|s| quoted(s)).collect::<Vec<_>>().join(", ");
-                            c.push(Cause::not_supported(fp, format!("Unsupported value: {}: supported values: {list}", quoted(path))));
+                            c.push(unsupported(fp, path, VOLUME_FIELD_PATHS));
                         }
                     }
                 }
@@ -186,8 +203,7 @@ fn check_downward_items(v: &Value, p: &str, c: &mut Vec<Cause>) {
                 match str_of(r, "resource") {
                     None | Some("") => c.push(Cause::required(join(&rp, "resource"))),
                     Some(res) if !VOLUME_RESOURCES.contains(&res) => {
-                        let list = VOLUME_RESOURCES.iter().map(|s| quoted(s)).collect::<Vec<_>>().join(", ");
-                        c.push(Cause::not_supported(join(&rp, "resource"), format!("Unsupported value: {}: supported values: {list}", quoted(res))));
+                        c.push(unsupported(join(&rp, "resource"), res, VOLUME_RESOURCES));
                     }
                     Some(_) => {}
                 }
@@ -210,10 +226,7 @@ fn validate_source(kind: &str, v: &Value, p: &str, c: &mut Vec<Cause>) {
         "emptyDir" => {
             match str_of(v, "medium").unwrap_or("") {
                 "" | "Memory" => {}
-                other => c.push(Cause::not_supported(
-                    join(p, "medium"),
-                    format!("Unsupported value: {}: supported values: \"\", \"Memory\"", quoted(other)),
-                )),
+                other => c.push(unsupported(join(p, "medium"), other, &["", "Memory"])),
             }
             if let Some(q) = v.get("sizeLimit").and_then(Value::as_str)
                 && !Quantity::parse(q).is_ok_and(|q| !q.is_negative())
@@ -241,8 +254,7 @@ fn validate_source(kind: &str, v: &Value, p: &str, c: &mut Vec<Cause>) {
             }
             let ty = str_of(v, "type").unwrap_or("");
             if !HOST_PATH_TYPES.contains(&ty) {
-                let list = HOST_PATH_TYPES.iter().map(|s| quoted(s)).collect::<Vec<_>>().join(", ");
-                c.push(Cause::not_supported(join(p, "type"), format!("Unsupported value: {}: supported values: {list}", quoted(ty))));
+                c.push(unsupported(join(p, "type"), ty, HOST_PATH_TYPES));
             }
         }
         "projected" => {
@@ -251,7 +263,7 @@ fn validate_source(kind: &str, v: &Value, p: &str, c: &mut Vec<Cause>) {
             for (i, s) in v.get("sources").and_then(Value::as_array).into_iter().flatten().enumerate() {
                 let sp = format!("{p}.sources[{i}]");
                 refuse_other_fields(s, &["configMap", "secret", "downwardAPI"], &sp, c);
-                let given: Vec<&str> = ["configMap", "secret", "downwardAPI"].into_iter().filter(|k| s.get(*k).is_some_and(Value::is_object)).collect();
+                let given = objects_in(s, &["configMap", "secret", "downwardAPI"]);
                 if given.len() > 1 {
                     c.push(Cause::forbidden(&sp, "may not specify more than 1 volume type per source"));
                 }
@@ -268,7 +280,7 @@ fn validate_source(kind: &str, v: &Value, p: &str, c: &mut Vec<Cause>) {
                         if let Some(path) = str_of(item, "path")
                             && !paths.insert(path.to_string())
                         {
-                            c.push(Cause::invalid(&kp, format!("Invalid value: {}: conflicting duplicate paths", quoted(path))));
+                            c.push(invalid(&kp, path, "conflicting duplicate paths"));
                         }
                     }
                 }
@@ -369,16 +381,15 @@ pub(crate) fn validate_env_from(ct: &Value, p: &str, c: &mut Vec<Cause>) {
     for (i, e) in list.iter().enumerate() {
         let ep = format!("{p}.envFrom[{i}]");
         let Some(obj) = e.as_object() else { continue };
-        let given: Vec<&str> = ["configMapRef", "secretRef"].into_iter().filter(|k| obj.get(*k).is_some_and(Value::is_object)).collect();
-        match given.as_slice() {
-            [] => c.push(Cause::invalid(&ep, "Invalid value: \"\": must specify one of: `configMapRef` or `secretRef`")),
+        match objects_in(e, &["configMapRef", "secretRef"]).as_slice() {
+            [] => c.push(invalid(&ep, "", "must specify one of: `configMapRef` or `secretRef`")),
             [one] => check_named_ref(&obj[*one], "name", &join(&ep, one), c),
-            _ => c.push(Cause::invalid(&ep, "Invalid value: \"\": may not have more than one field specified at a time")),
+            _ => c.push(invalid(&ep, "", "may not have more than one field specified at a time")),
         }
         if let Some(prefix) = str_of(e, "prefix").filter(|s| !s.is_empty())
             && !is_env_var_name(prefix)
         {
-            c.push(invalid(join(&ep, "prefix"), prefix, "a valid environment variable name must consist of alphabetic characters, digits, '_', '-', or '.', and must not start with a digit"));
+            c.push(invalid(join(&ep, "prefix"), prefix, ENV_NAME_RULE));
         }
     }
 }

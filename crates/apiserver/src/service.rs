@@ -465,10 +465,8 @@ impl ApiService {
     /// and a pod created in that moment would be refused for nothing.
     async fn service_account_must_exist(&self, res: &ResourceInfo, ns: Option<&str>, obj: &Value) -> Result<(), ApiError> {
         let (true, Some(ns)) = (res.kind == "Pod" && res.group.is_empty(), ns) else { return Ok(()) };
-        let Some(sa) = obj.pointer("/spec/serviceAccountName").and_then(Value::as_str).filter(|s| !s.is_empty() && *s != "default")
-        else {
-            return Ok(());
-        };
+        let named = obj.pointer("/spec/serviceAccountName").and_then(Value::as_str);
+        let Some(sa) = named.filter(|s| !s.is_empty() && *s != "default") else { return Ok(()) };
         let found = self.store.get(&kinds::SERVICEACCOUNT.key(Some(ns), sa)).await.map_err(|e| store_err(res, sa, e))?;
         if found.is_none() {
             let name = meta_str(obj, "name").unwrap_or("");
