@@ -493,6 +493,40 @@ mod tests {
     }
 
     #[test]
+    fn a_projected_volume_merges_its_sources_under_one_default_mode() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let sources = Arc::new(Sources::fixed(vec![
+            (SourceKind::ConfigMap, "ns/app", json!({"data": {"a": "1"}, "binaryData": {"bin": "AAE="}})),
+            (SourceKind::Secret, "ns/db", json!({"data": {"password": "czNjcmV0"}})),
+        ]));
+        let volumes = Volumes { root: tmp.path().join("pods"), sources, can_mount: false };
+        let pod = json!({"metadata": {"uid": "u1", "namespace": "ns", "name": "web-0", "annotations": {"b": "2", "a": "1"}},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"memory": "64Mi"}},
+                "volumeMounts": [{"name": "all", "mountPath": "/all"}]}],
+            "volumes": [{"name": "all", "projected": {"defaultMode": 0o440, "sources": [
+                {"configMap": {"name": "app"}},
+                {"secret": {"name": "db", "items": [{"key": "password", "path": "creds/pw", "mode": 0o400}]}},
+                {"downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}},
+                    {"path": "notes", "fieldRef": {"fieldPath": "metadata.annotations"}},
+                    {"path": "mem", "resourceFieldRef": {"containerName": "c", "resource": "limits.memory", "divisor": "1Mi"}}]}},
+                {"configMap": {"name": "absent", "optional": true}}]}}]}});
+        let prepared = volumes.sync(&pod, &NODE).expect("sync");
+        let dir = &volumes.mounts(&pod["spec"]["containers"][0], &prepared).expect("mounts")[0].source;
+        let read = |p: &str| fs::read(dir.join(p)).unwrap_or_default();
+        let mode = |p: &str| fs::metadata(dir.join(p)).map(|m| m.permissions().mode() & 0o777).unwrap_or(0);
+        assert_eq!((read("a"), read("bin"), read("creds/pw")), (b"1".to_vec(), vec![0, 1], b"s3cret".to_vec()));
+        assert_eq!((read("name"), read("notes"), read("mem")), (b"web-0".to_vec(), b"a=\"1\"\nb=\"2\"".to_vec(), b"64".to_vec()));
+        assert_eq!((mode("a"), mode("creds/pw")), (0o440, 0o400));
+
+        let mut missing = pod.clone();
+        missing["spec"]["volumes"][0]["projected"]["sources"][1]["secret"]["name"] = json!("later");
+        assert!(volumes.sync(&missing, &NODE).is_ok(), "a source gone after the first sync leaves the last content");
+        missing["metadata"]["uid"] = json!("u2");
+        let err = volumes.sync(&missing, &NODE).expect_err("a new pod waits for it");
+        assert!(err.contains("secret \"later\" not found"), "{err}");
+    }
+
+    #[test]
     fn host_paths_are_checked_against_their_type() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let file = tmp.path().join("f");

@@ -146,12 +146,15 @@ spec:
   containers:
   - name: c
     image: minimal
-    command: ["sh", "-c", "echo \"mode=$(stat -L -c %a /srv/token) token=$(cat /srv/token) fs=$(stat -f -c %T /srv)\"; touch /srv/x 2>/dev/null || echo read-only; sleep 1000"]
+    command: ["sh", "-c", "echo \"mode=$(stat -L -c %a /srv/token) token=$(cat /srv/token) fs=$(stat -f -c %T /srv)\"; \
+      echo env=$TOKEN; touch /srv/x 2>/dev/null || echo read-only; sleep 1000"]
+    env: [{name: TOKEN, valueFrom: {secretKeyRef: {name: creds, key: token}}}]
     volumeMounts: [{name: creds, mountPath: /srv}]
   volumes: [{name: creds, secret: {secretName: creds, defaultMode: 0400}}]
 "#;
         k.ok(&["apply", "-f", "-"], Some(pod));
         k.wait_for(&["logs", "reader"], "mode=400 token=hunter2-very-secret fs=tmpfs", Duration::from_secs(60));
+        k.wait_for(&["logs", "reader"], "env=hunter2-very-secret", Duration::from_secs(10));
         k.wait_for(&["logs", "reader"], "read-only", Duration::from_secs(10));
 
         let described = k.ok(&["describe", "secret", "creds"], None);
