@@ -758,6 +758,63 @@ async fn wait_for_exit(pid: i32, start: u64) {
 mod tests {
     use super::*;
 
+    fn runtime_inner(isolate: bool, data_dir: &Path) -> Inner {
+        let (events, _) = tokio::sync::mpsc::unbounded_channel();
+        Inner {
+            config: ProcessConfig { data_dir: data_dir.to_path_buf(), log_max_bytes: 1 << 20, pids_limit: None },
+            cgroups: Cgroups::default(),
+            isolate,
+            events,
+            next_instance: AtomicU64::new(1),
+            live: Mutex::default(),
+            rotation: Mutex::default(),
+        }
+    }
+
+    fn spec_with(mounts: Vec<crate::runtime::Mount>) -> ContainerSpec {
+        ContainerSpec {
+            id: ContainerId { pod_key: "ns/p".into(), pod_uid: "u".into(), name: "c".into() },
+            image: MINIMAL_IMAGE.into(),
+            command: Vec::new(),
+            args: Vec::new(),
+            env: Vec::new(),
+            working_dir: None,
+            hostname: "p".into(),
+            memory_limit_bytes: None,
+            cpu_limit_millis: None,
+            simulate_fail: false,
+            restart_count: 0,
+            mounts,
+        }
+    }
+
+    #[test]
+    fn mounts_are_refused_rather_than_dropped_or_created_on_the_host() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let volume = dir.path().join("vol");
+        fs::create_dir(&volume).expect("mkdir");
+        let mount = |destination: &str| crate::runtime::Mount { source: volume.clone(), destination: destination.into(), read_only: false };
+
+        let err = runtime_inner(false, dir.path()).bind_mounts(&spec_with(vec![mount("/srv")])).err().unwrap_or_default();
+        assert!(err.contains("need the agent to run as root"), "{err}");
+
+        let isolated = runtime_inner(true, dir.path());
+        let missing = dir.path().join("not/there").to_string_lossy().to_string();
+        let err = isolated.bind_mounts(&spec_with(vec![mount(&missing)])).err().unwrap_or_default();
+        assert!(err.contains(&format!("mount path {missing} does not exist on this host")), "{err}");
+        assert!(!dir.path().join("not").exists(), "nothing is created on the host");
+
+        let file = dir.path().join("file");
+        fs::write(&file, "x").expect("write");
+        let err = isolated.bind_mounts(&spec_with(vec![mount(&file.to_string_lossy())])).err().unwrap_or_default();
+        assert!(err.contains("is a file on this host, and the volume is a directory"), "{err}");
+
+        let nested = dir.path().join("vol").to_string_lossy().to_string();
+        let ok = isolated.bind_mounts(&spec_with(vec![mount(&nested), mount(&dir.path().to_string_lossy())])).expect("mounts");
+        assert_eq!(ok[0].destination.as_bytes(), dir.path().as_os_str().as_encoded_bytes(), "parents are mounted first");
+        assert!(isolated.bind_mounts(&spec_with(Vec::new())).expect("none").is_empty());
+    }
+
     #[test]
     fn exit_codes_are_formatted_without_allocating() {
         let mut buf = [0u8; 12];
