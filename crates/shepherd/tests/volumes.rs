@@ -108,9 +108,12 @@ spec:
 fn a_config_map_reaches_a_pod_as_environment_and_files_and_the_files_follow_edits() {
     let (_dir, daemon) = daemon();
     each_kubectl(&daemon.url, "cm", |k| {
-        k.ok(&["create", "configmap", "app", "--from-literal=a=1"], None);
+        k.ok(&["create", "configmap", "app", "--from-literal=a=1", "--from-literal=1bad=x"], None);
         k.ok(&["apply", "-f", "-"], Some(APP_POD));
         k.wait_for(&["logs", "app"], "file a=1 env a=1", Duration::from_secs(60));
+        // A key that is no variable name is skipped, and an Event says so.
+        let skipped = format!("Keys [1bad] from the EnvFrom configmap {}/app were skipped", k.ns);
+        k.wait_for(&["get", "events", "--field-selector", "reason=InvalidEnvironmentVariableNames"], &skipped, Duration::from_secs(10));
 
         k.ok(&["patch", "configmap", "app", "-p", r#"{"data":{"a":"2"}}"#], None);
         k.wait_for(&["logs", "app"], "file a=2 env a=1", Duration::from_secs(10));
@@ -243,6 +246,8 @@ spec:
         assert!(mounted_under(dir.path()), "the tmpfs is mounted under the data dir");
         k.ok(&["delete", "pod", "ram", "--grace-period=1", "--timeout=60s"], None);
         wait_unmounted(dir.path());
+        let left = std::fs::read_dir(dir.path().join("data/pods")).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(left, 0, "the pod's volume directories are removed");
     });
 }
 
