@@ -98,9 +98,10 @@ spec:
   containers:
   - name: c
     image: minimal
-    command: ["sh", "-c", "while :; do echo \"file a=$(cat /srv/a) env a=$a\"; sleep 0.2; done"]
+    command: ["sh", "-c", "while :; do echo \"file a=$(cat /srv/a) env a=$a sub a=$(cat /etc/hostname)\"; sleep 0.2; done"]
     envFrom: [{configMapRef: {name: app}}]
-    volumeMounts: [{name: conf, mountPath: /srv}]
+    # A subPath mount binds the file as it is at the start: it does not follow edits (as in Kubernetes).
+    volumeMounts: [{name: conf, mountPath: /srv}, {name: conf, mountPath: /etc/hostname, subPath: a}]
   volumes: [{name: conf, configMap: {name: app}}]
 "#;
 
@@ -110,23 +111,23 @@ fn a_config_map_reaches_a_pod_as_environment_and_files_and_the_files_follow_edit
     each_kubectl(&daemon.url, "cm", |k| {
         k.ok(&["create", "configmap", "app", "--from-literal=a=1", "--from-literal=1bad=x"], None);
         k.ok(&["apply", "-f", "-"], Some(APP_POD));
-        k.wait_for(&["logs", "app"], "file a=1 env a=1", Duration::from_secs(60));
+        k.wait_for(&["logs", "app"], "file a=1 env a=1 sub a=1", Duration::from_secs(60));
         // A key that is no variable name is skipped, and an Event says so.
         let skipped = format!("Keys [1bad] from the EnvFrom configmap {}/app were skipped", k.ns);
         k.wait_for(&["get", "events", "--field-selector", "reason=InvalidEnvironmentVariableNames"], &skipped, Duration::from_secs(10));
 
         k.ok(&["patch", "configmap", "app", "-p", r#"{"data":{"a":"2"}}"#], None);
-        k.wait_for(&["logs", "app"], "file a=2 env a=1", Duration::from_secs(10));
+        k.wait_for(&["logs", "app"], "file a=2 env a=1 sub a=1", Duration::from_secs(10));
 
         let applied = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: app}\ndata: {a: \"3\"}\n";
         k.ok(&["apply", "-f", "-"], Some(applied));
-        k.wait_for(&["logs", "app"], "file a=3 env a=1", Duration::from_secs(10));
+        k.wait_for(&["logs", "app"], "file a=3 env a=1 sub a=1", Duration::from_secs(10));
 
         let mut edit = k.command(&["edit", "configmap", "app"]);
         edit.env("KUBE_EDITOR", r#"sed -i -e 's/^  a: .*/  a: "4"/'"#);
         let (status, out, err) = run_with_stdin(&mut edit, None);
         assert!(status.success(), "kubectl edit: {err}{out}");
-        k.wait_for(&["logs", "app"], "file a=4 env a=1", Duration::from_secs(10));
+        k.wait_for(&["logs", "app"], "file a=4 env a=1 sub a=1", Duration::from_secs(10));
 
         let restarts = k.ok(&["get", "pod", "app", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"], None);
         assert_eq!(restarts, "0", "the files changed without a restart");
