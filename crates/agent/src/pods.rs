@@ -529,6 +529,9 @@ impl PodManager {
             Ok(m) => m.unwrap_or_default(),
             Err(e) => return self.hold(pod, c, e),
         };
+        if let Err(e) = self.runtime.check_mounts(&mounts) {
+            return self.hold(pod, c, e);
+        }
         c.waiting = None;
         for skipped in &env.skipped {
             events::warn_about(&self.client, pod, "InvalidEnvironmentVariableNames", skipped);

@@ -22,9 +22,9 @@
 //! (after `unshare`, before `exec`; read-only ones are remounted read-only), so the host never
 //! sees them. There is no image root: the container sees the host's filesystem, and a mount
 //! needs its destination to exist on the host already, as a directory for a directory and a file
-//! for a file. A missing destination is refused before the start (the container shows
-//! `RunContainerError` naming the path) rather than created, because creating it would write
-//! into the host's real filesystem. Without root there is no mount namespace, and a container
+//! for a file. A missing destination is refused before the start (the container waits in
+//! `CreateContainerConfigError` naming the path) rather than created, because creating it would
+//! write into the host's real filesystem. Without root there is no mount namespace, and a container
 //! with mounts is refused the same way instead of running without its volumes.
 
 use std::collections::HashMap;
@@ -141,7 +141,11 @@ impl Inner {
     /// The container's mounts as the forked child needs them, parents before children; see the
     /// module docs for what is refused.
     fn bind_mounts(&self, spec: &ContainerSpec) -> Result<Vec<BindMount>, String> {
-        if spec.mounts.is_empty() {
+        self.check_mounts(&spec.mounts)
+    }
+
+    fn check_mounts(&self, mounts: &[crate::runtime::Mount]) -> Result<Vec<BindMount>, String> {
+        if mounts.is_empty() {
             return Ok(Vec::new());
         }
         if !self.isolate {
@@ -149,7 +153,7 @@ impl Inner {
                         container's own mount namespace, which it creates only as root"
                 .into());
         }
-        let mut mounts = spec.mounts.clone();
+        let mut mounts = mounts.to_vec();
         mounts.sort_by_key(|m| Path::new(&m.destination).components().count());
         let mut out = Vec::new();
         for m in &mounts {
@@ -458,6 +462,10 @@ impl Runtime for ProcessRuntime {
 
     fn log_files(&self, id: &ContainerId) -> Option<LogFiles> {
         Some(log_files(&self.inner.dir_of(id)))
+    }
+
+    fn check_mounts(&self, mounts: &[crate::runtime::Mount]) -> Result<(), String> {
+        self.inner.check_mounts(mounts).map(drop)
     }
 
     fn detach(&self) {
