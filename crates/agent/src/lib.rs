@@ -180,7 +180,7 @@ impl Agent {
         let pc = pods::PodConfig { backoff_initial: config.restart_backoff_initial, backoff_max: config.restart_backoff_max };
         let configmaps = manager.informers().informer(&kinds::CONFIGMAP);
         let secrets = manager.informers().informer(&kinds::SECRET);
-        let sources = Arc::new(sources::Sources::new(configmaps.cache().clone(), secrets.cache().clone()));
+        let sources = Arc::new(sources::Sources::new(configmaps.clone(), secrets.clone()));
         let process = config.runtime == RuntimeKind::Process;
         let volumes = process.then(|| volumes::Volumes::new(&config.data_dir, sources.clone()));
         let inputs = pods::ConfigInputs { sources, volumes };

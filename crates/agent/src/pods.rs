@@ -44,6 +44,9 @@ type Error = shepherd_runtime::controller::Error;
 /// again, beyond the re-sync a change of the object itself triggers.
 const WAITING_RECHECK: Duration = Duration::from_secs(10);
 
+/// How long a reconcile waits for the ConfigMap and Secret caches' first list (once, at start).
+const SOURCES_SYNC_LIMIT: Duration = Duration::from_secs(10);
+
 /// Where containers' environments and volumes come from.
 pub(crate) struct ConfigInputs {
     pub sources: Arc<Sources>,
@@ -395,6 +398,7 @@ impl PodManager {
         let policy = str_at(&pod, "/spec/restartPolicy").to_string();
         let now = Instant::now();
         let mut wake: Option<Instant> = None;
+        self.sources.wait_synced(SOURCES_SYNC_LIMIT).await;
         let prepared = self.sync_volumes(&pod, &mut rec);
         if prepared.is_none() {
             wake = Some(now + WAITING_RECHECK);

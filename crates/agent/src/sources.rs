@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use base64::Engine;
 use serde_json::Value;
-use shepherd_runtime::Cache;
+use shepherd_runtime::Informer;
 
 /// ConfigMap or Secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +50,8 @@ type Lookup = dyn Fn(SourceKind, &str) -> Option<Arc<Value>> + Send + Sync;
 pub(crate) struct Sources {
     /// `namespace/name` to the object, if it exists.
     lookup: Box<Lookup>,
+    /// The informers filling the caches: until they have listed once, "not found" means nothing.
+    informers: Vec<Arc<Informer>>,
 }
 
 /// Decoded contents of a ConfigMap (`data` and `binaryData`) or a Secret (`data`).
@@ -68,13 +70,22 @@ fn decode_map(obj: &Value, key: &str, base64: bool, out: &mut Contents) {
 }
 
 impl Sources {
-    pub fn new(configmaps: Arc<Cache>, secrets: Arc<Cache>) -> Self {
+    pub fn new(configmaps: Arc<Informer>, secrets: Arc<Informer>) -> Self {
+        let (cm, sec) = (configmaps.cache().clone(), secrets.cache().clone());
         Sources {
             lookup: Box::new(move |kind, key| match kind {
-                SourceKind::ConfigMap => configmaps.get(key),
-                SourceKind::Secret => secrets.get(key),
+                SourceKind::ConfigMap => cm.get(key),
+                SourceKind::Secret => sec.get(key),
             }),
+            informers: vec![configmaps, secrets],
         }
+    }
+
+    /// Waits (at most `limit`) until both caches hold a full list, so that an agent that just
+    /// started does not report a ConfigMap missing that it simply has not read yet.
+    pub async fn wait_synced(&self, limit: std::time::Duration) {
+        let all = futures::future::join_all(self.informers.iter().map(|i| i.wait_synced()));
+        let _ = tokio::time::timeout(limit, all).await;
     }
 
     /// Objects from a fixed list (`kind`, `namespace/name`, object), for tests.
@@ -82,7 +93,8 @@ impl Sources {
     pub fn fixed(objects: Vec<(SourceKind, &str, Value)>) -> Self {
         let map: std::collections::HashMap<(String, String), Arc<Value>> =
             objects.into_iter().map(|(k, key, v)| ((k.kind().to_string(), key.to_string()), Arc::new(v))).collect();
-        Sources { lookup: Box::new(move |kind, key| map.get(&(kind.kind().to_string(), key.to_string())).cloned()) }
+        let lookup = Box::new(move |kind: SourceKind, key: &str| map.get(&(kind.kind().to_string(), key.to_string())).cloned());
+        Sources { lookup, informers: Vec::new() }
     }
 
     /// The contents of `namespace/name`, or `None` when it does not exist (yet).
