@@ -227,6 +227,38 @@ spec:
 }
 
 #[test]
+fn a_downward_api_volume_follows_labels_and_a_host_path_is_shared_with_the_host() {
+    let (dir, daemon) = daemon();
+    each_kubectl(&daemon.url, "info", |k| {
+        let host = dir.path().join(format!("host-{}", k.ns));
+        let pod = format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: info, labels: {{app: demo}}}}
+spec:
+  containers:
+  - name: c
+    image: minimal
+    command: ["sh", "-c", "echo written-in-the-pod > /mnt/out; while :; do echo \"labels: $(cat /srv/labels | tr '\\n' ' ')\"; sleep 0.2; done"]
+    volumeMounts: [{{name: info, mountPath: /srv}}, {{name: host, mountPath: /mnt}}]
+  volumes:
+  - {{name: info, downwardAPI: {{items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]}}}}
+  - {{name: host, hostPath: {{path: {}, type: DirectoryOrCreate}}}}
+"#,
+            host.display()
+        );
+        k.ok(&["apply", "-f", "-"], Some(&pod));
+        k.wait_for(&["logs", "info"], "labels: app=\"demo\"", Duration::from_secs(60));
+        k.ok(&["label", "pod", "info", "tier=web"], None);
+        k.wait_for(&["logs", "info"], "labels: app=\"demo\" tier=\"web\"", Duration::from_secs(10));
+        let written = std::fs::read_to_string(host.join("out")).unwrap_or_default();
+        assert_eq!(written, "written-in-the-pod\n", "the host path holds what the pod wrote");
+        k.ok(&["delete", "pod", "info", "--wait=false"], None);
+    });
+}
+
+#[test]
 fn a_memory_empty_dir_is_a_tmpfs_of_its_size_limit_and_goes_away_with_its_pod() {
     let (dir, daemon) = daemon();
     each_kubectl(&daemon.url, "ram", |k| {
