@@ -445,6 +445,9 @@ impl PodManager {
     /// one cannot be set up yet.
     fn sync_volumes(&self, pod: &Value, rec: &mut PodRecord) -> Option<Prepared> {
         let Some(volumes) = &self.volumes else { return Some(Prepared::default()) };
+        if pod.at("/spec/volumes").and_then(Value::as_array).is_none_or(Vec::is_empty) {
+            return Some(Prepared::default());
+        }
         match volumes.sync(pod, &self.node_of(pod)) {
             Ok(p) => {
                 for c in &mut rec.containers {
