@@ -8,6 +8,7 @@ use serde_json::Value;
 use shepherd_api::JsonPath;
 
 use crate::quantity;
+use crate::sources::{SourceError, SourceKind, Sources};
 
 /// What the downward API needs to know of the node a pod runs on.
 pub(crate) struct Node<'a> {
@@ -29,22 +30,81 @@ pub(crate) fn host_allocatable() -> (u64, u64) {
     (cpus * 1000, memory)
 }
 
-/// The environment of `container` (an entry of the pod's `containers`), in order.
-pub(crate) fn container_env(pod: &Value, container: &Value, node: &Node) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = Vec::new();
+/// A container's environment, and the envFrom keys skipped because they are not valid variable
+/// names (kubelet reports those in an Event and starts the container anyway).
+#[derive(Debug, Default)]
+pub(crate) struct Environment {
+    pub vars: Vec<(String, String)>,
+    /// `Keys [..] from the EnvFrom configMap ns/name were skipped ...`, one line per source.
+    pub skipped: Vec<String>,
+}
+
+fn set(env: &mut Vec<(String, String)>, name: &str, value: String) {
+    env.retain(|(k, _)| k != name);
+    env.push((name.to_string(), value));
+}
+
+/// The environment of `container` (an entry of the pod's `containers`) as kubelet builds it:
+/// `envFrom` sources first, then `env` in order (a later name replaces an earlier one). A
+/// ConfigMap or Secret that is missing (and not optional) is an error: the container waits.
+pub(crate) fn container_env(
+    pod: &Value,
+    container: &Value,
+    node: &Node,
+    sources: &Sources,
+) -> Result<Environment, SourceError> {
+    let namespace = str_at(pod, "/metadata/namespace");
+    let mut out = Environment::default();
+    for from in container.get("envFrom").and_then(Value::as_array).into_iter().flatten() {
+        let object = |key: &str| from.get(key).filter(|r| r.is_object());
+        let (kind, r) = match (object("configMapRef"), object("secretRef")) {
+            (Some(r), _) => (SourceKind::ConfigMap, r),
+            (None, Some(r)) => (SourceKind::Secret, r),
+            (None, None) => continue,
+        };
+        let name = str_at(r, "/name");
+        let optional = r.get("optional").and_then(Value::as_bool).unwrap_or(false);
+        let prefix = from.get("prefix").and_then(Value::as_str).unwrap_or("");
+        let mut invalid = Vec::new();
+        for (key, value) in sources.require(kind, namespace, name, optional)? {
+            let var = format!("{prefix}{key}");
+            if shepherd_api::is_env_var_name(&var) {
+                set(&mut out.vars, &var, String::from_utf8_lossy(&value).into_owned());
+            } else {
+                invalid.push(var);
+            }
+        }
+        if !invalid.is_empty() {
+            out.skipped.push(format!(
+                "Keys [{}] from the EnvFrom {} {namespace}/{name} were skipped since they are considered invalid \
+                 environment variable names.",
+                invalid.join(", "),
+                kind.word()
+            ));
+        }
+    }
     for e in container.get("env").and_then(Value::as_array).into_iter().flatten() {
         let Some(name) = e.get("name").and_then(Value::as_str) else { continue };
         let value = match e.get("valueFrom").filter(|v| v.is_object()) {
-            Some(from) => downward(pod, container, from, node),
+            Some(from) => match (from.get("configMapKeyRef"), from.get("secretKeyRef")) {
+                (Some(r), _) if r.is_object() => match sources.key(SourceKind::ConfigMap, namespace, r)? {
+                    Some(v) => String::from_utf8_lossy(&v).into_owned(),
+                    None => continue,
+                },
+                (_, Some(r)) if r.is_object() => match sources.key(SourceKind::Secret, namespace, r)? {
+                    Some(v) => String::from_utf8_lossy(&v).into_owned(),
+                    None => continue,
+                },
+                _ => downward(pod, container, from, node),
+            },
             None => {
-                let vars: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let vars: HashMap<&str, &str> = out.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
                 expand(e.get("value").and_then(Value::as_str).unwrap_or(""), &vars)
             }
         };
-        env.retain(|(k, _)| k != name);
-        env.push((name.to_string(), value));
+        set(&mut out.vars, name, value);
     }
-    env
+    Ok(out)
 }
 
 /// `command` or `args` with `$(VAR)` references to the container's environment expanded.
@@ -106,7 +166,7 @@ fn downward(pod: &Value, container: &Value, from: &Value, node: &Node) -> String
     String::new()
 }
 
-fn field_value(pod: &Value, path: &str, node: &Node) -> String {
+pub(crate) fn field_value(pod: &Value, path: &str, node: &Node) -> String {
     let keyed = |prefix: &str| path.strip_prefix(prefix).and_then(|k| k.strip_suffix("']"));
     if let Some(key) = keyed("metadata.labels['") {
         return pod.at("/metadata/labels").and_then(|l| l.get(key)).and_then(Value::as_str).unwrap_or("").into();
@@ -128,7 +188,7 @@ fn field_value(pod: &Value, path: &str, node: &Node) -> String {
 
 /// A resource of a container in units of the divisor, rounded up as kubelet does; a limit that is
 /// not set reads as the node's allocatable amount, a request that is not set as zero.
-fn resource_value(container: &Value, res: &Value, node: &Node) -> String {
+pub(crate) fn resource_value(container: &Value, res: &Value, node: &Node) -> String {
     let resource = str_at(res, "/resource");
     let (kind, name) = resource.split_once('.').unwrap_or(("", ""));
     let set = container.at(&format!("/resources/{kind}/{name}")).and_then(quantity::text);
@@ -183,7 +243,8 @@ mod tests {
                     {"name": "REQ_MEM", "valueFrom": {"resourceFieldRef": {"resource": "requests.memory"}}},
                 ]},
                 {"name": "other"}]}});
-        let env = container_env(&pod, &pod["spec"]["containers"][0], &NODE);
+        let none = Sources::fixed(Vec::new());
+        let env = container_env(&pod, &pod["spec"]["containers"][0], &NODE, &none).expect("env").vars;
         let got: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         assert_eq!(got["POD"], "web-0");
         assert_eq!(got["GREETING"], "hi web-0 in $(NS)", "only earlier variables expand");
@@ -191,7 +252,36 @@ mod tests {
         assert_eq!((got["CPU"], got["CPU_M"], got["MEM_MI"], got["REQ_MEM"]), ("1", "500", "64", "0"));
 
         let other = json!({"name": "other", "env": [{"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}}]});
-        assert_eq!(container_env(&pod, &other, &NODE), [("CPU".to_string(), "2".to_string())], "no limit: the node's");
+        let vars = container_env(&pod, &other, &NODE, &none).expect("env").vars;
+        assert_eq!(vars, [("CPU".to_string(), "2".to_string())], "no limit: the node's");
         assert_eq!(expand_all(vec!["echo".into(), "$(POD)".into()], &env), ["echo", "web-0"]);
+    }
+
+    #[test]
+    fn config_maps_and_secrets_fill_the_environment_env_winning_over_env_from() {
+        let sources = Sources::fixed(vec![
+            (SourceKind::ConfigMap, "shop/app", json!({"data": {"a": "1", "mode": "fast", "1bad": "x"}})),
+            (SourceKind::Secret, "shop/db", json!({"data": {"password": "czNjcmV0"}})),
+        ]);
+        let pod = json!({"metadata": {"name": "p", "namespace": "shop"}, "spec": {"containers": []}});
+        let ct = json!({"name": "c",
+            "envFrom": [{"configMapRef": {"name": "app"}}, {"secretRef": {"name": "db"}, "prefix": "DB_"},
+                {"configMapRef": {"name": "absent", "optional": true}}],
+            "env": [{"name": "mode", "value": "slow"},
+                {"name": "PW", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+                {"name": "OPT", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "nope", "optional": true}}}]});
+        let env = container_env(&pod, &ct, &NODE, &sources).expect("env");
+        let got: HashMap<&str, &str> = env.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!((got["a"], got["mode"], got["DB_password"], got["PW"]), ("1", "slow", "s3cret", "s3cret"));
+        assert!(!got.contains_key("OPT") && !got.contains_key("1bad"), "{got:?}");
+        assert_eq!(env.skipped.len(), 1);
+        assert!(env.skipped[0].contains("[1bad]") && env.skipped[0].contains("configmap shop/app"), "{:?}", env.skipped);
+
+        let missing = json!({"name": "c", "envFrom": [{"configMapRef": {"name": "later"}}]});
+        let err = container_env(&pod, &missing, &NODE, &sources).expect_err("missing");
+        assert_eq!(err.to_string(), "configmap \"later\" not found");
+        let key = json!({"name": "c", "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "zz"}}}]});
+        let err = container_env(&pod, &key, &NODE, &sources).expect_err("missing key");
+        assert_eq!(err.to_string(), "couldn't find key zz in ConfigMap shop/app");
     }
 }

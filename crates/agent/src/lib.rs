@@ -11,6 +11,7 @@
 mod backoff;
 mod cgroup;
 mod envvars;
+mod events;
 mod logs;
 mod node;
 mod pods;
@@ -19,6 +20,8 @@ mod process;
 mod quantity;
 mod runtime;
 mod simulated;
+mod sources;
+mod volumes;
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -28,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shepherd_api::kinds;
+use shepherd_api::{JsonPath, kinds};
 use shepherd_runtime::{Action, Client, Controller, ListParams, Manager, Metrics, TriggerMode};
 use tokio::sync::mpsc;
 use tracing::info;
@@ -175,7 +178,30 @@ impl Agent {
         let cache = manager.informers().cache(&kinds::POD);
         let addresses: HashMap<String, String> = nodes.iter().map(|n| (n.name.clone(), n.ip.clone())).collect();
         let pc = pods::PodConfig { backoff_initial: config.restart_backoff_initial, backoff_max: config.restart_backoff_max };
-        let pods = pods::PodManager::new(client.clone(), cache, addresses, runtime, pc, rx);
+        let configmaps = manager.informers().informer(&kinds::CONFIGMAP);
+        let secrets = manager.informers().informer(&kinds::SECRET);
+        let sources = Arc::new(sources::Sources::new(configmaps.clone(), secrets.clone()));
+        let process = config.runtime == RuntimeKind::Process;
+        let volumes = process.then(|| volumes::Volumes::new(&config.data_dir, sources.clone()));
+        let inputs = pods::ConfigInputs { sources, volumes };
+        let pods = pods::PodManager::new(client.clone(), cache.clone(), addresses, runtime, pc, rx, inputs);
+        // A changed ConfigMap or Secret re-syncs the pods that read it: waiting containers start,
+        // volume files follow.
+        for (informer, kind) in [(configmaps, sources::SourceKind::ConfigMap), (secrets, sources::SourceKind::Secret)] {
+            let (pods, cache) = (Arc::downgrade(&pods), cache.clone());
+            informer.subscribe(move |change| {
+                let Some(manager) = pods.upgrade() else { return };
+                let obj = change.object();
+                let ns = obj.at("/metadata/namespace").and_then(serde_json::Value::as_str).unwrap_or("");
+                let name = obj.at("/metadata/name").and_then(serde_json::Value::as_str).unwrap_or("");
+                for pod in cache.by_namespace(ns) {
+                    if sources::references(&pod, kind, name) {
+                        let pod_name = pod.at("/metadata/name").and_then(serde_json::Value::as_str).unwrap_or("");
+                        manager.kick(&format!("{ns}/{pod_name}"));
+                    }
+                }
+            });
+        }
         Ok(Agent { client, config, nodes, manager, pods, _lock: lock })
     }
 

@@ -28,14 +28,31 @@ use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
 use crate::envvars;
+use crate::events;
 use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
 use crate::quantity;
 use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, Runtime, RuntimeEvent};
+use crate::sources::Sources;
+use crate::volumes::{Prepared, Volumes};
 
 /// The annotation that makes the simulated runtime fail a pod's containers.
 pub const SIMULATE_FAIL_ANNOTATION: &str = "shepherd.io/simulate-fail";
 
 type Error = shepherd_runtime::controller::Error;
+
+/// How often a container that cannot start yet (a missing ConfigMap or Secret) is looked at
+/// again, beyond the re-sync a change of the object itself triggers.
+const WAITING_RECHECK: Duration = Duration::from_secs(10);
+
+/// How long a reconcile waits for the ConfigMap and Secret caches' first list (once, at start).
+const SOURCES_SYNC_LIMIT: Duration = Duration::from_secs(10);
+
+/// Where containers' environments and volumes come from.
+pub(crate) struct ConfigInputs {
+    pub sources: Arc<Sources>,
+    /// `None` for simulated nodes, whose containers see no files.
+    pub volumes: Option<Volumes>,
+}
 
 #[derive(Debug, Clone)]
 pub(crate) struct PodConfig {
@@ -66,6 +83,10 @@ struct ContainerRecord {
     /// The instance a stop was asked for and the deadline it was given: asked again only to
     /// shorten the deadline (a force delete during a graceful termination).
     stop_sent: Option<(u64, Instant)>,
+    /// Why the container cannot start yet (`CreateContainerConfigError`, or `ContainerCreating`
+    /// while a volume is not ready) and the message, shown while it waits; an Event is recorded
+    /// when it first appears or changes.
+    waiting: Option<(&'static str, String)>,
 }
 
 impl ContainerRecord {
@@ -82,6 +103,7 @@ impl ContainerRecord {
             probes: Vec::new(),
             probes_for: None,
             stop_sent: None,
+            waiting: None,
         }
     }
 
@@ -120,6 +142,10 @@ pub(crate) struct PodManager {
     nodes: HashMap<String, String>,
     runtime: Arc<dyn Runtime>,
     config: PodConfig,
+    /// ConfigMaps and Secrets for environments and volumes.
+    sources: Arc<Sources>,
+    /// Volume directories on the node; `None` for simulated nodes, whose containers see no files.
+    volumes: Option<Volumes>,
     /// Pod key to its incarnations on this node, by UID.
     records: Mutex<HashMap<String, Incarnations>>,
     /// The earliest pending timer per pod key, so timers do not pile up. By key, not UID: one
@@ -157,6 +183,7 @@ impl PodManager {
         runtime: Arc<dyn Runtime>,
         config: PodConfig,
         runtime_events: mpsc::UnboundedReceiver<RuntimeEvent>,
+        inputs: ConfigInputs,
     ) -> Arc<PodManager> {
         let (probe_tx, probe_rx) = mpsc::unbounded_channel();
         let adopted = runtime.adopt();
@@ -166,6 +193,8 @@ impl PodManager {
             nodes,
             runtime,
             config,
+            sources: inputs.sources,
+            volumes: inputs.volumes,
             records: Mutex::default(),
             timers: Mutex::default(),
             engine: std::sync::OnceLock::new(),
@@ -298,6 +327,9 @@ impl PodManager {
                 for c in &rec.containers {
                     self.runtime.remove(&c.id);
                 }
+                if let Some(v) = &self.volumes {
+                    v.remove(&uid);
+                }
                 info!(pod = %key, uid = %uid, "pod gone: its containers are stopped and removed");
                 drop(rec);
                 self.forget(key, &uid, &rec_arc);
@@ -346,6 +378,9 @@ impl PodManager {
             for c in &rec.containers {
                 self.runtime.remove(&c.id);
             }
+            if let Some(v) = &self.volumes {
+                v.remove(&uid);
+            }
             drop(rec);
             self.forget(key, &uid, &rec_arc);
             return Ok(());
@@ -363,6 +398,11 @@ impl PodManager {
         let policy = str_at(&pod, "/spec/restartPolicy").to_string();
         let now = Instant::now();
         let mut wake: Option<Instant> = None;
+        self.sources.wait_synced(SOURCES_SYNC_LIMIT).await;
+        let prepared = self.sync_volumes(&pod, &mut rec);
+        if prepared.is_none() {
+            wake = Some(now + WAITING_RECHECK);
+        }
         let specs: Vec<Value> = pod.at("/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
         for spec in &specs {
             let name = spec.get("name").and_then(Value::as_str).unwrap_or("");
@@ -378,8 +418,12 @@ impl PodManager {
                 },
                 _ => false,
             };
-            if start {
-                self.start_container(&pod, spec, c).await;
+            if let (true, Some(prepared)) = (start, &prepared) {
+                self.start_container(&pod, spec, c, prepared).await;
+                if c.waiting.is_some() {
+                    let at = now + WAITING_RECHECK;
+                    wake = Some(wake.map_or(at, |w| w.min(at)));
+                }
                 if let Some(at) = c.restart_at.filter(|_| matches!(c.state, CState::Exited { .. })) {
                     wake = Some(wake.map_or(at, |w| w.min(at)));
                 }
@@ -395,6 +439,52 @@ impl PodManager {
             self.wake_at(key, at);
         }
         Ok(())
+    }
+
+    /// Sets up or refreshes the pod's volumes; `None` (containers wait, an Event says why) when
+    /// one cannot be set up yet.
+    fn sync_volumes(&self, pod: &Value, rec: &mut PodRecord) -> Option<Prepared> {
+        let Some(volumes) = &self.volumes else { return Some(Prepared::default()) };
+        if pod.at("/spec/volumes").and_then(Value::as_array).is_none_or(Vec::is_empty) {
+            return Some(Prepared::default());
+        }
+        match volumes.sync(pod, &self.node_of(pod)) {
+            Ok(p) => {
+                for c in &mut rec.containers {
+                    if c.waiting.as_ref().is_some_and(|(r, _)| *r == "ContainerCreating") {
+                        c.waiting = None;
+                    }
+                }
+                Some(p)
+            }
+            Err(why) => {
+                let mut new = false;
+                for c in rec.containers.iter_mut().filter(|c| matches!(c.state, CState::NotStarted)) {
+                    new |= c.waiting.as_ref().is_none_or(|(_, m)| *m != why);
+                    c.waiting = Some(("ContainerCreating", why.clone()));
+                }
+                if new {
+                    warn!(pod = %str_at(pod, "/metadata/name"), reason = %why, "volume not ready");
+                    events::warn_about(&self.client, pod, "FailedMount", &why);
+                }
+                None
+            }
+        }
+    }
+
+    fn node_of(&self, pod: &Value) -> envvars::Node<'_> {
+        let ip = self.nodes.get(str_at(pod, "/spec/nodeName")).map_or("127.0.0.1", String::as_str);
+        let (cpu_millis, memory_bytes) = envvars::host_allocatable();
+        envvars::Node { ip, cpu_millis, memory_bytes }
+    }
+
+    /// Records why `c` cannot start; an Event only when the reason is new.
+    fn hold(&self, pod: &Value, c: &mut ContainerRecord, message: String) {
+        if c.waiting.as_ref().is_none_or(|(_, m)| *m != message) {
+            warn!(pod = %c.id.pod_key, container = %c.id.name, reason = %message, "container cannot be configured");
+            events::warn_about(&self.client, pod, "Failed", &format!("Error: {message}"));
+        }
+        c.waiting = Some(("CreateContainerConfigError", message));
     }
 
     /// Adds records for containers in the spec that have none yet.
@@ -431,16 +521,29 @@ impl PodManager {
         rec.containers.sort_by_key(|c| order.iter().position(|n| *n == c.id.name).unwrap_or(usize::MAX));
     }
 
-    async fn start_container(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord) {
+    async fn start_container(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord, prepared: &Prepared) {
         let strings = |field: &str| -> Vec<String> {
             spec.get(field)
                 .and_then(Value::as_array)
                 .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
                 .unwrap_or_default()
         };
-        let ip = self.nodes.get(str_at(pod, "/spec/nodeName")).map_or("127.0.0.1", String::as_str);
-        let (cpu_millis, memory_bytes) = envvars::host_allocatable();
-        let env = envvars::container_env(pod, spec, &envvars::Node { ip, cpu_millis, memory_bytes });
+        let env = match envvars::container_env(pod, spec, &self.node_of(pod), &self.sources) {
+            Ok(env) => env,
+            Err(e) => return self.hold(pod, c, e.to_string()),
+        };
+        let mounts = match self.volumes.as_ref().map(|v| v.mounts(spec, prepared)).transpose() {
+            Ok(m) => m.unwrap_or_default(),
+            Err(e) => return self.hold(pod, c, e),
+        };
+        if let Err(e) = self.runtime.check_mounts(&mounts) {
+            return self.hold(pod, c, e);
+        }
+        c.waiting = None;
+        for skipped in &env.skipped {
+            events::warn_about(&self.client, pod, "InvalidEnvironmentVariableNames", skipped);
+        }
+        let env = env.vars;
         let restarting = !matches!(c.state, CState::NotStarted);
         let restart_count = if restarting { c.restart_count + 1 } else { c.restart_count };
         let hostname = pod
@@ -461,7 +564,7 @@ impl PodManager {
             simulate_fail: pod.at(&format!("/metadata/annotations/{}", SIMULATE_FAIL_ANNOTATION.replace('/', "~1"))).and_then(Value::as_str)
                 == Some("true"),
             restart_count,
-            mounts: Vec::new(),
+            mounts,
         };
         let previous = match &c.state {
             CState::Exited { exit, .. } => Some(exit.clone()),
@@ -593,8 +696,13 @@ impl PodManager {
             }
             json!({ "terminated": t })
         };
+        let held = c.waiting.as_ref().map(|(reason, message)| json!({"waiting": {"reason": reason, "message": message}}));
+        let creating = || json!({"waiting": {"reason": "ContainerCreating"}});
         let (state, started, instance) = match &c.state {
-            CState::NotStarted => (json!({"waiting": {"reason": "ContainerCreating"}}), false, None),
+            CState::NotStarted => (held.unwrap_or_else(creating), false, None),
+            CState::Exited { instance, exit, .. } if held.is_some() && should_restart(policy, exit.code) => {
+                (held.unwrap_or_default(), false, Some(*instance))
+            }
             CState::Creating { instance, .. } => (json!({"waiting": {"reason": "ContainerCreating"}}), false, Some(*instance)),
             CState::Running { instance, started_at } => {
                 (json!({"running": {"startedAt": k8s_time(*started_at)}}), true, Some(*instance))

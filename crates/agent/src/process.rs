@@ -17,6 +17,15 @@
 //! `state.json` each start writes (pids plus their start times from `/proc/<pid>/stat`, so a
 //! recycled pid is never mistaken for a container). Exits are watched through pidfds, which work
 //! for adopted processes that are no longer the agent's children.
+//!
+//! Volumes: the container process binds each of `ContainerSpec.mounts` in its own mount namespace
+//! (after `unshare`, before `exec`; read-only ones are remounted read-only), so the host never
+//! sees them. There is no image root: the container sees the host's filesystem, and a mount
+//! needs its destination to exist on the host already, as a directory for a directory and a file
+//! for a file. A missing destination is refused before the start (the container waits in
+//! `CreateContainerConfigError` naming the path) rather than created, because creating it would
+//! write into the host's real filesystem. Without root there is no mount namespace, and a container
+//! with mounts is refused the same way instead of running without its volumes.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -129,6 +138,55 @@ impl ProcessRuntime {
 }
 
 impl Inner {
+    /// The container's mounts as the forked child needs them, parents before children; see the
+    /// module docs for what is refused.
+    fn bind_mounts(&self, spec: &ContainerSpec) -> Result<Vec<BindMount>, String> {
+        self.check_mounts(&spec.mounts)
+    }
+
+    fn check_mounts(&self, mounts: &[crate::runtime::Mount]) -> Result<Vec<BindMount>, String> {
+        if mounts.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !self.isolate {
+            return Err("volume mounts need the agent to run as root: the process runtime binds volumes in the \
+                        container's own mount namespace, which it creates only as root"
+                .into());
+        }
+        let mut mounts = mounts.to_vec();
+        mounts.sort_by_key(|m| Path::new(&m.destination).components().count());
+        let mut out = Vec::new();
+        for m in &mounts {
+            let dest = Path::new(&m.destination);
+            if !dest.is_absolute() {
+                return Err(format!("mount path {:?} is not absolute", m.destination));
+            }
+            let source = fs::metadata(&m.source).map_err(|e| format!("volume source {}: {e}", m.source.display()))?;
+            let Ok(target) = fs::metadata(dest) else {
+                return Err(format!(
+                    "mount path {} does not exist on this host: the process runtime has no image root, so a volume \
+                     mounts only over an existing {} of the host (use an existing path such as /mnt or /srv)",
+                    m.destination,
+                    if source.is_dir() { "directory" } else { "file" }
+                ));
+            };
+            if source.is_dir() != target.is_dir() {
+                return Err(format!(
+                    "mount path {} is a {} on this host, and the volume is a {}",
+                    m.destination,
+                    if target.is_dir() { "directory" } else { "file" },
+                    if source.is_dir() { "directory" } else { "file" }
+                ));
+            }
+            out.push(BindMount {
+                source: cstring(&m.source).ok_or("volume path contains a NUL byte")?,
+                destination: cstring(dest).ok_or("mount path contains a NUL byte")?,
+                read_only: m.read_only,
+            });
+        }
+        Ok(out)
+    }
+
     fn containers_dir(&self) -> PathBuf {
         self.config.data_dir.join("containers")
     }
@@ -220,6 +278,7 @@ impl Inner {
         if idle {
             argv.push("/bin/true".into());
         }
+        let mounts = self.bind_mounts(spec)?;
 
         let cgroups = if self.isolate {
             let limits = Limits {
@@ -256,6 +315,8 @@ impl Inner {
             hostname: CString::new(spec.hostname.clone()).map_err(|_| "hostname contains a NUL byte")?,
             isolate: self.isolate,
             idle,
+            working_dir: spec.working_dir.as_deref().filter(|_| !mounts.is_empty()).and_then(|w| CString::new(w).ok()),
+            mounts,
         };
         // SAFETY: the closure runs between fork and exec; `ChildSetup::run` only makes
         // async-signal-safe calls (open, write, close, unshare, fork, waitpid, mount, prctl,
@@ -403,6 +464,10 @@ impl Runtime for ProcessRuntime {
         Some(log_files(&self.inner.dir_of(id)))
     }
 
+    fn check_mounts(&self, mounts: &[crate::runtime::Mount]) -> Result<(), String> {
+        self.inner.check_mounts(mounts).map(drop)
+    }
+
     fn detach(&self) {
         if let Some(r) = self.inner.rotation.lock().unwrap_or_else(|e| e.into_inner()).take() {
             r.abort();
@@ -428,6 +493,16 @@ struct ChildSetup {
     hostname: CString,
     isolate: bool,
     idle: bool,
+    /// Bound in the container's mount namespace, in order (only when `isolate`).
+    mounts: Vec<BindMount>,
+    /// Entered again after the mounts, in case it lies on one (the spawn entered it before).
+    working_dir: Option<CString>,
+}
+
+struct BindMount {
+    source: CString,
+    destination: CString,
+    read_only: bool,
 }
 
 extern "C" fn exit_on_signal(_: libc::c_int) {
@@ -473,6 +548,21 @@ impl ChildSetup {
                     std::ptr::null(),
                 );
                 libc::sethostname(self.hostname.as_ptr(), self.hostname.as_bytes().len());
+                for m in &self.mounts {
+                    let none = std::ptr::null();
+                    let flags = libc::MS_BIND | libc::MS_REC;
+                    if libc::mount(m.source.as_ptr(), m.destination.as_ptr(), none, flags, none.cast()) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    // A bind mount takes MS_RDONLY only through a remount of itself.
+                    let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
+                    if m.read_only && libc::mount(none, m.destination.as_ptr(), none, ro, none.cast()) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                if let Some(wd) = &self.working_dir {
+                    libc::chdir(wd.as_ptr());
+                }
             } else {
                 // Its own process group, so signals reach whatever the container forks.
                 libc::setpgid(0, 0);
@@ -675,6 +765,63 @@ async fn wait_for_exit(pid: i32, start: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn runtime_inner(isolate: bool, data_dir: &Path) -> Inner {
+        let (events, _) = tokio::sync::mpsc::unbounded_channel();
+        Inner {
+            config: ProcessConfig { data_dir: data_dir.to_path_buf(), log_max_bytes: 1 << 20, pids_limit: None },
+            cgroups: Cgroups::default(),
+            isolate,
+            events,
+            next_instance: AtomicU64::new(1),
+            live: Mutex::default(),
+            rotation: Mutex::default(),
+        }
+    }
+
+    fn spec_with(mounts: Vec<crate::runtime::Mount>) -> ContainerSpec {
+        ContainerSpec {
+            id: ContainerId { pod_key: "ns/p".into(), pod_uid: "u".into(), name: "c".into() },
+            image: MINIMAL_IMAGE.into(),
+            command: Vec::new(),
+            args: Vec::new(),
+            env: Vec::new(),
+            working_dir: None,
+            hostname: "p".into(),
+            memory_limit_bytes: None,
+            cpu_limit_millis: None,
+            simulate_fail: false,
+            restart_count: 0,
+            mounts,
+        }
+    }
+
+    #[test]
+    fn mounts_are_refused_rather_than_dropped_or_created_on_the_host() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let volume = dir.path().join("vol");
+        fs::create_dir(&volume).expect("mkdir");
+        let mount = |destination: &str| crate::runtime::Mount { source: volume.clone(), destination: destination.into(), read_only: false };
+
+        let err = runtime_inner(false, dir.path()).bind_mounts(&spec_with(vec![mount("/srv")])).err().unwrap_or_default();
+        assert!(err.contains("need the agent to run as root"), "{err}");
+
+        let isolated = runtime_inner(true, dir.path());
+        let missing = dir.path().join("not/there").to_string_lossy().to_string();
+        let err = isolated.bind_mounts(&spec_with(vec![mount(&missing)])).err().unwrap_or_default();
+        assert!(err.contains(&format!("mount path {missing} does not exist on this host")), "{err}");
+        assert!(!dir.path().join("not").exists(), "nothing is created on the host");
+
+        let file = dir.path().join("file");
+        fs::write(&file, "x").expect("write");
+        let err = isolated.bind_mounts(&spec_with(vec![mount(&file.to_string_lossy())])).err().unwrap_or_default();
+        assert!(err.contains("is a file on this host, and the volume is a directory"), "{err}");
+
+        let nested = dir.path().join("vol").to_string_lossy().to_string();
+        let ok = isolated.bind_mounts(&spec_with(vec![mount(&nested), mount(&dir.path().to_string_lossy())])).expect("mounts");
+        assert_eq!(ok[0].destination.as_bytes(), dir.path().as_os_str().as_encoded_bytes(), "parents are mounted first");
+        assert!(isolated.bind_mounts(&spec_with(Vec::new())).expect("none").is_empty());
+    }
 
     #[test]
     fn exit_codes_are_formatted_without_allocating() {

@@ -118,6 +118,11 @@ pub(crate) trait Runtime: Send + Sync + 'static {
     fn log_files(&self, id: &ContainerId) -> Option<LogFiles>;
     /// Stops watching (the agent is going away); containers keep running.
     fn detach(&self);
+    /// Whether this runtime can give a container `mounts`; the reason it cannot is shown as the
+    /// container's `CreateContainerConfigError` (nothing is started).
+    fn check_mounts(&self, _mounts: &[Mount]) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 pub(crate) type EventSender = mpsc::UnboundedSender<RuntimeEvent>;

@@ -14,6 +14,8 @@ pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
         "Pod" => {
             if let Some(spec) = existing_spec(obj) {
                 default_pod_spec(spec);
+                // The ServiceAccount admission plugin's default, for pods only (not templates).
+                set_absent(spec, "serviceAccountName", json!("default"));
             }
         }
         "Deployment" => {
@@ -127,6 +129,7 @@ fn default_pod_spec(spec: &mut Map<String, Value>) {
     set_absent(spec, "terminationGracePeriodSeconds", json!(30));
     set_absent(spec, "dnsPolicy", json!("ClusterFirst"));
     set_absent(spec, "schedulerName", json!("default-scheduler"));
+    crate::volume_validation::default_volumes(spec);
     for container in each_object(spec, "containers") {
         default_container(container);
     }

@@ -12,9 +12,11 @@ pub mod kinds;
 mod quantity;
 pub mod selector;
 pub mod validation;
+mod volume_validation;
 
 pub use age::human_age;
 pub use error::{ApiError, Cause};
 pub use json::JsonPath;
 pub use kinds::ResourceInfo;
 pub use selector::{FieldSelector, LabelSelector};
+pub use volume_validation::is_env_var_name;

@@ -18,6 +18,7 @@ use crate::error::{ApiError, Cause};
 use crate::kinds::ResourceInfo;
 use crate::quantity::Quantity;
 use crate::selector::LabelSelector;
+use crate::volume_validation;
 
 /// Where in an object an unsupported field sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,14 +38,12 @@ enum Scope {
 /// Real Kubernetes fields Shepherd does not implement (yet): setting one is a 422 rather than a
 /// silently ignored wish. Remove a line when the feature lands.
 const UNSUPPORTED: &[(Scope, &str)] = &[
-    (Scope::PodSpec, "volumes"),
     (Scope::PodSpec, "initContainers"),
     (Scope::PodSpec, "ephemeralContainers"),
     (Scope::PodSpec, "hostNetwork"),
     (Scope::PodSpec, "hostPID"),
     (Scope::PodSpec, "hostIPC"),
     (Scope::PodSpec, "securityContext"),
-    (Scope::PodSpec, "serviceAccountName"),
     (Scope::PodSpec, "affinity.podAffinity"),
     (Scope::PodSpec, "affinity.podAntiAffinity"),
     (Scope::PodSpec, "topologySpreadConstraints"),
@@ -55,17 +54,13 @@ const UNSUPPORTED: &[(Scope, &str)] = &[
     (Scope::PodSpec, "schedulingGates"),
     (Scope::PodSpec, "dnsConfig"),
     (Scope::PodSpec, "hostAliases"),
-    (Scope::Container, "volumeMounts"),
     (Scope::Container, "volumeDevices"),
     (Scope::Container, "securityContext"),
     (Scope::Container, "lifecycle"),
     (Scope::Container, "startupProbe"),
-    (Scope::Container, "envFrom"),
     (Scope::Container, "resizePolicy"),
     (Scope::Container, "stdin"),
     (Scope::Container, "tty"),
-    (Scope::EnvVar, "valueFrom.configMapKeyRef"),
-    (Scope::EnvVar, "valueFrom.secretKeyRef"),
     (Scope::Probe, "grpc"),
     (Scope::ServiceSpec, "externalName"),
     (Scope::ServiceSpec, "loadBalancerIP"),
@@ -87,7 +82,7 @@ impl Scope {
 /// The fields Shepherd refuses, as (OpenAPI definition name, dotted field path inside it): the
 /// published OpenAPI documents leave them out, so that clients describe only what is served.
 pub fn unsupported_fields() -> impl Iterator<Item = (&'static str, &'static str)> {
-    UNSUPPORTED.iter().map(|(scope, field)| (scope.definition(), *field))
+    UNSUPPORTED.iter().map(|(scope, field)| (scope.definition(), *field)).chain(volume_validation::UNSUPPORTED.iter().copied())
 }
 
 const NOT_SUPPORTED: &str = "not supported by Shepherd";
@@ -669,6 +664,18 @@ fn validate_pod_spec(spec: Option<&Value>, p: &str, c: &mut Vec<Cause>) {
         }
         Some(_) => {}
     }
+    let volumes = volume_validation::validate_volumes(spec, p, c);
+    for (i, ct) in spec.get("containers").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        let cp = format!("{p}.containers[{i}]");
+        volume_validation::validate_volume_mounts(ct, &cp, &volumes, c);
+        volume_validation::validate_env_from(ct, &cp, c);
+    }
+    if let Some(sa) = str_at(spec, "serviceAccountName")
+        && !sa.is_empty()
+        && !is_dns1123_subdomain(sa)
+    {
+        c.push(invalid_value(join(p, "serviceAccountName"), &Value::from(sa), DNS1123_SUBDOMAIN_RULE));
+    }
     check_one_of(spec, "restartPolicy", p, &["Always", "OnFailure", "Never"], c);
     check_one_of(spec, "dnsPolicy", p, &["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"], c);
     check_min(spec, "terminationGracePeriodSeconds", p, 0, c);
@@ -776,6 +783,7 @@ fn validate_env_source(env: &Value, from: &Value, p: &str, c: &mut Vec<Cause>) {
             c.push(unsupported_value(format!("{vp}.fieldRef.apiVersion"), v, &["v1"]));
         }
     }
+    volume_validation::validate_key_ref(from, &vp, c);
     if let Some(res) = at(from, "resourceFieldRef") {
         let rp = format!("{vp}.resourceFieldRef.resource");
         match str_at(res, "resource") {
@@ -1434,25 +1442,24 @@ mod tests {
     #[test]
     fn kubernetes_features_shepherd_lacks_are_refused_by_name() {
         let p = pod(json!({
-            "containers": [{"name": "web", "image": "minimal", "volumeMounts": [{"name": "data", "mountPath": "/d"}],
-                "tty": true, "env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]}],
-            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [{"name": "web", "image": "minimal",
+                "volumeMounts": [{"name": "data", "mountPath": "/d", "mountPropagation": "Bidirectional"}], "tty": true}],
+            "volumes": [{"name": "data", "nfs": {"server": "nfs.example", "path": "/"}}],
             "hostNetwork": true,
             "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
                 {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "db"}}}]}},
         }));
         let got = causes(&POD, &p);
         for f in [
-            "spec.volumes",
+            "spec.volumes[0].nfs",
             "spec.hostNetwork",
             "spec.affinity.podAffinity",
-            "spec.containers[0].volumeMounts",
+            "spec.containers[0].volumeMounts[0].mountPropagation",
             "spec.containers[0].tty",
-            "spec.containers[0].env[0].valueFrom.configMapKeyRef",
         ] {
             assert!(got.contains(&(f.to_string(), "FieldValueForbidden")), "{f}: {got:?}");
         }
-        assert_eq!(got.len(), 6, "{got:?}");
+        assert_eq!(got.len(), 5, "{got:?}");
 
         let mut d = seed_deployment();
         d["spec"]["template"]["spec"]["initContainers"] = json!([{"name": "init", "image": "busybox"}]);

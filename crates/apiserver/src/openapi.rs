@@ -987,14 +987,16 @@ mod tests {
         let defs = &json["definitions"];
         let pod_spec = &defs["io.k8s.api.core.v1.PodSpec"]["properties"];
         assert!(pod_spec.get("containers").is_some());
-        for gone in ["volumes", "initContainers", "hostNetwork", "securityContext"] {
+        for gone in ["initContainers", "hostNetwork", "securityContext"] {
             assert!(pod_spec.get(gone).is_none(), "PodSpec.{gone} is still described");
         }
-        assert!(defs["io.k8s.api.core.v1.Container"]["properties"].get("volumeMounts").is_none());
+        let volume = &defs["io.k8s.api.core.v1.Volume"]["properties"];
+        assert!(volume.get("configMap").is_some() && volume.get("nfs").is_none(), "{volume}");
+        assert!(defs["io.k8s.api.core.v1.VolumeMount"]["properties"].get("subPathExpr").is_none());
         let affinity = &defs["io.k8s.api.core.v1.Affinity"]["properties"];
         assert!(affinity.get("nodeAffinity").is_some() && affinity.get("podAffinity").is_none(), "{affinity}");
         // And what only they reached is gone with them.
-        assert!(defs.get("io.k8s.api.core.v1.Volume").is_none());
+        assert!(defs.get("io.k8s.api.core.v1.NFSVolumeSource").is_none());
         assert!(defs.get("io.k8s.api.core.v1.PodAffinity").is_none());
     }
 

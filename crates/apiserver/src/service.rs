@@ -460,6 +460,23 @@ impl ApiService {
         Ok(())
     }
 
+    /// The ServiceAccount admission check: a new pod naming an account must name an existing one.
+    /// `default` is not checked, because its controller creates it a moment after the namespace
+    /// and a pod created in that moment would be refused for nothing.
+    async fn service_account_must_exist(&self, res: &ResourceInfo, ns: Option<&str>, obj: &Value) -> Result<(), ApiError> {
+        let (true, Some(ns)) = (res.kind == "Pod" && res.group.is_empty(), ns) else { return Ok(()) };
+        let named = obj.pointer("/spec/serviceAccountName").and_then(Value::as_str);
+        let Some(sa) = named.filter(|s| !s.is_empty() && *s != "default") else { return Ok(()) };
+        let found = self.store.get(&kinds::SERVICEACCOUNT.key(Some(ns), sa)).await.map_err(|e| store_err(res, sa, e))?;
+        if found.is_none() {
+            let name = meta_str(obj, "name").unwrap_or("");
+            return Err(ApiError::Forbidden(format!(
+                "pods \"{name}\" is forbidden: error looking up service account {ns}/{sa}: serviceaccount \"{sa}\" not found"
+            )));
+        }
+        Ok(())
+    }
+
     /// Applies `fieldValidation` to an object about to be written: unknown fields are an error
     /// (Strict) or dropped (Warn, Ignore), and named in warnings (Warn). Fields Kubernetes knows
     /// but Shepherd does not implement are not unknown: validation refuses them under every
@@ -548,6 +565,7 @@ impl ApiService {
         let name = meta_str(&obj, "name").unwrap_or("").to_string();
         validation::validate_as(res, &obj, schema)?;
         self.namespace_must_exist(res, ns.as_deref()).await?;
+        self.service_account_must_exist(res, ns.as_deref(), &obj).await?;
         let key = Self::key(res, ns.as_deref(), &name);
         if opts.dry_run {
             if self.store.get(&key).await.map_err(|e| store_err(res, &name, e))?.is_some() {

@@ -355,10 +355,10 @@ async fn unknown_fields_follow_the_field_validation_parameter() {
     // Fields Kubernetes has and Shepherd lacks are refused under every setting.
     for v in ["Strict", "Warn", "Ignore"] {
         let mut vols = pod("vols");
-        vols["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
+        vols["spec"]["volumes"] = json!([{"name": "data", "nfs": {"server": "nfs.example", "path": "/"}}]);
         let r = s.post(&format!("{PODS}?fieldValidation={v}"), &vols).await;
         assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{v}: {}", r.body);
-        assert_eq!(r.body["details"]["causes"][0]["field"], "spec.volumes");
+        assert_eq!(r.body["details"]["causes"][0]["field"], "spec.volumes[0].nfs");
     }
     let r = s.post(&format!("{PODS}?fieldValidation=Loose"), &pod("loose")).await;
     assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);

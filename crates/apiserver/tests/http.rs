@@ -350,10 +350,10 @@ async fn every_rejection_says_why_and_writes_nothing() {
     assert!(st.to_string().contains("imagee"), "{st}");
 
     let mut vols = pod("v", json!({}));
-    vols["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
+    vols["spec"]["volumes"] = json!([{"name": "data", "nfs": {"server": "nfs.example", "path": "/"}}]);
     let (code, st) = s.post(PODS, &vols).await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(st["details"]["causes"].as_array().expect("causes").iter().any(|c| c["field"] == "spec.volumes"), "{st}");
+    assert!(st["details"]["causes"].as_array().expect("causes").iter().any(|c| c["field"] == "spec.volumes[0].nfs"), "{st}");
 
     let mut bad_label = pod("l", json!({"app": "has space"}));
     bad_label["spec"]["containers"][0]["ports"] = json!([{"containerPort": 70000}]);

@@ -139,7 +139,9 @@ fn kubectl_applies_explains_and_edits_with_default_validation_from_the_servers_o
         // What Shepherd refuses is not offered.
         let out = k.ok(&["explain", "pod.spec"], None);
         assert!(out.contains("containers\t<[]Container> -required-"), "{what}: {out}");
-        assert!(!out.contains("volumes\t") && !out.contains("hostNetwork\t"), "{what}: {out}");
+        assert!(out.contains("volumes\t") && !out.contains("hostNetwork\t"), "{what}: {out}");
+        let out = k.ok(&["explain", "pod.spec.volumes"], None);
+        assert!(out.contains("configMap\t") && !out.contains("nfs\t"), "{what}: {out}");
 
         // edit, with an editor that changes the image.
         let editor = dir.path().join(format!("editor-{minor}.sh"));
