@@ -103,8 +103,36 @@ pub(crate) struct LogFiles {
     pub previous: PathBuf,
 }
 
+/// An image a container needs, as its pod asks for it.
+#[derive(Debug, Clone)]
+pub(crate) struct ImagePull {
+    pub image: String,
+    /// `imagePullPolicy` as written (absent: Kubernetes' default for the tag).
+    pub policy: Option<String>,
+    /// (registry, username, password) from the pod's `imagePullSecrets`.
+    pub credentials: Vec<(String, String, String)>,
+}
+
+/// How an image became available.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ImageReady {
+    /// The runtime uses no images.
+    Unused,
+    /// Already on the node.
+    Present,
+    Pulled { size: u64, duration: Duration },
+}
+
 #[async_trait]
 pub(crate) trait Runtime: Send + Sync + 'static {
+    /// Makes a container's image available before `start`; runtimes without images have nothing to do.
+    async fn ensure_image(&self, _pull: &ImagePull) -> Result<ImageReady, String> {
+        Ok(ImageReady::Unused)
+    }
+    /// Whether `ensure_image` would pull (for kubelet's `Pulling` event before it does).
+    fn will_pull(&self, _pull: &ImagePull) -> bool {
+        false
+    }
     /// Starts an instance of `spec`. Its end is reported as `RuntimeEvent::Exited`.
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, String>;
     /// Asks an instance to stop: SIGTERM now, SIGKILL once `grace` has passed (at once for zero).
@@ -116,6 +144,11 @@ pub(crate) trait Runtime: Send + Sync + 'static {
     /// The host pid of a running instance's main process, if it has one.
     fn pid(&self, id: &ContainerId) -> Option<u32>;
     fn log_files(&self, id: &ContainerId) -> Option<LogFiles>;
+    /// The command line that runs a command inside a running container (the command is appended);
+    /// `None` when commands run on the host (the process runtime shares its filesystem).
+    fn exec_prefix(&self, _id: &ContainerId) -> Option<Vec<String>> {
+        None
+    }
     /// Stops watching (the agent is going away); containers keep running.
     fn detach(&self);
 }
