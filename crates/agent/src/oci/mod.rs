@@ -352,7 +352,7 @@ impl Inner {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err));
-        let setup = ShimSetup { report_fd: report_write.as_raw_fd(), exit_file };
+        let setup = ShimSetup { report_fd: report_write.as_raw_fd(), exit_file, arg_area: arg_area() };
         // SAFETY: `ShimSetup::run` only makes async-signal-safe calls on data prepared before the fork.
         unsafe {
             cmd.pre_exec(move || setup.run());
@@ -442,12 +442,21 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-static SHIM_COMMAND_LINE: [u8; 14] = *b"shepherd-shim\0";
+const SHIM_COMMAND_LINE: &[u8] = b"shepherd-shim";
+
+/// Where this process's command line lies in its memory (`arg_start`, `arg_end` of `proc(5)`).
+fn arg_area() -> Option<(usize, usize)> {
+    let stat = fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    // Fields 48 and 49; the text after the command name starts at field 3.
+    Some((fields.get(45)?.parse().ok()?, fields.get(46)?.parse().ok()?))
+}
 
 /// Data the forked shim uses; prepared before the fork because it may not allocate.
 struct ShimSetup {
     report_fd: RawFd,
     exit_file: CString,
+    arg_area: Option<(usize, usize)>,
 }
 
 impl ShimSetup {
@@ -478,12 +487,16 @@ impl ShimSetup {
             libc::dup2(self.report_fd, 3);
             close_from(4);
             libc::prctl(libc::PR_SET_NAME, c"shepherd-shim".as_ptr(), 0, 0, 0);
-            // `ps` shows the command line the fork inherited (the agent's) unless it is pointed
-            // elsewhere; root may. Start first: the new start lies below the current end.
-            let name = SHIM_COMMAND_LINE.as_ptr() as libc::c_ulong;
-            let len = SHIM_COMMAND_LINE.len() as libc::c_ulong;
-            libc::prctl(libc::PR_SET_MM, libc::PR_SET_MM_ARG_START, name, 0, 0);
-            libc::prctl(libc::PR_SET_MM, libc::PR_SET_MM_ARG_END, name + len, 0, 0);
+            // `ps` shows the command line the fork inherited (the agent's): overwrite this
+            // copy of it, so that the shim is not mistaken for a second agent.
+            if let Some((start, end)) = self.arg_area
+                && end > start
+            {
+                let area = std::slice::from_raw_parts_mut(start as *mut u8, end - start);
+                area.fill(0);
+                let n = SHIM_COMMAND_LINE.len().min(area.len().saturating_sub(1));
+                area[..n].copy_from_slice(&SHIM_COMMAND_LINE[..n]);
+            }
             let mut container: Option<i32> = None;
             let mut status: libc::c_int = 0;
             loop {
