@@ -16,6 +16,7 @@ mod node;
 mod oci;
 mod pods;
 mod probe;
+mod pullsecrets;
 mod process;
 mod quantity;
 mod runtime;

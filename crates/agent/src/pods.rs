@@ -29,6 +29,7 @@ use tracing::{debug, info, warn};
 use crate::backoff::Backoff;
 use crate::envvars;
 use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
+use crate::pullsecrets;
 use crate::quantity;
 use shepherd_controllers::events::EventType;
 use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, ImagePull, ImageReady, Runtime, RuntimeEvent};
@@ -473,13 +474,28 @@ impl PodManager {
         rec.containers.sort_by_key(|c| order.iter().position(|n| *n == c.id.name).unwrap_or(usize::MAX));
     }
 
+    /// Registry credentials from the pod's `imagePullSecrets`; a Secret that is missing or not
+    /// a docker config is skipped (the pull may still work anonymously), as kubelet does.
+    async fn pull_credentials(&self, pod: &Value) -> Vec<(String, String, String)> {
+        let Some(refs) = pod.at("/spec/imagePullSecrets").and_then(Value::as_array) else { return Vec::new() };
+        let ns = str_at(pod, "/metadata/namespace");
+        let mut out = Vec::new();
+        for name in refs.iter().filter_map(|r| r.get("name").and_then(Value::as_str)) {
+            match self.client.get(&kinds::SECRET, Some(ns), name).await {
+                Ok(secret) => out.extend(pullsecrets::credentials_of(&secret)),
+                Err(e) => warn!(pod = %str_at(pod, "/metadata/name"), secret = %name, error = %e, "cannot read image pull secret"),
+            }
+        }
+        out
+    }
+
     /// Makes the container's image available, with kubelet's Events; false (and the container
     /// waiting in `ErrImagePull`) when that failed.
     async fn pull_image(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord) -> bool {
         let pull = ImagePull {
             image: c.image.clone(),
             policy: spec.get("imagePullPolicy").and_then(Value::as_str).map(str::to_string),
-            credentials: Vec::new(),
+            credentials: self.pull_credentials(pod).await,
         };
         if self.runtime.will_pull(&pull) {
             self.events.record(pod, EventType::Normal, "Pulling", &format!("Pulling image {:?}", c.image)).await;

@@ -317,7 +317,9 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
     // The first line on stdout is the address, so scripts and tests can read it.
     println!("shepherd {mode} listening on http://{addr}");
     if let Some(note) = local_agent.as_ref().and_then(|l| l.runtime_note.as_ref()) {
-        println!("{note}");
+        // On stderr: scripts read the address from stdout and may close it after that line.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{note}");
     }
     tracing::info!(%addr, data_dir = %args.data_dir.display(), revision = store.revision(), controllers = ?enabled,
         open_files, max_connections = limits.max_connections, "shepherd {mode} ready");

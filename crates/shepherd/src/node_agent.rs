@@ -73,8 +73,7 @@ pub fn hostname() -> String {
 }
 
 impl AgentArgs {
-    /// The runtime `standalone` uses when none is named (process), with the line to print about
-    /// it (after the address line, which scripts read first).
+    /// The runtime `standalone` uses when none is named (process), with the line to print about it.
     pub fn choose_standalone_runtime(&mut self) -> Option<String> {
         if self.runtime.is_some() {
             return None;
