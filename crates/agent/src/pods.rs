@@ -32,7 +32,7 @@ use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
 use crate::pullsecrets;
 use crate::quantity;
 use shepherd_controllers::events::EventType;
-use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, ImagePull, ImageReady, Runtime, RuntimeEvent};
+use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, ImagePull, ImageReady, Runtime, RuntimeEvent, Security};
 
 /// The annotation that makes the simulated runtime fail a pod's containers.
 pub const SIMULATE_FAIL_ANNOTATION: &str = "shepherd.io/simulate-fail";
@@ -154,6 +154,31 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
 /// Kubernetes `Time`: RFC 3339 in UTC, whole seconds.
 pub(crate) fn k8s_time(t: Timestamp) -> String {
     t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// The container's `securityContext` over the pod's (only ids are inherited from the pod).
+fn security_of(pod: &Value, container: &Value) -> Security {
+    let (p, c) = (pod.at("/spec/securityContext"), container.get("securityContext"));
+    let id = |field: &str| {
+        let of = |sc: Option<&Value>| sc.and_then(|s| s.get(field)).and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
+        of(c).or_else(|| of(p))
+    };
+    let flag = |field: &str| c.and_then(|s| s.get(field)).and_then(Value::as_bool);
+    let caps = |list: &str| -> Vec<String> {
+        c.and_then(|s| s.at(&format!("/capabilities/{list}")))
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default()
+    };
+    Security {
+        run_as_user: id("runAsUser"),
+        run_as_group: id("runAsGroup"),
+        read_only_root: flag("readOnlyRootFilesystem") == Some(true),
+        privileged: flag("privileged") == Some(true),
+        no_new_privileges: flag("allowPrivilegeEscalation") == Some(false),
+        cap_add: caps("add"),
+        cap_drop: caps("drop"),
+    }
 }
 
 fn should_restart(policy: &str, code: i32) -> bool {
@@ -564,6 +589,7 @@ impl PodManager {
                 == Some("true"),
             restart_count,
             mounts: Vec::new(),
+            security: security_of(pod, spec),
         };
         let previous = match &c.state {
             CState::Exited { exit, .. } => Some(exit.clone()),

@@ -208,6 +208,9 @@ impl Inner {
         let _ = fs::remove_file(&files.rotated);
         let _ = fs::remove_file(dir.join("exit"));
 
+        if let Some(field) = spec.security.fields_set().first() {
+            return Err(format!("{field} is not supported by the process runtime; run the agent with --runtime oci"));
+        }
         let mut argv: Vec<String> = spec.command.iter().chain(spec.args.iter()).cloned().collect();
         let idle = argv.is_empty();
         if idle && spec.image != MINIMAL_IMAGE {

@@ -33,6 +33,48 @@ pub(crate) struct ContainerSpec {
     pub restart_count: u32,
     /// Host paths the container sees at `destination` (volumes, and files the agent writes for it).
     pub mounts: Vec<Mount>,
+    /// The pod's and container's `securityContext`, merged (the container's fields win).
+    pub security: Security,
+}
+
+/// What a `securityContext` asks of the runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Security {
+    pub run_as_user: Option<u32>,
+    pub run_as_group: Option<u32>,
+    pub read_only_root: bool,
+    pub privileged: bool,
+    /// `allowPrivilegeEscalation: false`.
+    pub no_new_privileges: bool,
+    /// Capability names as written (`NET_ADMIN`, `ALL`).
+    pub cap_add: Vec<String>,
+    pub cap_drop: Vec<String>,
+}
+
+impl Security {
+    /// The fields set, by their API names (for a runtime that honours none of them).
+    pub fn fields_set(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.run_as_user.is_some() {
+            out.push("securityContext.runAsUser");
+        }
+        if self.run_as_group.is_some() {
+            out.push("securityContext.runAsGroup");
+        }
+        if self.read_only_root {
+            out.push("securityContext.readOnlyRootFilesystem");
+        }
+        if self.privileged {
+            out.push("securityContext.privileged");
+        }
+        if self.no_new_privileges {
+            out.push("securityContext.allowPrivilegeEscalation");
+        }
+        if !self.cap_add.is_empty() || !self.cap_drop.is_empty() {
+            out.push("securityContext.capabilities");
+        }
+        out
+    }
 }
 
 /// One bind mount into a container.

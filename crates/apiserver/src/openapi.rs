@@ -987,9 +987,11 @@ mod tests {
         let defs = &json["definitions"];
         let pod_spec = &defs["io.k8s.api.core.v1.PodSpec"]["properties"];
         assert!(pod_spec.get("containers").is_some());
-        for gone in ["volumes", "initContainers", "hostNetwork", "securityContext"] {
+        for gone in ["volumes", "initContainers", "hostNetwork", "hostIPC"] {
             assert!(pod_spec.get(gone).is_none(), "PodSpec.{gone} is still described");
         }
+        let pod_security = &defs["io.k8s.api.core.v1.PodSecurityContext"]["properties"];
+        assert!(pod_security.get("runAsUser").is_some() && pod_security.get("fsGroup").is_none(), "{pod_security}");
         assert!(defs["io.k8s.api.core.v1.Container"]["properties"].get("volumeMounts").is_none());
         let affinity = &defs["io.k8s.api.core.v1.Affinity"]["properties"];
         assert!(affinity.get("nodeAffinity").is_some() && affinity.get("podAffinity").is_none(), "{affinity}");

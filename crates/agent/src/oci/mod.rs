@@ -315,7 +315,15 @@ impl Inner {
             }
             argv = IDLE.iter().map(|s| s.to_string()).collect();
         }
-        let user = spec::resolve_user(image.user.as_deref(), rootfs)?;
+        // runAsUser replaces the image's user (its group from the image's passwd unless
+        // runAsGroup names one); runAsGroup alone replaces only the group.
+        let mut user = match spec.security.run_as_user {
+            Some(uid) => spec::resolve_user(Some(&uid.to_string()), rootfs)?,
+            None => spec::resolve_user(image.user.as_deref(), rootfs)?,
+        };
+        if let Some(gid) = spec.security.run_as_group {
+            user.1 = gid;
+        }
         let runc_id = Self::runc_id(id);
         let cgroups_path = format!("/{CGROUP_PARENT}/{runc_id}");
         let inputs = SpecInputs {

@@ -11,7 +11,7 @@ use oci_spec::runtime::{
     Spec, UserBuilder, get_default_maskedpaths, get_default_mounts, get_default_readonly_paths,
 };
 
-use crate::runtime::ContainerSpec;
+use crate::runtime::{ContainerSpec, Security};
 
 const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -127,6 +127,49 @@ pub(crate) struct SpecInputs<'a> {
     pub pids_limit: Option<u64>,
 }
 
+/// Every capability, for `privileged` and `add: [ALL]`.
+fn all_capabilities() -> HashSet<Capability> {
+    use Capability::*;
+    [
+        AuditControl, AuditRead, AuditWrite, BlockSuspend, Bpf, CheckpointRestore, Chown, DacOverride, DacReadSearch,
+        Fowner, Fsetid, IpcLock, IpcOwner, Kill, Lease, LinuxImmutable, MacAdmin, MacOverride, Mknod, NetAdmin,
+        NetBindService, NetBroadcast, NetRaw, Perfmon, Setgid, Setfcap, Setpcap, Setuid, SysAdmin, SysBoot, SysChroot,
+        SysModule, SysNice, SysPacct, SysPtrace, SysRawio, SysResource, SysTime, SysTtyConfig, Syslog, WakeAlarm,
+    ]
+    .into_iter()
+    .collect()
+}
+
+fn capability(name: &str) -> Result<Capability, String> {
+    let upper = name.to_ascii_uppercase();
+    let full = if upper.starts_with("CAP_") { upper } else { format!("CAP_{upper}") };
+    serde_json::from_value(serde_json::Value::String(full))
+        .map_err(|_| format!("securityContext.capabilities: unknown capability {name:?}"))
+}
+
+/// containerd's defaults, then `privileged`, `drop` and `add` as Kubernetes applies them.
+pub(crate) fn capabilities(security: &Security) -> Result<HashSet<Capability>, String> {
+    if security.privileged {
+        return Ok(all_capabilities());
+    }
+    let mut caps = default_capabilities();
+    for name in &security.cap_drop {
+        if name.eq_ignore_ascii_case("ALL") {
+            caps.clear();
+        } else {
+            caps.remove(&capability(name)?);
+        }
+    }
+    for name in &security.cap_add {
+        if name.eq_ignore_ascii_case("ALL") {
+            caps.extend(all_capabilities());
+        } else {
+            caps.insert(capability(name)?);
+        }
+    }
+    Ok(caps)
+}
+
 /// containerd's default capability set for containers.
 fn default_capabilities() -> HashSet<Capability> {
     use Capability::*;
@@ -153,11 +196,15 @@ fn bind(source: &Path, destination: &str, read_only: bool) -> Result<Mount, Stri
 pub(crate) fn build(spec: &ContainerSpec, inputs: &SpecInputs<'_>, argv: Vec<String>, user: (u32, u32)) -> Result<Spec, String> {
     let err = |e: oci_spec::OciSpecError| format!("building the runtime spec: {e}");
     let cwd = spec.working_dir.clone().or_else(|| inputs.image.working_dir.clone()).unwrap_or_else(|| "/".into());
-    let caps = default_capabilities();
+    let caps = capabilities(&spec.security)?;
     let capabilities = LinuxCapabilitiesBuilder::default()
         .bounding(caps.clone())
         .effective(caps.clone())
         .permitted(caps)
+        // The builder's defaults would put runc's own set here; the ambient set must stay within
+        // the permitted one, and containerd passes neither.
+        .inheritable(HashSet::new())
+        .ambient(HashSet::new())
         .build()
         .map_err(err)?;
     let process = ProcessBuilder::default()
@@ -167,7 +214,7 @@ pub(crate) fn build(spec: &ContainerSpec, inputs: &SpecInputs<'_>, argv: Vec<Str
         .cwd(cwd)
         .user(UserBuilder::default().uid(user.0).gid(user.1).build().map_err(err)?)
         .capabilities(capabilities)
-        .no_new_privileges(false)
+        .no_new_privileges(spec.security.no_new_privileges)
         .build()
         .map_err(err)?;
 
@@ -227,14 +274,15 @@ pub(crate) fn build(spec: &ContainerSpec, inputs: &SpecInputs<'_>, argv: Vec<Str
         .namespaces(namespaces)
         .resources(resources.build().map_err(err)?)
         .cgroups_path(PathBuf::from(&inputs.cgroups_path))
-        .masked_paths(get_default_maskedpaths())
-        .readonly_paths(get_default_readonly_paths())
+        .masked_paths(if spec.security.privileged { Vec::new() } else { get_default_maskedpaths() })
+        .readonly_paths(if spec.security.privileged { Vec::new() } else { get_default_readonly_paths() })
         .build()
         .map_err(err)?;
 
     let mut out = Spec::default();
     out.set_process(Some(process));
-    out.set_root(Some(RootBuilder::default().path(inputs.rootfs).readonly(inputs.readonly_root).build().map_err(err)?));
+    let readonly = inputs.readonly_root || spec.security.read_only_root;
+    out.set_root(Some(RootBuilder::default().path(inputs.rootfs).readonly(readonly).build().map_err(err)?));
     out.set_hostname(Some(spec.hostname.clone()));
     out.set_mounts(Some(mounts));
     out.set_linux(Some(linux));
@@ -304,6 +352,21 @@ mod tests {
     }
 
     #[test]
+    fn capabilities_start_from_containerds_defaults_then_drop_then_add() {
+        let named = |names: &[&str]| names.iter().map(|n| capability(n).expect("known")).collect::<HashSet<_>>();
+        let dropped = Security { cap_drop: s(&["ALL"]), cap_add: s(&["NET_ADMIN", "chown"]), ..Default::default() };
+        assert_eq!(capabilities(&dropped), Ok(named(&["NET_ADMIN", "CHOWN"])));
+        let some = Security { cap_drop: s(&["NET_RAW"]), ..Default::default() };
+        let caps = capabilities(&some).expect("caps");
+        assert!(!caps.contains(&Capability::NetRaw) && caps.contains(&Capability::Chown));
+        assert!(!caps.contains(&Capability::SysAdmin), "not in the default set");
+        let privileged = Security { privileged: true, cap_drop: s(&["ALL"]), ..Default::default() };
+        assert!(capabilities(&privileged).expect("caps").contains(&Capability::SysAdmin));
+        let unknown = Security { cap_add: s(&["FLY"]), ..Default::default() };
+        assert!(capabilities(&unknown).unwrap_err().contains("\"FLY\""));
+    }
+
+    #[test]
     fn the_spec_joins_the_sandbox_and_carries_limits_and_mounts() {
         let sandbox = SandboxPaths {
             ipc: "/data/sb/ipc".into(),
@@ -326,6 +389,7 @@ mod tests {
             simulate_fail: false,
             restart_count: 0,
             mounts: vec![BindMount { source: "/data/vol".into(), destination: "/vol".into(), read_only: true }],
+            security: Security { read_only_root: true, no_new_privileges: true, ..Default::default() },
         };
         let img = image();
         let inputs = SpecInputs {
@@ -340,6 +404,8 @@ mod tests {
         let out = build(&spec, &inputs, s(&["sh"]), (0, 0)).expect("spec");
         let json = serde_json::to_value(&out).expect("json");
         assert_eq!(json["hostname"], "web-0");
+        assert_eq!(json["root"]["readonly"], true);
+        assert_eq!(json["process"]["noNewPrivileges"], true);
         assert_eq!(json["process"]["cwd"], "/srv");
         let ns = json["linux"]["namespaces"].as_array().expect("namespaces");
         assert!(ns.iter().any(|n| n["type"] == "ipc" && n["path"] == "/data/sb/ipc"));
