@@ -196,8 +196,13 @@ impl Inner {
     /// Removes what an ended instance leaves: runc's state and cgroups, the root mount. Blocking.
     fn clean_instance(&self, id: &ContainerId) {
         let runc_id = Self::runc_id(id);
-        let out = self.runc().args(["delete", "--force", &runc_id]).stdout(Stdio::null()).stderr(Stdio::piped()).output();
-        if let Ok(o) = out
+        // runc keeps a directory per container under its root: without one there is nothing to
+        // delete, and a runc run saved (tens of milliseconds each).
+        let known = self.runc_root().join(&runc_id).exists();
+        let out = known.then(|| {
+            self.runc().args(["delete", "--force", &runc_id]).stdout(Stdio::null()).stderr(Stdio::piped()).output()
+        });
+        if let Some(Ok(o)) = out
             && !o.status.success()
         {
             let text = String::from_utf8_lossy(&o.stderr);
