@@ -38,7 +38,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
-use shepherd_image::{Credentials, Ensured, ImageRef, ImageStore, PullDecision, PullPolicy, Puller};
+use shepherd_image::{Credentials, DiskUsage, Ensured, GcPolicy, ImageRef, ImageStore, PullDecision, PullPolicy, Puller};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
@@ -141,10 +141,16 @@ impl OciRuntime {
         });
         let weak = Arc::downgrade(&inner);
         let rotation = tokio::spawn(async move {
+            let mut ticks: u64 = 0;
             loop {
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 let Some(inner) = weak.upgrade() else { return };
                 inner.rotate_logs();
+                ticks += 1;
+                // Image garbage collection every five minutes, as kubelet's.
+                if ticks.is_multiple_of(60) {
+                    let _ = tokio::task::spawn_blocking(move || inner.collect_images()).await;
+                }
             }
         });
         *inner.rotation.lock().unwrap_or_else(|e| e.into_inner()) = Some(rotation.abort_handle());
@@ -190,6 +196,22 @@ impl Inner {
             if let Err(e) = rotate_if_larger(&files, self.config.log_max_bytes) {
                 warn!(container = %id.name, pod = %id.pod_key, error = %e, "log rotation failed");
             }
+        }
+    }
+
+    /// Removes the least recently used images no live container uses once the disk holding the
+    /// store is fuller than the policy's high mark. Blocking.
+    fn collect_images(&self) {
+        let in_use: std::collections::HashSet<String> = self
+            .lock()
+            .values()
+            .filter_map(|l| ImageRef::parse(&l.state.image).ok())
+            .map(|r| r.to_string())
+            .collect();
+        let store = self.puller.store();
+        let collected = DiskUsage::of(store.root()).and_then(|disk| store.collect_garbage(GcPolicy::default(), disk, &in_use));
+        if let Err(e) = collected {
+            warn!(error = %e, "image garbage collection failed");
         }
     }
 
