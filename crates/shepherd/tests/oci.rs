@@ -371,3 +371,19 @@ async fn a_security_context_sets_the_user_a_read_only_root_and_the_capabilities(
     // holds none effective after exec, as with containerd).
     assert_eq!(lines, ["1000", "2000", "read-only", "CapBnd:\t0000000000000400"], "{logs}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_keep_pods_a_stopped_standalone_leaves_its_containers_for_the_next_start() {
+    let mut cluster = Cluster::start(&["--keep-pods"]);
+    cluster.kubectl(&["apply", "-f", "-"], Some(&deployment("web", 1, json!({"name": "web", "image": "minimal"}))));
+    wait_for("web-0 Running", 60, async || cluster.pods().first().filter(|p| ready(p)).cloned()).await;
+    let before = cluster.runc_list();
+    assert_eq!(before.len(), 1, "{before:?}");
+    let mut daemon = cluster.daemon.take().expect("daemon");
+    assert!(daemon.terminate().success(), "standalone stops cleanly");
+    std::mem::forget(daemon);
+    assert_eq!(cluster.runc_list(), before, "the container keeps running");
+    cluster.daemon = Some(Cluster::launch(cluster.dir.path(), &cluster.flags));
+    wait_for("web-0 Ready again", 60, async || cluster.pods().first().filter(|p| ready(p)).cloned()).await;
+    assert_eq!(cluster.runc_list(), before, "adopted, not restarted");
+}
