@@ -172,6 +172,16 @@ impl Cgroups {
         }
     }
 
+    /// Where the kernel counts OOM kills of the memory cgroup at `path` (relative to the
+    /// hierarchy's root, as runc's `cgroupsPath`), if the host has a memory controller.
+    pub fn oom_file_of(&self, path: &str) -> Option<PathBuf> {
+        let rel = path.trim_start_matches('/');
+        match self.memory.as_ref()? {
+            Hierarchy::V1(m) => Some(m.join(rel).join("memory.oom_control")),
+            Hierarchy::V2(r) => Some(r.join(rel).join("memory.events")),
+        }
+    }
+
     /// The cgroup directories `create` would make for `name` (to clean up after a restart).
     pub fn dirs_of(&self, name: &str) -> Vec<PathBuf> {
         [&self.memory, &self.cpu, &self.pids]

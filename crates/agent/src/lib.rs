@@ -1,6 +1,6 @@
 //! Shepherd's node agent: registers a node, heartbeats through its Lease, and runs the pods bound
-//! to it through a runtime (`process`: host processes; `simulated`: no processes, many nodes per
-//! agent process for scale tests).
+//! to it through a runtime (`process`: host processes; `oci`: containers from images on runc;
+//! `simulated`: no processes, many nodes per agent process for scale tests).
 //!
 //! ```ignore
 //! let agent = Agent::new(client, AgentConfig::new("node-1", "/var/lib/shepherd/agent")).await?;
@@ -14,8 +14,10 @@ mod envvars;
 mod events;
 mod logs;
 mod node;
+mod oci;
 mod pods;
 mod probe;
+mod pullsecrets;
 mod process;
 mod quantity;
 mod runtime;
@@ -38,6 +40,7 @@ use tracing::info;
 
 pub use logs::{LogQuery, LogStream, PodLogs};
 pub use pods::SIMULATE_FAIL_ANNOTATION;
+pub use oci::DEFAULT_RUNC;
 pub use process::MINIMAL_IMAGE;
 pub use simulated::SimulatedBehaviour;
 
@@ -46,6 +49,8 @@ pub use simulated::SimulatedBehaviour;
 pub enum RuntimeKind {
     /// Host processes, with namespaces and cgroups when running as root.
     Process,
+    /// Containers from OCI images, run by runc in pod sandboxes (needs root).
+    Oci,
     /// No processes: containers become Running after a delay (or fail).
     Simulated(SimulatedBehaviour),
 }
@@ -74,6 +79,13 @@ pub struct AgentConfig {
     pub log_max_bytes: u64,
     /// `pids.max` of each container's cgroup, where the pids controller is available.
     pub pids_limit: Option<u64>,
+    /// The runc binary of the oci runtime.
+    pub runc: PathBuf,
+    /// Registries (`HOST:PORT`) the oci runtime pulls from over plain http (loopback ones always are).
+    pub insecure_registries: Vec<String>,
+    /// Stop and remove every container when the agent stops (a node going away with its pods)
+    /// instead of leaving them for the next agent to adopt.
+    pub stop_containers_on_exit: bool,
 }
 
 impl AgentConfig {
@@ -93,6 +105,9 @@ impl AgentConfig {
             restart_backoff_max: Duration::from_secs(300),
             log_max_bytes: 10 * 1024 * 1024,
             pids_limit: Some(4096),
+            runc: PathBuf::from(oci::DEFAULT_RUNC),
+            insecure_registries: Vec::new(),
+            stop_containers_on_exit: false,
         }
     }
 }
@@ -104,6 +119,8 @@ pub enum AgentError {
     DataDir { path: PathBuf, source: std::io::Error },
     #[error("data directory {0} is in use by another agent; stop it or choose another --data-dir")]
     Locked(PathBuf),
+    #[error("the oci runtime cannot start: {0}")]
+    Runtime(String),
 }
 
 /// A node agent (or a set of simulated nodes), ready to run.
@@ -166,6 +183,23 @@ impl Agent {
                 };
                 (Arc::new(process::ProcessRuntime::new(pc, tx)), Some(lock))
             }
+            RuntimeKind::Oci => {
+                if let Some(why) = oci::unavailable(&config.runc) {
+                    return Err(AgentError::Runtime(why));
+                }
+                let lock = lock_data_dir(&config.data_dir)?;
+                let oc = oci::OciConfig {
+                    data_dir: config.data_dir.clone(),
+                    runc: config.runc.clone(),
+                    node_ip: config.node_ip.clone(),
+                    insecure_registries: config.insecure_registries.clone(),
+                    log_max_bytes: config.log_max_bytes,
+                    pids_limit: config.pids_limit,
+                };
+                let runtime = oci::OciRuntime::new(oc, tx)
+                    .map_err(|source| AgentError::DataDir { path: config.data_dir.clone(), source })?;
+                (Arc::new(runtime), Some(lock))
+            }
             RuntimeKind::Simulated(b) => (Arc::new(simulated::SimulatedRuntime::new(*b, tx)), None),
         };
         let manager = Manager::new(client.clone());
@@ -181,8 +215,9 @@ impl Agent {
         let configmaps = manager.informers().informer(&kinds::CONFIGMAP);
         let secrets = manager.informers().informer(&kinds::SECRET);
         let sources = Arc::new(sources::Sources::new(configmaps.clone(), secrets.clone()));
-        let process = config.runtime == RuntimeKind::Process;
-        let volumes = process.then(|| volumes::Volumes::new(&config.data_dir, sources.clone()));
+        // Runtimes that run real containers mount volumes; simulated ones have nothing to mount into.
+        let mounts = matches!(config.runtime, RuntimeKind::Process | RuntimeKind::Oci);
+        let volumes = mounts.then(|| volumes::Volumes::new(&config.data_dir, sources.clone()));
         let inputs = pods::ConfigInputs { sources, volumes };
         let pods = pods::PodManager::new(client.clone(), cache.clone(), addresses, runtime, pc, rx, inputs);
         // A changed ConfigMap or Secret re-syncs the pods that read it: waiting containers start,
@@ -227,7 +262,8 @@ impl Agent {
     }
 
     /// Runs until `shutdown` completes. Containers keep running afterwards (as they do when the
-    /// agent is killed); the next agent on the same data directory takes them over.
+    /// agent is killed) and the next agent on the same data directory takes them over, unless
+    /// `stop_containers_on_exit` is set.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
         let Agent { client, config, nodes, manager, pods, _lock } = self;
         info!(nodes = nodes.len(), runtime = ?config.runtime, "node agent starting");
@@ -266,8 +302,15 @@ impl Agent {
         manager.run(shutdown).await;
         background.abort_all();
         while background.join_next().await.is_some() {}
-        pods.runtime().detach();
-        info!("node agent stopped; containers left running for the next agent");
+        if config.stop_containers_on_exit {
+            info!("node agent stopping its containers");
+            pods.stop_everything().await;
+            pods.runtime().detach();
+            info!("node agent stopped with its containers");
+        } else {
+            pods.runtime().detach();
+            info!("node agent stopped; containers left running for the next agent");
+        }
         Ok(())
     }
 }
@@ -283,6 +326,12 @@ pub fn memory_limits_unavailable() -> Option<String> {
         return Some("no memory cgroup controller is mounted (v1) or delegated (v2)".into());
     }
     None
+}
+
+/// Why the oci runtime cannot run on this host with `runc` (not root, runc missing or broken);
+/// `None` when it can.
+pub fn oci_unavailable(runc: &Path) -> Option<String> {
+    oci::unavailable(runc)
 }
 
 /// `shepherd agent --server URL --node-name NAME`: one agent until `shutdown`.

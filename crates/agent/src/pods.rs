@@ -30,10 +30,12 @@ use crate::backoff::Backoff;
 use crate::envvars;
 use crate::events;
 use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
+use crate::pullsecrets;
 use crate::quantity;
-use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, Runtime, RuntimeEvent};
+use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, ImagePull, ImageReady, Runtime, RuntimeEvent, Security};
 use crate::sources::Sources;
 use crate::volumes::{Prepared, Volumes};
+use shepherd_controllers::events::EventType;
 
 /// The annotation that makes the simulated runtime fail a pod's containers.
 pub const SIMULATE_FAIL_ANNOTATION: &str = "shepherd.io/simulate-fail";
@@ -87,6 +89,10 @@ struct ContainerRecord {
     /// while a volume is not ready) and the message, shown while it waits; an Event is recorded
     /// when it first appears or changes.
     waiting: Option<(&'static str, String)>,
+    /// The last image pull failed: (`ErrImagePull` or `ImagePullBackOff`, message, when). The
+    /// retry waits for `restart_at`, on its own back-off.
+    pull_failure: Option<(&'static str, String, Instant)>,
+    pull_backoff: Backoff,
 }
 
 impl ContainerRecord {
@@ -104,6 +110,8 @@ impl ContainerRecord {
             probes_for: None,
             stop_sent: None,
             waiting: None,
+            pull_failure: None,
+            pull_backoff: Backoff::new(config.backoff_initial, config.backoff_max),
         }
     }
 
@@ -154,8 +162,16 @@ pub(crate) struct PodManager {
     /// The engine's trigger channel, once the agent's controller runs.
     engine: std::sync::OnceLock<mpsc::UnboundedSender<String>>,
     probe_tx: mpsc::UnboundedSender<ProbeEvent>,
+    /// Set once the agent stops its containers on the way out: nothing starts any more.
+    shutting_down: std::sync::atomic::AtomicBool,
+    /// Events about pods, as kubelet writes them (image pulls).
+    events: shepherd_controllers::events::EventRecorder,
     this: Weak<PodManager>,
 }
+
+/// How long `ErrImagePull` shows before the status turns to `ImagePullBackOff`, as kubelet's next
+/// pod sync turns it.
+const ERR_IMAGE_PULL_SHOWN: Duration = Duration::from_secs(2);
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
     v.at(pointer).and_then(Value::as_str).unwrap_or("")
@@ -164,6 +180,31 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
 /// Kubernetes `Time`: RFC 3339 in UTC, whole seconds.
 pub(crate) fn k8s_time(t: Timestamp) -> String {
     t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// The container's `securityContext` over the pod's (only ids are inherited from the pod).
+fn security_of(pod: &Value, container: &Value) -> Security {
+    let (p, c) = (pod.at("/spec/securityContext"), container.get("securityContext"));
+    let id = |field: &str| {
+        let of = |sc: Option<&Value>| sc.and_then(|s| s.get(field)).and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
+        of(c).or_else(|| of(p))
+    };
+    let flag = |field: &str| c.and_then(|s| s.get(field)).and_then(Value::as_bool);
+    let caps = |list: &str| -> Vec<String> {
+        c.and_then(|s| s.at(&format!("/capabilities/{list}")))
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default()
+    };
+    Security {
+        run_as_user: id("runAsUser"),
+        run_as_group: id("runAsGroup"),
+        read_only_root: flag("readOnlyRootFilesystem") == Some(true),
+        privileged: flag("privileged") == Some(true),
+        no_new_privileges: flag("allowPrivilegeEscalation") == Some(false),
+        cap_add: caps("add"),
+        cap_drop: caps("drop"),
+    }
 }
 
 fn should_restart(policy: &str, code: i32) -> bool {
@@ -187,7 +228,10 @@ impl PodManager {
     ) -> Arc<PodManager> {
         let (probe_tx, probe_rx) = mpsc::unbounded_channel();
         let adopted = runtime.adopt();
+        let events = shepherd_controllers::events::EventRecorder::new(client.clone(), "kubelet");
         let manager = Arc::new_cyclic(|this| PodManager {
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
+            events,
             client,
             pods,
             nodes,
@@ -305,6 +349,9 @@ impl PodManager {
 
     /// One reconcile of one pod key: every incarnation of it on this node. Idempotent.
     pub async fn reconcile(&self, key: &str) -> Result<(), Error> {
+        if self.shutting_down.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
         let pod = self.pods.get(key).filter(|p| self.mine(p));
         let current_uid = pod.as_ref().map(|p| str_at(p, "/metadata/uid").to_string());
         let earlier: Vec<(String, Arc<AsyncMutex<PodRecord>>)> = self
@@ -408,7 +455,24 @@ impl PodManager {
             let name = spec.get("name").and_then(Value::as_str).unwrap_or("");
             let Some(c) = rec.container(name) else { continue };
             let start = match &c.state {
-                CState::NotStarted => true,
+                CState::NotStarted => match c.restart_at {
+                    Some(at) if at > now => {
+                        let mut due = at;
+                        if let Some((reason, _, since)) = &mut c.pull_failure {
+                            let flip = *since + ERR_IMAGE_PULL_SHOWN;
+                            if *reason == "ErrImagePull" && flip <= now {
+                                *reason = "ImagePullBackOff";
+                                let message = format!("Back-off pulling image {:?}", c.image);
+                                self.events.record(&pod, EventType::Normal, "BackOff", &message).await;
+                            } else if *reason == "ErrImagePull" {
+                                due = due.min(flip);
+                            }
+                        }
+                        wake = Some(wake.map_or(due, |w| w.min(due)));
+                        false
+                    }
+                    _ => true,
+                },
                 CState::Exited { exit, .. } if should_restart(&policy, exit.code) => match c.restart_at {
                     Some(at) if at > now => {
                         wake = Some(wake.map_or(at, |w| w.min(at)));
@@ -425,6 +489,10 @@ impl PodManager {
                     wake = Some(wake.map_or(at, |w| w.min(at)));
                 }
                 if let Some(at) = c.restart_at.filter(|_| matches!(c.state, CState::Exited { .. })) {
+                    wake = Some(wake.map_or(at, |w| w.min(at)));
+                }
+                if let (Some(at), Some((_, _, since))) = (c.restart_at, &c.pull_failure) {
+                    let at = at.min(*since + ERR_IMAGE_PULL_SHOWN);
                     wake = Some(wake.map_or(at, |w| w.min(at)));
                 }
             }
@@ -521,7 +589,66 @@ impl PodManager {
         rec.containers.sort_by_key(|c| order.iter().position(|n| *n == c.id.name).unwrap_or(usize::MAX));
     }
 
+    /// Registry credentials from the pod's `imagePullSecrets`; a Secret that is missing or not
+    /// a docker config is skipped (the pull may still work anonymously), as kubelet does.
+    async fn pull_credentials(&self, pod: &Value) -> Vec<(String, String, String)> {
+        let Some(refs) = pod.at("/spec/imagePullSecrets").and_then(Value::as_array) else { return Vec::new() };
+        let ns = str_at(pod, "/metadata/namespace");
+        let mut out = Vec::new();
+        for name in refs.iter().filter_map(|r| r.get("name").and_then(Value::as_str)) {
+            match self.client.get(&kinds::SECRET, Some(ns), name).await {
+                Ok(secret) => out.extend(pullsecrets::credentials_of(&secret)),
+                Err(e) => warn!(pod = %str_at(pod, "/metadata/name"), secret = %name, error = %e, "cannot read image pull secret"),
+            }
+        }
+        out
+    }
+
+    /// Makes the container's image available, with kubelet's Events; false (and the container
+    /// waiting in `ErrImagePull`) when that failed.
+    async fn pull_image(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord) -> bool {
+        let pull = ImagePull {
+            image: c.image.clone(),
+            policy: spec.get("imagePullPolicy").and_then(Value::as_str).map(str::to_string),
+            credentials: self.pull_credentials(pod).await,
+        };
+        if self.runtime.will_pull(&pull) {
+            self.events.record(pod, EventType::Normal, "Pulling", &format!("Pulling image {:?}", c.image)).await;
+        }
+        match self.runtime.ensure_image(&pull).await {
+            Ok(ready) => {
+                c.pull_failure = None;
+                c.restart_at = None;
+                let message = match ready {
+                    ImageReady::Unused => None,
+                    ImageReady::Present => Some(format!("Container image {:?} already present on machine", c.image)),
+                    ImageReady::Pulled { size, duration } => Some(format!(
+                        "Successfully pulled image {:?} in {duration:.3?}. Image size: {size} bytes.",
+                        c.image
+                    )),
+                };
+                if let Some(m) = message {
+                    self.events.record(pod, EventType::Normal, "Pulled", &m).await;
+                }
+                true
+            }
+            Err(e) => {
+                warn!(pod = %c.id.pod_key, container = %c.id.name, image = %c.image, error = %e, "image pull failed");
+                let message = format!("Failed to pull image {:?}: {e}", c.image);
+                self.events.record(pod, EventType::Warning, "Failed", &message).await;
+                self.events.record(pod, EventType::Warning, "Failed", "Error: ErrImagePull").await;
+                let delay = c.pull_backoff.next(Duration::ZERO);
+                c.restart_at = Some(Instant::now() + delay);
+                c.pull_failure = Some(("ErrImagePull", message, Instant::now()));
+                false
+            }
+        }
+    }
+
     async fn start_container(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord, prepared: &Prepared) {
+        if matches!(c.state, CState::NotStarted) && !self.pull_image(pod, spec, c).await {
+            return;
+        }
         let strings = |field: &str| -> Vec<String> {
             spec.get(field)
                 .and_then(Value::as_array)
@@ -565,6 +692,7 @@ impl PodManager {
                 == Some("true"),
             restart_count,
             mounts,
+            security: security_of(pod, spec),
         };
         let previous = match &c.state {
             CState::Exited { exit, .. } => Some(exit.clone()),
@@ -606,7 +734,8 @@ impl PodManager {
         let ip = self.nodes.get(str_at(pod, "/spec/nodeName")).cloned().unwrap_or_else(|| "127.0.0.1".into());
         for (field, kind) in [("readinessProbe", ProbeKind::Readiness), ("livenessProbe", ProbeKind::Liveness)] {
             if let Some(p) = spec.get(field).filter(|p| p.is_object()) {
-                c.probes.push(probe::spawn(kind, p, spec, &ip, c.id.clone(), instance, self.probe_tx.clone()));
+                let prefix = self.runtime.exec_prefix(&c.id);
+                c.probes.push(probe::spawn(kind, p, spec, &ip, c.id.clone(), instance, self.probe_tx.clone(), prefix));
             }
         }
         if spec.get("readinessProbe").is_none_or(Value::is_null) {
@@ -699,7 +828,11 @@ impl PodManager {
         let held = c.waiting.as_ref().map(|(reason, message)| json!({"waiting": {"reason": reason, "message": message}}));
         let creating = || json!({"waiting": {"reason": "ContainerCreating"}});
         let (state, started, instance) = match &c.state {
-            CState::NotStarted => (held.unwrap_or_else(creating), false, None),
+            CState::NotStarted => match (held, &c.pull_failure) {
+                (Some(held), _) => (held, false, None),
+                (None, Some((reason, message, _))) => (json!({"waiting": {"reason": reason, "message": message}}), false, None),
+                (None, None) => (creating(), false, None),
+            },
             CState::Exited { instance, exit, .. } if held.is_some() && should_restart(policy, exit.code) => {
                 (held.unwrap_or_default(), false, Some(*instance))
             }
@@ -815,6 +948,39 @@ impl PodManager {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Stops every container on the node (each pod's grace period, SIGKILL after it) and removes
+    /// them; no reconcile starts anything afterwards. For a node going away with its pods.
+    pub async fn stop_everything(&self) {
+        self.shutting_down.store(true, std::sync::atomic::Ordering::Relaxed);
+        let records: Vec<Arc<AsyncMutex<PodRecord>>> = self
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .flat_map(|incarnations| incarnations.values().cloned())
+            .collect();
+        let mut longest = Duration::ZERO;
+        for r in &records {
+            let mut rec = r.lock().await;
+            let grace = rec.grace;
+            longest = longest.max(grace);
+            self.stop_all(&mut rec, grace);
+        }
+        let deadline = Instant::now() + longest + Duration::from_secs(5);
+        for r in &records {
+            loop {
+                let live = r.lock().await.containers.iter().any(|c| c.live_instance().is_some());
+                if !live || Instant::now() >= deadline {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            for c in &r.lock().await.containers {
+                self.runtime.remove(&c.id);
+            }
         }
     }
 

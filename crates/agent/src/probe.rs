@@ -1,7 +1,8 @@
 //! Readiness and liveness probes (exec, httpGet, tcpSocket), each a task per container instance.
 //!
 //! Exec probes run on the host with the container's environment and working directory (the
-//! process runtime shares the host's filesystem and network); httpGet and tcpSocket probes
+//! process runtime shares the host's filesystem and network), or inside the container through
+//! the runtime's exec command (the oci runtime's `runc exec`); httpGet and tcpSocket probes
 //! connect to the pod IP, which is the node's address.
 
 use std::sync::OnceLock;
@@ -159,6 +160,8 @@ async fn check(h: &Handler, timeout: Duration, env: &[(String, String)], working
 }
 
 /// Starts probing one container instance; abort the returned handle when the instance ends.
+/// `exec_prefix` runs exec handlers inside the container (see `Runtime::exec_prefix`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn spawn(
     kind: ProbeKind,
     probe: &Value,
@@ -167,6 +170,7 @@ pub(crate) fn spawn(
     id: ContainerId,
     instance: u64,
     events: mpsc::UnboundedSender<ProbeEvent>,
+    exec_prefix: Option<Vec<String>>,
 ) -> AbortHandle {
     let timing = Timing {
         initial_delay: seconds(probe, "initialDelaySeconds", 0, 0),
@@ -185,7 +189,17 @@ pub(crate) fn spawn(
                 .collect()
         })
         .unwrap_or_default();
-    let working_dir = container.get("workingDir").and_then(Value::as_str).map(str::to_string);
+    let mut working_dir = container.get("workingDir").and_then(Value::as_str).map(str::to_string);
+    let mut env = env;
+    let h = match (h, exec_prefix) {
+        // Run inside the container, which has its own environment and working directory.
+        (Handler::Exec { command }, Some(prefix)) if !command.is_empty() => {
+            env.clear();
+            working_dir = None;
+            Handler::Exec { command: prefix.into_iter().chain(command).collect() }
+        }
+        (h, _) => h,
+    };
     let task = tokio::spawn(async move {
         tokio::time::sleep(timing.initial_delay).await;
         let (mut successes, mut failures) = (0u32, 0u32);
@@ -246,7 +260,7 @@ mod tests {
         let id = ContainerId { pod_key: "ns/p".into(), pod_uid: "u".into(), name: "c".into() };
         let probe = json!({"exec": {"command": ["/bin/false"]}, "periodSeconds": 5, "failureThreshold": 2});
         let start = tokio::time::Instant::now();
-        spawn(ProbeKind::Liveness, &probe, &json!({}), "127.0.0.1", id, 7, tx);
+        spawn(ProbeKind::Liveness, &probe, &json!({}), "127.0.0.1", id, 7, tx, None);
         let event = rx.recv().await.expect("a liveness failure");
         assert!(matches!(event.outcome, ProbeOutcome::LivenessFailed(_)));
         assert_eq!(event.instance, 7);

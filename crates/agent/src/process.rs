@@ -266,6 +266,9 @@ impl Inner {
         let _ = fs::remove_file(&files.rotated);
         let _ = fs::remove_file(dir.join("exit"));
 
+        if let Some(field) = spec.security.fields_set().first() {
+            return Err(format!("{field} is not supported by the process runtime; run the agent with --runtime oci"));
+        }
         let mut argv: Vec<String> = spec.command.iter().chain(spec.args.iter()).cloned().collect();
         let idle = argv.is_empty();
         if idle && spec.image != MINIMAL_IMAGE {
@@ -616,7 +619,7 @@ impl ChildSetup {
 }
 
 /// Writes a non-negative code as decimal digits into `buf` without allocating.
-fn format_code(code: i32, buf: &mut [u8; 12]) -> &[u8] {
+pub(crate) fn format_code(code: i32, buf: &mut [u8; 12]) -> &[u8] {
     let mut n = code.unsigned_abs();
     let mut i = buf.len();
     loop {
@@ -630,7 +633,7 @@ fn format_code(code: i32, buf: &mut [u8; 12]) -> &[u8] {
     &buf[i..]
 }
 
-unsafe fn close_from(first: libc::c_int) {
+pub(crate) unsafe fn close_from(first: libc::c_int) {
     // SAFETY: closing descriptors is async-signal-safe; close_range may be missing on old kernels.
     unsafe {
         if libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, 0) != 0 {
@@ -646,7 +649,7 @@ fn cstring(p: &Path) -> Option<CString> {
 }
 
 /// Keeps ids usable as single path components.
-fn path_safe(s: &str) -> String {
+pub(crate) fn path_safe(s: &str) -> String {
     let cleaned: String =
         s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' }).collect();
     if cleaned.is_empty() || cleaned.chars().all(|c| c == '.') { format!("_{cleaned}") } else { cleaned }
@@ -658,7 +661,7 @@ pub(crate) fn log_files(dir: &Path) -> LogFiles {
 
 /// Copy-truncate rotation: the container keeps its append-mode descriptor, so the file is copied
 /// aside and truncated in place (output written between the two steps is lost).
-fn rotate_if_larger(files: &LogFiles, max: u64) -> io::Result<()> {
+pub(crate) fn rotate_if_larger(files: &LogFiles, max: u64) -> io::Result<()> {
     let len = match fs::metadata(&files.current) {
         Ok(m) => m.len(),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -676,7 +679,7 @@ fn read_state(dir: &Path) -> Option<StateFile> {
     serde_json::from_slice(&bytes).ok()
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         use std::io::Write;
@@ -718,7 +721,7 @@ fn find_child(pid: i32) -> Option<i32> {
 }
 
 /// Sends `sig` to `pid` only if it is still the process that started at `start`.
-fn signal_checked(pid: i32, start: u64, sig: libc::c_int) -> bool {
+pub(crate) fn signal_checked(pid: i32, start: u64, sig: libc::c_int) -> bool {
     if pid <= 0 || start_time(pid) != Some(start) {
         return false;
     }
@@ -738,7 +741,7 @@ fn signal_container(state: &StateFile, sig: libc::c_int) {
 }
 
 /// Resolves once the process `pid` (started at `start`) has ended.
-async fn wait_for_exit(pid: i32, start: u64) {
+pub(crate) async fn wait_for_exit(pid: i32, start: u64) {
     // SAFETY: pidfd_open returns a new descriptor we own, or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
     if fd < 0 {

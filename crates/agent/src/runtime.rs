@@ -33,6 +33,48 @@ pub(crate) struct ContainerSpec {
     pub restart_count: u32,
     /// Host paths the container sees at `destination` (volumes, and files the agent writes for it).
     pub mounts: Vec<Mount>,
+    /// The pod's and container's `securityContext`, merged (the container's fields win).
+    pub security: Security,
+}
+
+/// What a `securityContext` asks of the runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Security {
+    pub run_as_user: Option<u32>,
+    pub run_as_group: Option<u32>,
+    pub read_only_root: bool,
+    pub privileged: bool,
+    /// `allowPrivilegeEscalation: false`.
+    pub no_new_privileges: bool,
+    /// Capability names as written (`NET_ADMIN`, `ALL`).
+    pub cap_add: Vec<String>,
+    pub cap_drop: Vec<String>,
+}
+
+impl Security {
+    /// The fields set, by their API names (for a runtime that honours none of them).
+    pub fn fields_set(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.run_as_user.is_some() {
+            out.push("securityContext.runAsUser");
+        }
+        if self.run_as_group.is_some() {
+            out.push("securityContext.runAsGroup");
+        }
+        if self.read_only_root {
+            out.push("securityContext.readOnlyRootFilesystem");
+        }
+        if self.privileged {
+            out.push("securityContext.privileged");
+        }
+        if self.no_new_privileges {
+            out.push("securityContext.allowPrivilegeEscalation");
+        }
+        if !self.cap_add.is_empty() || !self.cap_drop.is_empty() {
+            out.push("securityContext.capabilities");
+        }
+        out
+    }
 }
 
 /// One bind mount into a container.
@@ -103,8 +145,36 @@ pub(crate) struct LogFiles {
     pub previous: PathBuf,
 }
 
+/// An image a container needs, as its pod asks for it.
+#[derive(Debug, Clone)]
+pub(crate) struct ImagePull {
+    pub image: String,
+    /// `imagePullPolicy` as written (absent: Kubernetes' default for the tag).
+    pub policy: Option<String>,
+    /// (registry, username, password) from the pod's `imagePullSecrets`.
+    pub credentials: Vec<(String, String, String)>,
+}
+
+/// How an image became available.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ImageReady {
+    /// The runtime uses no images.
+    Unused,
+    /// Already on the node.
+    Present,
+    Pulled { size: u64, duration: Duration },
+}
+
 #[async_trait]
 pub(crate) trait Runtime: Send + Sync + 'static {
+    /// Makes a container's image available before `start`; runtimes without images have nothing to do.
+    async fn ensure_image(&self, _pull: &ImagePull) -> Result<ImageReady, String> {
+        Ok(ImageReady::Unused)
+    }
+    /// Whether `ensure_image` would pull (for kubelet's `Pulling` event before it does).
+    fn will_pull(&self, _pull: &ImagePull) -> bool {
+        false
+    }
     /// Starts an instance of `spec`. Its end is reported as `RuntimeEvent::Exited`.
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, String>;
     /// Asks an instance to stop: SIGTERM now, SIGKILL once `grace` has passed (at once for zero).
@@ -116,6 +186,11 @@ pub(crate) trait Runtime: Send + Sync + 'static {
     /// The host pid of a running instance's main process, if it has one.
     fn pid(&self, id: &ContainerId) -> Option<u32>;
     fn log_files(&self, id: &ContainerId) -> Option<LogFiles>;
+    /// The command line that runs a command inside a running container (the command is appended);
+    /// `None` when commands run on the host (the process runtime shares its filesystem).
+    fn exec_prefix(&self, _id: &ContainerId) -> Option<Vec<String>> {
+        None
+    }
     /// Stops watching (the agent is going away); containers keep running.
     fn detach(&self);
     /// Whether this runtime can give a container `mounts`; the reason it cannot is shown as the

@@ -301,3 +301,19 @@ async fn logs_of_the_current_and_previous_instance_are_served_with_tail_lines() 
     assert!(err.is_err(), "an unknown container is refused");
     agent.finish(&client).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_security_context_the_process_runtime_cannot_honour_is_refused_by_name() {
+    let client = api().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = RunningAgent::start(client.clone(), config("node-1", dir.path())).await;
+    let spec = json!({"containers": [{"name": "c", "image": "minimal", "securityContext": {"runAsUser": 1000}}]});
+    create(&client, pod("nonroot", "node-1", spec)).await;
+    let p = wait_pod(&client, "nonroot", Duration::from_secs(10), |p| {
+        p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "RunContainerError"
+    })
+    .await;
+    let message = container_status(&p)["state"]["waiting"]["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("securityContext.runAsUser") && message.contains("--runtime oci"), "{message}");
+    agent.finish(&client).await;
+}

@@ -43,7 +43,17 @@ const UNSUPPORTED: &[(Scope, &str)] = &[
     (Scope::PodSpec, "hostNetwork"),
     (Scope::PodSpec, "hostPID"),
     (Scope::PodSpec, "hostIPC"),
-    (Scope::PodSpec, "securityContext"),
+    (Scope::PodSpec, "securityContext.runAsNonRoot"),
+    (Scope::PodSpec, "securityContext.fsGroup"),
+    (Scope::PodSpec, "securityContext.fsGroupChangePolicy"),
+    (Scope::PodSpec, "securityContext.supplementalGroups"),
+    (Scope::PodSpec, "securityContext.supplementalGroupsPolicy"),
+    (Scope::PodSpec, "securityContext.sysctls"),
+    (Scope::PodSpec, "securityContext.seLinuxOptions"),
+    (Scope::PodSpec, "securityContext.seLinuxChangePolicy"),
+    (Scope::PodSpec, "securityContext.seccompProfile"),
+    (Scope::PodSpec, "securityContext.appArmorProfile"),
+    (Scope::PodSpec, "securityContext.windowsOptions"),
     (Scope::PodSpec, "affinity.podAffinity"),
     (Scope::PodSpec, "affinity.podAntiAffinity"),
     (Scope::PodSpec, "topologySpreadConstraints"),
@@ -55,7 +65,12 @@ const UNSUPPORTED: &[(Scope, &str)] = &[
     (Scope::PodSpec, "dnsConfig"),
     (Scope::PodSpec, "hostAliases"),
     (Scope::Container, "volumeDevices"),
-    (Scope::Container, "securityContext"),
+    (Scope::Container, "securityContext.runAsNonRoot"),
+    (Scope::Container, "securityContext.seLinuxOptions"),
+    (Scope::Container, "securityContext.seccompProfile"),
+    (Scope::Container, "securityContext.appArmorProfile"),
+    (Scope::Container, "securityContext.procMount"),
+    (Scope::Container, "securityContext.windowsOptions"),
     (Scope::Container, "lifecycle"),
     (Scope::Container, "startupProbe"),
     (Scope::Container, "resizePolicy"),
@@ -687,6 +702,30 @@ fn validate_pod_spec(spec: Option<&Value>, p: &str, c: &mut Vec<Cause>) {
         c.push(invalid_value(join(p, "nodeName"), &Value::from(node), DNS1123_SUBDOMAIN_RULE));
     }
     validate_labels(spec.get("nodeSelector"), &join(p, "nodeSelector"), c);
+    validate_security_context(spec.get("securityContext"), &join(p, "securityContext"), c);
+}
+
+/// The ids and flags of a pod's or container's `securityContext` (its other fields are refused
+/// as unsupported).
+fn validate_security_context(sc: Option<&Value>, p: &str, c: &mut Vec<Cause>) {
+    let Some(sc) = sc.filter(|v| v.is_object()) else { return };
+    for id in ["runAsUser", "runAsGroup"] {
+        check_min(sc, id, p, 0, c);
+        if let Some(n) = int_at(sc, id)
+            && n > i64::from(i32::MAX)
+        {
+            c.push(invalid_value(join(p, id), &Value::from(n), "must be less than or equal to 2147483647"));
+        }
+    }
+    for list in ["capabilities.add", "capabilities.drop"] {
+        if let Some(Value::Array(names)) = at(sc, list) {
+            for (i, name) in names.iter().enumerate() {
+                if name.as_str().is_none_or(|n| n.is_empty() || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')) {
+                    c.push(invalid_value(format!("{p}.{list}[{i}]"), name, "a capability name such as NET_ADMIN or ALL"));
+                }
+            }
+        }
+    }
 }
 
 fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut Vec<Cause>) {
@@ -705,6 +744,7 @@ fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut
         c.push(Cause::required(join(p, "image")));
     }
     check_one_of(ct, "imagePullPolicy", p, &["Always", "IfNotPresent", "Never"], c);
+    validate_security_context(ct.get("securityContext"), &join(p, "securityContext"), c);
     if let Some(Value::Array(ports)) = ct.get("ports") {
         let mut port_names = BTreeSet::new();
         for (j, port) in ports.iter().enumerate() {
@@ -1464,6 +1504,30 @@ mod tests {
         let mut d = seed_deployment();
         d["spec"]["template"]["spec"]["initContainers"] = json!([{"name": "init", "image": "busybox"}]);
         assert_eq!(causes(&DEPLOYMENT, &d), vec![("spec.template.spec.initContainers".to_string(), "FieldValueForbidden")]);
+    }
+
+    #[test]
+    fn security_contexts_take_ids_flags_and_capabilities_and_refuse_the_rest_by_name() {
+        let ok = pod(json!({"securityContext": {"runAsUser": 1000, "runAsGroup": 1000},
+            "containers": [{"name": "web", "image": "busybox", "securityContext": {"runAsUser": 0, "privileged": false,
+                "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                "capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]}}}]}));
+        assert_eq!(causes(&POD, &ok), vec![]);
+        let bad = pod(json!({"securityContext": {"runAsUser": -1, "fsGroup": 2000},
+            "containers": [{"name": "web", "image": "busybox", "securityContext": {"runAsGroup": 3_000_000_000_i64,
+                "seccompProfile": {"type": "RuntimeDefault"}, "capabilities": {"add": ["NET ADMIN"]}}}]}));
+        let mut got = causes(&POD, &bad);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                ("spec.containers[0].securityContext.capabilities.add[0]".to_string(), "FieldValueInvalid"),
+                ("spec.containers[0].securityContext.runAsGroup".to_string(), "FieldValueInvalid"),
+                ("spec.containers[0].securityContext.seccompProfile".to_string(), "FieldValueForbidden"),
+                ("spec.securityContext.fsGroup".to_string(), "FieldValueForbidden"),
+                ("spec.securityContext.runAsUser".to_string(), "FieldValueInvalid"),
+            ]
+        );
     }
 
     #[test]

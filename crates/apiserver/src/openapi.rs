@@ -987,12 +987,14 @@ mod tests {
         let defs = &json["definitions"];
         let pod_spec = &defs["io.k8s.api.core.v1.PodSpec"]["properties"];
         assert!(pod_spec.get("containers").is_some());
-        for gone in ["initContainers", "hostNetwork", "securityContext"] {
+        for gone in ["initContainers", "hostNetwork", "hostIPC"] {
             assert!(pod_spec.get(gone).is_none(), "PodSpec.{gone} is still described");
         }
         let volume = &defs["io.k8s.api.core.v1.Volume"]["properties"];
         assert!(volume.get("configMap").is_some() && volume.get("nfs").is_none(), "{volume}");
         assert!(defs["io.k8s.api.core.v1.VolumeMount"]["properties"].get("subPathExpr").is_none());
+        let pod_security = &defs["io.k8s.api.core.v1.PodSecurityContext"]["properties"];
+        assert!(pod_security.get("runAsUser").is_some() && pod_security.get("fsGroup").is_none(), "{pod_security}");
         let affinity = &defs["io.k8s.api.core.v1.Affinity"]["properties"];
         assert!(affinity.get("nodeAffinity").is_some() && affinity.get("podAffinity").is_none(), "{affinity}");
         // And what only they reached is gone with them.

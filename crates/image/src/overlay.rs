@@ -3,7 +3,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use rustix::mount::{MountFlags, UnmountFlags};
@@ -61,8 +61,15 @@ impl ImageStore {
             // overlayfs needs a lower layer; an image without layers starts from an empty root.
             let empty = dir.join("empty");
             fs::create_dir_all(&empty).map_err(|e| ImageError::io("creating", &empty, e))?;
+            fs::set_permissions(&empty, fs::Permissions::from_mode(0o755))
+                .map_err(|e| ImageError::io("setting the mode of", &empty, e))?;
             lower.push(empty);
         }
+        // The merged root takes the upper directory's mode: give it the image's, so that users
+        // other than root can enter `/`.
+        let root_mode = fs::metadata(&lower[0]).map(|m| m.mode() & 0o7777).unwrap_or(0o755);
+        fs::set_permissions(&upper, fs::Permissions::from_mode(root_mode))
+            .map_err(|e| ImageError::io("setting the mode of", &upper, e))?;
         check_option_paths(
             lower
                 .iter()

@@ -40,6 +40,9 @@ pub(crate) fn unpack_layer(blob: &Path, dest: &Path, diff_id: &Digest) -> Result
         Box::new(compressed)
     };
     fs::create_dir(dest).map_err(|e| ImageError::io("creating", dest, e))?;
+    // A layer's root is `/` of its containers: 0755 unless the layer has an entry for it, whatever
+    // the creating process's umask (the agent's keeps its own files private).
+    fs::set_permissions(dest, fs::Permissions::from_mode(0o755)).map_err(|e| ImageError::io("setting the mode of", dest, e))?;
     let mut unpacker = Unpacker {
         root: dest,
         dir_times: Vec::new(),

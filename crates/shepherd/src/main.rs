@@ -38,7 +38,7 @@ enum Command {
     /// Run the API server over a durable store.
     Server(ServerArgs),
     /// Run everything in one process: API server, controllers, scheduler and a local node.
-    Standalone(StandaloneArgs),
+    Standalone(Box<StandaloneArgs>),
     /// Run a node agent against an API server: registers the node and runs its pods.
     Agent(AgentCommand),
     /// Write a consistent snapshot of the store (from a running server or an idle data dir).
@@ -60,6 +60,10 @@ struct StandaloneArgs {
     agent: AgentArgs,
     #[command(flatten)]
     registry: registry::BesideArgs,
+    /// Leave the local node's containers running when standalone stops (the next start adopts
+    /// them); by default stopping standalone stops its pods' containers too.
+    #[arg(long)]
+    keep_pods: bool,
 }
 
 #[derive(Args, Clone)]
@@ -153,7 +157,10 @@ fn main() -> anyhow::Result<()> {
             Command::Server(args) => run_server(args, None).await,
             Command::Standalone(args) => {
                 registry::start_beside(&args.registry, &args.server.data_dir).await?;
-                run_server(args.server, Some(args.agent)).await
+                let StandaloneArgs { server, agent: mut agent_args, keep_pods, .. } = *args;
+                let runtime_note = agent_args.choose_standalone_runtime();
+                let local = LocalAgent { args: agent_args, keep_pods, runtime_note };
+                run_server(server, Some(local)).await
             }
             Command::Agent(args) => run_agent(args).await,
             Command::Backup(args) => backup::backup(args).await,
@@ -231,7 +238,15 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
     }
 }
 
-async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow::Result<()> {
+/// The node agent `standalone` runs in its own process.
+struct LocalAgent {
+    args: AgentArgs,
+    keep_pods: bool,
+    /// Which runtime was chosen and why, printed at start.
+    runtime_note: Option<String>,
+}
+
+async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow::Result<()> {
     let standalone = local_agent.is_some();
     let local_store = open_store(&args)?;
     let store: Arc<dyn Store> = Arc::new(local_store.clone());
@@ -243,10 +258,12 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
     let server = ApiServer::new(store.clone(), config).await.map_err(|e| anyhow::anyhow!("starting API server: {e}"))?;
     let client: Arc<dyn Client> = Arc::new(server.client());
     let agent = match &local_agent {
-        Some(agent_args) => {
+        Some(local) => {
             let dir = node_agent::agent_dir(&args.data_dir);
             node_agent::ensure_dir(&dir)?;
-            let agent = shepherd_agent::Agent::new(client.clone(), agent_args.config(&dir)?)
+            let mut config = local.args.config(&dir)?;
+            config.stop_containers_on_exit = !local.keep_pods;
+            let agent = shepherd_agent::Agent::new(client.clone(), config)
                 .await
                 .map_err(node_agent::context)?;
             Some(agent)
@@ -299,6 +316,11 @@ async fn run_server(args: ServerArgs, local_agent: Option<AgentArgs>) -> anyhow:
     let mode = if standalone { "standalone" } else { "server" };
     // The first line on stdout is the address, so scripts and tests can read it.
     println!("shepherd {mode} listening on http://{addr}");
+    if let Some(note) = local_agent.as_ref().and_then(|l| l.runtime_note.as_ref()) {
+        // On stderr: scripts read the address from stdout and may close it after that line.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{note}");
+    }
     tracing::info!(%addr, data_dir = %args.data_dir.display(), revision = store.revision(), controllers = ?enabled,
         open_files, max_connections = limits.max_connections, "shepherd {mode} ready");
 

@@ -16,6 +16,8 @@ use shepherd_runtime::TriggerMode;
 pub enum RuntimeArg {
     /// Host processes, in their own namespaces and cgroups when run as root.
     Process,
+    /// Containers from OCI images on runc, in pod sandboxes (needs root and runc).
+    Oci,
     /// No processes: pods become Running after --simulated-ready-ms.
     Simulated,
 }
@@ -29,8 +31,16 @@ pub struct AgentArgs {
     /// The node's address; also every pod's IP (containers share the host network).
     #[arg(long, default_value = "127.0.0.1")]
     pub node_ip: String,
-    #[arg(long, value_enum, default_value = "process")]
-    pub runtime: RuntimeArg,
+    /// The container runtime (default: process).
+    #[arg(long, value_enum)]
+    pub runtime: Option<RuntimeArg>,
+    /// The runc binary of the oci runtime.
+    #[arg(long, default_value = shepherd_agent::DEFAULT_RUNC)]
+    pub runc: PathBuf,
+    /// A registry (HOST:PORT) to pull from over plain http; repeatable. Loopback registries
+    /// always are.
+    #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+    pub insecure_registries: Vec<String>,
     /// Seconds between lease renewals.
     #[arg(long, default_value_t = 10.0)]
     pub lease_seconds: f64,
@@ -63,12 +73,30 @@ pub fn hostname() -> String {
 }
 
 impl AgentArgs {
+    /// The runtime `standalone` uses when none is named (process), with the line to print about it.
+    pub fn choose_standalone_runtime(&mut self) -> Option<String> {
+        if self.runtime.is_some() {
+            return None;
+        }
+        self.runtime = Some(RuntimeArg::Process);
+        Some(match shepherd_agent::oci_unavailable(&self.runc) {
+            None => format!(
+                "runtime: process (host processes); --runtime oci runs container images on runc ({})",
+                self.runc.display()
+            ),
+            Some(why) => format!("runtime: process; images other than `minimal` need the oci runtime on runc ({why})"),
+        })
+    }
+
     pub fn config(&self, data_dir: &Path) -> anyhow::Result<AgentConfig> {
         let name = self.node_name.clone().unwrap_or_else(hostname);
         let mut config = AgentConfig::new(name, PathBuf::from(data_dir));
         config.node_ip = self.node_ip.clone();
-        config.runtime = match self.runtime {
+        config.runc = self.runc.clone();
+        config.insecure_registries = self.insecure_registries.clone();
+        config.runtime = match self.runtime.unwrap_or(RuntimeArg::Process) {
             RuntimeArg::Process => RuntimeKind::Process,
+            RuntimeArg::Oci => RuntimeKind::Oci,
             RuntimeArg::Simulated => {
                 anyhow::ensure!((0.0..=1.0).contains(&self.simulated_fail_fraction), "--simulated-fail-fraction must be between 0 and 1");
                 RuntimeKind::Simulated(SimulatedBehaviour {

@@ -26,7 +26,8 @@ pub fn private_umask() {
 pub fn secure(dir: &Path) -> anyhow::Result<()> {
     DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut tightened = Vec::new();
-    tighten(dir, &mut tightened).with_context(|| format!("restricting permissions under {}", dir.display()))?;
+    let top = mount_id(dir);
+    tighten(dir, top, &mut tightened).with_context(|| format!("restricting permissions under {}", dir.display()))?;
     if !tightened.is_empty() {
         let shown: Vec<String> = tightened.iter().take(5).map(|p| p.display().to_string()).collect();
         tracing::warn!(
@@ -37,9 +38,31 @@ pub fn secure(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn tighten(path: &Path, tightened: &mut Vec<std::path::PathBuf>) -> std::io::Result<()> {
+/// The id of the mount `path` is on (statx, Linux 5.8+); `None` where unknown.
+fn mount_id(path: &Path) -> Option<u64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statx writes into a zeroed struct we own; the path is NUL-terminated.
+    unsafe {
+        let mut buf: libc::statx = std::mem::zeroed();
+        let r = libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_NOFOLLOW, libc::STATX_MNT_ID, &mut buf);
+        (r == 0 && buf.stx_mask & libc::STATX_MNT_ID != 0).then_some(buf.stx_mnt_id)
+    }
+}
+
+/// An image store (`blobs/sha256` and `layers` side by side): file modes in unpacked layers are
+/// image content a container's users rely on; the store's own directory being private is enough.
+fn is_image_store(dir: &Path) -> bool {
+    dir.join("blobs/sha256").is_dir() && dir.join("layers").is_dir()
+}
+
+/// Walks only the data directory's own mount: container roots, namespace files and whatever
+/// else is mounted inside it belong to containers (a bind of the host's root among them).
+fn tighten(path: &Path, top: Option<u64>, tightened: &mut Vec<std::path::PathBuf>) -> std::io::Result<()> {
     let meta = fs::symlink_metadata(path)?;
     if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    if top.is_some() && mount_id(path) != top {
         return Ok(());
     }
     let mode = meta.permissions().mode();
@@ -47,10 +70,10 @@ fn tighten(path: &Path, tightened: &mut Vec<std::path::PathBuf>) -> std::io::Res
         fs::set_permissions(path, fs::Permissions::from_mode(mode & 0o7700 & !NOT_OWNER))?;
         tightened.push(path.to_path_buf());
     }
-    if meta.is_dir() {
+    if meta.is_dir() && !is_image_store(path) {
         for entry in fs::read_dir(path)? {
             let entry = entry?;
-            match tighten(&entry.path(), tightened) {
+            match tighten(&entry.path(), top, tightened) {
                 // Removed meanwhile (a container ending): nothing left to protect.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 other => other?,
@@ -86,6 +109,44 @@ mod tests {
         assert_eq!(mode(&dir.join("agent/containers/uid/web")), 0o700);
         assert_eq!(mode(&dir.join("store.redb")), 0o600);
         assert_eq!(mode(&dir.join("agent/containers/uid/web/current.log")), 0o600);
+    }
+
+    #[test]
+    fn image_layers_keep_their_modes_because_they_are_image_content() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("data");
+        let layer = dir.join("agent/images/layers/sha256/abc/bin");
+        fs::create_dir_all(&layer).expect("mkdir");
+        fs::create_dir_all(dir.join("agent/images/blobs/sha256")).expect("mkdir");
+        fs::write(layer.join("sh"), b"x").expect("write");
+        fs::set_permissions(layer.join("sh"), fs::Permissions::from_mode(0o755)).expect("chmod");
+        fs::set_permissions(dir.join("agent/images"), fs::Permissions::from_mode(0o755)).expect("chmod");
+        secure(&dir).expect("secure");
+        assert_eq!(mode(&dir.join("agent/images")), 0o700, "the store itself is private");
+        assert_eq!(mode(&layer.join("sh")), 0o755);
+    }
+
+    #[test]
+    fn whatever_is_mounted_inside_the_data_directory_is_left_alone() {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(unsafe { libc::geteuid() }, 0, "this test bind-mounts a directory and needs root");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("data");
+        let outside = tmp.path().join("outside");
+        fs::create_dir_all(dir.join("rootfs")).expect("mkdir");
+        fs::create_dir_all(&outside).expect("mkdir");
+        fs::write(outside.join("file"), b"x").expect("write");
+        fs::set_permissions(outside.join("file"), fs::Permissions::from_mode(0o644)).expect("chmod");
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+        let (src, dst) = (c(&outside), c(&dir.join("rootfs")));
+        // SAFETY: mount and umount2 with NUL-terminated paths.
+        let mounted = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
+        assert_eq!(mounted, 0, "bind mount: {}", std::io::Error::last_os_error());
+        let result = secure(&dir);
+        // SAFETY: as above.
+        unsafe { libc::umount2(dst.as_ptr(), libc::MNT_DETACH) };
+        result.expect("secure");
+        assert_eq!(mode(&outside.join("file")), 0o644);
     }
 
     #[test]

@@ -1,0 +1,740 @@
+//! The `oci` runtime: containers from OCI images, run by `runc` in pod sandboxes.
+//!
+//! Process tree of one container instance:
+//!
+//! ```text
+//! agent ── shim (child subreaper, own session)
+//!            ├── runc run --detach   (exits once the container runs)
+//!            └── container init      (reparented to the shim when runc exits; PID 1 of its namespace)
+//! ```
+//!
+//! runc in detached mode hands the container its own stdio, opened by the agent on the log files,
+//! so output keeps flowing to `kubectl logs` with no agent. The shim reports runc's result on a
+//! pipe, then waits for the container's init (which the kernel reparents to it, the nearest
+//! subreaper) and writes its exit code to the container's `exit` file (128 + signal for a signal
+//! death) before ending: exit codes survive an agent `kill -9`. The next agent re-adopts running
+//! containers from `state.json` and runc's own state (`runc state`), checking pids against their
+//! start times; one that ended meanwhile is reported from its `exit` file and cgroup OOM counter.
+//!
+//! Layout under the agent's data directory: `oci/containers/<pod uid>/<name>/` (bundle
+//! `config.json`, `state.json`, logs, `exit`), `oci/sandboxes/<pod uid>/` (see `sandbox`),
+//! `oci/runc/` (runc's `--root`), `images/` (the image store; overlay roots live there).
+
+mod sandbox;
+pub(crate) mod spec;
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use shepherd_image::{Credentials, DiskUsage, Ensured, GcPolicy, ImageRef, ImageStore, PullDecision, PullPolicy, Puller};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tracing::{debug, info, warn};
+
+use crate::cgroup::{self, Cgroups};
+use crate::process::{
+    MINIMAL_IMAGE, close_from, format_code, log_files, path_safe, rotate_if_larger, signal_checked, start_time,
+    wait_for_exit, write_atomically,
+};
+use crate::runtime::{
+    Adopted, ContainerId, ContainerSpec, EventSender, Exit, ImagePull, ImageReady, LogFiles, Runtime, RuntimeEvent, Started,
+};
+use spec::{ImageDefaults, SpecInputs};
+
+/// Where runc is looked for when none is named.
+pub const DEFAULT_RUNC: &str = "/usr/sbin/runc";
+
+/// The cgroup (under each hierarchy's root) holding this runtime's containers.
+const CGROUP_PARENT: &str = "shepherd-oci";
+
+/// What the `minimal` image runs when given no command: an idle shell that ends on SIGTERM (a
+/// PID 1 without a handler would ignore it and wait for the SIGKILL).
+const IDLE: [&str; 3] = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"];
+
+/// Settings of the oci runtime.
+#[derive(Debug, Clone)]
+pub(crate) struct OciConfig {
+    pub data_dir: PathBuf,
+    pub runc: PathBuf,
+    /// Every pod's address (pods share the node's network for now), for `/etc/hosts`.
+    pub node_ip: String,
+    pub insecure_registries: Vec<String>,
+    pub log_max_bytes: u64,
+    pub pids_limit: Option<u64>,
+}
+
+/// What `state.json` records about a running instance.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StateFile {
+    id: ContainerId,
+    image: String,
+    restart_count: u32,
+    started_at: Timestamp,
+    runc_id: String,
+    shim_pid: i32,
+    shim_start: u64,
+    init_pid: i32,
+    init_start: u64,
+    oom_file: Option<PathBuf>,
+}
+
+struct Live {
+    instance: u64,
+    state: StateFile,
+    exited: watch::Receiver<bool>,
+    watcher: AbortHandle,
+}
+
+pub(crate) struct OciRuntime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: OciConfig,
+    cgroups: Cgroups,
+    puller: Puller,
+    events: EventSender,
+    next_instance: AtomicU64,
+    live: Mutex<HashMap<ContainerId, Live>>,
+    rotation: Mutex<Option<AbortHandle>>,
+}
+
+/// Why the oci runtime cannot run here.
+pub(crate) fn unavailable(runc: &Path) -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("the oci runtime needs root".into());
+    }
+    match Command::new(runc).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status() {
+        Ok(s) if s.success() => None,
+        Ok(s) => Some(format!("{} --version failed ({s})", runc.display())),
+        Err(e) => Some(format!("cannot run {}: {e}", runc.display())),
+    }
+}
+
+impl OciRuntime {
+    /// Needs a Tokio runtime (it starts the log rotation task).
+    pub fn new(config: OciConfig, events: EventSender) -> io::Result<Self> {
+        let store = ImageStore::open(config.data_dir.join("images")).map_err(io::Error::other)?;
+        let puller = Puller::new(Arc::new(store), config.insecure_registries.clone());
+        fs::create_dir_all(config.data_dir.join("oci/runc"))?;
+        let inner = Arc::new(Inner {
+            config,
+            cgroups: Cgroups::detect(),
+            puller,
+            events,
+            next_instance: AtomicU64::new(1),
+            live: Mutex::default(),
+            rotation: Mutex::default(),
+        });
+        let weak = Arc::downgrade(&inner);
+        let rotation = tokio::spawn(async move {
+            let mut ticks: u64 = 0;
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let Some(inner) = weak.upgrade() else { return };
+                inner.rotate_logs();
+                ticks += 1;
+                // Image garbage collection every five minutes, as kubelet's.
+                if ticks.is_multiple_of(60) {
+                    let _ = tokio::task::spawn_blocking(move || inner.collect_images()).await;
+                }
+            }
+        });
+        *inner.rotation.lock().unwrap_or_else(|e| e.into_inner()) = Some(rotation.abort_handle());
+        Ok(OciRuntime { inner })
+    }
+}
+
+impl Inner {
+    fn containers_dir(&self) -> PathBuf {
+        self.config.data_dir.join("oci/containers")
+    }
+
+    fn dir_of(&self, id: &ContainerId) -> PathBuf {
+        self.containers_dir().join(path_safe(&id.pod_uid)).join(path_safe(&id.name))
+    }
+
+    fn sandbox_dir(&self, pod_uid: &str) -> PathBuf {
+        self.config.data_dir.join("oci/sandboxes").join(path_safe(pod_uid))
+    }
+
+    fn runc_root(&self) -> PathBuf {
+        self.config.data_dir.join("oci/runc")
+    }
+
+    fn runc_id(id: &ContainerId) -> String {
+        format!("{}_{}", path_safe(&id.pod_uid), path_safe(&id.name))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ContainerId, Live>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn runc(&self) -> Command {
+        let mut cmd = Command::new(&self.config.runc);
+        cmd.arg("--root").arg(self.runc_root());
+        cmd
+    }
+
+    fn rotate_logs(&self) {
+        let ids: Vec<ContainerId> = self.lock().keys().cloned().collect();
+        for id in ids {
+            let files = log_files(&self.dir_of(&id));
+            if let Err(e) = rotate_if_larger(&files, self.config.log_max_bytes) {
+                warn!(container = %id.name, pod = %id.pod_key, error = %e, "log rotation failed");
+            }
+        }
+    }
+
+    /// Removes the least recently used images no live container uses once the disk holding the
+    /// store is fuller than the policy's high mark. Blocking.
+    fn collect_images(&self) {
+        let in_use: std::collections::HashSet<String> = self
+            .lock()
+            .values()
+            .filter_map(|l| ImageRef::parse(&l.state.image).ok())
+            .map(|r| r.to_string())
+            .collect();
+        let store = self.puller.store();
+        let collected = DiskUsage::of(store.root()).and_then(|disk| store.collect_garbage(GcPolicy::default(), disk, &in_use));
+        if let Err(e) = collected {
+            warn!(error = %e, "image garbage collection failed");
+        }
+    }
+
+    /// Removes what an ended instance leaves: runc's state and cgroups, the root mount. Blocking.
+    fn clean_instance(&self, id: &ContainerId) {
+        let runc_id = Self::runc_id(id);
+        // runc keeps a directory per container under its root: without one there is nothing to
+        // delete, and a runc run saved (tens of milliseconds each).
+        let known = self.runc_root().join(&runc_id).exists();
+        let out = known.then(|| {
+            self.runc().args(["delete", "--force", &runc_id]).stdout(Stdio::null()).stderr(Stdio::piped()).output()
+        });
+        if let Some(Ok(o)) = out
+            && !o.status.success()
+        {
+            let text = String::from_utf8_lossy(&o.stderr);
+            if !text.contains("does not exist") {
+                warn!(container = %runc_id, error = %text.trim(), "runc delete failed");
+            }
+        }
+        let _ = fs::remove_dir(self.dir_of(id).join("rootfs"));
+        if let Err(e) = self.puller.store().remove_rootfs(&runc_id) {
+            warn!(container = %runc_id, error = %e, "cannot remove the container's root");
+        }
+    }
+
+    fn exit_of(&self, dir: &Path, state: &StateFile) -> Exit {
+        let code = fs::read_to_string(dir.join("exit")).ok().and_then(|c| c.trim().parse::<i32>().ok());
+        let oom = state.oom_file.as_deref().is_some_and(|f| cgroup::oom_kills(f) > 0);
+        let reason = match code {
+            Some(c) => Exit::reason_for(c, oom).to_string(),
+            None if oom => "OOMKilled".into(),
+            None => "ContainerStatusUnknown".into(),
+        };
+        Exit { code: code.unwrap_or(137), reason, started_at: state.started_at, finished_at: Timestamp::now() }
+    }
+
+    /// Starts watching `state`'s shim; returns the instance number given to it.
+    fn watch(self: &Arc<Self>, state: StateFile) -> u64 {
+        let instance = self.next_instance.fetch_add(1, Ordering::Relaxed);
+        let (exited_tx, exited) = watch::channel(false);
+        let this = Arc::downgrade(self);
+        let s = state.clone();
+        let task = tokio::spawn(async move {
+            wait_for_exit(s.shim_pid, s.shim_start).await;
+            // SAFETY: waitpid with WNOHANG and a valid status pointer (reaps the shim if it is ours).
+            unsafe {
+                let mut status = 0;
+                libc::waitpid(s.shim_pid, &mut status, libc::WNOHANG);
+            }
+            let Some(inner) = this.upgrade() else { return };
+            let dir = inner.dir_of(&s.id);
+            let exit = inner.exit_of(&dir, &s);
+            // Cleaned before the exit is reported, so a restart never races with the cleaning.
+            let cleaner = inner.clone();
+            let id = s.id.clone();
+            let _ = tokio::task::spawn_blocking(move || cleaner.clean_instance(&id)).await;
+            debug!(pod = %s.id.pod_key, container = %s.id.name, code = exit.code, reason = %exit.reason, "container exited");
+            exited_tx.send_replace(true);
+            let _ = inner.events.send(RuntimeEvent::Exited { id: s.id.clone(), instance, exit });
+        });
+        let live = Live { instance, state, exited, watcher: task.abort_handle() };
+        if let Some(old) = self.lock().insert(live.state.id.clone(), live) {
+            old.watcher.abort();
+        }
+        instance
+    }
+
+    /// The root filesystem and image defaults of `spec`'s container (`readonly` for `minimal`).
+    fn prepare_root(&self, spec: &ContainerSpec, dir: &Path) -> Result<(PathBuf, ImageDefaults, bool), String> {
+        if spec.image == MINIMAL_IMAGE {
+            // The built-in image is the host's filesystem, read-only, as the process runtime uses
+            // it: an empty root with the host's `/` bound over it by runc (see `spec::build`), so
+            // the bind exists only in the container's mount namespace, never under the data dir.
+            let rootfs = dir.join("rootfs");
+            fs::create_dir_all(&rootfs).map_err(|e| format!("creating {}: {e}", rootfs.display()))?;
+            return Ok((rootfs, ImageDefaults::default(), true));
+        }
+        let reference = ImageRef::parse(&spec.image).map_err(|e| e.to_string())?;
+        let store = self.puller.store();
+        let record = store
+            .image(&reference.to_string())
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("image {reference} is not present on this node"))?;
+        let config = store.config(&record).map_err(|e| e.to_string())?;
+        let rootfs = store.mount_rootfs(&Self::runc_id(&spec.id), &record).map_err(|e| e.to_string())?;
+        Ok((rootfs, ImageDefaults::from_config(&config), false))
+    }
+
+    fn spawn(self: &Arc<Self>, spec: &ContainerSpec) -> Result<StateFile, String> {
+        let id = &spec.id;
+        let dir = self.dir_of(id);
+        fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        // An earlier instance of this container is over (the pod manager restarts only those).
+        self.clean_instance(id);
+        let files = log_files(&dir);
+        if files.current.exists() {
+            let _ = fs::rename(&files.current, &files.previous);
+        }
+        for f in [files.rotated.clone(), dir.join("exit"), dir.join("runc.log"), dir.join("init.pid")] {
+            let _ = fs::remove_file(f);
+        }
+
+        let sandbox = sandbox::ensure(&self.sandbox_dir(&id.pod_uid), &spec.hostname, &self.config.node_ip)
+            .map_err(|e| format!("creating the pod sandbox: {e}"))?;
+        let (rootfs, image, readonly_root) = self.prepare_root(spec, &dir)?;
+        let result = self.run_in(spec, &dir, &rootfs, &image, readonly_root, &sandbox);
+        if result.is_err() {
+            self.clean_instance(id);
+        }
+        result
+    }
+
+    fn run_in(
+        self: &Arc<Self>,
+        spec: &ContainerSpec,
+        dir: &Path,
+        rootfs: &Path,
+        image: &ImageDefaults,
+        readonly_root: bool,
+        sandbox: &spec::SandboxPaths,
+    ) -> Result<StateFile, String> {
+        let id = &spec.id;
+        let mut argv = spec::argv(image, &spec.command, &spec.args);
+        if argv.is_empty() {
+            if spec.image != MINIMAL_IMAGE {
+                return Err(format!("image {:?} has no command: set the container's command or the image's Entrypoint/Cmd", spec.image));
+            }
+            argv = IDLE.iter().map(|s| s.to_string()).collect();
+        }
+        // runAsUser replaces the image's user (its group from the image's passwd unless
+        // runAsGroup names one); runAsGroup alone replaces only the group.
+        let mut user = match spec.security.run_as_user {
+            Some(uid) => spec::resolve_user(Some(&uid.to_string()), rootfs)?,
+            None => spec::resolve_user(image.user.as_deref(), rootfs)?,
+        };
+        if let Some(gid) = spec.security.run_as_group {
+            user.1 = gid;
+        }
+        let runc_id = Self::runc_id(id);
+        let cgroups_path = format!("/{CGROUP_PARENT}/{runc_id}");
+        let inputs = SpecInputs {
+            rootfs,
+            host_root: spec.image == MINIMAL_IMAGE,
+            readonly_root,
+            image,
+            sandbox,
+            cgroups_path: cgroups_path.clone(),
+            pids_limit: self.config.pids_limit,
+        };
+        let oci = spec::build(spec, &inputs, argv, user)?;
+        let json = serde_json::to_vec_pretty(&oci).map_err(|e| format!("encoding the runtime spec: {e}"))?;
+        write_atomically(&dir.join("config.json"), &json).map_err(|e| format!("writing the runtime spec: {e}"))?;
+
+        let files = log_files(dir);
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&files.current)
+            .map_err(|e| format!("opening log {}: {e}", files.current.display()))?;
+        let log_err = log.try_clone().map_err(|e| format!("opening log: {e}"))?;
+        let (report_read, report_write) = pipe().map_err(|e| format!("creating a pipe: {e}"))?;
+        let exit_file = CString::new(dir.join("exit").into_os_string().into_encoded_bytes())
+            .map_err(|_| "container directory path contains a NUL byte")?;
+        let mut cmd = self.runc();
+        cmd.arg("--log")
+            .arg(dir.join("runc.log"))
+            .args(["--log-format", "json", "run", "--detach", "--bundle"])
+            .arg(dir)
+            .arg("--pid-file")
+            .arg(dir.join("init.pid"))
+            .arg(&runc_id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err));
+        let setup = ShimSetup { report_fd: report_write.as_raw_fd(), exit_file, arg_area: arg_area() };
+        // SAFETY: `ShimSetup::run` only makes async-signal-safe calls on data prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || setup.run());
+        }
+        let child = cmd.spawn().map_err(|e| format!("starting {}: {e}", self.config.runc.display()))?;
+        drop(report_write);
+        let shim_pid = child.id() as i32;
+        drop(child);
+        let shim_start = start_time(shim_pid).unwrap_or(0);
+
+        let mut report = [0u8; 4];
+        let mut reader = fs::File::from(report_read);
+        let runc_code = match reader.read_exact(&mut report) {
+            Ok(()) => i32::from_ne_bytes(report),
+            Err(_) => -1,
+        };
+        if runc_code != 0 {
+            signal_checked(shim_pid, shim_start, libc::SIGKILL);
+            // SAFETY: reaping our own child.
+            unsafe { libc::waitpid(shim_pid, std::ptr::null_mut(), 0) };
+            return Err(runc_error(&dir.join("runc.log"), runc_code));
+        }
+        let init_pid: i32 = fs::read_to_string(dir.join("init.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or("runc started the container but wrote no pid file")?;
+        let state = StateFile {
+            id: id.clone(),
+            image: spec.image.clone(),
+            restart_count: spec.restart_count,
+            started_at: Timestamp::now(),
+            runc_id,
+            shim_pid,
+            shim_start,
+            init_pid,
+            init_start: start_time(init_pid).unwrap_or(0),
+            oom_file: self.cgroups.oom_file_of(&cgroups_path),
+        };
+        let json = serde_json::to_vec_pretty(&state).map_err(|e| format!("encoding state: {e}"))?;
+        write_atomically(&dir.join("state.json"), &json).map_err(|e| format!("writing state of {}: {e}", id.name))?;
+        info!(pod = %id.pod_key, container = %id.name, image = %spec.image, shim_pid, init_pid, "container started");
+        Ok(state)
+    }
+
+    /// runc's view of a container: its init pid while it runs.
+    fn runc_state(&self, runc_id: &str) -> Option<(i32, String)> {
+        let out = self.runc().args(["state", runc_id]).stderr(Stdio::null()).output().ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        Some((v.get("pid")?.as_i64()? as i32, v.get("status")?.as_str()?.to_string()))
+    }
+
+    /// Tears down the pod's sandbox once no container of it is left.
+    fn remove_sandbox_if_unused(&self, pod_uid: &str) {
+        let pod_dir = self.containers_dir().join(path_safe(pod_uid));
+        let _ = fs::remove_dir(&pod_dir);
+        if !pod_dir.exists() {
+            sandbox::remove(&self.sandbox_dir(pod_uid));
+        }
+    }
+}
+
+/// The runc error from its JSON log, for the container's status message.
+fn runc_error(log: &Path, code: i32) -> String {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let last = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["level"] == "error" || v["level"] == "fatal")
+        .filter_map(|v| v["msg"].as_str().map(str::to_string))
+        .next_back();
+    match last {
+        Some(msg) => format!("runc: {msg}"),
+        None => format!("runc failed to start the container (exit status {code})"),
+    }
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array on success.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are fresh and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+const SHIM_COMMAND_LINE: &[u8] = b"shepherd-shim";
+
+/// Where this process's command line lies in its memory (`arg_start`, `arg_end` of `proc(5)`).
+fn arg_area() -> Option<(usize, usize)> {
+    let stat = fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    // Fields 48 and 49; the text after the command name starts at field 3.
+    Some((fields.get(45)?.parse().ok()?, fields.get(46)?.parse().ok()?))
+}
+
+/// Data the forked shim uses; prepared before the fork because it may not allocate.
+struct ShimSetup {
+    report_fd: RawFd,
+    exit_file: CString,
+    arg_area: Option<(usize, usize)>,
+}
+
+impl ShimSetup {
+    /// Runs in the forked child before exec: it forks again; the parent becomes the shim, the
+    /// grandchild returns to exec runc. See the module docs.
+    unsafe fn run(&self) -> io::Result<()> {
+        // SAFETY (whole function): only async-signal-safe calls on prepared data.
+        unsafe {
+            libc::setsid();
+            if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let pid = libc::fork();
+            if pid < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if pid > 0 {
+                self.shim(pid);
+            }
+            libc::umask(0o022);
+            Ok(())
+        }
+    }
+
+    unsafe fn shim(&self, runc: libc::pid_t) -> ! {
+        // SAFETY (whole function): async-signal-safe calls only.
+        unsafe {
+            libc::dup2(self.report_fd, 3);
+            close_from(4);
+            libc::prctl(libc::PR_SET_NAME, c"shepherd-shim".as_ptr(), 0, 0, 0);
+            // `ps` shows the command line the fork inherited (the agent's): overwrite this
+            // copy of it, so that the shim is not mistaken for a second agent.
+            if let Some((start, end)) = self.arg_area
+                && end > start
+            {
+                let area = std::slice::from_raw_parts_mut(start as *mut u8, end - start);
+                area.fill(0);
+                let n = SHIM_COMMAND_LINE.len().min(area.len().saturating_sub(1));
+                area[..n].copy_from_slice(&SHIM_COMMAND_LINE[..n]);
+            }
+            let mut container: Option<i32> = None;
+            let mut status: libc::c_int = 0;
+            loop {
+                let r = libc::waitpid(-1, &mut status, 0);
+                if r < 0 {
+                    if *libc::__errno_location() == libc::EINTR {
+                        continue;
+                    }
+                    break;
+                }
+                let code = if libc::WIFEXITED(status) {
+                    libc::WEXITSTATUS(status)
+                } else if libc::WIFSIGNALED(status) {
+                    128 + libc::WTERMSIG(status)
+                } else {
+                    continue;
+                };
+                if r == runc {
+                    let bytes = code.to_ne_bytes();
+                    libc::write(3, bytes.as_ptr().cast(), bytes.len());
+                    libc::close(3);
+                } else {
+                    container = Some(code);
+                }
+            }
+            let Some(code) = container else { libc::_exit(255) };
+            let mut buf = [0u8; 12];
+            let text = format_code(code, &mut buf);
+            let fd = libc::open(self.exit_file.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644);
+            if fd >= 0 {
+                libc::write(fd, text.as_ptr().cast(), text.len());
+                libc::close(fd);
+            }
+            libc::_exit(code)
+        }
+    }
+}
+
+fn signal_init(state: &StateFile, sig: libc::c_int) -> bool {
+    signal_checked(state.init_pid, state.init_start, sig)
+}
+
+#[async_trait]
+impl Runtime for OciRuntime {
+    async fn ensure_image(&self, pull: &ImagePull) -> Result<ImageReady, String> {
+        if pull.image == MINIMAL_IMAGE {
+            return Ok(ImageReady::Present);
+        }
+        let reference = ImageRef::parse(&pull.image).map_err(|e| e.to_string())?;
+        let policy = PullPolicy::from_spec(pull.policy.as_deref(), &reference)?;
+        let registry = reference.registry().to_string();
+        let credentials = pull
+            .credentials
+            .iter()
+            .find(|(r, _, _)| *r == registry)
+            .map(|(_, username, password)| Credentials::Basic { username: username.clone(), password: password.clone() })
+            .unwrap_or_default();
+        match self.inner.puller.ensure(&reference, policy, &credentials).await {
+            Ok(Ensured::AlreadyPresent(_)) => Ok(ImageReady::Present),
+            Ok(Ensured::Pulled { image, duration }) => Ok(ImageReady::Pulled { size: image.size, duration }),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn will_pull(&self, pull: &ImagePull) -> bool {
+        let Ok(reference) = ImageRef::parse(&pull.image) else { return false };
+        let Ok(policy) = PullPolicy::from_spec(pull.policy.as_deref(), &reference) else { return false };
+        let store = self.inner.puller.store();
+        let present = store.image(&reference.to_string()).ok().flatten().is_some_and(|r| store.is_complete(&r));
+        pull.image != MINIMAL_IMAGE && matches!(policy.decide(&reference, present), Ok(PullDecision::Pull))
+    }
+
+    async fn start(&self, spec: &ContainerSpec) -> Result<Started, String> {
+        let inner = self.inner.clone();
+        let spec2 = spec.clone();
+        let state = tokio::task::spawn_blocking(move || inner.spawn(&spec2))
+            .await
+            .map_err(|e| format!("start task failed: {e}"))??;
+        let started_at = state.started_at;
+        let instance = self.inner.watch(state);
+        Ok(Started { instance, started_at, running: true })
+    }
+
+    fn stop(&self, id: &ContainerId, instance: u64, grace: Duration) {
+        let (state, mut exited) = {
+            let live = self.inner.lock();
+            match live.get(id) {
+                Some(l) if l.instance == instance => (l.state.clone(), l.exited.clone()),
+                _ => return,
+            }
+        };
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            if *exited.borrow() {
+                return;
+            }
+            if !grace.is_zero() {
+                signal_init(&state, libc::SIGTERM);
+                if tokio::time::timeout(grace, exited.wait_for(|e| *e)).await.is_ok() {
+                    return;
+                }
+            }
+            signal_init(&state, libc::SIGKILL);
+            if tokio::time::timeout(Duration::from_secs(2), exited.wait_for(|e| *e)).await.is_err() {
+                let runc_id = state.runc_id.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    inner.runc().args(["kill", "--all", &runc_id, "KILL"]).stderr(Stdio::null()).status()
+                })
+                .await;
+            }
+        });
+    }
+
+    fn remove(&self, id: &ContainerId) {
+        if let Some(l) = self.inner.lock().remove(id) {
+            l.watcher.abort();
+        }
+        let inner = self.inner.clone();
+        let id = id.clone();
+        // runc and unmounting block; the removal finishes in the background.
+        tokio::task::spawn_blocking(move || {
+            inner.clean_instance(&id);
+            let dir = inner.dir_of(&id);
+            if let Err(e) = fs::remove_dir_all(&dir)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                warn!(dir = %dir.display(), error = %e, "cannot remove container directory");
+            }
+            inner.remove_sandbox_if_unused(&id.pod_uid);
+        });
+    }
+
+    fn adopt(&self) -> Vec<Adopted> {
+        let mut found = Vec::new();
+        let Ok(pods) = fs::read_dir(self.inner.containers_dir()) else { return found };
+        for pod in pods.flatten() {
+            let Ok(containers) = fs::read_dir(pod.path()) else { continue };
+            for c in containers.flatten() {
+                let dir = c.path();
+                let Some(state) = fs::read(dir.join("state.json")).ok().and_then(|b| serde_json::from_slice::<StateFile>(&b).ok())
+                else {
+                    warn!(dir = %dir.display(), "container directory without a readable state.json; ignoring it");
+                    continue;
+                };
+                let shim_alive = start_time(state.shim_pid).is_some_and(|t| t == state.shim_start);
+                let runc = self.inner.runc_state(&state.runc_id);
+                let running = shim_alive
+                    && runc.as_ref().is_some_and(|(pid, status)| *pid == state.init_pid && status == "running");
+                let (id, image, restart_count, started_at) =
+                    (state.id.clone(), state.image.clone(), state.restart_count, state.started_at);
+                if running {
+                    info!(pod = %id.pod_key, container = %id.name, pid = state.init_pid, "re-adopting running container");
+                    let instance = self.inner.watch(state);
+                    found.push(Adopted { id, image, instance, restart_count, started_at, exited: None });
+                } else {
+                    if shim_alive {
+                        // runc lost it, or it is no longer the recorded process: end it for good.
+                        signal_init(&state, libc::SIGKILL);
+                        signal_checked(state.shim_pid, state.shim_start, libc::SIGKILL);
+                    }
+                    let exit = self.inner.exit_of(&dir, &state);
+                    self.inner.clean_instance(&id);
+                    let instance = self.inner.next_instance.fetch_add(1, Ordering::Relaxed);
+                    found.push(Adopted { id, image, instance, restart_count, started_at, exited: Some(exit) });
+                }
+            }
+        }
+        found
+    }
+
+    fn pid(&self, id: &ContainerId) -> Option<u32> {
+        self.inner.lock().get(id).filter(|l| l.state.init_pid > 0).map(|l| l.state.init_pid as u32)
+    }
+
+    fn log_files(&self, id: &ContainerId) -> Option<LogFiles> {
+        Some(log_files(&self.inner.dir_of(id)))
+    }
+
+    fn exec_prefix(&self, id: &ContainerId) -> Option<Vec<String>> {
+        let root = self.inner.runc_root();
+        Some(vec![
+            self.inner.config.runc.to_string_lossy().into_owned(),
+            "--root".into(),
+            root.to_string_lossy().into_owned(),
+            "exec".into(),
+            Inner::runc_id(id),
+        ])
+    }
+
+    fn detach(&self) {
+        if let Some(r) = self.inner.rotation.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            r.abort();
+        }
+        for (_, live) in self.inner.lock().drain() {
+            live.watcher.abort();
+        }
+    }
+}
+
+impl Drop for OciRuntime {
+    fn drop(&mut self) {
+        if let Some(r) = self.inner.rotation.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            r.abort();
+        }
+    }
+}
