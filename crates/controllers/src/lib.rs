@@ -8,6 +8,7 @@ pub mod endpointslice;
 pub mod events;
 pub mod eventttl;
 pub mod gc;
+pub mod job;
 pub mod nodelifecycle;
 pub mod podutil;
 pub mod replicaset;
