@@ -1,6 +1,7 @@
 //! Shepherd's controllers, each a reconciler on the engine in `shepherd-runtime`.
 
 pub mod config;
+pub mod cronjob;
 pub mod deployment;
 pub mod disruption;
 pub mod endpoints;

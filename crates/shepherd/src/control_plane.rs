@@ -17,7 +17,7 @@ use shepherd_runtime::{Client, Manager, TriggerMode};
 
 /// Every controller `shepherd` runs, by the name used in flags.
 pub const CONTROLLERS: &[&str] = &["deployment", "replicaset", "endpoints", "endpointslice", "clusterip", "nodelifecycle",
-    "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount", "job"];
+    "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount", "job", "cronjob"];
 
 /// The scheduler's default workers, after kube-scheduler's default parallelism of 16.
 const SCHEDULER_WORKERS: usize = 16;
@@ -26,7 +26,7 @@ const SCHEDULER_WORKERS: usize = 16;
 pub struct ControllerArgs {
     /// Controllers to run: `all`, `none`, or a comma-separated list of deployment, replicaset,
     /// endpoints, endpointslice, clusterip, nodelifecycle, taint-eviction, disruption,
-    /// garbagecollector, scheduler, job.
+    /// garbagecollector, scheduler, job, cronjob.
     #[arg(long, default_value = "all")]
     pub controllers: String,
     /// Default trigger mode: `hybrid` (events plus periodic resync), `level` (re-list on a
@@ -171,6 +171,9 @@ impl ControllerArgs {
                         ..Default::default()
                     };
                     manager.add(shepherd_controllers::job::job_controller(client.clone(), manager, &cfg, job));
+                }
+                "cronjob" => {
+                    manager.add(shepherd_controllers::cronjob::cronjob_controller(client.clone(), manager, &cfg));
                 }
                 "garbagecollector" => {
                     for c in garbage_collector(client.clone(), manager, &cfg) {
