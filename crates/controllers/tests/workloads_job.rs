@@ -219,3 +219,18 @@ async fn a_suspended_job_runs_nothing_until_resumed_and_a_finished_one_is_delete
     kubelet.abort();
     controllers.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_job_takes_its_pods_with_it_despite_their_tracking_finalizers() {
+    let client = api().await;
+    let controllers = job_controller_only(&client);
+    let gc = garbage_collector_only(&client);
+    client.create(&kinds::JOB, Some("default"), job("gone", json!({"completions": 4, "parallelism": 2}))).await.unwrap();
+    let started = wait_until(Duration::from_secs(10), || async { active_pod_names(&client, "gone-").await.len() == 2 }).await;
+    assert!(started.is_some());
+    client.delete(&kinds::JOB, Some("default"), "gone", &Default::default()).await.unwrap();
+    let cascaded = wait_until(Duration::from_secs(60), || async { pods(&client).await.is_empty() }).await;
+    assert!(cascaded.is_some(), "pods left: {:?}", pods(&client).await.iter().map(|p| p["metadata"].clone()).collect::<Vec<_>>());
+    gc.stop().await;
+    controllers.stop().await;
+}
