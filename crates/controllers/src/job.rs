@@ -37,6 +37,8 @@ pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 const EXPECTATION_TTL: Duration = Duration::from_secs(60);
 /// Most pods created by one reconcile; the pods' own events bring the key back for more.
 const BURST: usize = 500;
+/// Most pod writes (creates, finalizer removals) in flight at once for one Job.
+const MAX_BATCH: usize = 64;
 
 /// The Job controller's own settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -261,17 +263,29 @@ impl JobReconciler {
             job = self.patch_status(&job, patch).await?;
         }
 
-        // Step 2: remove their finalizers.
+        // Step 2: remove their finalizers, many at once.
         let mut released: HashSet<String> = HashSet::new();
-        for pod in &to_release {
-            let rev = self.remove_finalizer(pod).await?;
-            let pod_uid = podutil::uid(pod).to_string();
-            if let Some(rev) = rev
-                && let Some(exp) = self.lock().get_mut(key)
-            {
-                exp.uncounting.insert(pod_uid.clone(), (rev, Instant::now()));
+        let mut failure: Option<ApiError> = None;
+        for chunk in to_release.chunks(MAX_BATCH) {
+            let results = futures::future::join_all(chunk.iter().map(|p| self.remove_finalizer(p))).await;
+            for (pod, r) in chunk.iter().zip(results) {
+                let pod_uid = podutil::uid(pod).to_string();
+                match r {
+                    Ok(rev) => {
+                        if let Some(rev) = rev
+                            && let Some(exp) = self.lock().get_mut(key)
+                        {
+                            exp.uncounting.insert(pod_uid.clone(), (rev, Instant::now()));
+                        }
+                        released.insert(pod_uid);
+                    }
+                    Err(e) => failure = Some(e),
+                }
             }
-            released.insert(pod_uid);
+        }
+        // What was released is in the expectations; the next pass counts it.
+        if let Some(e) = failure {
+            return Err(e.into());
         }
 
         // Step 3: move every uncounted uid whose pod no longer holds the finalizer into the counters.
@@ -484,39 +498,53 @@ impl JobReconciler {
         (waited < delay).then(|| delay - waited)
     }
 
+    /// Creates a pod per entry of `indexes` (`None` for a NonIndexed Job) at the lowest free name,
+    /// in doubling batches, so a Job whose pods are all rejected fails after one request.
     async fn create_pods(&self, key: &str, job: &Value, indexes: &[Option<usize>]) -> Result<(), String> {
         let ns = podutil::namespace(job).unwrap_or("default");
         let job_name = podutil::name(job);
         let mut reserved: HashSet<String> = self.lock().get(key).map(|e| e.creating.keys().cloned().collect()).unwrap_or_default();
+        let mut planned: Vec<(String, Option<usize>)> = Vec::new();
         for index in indexes.iter().take(BURST) {
             let prefix = match index {
                 Some(i) => format!("{job_name}-{i}"),
                 None => job_name.to_string(),
             };
-            let mut n = 0u64;
-            let name = loop {
-                let candidate = format!("{prefix}-{n}");
-                if !reserved.contains(&candidate) && self.pods.get(&format!("{ns}/{candidate}")).is_none() {
-                    break candidate;
-                }
-                n += 1;
-            };
+            let name = (0u64..)
+                .map(|n| format!("{prefix}-{n}"))
+                .find(|c| !reserved.contains(c) && self.pods.get(&format!("{ns}/{c}")).is_none())
+                .unwrap_or_default();
             reserved.insert(name.clone());
-            match self.client.create(&kinds::POD, Some(ns), pod_for(job, &name, *index)).await {
-                Ok(pod) => {
-                    let rev = shepherd_runtime::cache::resource_version(&pod).unwrap_or(u64::MAX);
-                    if let Some(exp) = self.lock().get_mut(key) {
-                        exp.creating.insert(name.clone(), (rev, Instant::now()));
+            planned.push((name, *index));
+        }
+        let mut batch = 1usize;
+        let mut rest = planned.as_slice();
+        while !rest.is_empty() {
+            let (now, later) = rest.split_at(batch.min(rest.len()));
+            rest = later;
+            let results =
+                futures::future::join_all(now.iter().map(|(name, i)| self.client.create(&kinds::POD, Some(ns), pod_for(job, name, *i))))
+                    .await;
+            let mut failure = None;
+            for ((name, _), r) in now.iter().zip(results) {
+                match r {
+                    Ok(pod) => {
+                        let rev = shepherd_runtime::cache::resource_version(&pod).unwrap_or(u64::MAX);
+                        if let Some(exp) = self.lock().get_mut(key) {
+                            exp.creating.insert(name.clone(), (rev, Instant::now()));
+                        }
+                        self.events.record(job, EventType::Normal, "SuccessfulCreate", &format!("Created pod: {name}")).await;
                     }
-                    self.events.record(job, EventType::Normal, "SuccessfulCreate", &format!("Created pod: {name}")).await;
-                }
-                // Created by an earlier try the cache has not shown yet: the next reconcile sees it.
-                Err(e) if e.is_already_exists() => return Ok(()),
-                Err(e) => {
-                    self.events.record(job, EventType::Warning, "FailedCreate", &format!("Error creating: {e}")).await;
-                    return Err(format!("creating pod {name} for Job {key}: {e}"));
+                    // Created by an earlier try the cache has not shown yet: the next reconcile sees it.
+                    Err(e) if e.is_already_exists() => {}
+                    Err(e) => failure = Some(format!("creating pod {name} for Job {key}: {e}")),
                 }
             }
+            if let Some(e) = failure {
+                self.events.record(job, EventType::Warning, "FailedCreate", &e).await;
+                return Err(e);
+            }
+            batch = (batch * 2).min(MAX_BATCH);
         }
         Ok(())
     }
