@@ -3,11 +3,17 @@
 use serde_json::Value;
 
 use super::{
-    at, check_min, check_one_of, check_unsupported_in_pod_spec, int_at, invalid_value, selector_of, str_at,
-    strip_nulls, unsupported_value, validate_labels, validate_pod_spec,
+    NOT_SUPPORTED, at, check_min, check_one_of, check_unsupported_in_pod_spec, int_at, invalid_value, is_set, selector_of,
+    str_at, strip_nulls, unsupported_value, validate_labels, validate_pod_spec,
 };
 use crate::cron;
 use crate::error::Cause;
+
+/// Job fields of Kubernetes the Job controller does not implement (yet): a 422, not a silently
+/// ignored wish.
+const UNSUPPORTED_JOB_FIELDS: &[&str] = &["backoffLimitPerIndex", "maxFailedIndexes", "successPolicy"];
+/// The controller that runs Jobs unless `managedBy` names another.
+const JOB_CONTROLLER: &str = "kubernetes.io/job-controller";
 
 /// A CronJob's name leaves room for the 11 characters of its Jobs' `-<minutes>` suffix.
 const CRON_JOB_NAME_MAX: usize = 52;
@@ -82,9 +88,13 @@ fn validate_job_spec(spec: &Value, p: &str, needs_selector: bool, c: &mut Vec<Ca
     if str_at(spec, "completionMode") == Some("Indexed") && int_at(spec, "completions").is_none() {
         c.push(Cause::new("FieldValueRequired", path(p, "completions"), "Required value: when completion mode is Indexed"));
     }
-    if at(spec, "backoffLimitPerIndex").is_some() && str_at(spec, "completionMode") != Some("Indexed") {
-        c.push(Cause::new("FieldValueRequired", path(p, "completionMode"),
-            "Required value: requires indexed completion mode"));
+    for field in UNSUPPORTED_JOB_FIELDS {
+        if at(spec, field).is_some_and(is_set) {
+            c.push(Cause::forbidden(path(p, field), NOT_SUPPORTED));
+        }
+    }
+    if let Some(m) = str_at(spec, "managedBy").filter(|m| *m != JOB_CONTROLLER) {
+        c.push(unsupported_value(path(p, "managedBy"), m, &[JOB_CONTROLLER]));
     }
     check_one_of(spec, "podReplacementPolicy", p, &["TerminatingOrFailed", "Failed"], c);
 
@@ -139,9 +149,17 @@ fn validate_pod_failure_policy(policy: &Value, p: &str, c: &mut Vec<Cause>) {
         if str_at(rule, "action").is_none() {
             c.push(Cause::required(path(&rp, "action")));
         }
-        check_one_of(rule, "action", &rp, &["FailJob", "FailIndex", "Ignore", "Count"], c);
+        if str_at(rule, "action") == Some("FailIndex") {
+            c.push(Cause::forbidden(path(&rp, "action"), NOT_SUPPORTED));
+        } else {
+            check_one_of(rule, "action", &rp, &["FailJob", "FailIndex", "Ignore", "Count"], c);
+        }
         let exit = at(rule, "onExitCodes");
         let conditions = at(rule, "onPodConditions").and_then(Value::as_array).filter(|a| !a.is_empty());
+        // Pods here never carry the DisruptionTarget condition such rules are written for.
+        if conditions.is_some() {
+            c.push(Cause::forbidden(path(&rp, "onPodConditions"), NOT_SUPPORTED));
+        }
         match (exit, conditions) {
             (Some(_), Some(_)) => c.push(Cause::invalid(rp.clone(),
                 "Invalid value: specifying both OnExitCodes and OnPodConditions is not supported")),
@@ -236,6 +254,13 @@ mod tests {
         let e = validate(&JOB, &job(json!({"podFailurePolicy": policy, "template": template("OnFailure")}))).unwrap_err();
         assert_eq!(fields(e), ["spec.template.spec.restartPolicy", "spec.podFailurePolicy.rules[0].onExitCodes.values[0]",
             "spec.podFailurePolicy.rules[0].onExitCodes.values[2]"]);
+    }
+
+    #[test]
+    fn job_features_not_implemented_are_refused_rather_than_ignored() {
+        let j = job(json!({"completionMode": "Indexed", "completions": 3, "backoffLimitPerIndex": 1, "template": template("Never"),
+            "podFailurePolicy": {"rules": [{"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [2]}}]}}));
+        assert_eq!(fields(validate(&JOB, &j).unwrap_err()), ["spec.backoffLimitPerIndex", "spec.podFailurePolicy.rules[0].action"]);
     }
 
     #[test]
