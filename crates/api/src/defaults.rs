@@ -7,6 +7,8 @@ use serde_json::{Map, Value, json};
 
 use crate::kinds::ResourceInfo;
 
+pub mod batch;
+
 /// Fills the defaults of an object of kind `res` in place. Shapes it does not expect (a string
 /// where an object belongs) are left alone for validation to report.
 pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
@@ -59,6 +61,8 @@ pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
                 }
             }
         }
+        "Job" => batch::default_job(obj),
+        "CronJob" => batch::default_cron_job(obj),
         _ => {}
     }
 }

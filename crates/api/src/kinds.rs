@@ -111,16 +111,19 @@ pub const ENDPOINTSLICE: ResourceInfo =
     res("discovery.k8s.io", "EndpointSlice", "endpointslices", "endpointslice", true, &[], false, false);
 pub const PODDISRUPTIONBUDGET: ResourceInfo =
     res("policy", "PodDisruptionBudget", "poddisruptionbudgets", "poddisruptionbudget", true, &["pdb"], true, false);
+pub const JOB: ResourceInfo = res("batch", "Job", "jobs", "job", true, &[], true, false).in_categories(&["all"]);
+pub const CRONJOB: ResourceInfo =
+    res("batch", "CronJob", "cronjobs", "cronjob", true, &["cj"], true, false).in_categories(&["all"]);
 pub const CUSTOMRESOURCEDEFINITION: ResourceInfo = res("apiextensions.k8s.io", "CustomResourceDefinition",
     "customresourcedefinitions", "customresourcedefinition", false, &["crd", "crds"], true, false)
     .in_categories(&["api-extensions"]);
 
 /// Every resource Shepherd serves, in discovery order.
 pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT, CONFIGMAP, SECRET, SERVICEACCOUNT,
-    DEPLOYMENT, REPLICASET, LEASE, ENDPOINTSLICE, PODDISRUPTIONBUDGET, CUSTOMRESOURCEDEFINITION];
+    DEPLOYMENT, REPLICASET, LEASE, ENDPOINTSLICE, PODDISRUPTIONBUDGET, CUSTOMRESOURCEDEFINITION, JOB, CRONJOB];
 
 /// The groups Shepherd serves besides core, in discovery order.
-pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy", "apiextensions.k8s.io"];
+pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy", "apiextensions.k8s.io", "batch"];
 
 /// Every resource served now: the built-in ones, then the custom ones (ordered by group,
 /// version and plural).
@@ -375,7 +378,7 @@ mod tests {
             ("deployments.apps", "Deployment"), ("rs", "ReplicaSet"), ("svc", "Service"), ("no", "Node"),
             ("ep", "Endpoints"), ("ev", "Event"), ("ns", "Namespace"), ("lease", "Lease"),
             ("endpointslices", "EndpointSlice"), ("pdb", "PodDisruptionBudget"), ("cm", "ConfigMap"),
-            ("secrets", "Secret"), ("sa", "ServiceAccount")] {
+            ("secrets", "Secret"), ("sa", "ServiceAccount"), ("jobs.batch", "Job"), ("cj", "CronJob")] {
             assert_eq!(resolve(typed).map(|r| r.kind), Some(kind), "{typed}");
         }
         assert!(resolve("widgets").is_none());
@@ -384,7 +387,7 @@ mod tests {
     #[test]
     fn the_all_category_holds_what_kubectl_get_all_shows() {
         let all: Vec<&str> = in_category("all").map(|r| r.plural).collect();
-        assert_eq!(all, ["pods", "services", "deployments", "replicasets"]);
+        assert_eq!(all, ["pods", "services", "deployments", "replicasets", "jobs", "cronjobs"]);
     }
 
     fn gadget_definition(short: &str) -> Value {

@@ -3,6 +3,7 @@
 
 pub mod age;
 mod config_validation;
+pub mod cron;
 pub mod defaults;
 pub mod digest;
 pub mod duration;

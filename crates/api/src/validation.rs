@@ -20,6 +20,8 @@ use crate::quantity::Quantity;
 use crate::selector::LabelSelector;
 use crate::volume_validation;
 
+mod batch;
+
 /// Where in an object an unsupported field sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scope {
@@ -284,6 +286,7 @@ pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: 
             }
         }
         "ConfigMap" | "Secret" => crate::config_validation::validate_config_update(res.kind, old, new, &mut c),
+        "Job" => batch::validate_job_update(old, new, &mut c),
         "Service" => {
             let stored = str_at(old, "spec.clusterIP").unwrap_or("");
             let sent = str_at(new, "spec.clusterIP").unwrap_or("");
@@ -335,6 +338,8 @@ fn causes_for(res: &ResourceInfo, obj: &Value, schema: Schema) -> Vec<Cause> {
         "PodDisruptionBudget" => validate_pod_disruption_budget(obj, &mut c),
         "ConfigMap" => crate::config_validation::validate_config_map(obj, &mut c),
         "Secret" => crate::config_validation::validate_secret(obj, &mut c),
+        "Job" => batch::validate_job(obj, &mut c),
+        "CronJob" => batch::validate_cron_job(obj, &mut c),
         _ => {}
     }
     c
@@ -560,6 +565,8 @@ fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
         "Secret" => Some(round_trip::<Secret>(input)),
         "ServiceAccount" => Some(round_trip::<ServiceAccount>(input)),
         "CustomResourceDefinition" if res.group == "apiextensions.k8s.io" => Some(round_trip::<CustomResourceDefinition>(input)),
+        "Job" => Some(round_trip::<k8s_openapi::api::batch::v1::Job>(input)),
+        "CronJob" => Some(round_trip::<k8s_openapi::api::batch::v1::CronJob>(input)),
         _ => None,
     })
 }

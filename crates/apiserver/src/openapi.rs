@@ -23,6 +23,7 @@ use axum::extract::{Path, Query};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::autoscaling::v1::Scale;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount};
@@ -82,6 +83,8 @@ const KIND_TYPES: &[KindType] = &[
     typed::<Secret>(),
     typed::<ServiceAccount>(),
     typed::<CustomResourceDefinition>(),
+    typed::<Job>(),
+    typed::<CronJob>(),
 ];
 
 /// Extensions Kubernetes puts on a field: how strategic merge patch and server-side apply treat it.
@@ -1020,7 +1023,7 @@ mod tests {
     #[test]
     fn each_v3_document_resolves_its_references_and_names_its_kinds() {
         let docs = build();
-        assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apiextensions.k8s.io/v1", "apis/apps/v1", "apis/coordination.k8s.io/v1", "apis/discovery.k8s.io/v1", "apis/policy/v1"]);
+        assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apiextensions.k8s.io/v1", "apis/apps/v1", "apis/batch/v1", "apis/coordination.k8s.io/v1", "apis/discovery.k8s.io/v1", "apis/policy/v1"]);
         for gv in docs.v3.keys() {
             let doc = v3(&docs, gv);
             let schemas = doc["components"]["schemas"].as_object().expect("schemas");

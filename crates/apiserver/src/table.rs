@@ -169,6 +169,38 @@ fn containers(obj: &Value, ptr: &str, field: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The STATUS column of a Job: its terminal or pending-terminal condition, else Suspended,
+/// Terminating or Running.
+fn job_status(job: &Value) -> &'static str {
+    let is_true = |t: &str| condition(job, t).is_some_and(|c| c["status"] == "True");
+    for t in ["Failed", "Complete", "FailureTarget", "SuccessCriteriaMet", "Suspended"] {
+        if is_true(t) {
+            return t;
+        }
+    }
+    if job.at("/metadata/deletionTimestamp").is_some() { "Terminating" } else { "Running" }
+}
+
+/// `3/5`, or `0/1 of 4` for a work queue Job (parallelism only).
+fn job_completions(job: &Value) -> String {
+    let succeeded = i(job, "/status/succeeded");
+    match job.at("/spec/completions").and_then(Value::as_i64) {
+        Some(c) => format!("{succeeded}/{c}"),
+        None => match i(job, "/spec/parallelism") {
+            p if p > 1 => format!("{succeeded}/1 of {p}"),
+            _ => format!("{succeeded}/1"),
+        },
+    }
+}
+
+/// From start to completion, or to now while the Job runs.
+fn job_duration(job: &Value) -> String {
+    let time = |p: &str| job.at(p).and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    let Some(start) = time("/status/startTime") else { return String::new() };
+    let end = time("/status/completionTime").unwrap_or_else(jiff::Timestamp::now);
+    human_age(end.as_second() - start.as_second())
+}
+
 /// Entries of the map at `ptr` (a ConfigMap's or Secret's data).
 fn entries(obj: &Value, ptr: &str) -> usize {
     obj.at(ptr).and_then(Value::as_object).map_or(0, serde_json::Map::len)
@@ -210,6 +242,11 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
         "Secret" => vec![name, ("Type", "string", 0), ("Data", "integer", 0), age],
         "ServiceAccount" => vec![name, ("Secrets", "integer", 0), age],
         "CustomResourceDefinition" => vec![name, ("Created At", "date", 0)],
+        "Job" => vec![name, ("Status", "string", 0), ("Completions", "string", 0), ("Duration", "string", 0), age,
+            ("Containers", "string", 1), ("Images", "string", 1), ("Selector", "string", 1)],
+        "CronJob" => vec![name, ("Schedule", "string", 0), ("Timezone", "string", 0), ("Suspend", "boolean", 0),
+            ("Active", "integer", 0), ("Last Schedule", "string", 0), age, ("Containers", "string", 1),
+            ("Images", "string", 1), ("Selector", "string", 1)],
         _ => vec![name, age],
     }
 }
@@ -254,6 +291,22 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
         "Secret" => vec![name, json!(s(o, "/type")), json!(entries(o, "/data")), created],
         "ServiceAccount" => vec![name, json!(o.at("/secrets").and_then(Value::as_array).map_or(0, Vec::len)), created],
         "CustomResourceDefinition" => vec![name, json!(s(o, "/metadata/creationTimestamp"))],
+        "Job" => vec![name, json!(job_status(o)), json!(job_completions(o)), json!(job_duration(o)), created,
+            json!(containers(o, "/spec/template/spec/containers", "/name")),
+            json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
+        "CronJob" => {
+            let last = if o.at("/status/lastScheduleTime").is_some_and(Value::is_string) {
+                age(o, "/status/lastScheduleTime")
+            } else {
+                "<none>".into()
+            };
+            let template = "/spec/jobTemplate/spec/template/spec/containers";
+            vec![name, json!(s(o, "/spec/schedule")), json!(or_none(s(o, "/spec/timeZone"))),
+                json!(o.at("/spec/suspend").and_then(Value::as_bool).unwrap_or(false)),
+                json!(o.at("/status/active").and_then(Value::as_array).map_or(0, Vec::len)), json!(last), created,
+                json!(containers(o, template, "/name")), json!(containers(o, template, "/image")),
+                json!("<none>")]
+        }
         _ => vec![name, created],
     }
 }

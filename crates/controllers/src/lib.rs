@@ -1,6 +1,7 @@
 //! Shepherd's controllers, each a reconciler on the engine in `shepherd-runtime`.
 
 pub mod config;
+pub mod cronjob;
 pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
@@ -8,6 +9,7 @@ pub mod endpointslice;
 pub mod events;
 pub mod eventttl;
 pub mod gc;
+pub mod job;
 pub mod nodelifecycle;
 pub mod podutil;
 pub mod replicaset;

@@ -1,6 +1,7 @@
-//! `sheepctl create configmap|secret|serviceaccount|namespace`: builds the object from kubectl's
-//! flags (`--from-literal`, `--from-file`, `--from-env-file`, `--type`, `--cert/--key`,
-//! `--docker-*`) and creates it, or prints it with `--dry-run=client -o yaml`.
+//! `sheepctl create configmap|secret|serviceaccount|namespace|job|cronjob`: builds the object from
+//! kubectl's flags (`--from-literal`, `--from-file`, `--from-env-file`, `--type`, `--cert/--key`,
+//! `--docker-*`, `--image`, `--schedule`, `--from=cronjob/NAME`) and creates it, or prints it with
+//! `--dry-run=client -o yaml`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -39,6 +40,37 @@ pub enum CreateCmd {
     #[command(alias = "ns")]
     Namespace {
         name: String,
+        #[command(flatten)]
+        out: OutputFlags,
+    },
+    /// A Job running one container (`--image`, command after `--`), or a Job from a CronJob's
+    /// template (`--from=cronjob/NAME`).
+    Job {
+        name: String,
+        #[arg(long, conflicts_with = "from", required_unless_present = "from")]
+        image: Option<String>,
+        /// `cronjob/NAME`: run the CronJob's Job now.
+        #[arg(long)]
+        from: Option<String>,
+        #[arg(last = true)]
+        command: Vec<String>,
+        #[command(flatten)]
+        out: OutputFlags,
+    },
+    /// A CronJob running one container on a cron schedule.
+    #[command(alias = "cj")]
+    Cronjob {
+        name: String,
+        #[arg(long)]
+        image: String,
+        /// Cron syntax (`*/5 * * * *`) or a macro (`@hourly`).
+        #[arg(long)]
+        schedule: String,
+        /// The pods' restartPolicy: OnFailure or Never.
+        #[arg(long, default_value = "OnFailure")]
+        restart: String,
+        #[arg(last = true)]
+        command: Vec<String>,
         #[command(flatten)]
         out: OutputFlags,
     },
@@ -233,12 +265,66 @@ pub fn docker_config(server: &str, user: &str, password: &str, email: Option<&st
     json!({"auths": {server: entry}}).to_string().into_bytes()
 }
 
+/// The pod template of `kubectl create job|cronjob`: one container named after the object.
+fn one_container_template(name: &str, image: &str, restart: &str, command: &[String]) -> Value {
+    let mut container = json!({"name": name, "image": image});
+    if !command.is_empty() {
+        container["command"] = json!(command);
+    }
+    json!({"spec": {"restartPolicy": restart, "containers": [container]}})
+}
+
+pub fn job(name: &str, namespace: &str, image: &str, command: &[String]) -> Value {
+    let mut job = object("Job", name, Some(namespace));
+    job["apiVersion"] = json!("batch/v1");
+    job["spec"] = json!({"template": one_container_template(name, image, "Never", command)});
+    job
+}
+
+pub fn cron_job(name: &str, namespace: &str, image: &str, schedule: &str, restart: &str, command: &[String]) -> Value {
+    let mut cj = object("CronJob", name, Some(namespace));
+    cj["apiVersion"] = json!("batch/v1");
+    cj["spec"] = json!({"schedule": schedule,
+        "jobTemplate": {"metadata": {"name": name}, "spec": {"template": one_container_template(name, image, restart, command)}}});
+    cj
+}
+
+/// A Job from a CronJob's template, owned by the CronJob and marked as started by hand, as
+/// `kubectl create job --from=cronjob/NAME` makes it.
+pub fn job_from_cron_job(name: &str, cron_job: &Value) -> Value {
+    let template = cron_job.pointer("/spec/jobTemplate").cloned().unwrap_or_else(|| json!({}));
+    let mut job = object("Job", name, cron_job.pointer("/metadata/namespace").and_then(Value::as_str));
+    job["apiVersion"] = json!("batch/v1");
+    let mut annotations = template.pointer("/metadata/annotations").and_then(Value::as_object).cloned().unwrap_or_default();
+    annotations.insert("cronjob.kubernetes.io/instantiate".into(), json!("manual"));
+    job["metadata"]["annotations"] = Value::Object(annotations);
+    if let Some(labels) = template.pointer("/metadata/labels").filter(|l| l.is_object()) {
+        job["metadata"]["labels"] = labels.clone();
+    }
+    job["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "CronJob",
+        "name": cron_job.pointer("/metadata/name"), "uid": cron_job.pointer("/metadata/uid"), "controller": true}]);
+    job["spec"] = template.get("spec").cloned().unwrap_or_else(|| json!({}));
+    job
+}
+
 pub async fn run(cluster: &Cluster, cmd: CreateCmd) -> anyhow::Result<bool> {
     let ns = cluster.namespace.as_str();
     let (res, obj, out): (&ResourceInfo, Value, OutputFlags) = match cmd {
         CreateCmd::Configmap { name, sources, out } => (&kinds::CONFIGMAP, config_map(&name, ns, &read_sources(&sources)?), out),
         CreateCmd::Serviceaccount { name, out } => (&kinds::SERVICEACCOUNT, object("ServiceAccount", &name, Some(ns)), out),
         CreateCmd::Namespace { name, out } => (&kinds::NAMESPACE, object("Namespace", &name, None), out),
+        CreateCmd::Job { name, image: Some(image), from: None, command, out } => (&kinds::JOB, job(&name, ns, &image, &command), out),
+        CreateCmd::Job { name, from, out, .. } => {
+            let from = from.unwrap_or_default();
+            let Some(cron_name) = from.strip_prefix("cronjob/").or_else(|| from.strip_prefix("cronjobs/")) else {
+                bail!("--from={from:?}: only cronjob/NAME is supported");
+            };
+            let cj = cluster.get(&resource::object_path(&kinds::CRONJOB, ns, cron_name)).await?;
+            (&kinds::JOB, job_from_cron_job(&name, &cj), out)
+        }
+        CreateCmd::Cronjob { name, image, schedule, restart, command, out } => {
+            (&kinds::CRONJOB, cron_job(&name, ns, &image, &schedule, &restart, &command), out)
+        }
         CreateCmd::Secret(SecretCmd::Generic { name, sources, secret_type, out }) => {
             let ty = secret_type.unwrap_or_else(|| "Opaque".into());
             (&kinds::SECRET, secret(&name, ns, &ty, &read_sources(&sources)?), out)
@@ -307,6 +393,19 @@ mod tests {
         assert!(read_sources(&twice).is_err(), "a key given twice is refused");
         let bad = Sources { literals: vec!["novalue".into()], ..Sources::default() };
         assert!(read_sources(&bad).is_err());
+    }
+
+    #[test]
+    fn a_job_from_a_cronjob_takes_its_template_and_is_owned_by_it() {
+        let cj = cron_job("tick", "default", "busybox", "@hourly", "OnFailure", &["date".to_string()]);
+        assert_eq!(cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["command"], json!(["date"]));
+        let mut stored = cj.clone();
+        stored["metadata"]["uid"] = json!("u-1");
+        let manual = job_from_cron_job("tick-manual", &stored);
+        assert_eq!(manual["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        assert_eq!(manual["metadata"]["annotations"]["cronjob.kubernetes.io/instantiate"], "manual");
+        assert_eq!(manual["spec"]["template"]["spec"]["restartPolicy"], "OnFailure");
+        assert_eq!(job("pi", "default", "busybox", &[])["spec"]["template"]["spec"]["restartPolicy"], "Never");
     }
 
     #[test]

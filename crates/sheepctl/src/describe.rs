@@ -157,6 +157,8 @@ pub fn describe(res: &ResourceInfo, obj: &Value, events: &[Value]) -> String {
         "Deployment" => deployment(&mut out, obj),
         "Secret" => secret(&mut out, obj),
         "ConfigMap" => config_map(&mut out, obj),
+        "Job" => job(&mut out, obj),
+        "CronJob" => cron_job(&mut out, obj),
         _ => generic(&mut out, res, obj),
     }
     events_section(&mut out, events);
@@ -273,6 +275,92 @@ fn deployment(out: &mut String, d: &Value) {
         let _ = writeln!(out, "    Port:       {}", if ports.is_empty() { "<none>".into() } else { ports.join(", ") });
     }
     conditions(out, d, true);
+}
+
+/// A pod template's labels and containers, as kubectl prints them under `Pod Template:`.
+fn pod_template(out: &mut String, template: Option<&Value>) {
+    let t = template.cloned().unwrap_or(Value::Null);
+    out.push_str("Pod Template:\n");
+    let _ = writeln!(out, "  Labels:  {}", map_lines(t.pointer("/metadata/labels"), 11, &[]));
+    out.push_str("  Containers:\n");
+    for c in t.pointer("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
+        let _ = writeln!(out, "   {}:", s(c, "/name"));
+        let _ = writeln!(out, "    Image:      {}", s(c, "/image"));
+        for (label, key) in [("Command", "/command"), ("Args", "/args")] {
+            let Some(words) = c.pointer(key).and_then(Value::as_array).filter(|w| !w.is_empty()) else { continue };
+            let _ = writeln!(out, "    {label}:");
+            for word in words {
+                let _ = writeln!(out, "      {}", word.as_str().unwrap_or(""));
+            }
+        }
+    }
+}
+
+fn job(out: &mut String, j: &Value) {
+    let w = 20;
+    common_header(out, j, w, true);
+    field(out, w, "Selector", &selector(j));
+    meta_maps(out, j, w);
+    if let Some(owner) = controlled_by(j) {
+        field(out, w, "Controlled By", &owner);
+    }
+    let n = |p: &str| j.pointer(p).and_then(Value::as_i64);
+    let unset = |v: Option<i64>| v.map_or_else(|| "<unset>".to_string(), |v| v.to_string());
+    field(out, w, "Parallelism", &unset(n("/spec/parallelism")));
+    field(out, w, "Completions", &unset(n("/spec/completions")));
+    field(out, w, "Completion Mode", &or_none(s(j, "/spec/completionMode")));
+    field(out, w, "Suspend", &j.pointer("/spec/suspend").and_then(Value::as_bool).unwrap_or(false).to_string());
+    field(out, w, "Backoff Limit", &unset(n("/spec/backoffLimit")));
+    if let Some(ttl) = n("/spec/ttlSecondsAfterFinished") {
+        field(out, w, "TTL After Finished", &format!("{ttl}s"));
+    }
+    if let Some(deadline) = n("/spec/activeDeadlineSeconds") {
+        field(out, w, "Active Deadline Seconds", &format!("{deadline}s"));
+    }
+    let start = timestamp(j, "/status/startTime");
+    if let Some(t) = start {
+        field(out, w, "Start Time", &t.strftime("%a, %d %b %Y %H:%M:%S %z").to_string());
+    }
+    let end = timestamp(j, "/status/completionTime");
+    if let Some(t) = end {
+        field(out, w, "Completed At", &t.strftime("%a, %d %b %Y %H:%M:%S %z").to_string());
+    }
+    if let (Some(a), Some(b)) = (start, end) {
+        field(out, w, "Duration", &shepherd_api::human_age(b.as_second() - a.as_second()));
+    }
+    let c = |p: &str| n(p).unwrap_or(0);
+    field(out, w, "Pods Statuses", &format!("{} Active ({} Ready) / {} Succeeded / {} Failed",
+        c("/status/active"), c("/status/ready"), c("/status/succeeded"), c("/status/failed")));
+    if s(j, "/spec/completionMode") == "Indexed" {
+        field(out, w, "Completed Indexes", &or_none(s(j, "/status/completedIndexes")));
+    }
+    pod_template(out, j.pointer("/spec/template"));
+    conditions(out, j, true);
+}
+
+fn cron_job(out: &mut String, cj: &Value) {
+    let w = 31;
+    common_header(out, cj, w, true);
+    meta_maps(out, cj, w);
+    let n = |p: &str| cj.pointer(p).and_then(Value::as_i64).map_or_else(|| "<unset>".to_string(), |v| v.to_string());
+    field(out, w, "Schedule", s(cj, "/spec/schedule"));
+    if cj.pointer("/spec/timeZone").is_some() {
+        field(out, w, "Time Zone", s(cj, "/spec/timeZone"));
+    }
+    field(out, w, "Concurrency Policy", &or_none(s(cj, "/spec/concurrencyPolicy")));
+    let suspended = cj.pointer("/spec/suspend").and_then(Value::as_bool).unwrap_or(false);
+    field(out, w, "Suspend", if suspended { "True" } else { "False" });
+    field(out, w, "Successful Job History Limit", &n("/spec/successfulJobsHistoryLimit"));
+    field(out, w, "Failed Job History Limit", &n("/spec/failedJobsHistoryLimit"));
+    field(out, w, "Starting Deadline Seconds", &n("/spec/startingDeadlineSeconds"));
+    field(out, w, "Parallelism", &n("/spec/jobTemplate/spec/parallelism"));
+    field(out, w, "Completions", &n("/spec/jobTemplate/spec/completions"));
+    pod_template(out, cj.pointer("/spec/jobTemplate/spec/template"));
+    let last = timestamp(cj, "/status/lastScheduleTime").map(|t| t.strftime("%a, %d %b %Y %H:%M:%S %z").to_string());
+    field(out, 21, "Last Schedule Time", last.as_deref().unwrap_or("<unset>"));
+    let active: Vec<&str> = cj.pointer("/status/active").and_then(Value::as_array).into_iter().flatten()
+        .filter_map(|r| r.get("name").and_then(Value::as_str)).collect();
+    field(out, 21, "Active Jobs", &if active.is_empty() { "<none>".to_string() } else { active.join(", ") });
 }
 
 fn selector(d: &Value) -> String {

@@ -59,7 +59,7 @@ enum Command {
         #[arg(long, requires = "server_side")]
         field_manager: Option<String>,
     },
-    /// Create a ConfigMap, Secret, ServiceAccount or Namespace from flags, as `kubectl create` does.
+    /// Create a ConfigMap, Secret, ServiceAccount, Namespace, Job or CronJob from flags, as `kubectl create` does.
     #[command(subcommand)]
     Create(create::CreateCmd),
     /// Show what `apply` would change, as a unified diff of live and would-be objects (exit 1 when they differ).

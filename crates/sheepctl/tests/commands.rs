@@ -205,3 +205,23 @@ fn create_makes_config_maps_secrets_and_service_accounts_from_kubectl_flags() {
     assert!(yaml.ok().contains("kind: ConfigMap") && yaml.ok().contains("k: v"), "{}", yaml.ok());
     assert_eq!(s.api("GET", "/api/v1/namespaces/default/configmaps/preview", None).0, 404, "a client dry run sends nothing");
 }
+
+#[test]
+fn create_makes_jobs_and_cronjobs_and_a_job_from_a_cronjob() {
+    let s = Shepherd::server();
+    assert_eq!(s.sheepctl(&["create", "job", "pi", "--image=busybox", "--", "sh", "-c", "echo 3.14"]).ok(), "job.batch/pi created\n");
+    let job = s.ok("GET", "/apis/batch/v1/namespaces/default/jobs/pi", None);
+    assert_eq!(job["spec"]["template"]["spec"]["containers"][0]["command"], json!(["sh", "-c", "echo 3.14"]));
+    assert_eq!(job["spec"]["completions"], 1, "the server defaulted it");
+
+    let out = s.sheepctl(&["create", "cronjob", "tick", "--image=busybox", "--schedule=*/5 * * * *", "--", "date"]);
+    assert_eq!(out.ok(), "cronjob.batch/tick created\n");
+    assert_eq!(s.sheepctl(&["create", "job", "tick-now", "--from=cronjob/tick"]).ok(), "job.batch/tick-now created\n");
+    let manual = s.ok("GET", "/apis/batch/v1/namespaces/default/jobs/tick-now", None);
+    assert_eq!(manual["metadata"]["ownerReferences"][0]["name"], "tick");
+    assert_eq!(manual["spec"]["template"]["spec"]["containers"][0]["command"], json!(["date"]));
+
+    let refused = s.sheepctl(&["create", "cronjob", "bad", "--image=busybox", "--schedule=61 * * * *"]);
+    assert_ne!(refused.code, 0);
+    assert!(refused.stderr.contains("spec.schedule"), "{}", refused.stderr);
+}

@@ -116,3 +116,24 @@ fn describe_pod_and_deployment_with_their_events() {
     insta::assert_snapshot!("describe_deployment", redact(s.sheepctl(&["describe", "deploy/web"]).ok()));
     insta::assert_snapshot!("describe_service", redact(s.sheepctl(&["describe", "svc", "web"]).ok()));
 }
+
+#[test]
+fn jobs_and_cronjobs_print_kubectl_columns_and_describe() {
+    let s = Shepherd::server();
+    let template = json!({"spec": {"restartPolicy": "Never", "containers": [{"name": "pi", "image": "busybox", "command": ["sh", "-c", "echo 3.14"]}]}});
+    s.ok("POST", "/apis/batch/v1/namespaces/default/jobs", Some(json!({"metadata": {"name": "pi"},
+        "spec": {"completions": 5, "parallelism": 2, "completionMode": "Indexed", "template": template}})));
+    s.ok("PATCH", "/apis/batch/v1/namespaces/default/jobs/pi/status", Some(json!({"status": {"active": 0, "ready": 0,
+        "succeeded": 5, "failed": 1, "completedIndexes": "0-4", "startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:01:05Z",
+        "conditions": [{"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached"},
+                       {"type": "Complete", "status": "True"}]}})));
+    s.ok("POST", "/apis/batch/v1/namespaces/default/jobs", Some(json!({"metadata": {"name": "queue"},
+        "spec": {"parallelism": 3, "template": template}})));
+    s.ok("POST", "/apis/batch/v1/namespaces/default/cronjobs", Some(json!({"metadata": {"name": "tick"},
+        "spec": {"schedule": "*/5 * * * *", "timeZone": "Europe/Paris", "jobTemplate": {"spec": {"template": template}}}})));
+    let mut all = String::new();
+    for args in [&["get", "jobs"][..], &["get", "jobs", "-o", "wide"], &["get", "cj"], &["describe", "job", "pi"], &["describe", "cronjob/tick"]] {
+        all.push_str(&format!("$ sheepctl {}\n{}", args.join(" "), s.sheepctl(args).ok()));
+    }
+    insta::assert_snapshot!(redact(&all));
+}

@@ -17,7 +17,7 @@ use shepherd_runtime::{Client, Manager, TriggerMode};
 
 /// Every controller `shepherd` runs, by the name used in flags.
 pub const CONTROLLERS: &[&str] = &["deployment", "replicaset", "endpoints", "endpointslice", "clusterip", "nodelifecycle",
-    "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount"];
+    "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount", "job", "cronjob"];
 
 /// The scheduler's default workers, after kube-scheduler's default parallelism of 16.
 const SCHEDULER_WORKERS: usize = 16;
@@ -26,7 +26,7 @@ const SCHEDULER_WORKERS: usize = 16;
 pub struct ControllerArgs {
     /// Controllers to run: `all`, `none`, or a comma-separated list of deployment, replicaset,
     /// endpoints, endpointslice, clusterip, nodelifecycle, taint-eviction, disruption,
-    /// garbagecollector, scheduler.
+    /// garbagecollector, scheduler, job, cronjob.
     #[arg(long, default_value = "all")]
     pub controllers: String,
     /// Default trigger mode: `hybrid` (events plus periodic resync), `level` (re-list on a
@@ -56,6 +56,10 @@ pub struct ControllerArgs {
     /// Range Services' cluster IPs are allocated from.
     #[arg(long, default_value = "10.96.0.0/16")]
     pub service_cluster_ip_range: String,
+    /// The Job controller's back-off before re-creating a failed pod, doubled per further
+    /// failure up to six minutes (seconds).
+    #[arg(long, default_value_t = 10.0)]
+    pub job_backoff_seconds: f64,
     /// Fault injection for experiments: drop this fraction (0..1) of watch events before they
     /// reach the controllers' caches.
     #[arg(long, default_value_t = 0.0)]
@@ -187,6 +191,16 @@ impl ControllerArgs {
                         ..NodeLifecycleConfig::default()
                     };
                     manager.add(node_lifecycle_controller(client.clone(), manager, config));
+                }
+                "job" => {
+                    let job = shepherd_controllers::job::JobConfig {
+                        backoff_base: Duration::from_secs_f64(self.job_backoff_seconds.clamp(0.0, 360.0)),
+                        ..Default::default()
+                    };
+                    manager.add(shepherd_controllers::job::job_controller(client.clone(), manager, &cfg, job));
+                }
+                "cronjob" => {
+                    manager.add(shepherd_controllers::cronjob::cronjob_controller(client.clone(), manager, &cfg));
                 }
                 "garbagecollector" => {
                     for c in garbage_collector(client.clone(), manager, &cfg) {

@@ -36,6 +36,7 @@ const GROUP_PACKAGES: &[(&str, &str)] = &[
     ("apps", "k8s.io.api.apps"),
     ("coordination.k8s.io", "k8s.io.api.coordination"),
     ("autoscaling", "k8s.io.api.autoscaling"),
+    ("batch", "k8s.io.api.batch"),
     ("policy", "k8s.io.api.policy"),
     ("discovery.k8s.io", "k8s.io.api.discovery"),
 ];
