@@ -796,6 +796,7 @@ mod tests {
             simulate_fail: false,
             restart_count: 0,
             mounts,
+            security: Default::default(),
         }
     }
 
