@@ -11,6 +11,7 @@
 mod backoff;
 mod cgroup;
 mod envvars;
+mod exec;
 mod logs;
 mod node;
 mod pods;
@@ -18,7 +19,12 @@ mod probe;
 mod process;
 mod quantity;
 mod runtime;
+mod server;
 mod simulated;
+mod spdy;
+mod spdy_session;
+mod streams;
+mod websocket;
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -36,6 +42,7 @@ use tracing::info;
 pub use logs::{LogQuery, LogStream, PodLogs};
 pub use pods::SIMULATE_FAIL_ANNOTATION;
 pub use process::MINIMAL_IMAGE;
+pub use server::StreamingConfig;
 pub use simulated::SimulatedBehaviour;
 
 /// Which runtime runs the containers.
@@ -71,6 +78,8 @@ pub struct AgentConfig {
     pub log_max_bytes: u64,
     /// `pids.max` of each container's cgroup, where the pids controller is available.
     pub pids_limit: Option<u64>,
+    /// The streaming endpoint (exec, attach, port-forward); `None` serves none.
+    pub streaming: Option<StreamingConfig>,
 }
 
 impl AgentConfig {
@@ -90,6 +99,7 @@ impl AgentConfig {
             restart_backoff_max: Duration::from_secs(300),
             log_max_bytes: 10 * 1024 * 1024,
             pids_limit: Some(4096),
+            streaming: None,
         }
     }
 }
@@ -101,6 +111,8 @@ pub enum AgentError {
     DataDir { path: PathBuf, source: std::io::Error },
     #[error("data directory {0} is in use by another agent; stop it or choose another --data-dir")]
     Locked(PathBuf),
+    #[error("cannot listen on {address} for the streaming endpoint: {source}")]
+    Listen { address: std::net::SocketAddr, source: std::io::Error },
 }
 
 /// A node agent (or a set of simulated nodes), ready to run.
@@ -110,6 +122,7 @@ pub struct Agent {
     nodes: Vec<node::NodeIdentity>,
     manager: Manager,
     pods: Arc<pods::PodManager>,
+    streaming: Option<(tokio::net::TcpListener, String)>,
     _lock: Option<File>,
 }
 
@@ -128,8 +141,20 @@ impl Agent {
     /// One node named `config.node_name` on this host. Takes over the containers an earlier run
     /// of an agent on the same data directory left running. Needs a Tokio runtime.
     pub async fn new(client: Arc<dyn Client>, config: AgentConfig) -> Result<Agent, AgentError> {
-        let identity = node::NodeIdentity::of_host(&config.node_name, &config.node_ip, config.lease_duration_seconds);
-        Agent::build(client, config, vec![identity])
+        let mut identity = node::NodeIdentity::of_host(&config.node_name, &config.node_ip, config.lease_duration_seconds);
+        let streaming = match &config.streaming {
+            Some(s) => {
+                let listener = tokio::net::TcpListener::bind(s.address)
+                    .await
+                    .map_err(|source| AgentError::Listen { address: s.address, source })?;
+                identity.streaming_port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+                Some((listener, s.token.clone()))
+            }
+            None => None,
+        };
+        let mut agent = Agent::build(client, config, vec![identity])?;
+        agent.streaming = streaming;
+        Ok(agent)
     }
 
     /// `count` simulated nodes named `{prefix}0`, `{prefix}1`, ... in this one agent, each with its
@@ -146,6 +171,7 @@ impl Agent {
                 cpu: "8".into(),
                 memory: "32Gi".into(),
                 lease_duration_seconds: config.lease_duration_seconds,
+                streaming_port: 0,
             })
             .collect();
         Agent::build(client, config, nodes)
@@ -176,12 +202,17 @@ impl Agent {
         let addresses: HashMap<String, String> = nodes.iter().map(|n| (n.name.clone(), n.ip.clone())).collect();
         let pc = pods::PodConfig { backoff_initial: config.restart_backoff_initial, backoff_max: config.restart_backoff_max };
         let pods = pods::PodManager::new(client.clone(), cache, addresses, runtime, pc, rx);
-        Ok(Agent { client, config, nodes, manager, pods, _lock: lock })
+        Ok(Agent { client, config, nodes, manager, pods, streaming: None, _lock: lock })
     }
 
     /// Serves this agent's container logs (wire it into the API server's `LogSource`).
     pub fn logs(&self) -> PodLogs {
         PodLogs { managers: vec![Arc::downgrade(&self.pods)] }
+    }
+
+    /// The port of the streaming endpoint, when it serves one.
+    pub fn streaming_port(&self) -> Option<u16> {
+        self.streaming.as_ref().and_then(|(l, _)| l.local_addr().ok()).map(|a| a.port())
     }
 
     /// The names of the nodes this agent runs.
@@ -203,7 +234,7 @@ impl Agent {
     /// Runs until `shutdown` completes. Containers keep running afterwards (as they do when the
     /// agent is killed); the next agent on the same data directory takes them over.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
-        let Agent { client, config, nodes, manager, pods, _lock } = self;
+        let Agent { client, config, nodes, manager, pods, streaming, _lock } = self;
         info!(nodes = nodes.len(), runtime = ?config.runtime, "node agent starting");
         let reconciler = pods.clone();
         let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
@@ -221,6 +252,9 @@ impl Agent {
             .triggered_by(trigger_rx),
         );
         let mut background = tokio::task::JoinSet::new();
+        if let Some((listener, token)) = streaming {
+            background.spawn(server::serve(listener, vec![Arc::downgrade(&pods)], token));
+        }
         let spread = config.lease_interval.as_millis().max(1) as u64;
         let count = nodes.len().max(1) as u64;
         for (i, n) in nodes.into_iter().enumerate() {
