@@ -361,6 +361,11 @@ async fn forward(
             }
         }
         let _ = frames.send(Frame::Data { stream_id, flags: FLAG_FIN, data: Bytes::new() }).await;
+        // The client waits for the error stream to end (empty: no error) before it closes the
+        // local connection.
+        if let Some(id) = error_stream {
+            let _ = frames.send(Frame::Data { stream_id: id, flags: FLAG_FIN, data: Bytes::new() }).await;
+        }
     };
     tokio::join!(upstream, downstream);
 }
