@@ -10,6 +10,7 @@
 
 mod backoff;
 mod cgroup;
+mod crilog;
 mod envvars;
 mod exec;
 mod logs;

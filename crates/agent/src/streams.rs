@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::debug;
 
 use crate::exec::{self, ExecRequest, TermSize};
+use crate::logs::{LogQuery, Renderer};
 
 pub(crate) const STDIN: u8 = 0;
 pub(crate) const STDOUT: u8 = 1;
@@ -213,6 +214,7 @@ pub(crate) async fn run_exec(pid: u32, req: ExecRequest, mut chans: Channels) {
 /// client goes away.
 pub(crate) async fn run_attach(log: PathBuf, alive: impl Fn() -> bool + Send + 'static, mut chans: Channels) {
     let mut offset = tokio::fs::metadata(&log).await.map(|m| m.len()).unwrap_or(0);
+    let mut render = Renderer::new(&LogQuery::default());
     loop {
         let len = tokio::fs::metadata(&log).await.map(|m| m.len()).unwrap_or(0);
         if len < offset {
@@ -225,9 +227,12 @@ pub(crate) async fn run_attach(log: PathBuf, alive: impl Fn() -> bool + Send + '
                 f.seek(SeekFrom::Start(offset)).await?;
                 (&mut f).take(len - offset).read_to_end(&mut buf).await
             };
-            if let Ok(n) = read.await {
-                offset += n as u64;
-                if chans.out.send(Outgoing::Data(STDOUT, Bytes::from(buf))).await.is_err() {
+            if read.await.is_ok() {
+                // Whole records only; a partly written one is read again next time.
+                let whole = buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+                offset += whole as u64;
+                let text = render.all(&buf[..whole]);
+                if !text.is_empty() && chans.out.send(Outgoing::Data(STDOUT, Bytes::from(text))).await.is_err() {
                     return;
                 }
             }

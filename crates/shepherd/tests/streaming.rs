@@ -285,3 +285,32 @@ fn the_agents_streaming_endpoint_refuses_callers_without_the_token() {
     let head = String::from_utf8_lossy(&buf[..n]);
     assert!(head.starts_with("HTTP/1.1 401"), "{head}");
 }
+
+#[test]
+fn logs_honour_timestamps_since_time_tail_and_limit_bytes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = standalone(dir.path());
+    let cmd: &[&str] = &["/usr/bin/busybox", "sh", "-c", "echo first; sleep 2; echo second; exec sleep 100000"];
+    running_pod(&d.url, "talker", &[("app", cmd)]);
+    for (label, bin) in kubectls_under_test() {
+        let logs = |args: &[&str]| {
+            let (status, out, err) = run_with_stdin(kubectl_command(&bin, &d.url).arg("logs").arg("talker").args(args), None);
+            assert!(status.success(), "kubectl {label} logs {args:?}: {err}");
+            out
+        };
+        eventually(30, "the second line", || logs(&[]).contains("second").then_some(()));
+        assert_eq!(logs(&[]), "first\nsecond\n", "kubectl {label}");
+        let stamped = logs(&["--timestamps"]);
+        let lines: Vec<&str> = stamped.lines().collect();
+        assert_eq!(lines.len(), 2, "kubectl {label}: {stamped}");
+        let (t1, text1) = lines[0].split_once(' ').expect("a time, then the text");
+        let (t2, text2) = lines[1].split_once(' ').expect("a time, then the text");
+        assert_eq!((text1, text2), ("first", "second"), "kubectl {label}");
+        let (a, b): (jiff::Timestamp, jiff::Timestamp) = (t1.parse().expect("RFC 3339"), t2.parse().expect("RFC 3339"));
+        assert!(b.duration_since(a) >= jiff::SignedDuration::from_millis(1500), "kubectl {label}: {t1} then {t2}");
+        assert_eq!(logs(&["--since-time", t2]), "second\n", "kubectl {label}");
+        assert_eq!(logs(&["--since", "1h"]), "first\nsecond\n", "kubectl {label}");
+        assert_eq!(logs(&["--tail", "1"]), "second\n", "kubectl {label}");
+        assert_eq!(logs(&["--limit-bytes", "3"]), "fir", "kubectl {label}");
+    }
+}
