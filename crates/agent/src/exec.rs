@@ -40,9 +40,9 @@ pub(crate) struct Spawned {
 /// A terminal size, as the resize channel sends it.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
 pub(crate) struct TermSize {
-    #[serde(rename = "Width")]
+    #[serde(rename = "Width", alias = "width")]
     pub width: u16,
-    #[serde(rename = "Height")]
+    #[serde(rename = "Height", alias = "height")]
     pub height: u16,
 }
 

@@ -108,6 +108,8 @@ struct StreamQuery {
     stdout: bool,
     stderr: bool,
     tty: bool,
+    /// Port-forward over WebSocket channels: the ports, in channel order.
+    ports: Vec<u16>,
 }
 
 fn parse_query(q: &str) -> StreamQuery {
@@ -120,6 +122,7 @@ fn parse_query(q: &str) -> StreamQuery {
             "output" | "stdout" => out.stdout = on(&v),
             "error" | "stderr" => out.stderr = on(&v),
             "tty" => out.tty = on(&v),
+            "ports" | "port" => out.ports.extend(v.split(',').filter_map(|p| p.trim().parse::<u16>().ok())),
             _ => {}
         }
     }
@@ -170,7 +173,8 @@ fn negotiate(headers: &HeaderMap, port_forward: bool) -> Result<Transport, Refus
             .collect()
     };
     if upgrade == "websocket" {
-        let ours: &[&'static str] = if port_forward { &[websocket::SPDY_TUNNEL] } else { &[websocket::V5, websocket::V4] };
+        let ours: &[&'static str] =
+            if port_forward { &[websocket::SPDY_TUNNEL, websocket::V4] } else { &[websocket::V5, websocket::V4] };
         let theirs = offered("sec-websocket-protocol");
         return ours
             .iter()
@@ -296,6 +300,10 @@ async fn handle(State(state): State<ServerState>, mut req: Request) -> Response 
             }
             (Transport::Spdy { .. }, Session::PortForward(pod)) => {
                 spdy_session::serve_port_forward(upgraded, pod, pod_dialer()).await;
+            }
+            (Transport::WebSocket { protocol }, Session::PortForward(pod)) if protocol != websocket::SPDY_TUNNEL => {
+                let ws = WebSocketStream::from_raw_socket(upgraded, Role::Server, None).await;
+                websocket::serve_port_forward(ws, pod, query.ports, pod_dialer()).await;
             }
             (Transport::WebSocket { .. }, Session::PortForward(pod)) => {
                 let ws = WebSocketStream::from_raw_socket(upgraded, Role::Server, None).await;

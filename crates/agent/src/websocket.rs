@@ -110,3 +110,79 @@ pub(crate) async fn tunnel<S: AsyncRead + AsyncWrite + Unpin>(ws: WebSocketStrea
         () = outbound => {}
     }
 }
+
+/// Port-forward over WebSocket channels (as kube-rs speaks it): for the i-th port of the
+/// request, channel 2i carries the data of one connection to it and 2i+1 its error; each channel
+/// opens with the port number (two bytes, little-endian).
+pub(crate) async fn serve_port_forward<S: AsyncRead + AsyncWrite + Unpin>(
+    ws: WebSocketStream<S>,
+    pod: String,
+    ports: Vec<u16>,
+    dial: crate::spdy_session::Dialer,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut sink, mut stream) = ws.split();
+    let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<(u8, Bytes)>(16);
+    let mut writers = Vec::new();
+    let mut readers = tokio::task::JoinSet::new();
+    for (i, &port) in ports.iter().enumerate() {
+        let (data, error) = ((2 * i) as u8, (2 * i + 1) as u8);
+        for ch in [data, error] {
+            if sink.send(Message::Binary(framed(ch, &port.to_le_bytes()))).await.is_err() {
+                return;
+            }
+        }
+        match dial(port).await {
+            Ok(tcp) => {
+                let (mut rd, wr) = tcp.into_split();
+                writers.push(Some(wr));
+                let tx = out_tx.clone();
+                readers.spawn(async move {
+                    let mut buf = vec![0u8; 32 * 1024];
+                    while let Ok(n) = rd.read(&mut buf).await {
+                        if n == 0 || tx.send((data, Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            Err(e) => {
+                writers.push(None);
+                let msg = format!("error forwarding port {port} to pod {pod}: failed to connect to localhost:{port}: {e}");
+                let _ = sink.send(Message::Binary(framed(error, msg.as_bytes()))).await;
+            }
+        }
+    }
+    drop(out_tx);
+    loop {
+        tokio::select! {
+            msg = stream.next() => match msg {
+                Some(Ok(Message::Binary(data))) => {
+                    let Some((&ch, rest)) = data.split_first() else { continue };
+                    let i = usize::from(ch / 2);
+                    if ch % 2 == 0
+                        && let Some(Some(w)) = writers.get_mut(i)
+                        && w.write_all(rest).await.is_err()
+                    {
+                        writers[i] = None;
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(_)) => {}
+            },
+            out = out_rx.recv() => match out {
+                Some((ch, data)) => {
+                    if sink.send(Message::Binary(framed(ch, &data))).await.is_err() {
+                        break;
+                    }
+                }
+                // Every connection to the pod has ended.
+                None => {
+                    let _ = sink.send(Message::Close(Some(normal_close()))).await;
+                    break;
+                }
+            },
+        }
+    }
+    readers.abort_all();
+}
