@@ -130,7 +130,12 @@ pub(crate) async fn run_exec(pid: u32, req: ExecRequest, mut chans: Channels) {
     let spawned = match exec::spawn(pid, &req) {
         Ok(s) => s,
         Err(e) => {
-            let _ = chans.out.send(Outgoing::Finish(failure(format!("failed to exec in container: starting {:?}: {e}", req.argv)))).await;
+            let program = req.argv.first().map(String::as_str).unwrap_or("");
+            let why = match e.kind() {
+                std::io::ErrorKind::NotFound => format!("exec: {program:?}: executable file not found in $PATH"),
+                _ => format!("starting {:?}: {e}", req.argv),
+            };
+            let _ = chans.out.send(Outgoing::Finish(failure(format!("failed to exec in container: {why}")))).await;
             return;
         }
     };

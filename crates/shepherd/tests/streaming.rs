@@ -76,6 +76,8 @@ fn exec_into_a_missing_container_names_the_pods_containers() {
         assert!(!status.success(), "kubectl {label}");
         assert!(err.contains("container nope is not valid for pod two") && err.contains("[app side]"), "kubectl {label}: {err}");
     }
+    let (status, _, err) = kubectl(&d.url, &["exec", "two", "-c", "app", "--", "no-such-command"]);
+    assert!(!status.success() && err.contains("\"no-such-command\": executable file not found"), "{err}");
     // Nothing is run in a pod that does not exist either.
     let (status, _, err) = kubectl(&d.url, &["exec", "ghost", "--", "true"]);
     assert!(!status.success() && (err.contains("NotFound") || err.contains("not found")), "{err}");
