@@ -1,6 +1,7 @@
 //! The agent's streaming endpoint (the kubelet's port 10250 in Kubernetes): exec, attach and
 //! port-forward into the pods this agent runs, as upgraded connections (WebSocket or SPDY/3.1)
-//! that the API server hands through. Every request must carry the shared bearer token.
+//! that the API server hands through, and container logs. Every request must carry the shared
+//! bearer token.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
@@ -224,6 +225,9 @@ async fn handle(State(state): State<ServerState>, mut req: Request) -> Response 
     let path = req.uri().path().to_string();
     let query = parse_query(req.uri().query().unwrap_or(""));
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    if let ["containerLogs", ns, pod, c] = parts.as_slice() {
+        return container_logs(&state, ns, pod, c, req.uri().query().unwrap_or("")).await;
+    }
     let (action, namespace, pod, container) = match parts.as_slice() {
         [a @ ("exec" | "attach"), ns, pod, c] => (*a, *ns, *pod, Some(*c)),
         ["portForward", ns, pod] => ("portForward", *ns, *pod, None),
@@ -314,6 +318,32 @@ async fn handle(State(state): State<ServerState>, mut req: Request) -> Response 
         }
     });
     response
+}
+
+/// `GET /containerLogs/{namespace}/{pod}/{container}`: a container's log, with the query of
+/// `pods/{name}/log`, for an API server that does not run this agent in its own process.
+async fn container_logs(state: &ServerState, namespace: &str, pod: &str, container: &str, query: &str) -> Response {
+    let mut q: std::collections::HashMap<String, String> =
+        form_urlencoded::parse(query.as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+    q.insert("container".into(), container.into());
+    let logs = crate::logs::PodLogs { managers: state.managers.clone() };
+    let result = match crate::logs::LogQuery::from_query(&q) {
+        Ok(q) => logs.logs(namespace, pod, &q).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(stream) => {
+            let mut r = Response::new(Body::from_stream(stream));
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            r
+        }
+        Err(e) => {
+            let mut r = Response::new(Body::from(e.to_status().to_string()));
+            *r.status_mut() = StatusCode::from_u16(e.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+    }
 }
 
 type ChannelSession = Box<dyn FnOnce(Channels) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send>;

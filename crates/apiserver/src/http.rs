@@ -640,9 +640,17 @@ async fn handle(
                     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
                     Ok(r)
                 }
-                None => Err(ApiError::ServiceUnavailable(
-                    "no node agent serves logs in this server; logs are available in standalone mode".into(),
-                )),
+                None => match &app.node_token {
+                    Some(token) => {
+                        let raw_query = req.uri().query().unwrap_or("").to_string();
+                        crate::stream_proxy::logs(svc, token, ns, name, query, &raw_query).await
+                    }
+                    None => Err(ApiError::ServiceUnavailable(
+                        "no node agent serves logs in this server; logs are available in standalone mode or with \
+                         --node-streaming-token"
+                            .into(),
+                    )),
+                },
             }
         }
         (&Method::GET | &Method::POST, Some(name), Some(sub @ ("exec" | "attach" | "portforward"))) if res.kind == "Pod" => {

@@ -2,6 +2,7 @@
 //! container is one of its own), then handed to the streaming endpoint of the agent running the
 //! pod. The upgrade (WebSocket or SPDY) is passed through untouched and the two connections are
 //! spliced: the API server never runs anything itself, and needs no knowledge of the protocols.
+//! `pods/log` goes the same way when no agent runs inside the API server's process.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use serde_json::Value;
 use shepherd_api::{ApiError, JsonPath, kinds};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use futures::StreamExt;
 use tracing::debug;
 
 use crate::codec;
@@ -154,6 +156,52 @@ async fn read_head(tcp: &mut TcpStream) -> Result<Head, ApiError> {
     Ok(Head { status, headers, content_length, rest: buf[end + 4..].to_vec() })
 }
 
+async fn connect(target: &AgentTarget) -> Result<TcpStream, ApiError> {
+    let unreachable = |e: String| ApiError::ServiceUnavailable(format!("cannot reach the node agent at {}: {e}", target.address));
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&target.address))
+        .await
+        .map_err(|_| unreachable("timed out".into()))?
+        .map_err(|e| unreachable(e.to_string()))?;
+    let _ = tcp.set_nodelay(true);
+    Ok(tcp)
+}
+
+/// Serves `pods/{name}/log` from the agent of the pod's node: the agent's answer, streamed.
+pub(crate) async fn logs(
+    svc: &ApiService,
+    token: &str,
+    namespace: &str,
+    pod: &str,
+    query: &HashMap<String, String>,
+    raw_query: &str,
+) -> Result<Response, ApiError> {
+    let target = locate(svc, namespace, pod, "containerLogs", query, raw_query).await?;
+    let mut tcp = connect(&target).await?;
+    // HTTP/1.0: the agent ends the body by closing the connection, so it arrives unframed.
+    let head = format!("GET {} HTTP/1.0\r\nHost: {}\r\nAuthorization: Bearer {token}\r\n\r\n", target.path, target.address);
+    tcp.write_all(head.as_bytes())
+        .await
+        .map_err(|e| ApiError::ServiceUnavailable(format!("cannot reach the node agent at {}: {e}", target.address)))?;
+    let answer = read_head(&mut tcp).await?;
+    let early = bytes::Bytes::from(answer.rest);
+    let body = futures::stream::once(async move { Ok::<_, std::io::Error>(early) }).chain(futures::stream::unfold(tcp, |mut tcp| async move {
+        let mut buf = vec![0u8; 32 * 1024];
+        match tcp.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(bytes::Bytes::from(buf)), tcp))
+            }
+            Err(e) => Some((Err(e), tcp)),
+        }
+    }));
+    let mut r = Response::new(Body::from_stream(body));
+    *r.status_mut() = answer.status;
+    let content_type = if answer.status == StatusCode::OK { "text/plain" } else { "application/json" };
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    Ok(r)
+}
+
 /// Serves `pods/{name}/{exec,attach,portforward}` by handing the connection to the pod's agent.
 pub(crate) async fn proxy(
     svc: &ApiService,
@@ -178,11 +226,7 @@ pub(crate) async fn proxy(
         return Err(ApiError::BadRequest(format!("pods/{sub} needs a connection upgrade (WebSocket or SPDY/3.1)")));
     }
     let unreachable = |e: String| ApiError::ServiceUnavailable(format!("cannot reach the node agent at {}: {e}", target.address));
-    let mut tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&target.address))
-        .await
-        .map_err(|_| unreachable("timed out".into()))?
-        .map_err(|e| unreachable(e.to_string()))?;
-    let _ = tcp.set_nodelay(true);
+    let mut tcp = connect(&target).await?;
     let mut head = format!("{} {} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {token}\r\n", req.method(), target.path, target.address);
     for (k, v) in req.headers() {
         if FORWARDED.contains(&k.as_str())

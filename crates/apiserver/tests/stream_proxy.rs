@@ -149,3 +149,36 @@ async fn requests_the_pod_cannot_serve_are_refused_by_the_api_server() {
         assert!(body["message"].as_str().is_some_and(|m| m.contains(message)), "{req}: {body}");
     }
 }
+
+#[tokio::test]
+async fn logs_come_from_the_nodes_agent_when_none_runs_in_the_api_server() {
+    let api = api().await;
+    let agent = TcpListener::bind("127.0.0.1:0").await.expect("agent");
+    node_with_port(&api, "n2", agent.local_addr().expect("addr").port()).await;
+    pod_on(&api, "talker", Some("n2")).await;
+    let seen = tokio::spawn(async move {
+        let (mut s, _) = agent.accept().await.expect("the API server connects");
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut b).await.expect("head");
+            head.push(b[0]);
+        }
+        s.write_all(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nhello\nworld\n").await.expect("answer");
+        String::from_utf8_lossy(&head).into_owned()
+    });
+    let (head, s) = request(
+        api.addr,
+        "GET /api/v1/namespaces/default/pods/talker/log?container=side&tailLines=2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut s = s;
+    let mut body = Vec::new();
+    s.read_to_end(&mut body).await.expect("body");
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("hello\nworld\n"), "{text}");
+    let agent_saw = seen.await.expect("agent");
+    assert!(agent_saw.starts_with("GET /containerLogs/default/talker/side?container=side&tailLines=2 HTTP/1.0"), "{agent_saw}");
+    assert!(agent_saw.contains(&format!("Authorization: Bearer {TOKEN}")), "{agent_saw}");
+}
