@@ -130,6 +130,18 @@ enum Command {
         /// The previous, terminated instance of the container.
         #[arg(short = 'p', long)]
         previous: bool,
+        /// Only output newer than this duration (5s, 2m, 3h).
+        #[arg(long, value_parser = shepherd_api::duration::parse, conflicts_with = "since_time")]
+        since: Option<Duration>,
+        /// Only output written at or after this RFC 3339 time.
+        #[arg(long)]
+        since_time: Option<String>,
+        /// Start each line with the time it was written.
+        #[arg(long)]
+        timestamps: bool,
+        /// Stop after this many bytes.
+        #[arg(long)]
+        limit_bytes: Option<u64>,
     },
     /// Run a command in a container: `exec POD [-c CONTAINER] [-i] [-t] -- COMMAND [ARGS...]`;
     /// sheepctl exits with the command's exit code.
@@ -311,8 +323,9 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             rollout::status(&cluster, &resource, timeout.map(Duration::from_secs)).await.map(|()| true)
         }
         Command::Rollout(RolloutCmd::Restart { resource }) => rollout::restart(&cluster, &resource).await.map(|()| true),
-        Command::Logs { pod, container, follow, tail, previous } => {
-            logs::run(&cluster, &logs::LogsArgs { pod, container, follow, tail, previous }).await.map(|()| true)
+        Command::Logs { pod, container, follow, tail, previous, since, since_time, timestamps, limit_bytes } => {
+            let args = logs::LogsArgs { pod, container, follow, tail, previous, since, since_time, timestamps, limit_bytes };
+            logs::run(&cluster, &args).await.map(|()| true)
         }
         Command::Exec { pod, container, stdin, tty, command } => {
             let code = exec::exec(&cluster, &exec::ExecArgs { pod, container, stdin, tty, command }).await?;

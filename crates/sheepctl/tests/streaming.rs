@@ -44,6 +44,11 @@ fn exec_reports_the_exit_code_and_cp_copies_both_ways() {
     LineReader::new(attach.stdout.take().expect("stdout")).until("tick", Duration::from_secs(20));
     let _ = attach.kill();
     let _ = attach.wait();
+    assert_eq!(s.sheepctl(&["logs", "box", "--since", "1h", "--tail", "1"]).ok(), "tick\n");
+    assert_eq!(s.sheepctl(&["logs", "box", "--limit-bytes", "2"]).ok(), "ti");
+    let stamped = s.sheepctl(&["logs", "box", "--timestamps", "--tail", "1"]);
+    let (time, text) = stamped.ok().split_once(' ').expect("a time, then the text");
+    assert!(time.parse::<jiff::Timestamp>().is_ok() && text == "tick\n", "{stamped:?}");
     s.api("DELETE", "/api/v1/namespaces/default/pods/box?gracePeriodSeconds=0", None);
 }
 
