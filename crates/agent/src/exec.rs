@@ -10,8 +10,8 @@
 //! ```
 //!
 //! The helper exists for the same reason as the process runtime's shim: joining a PID namespace
-//! only applies to children. The command leads its own session, so ending an exec kills its
-//! process group (whatever a `sh -c` forked) and hangs up its terminal.
+//! only applies to children. The command leads its own session, so when the client goes away
+//! the exec is ended with its process group (whatever a `sh -c` forked) and its terminal hung up.
 
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
@@ -206,23 +206,26 @@ pub(crate) fn spawn(pid: u32, req: &ExecRequest) -> io::Result<Spawned> {
 }
 
 /// Kills everything an exec started: the command's process group (it leads its own session)
-/// and the helper. `helper` is the pid `spawn` returned.
+/// and the helper. `helper` is the pid `spawn` returned; it must not have been reaped yet, so
+/// that no pid here can belong to another process.
 pub(crate) fn kill_tree(helper: u32) {
-    let leader = fs::read_to_string(format!("/proc/{helper}/task/{helper}/children"))
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|c| c.parse::<i32>().ok()));
-    // SAFETY: kill has no memory-safety preconditions. The group and pids are our own children's.
+    let Ok(helper) = i32::try_from(helper) else { return };
+    // SAFETY: getsid and kill have no memory-safety preconditions; the pids are our unreaped
+    // child and its child.
     unsafe {
-        match leader {
-            Some(p) => {
-                libc::kill(-p, libc::SIGKILL);
-                libc::kill(p, libc::SIGKILL);
-            }
-            None => {
-                libc::kill(-(helper as i32), libc::SIGKILL);
-            }
+        // Without a PID namespace to join, the command is the helper itself.
+        let leader = if libc::getsid(helper) == helper {
+            Some(helper)
+        } else {
+            fs::read_to_string(format!("/proc/{helper}/task/{helper}/children"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next().and_then(|c| c.parse::<i32>().ok()))
+        };
+        if let Some(p) = leader {
+            libc::kill(-p, libc::SIGKILL);
+            libc::kill(p, libc::SIGKILL);
         }
-        libc::kill(helper as i32, libc::SIGKILL);
+        libc::kill(helper, libc::SIGKILL);
     }
 }
 

@@ -149,6 +149,7 @@ pub(crate) async fn run_exec(pid: u32, req: ExecRequest, mut chans: Channels) {
             Ok(r) => r,
             Err(e) => {
                 exec::kill_tree(helper);
+                let _ = child.wait().await;
                 let _ = chans.out.send(Outgoing::Finish(failure(format!("failed to set up the terminal: {e}")))).await;
                 return;
             }
@@ -204,7 +205,7 @@ pub(crate) async fn run_exec(pid: u32, req: ExecRequest, mut chans: Channels) {
     pumps.abort_all();
     feeder.abort();
     resizer.abort();
-    exec::kill_tree(helper);
+    // What the command left running in the background keeps running, as with any runtime's exec.
     let code = match status {
         Ok(s) => s.code().unwrap_or(137),
         Err(e) => {
