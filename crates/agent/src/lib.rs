@@ -10,8 +10,10 @@
 
 mod backoff;
 mod cgroup;
+mod crilog;
 mod envvars;
 mod events;
+mod exec;
 mod logs;
 mod node;
 mod oci;
@@ -21,9 +23,14 @@ mod pullsecrets;
 mod process;
 mod quantity;
 mod runtime;
+mod server;
 mod simulated;
 mod sources;
+mod spdy;
+mod spdy_session;
+mod streams;
 mod volumes;
+mod websocket;
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -42,6 +49,7 @@ pub use logs::{LogQuery, LogStream, PodLogs};
 pub use pods::SIMULATE_FAIL_ANNOTATION;
 pub use oci::DEFAULT_RUNC;
 pub use process::MINIMAL_IMAGE;
+pub use server::StreamingConfig;
 pub use simulated::SimulatedBehaviour;
 
 /// Which runtime runs the containers.
@@ -86,6 +94,8 @@ pub struct AgentConfig {
     /// Stop and remove every container when the agent stops (a node going away with its pods)
     /// instead of leaving them for the next agent to adopt.
     pub stop_containers_on_exit: bool,
+    /// The streaming endpoint (exec, attach, port-forward); `None` serves none.
+    pub streaming: Option<StreamingConfig>,
 }
 
 impl AgentConfig {
@@ -108,6 +118,7 @@ impl AgentConfig {
             runc: PathBuf::from(oci::DEFAULT_RUNC),
             insecure_registries: Vec::new(),
             stop_containers_on_exit: false,
+            streaming: None,
         }
     }
 }
@@ -121,6 +132,8 @@ pub enum AgentError {
     Locked(PathBuf),
     #[error("the oci runtime cannot start: {0}")]
     Runtime(String),
+    #[error("cannot listen on {address} for the streaming endpoint: {source}")]
+    Listen { address: std::net::SocketAddr, source: std::io::Error },
 }
 
 /// A node agent (or a set of simulated nodes), ready to run.
@@ -130,6 +143,7 @@ pub struct Agent {
     nodes: Vec<node::NodeIdentity>,
     manager: Manager,
     pods: Arc<pods::PodManager>,
+    streaming: Option<(tokio::net::TcpListener, String)>,
     _lock: Option<File>,
 }
 
@@ -148,8 +162,20 @@ impl Agent {
     /// One node named `config.node_name` on this host. Takes over the containers an earlier run
     /// of an agent on the same data directory left running. Needs a Tokio runtime.
     pub async fn new(client: Arc<dyn Client>, config: AgentConfig) -> Result<Agent, AgentError> {
-        let identity = node::NodeIdentity::of_host(&config.node_name, &config.node_ip, config.lease_duration_seconds);
-        Agent::build(client, config, vec![identity])
+        let mut identity = node::NodeIdentity::of_host(&config.node_name, &config.node_ip, config.lease_duration_seconds);
+        let streaming = match &config.streaming {
+            Some(s) => {
+                let listener = tokio::net::TcpListener::bind(s.address)
+                    .await
+                    .map_err(|source| AgentError::Listen { address: s.address, source })?;
+                identity.streaming_port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+                Some((listener, s.token.clone()))
+            }
+            None => None,
+        };
+        let mut agent = Agent::build(client, config, vec![identity])?;
+        agent.streaming = streaming;
+        Ok(agent)
     }
 
     /// `count` simulated nodes named `{prefix}0`, `{prefix}1`, ... in this one agent, each with its
@@ -166,6 +192,7 @@ impl Agent {
                 cpu: "8".into(),
                 memory: "32Gi".into(),
                 lease_duration_seconds: config.lease_duration_seconds,
+                streaming_port: 0,
             })
             .collect();
         Agent::build(client, config, nodes)
@@ -237,12 +264,17 @@ impl Agent {
                 }
             });
         }
-        Ok(Agent { client, config, nodes, manager, pods, _lock: lock })
+        Ok(Agent { client, config, nodes, manager, pods, streaming: None, _lock: lock })
     }
 
     /// Serves this agent's container logs (wire it into the API server's `LogSource`).
     pub fn logs(&self) -> PodLogs {
         PodLogs { managers: vec![Arc::downgrade(&self.pods)] }
+    }
+
+    /// The port of the streaming endpoint, when it serves one.
+    pub fn streaming_port(&self) -> Option<u16> {
+        self.streaming.as_ref().and_then(|(l, _)| l.local_addr().ok()).map(|a| a.port())
     }
 
     /// The names of the nodes this agent runs.
@@ -265,7 +297,7 @@ impl Agent {
     /// agent is killed) and the next agent on the same data directory takes them over, unless
     /// `stop_containers_on_exit` is set.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
-        let Agent { client, config, nodes, manager, pods, _lock } = self;
+        let Agent { client, config, nodes, manager, pods, streaming, _lock } = self;
         info!(nodes = nodes.len(), runtime = ?config.runtime, "node agent starting");
         let reconciler = pods.clone();
         let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
@@ -283,6 +315,9 @@ impl Agent {
             .triggered_by(trigger_rx),
         );
         let mut background = tokio::task::JoinSet::new();
+        if let Some((listener, token)) = streaming {
+            background.spawn(server::serve(listener, vec![Arc::downgrade(&pods)], token));
+        }
         let spread = config.lease_interval.as_millis().max(1) as u64;
         let count = nodes.len().max(1) as u64;
         for (i, n) in nodes.into_iter().enumerate() {

@@ -25,6 +25,8 @@ pub(crate) struct NodeIdentity {
     pub cpu: String,
     pub memory: String,
     pub lease_duration_seconds: i64,
+    /// The streaming endpoint's port (`status.daemonEndpoints.kubeletEndpoint.Port`), 0 for none.
+    pub streaming_port: u16,
 }
 
 impl NodeIdentity {
@@ -40,7 +42,7 @@ impl NodeIdentity {
             })
             .map(|kib| format!("{kib}Ki"))
             .unwrap_or_else(|| "0".into());
-        NodeIdentity { name: name.into(), ip: ip.into(), cpu, memory, lease_duration_seconds }
+        NodeIdentity { name: name.into(), ip: ip.into(), cpu, memory, lease_duration_seconds, streaming_port: 0 }
     }
 }
 
@@ -65,6 +67,7 @@ fn node_status(id: &NodeIdentity, since: &str) -> Value {
         "capacity": resources, "allocatable": resources,
         "addresses": [{"type": "InternalIP", "address": id.ip}, {"type": "Hostname", "address": id.name}],
         "conditions": [ready_condition(since)],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": id.streaming_port}},
         "nodeInfo": {
             "kubeletVersion": concat!("shepherd-", env!("CARGO_PKG_VERSION")),
             "operatingSystem": "linux", "architecture": arch(),
@@ -102,7 +105,8 @@ pub(crate) async fn ensure_node(client: &dyn Client, id: &NodeIdentity) -> Resul
         .and_then(Value::as_array)
         .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
         .cloned();
-    let registered = node.at("/status/capacity/pods").is_some();
+    let registered = node.at("/status/capacity/pods").is_some()
+        && node.at("/status/daemonEndpoints/kubeletEndpoint/Port").and_then(Value::as_u64) == Some(u64::from(id.streaming_port));
     match ready {
         Some(r) if r["status"] == "True" && registered => Ok(()),
         _ => {

@@ -531,13 +531,23 @@ impl ChildSetup {
             {
                 return Err(io::Error::last_os_error());
             }
+            // The container writes into pipes; the shim turns what comes out into timestamped
+            // log records.
+            let (mut out, mut err) = ([0; 2], [0; 2]);
+            if libc::pipe2(out.as_mut_ptr(), libc::O_CLOEXEC) != 0 || libc::pipe2(err.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                return Err(io::Error::last_os_error());
+            }
             let pid = libc::fork();
             if pid < 0 {
                 return Err(io::Error::last_os_error());
             }
             if pid > 0 {
-                self.shim(pid);
+                libc::close(out[1]);
+                libc::close(err[1]);
+                self.shim(pid, out[0], err[0]);
             }
+            libc::dup2(out[1], 1);
+            libc::dup2(err[1], 2);
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
             // The agent keeps its own files private (umask 077); a container gets the usual one.
             libc::umask(0o022);
@@ -585,11 +595,16 @@ impl ChildSetup {
     }
 
     /// The shim: wait for the container process, record how it ended, end the same way.
-    unsafe fn shim(&self, child: libc::pid_t) -> ! {
+    unsafe fn shim(&self, child: libc::pid_t, stdout: libc::c_int, stderr: libc::c_int) -> ! {
         // SAFETY (whole function): async-signal-safe calls only.
         unsafe {
-            close_from(3);
+            // Keep the two pipes as descriptors 3 and 4 (the log file is the shim's stdout).
+            let (a, b) = (libc::fcntl(stdout, libc::F_DUPFD_CLOEXEC, 100), libc::fcntl(stderr, libc::F_DUPFD_CLOEXEC, 100));
+            libc::dup2(a, 3);
+            libc::dup2(b, 4);
+            close_from(5);
             libc::prctl(libc::PR_SET_NAME, c"shepherd-shim".as_ptr(), 0, 0, 0);
+            crate::crilog::copy_output(3, 4, 1, child);
             let mut status: libc::c_int = 0;
             let code = loop {
                 let r = libc::waitpid(child, &mut status, 0);

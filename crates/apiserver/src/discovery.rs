@@ -123,6 +123,9 @@ fn subresources(res: &ResourceInfo) -> Vec<Subresource> {
         subs.push(Subresource { name: "binding", response: ("", "v1", "Binding"), verbs: &["create"] });
         subs.push(Subresource { name: "eviction", response: ("policy", "v1", "Eviction"), verbs: &["create"] });
         subs.push(Subresource { name: "log", response: ("", "v1", "Pod"), verbs: &["get"] });
+        subs.push(Subresource { name: "exec", response: ("", "v1", "PodExecOptions"), verbs: &["create", "get"] });
+        subs.push(Subresource { name: "attach", response: ("", "v1", "PodAttachOptions"), verbs: &["create", "get"] });
+        subs.push(Subresource { name: "portforward", response: ("", "v1", "PodPortForwardOptions"), verbs: &["create", "get"] });
     }
     subs
 }

@@ -59,6 +59,8 @@ pub(crate) struct AppState {
     pub(crate) registry: Arc<std::sync::Mutex<Registry>>,
     pub(crate) config: Arc<HttpConfig>,
     pub(crate) logs: Option<Arc<dyn LogSource>>,
+    /// The bearer token node agents' streaming endpoints require.
+    pub(crate) node_token: Option<Arc<str>>,
 }
 
 fn json_response(code: StatusCode, body: Vec<u8>) -> Response {
@@ -653,10 +655,22 @@ async fn handle(
                     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
                     Ok(r)
                 }
-                None => Err(ApiError::ServiceUnavailable(
-                    "no node agent serves logs in this server; logs are available in standalone mode".into(),
-                )),
+                None => match &app.node_token {
+                    Some(token) => {
+                        let raw_query = req.uri().query().unwrap_or("").to_string();
+                        crate::stream_proxy::logs(svc, token, ns, name, query, &raw_query).await
+                    }
+                    None => Err(ApiError::ServiceUnavailable(
+                        "no node agent serves logs in this server; logs are available in standalone mode or with \
+                         --node-streaming-token"
+                            .into(),
+                    )),
+                },
             }
+        }
+        (&Method::GET | &Method::POST, Some(name), Some(sub @ ("exec" | "attach" | "portforward"))) if res.kind == "Pod" => {
+            let ns = ns.unwrap_or("default");
+            crate::stream_proxy::proxy(svc, app.node_token.as_deref(), ns, name, sub, query, req).await
         }
         (&Method::POST, None, None) => {
             check_json_body(&headers)?;

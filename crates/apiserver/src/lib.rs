@@ -16,6 +16,7 @@ mod protobuf;
 mod retention;
 mod serve;
 mod service;
+mod stream_proxy;
 mod table;
 mod watch;
 mod write_options;
@@ -44,6 +45,7 @@ pub struct ApiServer {
     registry: Arc<Mutex<Registry>>,
     config: Arc<HttpConfig>,
     logs: Option<Arc<dyn LogSource>>,
+    node_token: Option<Arc<str>>,
 }
 
 impl ApiServer {
@@ -55,7 +57,7 @@ impl ApiServer {
         let service = ApiService::new(store, metrics);
         service.ensure_system_namespaces().await?;
         crd::load(&service).await?;
-        Ok(ApiServer { service, registry: Arc::new(Mutex::new(registry)), config: Arc::new(config), logs: None })
+        Ok(ApiServer { service, registry: Arc::new(Mutex::new(registry)), config: Arc::new(config), logs: None, node_token: None })
     }
 
     pub fn service(&self) -> &ApiService {
@@ -78,6 +80,13 @@ impl ApiServer {
         self
     }
 
+    /// Hands `pods/exec`, `pods/attach` and `pods/portforward` to the streaming endpoints of node
+    /// agents, which require `token`.
+    pub fn with_node_streaming(mut self, token: impl Into<Arc<str>>) -> Self {
+        self.node_token = Some(token.into());
+        self
+    }
+
     /// The HTTP routes.
     pub fn router(&self) -> axum::Router {
         self.router_with(axum::Router::new())
@@ -92,6 +101,7 @@ impl ApiServer {
                 registry: self.registry.clone(),
                 config: self.config.clone(),
                 logs: self.logs.clone(),
+                node_token: self.node_token.clone(),
             },
             extra,
         )

@@ -150,6 +150,11 @@ impl Cluster {
     /// Learns the custom resources the server serves from its CustomResourceDefinitions, so
     /// that they resolve like built-in kinds. A server that cannot answer is reported by the
     /// command's own request, not here.
+    /// The underlying client, for the streaming subresources (exec, attach, port-forward).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
     pub async fn learn_custom_resources(&self) {
         let Ok(list) = self.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions").await else { return };
         for def in list.get("items").and_then(Value::as_array).into_iter().flatten() {

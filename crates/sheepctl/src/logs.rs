@@ -12,6 +12,12 @@ pub struct LogsArgs {
     pub follow: bool,
     pub tail: Option<i64>,
     pub previous: bool,
+    /// Only output newer than this (`5s`, `2m`, `1h`).
+    pub since: Option<std::time::Duration>,
+    /// Only output written at or after this RFC 3339 time.
+    pub since_time: Option<String>,
+    pub timestamps: bool,
+    pub limit_bytes: Option<u64>,
 }
 
 pub async fn run(cluster: &Cluster, args: &LogsArgs) -> anyhow::Result<()> {
@@ -22,6 +28,11 @@ pub async fn run(cluster: &Cluster, args: &LogsArgs) -> anyhow::Result<()> {
         ("follow", args.follow.then(|| "true".to_string())),
         ("tailLines", args.tail.filter(|t| *t >= 0).map(|t| t.to_string())),
         ("previous", args.previous.then(|| "true".to_string())),
+        // Kubernetes counts whole seconds; a part of one still asks for that second.
+        ("sinceSeconds", args.since.map(|d| d.as_secs_f64().ceil().max(1.0).to_string())),
+        ("sinceTime", args.since_time.clone()),
+        ("timestamps", args.timestamps.then(|| "true".to_string())),
+        ("limitBytes", args.limit_bytes.map(|b| b.to_string())),
     ]);
     let mut body = cluster.stream(&format!("{path}{query}"), "text/plain, */*").await?;
     let mut buf = vec![0u8; 8192];

@@ -2,10 +2,12 @@
 
 mod apply;
 mod connection;
+mod cp;
 mod create;
 mod delete;
 mod describe;
 mod diff;
+mod exec;
 mod explain;
 mod get;
 mod info;
@@ -13,6 +15,7 @@ mod logs;
 mod manifest;
 mod merge_patch;
 mod metadata_edit;
+mod port_forward;
 mod printer;
 mod resource;
 mod rollout;
@@ -127,6 +130,57 @@ enum Command {
         /// The previous, terminated instance of the container.
         #[arg(short = 'p', long)]
         previous: bool,
+        /// Only output newer than this duration (5s, 2m, 3h).
+        #[arg(long, value_parser = shepherd_api::duration::parse, conflicts_with = "since_time")]
+        since: Option<Duration>,
+        /// Only output written at or after this RFC 3339 time.
+        #[arg(long)]
+        since_time: Option<String>,
+        /// Start each line with the time it was written.
+        #[arg(long)]
+        timestamps: bool,
+        /// Stop after this many bytes.
+        #[arg(long)]
+        limit_bytes: Option<u64>,
+    },
+    /// Run a command in a container: `exec POD [-c CONTAINER] [-i] [-t] -- COMMAND [ARGS...]`;
+    /// sheepctl exits with the command's exit code.
+    Exec {
+        pod: String,
+        /// Container name (defaults to the pod's only container).
+        #[arg(short = 'c', long)]
+        container: Option<String>,
+        /// Pass stdin to the command.
+        #[arg(short = 'i', long)]
+        stdin: bool,
+        /// Give the command a terminal (the local one goes raw; its size follows the window).
+        #[arg(short = 't', long)]
+        tty: bool,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Print a running container's output from now on (until it ends or Ctrl-C).
+    Attach {
+        pod: String,
+        #[arg(short = 'c', long)]
+        container: Option<String>,
+    },
+    /// Copy files and directories to and from containers: `cp SRC POD:DEST` or `cp POD:SRC DEST`
+    /// (runs `tar` in the container and locally).
+    Cp {
+        src: String,
+        dst: String,
+        #[arg(short = 'c', long)]
+        container: Option<String>,
+    },
+    /// Forward local ports to a pod's ports: `port-forward POD [LOCAL:]REMOTE...` (until Ctrl-C).
+    PortForward {
+        pod: String,
+        #[arg(required = true)]
+        ports: Vec<String>,
+        /// The local address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        address: String,
     },
     /// List events (as `get events`), optionally watching for new ones.
     Events {
@@ -269,9 +323,20 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             rollout::status(&cluster, &resource, timeout.map(Duration::from_secs)).await.map(|()| true)
         }
         Command::Rollout(RolloutCmd::Restart { resource }) => rollout::restart(&cluster, &resource).await.map(|()| true),
-        Command::Logs { pod, container, follow, tail, previous } => {
-            logs::run(&cluster, &logs::LogsArgs { pod, container, follow, tail, previous }).await.map(|()| true)
+        Command::Logs { pod, container, follow, tail, previous, since, since_time, timestamps, limit_bytes } => {
+            let args = logs::LogsArgs { pod, container, follow, tail, previous, since, since_time, timestamps, limit_bytes };
+            logs::run(&cluster, &args).await.map(|()| true)
         }
+        Command::Exec { pod, container, stdin, tty, command } => {
+            let code = exec::exec(&cluster, &exec::ExecArgs { pod, container, stdin, tty, command }).await?;
+            if code != 0 {
+                std::process::exit(code);
+            }
+            Ok(true)
+        }
+        Command::Attach { pod, container } => exec::attach(&cluster, &pod, container).await.map(|code| code == 0),
+        Command::Cp { src, dst, container } => cp::run(&cluster, &src, &dst, container).await.map(|()| true),
+        Command::PortForward { pod, ports, address } => port_forward::run(&cluster, &pod, &ports, &address).await.map(|()| true),
         Command::Events { all_namespaces, watch } => {
             let args = get::GetArgs {
                 resource: vec!["events".into()],

@@ -98,6 +98,10 @@ struct ServerArgs {
     /// Require this bearer token on every request.
     #[arg(long, env = "SHEPHERD_TOKEN")]
     token: Option<String>,
+    /// The secret node agents' streaming endpoints require (their --streaming-token); without
+    /// it, exec, attach and port-forward are refused. Standalone generates one when unset.
+    #[arg(long, env = "SHEPHERD_STREAMING_TOKEN", hide_env_values = true)]
+    node_streaming_token: Option<String>,
     /// Keep an in-memory store only (nothing written to disk).
     #[arg(long)]
     in_memory: bool,
@@ -231,6 +235,9 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
         }
         None => {
             let name = config.node_name.clone();
+            if config.streaming.is_none() {
+                tracing::warn!("no --streaming-token: this node serves no exec, attach or port-forward");
+            }
             let agent = shepherd_agent::Agent::new(client, config).await.map_err(node_agent::context)?;
             println!("shepherd agent running node {name} against {}", args.server);
             agent.run(shutdown_signal()).await.map_err(node_agent::context)
@@ -257,11 +264,19 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
     };
     let server = ApiServer::new(store.clone(), config).await.map_err(|e| anyhow::anyhow!("starting API server: {e}"))?;
     let client: Arc<dyn Client> = Arc::new(server.client());
+    let mut streaming_token = args.node_streaming_token.clone();
     let agent = match &local_agent {
         Some(local) => {
             let dir = node_agent::agent_dir(&args.data_dir);
             node_agent::ensure_dir(&dir)?;
-            let mut config = local.args.config(&dir)?;
+            let mut agent_args = local.args.clone();
+            let token = match streaming_token.clone().or_else(|| agent_args.streaming_token.clone()) {
+                Some(t) => t,
+                None => node_agent::random_token()?,
+            };
+            agent_args.streaming_token = Some(token.clone());
+            streaming_token = Some(token);
+            let mut config = agent_args.config(&dir)?;
             config.stop_containers_on_exit = !local.keep_pods;
             let agent = shepherd_agent::Agent::new(client.clone(), config)
                 .await
@@ -272,6 +287,10 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
     };
     let server = match &agent {
         Some(a) => server.with_logs(Arc::new(node_agent::AgentLogs(a.logs()))),
+        None => server,
+    };
+    let server = match streaming_token {
+        Some(t) => server.with_node_streaming(t),
         None => server,
     };
     let manager = Arc::new(Manager::new(client.clone()));

@@ -62,6 +62,25 @@ pub struct AgentArgs {
     /// The agent's trigger mode for its pods (anti-entropy, hybrid, level or edge).
     #[arg(long, default_value = "anti-entropy")]
     pub agent_mode: TriggerMode,
+    /// Where the agent serves exec, attach and port-forward for the API server (the kubelet's
+    /// 10250); port 0 picks a free port. The port is published in the Node's status.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub streaming_address: std::net::SocketAddr,
+    /// The secret the API server presents to the streaming endpoint (the same value as the
+    /// server's --node-streaming-token). `shepherd agent` without it serves no streaming endpoint;
+    /// standalone generates one.
+    #[arg(long, env = "SHEPHERD_STREAMING_TOKEN", hide_env_values = true)]
+    pub streaming_token: Option<String>,
+}
+
+/// A random secret for the streaming endpoint of standalone's own agent.
+pub fn random_token() -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("reading /dev/urandom for the streaming token")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 pub fn hostname() -> String {
@@ -114,6 +133,10 @@ impl AgentArgs {
         config.restart_backoff_max = secs(self.restart_backoff_max_seconds, "--restart-backoff-max-seconds")?;
         config.workers = self.agent_workers.max(1);
         config.mode = self.agent_mode;
+        config.streaming = self
+            .streaming_token
+            .as_ref()
+            .map(|token| shepherd_agent::StreamingConfig { address: self.streaming_address, token: token.clone() });
         Ok(config)
     }
 }

@@ -1,0 +1,261 @@
+//! Container log files in the CRI format, one record per line: `<RFC 3339 time> <stdout|stderr>
+//! <F|P> <text>`, `P` marking a piece of a longer line. The writer runs in the process runtime's
+//! shim between fork and exec (so it only makes async-signal-safe calls and never allocates); the
+//! reader also accepts the plain lines of files written before records had timestamps.
+
+use jiff::Timestamp;
+
+/// The longest piece of a line one record holds; longer lines are cut into `P` records.
+const PIECE: usize = 16 * 1024;
+
+/// Formats `secs.nanos` since the epoch as `YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ` into `out`.
+fn format_time(secs: i64, nanos: i64, out: &mut [u8; 30]) {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (the proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let mut put = |at: usize, width: usize, mut v: i64| {
+        for i in (0..width).rev() {
+            out[at + i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    };
+    put(0, 4, year);
+    put(5, 2, month);
+    put(8, 2, day);
+    put(11, 2, rem / 3600);
+    put(14, 2, rem / 60 % 60);
+    put(17, 2, rem % 60);
+    put(20, 9, nanos);
+    out[4] = b'-';
+    out[7] = b'-';
+    out[10] = b'T';
+    out[13] = b':';
+    out[16] = b':';
+    out[19] = b'.';
+    out[29] = b'Z';
+}
+
+/// Writes one record to `fd` with a single `write` (records stay whole in an append-mode file).
+///
+/// # Safety
+/// Async-signal-safe: clock_gettime and write on a stack buffer.
+unsafe fn write_record(fd: libc::c_int, stream: &[u8], partial: bool, text: &[u8]) {
+    let mut ts: libc::timespec = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    let mut time = [0u8; 30];
+    format_time(ts.tv_sec, ts.tv_nsec, &mut time);
+    let mut rec = [0u8; PIECE + 64];
+    let mut n = 0;
+    let parts: [&[u8]; 6] = [&time, b" ", stream, if partial { b" P " } else { b" F " }, text, b"\n"];
+    for part in parts {
+        rec[n..n + part.len()].copy_from_slice(part);
+        n += part.len();
+    }
+    let mut done = 0;
+    while done < n {
+        // SAFETY: writes from a live stack buffer.
+        let w = unsafe { libc::write(fd, rec[done..].as_ptr().cast(), n - done) };
+        if w <= 0 {
+            // SAFETY: reading errno.
+            if w < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+                continue;
+            }
+            return;
+        }
+        done += w as usize;
+    }
+}
+
+/// One output stream being turned into records.
+struct Pending {
+    fd: libc::c_int,
+    name: &'static [u8],
+    buf: [u8; PIECE],
+    len: usize,
+    open: bool,
+}
+
+impl Pending {
+    /// Writes the complete lines in the buffer, and the buffer itself when it is full of one piece.
+    unsafe fn emit(&mut self, log: libc::c_int, eof: bool) {
+        let mut start = 0;
+        while let Some(i) = self.buf[start..self.len].iter().position(|b| *b == b'\n') {
+            // SAFETY: see write_record.
+            unsafe { write_record(log, self.name, false, &self.buf[start..start + i]) };
+            start += i + 1;
+        }
+        if start > 0 {
+            self.buf.copy_within(start..self.len, 0);
+            self.len -= start;
+        }
+        if self.len == PIECE || (eof && self.len > 0) {
+            // SAFETY: see write_record.
+            unsafe { write_record(log, self.name, true, &self.buf[..self.len]) };
+            self.len = 0;
+        }
+    }
+
+    /// Reads what is available; false at the end of the stream.
+    unsafe fn read(&mut self, log: libc::c_int) -> bool {
+        // SAFETY: reads into the unused tail of the buffer.
+        let n = unsafe { libc::read(self.fd, self.buf[self.len..].as_mut_ptr().cast(), PIECE - self.len) };
+        if n > 0 {
+            self.len += n as usize;
+            // SAFETY: see emit.
+            unsafe { self.emit(log, false) };
+            return true;
+        }
+        // SAFETY: reading errno.
+        let errno = unsafe { *libc::__errno_location() };
+        if n < 0 && (errno == libc::EINTR || errno == libc::EAGAIN) {
+            return true;
+        }
+        // SAFETY: see emit.
+        unsafe { self.emit(log, true) };
+        false
+    }
+}
+
+/// Copies a container's stdout and stderr pipes into `log` as records until both end, or until
+/// `child` has exited and what it left in the pipes is read (a process it left behind outside a
+/// PID namespace must not keep the shim from reporting the exit).
+///
+/// # Safety
+/// Runs in a forked child: async-signal-safe calls only, no allocation.
+pub(crate) unsafe fn copy_output(stdout: libc::c_int, stderr: libc::c_int, log: libc::c_int, child: libc::pid_t) {
+    let mut streams = [
+        Pending { fd: stdout, name: b"stdout", buf: [0; PIECE], len: 0, open: true },
+        Pending { fd: stderr, name: b"stderr", buf: [0; PIECE], len: 0, open: true },
+    ];
+    // SAFETY (whole body): poll, read, write, fcntl and the pidfd_open syscall on our descriptors.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, child, 0) as libc::c_int;
+        let mut exited = false;
+        while streams.iter().any(|s| s.open) && !exited {
+            let mut fds = [
+                libc::pollfd { fd: if streams[0].open { stdout } else { -1 }, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: if streams[1].open { stderr } else { -1 }, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 },
+            ];
+            // Without a pidfd (old kernels), look at the child now and then.
+            let timeout = if pidfd >= 0 { -1 } else { 200 };
+            let r = libc::poll(fds.as_mut_ptr(), 3, timeout);
+            if r < 0 {
+                if *libc::__errno_location() == libc::EINTR {
+                    continue;
+                }
+                break;
+            }
+            for (i, s) in streams.iter_mut().enumerate() {
+                if s.open && fds[i].revents != 0 {
+                    s.open = s.read(log);
+                }
+            }
+            if (pidfd >= 0 && fds[2].revents != 0) || (pidfd < 0 && r == 0 && !alive(child)) {
+                exited = true;
+            }
+        }
+        // The child is gone: take what is left in the pipes without waiting for more.
+        for s in streams.iter_mut().filter(|s| s.open) {
+            let flags = libc::fcntl(s.fd, libc::F_GETFL);
+            libc::fcntl(s.fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+            loop {
+                let before = s.len;
+                let n = libc::read(s.fd, s.buf[s.len..].as_mut_ptr().cast(), PIECE - s.len);
+                if n <= 0 {
+                    break;
+                }
+                s.len = before + n as usize;
+                s.emit(log, false);
+            }
+            s.emit(log, true);
+        }
+    }
+}
+
+/// Whether `pid` (our child) has not exited yet, without reaping it.
+unsafe fn alive(pid: libc::pid_t) -> bool {
+    // SAFETY: waitid with WNOWAIT only inspects; `info` is written by the kernel.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) == 0
+            && info.si_pid() == 0
+    }
+}
+
+/// One record read back from a log file.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Record<'a> {
+    /// `None` for a line of a file written before records had timestamps.
+    pub time: Option<Timestamp>,
+    /// The text, with its newline unless the record is a piece of a longer line.
+    pub text: std::borrow::Cow<'a, [u8]>,
+    pub partial: bool,
+}
+
+/// Parses one line (without its newline) of a log file.
+pub(crate) fn parse_line(line: &[u8]) -> Record<'_> {
+    let plain = || {
+        let mut t = line.to_vec();
+        t.push(b'\n');
+        Record { time: None, text: t.into(), partial: false }
+    };
+    let mut parts = line.splitn(4, |b| *b == b' ');
+    let (Some(time), Some(stream), Some(tag)) = (parts.next(), parts.next(), parts.next()) else { return plain() };
+    let rest = parts.next().unwrap_or(b"");
+    if !matches!(stream, b"stdout" | b"stderr") || !matches!(tag, b"F" | b"P") {
+        return plain();
+    }
+    let Some(time) = std::str::from_utf8(time).ok().and_then(|t| t.parse::<Timestamp>().ok()) else { return plain() };
+    let partial = tag == b"P";
+    let text = if partial {
+        rest.into()
+    } else {
+        let mut t = rest.to_vec();
+        t.push(b'\n');
+        t.into()
+    };
+    Record { time: Some(time), text, partial }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_formatted_as_rfc3339_with_nanoseconds() {
+        let mut out = [0u8; 30];
+        format_time(1_796_056_993, 5, &mut out);
+        let text = std::str::from_utf8(&out).expect("ascii");
+        assert_eq!(text, "2026-11-30T16:43:13.000000005Z");
+        let parsed: Timestamp = text.parse().expect("parses");
+        assert_eq!(parsed.as_second(), 1_796_056_993);
+        format_time(951_782_400, 0, &mut out);
+        assert_eq!(&out[..10], b"2000-02-29");
+    }
+
+    #[test]
+    fn records_and_plain_lines_are_read_back() {
+        let r = parse_line(b"2026-11-30T16:43:13.000000005Z stdout F hello world");
+        assert_eq!(&r.text[..], b"hello world\n");
+        assert!(!r.partial && r.time.is_some());
+        let p = parse_line(b"2026-11-30T16:43:13.000000005Z stderr P piece");
+        assert_eq!(&p.text[..], b"piece");
+        assert!(p.partial);
+        let old = parse_line(b"written before timestamps");
+        assert_eq!(&old.text[..], b"written before timestamps\n");
+        assert_eq!(old.time, None);
+        let empty = parse_line(b"2026-11-30T16:43:13Z stdout F ");
+        assert_eq!(&empty.text[..], b"\n");
+    }
+}
