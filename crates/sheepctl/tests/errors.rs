@@ -107,7 +107,7 @@ fn logs_without_a_node_agent_explain_why() {
     let s = Shepherd::server();
     s.ok("POST", "/api/v1/namespaces/default/pods", Some(serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "minimal"}]}})));
     insta::assert_snapshot!(report(&s.sheepctl(&["logs", "p"])),
-        @"Error: no node agent serves logs in this server; logs are available in standalone mode (ServiceUnavailable)");
+        @"Error: no node agent serves logs in this server; logs are available in standalone mode or with --node-streaming-token (ServiceUnavailable)");
 }
 
 #[test]
