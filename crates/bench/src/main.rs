@@ -72,16 +72,27 @@ enum Scenario {
         #[arg(long, default_value_t = 20.0)]
         change_seconds: f64,
     },
-    /// `shepherd standalone` (process runtime), Deployment of 3 `minimal`: delete a pod, time
-    /// until its replacement is Running and Ready.
+    /// `shepherd standalone`, Deployment of 3 `minimal`: delete a pod, time until its
+    /// replacement is Running and Ready.
     SelfHeal {
         #[arg(long, default_value_t = 100)]
         runs: usize,
+        /// The node's runtime: `process` or `oci` (runc; needs root).
+        #[arg(long, default_value = "process")]
+        runtime: String,
     },
-    /// `shepherd standalone` (process runtime): apply a 3-replica Deployment, time until its 3
-    /// pods are Running and Ready.
+    /// `shepherd standalone`: apply a 3-replica Deployment, time until its 3 pods are Running
+    /// and Ready.
     ApplyToRunning {
         #[arg(long, default_value_t = 30)]
+        runs: usize,
+        #[arg(long, default_value = "process")]
+        runtime: String,
+    },
+    /// `shepherd standalone --runtime oci` with a local registry: ten pods of a cold image, the
+    /// pull, a warm start (needs root and runc).
+    Images {
+        #[arg(long, default_value_t = 5)]
         runs: usize,
     },
     /// N simulated nodes (one `shepherd agent` process), R replicas in D Deployments: time until
@@ -182,10 +193,13 @@ async fn main() -> anyhow::Result<()> {
             };
             peer::run(&cli.shepherd, p).await?
         }
-        Scenario::SelfHeal { runs } => workloads::self_heal(&cli.shepherd, if cli.smoke { 3 } else { runs }).await?,
-        Scenario::ApplyToRunning { runs } => {
-            workloads::apply_to_running(&cli.shepherd, if cli.smoke { 3 } else { runs }).await?
+        Scenario::SelfHeal { runs, runtime } => {
+            workloads::self_heal(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime).await?
         }
+        Scenario::ApplyToRunning { runs, runtime } => {
+            workloads::apply_to_running(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime).await?
+        }
+        Scenario::Images { runs } => workloads::images(&cli.shepherd, if cli.smoke { 1 } else { runs }).await?,
         Scenario::ScaleOut { nodes, replicas, deployments, timeout_seconds, server_arg } => {
             let (nodes, replicas) = if cli.smoke { (5, 20) } else { (nodes, replicas) };
             let p = scale::Params {

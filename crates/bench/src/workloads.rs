@@ -1,5 +1,6 @@
-//! Scenarios `self-heal` and `apply-to-running`: `shepherd standalone` with the process runtime,
-//! driven over HTTP only, timing how fast a Deployment's pods run and come back.
+//! Scenarios `self-heal`, `apply-to-running` and `images`: `shepherd standalone` with the process
+//! or the oci runtime, driven over HTTP only, timing how fast a Deployment's pods run and come back
+//! and what pulling an image adds.
 
 use std::path::Path;
 use std::time::Duration;
@@ -14,10 +15,14 @@ const PODS: &str = "/api/v1/namespaces/default/pods";
 const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments";
 
 fn deployment(name: &str, replicas: i64) -> Value {
+    deployment_of(name, replicas, json!({"name": "main", "image": "minimal"}))
+}
+
+fn deployment_of(name: &str, replicas: i64, container: Value) -> Value {
     json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
             "template": {"metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "main", "image": "minimal"}]}}}})
+                "spec": {"containers": [container]}}}})
 }
 
 fn is_running_ready(p: &Value) -> bool {
@@ -50,16 +55,18 @@ async fn wait_ready(http: &reqwest::Client, url: &str, app: &str, n: usize, exce
     }
 }
 
-fn standalone(binary: &Path) -> anyhow::Result<(tempfile::TempDir, Process)> {
+fn standalone(binary: &Path, runtime: &str, extra: &[&str]) -> anyhow::Result<(tempfile::TempDir, Process)> {
     let dir = tempfile::tempdir()?;
     let data = dir.path().to_string_lossy().to_string();
-    let p = Process::start(binary, &["standalone", "--data-dir", &data, "--runtime", "process"])?;
+    let mut args = vec!["standalone", "--data-dir", &data, "--runtime", runtime];
+    args.extend_from_slice(extra);
+    let p = Process::start(binary, &args)?;
     Ok((dir, p))
 }
 
-pub async fn self_heal(binary: &Path, runs: usize) -> anyhow::Result<ScenarioResult> {
-    println!("scenario self-heal: standalone, process runtime, Deployment of 3 `minimal`, {runs} deletions");
-    let (_dir, server) = standalone(binary)?;
+pub async fn self_heal(binary: &Path, runs: usize, runtime: &str) -> anyhow::Result<ScenarioResult> {
+    println!("scenario self-heal: standalone, {runtime} runtime, Deployment of 3 `minimal`, {runs} deletions");
+    let (_dir, server) = standalone(binary, runtime, &[])?;
     let http = reqwest::Client::new();
     let r = http.post(format!("{}{DEPLOYMENTS}", server.url)).json(&deployment("heal", 3)).send().await?;
     anyhow::ensure!(r.status().is_success(), "creating the Deployment: {}", r.status());
@@ -91,14 +98,14 @@ pub async fn self_heal(binary: &Path, runs: usize) -> anyhow::Result<ScenarioRes
     }
     Ok(ScenarioResult {
         name: "self-heal",
-        params: json!({"runs": runs, "replicas": 3, "image": "minimal", "runtime": "process"}),
+        params: json!({"runs": runs, "replicas": 3, "image": "minimal", "runtime": runtime}),
         values: json!({"replacement_ready": s, "control_plane_rss_mib": rss}),
     })
 }
 
-pub async fn apply_to_running(binary: &Path, runs: usize) -> anyhow::Result<ScenarioResult> {
-    println!("scenario apply-to-running: standalone, process runtime, {runs} Deployments of 3 `minimal`");
-    let (_dir, server) = standalone(binary)?;
+pub async fn apply_to_running(binary: &Path, runs: usize, runtime: &str) -> anyhow::Result<ScenarioResult> {
+    println!("scenario apply-to-running: standalone, {runtime} runtime, {runs} Deployments of 3 `minimal`");
+    let (_dir, server) = standalone(binary, runtime, &[])?;
     let http = reqwest::Client::new();
     let mut samples = Vec::new();
     for i in 0..runs {
@@ -118,7 +125,82 @@ pub async fn apply_to_running(binary: &Path, runs: usize) -> anyhow::Result<Scen
     println!("apply -> 3 pods Running and Ready: {s}");
     Ok(ScenarioResult {
         name: "apply-to-running",
-        params: json!({"runs": runs, "replicas": 3, "image": "minimal", "runtime": "process"}),
+        params: json!({"runs": runs, "replicas": 3, "image": "minimal", "runtime": runtime}),
         values: json!({"apply_to_ready": s, "control_plane_rss_mib": server.rss_mib()}),
+    })
+}
+
+/// The pull duration kubelet-style `Pulled` Events report ("... in 123.456ms. Image size: ...").
+async fn pull_durations(http: &reqwest::Client, url: &str) -> anyhow::Result<Vec<Duration>> {
+    let events: Value = http.get(format!("{url}/api/v1/namespaces/default/events")).send().await?.json().await?;
+    let mut out = Vec::new();
+    for e in events["items"].as_array().into_iter().flatten().filter(|e| e["reason"] == "Pulled") {
+        let message = e["message"].as_str().unwrap_or("");
+        let Some(took) = message.split(" in ").nth(1).and_then(|t| t.split(". ").next()) else { continue };
+        let (number, unit) = took.split_at(took.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(took.len()));
+        let Ok(n) = number.parse::<f64>() else { continue };
+        let seconds = match unit {
+            "s" => n,
+            "ms" => n / 1e3,
+            "µs" | "us" => n / 1e6,
+            _ => continue,
+        };
+        out.push(Duration::from_secs_f64(seconds));
+    }
+    Ok(out)
+}
+
+/// Blob pulls the registry served, from its `/metrics`.
+async fn registry_blob_pulls(http: &reqwest::Client, registry: &str) -> anyhow::Result<f64> {
+    let text = http.get(format!("{registry}/metrics")).send().await?.text().await?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("registry_blob_pulls_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// The `oci` runtime and images: per run a fresh `standalone --runtime oci` and a fresh
+/// `shepherd registry` holding the busybox test image (so every image store starts empty): ten pods of the
+/// image at once on the one node (one pull, cold), the pull itself (the `Pulled` Event's duration),
+/// then one more pod of the now present image (a warm start).
+pub async fn images(binary: &Path, runs: usize) -> anyhow::Result<ScenarioResult> {
+    println!("scenario images: standalone, oci runtime, local registry, busybox test image; {runs} fresh clusters");
+    let http = reqwest::Client::new();
+    let (mut ten_cold, mut pulls, mut warm, mut blob_pulls) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let registry_dir = tempfile::tempdir()?;
+        let registry_data = registry_dir.path().to_string_lossy().to_string();
+        let registry_process = Process::start(binary, &["registry", "--data-dir", &registry_data, "--test-image", "busybox:1"])?;
+        let registry = registry_process.url.clone();
+        let (_dir, server) = standalone(binary, "oci", &[])?;
+        let image = format!("{}/busybox:1", registry.trim_start_matches("http://"));
+        let sleeper = |name: &str| json!({"name": name, "image": image, "command": ["sleep", "3600"]});
+        let before = registry_blob_pulls(&http, &registry).await?;
+
+        let started = Instant::now();
+        let r = http.post(format!("{}{DEPLOYMENTS}", server.url)).json(&deployment_of("ten", 10, sleeper("main"))).send().await?;
+        anyhow::ensure!(r.status().is_success(), "creating the Deployment: {}", r.status());
+        wait_ready(&http, &server.url, "ten", 10, None, Duration::from_secs(120)).await?;
+        ten_cold.push(started.elapsed());
+        blob_pulls.push(registry_blob_pulls(&http, &registry).await? - before);
+        pulls.extend(pull_durations(&http, &server.url).await?);
+
+        let started = Instant::now();
+        let r = http.post(format!("{}{DEPLOYMENTS}", server.url)).json(&deployment_of("one", 1, sleeper("main"))).send().await?;
+        anyhow::ensure!(r.status().is_success(), "creating the Deployment: {}", r.status());
+        wait_ready(&http, &server.url, "one", 1, None, Duration::from_secs(60)).await?;
+        warm.push(started.elapsed());
+        // Stopping standalone stops its containers (no --keep-pods).
+    }
+    let (ten_cold, pulls, warm) = (summarize(&ten_cold), summarize(&pulls), summarize(&warm));
+    println!("ten pods of a cold image -> all Running and Ready: {ten_cold}");
+    println!("the pull (Pulled Event): {pulls}");
+    println!("one pod of a present image -> Running and Ready: {warm}");
+    println!("registry blob pulls per ten-pod start: {blob_pulls:?}");
+    Ok(ScenarioResult {
+        name: "images",
+        params: json!({"runs": runs, "runtime": "oci", "image": "busybox:1 (test image)", "cold_pods": 10}),
+        values: json!({"ten_pods_cold_ready": ten_cold, "pull": pulls, "warm_pod_ready": warm, "blob_pulls_per_ten_pods": blob_pulls}),
     })
 }
