@@ -49,10 +49,15 @@ fn mount_id(path: &Path) -> Option<u64> {
     }
 }
 
-/// An image store (`blobs/sha256` and `layers` side by side): file modes in unpacked layers are
-/// image content a container's users rely on; the store's own directory being private is enough.
-fn is_image_store(dir: &Path) -> bool {
-    dir.join("blobs/sha256").is_dir() && dir.join("layers").is_dir()
+/// Directories whose modes are container content, left as they are below them (the directory
+/// above being private is enough): an image store (`blobs/sha256` and `layers` side by side),
+/// whose unpacked layers and overlay roots a container's users rely on, and a pod's volumes
+/// (`pods/<uid>/volumes`), whose ConfigMap files and emptyDirs keep the modes the pod asked for,
+/// so that non-root containers the agent adopts after a restart can still read them.
+fn holds_container_content(dir: &Path) -> bool {
+    let pod_volumes = dir.file_name().is_some_and(|n| n == "volumes")
+        && dir.parent().and_then(Path::parent).and_then(Path::file_name).is_some_and(|n| n == "pods");
+    pod_volumes || (dir.join("blobs/sha256").is_dir() && dir.join("layers").is_dir())
 }
 
 /// Walks only the data directory's own mount: container roots, namespace files and whatever
@@ -70,7 +75,7 @@ fn tighten(path: &Path, top: Option<u64>, tightened: &mut Vec<std::path::PathBuf
         fs::set_permissions(path, fs::Permissions::from_mode(mode & 0o7700 & !NOT_OWNER))?;
         tightened.push(path.to_path_buf());
     }
-    if meta.is_dir() && !is_image_store(path) {
+    if meta.is_dir() && !holds_container_content(path) {
         for entry in fs::read_dir(path)? {
             let entry = entry?;
             match tighten(&entry.path(), top, tightened) {
@@ -124,6 +129,20 @@ mod tests {
         secure(&dir).expect("secure");
         assert_eq!(mode(&dir.join("agent/images")), 0o700, "the store itself is private");
         assert_eq!(mode(&layer.join("sh")), 0o755);
+    }
+
+    #[test]
+    fn pod_volume_files_keep_the_modes_their_pod_asked_for() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("data");
+        let volume = dir.join("agent/pods/uid-1/volumes/kubernetes.io~configmap/config");
+        fs::create_dir_all(&volume).expect("mkdir");
+        fs::write(volume.join("app.conf"), b"x").expect("write");
+        fs::set_permissions(volume.join("app.conf"), fs::Permissions::from_mode(0o644)).expect("chmod");
+        fs::set_permissions(dir.join("agent/pods"), fs::Permissions::from_mode(0o755)).expect("chmod");
+        secure(&dir).expect("secure");
+        assert_eq!(mode(&dir.join("agent/pods")), 0o700, "the agent's own directories are private");
+        assert_eq!(mode(&volume.join("app.conf")), 0o644);
     }
 
     #[test]
