@@ -31,7 +31,8 @@ pub struct AgentArgs {
     /// The node's address; also every pod's IP (containers share the host network).
     #[arg(long, default_value = "127.0.0.1")]
     pub node_ip: String,
-    /// The container runtime (default: process).
+    /// The container runtime (default: process for `agent`; for `standalone`, oci where runc can
+    /// run containers here, else process).
     #[arg(long, value_enum)]
     pub runtime: Option<RuntimeArg>,
     /// The runc binary of the oci runtime.
@@ -92,18 +93,24 @@ pub fn hostname() -> String {
 }
 
 impl AgentArgs {
-    /// The runtime `standalone` uses when none is named (process), with the line to print about it.
+    /// The runtime `standalone` uses when none is named: oci where runc can run containers here
+    /// (root, runc present and working), process otherwise; with the line to print about it.
     pub fn choose_standalone_runtime(&mut self) -> Option<String> {
         if self.runtime.is_some() {
             return None;
         }
-        self.runtime = Some(RuntimeArg::Process);
         Some(match shepherd_agent::oci_unavailable(&self.runc) {
-            None => format!(
-                "runtime: process (host processes); --runtime oci runs container images on runc ({})",
-                self.runc.display()
-            ),
-            Some(why) => format!("runtime: process; images other than `minimal` need the oci runtime on runc ({why})"),
+            None => {
+                self.runtime = Some(RuntimeArg::Oci);
+                format!(
+                    "runtime: oci (container images on runc, {}); --runtime process runs host processes instead",
+                    self.runc.display()
+                )
+            }
+            Some(why) => {
+                self.runtime = Some(RuntimeArg::Process);
+                format!("runtime: process (host processes); images other than `minimal` need the oci runtime on runc ({why})")
+            }
         })
     }
 

@@ -34,24 +34,41 @@ struct Cluster {
 
 impl Cluster {
     fn start(extra: &[&str]) -> Cluster {
+        let mut flags = vec!["--runtime", "oci"];
+        flags.extend_from_slice(extra);
+        Cluster::start_with(&flags)
+    }
+
+    /// With `flags` and no `--runtime` among them: standalone picks its runtime itself.
+    fn start_with(extra: &[&str]) -> Cluster {
         require_root_and_runc();
         let dir = tempfile::tempdir().expect("tempdir");
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
         let registry = format!("127.0.0.1:{port}");
-        let mut flags: Vec<String> =
-            ["--runtime", "oci", "--restart-backoff-seconds", "0.5", "--restart-backoff-max-seconds", "4", "--lease-seconds", "1"]
-                .into_iter()
-                .map(String::from)
-                .collect();
+        let mut flags: Vec<String> = ["--restart-backoff-seconds", "0.5", "--restart-backoff-max-seconds", "4", "--lease-seconds", "1"]
+            .into_iter()
+            .map(String::from)
+            .collect();
         flags.extend(["--registry-listen".to_string(), registry.clone()]);
         flags.extend(extra.iter().map(|s| s.to_string()));
         let daemon = Self::launch(dir.path(), &flags);
         Cluster { daemon: Some(daemon), registry, flags, dir }
     }
 
+    /// `Daemon::start` would add `--runtime process` to a standalone naming none; this does not.
     fn launch(dir: &Path, flags: &[String]) -> Daemon {
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        Daemon::start("standalone", dir, &flags)
+        let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .arg("standalone")
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(flags)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("start shepherd");
+        Daemon::from_child(child)
     }
 
     fn url(&self) -> String {
@@ -324,14 +341,16 @@ async fn a_killed_agent_adopts_the_same_containers_and_a_deleted_pod_leaves_noth
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_seed_session_runs_on_the_oci_runtime_and_stopping_standalone_stops_its_containers() {
-    let mut cluster = Cluster::start(&[]);
+async fn the_seed_session_runs_on_the_oci_runtime_standalone_picks_and_stopping_standalone_stops_its_containers() {
+    // No --runtime: with root and a working runc, standalone runs containers on runc.
+    let mut cluster = Cluster::start_with(&[]);
     cluster.kubectl(&["apply", "-f", "-"], Some(&deployment("web", 3, json!({"name": "web", "image": "minimal"}))));
     let pods = wait_for("web-0..2 Running and Ready", 90, async || {
         let ps = cluster.pods();
         (ps.len() == 3 && ps.iter().all(ready)).then_some(ps)
     })
     .await;
+    assert_eq!(cluster.runc_list().len(), 3, "the pods run as runc containers: {:?}", cluster.runc_list());
     let web0 = pods.iter().find(|p| p["metadata"]["name"] == "web-0").expect("web-0")["metadata"]["uid"].clone();
     cluster.kubectl(&["delete", "pod", "web-0", "--wait=false"], None);
     wait_for("a Running replacement for web-0", 60, async || {

@@ -68,11 +68,15 @@ impl Shepherd {
 
     fn try_start(mode: &str, extra: &[&str]) -> Option<Shepherd> {
         let dir = tempfile::tempdir().expect("temp dir");
+        // The process runtime unless a test names one (standalone would pick oci where runc runs).
+        let default_runtime: &[&str] =
+            if mode == "standalone" && !extra.contains(&"--runtime") { &["--runtime", "process"] } else { &[] };
         let mut child = Command::new(shepherd_bin())
             .arg(mode)
             .arg("--data-dir")
             .arg(dir.path())
             .args(["--listen", "127.0.0.1:0"])
+            .args(default_runtime)
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())

@@ -18,12 +18,17 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `shepherd <mode> --data-dir DIR --listen 127.0.0.1:0 <extra>` and waits for its
     /// "listening on" line.
+    /// Starts `shepherd <mode>`. A `standalone` without `--runtime` runs the process runtime (the
+    /// suite's default: fast, and what most tests inspect); `tests/oci.rs` runs the oci runtime.
     pub fn start(mode: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
+        let default_runtime: &[&str] =
+            if mode == "standalone" && !extra.contains(&"--runtime") { &["--runtime", "process"] } else { &[] };
         let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
             .arg(mode)
             .arg("--data-dir")
             .arg(data_dir)
             .args(["--listen", "127.0.0.1:0"])
+            .args(default_runtime)
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
