@@ -379,7 +379,9 @@ impl Informer {
             *lock(&self.last_repair) = Some(jiff::Timestamp::now());
             info!(kind = self.res.kind, revision = at, repaired, "anti-entropy repaired the cache");
         }
-        Ok(if first_behind { Recheck::Soon } else { Recheck::AtInterval })
+        // A loss rarely comes alone (a change's chain of events runs through several objects):
+        // after a repair, look again soon rather than a whole interval later.
+        Ok(if first_behind || repaired > 0 { Recheck::Soon } else { Recheck::AtInterval })
     }
 
     /// Finds the buckets whose digests differ at `at`, and in them the keys whose versions
@@ -474,7 +476,8 @@ enum Outcome {
 /// When the next anti-entropy check should come.
 enum Recheck {
     AtInterval,
-    /// The server was ahead of the cache: look again shortly, and repair what has not arrived.
+    /// The server was ahead of the cache (look again shortly, and repair what has not arrived),
+    /// or a repair was needed (another loss may follow it).
     Soon,
 }
 
