@@ -105,6 +105,14 @@ impl DigestDetail {
         }
     }
 
+    /// The bucket whose members are asked for, with `Bucket`.
+    pub fn bucket(&self) -> Option<usize> {
+        match self {
+            DigestDetail::Bucket(b) => Some(*b),
+            _ => None,
+        }
+    }
+
     pub fn as_query(&self) -> String {
         match self {
             DigestDetail::Total => "total".into(),
@@ -137,6 +145,29 @@ pub struct ListDigest {
     pub bucket: Option<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub items: Vec<DigestItem>,
+}
+
+impl ListDigest {
+    /// The wire form of `set` at `revision` with the detail asked for. `members` are the set's
+    /// (key, resourceVersion) pairs in key order; only those of the bucket asked for are sent.
+    pub fn of(revision: u64, set: &SetDigest, detail: DigestDetail, members: impl IntoIterator<Item = (String, u64)>) -> Self {
+        let bucket = detail.bucket();
+        ListDigest {
+            resource_version: revision.to_string(),
+            count: set.count(),
+            digest: hex(set.sum()),
+            buckets: match detail {
+                DigestDetail::Buckets => set.buckets().iter().map(|b| hex(*b)).collect(),
+                _ => Vec::new(),
+            },
+            bucket,
+            items: members
+                .into_iter()
+                .filter(|(key, _)| bucket == Some(bucket_of(key)))
+                .map(|(key, rv)| DigestItem { key, resource_version: rv.to_string() })
+                .collect(),
+        }
+    }
 }
 
 /// A sum as it travels.

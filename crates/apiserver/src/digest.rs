@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use futures::{FutureExt, StreamExt};
-use shepherd_api::digest::{DigestDetail, DigestItem, ListDigest, SetDigest, bucket_of, hex};
+use shepherd_api::digest::{DigestDetail, ListDigest, SetDigest, bucket_of};
 use shepherd_api::{ApiError, FieldSelector, LabelSelector, ResourceInfo};
 use shepherd_store::{EventKind, KeyValue, Revision};
 
@@ -70,10 +70,7 @@ impl ApiService {
 
         let mut set = SetDigest::default();
         // With one bucket asked for, its members by key (the revision of each).
-        let wanted = match detail {
-            DigestDetail::Bucket(b) => Some(b),
-            _ => None,
-        };
+        let wanted = detail.bucket();
         let mut members = BTreeMap::new();
         for kv in &current.items {
             if scope.contains(kv)? {
@@ -116,19 +113,6 @@ impl ApiService {
             }
         }
 
-        Ok(ListDigest {
-            resource_version: at.to_string(),
-            count: set.count(),
-            digest: hex(set.sum()),
-            buckets: match detail {
-                DigestDetail::Buckets => set.buckets().iter().map(|b| hex(*b)).collect(),
-                _ => Vec::new(),
-            },
-            bucket: wanted,
-            items: members
-                .into_iter()
-                .map(|(key, rv)| DigestItem { key, resource_version: rv.to_string() })
-                .collect(),
-        })
+        Ok(ListDigest::of(at, &set, detail, members))
     }
 }

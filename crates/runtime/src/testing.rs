@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::{Map, Value, json};
 use shepherd_api::JsonPath;
-use shepherd_api::digest::{self, DigestDetail, DigestItem, ListDigest, SetDigest};
+use shepherd_api::digest::{DigestDetail, ListDigest, SetDigest};
 use shepherd_api::{ApiError, ResourceInfo};
 use tokio::sync::mpsc;
 
@@ -403,25 +403,7 @@ impl Client for MemoryClient {
         }
         let mut set = SetDigest::default();
         members.iter().for_each(|(k, rv)| set.insert(k, *rv));
-        let wanted = match detail {
-            DigestDetail::Bucket(b) => Some(b),
-            _ => None,
-        };
-        Ok(ListDigest {
-            resource_version: at.to_string(),
-            count: set.count(),
-            digest: digest::hex(set.sum()),
-            buckets: match detail {
-                DigestDetail::Buckets => set.buckets().iter().map(|b| digest::hex(*b)).collect(),
-                _ => Vec::new(),
-            },
-            bucket: wanted,
-            items: members
-                .into_iter()
-                .filter(|(k, _)| wanted == Some(digest::bucket_of(k)))
-                .map(|(key, rv)| DigestItem { key, resource_version: rv.to_string() })
-                .collect(),
-        })
+        Ok(ListDigest::of(at, &set, detail, members))
     }
 }
 
