@@ -151,13 +151,17 @@ fn discovery_root(core: bool, headers: &HeaderMap) -> Response {
 
 async fn authenticate(State(app): State<AppState>, req: Request, next: axum::middleware::Next) -> Response {
     if let Some(token) = &app.config.token {
-        let ok = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| t == token);
-        if !ok && req.uri().path() != "/healthz" {
+        let ok = match req.headers().get(header::AUTHORIZATION) {
+            Some(v) => v.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).is_some_and(|t| t == token),
+            // A browser's WebSocket cannot set headers; Kubernetes takes its token from a subprotocol.
+            None if crate::watch_socket::requested(req.headers()) => {
+                crate::watch_socket::bearer_token(req.headers()).is_some_and(|t| &t == token)
+            }
+            None => false,
+        };
+        // The dashboard's assets hold no cluster data; the calls the page makes for data do.
+        let open = req.uri().path() == "/healthz" || req.uri().path().starts_with("/dashboard");
+        if !ok && !open {
             let mut r = json_response(
                 StatusCode::UNAUTHORIZED,
                 json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -585,6 +589,15 @@ async fn handle(
     match (&method, t.name.as_deref(), t.sub.as_deref()) {
         (&Method::GET, None, None) => {
             if query_flag(query, "watch") {
+                if crate::watch_socket::requested(&headers) {
+                    let mut req = req;
+                    let on_upgrade = hyper::upgrade::on(&mut req);
+                    let answer = match watch(app, t, query, &headers).await {
+                        Ok(r) => r,
+                        Err(e) => error_response(&e),
+                    };
+                    return Ok(crate::watch_socket::upgrade(answer, &headers, on_upgrade));
+                }
                 return watch(app, t, query, &headers).await;
             }
             if let Some(detail) = query.get("digest") {
@@ -710,7 +723,7 @@ async fn handle(
                     Ok(written_response(StatusCode::OK, &w, &warnings))
                 }
                 Some("scale") if res.has_scale => {
-                    let replicas = scale_replicas(&body)?;
+                    let replicas = scale_replicas(&body, name)?;
                     let rv = parse_resource_version(body.at("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or(""))?;
                     let kv = svc.mutate(res, ns, name, rv, "scale", &opts, |old| {
                         let mut new = old.clone();
@@ -788,7 +801,7 @@ async fn handle(
                             return Err(ApiError::BadRequest("the patched Scale must be an object with object metadata".into()));
                         }
                         let mut new = old.clone();
-                        set_replicas(res, &mut new, scale_replicas(&patched)?)?;
+                        set_replicas(res, &mut new, scale_replicas(&patched, name)?)?;
                         Ok(new)
                     }).await?;
                     Ok(json_response(StatusCode::OK, scale_of(res, &codec::decode(&kv)?).to_string().into_bytes()))
@@ -897,11 +910,15 @@ fn scale_of(res: &ResourceInfo, obj: &Value) -> Value {
     crate::crd::scale_body(obj, replicas("/spec/replicas"), replicas("/status/replicas"), &selector.unwrap_or_default())
 }
 
-fn scale_replicas(scale: &Value) -> Result<i64, ApiError> {
+/// The replicas a Scale asks for; the error names the scaled object, as Kubernetes' does.
+fn scale_replicas(scale: &Value, name: &str) -> Result<i64, ApiError> {
     match scale.at("/spec/replicas") {
         Some(Value::Number(n)) if n.as_i64().is_some_and(|r| r >= 0) => Ok(n.as_i64().unwrap_or(0)),
-        Some(_) => Err(ApiError::invalid("Scale", "", vec![shepherd_api::Cause::invalid("spec.replicas", "must be a whole number >= 0")])),
-        None => Err(ApiError::invalid("Scale", "", vec![shepherd_api::Cause::required("spec.replicas")])),
+        Some(v) => Err(ApiError::invalid("Scale", name, vec![shepherd_api::Cause::invalid(
+            "spec.replicas",
+            format!("Invalid value: {v}: must be a whole number greater than or equal to 0"),
+        )])),
+        None => Err(ApiError::invalid("Scale", name, vec![shepherd_api::Cause::required("spec.replicas")])),
     }
 }
 

@@ -19,6 +19,7 @@ mod service;
 mod stream_proxy;
 mod table;
 mod watch;
+mod watch_socket;
 mod write_options;
 
 use std::sync::{Arc, Mutex};
