@@ -747,8 +747,15 @@ fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut
         }
         Some(_) => {}
     }
-    if str_at(ct, "image").is_none_or(|i| i.trim().is_empty()) {
-        c.push(Cause::required(join(p, "image")));
+    match str_at(ct, "image") {
+        None => c.push(Cause::required(join(p, "image"))),
+        Some(i) if i.trim().is_empty() => c.push(Cause::required(join(p, "image"))),
+        // No image reference holds whitespace; Kubernetes itself only refuses it at the ends and
+        // leaves the rest to fail on the node, where the user sees it much later.
+        Some(i) if i.chars().any(|ch| ch.is_whitespace() || ch.is_control()) => {
+            c.push(invalid_value(join(p, "image"), &Value::from(i), "an image reference must not contain whitespace"));
+        }
+        Some(_) => {}
     }
     check_one_of(ct, "imagePullPolicy", p, &["Always", "IfNotPresent", "Never"], c);
     validate_security_context(ct.get("securityContext"), &join(p, "securityContext"), c);
@@ -1391,6 +1398,16 @@ mod tests {
             assert_eq!(validate(res, obj), Ok(()), "{} before defaulting", res.kind);
             crate::defaults::apply_defaults(res, obj);
             assert_eq!(validate(res, obj), Ok(()), "{} after defaulting", res.kind);
+        }
+    }
+
+    #[test]
+    fn an_image_reference_with_whitespace_is_refused_by_its_field() {
+        for image in ["bad image", "web\t1", " minimal"] {
+            let mut d = seed_deployment();
+            d["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
+            let msg = validate(&DEPLOYMENT, &d).unwrap_err().to_string();
+            assert!(msg.contains("spec.template.spec.containers[0].image: Invalid value") && msg.contains("whitespace"), "{msg}");
         }
     }
 
