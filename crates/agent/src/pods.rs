@@ -409,7 +409,17 @@ impl PodManager {
                 .and_then(Value::as_u64)
                 .map(Duration::from_secs)
                 .unwrap_or(rec.grace);
-            if !self.stop_all(&mut rec, grace) {
+            let stopping: Vec<String> = rec
+                .containers
+                .iter()
+                .filter(|c| c.stop_sent.is_none() && c.live_instance().is_some())
+                .map(|c| c.id.name.clone())
+                .collect();
+            let ended = self.stop_all(&mut rec, grace);
+            for name in stopping {
+                self.events.record(&pod, EventType::Normal, "Killing", &format!("Stopping container {name}")).await;
+            }
+            if !ended {
                 self.wake_at(key, Instant::now() + grace + Duration::from_secs(2));
                 return Ok(());
             }
