@@ -283,6 +283,7 @@ impl Controller {
                 errors: m.reconcile_errors.get_or_create_owned(&labels),
                 panics: m.reconcile_panics.get_or_create_owned(&labels),
                 time: m.reconcile_time.get_or_create_owned(&labels),
+                recent: Mutex::default(),
             },
         });
         let prepared = Prepared {
@@ -329,6 +330,8 @@ pub(crate) struct ControllerMetrics {
     pub errors: Counter,
     pub panics: Counter,
     time: Histogram,
+    /// The latest reconcile durations, for the percentiles `/debug/controllers` shows.
+    pub recent: Mutex<crate::debug::RecentDurations>,
 }
 
 impl ControllerState {
@@ -525,7 +528,9 @@ async fn work(state: Arc<ControllerState>, reconciler: Arc<dyn Reconciler>, faul
         };
         let timed = CpuTimed::new(AssertUnwindSafe(call).catch_unwind().instrument(span));
         let (outcome, cpu) = timed.await;
-        state.metrics.time.observe(started.elapsed().as_secs_f64());
+        let took = started.elapsed().as_secs_f64();
+        state.metrics.time.observe(took);
+        state.metrics.recent.lock().unwrap_or_else(|e| e.into_inner()).record(took);
         let q = &state.queue;
         let succeeded = matches!(outcome, Ok(Ok(_)));
         match outcome {

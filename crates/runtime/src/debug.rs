@@ -41,6 +41,50 @@ pub struct ControllerSnapshot {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_repair: Option<String>,
     pub reconciles: ReconcileCounts,
+    /// Keys added to the queue since start (each add, de-duplicated or not).
+    pub queue_adds: u64,
+    /// Percentiles of the latest reconciles' durations.
+    pub latency: Latency,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Latency {
+    /// How many of the latest reconciles the percentiles cover.
+    pub samples: usize,
+    pub p50_seconds: Option<f64>,
+    pub p99_seconds: Option<f64>,
+}
+
+/// The durations of the latest reconciles (a ring of fixed size): recent percentiles without
+/// the histogram's bucket resolution.
+#[derive(Debug, Default)]
+pub struct RecentDurations {
+    ring: Vec<f64>,
+    next: usize,
+}
+
+impl RecentDurations {
+    const CAPACITY: usize = 512;
+
+    pub fn record(&mut self, seconds: f64) {
+        if self.ring.len() < Self::CAPACITY {
+            self.ring.push(seconds);
+        } else {
+            self.ring[self.next] = seconds;
+        }
+        self.next = (self.next + 1) % Self::CAPACITY;
+    }
+
+    pub fn latency(&self) -> Latency {
+        let mut sorted = self.ring.clone();
+        sorted.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len().max(1)) - 1;
+            sorted.get(i).copied()
+        };
+        Latency { samples: sorted.len(), p50_seconds: at(0.5), p99_seconds: at(0.99) }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -109,6 +153,8 @@ pub(crate) fn snapshot(controllers: &[Arc<ControllerState>], factory: &InformerF
                     requeue: c.metrics.requeue.get(),
                     panic: c.metrics.panic.get(),
                 },
+                queue_adds: c.queue.adds(),
+                latency: c.metrics.recent.lock().unwrap_or_else(|e| e.into_inner()).latency(),
             }
         })
         .collect();
@@ -119,5 +165,26 @@ impl ControllersSnapshot {
     /// The snapshot as JSON, ready to serve.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_durations_give_nearest_rank_percentiles_of_the_latest_samples_only() {
+        let mut r = RecentDurations::default();
+        assert_eq!(r.latency().p50_seconds, None);
+        for i in 1..=100 {
+            r.record(i as f64);
+        }
+        let l = r.latency();
+        assert_eq!((l.samples, l.p50_seconds, l.p99_seconds), (100, Some(50.0), Some(99.0)));
+        for _ in 0..RecentDurations::CAPACITY {
+            r.record(0.5);
+        }
+        let l = r.latency();
+        assert_eq!((l.samples, l.p99_seconds), (RecentDurations::CAPACITY, Some(0.5)), "old samples are gone");
     }
 }

@@ -326,6 +326,11 @@ impl WorkQueue {
     }
 
     /// Keys being processed now.
+    /// Adds since the queue was made (the `workqueue_adds_total` counter).
+    pub(crate) fn adds(&self) -> u64 {
+        self.metrics.adds.get()
+    }
+
     pub(crate) fn in_flight(&self) -> usize {
         self.lock().processing.len()
     }

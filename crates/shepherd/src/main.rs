@@ -2,6 +2,7 @@
 
 mod backup;
 mod control_plane;
+mod controllers_view;
 mod node_agent;
 mod private_dir;
 mod registry;
@@ -308,14 +309,9 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
     // Behind the API's bearer token: they name objects and their errors, or hold every object.
     let router = server.router_with(
         axum::Router::new()
-            .route(
-                "/debug/controllers",
-                axum::routing::get(move || {
-                    let m = debug_manager.clone();
-                    async move { axum::Json(m.snapshot().to_json()) }
-                }),
-            )
-            .route("/backup", axum::routing::get(move || backup::serve(backup_store.clone()))),
+            .route("/debug/controllers", controllers_view::route(debug_manager))
+            .route("/backup", axum::routing::get(move || backup::serve(backup_store.clone())))
+            .merge(shepherd_dashboard::router()),
     );
 
     let open_files = raise_open_file_limit();

@@ -1,0 +1,72 @@
+// Small DOM helpers: build elements without HTML strings (nothing from the cluster is ever
+// parsed as markup), and say ages the way kubectl does.
+
+const SVG = 'http://www.w3.org/2000/svg';
+
+/** An element: h('td', {class: 'x', 'data-pod': name}, 'text', child, ...). */
+export function h(tag, attrs = {}, ...children) {
+  const el = tag.startsWith('svg:') ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? '' : String(v));
+  }
+  append(el, children);
+  return el;
+}
+
+function append(el, children) {
+  for (const c of children) {
+    if (c === undefined || c === null || c === false) continue;
+    if (Array.isArray(c)) append(el, c);
+    else el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+}
+
+/** Replaces an element's children. */
+export function fill(el, ...children) {
+  el.replaceChildren();
+  append(el, children);
+}
+
+/** kubectl's age: 45s, 12m, 3h4m, 2d3h. */
+export function age(timestamp, now = Date.now()) {
+  const t = Date.parse(timestamp);
+  if (Number.isNaN(t)) return '';
+  let s = Math.max(0, Math.floor((now - t) / 1000));
+  if (s < 120) return `${s}s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m}m`;
+  const hours = Math.floor(m / 60);
+  if (hours < 24) return m % 60 ? `${hours}h${m % 60}m` : `${hours}h`;
+  const d = Math.floor(hours / 24);
+  return hours % 24 ? `${d}d${hours % 24}h` : `${d}d`;
+}
+
+/** Milliseconds or seconds, whichever reads better. */
+export function duration(seconds) {
+  if (seconds === null || seconds === undefined) return '–';
+  if (seconds < 0.001) return `${(seconds * 1e6).toFixed(0)} µs`;
+  if (seconds < 1) return `${(seconds * 1000).toFixed(seconds < 0.01 ? 2 : 1)} ms`;
+  if (seconds < 120) return `${Number(seconds.toFixed(1))} s`;
+  return `${Number((seconds / 60).toFixed(1))} min`;
+}
+
+/**
+ * Calls `draw` at most once per animation frame and at most every `minMs`: data arrives as fast
+ * as the cluster changes, the page redraws at a pace a person can read and a browser can keep.
+ */
+export function throttled(draw, minMs = 100) {
+  let pending = false;
+  let last = 0;
+  return () => {
+    if (pending) return;
+    pending = true;
+    const wait = Math.max(0, last + minMs - performance.now());
+    setTimeout(() => requestAnimationFrame(() => {
+      pending = false;
+      last = performance.now();
+      draw();
+    }), wait);
+  };
+}

@@ -1,0 +1,225 @@
+//! The dashboard in a real browser: Debian's headless Chromium, driven over WebDriver by
+//! chromedriver, against a real `shepherd standalone` running the seed's Deployment as processes.
+//! One cluster and one browser serve every step: what a person would do, in order.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Daemon;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const DESKTOP: (u32, u32) = (1280, 900);
+const PHONE: (u32, u32) = (390, 844);
+
+/// chromedriver and the browser profile it runs with; both go when the test ends, pass or fail.
+struct Driver {
+    child: Child,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn browser() -> (Driver, Client) {
+    for bin in [CHROMIUM, CHROMEDRIVER] {
+        assert!(
+            Path::new(bin).exists(),
+            "{bin} is missing: the dashboard's browser tests need Debian's chromium and chromium-driver packages \
+             (scripts/test.sh installs them)"
+        );
+    }
+    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+    let profile = tempfile::tempdir().expect("profile dir");
+    let child = Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromedriver");
+    let driver = Driver { child, _profile: profile };
+    let args = [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        &format!("--user-data-dir={}", driver._profile.path().display()),
+        &format!("--window-size={},{}", DESKTOP.0, DESKTOP.1),
+    ];
+    let caps = json!({"goog:chromeOptions": {"binary": CHROMIUM, "args": args}});
+    let Value::Object(caps) = caps else { unreachable!("a JSON object literal") };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let client = loop {
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        match ClientBuilder::new(connector).capabilities(caps.clone()).connect(&format!("http://127.0.0.1:{port}")).await {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "chromedriver on port {port} did not start a browser: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    (driver, client)
+}
+
+/// Runs `script` (a function body that returns a value) in the page until it returns something
+/// truthy, and returns that.
+async fn wait_for(client: &Client, what: &str, script: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(45);
+    loop {
+        let last = match client.execute(script, vec![]).await {
+            Ok(v) if !matches!(v, Value::Null | Value::Bool(false)) && v != json!(0) && v != json!("") => return v,
+            Ok(v) => v,
+            Err(e) => json!(e.to_string()),
+        };
+        if Instant::now() >= deadline {
+            let page = client.execute(SEEN, vec![]).await.unwrap_or_else(|e| json!(e.to_string()));
+            panic!("timed out waiting for {what}; last answer: {last}; the page showed: {page:#}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What the page shows, for a failure message.
+const SEEN: &str = "return {errors: window.dashboardErrors, connection: document.getElementById('connection')?.textContent,
+    pods: [...document.querySelectorAll('tr[data-pod]')].map(r => r.dataset.pod + ' ' + r.dataset.uid + ' ' + r.dataset.phase + ' '
+      + r.textContent),
+    deployments: [...document.querySelectorAll('[data-deployment]')].map(d => d.textContent),
+    podsError: document.getElementById('pods-error')?.textContent,
+    events: [...document.querySelectorAll('#events li')].slice(0, 12).map(li => li.textContent)};";
+
+async fn js(client: &Client, script: &str) -> Value {
+    client.execute(script, vec![]).await.unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
+}
+
+/// Types `text` into the field `css` (replacing what it held) and submits its form.
+async fn submit(client: &Client, css: &str, text: &str) {
+    let field = client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("no field {css}: {e}"));
+    field.clear().await.expect("clear");
+    field.send_keys(text).await.expect("type");
+    field.send_keys("\u{E007}").await.expect("press Enter"); // WebDriver's Enter key
+}
+
+/// The page's own record of uncaught errors and rejected promises; none may happen.
+async fn assert_no_page_errors(client: &Client, page: &str) {
+    let errors = js(client, "return window.dashboardErrors;").await;
+    assert_eq!(errors, json!([]), "JavaScript errors on the {page} page");
+}
+
+fn screenshot_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/screenshots")
+}
+
+async fn screenshots(client: &Client, name: &str) {
+    let dir = screenshot_dir();
+    std::fs::create_dir_all(&dir).expect("screenshot dir");
+    for (width_name, (w, h)) in [("desktop", DESKTOP), ("phone", PHONE)] {
+        client.set_window_size(w, h).await.expect("resize");
+        tokio::time::sleep(Duration::from_millis(400)).await; // one throttled redraw at the new width
+        let png = client.screenshot().await.expect("screenshot");
+        assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+        std::fs::write(dir.join(format!("dashboard-{name}-{width_name}.png")), png).expect("write screenshot");
+        let overflow = js(client, "return document.documentElement.scrollWidth > window.innerWidth + 1;").await;
+        assert_eq!(overflow, json!(false), "the {name} page scrolls sideways at {w}px");
+    }
+    client.set_window_size(DESKTOP.0, DESKTOP.1).await.expect("resize back");
+}
+
+async fn deployment(url: &str) -> Value {
+    reqwest::get(format!("{url}/apis/apps/v1/namespaces/default/deployments/web")).await.expect("get").json().await.expect("json")
+}
+
+/// A script that is true once the Deployment's card shows `n` ready replicas.
+fn ready_is(n: u32) -> String {
+    format!("return document.querySelector('[data-deployment=\"default/web\"]')?.dataset.ready === '{n}';")
+}
+
+/// How many keys the replicaset controller's queue chart shows added.
+const ADDED: &str = "return Number(document.querySelector('[data-controller=\"replicaset\"] svg')?.dataset.added || 0);";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_person_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = Daemon::start("standalone", dir.path(), &["--restart-backoff-seconds", "0.2"]);
+    let url = daemon.url.clone();
+    let (_driver, client) = browser().await;
+
+    let seed = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "minimal"}]}}}});
+    let http = reqwest::Client::new();
+    let created = http.post(format!("{url}/apis/apps/v1/namespaces/default/deployments")).json(&seed).send().await.expect("create");
+    assert!(created.status().is_success(), "create: {}", created.status());
+
+    // The seed's Deployment appears with three ready pods.
+    client.goto(&format!("{url}/dashboard/")).await.expect("open the dashboard");
+    wait_for(&client, "3 ready replicas", &ready_is(3)).await;
+    wait_for(&client, "3 running pods", "return document.querySelectorAll('tr[data-pod^=\"default/web-\"][data-phase=\"Running\"]').length === 3;").await;
+    wait_for(&client, "the node", "return document.querySelector('#nodes tr[data-node] .yes');").await;
+    screenshots(&client, "cluster").await;
+
+    // Deleting web-0 from the page: it goes and its replacement comes, without a reload.
+    js(&client, "window.notReloaded = true; return true;").await;
+    let uid = js(&client, "return document.querySelector('tr[data-pod=\"default/web-0\"]').dataset.uid;").await;
+    client.find(Locator::Css("button[aria-label=\"Delete pod web-0\"]")).await.expect("delete button").click().await.expect("click");
+    let gone = format!(
+        "const rows = [...document.querySelectorAll('tr[data-pod^=\"default/web-\"]')];
+         return !rows.some(r => r.dataset.uid === {uid}) && rows.filter(r => r.dataset.phase === 'Running').length === 3;"
+    );
+    wait_for(&client, "web-0 replaced by a running pod", &gone).await;
+    assert_eq!(js(&client, "return window.notReloaded === true;").await, json!(true), "the page reloaded");
+    let feed = "return [...document.querySelectorAll('#events li')].map(li => li.textContent).join('\\n');";
+    wait_for(&client, "Events of the deleted pod and of its replacement",
+        &format!("const t = (() => {{ {feed} }})(); return /Killing\\s*Pod web-0/.test(t) && (t.match(/Created pod: web-/g) || []).length >= 4 && t;"))
+    .await;
+
+    // Scaling to 5 from the page: five pods, and the replicaset controller's queue chart moved.
+    let added_before = js(&client, ADDED).await.as_u64().unwrap_or(0);
+    submit(&client, "input[data-deployment=\"default/web\"]", "5").await;
+    wait_for(&client, "5 ready replicas", &ready_is(5)).await;
+    wait_for(&client, "5 running pods", "return document.querySelectorAll('tr[data-pod^=\"default/web-\"][data-phase=\"Running\"]').length === 5;").await;
+    assert_eq!(deployment(&url).await["spec"]["replicas"], json!(5));
+    let added = format!("const n = (() => {{ {ADDED} }})(); return n > {added_before} && n;");
+    wait_for(&client, "the replicaset queue chart to move", &added).await;
+    client.find(Locator::Css("nav a[data-view=\"loop\"]")).await.expect("loop link").click().await.expect("open the loop view");
+    wait_for(&client, "the replicaset controller's card", "return document.querySelector('[data-controller=\"replicaset\"]')?.offsetParent;").await;
+    let mode = js(&client, "return document.querySelector('[data-controller=\"replicaset\"]').dataset.mode;").await;
+    assert_eq!(mode, json!("hybrid"));
+    assert_no_page_errors(&client, "loop").await;
+    screenshots(&client, "loop").await;
+
+    // Bad input from the page: the server's 422 message appears next to the field; nothing changes.
+    client.find(Locator::Css("nav a[data-view=\"cluster\"]")).await.expect("cluster link").click().await.expect("open the cluster view");
+    let before = deployment(&url).await;
+    for bad in ["-1", "five"] {
+        submit(&client, "input[data-deployment=\"default/web\"]", bad).await;
+        let shown = wait_for(&client, "the scale error", "return document.querySelector('[data-action=\"scale\"] .field-error')?.textContent;").await;
+        let shown = shown.as_str().unwrap_or_default().to_string();
+        assert!(shown.contains("spec.replicas") && shown.contains("is invalid"), "scale to {bad}: {shown}");
+        js(&client, "document.querySelector('[data-action=\"scale\"] .field-error').textContent = ''; return true;").await;
+    }
+    submit(&client, "input[data-container=\"web\"]", "bad image").await;
+    let shown = wait_for(&client, "the image error", "return document.querySelector('[data-action=\"image\"] .field-error')?.textContent;").await;
+    assert!(shown.as_str().is_some_and(|s| s.contains("containers[0].image") && s.contains("whitespace")), "{shown}");
+    let after = deployment(&url).await;
+    assert_eq!(after["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"], "bad input changed the Deployment");
+    assert_no_page_errors(&client, "cluster").await;
+
+    client.close().await.expect("close the browser");
+    drop(daemon);
+}
