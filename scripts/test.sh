@@ -14,6 +14,8 @@ command -v skopeo >/dev/null 2>&1 || need+=(skopeo)                    # pushes 
 [ -x /bin/busybox ] || need+=(busybox-static)                           # the test images' userland
 command -v runc >/dev/null 2>&1 || need+=(runc)                        # the `oci` runtime
 command -v tmux >/dev/null 2>&1 || need+=(tmux)                        # drives `kubectl exec -it` in a terminal
+[ -x /usr/bin/chromium ] || need+=(chromium)                            # the dashboard's browser tests
+[ -x /usr/bin/chromedriver ] || need+=(chromium-driver)                 # ... driven over WebDriver
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "scripts/test.sh: missing ${need[*]}; run as root (or install them) first" >&2
