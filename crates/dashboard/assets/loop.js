@@ -2,7 +2,7 @@
 // reconciles per second, latency percentiles and the keys waiting out a back-off, live from
 // `/debug/controllers?watch=true`.
 
-import { follow } from './api.js';
+import { call, follow } from './api.js';
 import { h, fill, age, duration, throttled } from './dom.js';
 
 const WINDOW_MS = 5 * 60 * 1000;
@@ -38,20 +38,45 @@ function rate(points, field, now = Date.now()) {
   return dt > 0 ? (last[field] - base[field]) / dt : 0;
 }
 
+const cards = new Map(); // controller name -> {card, body, demo}
+
 function render() {
   const box = document.getElementById('controllers');
   if (!latest) return;
-  const cards = (latest.controllers || []).slice().sort((a, b) => a.name.localeCompare(b.name)).map(card);
-  fill(box, cards.length ? cards : h('p', { class: 'empty' }, 'No controllers run in this process.'));
+  document.getElementById('demo-banner').hidden = !latest.demo;
+  const controllers = (latest.controllers || []).slice().sort((a, b) => a.name.localeCompare(b.name));
+  if (!controllers.length) {
+    fill(box, h('p', { class: 'empty' }, 'No controllers run in this process.'));
+    return;
+  }
+  box.querySelector('.empty')?.remove();
+  for (const c of controllers) {
+    let entry = cards.get(c.name);
+    if (!entry) {
+      entry = { card: h('article', { class: 'card', 'data-controller': c.name }), body: h('div'), demo: null };
+      entry.card.append(entry.body);
+      cards.set(c.name, entry);
+    }
+    entry.card.dataset.mode = c.mode;
+    entry.card.dataset.eventLoss = c.eventLoss || 0;
+    fill(entry.body, cardBody(c));
+    if (latest.demo && !entry.demo) {
+      entry.demo = demoForm(c);
+      entry.card.append(entry.demo.form);
+    }
+    entry.demo?.update(c);
+    box.append(entry.card);
+  }
 }
 
-function card(c) {
+function cardBody(c) {
   const points = history.get(c.name) || [];
   const r = c.reconciles || {};
   const perSecond = rate(points, 'done');
-  return h('article', { class: 'card', 'data-controller': c.name, 'data-mode': c.mode },
+  const loss = c.eventLoss ? ` · loses ${Math.round(c.eventLoss * 100)}% of events` : '';
+  return [
     h('h3', {}, c.name, h('span', { class: 'mode' }, c.mode + (c.periodSeconds ? ` · ${duration(c.periodSeconds)}` : ''))),
-    h('p', { class: 'muted' }, `${c.kind} · ${c.workers} worker${c.workers === 1 ? '' : 's'}`),
+    h('p', { class: c.eventLoss ? 'loss' : 'muted' }, `${c.kind} · ${c.workers} worker${c.workers === 1 ? '' : 's'}${loss}`),
     h('div', { class: 'stats' },
       stat(c.queueDepth, 'queued', 'depth'), stat(c.inFlight, 'in flight', 'in-flight'),
       stat(perSecond.toFixed(perSecond < 10 ? 1 : 0), 'reconciles/s', 'rate'),
@@ -60,10 +85,47 @@ function card(c) {
     chart(c.name, points),
     h('p', { class: 'muted' },
       `${r.success || 0} ok · ${r.error || 0} failed · ${r.requeue || 0} requeued · ${r.panic || 0} panicked`),
-    h('p', { class: 'muted' },
+    h('p', { class: 'muted', 'data-resync': c.lastResync || '' },
       `last resync ${c.lastResync ? `${age(c.lastResync)} ago` : 'never'} · last list ${c.lastList ? `${age(c.lastList)} ago` : 'never'}`,
       c.lastCheck ? ` · last check ${age(c.lastCheck)} ago` : '', c.lastRepair ? ` · last repair ${age(c.lastRepair)} ago` : ''),
-    backoff(c.backoff || []));
+    backoff(c.backoff || []),
+  ];
+}
+
+/** Demo mode: switch the trigger mode and make the controller lose events, live. */
+function demoForm(c) {
+  const id = `demo-${c.name}`.replace(/[^a-zA-Z0-9-]/g, '-');
+  const mode = h('select', { id: `${id}-mode`, name: 'mode' },
+    ['level', 'edge', 'hybrid'].map((m) => h('option', { value: m }, m)));
+  const period = h('input', { id: `${id}-period`, name: 'periodSeconds', inputmode: 'decimal', class: 'replicas-input' });
+  const loss = h('input', { id: `${id}-loss`, name: 'eventLoss', inputmode: 'numeric', class: 'replicas-input' });
+  const error = h('p', { class: 'field-error', id: `${id}-error`, role: 'alert' });
+  const form = h('form', { class: 'action demo', 'data-action': 'tune', 'aria-describedby': `${id}-error` },
+    h('label', { for: `${id}-mode` }, 'Mode'), mode,
+    h('label', { for: `${id}-period` }, 'every (s)'), period,
+    h('label', { for: `${id}-loss` }, 'lose (%)'), loss,
+    h('button', { type: 'submit' }, 'Apply'), error);
+  let touched = false;
+  form.addEventListener('input', () => { touched = true; });
+  form.addEventListener('submit', async (e) => {
+    e.preventDefault();
+    error.textContent = '';
+    const body = { mode: mode.value, eventLoss: Number(loss.value) / 100 };
+    if (mode.value !== 'edge' && period.value.trim()) body.periodSeconds = Number(period.value);
+    try {
+      await call('POST', `/debug/controllers/${encodeURIComponent(c.name)}`, body);
+      touched = false;
+    } catch (err) {
+      error.textContent = err.body?.message || err.message;
+    }
+  });
+  const update = (now) => {
+    if (touched || form.contains(document.activeElement)) return;
+    mode.value = ['level', 'edge', 'hybrid'].includes(now.mode) ? now.mode : 'hybrid';
+    period.value = now.periodSeconds ?? '';
+    loss.value = Math.round((now.eventLoss || 0) * 100);
+  };
+  return { form, update };
 }
 
 function stat(value, label, key) {

@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, error, info_span, warn};
 
 use crate::cache::{Change, controller_owner, object_key};
-use crate::faults::{Fault, ReconcileFaults};
+use crate::faults::{Fault, ReconcileFaults, WatchFaults};
 use crate::informer::{HandlerId, Informer, InformerFactory};
 use crate::metrics::{ControllerLabels, Metrics, ResultLabels};
 use crate::ratelimit::{RateLimiter, default_rate_limiter};
@@ -270,7 +270,8 @@ impl Controller {
         let state = Arc::new(ControllerState {
             name: self.name.clone(),
             primary: self.primary,
-            mode: self.mode,
+            mode: watch::channel(self.mode).0,
+            event_loss: WatchFaults::default(),
             workers: self.workers,
             queue: WorkQueue::new(&self.name, limiter, metrics),
             last_errors: Mutex::default(),
@@ -313,7 +314,11 @@ pub(crate) struct Prepared {
 pub(crate) struct ControllerState {
     pub name: String,
     pub primary: ResourceInfo,
-    pub mode: TriggerMode,
+    /// The trigger mode, changeable while running (`Manager::set_mode`).
+    pub mode: watch::Sender<TriggerMode>,
+    /// Events this controller's handlers lose (a demonstration of edge mode's weakness); the
+    /// informers' caches still see them, so a resync repairs what was lost.
+    pub event_loss: WatchFaults,
     pub workers: usize,
     pub queue: Arc<WorkQueue>,
     /// The last error of every key currently failing.
@@ -335,6 +340,15 @@ pub(crate) struct ControllerMetrics {
 }
 
 impl ControllerState {
+    pub(crate) fn mode(&self) -> TriggerMode {
+        *self.mode.borrow()
+    }
+
+    /// Whether an event should reach this controller's queue now.
+    fn wants_event(&self) -> bool {
+        !matches!(self.mode(), TriggerMode::Level { .. }) && !self.event_loss.should_drop()
+    }
+
     fn set_error(&self, key: &str, error: Option<String>) {
         let mut errors = self.last_errors.lock().unwrap_or_else(|e| e.into_inner());
         match error {
@@ -400,11 +414,14 @@ pub(crate) async fn run(
     let mut all_informers = vec![primary_informer.clone()];
     let mut subscriptions: Vec<(Arc<Informer>, HandlerId)> = Vec::new();
 
-    let event_driven = !matches!(state.mode, TriggerMode::Level { .. });
-    if event_driven {
-        let q = queue.clone();
+    // Handlers are installed whatever the mode, which may change while running; a level
+    // controller's handlers ignore what they hear.
+    {
+        let (q, st) = (queue.clone(), state.clone());
         let id = primary_informer.subscribe(move |change| {
-            if let Some(key) = object_key(change.object()) {
+            if st.wants_event()
+                && let Some(key) = object_key(change.object())
+            {
                 q.add(&key);
             }
         });
@@ -412,33 +429,35 @@ pub(crate) async fn run(
     }
     for owned in &owns {
         let informer = factory.informer(owned);
-        if event_driven {
-            let q = queue.clone();
-            let id = informer.subscribe(move |change| {
-                for obj in touched(change) {
-                    if let Some(key) = owner_key(obj, &primary) {
-                        q.add(&key);
-                    }
+        let (q, st) = (queue.clone(), state.clone());
+        let id = informer.subscribe(move |change| {
+            if !st.wants_event() {
+                return;
+            }
+            for obj in touched(change) {
+                if let Some(key) = owner_key(obj, &primary) {
+                    q.add(&key);
                 }
-            });
-            subscriptions.push((informer.clone(), id));
-        }
+            }
+        });
+        subscriptions.push((informer.clone(), id));
         all_informers.push(informer);
     }
     for (kind, mapper) in &watches {
         let informer = factory.informer(kind);
-        if event_driven {
-            let (q, mapper) = (queue.clone(), mapper.clone());
-            let id = informer.subscribe(move |change| {
-                for obj in touched(change) {
-                    mapper(obj).iter().for_each(|key| q.add(key));
-                }
-            });
-            subscriptions.push((informer.clone(), id));
-        }
+        let (q, mapper, st) = (queue.clone(), mapper.clone(), state.clone());
+        let id = informer.subscribe(move |change| {
+            if !st.wants_event() {
+                return;
+            }
+            for obj in touched(change) {
+                mapper(obj).iter().for_each(|key| q.add(key));
+            }
+        });
+        subscriptions.push((informer.clone(), id));
         all_informers.push(informer);
     }
-    if let TriggerMode::AntiEntropy { check, .. } = state.mode {
+    if let TriggerMode::AntiEntropy { check, .. } = state.mode() {
         all_informers.iter().for_each(|i| i.enable_anti_entropy(check));
     }
     factory.start();
@@ -470,21 +489,39 @@ pub(crate) async fn run(
     while workers.join_next().await.is_some() {}
 }
 
-/// The level ticker or the hybrid resync loop; returns at once for edge controllers.
+/// The level ticker or the hybrid resync loop, following the mode as it changes; idle in edge mode.
 async fn tick(state: Arc<ControllerState>, primary: Arc<Informer>, informers: Vec<Arc<Informer>>) {
+    let mut modes = state.mode.subscribe();
+    let mut first = true;
+    loop {
+        let mode = *modes.borrow_and_update();
+        tokio::select! {
+            _ = tick_in(&state, mode, first, &primary, &informers) => return,
+            changed = modes.changed() => if changed.is_err() { return },
+        }
+        first = false;
+    }
+}
+
+/// One mode's periodic work, forever (edge: nothing). `first`: the informers' initial lists are
+/// fresh, so a level controller enqueues at once without re-listing.
+async fn tick_in(state: &ControllerState, mode: TriggerMode, first: bool, primary: &Informer, informers: &[Arc<Informer>]) {
     let relist_and_enqueue = || async {
-        for informer in &informers {
+        for informer in informers {
             if let Err(e) = informer.resync().await {
                 warn!(controller = %state.name, kind = informer.resource().kind, error = %e, "re-list failed; using the cache as it is");
             }
         }
-        state.enqueue_all(&primary);
+        state.enqueue_all(primary);
     };
-    match state.mode {
-        TriggerMode::Edge => {}
+    match mode {
+        TriggerMode::Edge => std::future::pending().await,
         TriggerMode::Level { interval } => {
-            // The informer's initial list is fresh: enqueue at once, re-list at each later tick.
-            state.enqueue_all(&primary);
+            if first {
+                state.enqueue_all(primary);
+            } else {
+                relist_and_enqueue().await;
+            }
             loop {
                 tokio::time::sleep(interval).await;
                 relist_and_enqueue().await;

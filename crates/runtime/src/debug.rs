@@ -23,6 +23,8 @@ pub struct ControllerSnapshot {
     pub mode: String,
     /// Level interval, hybrid resync period or anti-entropy check interval.
     pub period_seconds: Option<f64>,
+    /// The fraction of events this controller's handlers lose (0 unless a demonstration set it).
+    pub event_loss: f64,
     pub workers: usize,
     /// Keys ready for a worker.
     pub queue_depth: usize,
@@ -137,8 +139,9 @@ pub(crate) fn snapshot(controllers: &[Arc<ControllerState>], factory: &InformerF
             ControllerSnapshot {
                 name: c.name.clone(),
                 kind: c.primary.kind.to_string(),
-                mode: c.mode.name().to_string(),
-                period_seconds: c.mode.period().map(|p| p.as_secs_f64()),
+                mode: c.mode().name().to_string(),
+                period_seconds: c.mode().period().map(|p| p.as_secs_f64()),
+                event_loss: c.event_loss.drop_fraction(),
                 workers: c.workers,
                 queue_depth: c.queue.len(),
                 in_flight: c.queue.in_flight(),

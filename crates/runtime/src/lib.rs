@@ -20,5 +20,5 @@ pub use controller::{Action, Controller, Reconciler, TriggerMode};
 pub use client::{Client, DeleteParams, ListParams, ObjectList, Patch, Propagation, WatchEvent};
 pub use faults::{ReconcileFaults, WatchFaults};
 pub use informer::{Informer, InformerFactory};
-pub use manager::{Manager, RunningManager};
+pub use manager::{Manager, RunningManager, TuneError};
 pub use metrics::Metrics;

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
+use crate::TriggerMode;
 use crate::client::Client;
 use crate::controller::{self, Controller, ControllerState};
 use crate::debug::{self, ControllersSnapshot};
@@ -87,11 +88,47 @@ impl Manager {
         RunningManager { manager, stop: Some(stop), task }
     }
 
+    /// Changes a running controller's trigger mode and the fraction of events its handlers lose,
+    /// at once (a demonstration of the seeds' experiment, live). Anti-entropy is set up with the
+    /// informers at start, so it is neither entered nor left here.
+    pub fn tune(&self, name: &str, mode: Option<TriggerMode>, event_loss: Option<f64>) -> Result<(), TuneError> {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let c = running.iter().find(|c| c.name == name).ok_or_else(|| TuneError::NotFound(name.to_string()))?;
+        if let Some(loss) = event_loss
+            && !(0.0..=1.0).contains(&loss)
+        {
+            return Err(TuneError::Invalid(format!("eventLoss must be between 0 and 1, not {loss}")));
+        }
+        if let Some(mode) = mode {
+            let anti = |m: &TriggerMode| matches!(m, TriggerMode::AntiEntropy { .. });
+            if anti(&mode) || anti(&c.mode()) {
+                return Err(TuneError::Invalid("anti-entropy is chosen at start (--controller-mode); it cannot be switched to or from while running".into()));
+            }
+            if mode.period().is_some_and(|p| p.is_zero()) {
+                return Err(TuneError::Invalid("the period must be longer than 0 seconds".into()));
+            }
+            c.mode.send_replace(mode);
+        }
+        if let Some(loss) = event_loss {
+            c.event_loss.set_drop_fraction(loss);
+        }
+        Ok(())
+    }
+
     /// The `/debug/controllers` view: every running controller with its queue and backoff state.
     pub fn snapshot(&self) -> ControllersSnapshot {
         let running = self.running.lock().unwrap_or_else(|e| e.into_inner()).clone();
         debug::snapshot(&running, &self.factory)
     }
+}
+
+/// Why `Manager::tune` refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TuneError {
+    #[error("no controller named {0:?} runs here")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// A manager running in its own task (`Manager::spawn`).
@@ -237,6 +274,34 @@ mod tests {
         let took = wait_until(period * 2, || all_derived_are(&client, &names, "2")).await;
         let took = took.expect("hybrid must converge without any watch event");
         assert!(took <= period.mul_f64(1.1), "converged after {took:?}, more than one resync period (±10%)");
+        running.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_edge_controller_that_loses_its_events_stays_stuck_until_switched_to_hybrid_while_running() {
+        let client = Arc::new(MemoryClient::new());
+        let names = create_sources(&client, 3, "1").await;
+        let running = Manager::spawn(toy_manager(&client, TriggerMode::edge()));
+        assert!(wait_until(Duration::from_secs(1), || all_derived_are(&client, &names, "1")).await.is_some());
+
+        let m = running.manager();
+        m.tune("toy", None, Some(1.0)).unwrap();
+        set_all_sources(&client, &names, "2").await;
+        assert!(wait_until(Duration::from_secs(600), || all_derived_are(&client, &names, "2")).await.is_none(), "edge never repairs");
+        assert_eq!(m.snapshot().controllers[0].event_loss, 1.0);
+
+        let period = Duration::from_secs(10);
+        m.tune("toy", Some(TriggerMode::hybrid().with_period(period)), None).unwrap();
+        let took = wait_until(period * 2, || all_derived_are(&client, &names, "2")).await;
+        assert!(took.expect("the next resync repairs") <= period.mul_f64(1.1), "{took:?}");
+        let toy = &m.snapshot().controllers[0];
+        assert_eq!((toy.mode.as_str(), toy.period_seconds), ("hybrid", Some(10.0)));
+        assert!(toy.last_resync.is_some());
+
+        assert_eq!(m.tune("nope", None, None), Err(TuneError::NotFound("nope".into())));
+        assert!(matches!(m.tune("toy", None, Some(1.5)), Err(TuneError::Invalid(_))));
+        assert!(matches!(m.tune("toy", Some(TriggerMode::anti_entropy()), None), Err(TuneError::Invalid(_))));
+        assert_eq!(m.snapshot().controllers[0].mode, "hybrid", "a refused change changes nothing");
         running.stop().await;
     }
 

@@ -140,6 +140,11 @@ struct ServerArgs {
     /// Snapshots kept in <data-dir>/snapshots/; older ones are removed.
     #[arg(long, default_value_t = 3)]
     snapshot_keep: usize,
+    /// Let the dashboard (and `POST /debug/controllers/NAME`) switch a controller's trigger mode
+    /// and make it lose events, to watch edge mode get stuck and a resync repair it. For
+    /// demonstrations only: it breaks the cluster on purpose.
+    #[arg(long)]
+    dashboard_demo: bool,
     #[command(flatten)]
     controllers: ControllerArgs,
 }
@@ -309,7 +314,7 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
     // Behind the API's bearer token: they name objects and their errors, or hold every object.
     let router = server.router_with(
         axum::Router::new()
-            .route("/debug/controllers", controllers_view::route(debug_manager))
+            .merge(controllers_view::routes(debug_manager, args.dashboard_demo))
             .route("/backup", axum::routing::get(move || backup::serve(backup_store.clone())))
             .merge(shepherd_dashboard::router()),
     );

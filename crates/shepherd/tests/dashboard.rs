@@ -140,6 +140,18 @@ async fn screenshots(client: &Client, name: &str) {
     client.set_window_size(DESKTOP.0, DESKTOP.1).await.expect("resize back");
 }
 
+/// Fills in and applies a controller's demo form on the loop page.
+async fn tune_from_page(client: &Client, card: &str, mode: &str, period: &str, loss: &str) {
+    let select = client.find(Locator::Css(&format!("{card} select[name=\"mode\"]"))).await.expect("mode select");
+    select.select_by_value(mode).await.expect("choose a mode");
+    for (name, value) in [("periodSeconds", period), ("eventLoss", loss)] {
+        let field = client.find(Locator::Css(&format!("{card} input[name=\"{name}\"]"))).await.expect("demo field");
+        field.clear().await.expect("clear");
+        field.send_keys(value).await.expect("type");
+    }
+    client.find(Locator::Css(&format!("{card} form.demo button"))).await.expect("apply").click().await.expect("click apply");
+}
+
 async fn deployment(url: &str) -> Value {
     reqwest::get(format!("{url}/apis/apps/v1/namespaces/default/deployments/web")).await.expect("get").json().await.expect("json")
 }
@@ -155,7 +167,7 @@ const ADDED: &str = "return Number(document.querySelector('[data-controller=\"re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_person_does() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = Daemon::start("standalone", dir.path(), &["--restart-backoff-seconds", "0.2"]);
+    let daemon = Daemon::start("standalone", dir.path(), &["--restart-backoff-seconds", "0.2", "--dashboard-demo"]);
     let url = daemon.url.clone();
     let (_driver, client) = browser().await;
 
@@ -219,6 +231,32 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     let after = deployment(&url).await;
     assert_eq!(after["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"], "bad input changed the Deployment");
     assert_no_page_errors(&client, "cluster").await;
+
+    // Demo mode, the seeds' experiment live: the replicaset controller in edge mode losing every
+    // event leaves a scale-up pending; switched to hybrid, its next resync repairs it.
+    let card = "[data-controller=\"replicaset\"]";
+    client.find(Locator::Css("nav a[data-view=\"loop\"]")).await.expect("loop link").click().await.expect("open the loop view");
+    wait_for(&client, "the demo banner", "return !document.getElementById('demo-banner').hidden;").await;
+    tune_from_page(&client, card, "edge", "", "150").await;
+    let refused = wait_for(&client, "the demo form's error", &format!("return document.querySelector('{card} form.demo .field-error')?.textContent;")).await;
+    assert!(refused.as_str().is_some_and(|m| m.contains("eventLoss")), "{refused}");
+    tune_from_page(&client, card, "edge", "", "100").await;
+    wait_for(&client, "edge mode losing every event", &format!(
+        "const c = document.querySelector('{card}'); return c.dataset.mode === 'edge' && c.dataset.eventLoss === '1';")).await;
+    client.find(Locator::Css("nav a[data-view=\"cluster\"]")).await.expect("cluster link").click().await.expect("open the cluster view");
+    submit(&client, "input[data-deployment=\"default/web\"]", "6").await;
+    let desired = "return document.querySelector('[data-deployment=\"default/web\"]')?.dataset.desired === '6';";
+    wait_for(&client, "the Deployment to want 6", desired).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(js(&client, &ready_is(5)).await, json!(true), "the lost events must leave the scale-up pending");
+    screenshots(&client, "demo-pending").await;
+    client.find(Locator::Css("nav a[data-view=\"loop\"]")).await.expect("loop link").click().await.expect("open the loop view");
+    tune_from_page(&client, card, "hybrid", "2", "100").await;
+    wait_for(&client, "hybrid mode", &format!("return document.querySelector('{card}').dataset.mode === 'hybrid';")).await;
+    wait_for(&client, "a resync", &format!("return document.querySelector('{card} [data-resync]')?.dataset.resync;")).await;
+    client.find(Locator::Css("nav a[data-view=\"cluster\"]")).await.expect("cluster link").click().await.expect("open the cluster view");
+    wait_for(&client, "the resync to repair the scale-up: 6 ready", &ready_is(6)).await;
+    assert_no_page_errors(&client, "demo").await;
 
     client.close().await.expect("close the browser");
     drop(daemon);
