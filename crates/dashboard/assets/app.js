@@ -3,13 +3,14 @@
 import { onConnection, setToken } from './api.js';
 import { startCluster } from './cluster.js';
 import { startLoop } from './loop.js';
+import { showBenchmarks } from './benchmarks.js';
 
 // Errors a test (or a curious person) can read: every uncaught error is kept, not only logged.
 window.dashboardErrors = [];
 window.addEventListener('error', (e) => window.dashboardErrors.push(String(e.message)));
 window.addEventListener('unhandledrejection', (e) => window.dashboardErrors.push(String(e.reason?.message || e.reason)));
 
-const VIEWS = ['cluster', 'loop'];
+const VIEWS = ['cluster', 'loop', 'benchmarks'];
 
 function route() {
   const view = VIEWS.find((v) => location.hash === `#/${v}`) || 'cluster';
@@ -19,6 +20,7 @@ function route() {
     else a.removeAttribute('aria-current');
   }
   document.body.dataset.view = view;
+  if (view === 'benchmarks') showBenchmarks();
 }
 
 function connection() {

@@ -16,12 +16,27 @@ const PATHS = {
   leases: '/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases',
 };
 
+// The page keeps every object, and draws at most this many of each (a cluster of 10,000 pods
+// stays responsive): the data is capped by nothing, the rendering by these.
 const EVENTS_SHOWN = 60;
+const DEPLOYMENTS_SHOWN = 60;
+const NODES_SHOWN = 100;
+const GROUPS_SHOWN = 40;
+const PODS_SHOWN_PER_GROUP = 50;
+const SERVICES_SHOWN = 100;
+
+const visible = () => document.body.dataset.view === 'cluster';
 
 export function startCluster() {
-  const draw = throttled(() => render(inf));
+  const draw = throttled(() => visible() && render(inf), 150);
   const inf = Object.fromEntries(Object.entries(PATHS).map(([k, p]) => [k, new Informer(p, draw).start()]));
   setInterval(draw, 5000); // ages move on even when nothing changes
+  window.addEventListener('hashchange', draw);
+}
+
+/** "and 9,950 more" under a capped list. */
+function more(hidden, what) {
+  return hidden > 0 ? h('p', { class: 'muted more' }, `and ${hidden.toLocaleString('en')} more ${what}`) : null;
 }
 
 function render(inf) {
@@ -42,7 +57,8 @@ const cards = new Map(); // key -> {card, parts}
 
 function renderDeployments(inf) {
   const box = document.getElementById('deployments');
-  const deployments = inf.deployments.list().sort(byName);
+  const all = inf.deployments.list().sort(byName);
+  const deployments = all.slice(0, DEPLOYMENTS_SHOWN);
   const keys = new Set(deployments.map(Informer.key));
   for (const [key, c] of cards) {
     if (!keys.has(key)) {
@@ -60,8 +76,11 @@ function renderDeployments(inf) {
     updateCard(c, d);
     box.append(c.card); // keeps sorted order; moving an element keeps its focus and inputs
   }
+  box.querySelector('.more')?.remove();
   if (!deployments.length && inf.deployments.synced) fill(box, h('p', { class: 'empty' }, 'No Deployments yet.'));
   else box.querySelector('.empty')?.remove();
+  const hidden = more(all.length - deployments.length, 'Deployments');
+  if (hidden) box.append(hidden);
 }
 
 function deploymentCard(d) {
@@ -161,13 +180,17 @@ function imageForm(c, container) {
 // ---- Nodes and namespaces -------------------------------------------------------------------
 
 function renderNodes(inf) {
-  const pods = inf.pods.list().filter(live);
+  const perNode = new Map();
+  for (const p of inf.pods.items.values()) {
+    if (live(p) && p.spec?.nodeName) perNode.set(p.spec.nodeName, (perNode.get(p.spec.nodeName) || 0) + 1);
+  }
   const leases = inf.leases.items;
-  const rows = inf.nodes.list().sort(byName).map((n) => {
+  const nodes = inf.nodes.list().sort(byName);
+  const rows = nodes.slice(0, NODES_SHOWN).map((n) => {
     const ready = (n.status?.conditions || []).find((c) => c.type === 'Ready');
     const isReady = ready?.status === 'True';
     const lease = leases.get(`kube-node-lease/${n.metadata.name}`);
-    const count = pods.filter((p) => p.spec?.nodeName === n.metadata.name).length;
+    const count = perNode.get(n.metadata.name) || 0;
     const capacity = n.status?.allocatable?.pods || n.status?.capacity?.pods || '?';
     const taints = (n.spec?.taints || []).map((t) => `${t.key}${t.value ? `=${t.value}` : ''}:${t.effect}`).join(', ');
     return h('tr', { 'data-node': n.metadata.name },
@@ -177,6 +200,7 @@ function renderNodes(inf) {
       h('td', {}, `${count}/${capacity}`),
       h('td', {}, taints || h('span', { class: 'muted' }, 'none')));
   });
+  if (nodes.length > rows.length) rows.push(emptyRow(5, `and ${(nodes.length - rows.length).toLocaleString('en')} more nodes`));
   fill(document.querySelector('#nodes tbody'), rows.length ? rows : emptyRow(5, 'No nodes have joined.'));
 }
 
@@ -205,19 +229,24 @@ function ownerOf(pod, replicasets) {
 function renderPods(inf) {
   const box = document.getElementById('pods');
   const groups = new Map();
-  for (const p of inf.pods.list()) {
+  for (const p of inf.pods.items.values()) {
     const owner = ownerOf(p, inf.replicasets.items);
     if (!groups.has(owner)) groups.set(owner, []);
     groups.get(owner).push(p);
   }
-  const sections = [...groups.entries()].sort(([a], [b]) => a.localeCompare(b)).map(([owner, pods]) => {
+  const sorted = [...groups.entries()].sort(([a], [b]) => a.localeCompare(b));
+  const sections = sorted.slice(0, GROUPS_SHOWN).map(([owner, pods]) => {
     pods.sort((a, b) => (a.spec?.nodeName || '').localeCompare(b.spec?.nodeName || '') || byName(a, b));
+    const shown = pods.slice(0, PODS_SHOWN_PER_GROUP);
     return h('section', { class: 'group' },
       h('h3', {}, owner, ' ', h('span', { class: 'muted' }, `${pods.length} pod${pods.length === 1 ? '' : 's'}`)),
       h('div', { class: 'scroll' }, h('table', {},
         h('thead', {}, h('tr', {}, ['Name', 'Node', 'Phase', 'Ready', 'Restarts', 'Age', ''].map((t) => h('th', { scope: 'col' }, t)))),
-        h('tbody', {}, pods.map(podRow)))));
+        h('tbody', {}, shown.map(podRow)))),
+      more(pods.length - shown.length, 'pods'));
   });
+  const hidden = more(sorted.length - sections.length, 'owners');
+  if (hidden) sections.push(hidden);
   if (!sections.length) fill(box, h('p', { class: 'empty' }, inf.pods.synced ? 'No pods.' : 'Loading…'));
   else fill(box, sections);
 }
@@ -247,7 +276,8 @@ function podRow(p) {
 // ---- Services and Events ---------------------------------------------------------------------
 
 function renderServices(inf) {
-  const rows = inf.services.list().sort(byName).map((s) => {
+  const services = inf.services.list().sort(byName);
+  const rows = services.slice(0, SERVICES_SHOWN).map((s) => {
     const ep = inf.endpoints.items.get(Informer.key(s));
     const addresses = (ep?.subsets || []).flatMap((sub) =>
       (sub.addresses || []).flatMap((a) => (sub.ports || [{}]).map((port) => `${a.ip}${port.port ? `:${port.port}` : ''}`)));
@@ -259,6 +289,7 @@ function renderServices(inf) {
       h('td', {}, ports),
       h('td', {}, addresses.length ? addresses.join(', ') : h('span', { class: 'muted' }, 'none ready')));
   });
+  if (services.length > rows.length) rows.push(emptyRow(5, `and ${(services.length - rows.length).toLocaleString('en')} more Services`));
   fill(document.querySelector('#services tbody'), rows.length ? rows : emptyRow(5, 'No Services.'));
 }
 

@@ -11,7 +11,8 @@ const history = new Map(); // controller name -> [{t, depth, inFlight, adds, don
 let latest = null;
 
 export function startLoop() {
-  const draw = throttled(render, 250);
+  const draw = throttled(() => document.body.dataset.view === 'loop' && render(), 250);
+  window.addEventListener('hashchange', draw);
   follow('/debug/controllers?watch=true', (snapshot) => {
     latest = snapshot;
     const now = Date.now();

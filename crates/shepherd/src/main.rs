@@ -145,6 +145,10 @@ struct ServerArgs {
     /// demonstrations only: it breaks the cluster on purpose.
     #[arg(long)]
     dashboard_demo: bool,
+    /// The benchmark harness's results directory, whose trigger-mode experiment the dashboard's
+    /// Benchmarks view shows when it is there.
+    #[arg(long, default_value = "bench/results")]
+    bench_results: PathBuf,
     #[command(flatten)]
     controllers: ControllerArgs,
 }
@@ -316,7 +320,7 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         axum::Router::new()
             .merge(controllers_view::routes(debug_manager, args.dashboard_demo))
             .route("/backup", axum::routing::get(move || backup::serve(backup_store.clone())))
-            .merge(shepherd_dashboard::router()),
+            .merge(shepherd_dashboard::router(Some(args.bench_results.clone()))),
     );
 
     let open_files = raise_open_file_limit();

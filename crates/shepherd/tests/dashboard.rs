@@ -167,7 +167,10 @@ const ADDED: &str = "return Number(document.querySelector('[data-controller=\"re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_person_does() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = Daemon::start("standalone", dir.path(), &["--restart-backoff-seconds", "0.2", "--dashboard-demo"]);
+    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results");
+    let results = results.to_str().expect("utf-8 path");
+    let daemon =
+        Daemon::start("standalone", dir.path(), &["--restart-backoff-seconds", "0.2", "--dashboard-demo", "--bench-results", results]);
     let url = daemon.url.clone();
     let (_driver, client) = browser().await;
 
@@ -201,15 +204,18 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     .await;
 
     // Scaling to 5 from the page: five pods, and the replicaset controller's queue chart moved.
+    let (loop_link, cluster_link) = ("nav a[data-view=\"loop\"]", "nav a[data-view=\"cluster\"]");
+    client.find(Locator::Css(loop_link)).await.expect("loop link").click().await.expect("open the loop view");
+    wait_for(&client, "the replicaset controller's card", "return document.querySelector('[data-controller=\"replicaset\"]')?.offsetParent;").await;
     let added_before = js(&client, ADDED).await.as_u64().unwrap_or(0);
+    client.find(Locator::Css(cluster_link)).await.expect("cluster link").click().await.expect("open the cluster view");
     submit(&client, "input[data-deployment=\"default/web\"]", "5").await;
     wait_for(&client, "5 ready replicas", &ready_is(5)).await;
     wait_for(&client, "5 running pods", "return document.querySelectorAll('tr[data-pod^=\"default/web-\"][data-phase=\"Running\"]').length === 5;").await;
     assert_eq!(deployment(&url).await["spec"]["replicas"], json!(5));
+    client.find(Locator::Css(loop_link)).await.expect("loop link").click().await.expect("open the loop view");
     let added = format!("const n = (() => {{ {ADDED} }})(); return n > {added_before} && n;");
     wait_for(&client, "the replicaset queue chart to move", &added).await;
-    client.find(Locator::Css("nav a[data-view=\"loop\"]")).await.expect("loop link").click().await.expect("open the loop view");
-    wait_for(&client, "the replicaset controller's card", "return document.querySelector('[data-controller=\"replicaset\"]')?.offsetParent;").await;
     let mode = js(&client, "return document.querySelector('[data-controller=\"replicaset\"]').dataset.mode;").await;
     assert_eq!(mode, json!("hybrid"));
     assert_no_page_errors(&client, "loop").await;
@@ -257,6 +263,16 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     client.find(Locator::Css("nav a[data-view=\"cluster\"]")).await.expect("cluster link").click().await.expect("open the cluster view");
     wait_for(&client, "the resync to repair the scale-up: 6 ready", &ready_is(6)).await;
     assert_no_page_errors(&client, "demo").await;
+
+    // The Benchmarks view: the trigger-mode experiment's table and plot from bench/results.
+    client.find(Locator::Css("nav a[data-view=\"benchmarks\"]")).await.expect("benchmarks link").click().await.expect("open");
+    let rows = wait_for(&client, "the experiment's table", "return document.querySelectorAll('[data-result=\"trigger-modes.json\"] tbody tr').length;").await;
+    assert!(rows.as_u64().is_some_and(|n| n >= 4), "{rows} rows");
+    wait_for(&client, "the plot", "const img = document.querySelector('[data-result=\"trigger-modes.json\"] img'); return img?.complete && img.naturalWidth > 0;").await;
+    let text = js(&client, "return document.getElementById('benchmarks').textContent;").await;
+    assert!(text.as_str().is_some_and(|t| t.contains("edge") && t.contains("hybrid")), "{text}");
+    assert_no_page_errors(&client, "benchmarks").await;
+    screenshots(&client, "benchmarks").await;
 
     client.close().await.expect("close the browser");
     drop(daemon);
