@@ -4,6 +4,7 @@
 mod apply_cost;
 mod cluster;
 mod counting;
+mod dashboard;
 mod experiment;
 mod peer;
 mod plot;
@@ -68,6 +69,19 @@ enum Scenario {
         #[arg(long, default_value_t = 1_000)]
         services: usize,
         #[arg(long, default_value_t = 50.0)]
+        change_rate: f64,
+        #[arg(long, default_value_t = 20.0)]
+        change_seconds: f64,
+    },
+    /// The web dashboard in headless Chromium on a cluster of N pods: first paint, time to live
+    /// data, then frames and long tasks while pods change at a fixed rate.
+    Dashboard {
+        #[arg(long, default_value_t = 1_000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 10_000)]
+        pods: usize,
+        /// Pod changes per second while the page watches.
+        #[arg(long, default_value_t = 500.0)]
         change_rate: f64,
         #[arg(long, default_value_t = 20.0)]
         change_seconds: f64,
@@ -200,6 +214,14 @@ async fn main() -> anyhow::Result<()> {
             workloads::apply_to_running(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime).await?
         }
         Scenario::Images { runs } => workloads::images(&cli.shepherd, if cli.smoke { 1 } else { runs }).await?,
+        Scenario::Dashboard { nodes, pods, change_rate, change_seconds } => {
+            let p = if cli.smoke {
+                dashboard::DashboardParams { nodes: 5, pods: 50, change_rate: 50.0, change_seconds: 2.0 }
+            } else {
+                dashboard::DashboardParams { nodes, pods, change_rate, change_seconds }
+            };
+            dashboard::run(&cli.shepherd, p).await?
+        }
         Scenario::ScaleOut { nodes, replicas, deployments, timeout_seconds, server_arg } => {
             let (nodes, replicas) = if cli.smoke { (5, 20) } else { (nodes, replicas) };
             let p = scale::Params {

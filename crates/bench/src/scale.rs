@@ -38,10 +38,10 @@ pub struct Params {
 }
 
 /// The server and the simulated-node agent, each a child process.
-struct Cluster {
+pub(crate) struct Cluster {
     _server_dir: tempfile::TempDir,
     _agent_dir: tempfile::TempDir,
-    server: Process,
+    pub(crate) server: Process,
     agent: Child,
     // Kept open so that the agent's later writes to stdout do not fail.
     _agent_stdout: BufReader<ChildStdout>,
@@ -85,7 +85,7 @@ fn is_running_ready(p: &Value) -> bool {
         && is_ready(p)
 }
 
-async fn start_cluster(binary: &Path, nodes: usize, extra: &[String]) -> anyhow::Result<(Cluster, Duration)> {
+pub(crate) async fn start_cluster(binary: &Path, nodes: usize, extra: &[String]) -> anyhow::Result<(Cluster, Duration)> {
     let server_dir = tempfile::tempdir()?;
     let agent_dir = tempfile::tempdir()?;
     let data = server_dir.path().to_string_lossy().to_string();
@@ -135,7 +135,7 @@ async fn ready_replicas(http: &reqwest::Client, url: &str) -> anyhow::Result<usi
 }
 
 /// Creates the Deployment and waits for all its replicas to be Ready; returns the results.
-async fn scale_out(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Result<Value> {
+pub(crate) async fn scale_out(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Result<Value> {
     let (spid, apid) = (c.server_pid(), c.agent_pid());
     let (server_cpu0, agent_cpu0) = (procstat::cpu_seconds(&spid), procstat::cpu_seconds(&apid));
     let rss_before = procstat::rss_mib(&spid);

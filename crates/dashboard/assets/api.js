@@ -185,6 +185,7 @@ export class Informer {
       }
       if (o?.metadata?.resourceVersion) this.resourceVersion = o.metadata.resourceVersion;
       if (event.type === 'BOOKMARK') continue;
+      if (window.dashboardPerf) window.dashboardPerf.watchEvents++;
       if (event.type === 'DELETED') this.items.delete(Informer.key(o));
       else this.items.set(Informer.key(o), o);
       this.onChange();

@@ -10,6 +10,25 @@ window.dashboardErrors = [];
 window.addEventListener('error', (e) => window.dashboardErrors.push(String(e.message)));
 window.addEventListener('unhandledrejection', (e) => window.dashboardErrors.push(String(e.reason?.message || e.reason)));
 
+// What a benchmark reads: frames (the longest gap between two since the last reset, and how many
+// gaps passed 100 ms) and the browser's long tasks.
+const perf = { maxFrameGapMs: 0, framesOver100: 0, frames: 0, longTasks: [], watchEvents: 0 };
+perf.reset = () => Object.assign(perf, { maxFrameGapMs: 0, framesOver100: 0, frames: 0, longTasks: [], watchEvents: 0 });
+window.dashboardPerf = perf;
+let lastFrame = performance.now();
+requestAnimationFrame(function frame(t) {
+  const gap = t - lastFrame;
+  lastFrame = t;
+  perf.frames++;
+  perf.maxFrameGapMs = Math.max(perf.maxFrameGapMs, gap);
+  if (gap > 100) perf.framesOver100++;
+  requestAnimationFrame(frame);
+});
+if (PerformanceObserver.supportedEntryTypes?.includes('longtask')) {
+  new PerformanceObserver((list) => { for (const e of list.getEntries()) perf.longTasks.push(e.duration); })
+    .observe({ type: 'longtask', buffered: true });
+}
+
 const VIEWS = ['cluster', 'loop', 'benchmarks'];
 
 function route() {

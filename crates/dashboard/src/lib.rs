@@ -4,6 +4,9 @@
 //! the browser gets. It reads everything through the API's own list and watch calls, and the
 //! controllers' state through `/debug/controllers?watch=true`.
 
+#[cfg(feature = "webdriver")]
+pub mod webdriver;
+
 use std::path::PathBuf;
 
 use axum::Router;

@@ -4,94 +4,26 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Daemon;
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::{Client, Locator};
 use serde_json::{Value, json};
+use shepherd_dashboard::webdriver::Browser;
 
-const CHROMIUM: &str = "/usr/bin/chromium";
-const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const DESKTOP: (u32, u32) = (1280, 900);
 const PHONE: (u32, u32) = (390, 844);
 
-/// chromedriver and the browser profile it runs with; both go when the test ends, pass or fail.
-struct Driver {
-    child: Child,
-    _profile: tempfile::TempDir,
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn browser() -> (Driver, Client) {
-    for bin in [CHROMIUM, CHROMEDRIVER] {
-        assert!(
-            Path::new(bin).exists(),
-            "{bin} is missing: the dashboard's browser tests need Debian's chromium and chromium-driver packages \
-             (scripts/test.sh installs them)"
-        );
-    }
-    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-    let profile = tempfile::tempdir().expect("profile dir");
-    let child = Command::new(CHROMEDRIVER)
-        .arg(format!("--port={port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start chromedriver");
-    let driver = Driver { child, _profile: profile };
-    let args = [
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        &format!("--user-data-dir={}", driver._profile.path().display()),
-        &format!("--window-size={},{}", DESKTOP.0, DESKTOP.1),
-    ];
-    let caps = json!({"goog:chromeOptions": {"binary": CHROMIUM, "args": args}});
-    let Value::Object(caps) = caps else { unreachable!("a JSON object literal") };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let client = loop {
-        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-        match ClientBuilder::new(connector).capabilities(caps.clone()).connect(&format!("http://127.0.0.1:{port}")).await {
-            Ok(c) => break c,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "chromedriver on port {port} did not start a browser: {e}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    };
-    (driver, client)
-}
-
-/// Runs `script` (a function body that returns a value) in the page until it returns something
-/// truthy, and returns that.
-async fn wait_for(client: &Client, what: &str, script: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(45);
-    loop {
-        let last = match client.execute(script, vec![]).await {
-            Ok(v) if !matches!(v, Value::Null | Value::Bool(false)) && v != json!(0) && v != json!("") => return v,
-            Ok(v) => v,
-            Err(e) => json!(e.to_string()),
-        };
-        if Instant::now() >= deadline {
-            let page = client.execute(SEEN, vec![]).await.unwrap_or_else(|e| json!(e.to_string()));
+/// Runs `script` in the page until it returns something truthy, and returns that; on time-out,
+/// fails with what the page showed.
+async fn wait_for(browser: &Browser, what: &str, script: &str) -> Value {
+    match browser.wait_for(script, Duration::from_secs(45)).await {
+        Ok(v) => v,
+        Err(last) => {
+            let page = browser.client.execute(SEEN, vec![]).await.unwrap_or_else(|e| json!(e.to_string()));
             panic!("timed out waiting for {what}; last answer: {last}; the page showed: {page:#}");
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -172,7 +104,8 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     let daemon =
         Daemon::start("standalone", dir.path(), &["--restart-backoff-seconds", "0.2", "--dashboard-demo", "--bench-results", results]);
     let url = daemon.url.clone();
-    let (_driver, client) = browser().await;
+    let browser = Browser::start(DESKTOP.0, DESKTOP.1).await.unwrap_or_else(|e| panic!("{e}"));
+    let client = browser.client.clone();
 
     let seed = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
         "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
@@ -183,9 +116,9 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
 
     // The seed's Deployment appears with three ready pods.
     client.goto(&format!("{url}/dashboard/")).await.expect("open the dashboard");
-    wait_for(&client, "3 ready replicas", &ready_is(3)).await;
-    wait_for(&client, "3 running pods", "return document.querySelectorAll('tr[data-pod^=\"default/web-\"][data-phase=\"Running\"]').length === 3;").await;
-    wait_for(&client, "the node", "return document.querySelector('#nodes tr[data-node] .yes');").await;
+    wait_for(&browser, "3 ready replicas", &ready_is(3)).await;
+    wait_for(&browser, "3 running pods", "return document.querySelectorAll('tr[data-pod^=\"default/web-\"][data-phase=\"Running\"]').length === 3;").await;
+    wait_for(&browser, "the node", "return document.querySelector('#nodes tr[data-node] .yes');").await;
     screenshots(&client, "cluster").await;
 
     // Deleting web-0 from the page: it goes and its replacement comes, without a reload.
@@ -196,26 +129,26 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
         "const rows = [...document.querySelectorAll('tr[data-pod^=\"default/web-\"]')];
          return !rows.some(r => r.dataset.uid === {uid}) && rows.filter(r => r.dataset.phase === 'Running').length === 3;"
     );
-    wait_for(&client, "web-0 replaced by a running pod", &gone).await;
+    wait_for(&browser, "web-0 replaced by a running pod", &gone).await;
     assert_eq!(js(&client, "return window.notReloaded === true;").await, json!(true), "the page reloaded");
     let feed = "return [...document.querySelectorAll('#events li')].map(li => li.textContent).join('\\n');";
-    wait_for(&client, "Events of the deleted pod and of its replacement",
+    wait_for(&browser, "Events of the deleted pod and of its replacement",
         &format!("const t = (() => {{ {feed} }})(); return /Killing\\s*Pod web-0/.test(t) && (t.match(/Created pod: web-/g) || []).length >= 4 && t;"))
     .await;
 
     // Scaling to 5 from the page: five pods, and the replicaset controller's queue chart moved.
     let (loop_link, cluster_link) = ("nav a[data-view=\"loop\"]", "nav a[data-view=\"cluster\"]");
     client.find(Locator::Css(loop_link)).await.expect("loop link").click().await.expect("open the loop view");
-    wait_for(&client, "the replicaset controller's card", "return document.querySelector('[data-controller=\"replicaset\"]')?.offsetParent;").await;
+    wait_for(&browser, "the replicaset controller's card", "return document.querySelector('[data-controller=\"replicaset\"]')?.offsetParent;").await;
     let added_before = js(&client, ADDED).await.as_u64().unwrap_or(0);
     client.find(Locator::Css(cluster_link)).await.expect("cluster link").click().await.expect("open the cluster view");
     submit(&client, "input[data-deployment=\"default/web\"]", "5").await;
-    wait_for(&client, "5 ready replicas", &ready_is(5)).await;
-    wait_for(&client, "5 running pods", "return document.querySelectorAll('tr[data-pod^=\"default/web-\"][data-phase=\"Running\"]').length === 5;").await;
+    wait_for(&browser, "5 ready replicas", &ready_is(5)).await;
+    wait_for(&browser, "5 running pods", "return document.querySelectorAll('tr[data-pod^=\"default/web-\"][data-phase=\"Running\"]').length === 5;").await;
     assert_eq!(deployment(&url).await["spec"]["replicas"], json!(5));
     client.find(Locator::Css(loop_link)).await.expect("loop link").click().await.expect("open the loop view");
     let added = format!("const n = (() => {{ {ADDED} }})(); return n > {added_before} && n;");
-    wait_for(&client, "the replicaset queue chart to move", &added).await;
+    wait_for(&browser, "the replicaset queue chart to move", &added).await;
     let mode = js(&client, "return document.querySelector('[data-controller=\"replicaset\"]').dataset.mode;").await;
     assert_eq!(mode, json!("hybrid"));
     assert_no_page_errors(&client, "loop").await;
@@ -226,13 +159,13 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     let before = deployment(&url).await;
     for bad in ["-1", "five"] {
         submit(&client, "input[data-deployment=\"default/web\"]", bad).await;
-        let shown = wait_for(&client, "the scale error", "return document.querySelector('[data-action=\"scale\"] .field-error')?.textContent;").await;
+        let shown = wait_for(&browser, "the scale error", "return document.querySelector('[data-action=\"scale\"] .field-error')?.textContent;").await;
         let shown = shown.as_str().unwrap_or_default().to_string();
         assert!(shown.contains("spec.replicas") && shown.contains("is invalid"), "scale to {bad}: {shown}");
         js(&client, "document.querySelector('[data-action=\"scale\"] .field-error').textContent = ''; return true;").await;
     }
     submit(&client, "input[data-container=\"web\"]", "bad image").await;
-    let shown = wait_for(&client, "the image error", "return document.querySelector('[data-action=\"image\"] .field-error')?.textContent;").await;
+    let shown = wait_for(&browser, "the image error", "return document.querySelector('[data-action=\"image\"] .field-error')?.textContent;").await;
     assert!(shown.as_str().is_some_and(|s| s.contains("containers[0].image") && s.contains("whitespace")), "{shown}");
     let after = deployment(&url).await;
     assert_eq!(after["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"], "bad input changed the Deployment");
@@ -242,38 +175,39 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     // event leaves a scale-up pending; switched to hybrid, its next resync repairs it.
     let card = "[data-controller=\"replicaset\"]";
     client.find(Locator::Css("nav a[data-view=\"loop\"]")).await.expect("loop link").click().await.expect("open the loop view");
-    wait_for(&client, "the demo banner", "return !document.getElementById('demo-banner').hidden;").await;
+    wait_for(&browser, "the demo banner", "return !document.getElementById('demo-banner').hidden;").await;
     tune_from_page(&client, card, "edge", "", "150").await;
-    let refused = wait_for(&client, "the demo form's error", &format!("return document.querySelector('{card} form.demo .field-error')?.textContent;")).await;
+    let refused = wait_for(&browser, "the demo form's error", &format!("return document.querySelector('{card} form.demo .field-error')?.textContent;")).await;
     assert!(refused.as_str().is_some_and(|m| m.contains("eventLoss")), "{refused}");
     tune_from_page(&client, card, "edge", "", "100").await;
-    wait_for(&client, "edge mode losing every event", &format!(
+    wait_for(&browser, "edge mode losing every event", &format!(
         "const c = document.querySelector('{card}'); return c.dataset.mode === 'edge' && c.dataset.eventLoss === '1';")).await;
     client.find(Locator::Css("nav a[data-view=\"cluster\"]")).await.expect("cluster link").click().await.expect("open the cluster view");
     submit(&client, "input[data-deployment=\"default/web\"]", "6").await;
     let desired = "return document.querySelector('[data-deployment=\"default/web\"]')?.dataset.desired === '6';";
-    wait_for(&client, "the Deployment to want 6", desired).await;
+    wait_for(&browser, "the Deployment to want 6", desired).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(js(&client, &ready_is(5)).await, json!(true), "the lost events must leave the scale-up pending");
     screenshots(&client, "demo-pending").await;
     client.find(Locator::Css("nav a[data-view=\"loop\"]")).await.expect("loop link").click().await.expect("open the loop view");
     tune_from_page(&client, card, "hybrid", "2", "100").await;
-    wait_for(&client, "hybrid mode", &format!("return document.querySelector('{card}').dataset.mode === 'hybrid';")).await;
-    wait_for(&client, "a resync", &format!("return document.querySelector('{card} [data-resync]')?.dataset.resync;")).await;
+    wait_for(&browser, "hybrid mode", &format!("return document.querySelector('{card}').dataset.mode === 'hybrid';")).await;
+    wait_for(&browser, "a resync", &format!("return document.querySelector('{card} [data-resync]')?.dataset.resync;")).await;
     client.find(Locator::Css("nav a[data-view=\"cluster\"]")).await.expect("cluster link").click().await.expect("open the cluster view");
-    wait_for(&client, "the resync to repair the scale-up: 6 ready", &ready_is(6)).await;
+    wait_for(&browser, "the resync to repair the scale-up: 6 ready", &ready_is(6)).await;
     assert_no_page_errors(&client, "demo").await;
 
     // The Benchmarks view: the trigger-mode experiment's table and plot from bench/results.
     client.find(Locator::Css("nav a[data-view=\"benchmarks\"]")).await.expect("benchmarks link").click().await.expect("open");
-    let rows = wait_for(&client, "the experiment's table", "return document.querySelectorAll('[data-result=\"trigger-modes.json\"] tbody tr').length;").await;
+    let rows = wait_for(&browser, "the experiment's table", "return document.querySelectorAll('[data-result=\"trigger-modes.json\"] tbody tr').length;").await;
     assert!(rows.as_u64().is_some_and(|n| n >= 4), "{rows} rows");
-    wait_for(&client, "the plot", "const img = document.querySelector('[data-result=\"trigger-modes.json\"] img'); return img?.complete && img.naturalWidth > 0;").await;
+    wait_for(&browser, "the plot", "const img = document.querySelector('[data-result=\"trigger-modes.json\"] img'); return img?.complete && img.naturalWidth > 0;").await;
     let text = js(&client, "return document.getElementById('benchmarks').textContent;").await;
     assert!(text.as_str().is_some_and(|t| t.contains("edge") && t.contains("hybrid")), "{text}");
     assert_no_page_errors(&client, "benchmarks").await;
     screenshots(&client, "benchmarks").await;
 
     client.close().await.expect("close the browser");
+    drop(browser);
     drop(daemon);
 }
