@@ -15,6 +15,7 @@ mod envvars;
 mod events;
 mod exec;
 mod logs;
+mod mountns;
 mod node;
 mod oci;
 mod pods;

@@ -32,7 +32,7 @@ use crate::events;
 use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
 use crate::pullsecrets;
 use crate::quantity;
-use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, ImagePull, ImageReady, Runtime, RuntimeEvent, Security};
+use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, ImagePull, ImageReady, Interactive, Runtime, RuntimeEvent, Security};
 use crate::sources::Sources;
 use crate::volumes::{Prepared, Volumes};
 use shepherd_controllers::events::EventType;
@@ -693,6 +693,10 @@ impl PodManager {
             restart_count,
             mounts,
             security: security_of(pod, spec),
+            interactive: Interactive {
+                stdin: spec.get("stdin").and_then(Value::as_bool).unwrap_or(false),
+                tty: spec.get("tty").and_then(Value::as_bool).unwrap_or(false),
+            },
         };
         let previous = match &c.state {
             CState::Exited { exit, .. } => Some(exit.clone()),

@@ -285,10 +285,40 @@ spec:
 }
 
 #[test]
-fn a_mount_over_a_path_the_host_lacks_is_refused_naming_the_path() {
-    let (_dir, daemon) = daemon();
+fn a_mount_over_a_path_the_host_lacks_is_made_in_the_container_only() {
+    let (dir, daemon) = daemon();
+    // Next to the data directory, so the overlaid directory holds the volume's own source too.
+    std::fs::write(dir.path().join("host-file"), "seen-through\n").expect("write");
     each_kubectl(&daemon.url, "nopath", |k| {
-        let pod = r#"
+        let missing = dir.path().join(format!("missing-{}/deep", k.ns));
+        let pod = format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: made}}
+spec:
+  containers:
+  - name: writer
+    image: minimal
+    command: ["sh", "-c", "echo from-the-writer > {m}/msg; echo \"host=$(cat {h}) mine=$(cat {m}/msg)\"; sleep 1000"]
+    volumeMounts: [{{name: scratch, mountPath: {m}}}]
+  - name: reader
+    image: minimal
+    command: ["sh", "-c", "until cat /mnt/msg; do sleep 0.2; done; sleep 1000"]
+    volumeMounts: [{{name: scratch, mountPath: /mnt}}]
+  volumes: [{{name: scratch, emptyDir: {{}}}}]
+"#,
+            m = missing.display(),
+            h = dir.path().join("host-file").display()
+        );
+        k.ok(&["apply", "-f", "-"], Some(&pod));
+        k.wait_for(&["logs", "made", "-c", "writer"], "host=seen-through mine=from-the-writer", Duration::from_secs(60));
+        // The reader sees the writer's file through the volume, not a copy in the overlay.
+        k.wait_for(&["logs", "made", "-c", "reader"], "from-the-writer", Duration::from_secs(30));
+        assert!(!missing.parent().is_some_and(Path::exists), "nothing was created on the host at {}", missing.display());
+        k.ok(&["delete", "pod", "made", "--wait=false"], None);
+
+        let top = r#"
 apiVersion: v1
 kind: Pod
 metadata: {name: lost}
@@ -300,10 +330,10 @@ spec:
     volumeMounts: [{name: scratch, mountPath: /no/such/dir/on/this/host}]
   volumes: [{name: scratch, emptyDir: {}}]
 "#;
-        k.ok(&["apply", "-f", "-"], Some(pod));
+        k.ok(&["apply", "-f", "-"], Some(top));
         k.wait_for(&["get", "pod", "lost"], "CreateContainerConfigError", Duration::from_secs(30));
         let message = k.ok(&["get", "pod", "lost", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.message}"], None);
-        assert!(message.contains("mount path /no/such/dir/on/this/host does not exist on this host"), "{message}");
+        assert!(message.contains("mount path /no/such/dir/on/this/host: /no does not exist on this host"), "{message}");
         assert!(!Path::new("/no").exists(), "nothing was created on the host");
         k.ok(&["delete", "pod", "lost", "--wait=false"], None);
     });
