@@ -75,6 +75,9 @@ fn exec_into_a_missing_container_names_the_pods_containers() {
         let (status, _, err) = run_with_stdin(kubectl_command(&bin, &d.url).args(["exec", "two", "-c", "nope", "--", "true"]), None);
         assert!(!status.success(), "kubectl {label}");
         assert!(err.contains("container nope is not valid for pod two") && err.contains("[app side]"), "kubectl {label}: {err}");
+        // 400, as Kubernetes' API server answers a container name the pod lacks (before any node
+        // is asked): the pod exists, the request names a part of it that does not.
+        assert!(err.contains("(BadRequest)"), "kubectl {label}: {err}");
     }
     let (status, _, err) = kubectl(&d.url, &["exec", "two", "-c", "app", "--", "no-such-command"]);
     assert!(!status.success() && err.contains("\"no-such-command\": executable file not found"), "{err}");

@@ -339,6 +339,49 @@ spec:
     });
 }
 
+/// Whether a process whose command line contains `needle` runs.
+fn process_running(needle: &str) -> bool {
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|e| {
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(needle)
+    })
+}
+
+#[test]
+fn a_pod_filling_its_empty_dir_past_the_size_limit_is_evicted_with_the_reason() {
+    let (_dir, daemon) = daemon();
+    each_kubectl(&daemon.url, "hog", |k| {
+        let marker = format!("{}{}", 8_000_000 + std::process::id() % 100_000, k.ns.len());
+        let pod = format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: hog}}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: minimal
+    command: ["sh", "-c", "dd if=/dev/zero of=/srv/fill bs=1M count=4; sleep {marker}"]
+    volumeMounts: [{{name: scratch, mountPath: /srv}}]
+  volumes: [{{name: scratch, emptyDir: {{sizeLimit: 1Mi}}}}]
+"#
+        );
+        k.ok(&["apply", "-f", "-"], Some(&pod));
+        k.wait_for(&["get", "pod", "hog", "-o", "jsonpath={.status.phase}/{.status.reason}"], "Failed/Evicted", Duration::from_secs(60));
+        let message = k.ok(&["get", "pod", "hog", "-o", "jsonpath={.status.message}"], None);
+        assert_eq!(message, "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". ");
+        k.wait_for(&["get", "pod", "hog"], "Evicted", Duration::from_secs(10));
+        k.wait_for(&["get", "events", "--field-selector", "reason=Evicted"], "exceeds the limit", Duration::from_secs(10));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while process_running(&format!("sleep {marker}")) {
+            assert!(Instant::now() < deadline, "the evicted pod's container still runs");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        k.ok(&["delete", "pod", "hog", "--wait=false"], None);
+    });
+}
+
 #[test]
 fn bad_volumes_and_oversized_secrets_are_refused_naming_the_field() {
     let (dir, daemon) = daemon();
