@@ -717,6 +717,7 @@ impl PodManager {
             security: security_of(pod, spec),
             interactive: Interactive {
                 stdin: spec.get("stdin").and_then(Value::as_bool).unwrap_or(false),
+                stdin_once: spec.get("stdinOnce").and_then(Value::as_bool).unwrap_or(false),
                 tty: spec.get("tty").and_then(Value::as_bool).unwrap_or(false),
             },
         };

@@ -276,7 +276,7 @@ impl Inner {
         if let Some(wd) = &spec.working_dir {
             cmd.current_dir(wd);
         }
-        let (stdin, pty) = interactive_stdio(spec, &dir)?;
+        let InteractiveIo { stdin, keep, pty } = interactive_stdio(spec, &dir)?;
         cmd.stdin(stdin).stdout(Stdio::from(log)).stderr(Stdio::from(log_err));
 
         let child_setup = ChildSetup {
@@ -288,6 +288,7 @@ impl Inner {
             working_dir: spec.working_dir.as_deref().filter(|_| !mounts.is_empty()).and_then(|w| CString::new(w).ok()),
             mounts,
             terminal: pty.as_ref().map(|(master, slave)| (master.as_raw_fd(), slave.as_raw_fd())),
+            stdin_keep: keep.as_ref().map(|k| k.as_raw_fd()),
         };
         // SAFETY: the closure runs between fork and exec; `ChildSetup::run` only makes
         // async-signal-safe calls (open, write, close, unshare, fork, waitpid, mount, prctl,
@@ -304,7 +305,7 @@ impl Inner {
         };
         let shim_pid = child.id() as i32;
         drop(child);
-        drop(pty);
+        drop((pty, keep));
         let shim_start = start_time(shim_pid).unwrap_or(0);
         let (main_pid, main_start) = find_child(shim_pid)
             .map(|pid| (pid, start_time(pid).unwrap_or(0)))
@@ -444,6 +445,14 @@ impl Runtime for ProcessRuntime {
         Some(self.inner.dir_of(id).join("stdin")).filter(|p| p.exists())
     }
 
+    fn attach_ended(&self, id: &ContainerId) {
+        // Only a shim of a container with a stdin pipe gets here, and every such shim handles
+        // SIGUSR1 (closing its writer, if it keeps one).
+        if let Some(l) = self.inner.lock().get(id) {
+            signal_checked(l.state.shim_pid, l.state.shim_start, libc::SIGUSR1);
+        }
+    }
+
     fn detach(&self) {
         if let Some(r) = self.inner.rotation.lock().unwrap_or_else(|e| e.into_inner()).take() {
             r.abort();
@@ -476,31 +485,59 @@ struct ChildSetup {
     /// A container on a terminal: (controlling side, kept by the shim; terminal side, the
     /// container's stdin, stdout and stderr).
     terminal: Option<(libc::c_int, libc::c_int)>,
+    /// A `stdinOnce` container: the shim's writer on the stdin pipe, which keeps the container's
+    /// stdin from ending until the first attach that wrote to it has ended.
+    stdin_keep: Option<libc::c_int>,
+}
+
+/// What `interactive_stdio` opened.
+struct InteractiveIo {
+    stdin: Stdio,
+    keep: Option<File>,
+    pty: Option<(File, File)>,
+}
+
+/// The shim's keep-alive writer on a `stdinOnce` container's stdin pipe (-1: none or closed).
+static STDIN_KEEP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// The shim's SIGUSR1: the first attach has ended, so a `stdinOnce` container's stdin ends.
+extern "C" fn close_stdin_keep(_: libc::c_int) {
+    let fd = STDIN_KEEP.swap(-1, Ordering::SeqCst);
+    if fd >= 0 {
+        // SAFETY: close is async-signal-safe; the descriptor is the shim's own.
+        unsafe { libc::close(fd) };
+    }
 }
 
 /// The container's stdin (a named pipe in its directory for `stdin: true`, opened for reading
 /// and writing so that it never ends, however many `attach`es come and go) and, for `tty: true`,
 /// its terminal.
-fn interactive_stdio(spec: &ContainerSpec, dir: &Path) -> Result<(Stdio, Option<(File, File)>), String> {
+fn interactive_stdio(spec: &ContainerSpec, dir: &Path) -> Result<InteractiveIo, String> {
     let pipe = dir.join("stdin");
     let _ = fs::remove_file(&pipe);
-    let stdin = if spec.interactive.stdin {
+    let (stdin, keep) = if spec.interactive.stdin {
         let c = cstring(&pipe).ok_or("container directory path contains a NUL byte")?;
         // SAFETY: mkfifo reads a NUL-terminated path.
         if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
             return Err(format!("creating {}: {}", pipe.display(), io::Error::last_os_error()));
         }
-        let f = OpenOptions::new().read(true).write(true).open(&pipe).map_err(|e| format!("opening {}: {e}", pipe.display()))?;
-        Stdio::from(f)
+        let open = |o: &mut OpenOptions| o.open(&pipe).map_err(|e| format!("opening {}: {e}", pipe.display()));
+        let both = open(OpenOptions::new().read(true).write(true))?;
+        if spec.interactive.stdin_once {
+            // Read-only for the container, so that it sees the end once the shim's writer goes.
+            (Stdio::from(open(OpenOptions::new().read(true))?), Some(both))
+        } else {
+            (Stdio::from(both), None)
+        }
     } else {
-        Stdio::null()
+        (Stdio::null(), None)
     };
     let pty = if spec.interactive.tty {
         Some(crate::exec::open_pty().map_err(|e| format!("opening a terminal for the container: {e}"))?)
     } else {
         None
     };
-    Ok((stdin, pty))
+    Ok(InteractiveIo { stdin, keep, pty })
 }
 
 extern "C" fn exit_on_signal(_: libc::c_int) {
@@ -603,7 +640,16 @@ impl ChildSetup {
             } else {
                 libc::close(4);
             }
-            close_from(5);
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = close_stdin_keep as *const () as usize;
+            libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut());
+            if let Some(keep) = self.stdin_keep {
+                libc::dup2(keep, 5);
+                STDIN_KEEP.store(5, Ordering::SeqCst);
+                close_from(6);
+            } else {
+                close_from(5);
+            }
             libc::prctl(libc::PR_SET_NAME, c"shepherd-shim".as_ptr(), 0, 0, 0);
             let (err, input) = if stderr >= 0 { (4, -1) } else { (-1, 0) };
             crate::crilog::copy_output(3, err, input, 1, child);

@@ -43,6 +43,8 @@ pub(crate) struct ContainerSpec {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Interactive {
     pub stdin: bool,
+    /// `stdinOnce`: the container's stdin ends when the first attach that wrote to it ends.
+    pub stdin_once: bool,
     pub tty: bool,
 }
 
@@ -212,6 +214,9 @@ pub(crate) trait Runtime: Send + Sync + 'static {
     fn stdin_pipe(&self, _id: &ContainerId) -> Option<PathBuf> {
         None
     }
+    /// An attach that wrote to the container's stdin has ended: a `stdinOnce` container's stdin
+    /// ends too (others keep theirs open).
+    fn attach_ended(&self, _id: &ContainerId) {}
 }
 
 pub(crate) type EventSender = mpsc::UnboundedSender<RuntimeEvent>;

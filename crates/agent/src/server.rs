@@ -263,7 +263,11 @@ async fn handle(State(state): State<ServerState>, mut req: Request) -> Response 
         "attach" => {
             let stdin = match (query.stdin, runtime.stdin_pipe(&found.id)) {
                 (false, _) => None,
-                (true, Some(pipe)) => Some(pipe),
+                (true, Some(pipe)) => {
+                    let (runtime, id) = (runtime.clone(), found.id.clone());
+                    let ended: Box<dyn FnOnce() + Send> = Box::new(move || runtime.attach_ended(&id));
+                    Some((pipe, ended))
+                }
                 (true, None) => {
                     return status(
                         StatusCode::BAD_REQUEST,

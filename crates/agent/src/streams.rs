@@ -220,8 +220,9 @@ pub(crate) async fn run_exec(pid: u32, req: ExecRequest, mut chans: Channels) {
 pub(crate) struct AttachTarget {
     /// The container's log file, whose new records are its output.
     pub log: PathBuf,
-    /// The container's stdin pipe, when the client sends stdin.
-    pub stdin: Option<PathBuf>,
+    /// The container's stdin pipe, when the client sends stdin, and what to do once the client's
+    /// stdin has ended (or the client has gone).
+    pub stdin: Option<(PathBuf, Box<dyn FnOnce() + Send>)>,
     /// The host pid of the container's main process, when the client has a terminal: its stdin,
     /// if that is a terminal, is resized with the client's.
     pub terminal_of: Option<u32>,
@@ -266,7 +267,13 @@ async fn follow_resizes(pid: u32, mut resize: mpsc::Receiver<TermSize>) {
 pub(crate) async fn run_attach(target: AttachTarget, alive: impl Fn() -> bool + Send + 'static, mut chans: Channels) {
     let AttachTarget { log, stdin, terminal_of } = target;
     let interactive = stdin.is_some();
-    let feeder = stdin.map(|pipe| AbortOnDrop(tokio::spawn(feed_stdin(pipe, chans.stdin))));
+    let feeder = stdin.map(|(pipe, ended)| {
+        let ended = CallOnDrop(Some(ended));
+        AbortOnDrop(tokio::spawn(async move {
+            feed_stdin(pipe, chans.stdin).await;
+            drop(ended);
+        }))
+    });
     let resizer = terminal_of.map(|pid| AbortOnDrop(tokio::spawn(follow_resizes(pid, chans.resize))));
     let _tasks = (feeder, resizer);
     // Someone typing sees the echo sooner.
@@ -301,6 +308,17 @@ pub(crate) async fn run_attach(target: AttachTarget, alive: impl Fn() -> bool + 
         tokio::select! {
             () = tokio::time::sleep(poll) => {}
             () = gone(&mut chans.gone) => return,
+        }
+    }
+}
+
+/// Runs a closure when dropped, also when the task holding it is aborted.
+struct CallOnDrop(Option<Box<dyn FnOnce() + Send>>);
+
+impl Drop for CallOnDrop {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
         }
     }
 }

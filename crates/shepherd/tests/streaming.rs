@@ -355,6 +355,15 @@ fn attach_with_stdin_feeds_a_container_started_with_stdin() {
         let (status, _, err) = run_with_stdin(kubectl_command(&bin, &d.url).args(["attach", "-i", "reader", "-c", "deaf"]), Some("x\n"));
         assert!(!status.success(), "kubectl {label}: attaching stdin to a container without one fails");
         assert!(err.contains("container deaf in pod reader has no stdin") && err.contains("stdin: true"), "kubectl {label}: {err}");
+
+        // `kubectl run -i` makes a stdinOnce container: its stdin ends with kubectl's, so `cat`
+        // ends, and so does the pod (deleted by --rm).
+        let name = format!("once-{}", label.replace('.', "-"));
+        let cat = "cat; echo done-reading";
+        let args = ["run", "-i", "--rm", "--restart=Never", &name, "--image=busybox", "--", "/usr/bin/busybox", "sh", "-c", cat];
+        let (status, out, err) = run_with_stdin(kubectl_command(&bin, &d.url).args(args), Some("piped-in\n"));
+        assert!(status.success(), "kubectl {label}: run -i: {err}");
+        assert!(out.contains("piped-in\ndone-reading"), "kubectl {label}: run -i printed {out:?}; stderr {err}");
     }
 }
 
