@@ -3,14 +3,18 @@
 //!
 //! There is no image root, so the container sees the host's filesystem. A mount path that exists
 //! on the host is bound over directly. One that does not is made without touching the host's
-//! real filesystem: the nearest directory above it that does exist gets, in the container's
-//! namespace only, an overlay whose lower layer is that directory itself and whose upper layer
-//! lies on a tmpfs private to the container; the missing directories (or the file, for a file
-//! volume) are created in that overlay, and the volume is bound over them. The overlaid
-//! directory looks the same to the container (what it writes there stays in its tmpfs), except
-//! that mounts nested below it on the host are not carried into the overlay. `/` itself cannot
-//! be overlaid that way, so a mount path needs its top-level directory (`/srv`, `/etc`, `/opt`)
-//! to exist on the host.
+//! real filesystem:
+//! - below an existing directory other than `/`: that directory gets, in the container's
+//!   namespace only, an overlay whose lower layer is the directory itself and whose upper layer
+//!   lies on a tmpfs private to the container; the missing directories (or the file, for a file
+//!   volume) are created in that overlay. The directory looks the same to the container (what it
+//!   writes there stays in its tmpfs), except that mounts nested below it on the host are not
+//!   carried into the overlay.
+//! - in a top-level directory the host lacks (`/data`): the container gets a root of its own, a
+//!   tmpfs holding a recursive bind of every entry of the host's `/` (and its symbolic links), in
+//!   which the missing directory is made; the container is chrooted into it.
+//!
+//! Then the volume is bound over the path.
 
 use std::ffi::CString;
 use std::fs;
@@ -27,6 +31,30 @@ pub(crate) struct MountPlan {
     binds: Vec<BindMount>,
     /// Where the overlays' tmpfs goes (a directory in the container's own directory).
     scratch: Option<CString>,
+    /// A root of the container's own, for mount paths in top-level directories the host lacks.
+    new_root: Option<NewRoot>,
+}
+
+#[derive(Debug)]
+struct NewRoot {
+    /// The new root, on the scratch tmpfs.
+    dir: CString,
+    /// The host's top-level entries, mirrored into it.
+    entries: Vec<RootEntry>,
+}
+
+#[derive(Debug)]
+struct RootEntry {
+    host: CString,
+    inside: CString,
+    kind: EntryKind,
+}
+
+#[derive(Debug)]
+enum EntryKind {
+    Dir,
+    File,
+    Symlink(CString),
 }
 
 #[derive(Debug)]
@@ -107,13 +135,6 @@ fn missing_below(dest: &Path, shown: &str) -> Result<Missing, String> {
         at = dir.parent();
     }
     let overlay_at = at.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("/"));
-    if overlay_at == Path::new("/") {
-        return Err(format!(
-            "mount path {shown}: {} does not exist on this host, and the process runtime has no image root: a \
-             mount path must lie in a top-level directory the host has (such as /srv, /opt or /mnt)",
-            create.last().map(|p| p.display().to_string()).unwrap_or_default()
-        ));
-    }
     // The overlay's mount options separate paths with ',' and ':'.
     if overlay_at.as_os_str().as_encoded_bytes().iter().any(|b| matches!(b, b',' | b':' | b'\\')) {
         return Err(format!("mount path {shown}: {} has a character overlay options cannot carry", overlay_at.display()));
@@ -131,6 +152,10 @@ impl MountPlan {
         let mut overlaid: Vec<PathBuf> = Vec::new();
         let mut wanted: Vec<PathBuf> = checked.iter().filter_map(|(_, m)| m.as_ref().map(|m| m.overlay_at.clone())).collect();
         wanted.sort_by_key(|p| p.components().count());
+        if wanted.first().is_some_and(|p| p == Path::new("/")) {
+            plan.new_root = Some(mirror_root(&scratch.join("root"))?);
+            wanted.retain(|p| p != Path::new("/"));
+        }
         for dir in wanted {
             // Everything below an overlaid directory is writable already.
             if overlaid.iter().any(|o| dir.starts_with(o)) {
@@ -147,7 +172,7 @@ impl MountPlan {
             });
             overlaid.push(dir);
         }
-        if !plan.overlays.is_empty() {
+        if !plan.overlays.is_empty() || plan.new_root.is_some() {
             plan.scratch = Some(cstring(scratch)?);
         }
         for (m, missing) in checked {
@@ -178,7 +203,7 @@ impl MountPlan {
         unsafe {
             if let Some(scratch) = &self.scratch {
                 let nosuid = libc::MS_NOSUID | libc::MS_NODEV;
-                if libc::mount(c"tmpfs".as_ptr(), scratch.as_ptr(), c"tmpfs".as_ptr(), nosuid, c"mode=0700".as_ptr().cast()) != 0 {
+                if libc::mount(c"tmpfs".as_ptr(), scratch.as_ptr(), c"tmpfs".as_ptr(), nosuid, c"mode=0755".as_ptr().cast()) != 0 {
                     return fail();
                 }
             }
@@ -201,6 +226,9 @@ impl MountPlan {
                 if libc::mount(c"overlay".as_ptr(), o.target.as_ptr(), c"overlay".as_ptr(), 0, o.options.as_ptr().cast()) != 0 {
                     return fail();
                 }
+            }
+            if let Some(root) = &self.new_root {
+                root.enter()?;
             }
             for (n, m) in self.binds.iter().enumerate() {
                 for (i, p) in m.create.iter().enumerate() {
@@ -226,6 +254,69 @@ impl MountPlan {
                 if m.read_only && libc::mount(none, m.destination.as_ptr(), none, ro, none.cast()) != 0 {
                     return fail();
                 }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The plan of a root mirroring the host's top-level entries, at `dir`.
+fn mirror_root(dir: &Path) -> Result<NewRoot, String> {
+    let mut entries = Vec::new();
+    for e in fs::read_dir("/").map_err(|e| format!("reading /: {e}"))?.flatten() {
+        let host = Path::new("/").join(e.file_name());
+        let Ok(meta) = fs::symlink_metadata(&host) else { continue };
+        let kind = if meta.file_type().is_symlink() {
+            let Ok(target) = fs::read_link(&host) else { continue };
+            EntryKind::Symlink(cstring(&target)?)
+        } else if meta.is_dir() {
+            EntryKind::Dir
+        } else {
+            EntryKind::File
+        };
+        entries.push(RootEntry { host: cstring(&host)?, inside: cstring(&dir.join(e.file_name()))?, kind });
+    }
+    Ok(NewRoot { dir: cstring(dir)?, entries })
+}
+
+impl NewRoot {
+    /// Builds the new root and chroots into it.
+    ///
+    /// # Safety
+    /// Async-signal-safe calls only, on data prepared before the fork.
+    unsafe fn enter(&self) -> io::Result<()> {
+        let none = std::ptr::null();
+        let fail = || Err(io::Error::last_os_error());
+        // SAFETY (whole body): NUL-terminated strings owned by `self`.
+        unsafe {
+            // A tmpfs of its own, left out of the recursive binds below (one of which holds it);
+            // an overlay's upper layer cannot lie on such a mount, so it is not the scratch one.
+            let nosuid = libc::MS_NOSUID | libc::MS_NODEV;
+            if libc::mkdir(self.dir.as_ptr(), 0o755) != 0
+                || libc::mount(c"tmpfs".as_ptr(), self.dir.as_ptr(), c"tmpfs".as_ptr(), nosuid, c"mode=0755".as_ptr().cast()) != 0
+                || libc::mount(none, self.dir.as_ptr(), none, libc::MS_UNBINDABLE, none.cast()) != 0
+            {
+                return fail();
+            }
+            for e in &self.entries {
+                let made = match &e.kind {
+                    EntryKind::Symlink(target) => {
+                        libc::symlink(target.as_ptr(), e.inside.as_ptr());
+                        continue;
+                    }
+                    EntryKind::Dir => libc::mkdir(e.inside.as_ptr(), 0o755) == 0,
+                    EntryKind::File => {
+                        let fd = libc::open(e.inside.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC, 0o644);
+                        fd >= 0 && libc::close(fd) == 0
+                    }
+                };
+                let flags = libc::MS_BIND | libc::MS_REC;
+                if !made || libc::mount(e.host.as_ptr(), e.inside.as_ptr(), none, flags, none.cast()) != 0 {
+                    return fail();
+                }
+            }
+            if libc::chdir(self.dir.as_ptr()) != 0 || libc::chroot(c".".as_ptr()) != 0 || libc::chdir(c"/".as_ptr()) != 0 {
+                return fail();
             }
         }
         Ok(())
@@ -272,6 +363,21 @@ mod tests {
     }
 
     #[test]
+    fn a_mount_path_in_a_top_level_directory_the_host_lacks_gets_a_root_of_its_own() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let volume = dir.path().join("vol");
+        fs::create_dir(&volume).expect("mkdir");
+        let top = PathBuf::from(format!("/shepherd-no-such-dir-{}", std::process::id()));
+        let plan = MountPlan::new(&[mount(&volume, &top.join("x"))], &dir.path().join("s")).expect("plan");
+        let root = plan.new_root.as_ref().expect("a root of its own");
+        assert_eq!(root.dir.as_bytes(), dir.path().join("s/root").as_os_str().as_encoded_bytes());
+        assert!(root.entries.iter().any(|e| e.host.as_bytes() == b"/etc" && matches!(e.kind, EntryKind::Dir)));
+        assert!(plan.overlays.is_empty(), "{plan:?}");
+        assert_eq!(plan.binds[0].create.len(), 2, "the top-level directory and the path are made in the new root");
+        assert!(!top.exists());
+    }
+
+    #[test]
     fn descriptor_paths_are_written_without_allocating() {
         let mut out = [0u8; 32];
         fd_path(1234, &mut out);
@@ -290,9 +396,6 @@ mod tests {
         assert!(err.contains("is a file on this host, and the volume is a directory"), "{err}");
         let err = check(&[mount(&volume, &file.join("below"))]).err().unwrap_or_default();
         assert!(err.contains("is not a directory on this host"), "{err}");
-        let top = format!("/shepherd-no-such-dir-{}/x", std::process::id());
-        let err = check(&[mount(&volume, Path::new(&top))]).err().unwrap_or_default();
-        assert!(err.contains("must lie in a top-level directory the host has"), "{err}");
         let err = check(&[mount(&volume, Path::new("relative"))]).err().unwrap_or_default();
         assert!(err.contains("not an absolute path"), "{err}");
 

@@ -318,24 +318,29 @@ spec:
         assert!(!missing.parent().is_some_and(Path::exists), "nothing was created on the host at {}", missing.display());
         k.ok(&["delete", "pod", "made", "--wait=false"], None);
 
-        let top = r#"
+        // A top-level directory the host lacks: the container gets a root of its own.
+        let top = format!("/shepherd-test-{}-{}", std::process::id(), k.ns);
+        let pod = format!(
+            r#"
 apiVersion: v1
 kind: Pod
-metadata: {name: lost}
+metadata: {{name: rooted}}
 spec:
   containers:
   - name: c
     image: minimal
-    command: ["sleep", "1000"]
-    volumeMounts: [{name: scratch, mountPath: /no/such/dir/on/this/host}]
-  volumes: [{name: scratch, emptyDir: {}}]
-"#;
-        k.ok(&["apply", "-f", "-"], Some(top));
-        k.wait_for(&["get", "pod", "lost"], "CreateContainerConfigError", Duration::from_secs(30));
-        let message = k.ok(&["get", "pod", "lost", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.message}"], None);
-        assert!(message.contains("mount path /no/such/dir/on/this/host: /no does not exist on this host"), "{message}");
-        assert!(!Path::new("/no").exists(), "nothing was created on the host");
-        k.ok(&["delete", "pod", "lost", "--wait=false"], None);
+    command: ["sh", "-c", "echo kept > {top}/data/msg; echo \"host=$(cat {h}) mine=$(cat {top}/data/msg)\"; sleep 1000"]
+    volumeMounts: [{{name: scratch, mountPath: {top}/data}}]
+  volumes: [{{name: scratch, emptyDir: {{}}}}]
+"#,
+            h = dir.path().join("host-file").display()
+        );
+        k.ok(&["apply", "-f", "-"], Some(&pod));
+        k.wait_for(&["logs", "rooted"], "host=seen-through mine=kept", Duration::from_secs(60));
+        let read = k.ok(&["exec", "rooted", "--", "cat", &format!("{top}/data/msg")], None);
+        assert_eq!(read, "kept\n", "kubectl exec enters the container's own root");
+        assert!(!Path::new(&top).exists(), "nothing was created on the host at {top}");
+        k.ok(&["delete", "pod", "rooted", "--wait=false"], None);
     });
 }
 
