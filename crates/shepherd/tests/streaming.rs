@@ -308,48 +308,73 @@ fn attach_with_a_terminal_drives_the_containers_own_shell_and_follows_resizes() 
     });
 }
 
+/// `kubectl attach -i` to `pod`'s `container`, typing `word` now and then (what is typed before
+/// the attach is connected goes nowhere) until the output shows `got:<word>` (or 60 s pass);
+/// returns the output.
+fn attach_typing(bin: &Path, url: &str, pod: &str, container: &str, word: &str) -> String {
+    let mut child = kubectl_command(bin, url)
+        .args(["attach", "-i", pod, "-c", container])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("attach");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let want = format!("got:{word}");
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut buf = [0u8; 256];
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).contains(&want) {
+            match stdout.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !reader.is_finished() && Instant::now() < deadline {
+        use std::io::Write;
+        let _ = writeln!(stdin, "{word}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    reader.join().expect("reader")
+}
+
+const READER: [&str; 4] = ["/usr/bin/busybox", "sh", "-c", "echo ready; while read l; do echo got:$l; done"];
+
+#[test]
+fn a_containers_stdin_outlives_an_agent_killed_and_restarted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let mut d = Daemon::start("standalone", &data, &[]);
+    running_pod_spec(&d.url, "keeper", serde_json::json!({"containers": [
+        {"name": "r", "image": "busybox", "command": READER, "stdin": true}]}));
+    let (_, bin) = newest_kubectl();
+    let out = attach_typing(&bin, &d.url, "keeper", "r", "before");
+    assert!(out.contains("got:before"), "{out:?}");
+    d.kill9();
+    let d = Daemon::start("standalone", &data, &[]);
+    let out = attach_typing(&bin, &d.url, "keeper", "r", "after");
+    assert!(out.contains("got:after"), "the re-adopted container's stdin takes input: {out:?}");
+    let (_, restarts, _) = kubectl(&d.url, &["get", "pod", "keeper", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"]);
+    assert_eq!(restarts, "0", "the same container, not a restarted one");
+}
+
 #[test]
 fn attach_with_stdin_feeds_a_container_started_with_stdin() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = standalone(dir.path());
-    let reader = ["/usr/bin/busybox", "sh", "-c", "echo ready; while read l; do echo got:$l; done"];
     running_pod_spec(&d.url, "reader", serde_json::json!({"containers": [
-        {"name": "r", "image": "busybox", "command": reader, "stdin": true},
+        {"name": "r", "image": "busybox", "command": READER, "stdin": true},
         {"name": "deaf", "image": "busybox", "command": IDLE}]}));
     for (label, bin) in kubectls_under_test() {
         let word = format!("hello-{}", label.replace('.', "-"));
-        let mut child = kubectl_command(&bin, &d.url)
-            .args(["attach", "-i", "reader", "-c", "r"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("attach");
-        let mut stdin = child.stdin.take().expect("stdin");
-        let mut stdout = child.stdout.take().expect("stdout");
-        let want = format!("got:{word}");
-        let reader = std::thread::spawn(move || {
-            use std::io::Read;
-            let mut buf = [0u8; 256];
-            let mut got = Vec::new();
-            while !String::from_utf8_lossy(&got).contains(&want) {
-                match stdout.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => got.extend_from_slice(&buf[..n]),
-                }
-            }
-            String::from_utf8_lossy(&got).into_owned()
-        });
-        // Typed now and then: what is typed before the attach is connected goes nowhere.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !reader.is_finished() && Instant::now() < deadline {
-            use std::io::Write;
-            let _ = writeln!(stdin, "{word}");
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        let out = reader.join().expect("reader");
+        let out = attach_typing(&bin, &d.url, "reader", "r", &word);
         assert!(out.contains(&format!("got:{word}")), "kubectl {label}: the container read what was typed: {out:?}");
 
         let (status, _, err) = run_with_stdin(kubectl_command(&bin, &d.url).args(["attach", "-i", "reader", "-c", "deaf"]), Some("x\n"));
