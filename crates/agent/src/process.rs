@@ -652,6 +652,11 @@ impl ChildSetup {
             }
             libc::prctl(libc::PR_SET_NAME, c"shepherd-shim".as_ptr(), 0, 0, 0);
             let (err, input) = if stderr >= 0 { (4, -1) } else { (-1, 0) };
+            if stderr < 0 {
+                // Typing into a terminal whose program does not read must not stall its output:
+                // what does not fit is dropped instead.
+                libc::fcntl(3, libc::F_SETFL, libc::fcntl(3, libc::F_GETFL) | libc::O_NONBLOCK);
+            }
             crate::crilog::copy_output(3, err, input, 1, child);
             let mut status: libc::c_int = 0;
             let code = loop {
