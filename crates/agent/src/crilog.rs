@@ -83,6 +83,8 @@ struct Pending {
     buf: [u8; PIECE],
     len: usize,
     open: bool,
+    /// A terminal: what arrives is logged at once, a prompt without its newline included.
+    eager: bool,
 }
 
 impl Pending {
@@ -98,7 +100,7 @@ impl Pending {
             self.buf.copy_within(start..self.len, 0);
             self.len -= start;
         }
-        if self.len == PIECE || (eof && self.len > 0) {
+        if self.len == PIECE || ((eof || self.eager) && self.len > 0) {
             // SAFETY: see write_record.
             unsafe { write_record(log, self.name, true, &self.buf[..self.len]) };
             self.len = 0;
@@ -130,13 +132,25 @@ impl Pending {
 /// `child` has exited and what it left in the pipes is read (a process it left behind outside a
 /// PID namespace must not keep the shim from reporting the exit).
 ///
+/// For a container on a terminal, `stdout` is the terminal's controlling side, `stderr` is -1,
+/// and what arrives on `input` (the container's stdin pipe) is typed into the terminal.
+///
 /// # Safety
 /// Runs in a forked child: async-signal-safe calls only, no allocation.
-pub(crate) unsafe fn copy_output(stdout: libc::c_int, stderr: libc::c_int, log: libc::c_int, child: libc::pid_t) {
+pub(crate) unsafe fn copy_output(
+    stdout: libc::c_int,
+    stderr: libc::c_int,
+    input: libc::c_int,
+    log: libc::c_int,
+    child: libc::pid_t,
+) {
+    let tty = stderr < 0;
+    let mut input = input;
     let mut streams = [
-        Pending { fd: stdout, name: b"stdout", buf: [0; PIECE], len: 0, open: true },
-        Pending { fd: stderr, name: b"stderr", buf: [0; PIECE], len: 0, open: true },
+        Pending { fd: stdout, name: b"stdout", buf: [0; PIECE], len: 0, open: true, eager: tty },
+        Pending { fd: stderr, name: b"stderr", buf: [0; PIECE], len: 0, open: stderr >= 0, eager: false },
     ];
+    let mut typed = [0u8; 4096];
     // SAFETY (whole body): poll, read, write, fcntl and the pidfd_open syscall on our descriptors.
     unsafe {
         let pidfd = libc::syscall(libc::SYS_pidfd_open, child, 0) as libc::c_int;
@@ -146,10 +160,11 @@ pub(crate) unsafe fn copy_output(stdout: libc::c_int, stderr: libc::c_int, log: 
                 libc::pollfd { fd: if streams[0].open { stdout } else { -1 }, events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: if streams[1].open { stderr } else { -1 }, events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: input, events: libc::POLLIN, revents: 0 },
             ];
             // Without a pidfd (old kernels), look at the child now and then.
             let timeout = if pidfd >= 0 { -1 } else { 200 };
-            let r = libc::poll(fds.as_mut_ptr(), 3, timeout);
+            let r = libc::poll(fds.as_mut_ptr(), 4, timeout);
             if r < 0 {
                 if *libc::__errno_location() == libc::EINTR {
                     continue;
@@ -159,6 +174,14 @@ pub(crate) unsafe fn copy_output(stdout: libc::c_int, stderr: libc::c_int, log: 
             for (i, s) in streams.iter_mut().enumerate() {
                 if s.open && fds[i].revents != 0 {
                     s.open = s.read(log);
+                }
+            }
+            if input >= 0 && fds[3].revents != 0 {
+                let n = libc::read(input, typed.as_mut_ptr().cast(), typed.len());
+                if n > 0 {
+                    write_all(stdout, &typed[..n as usize]);
+                } else if n == 0 || *libc::__errno_location() != libc::EINTR {
+                    input = -1;
                 }
             }
             if (pidfd >= 0 && fds[2].revents != 0) || (pidfd < 0 && r == 0 && !alive(child)) {
@@ -180,6 +203,26 @@ pub(crate) unsafe fn copy_output(stdout: libc::c_int, stderr: libc::c_int, log: 
             }
             s.emit(log, true);
         }
+    }
+}
+
+/// Writes all of `data` to `fd`, giving up on an error other than an interruption.
+///
+/// # Safety
+/// Async-signal-safe: write only.
+unsafe fn write_all(fd: libc::c_int, data: &[u8]) {
+    let mut done = 0;
+    while done < data.len() {
+        // SAFETY: writes from a live buffer.
+        let w = unsafe { libc::write(fd, data[done..].as_ptr().cast(), data.len() - done) };
+        if w <= 0 {
+            // SAFETY: reading errno.
+            if w < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+                continue;
+            }
+            return;
+        }
+        done += w as usize;
     }
 }
 

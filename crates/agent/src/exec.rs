@@ -125,7 +125,7 @@ fn workdir_of(pid: u32) -> String {
 }
 
 /// Opens a pseudo-terminal: (controlling side, terminal side).
-fn open_pty() -> io::Result<(File, File)> {
+pub(crate) fn open_pty() -> io::Result<(File, File)> {
     // SAFETY: plain libc calls on descriptors this function owns; ptsname_r writes into `name`.
     unsafe {
         let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);

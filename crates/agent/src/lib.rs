@@ -15,6 +15,7 @@ mod envvars;
 mod events;
 mod exec;
 mod logs;
+mod mountns;
 mod node;
 mod oci;
 mod pods;
@@ -239,28 +240,35 @@ impl Agent {
         let cache = manager.informers().cache(&kinds::POD);
         let addresses: HashMap<String, String> = nodes.iter().map(|n| (n.name.clone(), n.ip.clone())).collect();
         let pc = pods::PodConfig { backoff_initial: config.restart_backoff_initial, backoff_max: config.restart_backoff_max };
-        let configmaps = manager.informers().informer(&kinds::CONFIGMAP);
-        let secrets = manager.informers().informer(&kinds::SECRET);
-        let sources = Arc::new(sources::Sources::new(configmaps.clone(), secrets.clone()));
+        let sources = Arc::new(sources::Sources::new(client.clone()));
         // Runtimes that run real containers mount volumes; simulated ones have nothing to mount into.
         let mounts = matches!(config.runtime, RuntimeKind::Process | RuntimeKind::Oci);
         let volumes = mounts.then(|| volumes::Volumes::new(&config.data_dir, sources.clone()));
-        let inputs = pods::ConfigInputs { sources, volumes };
+        let inputs = pods::ConfigInputs { sources: sources.clone(), volumes };
         let pods = pods::PodManager::new(client.clone(), cache.clone(), addresses, runtime, pc, rx, inputs);
         // A changed ConfigMap or Secret re-syncs the pods that read it: waiting containers start,
         // volume files follow.
-        for (informer, kind) in [(configmaps, sources::SourceKind::ConfigMap), (secrets, sources::SourceKind::Secret)] {
+        {
             let (pods, cache) = (Arc::downgrade(&pods), cache.clone());
-            informer.subscribe(move |change| {
+            sources.on_change(move |kind, ns, name| {
                 let Some(manager) = pods.upgrade() else { return };
-                let obj = change.object();
-                let ns = obj.at("/metadata/namespace").and_then(serde_json::Value::as_str).unwrap_or("");
-                let name = obj.at("/metadata/name").and_then(serde_json::Value::as_str).unwrap_or("");
                 for pod in cache.by_namespace(ns) {
                     if sources::references(&pod, kind, name) {
                         let pod_name = pod.at("/metadata/name").and_then(serde_json::Value::as_str).unwrap_or("");
                         manager.kick(&format!("{ns}/{pod_name}"));
                     }
+                }
+            });
+        }
+        // Objects no pod of this node names any more are no longer followed.
+        {
+            let (weak, cache) = (Arc::downgrade(&sources), cache.clone());
+            manager.informers().informer(&kinds::POD).subscribe(move |change| {
+                if matches!(change, shepherd_runtime::Change::Deleted(_))
+                    && let Some(sources) = weak.upgrade()
+                {
+                    let pods = cache.list();
+                    sources.retain_for(pods.iter().map(|p| &**p));
                 }
             });
         }

@@ -32,7 +32,7 @@ use crate::events;
 use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
 use crate::pullsecrets;
 use crate::quantity;
-use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, ImagePull, ImageReady, Runtime, RuntimeEvent, Security};
+use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, ImagePull, ImageReady, Interactive, Runtime, RuntimeEvent, Security};
 use crate::sources::Sources;
 use crate::volumes::{Prepared, Volumes};
 use shepherd_controllers::events::EventType;
@@ -46,8 +46,11 @@ type Error = shepherd_runtime::controller::Error;
 /// again, beyond the re-sync a change of the object itself triggers.
 const WAITING_RECHECK: Duration = Duration::from_secs(10);
 
-/// How long a reconcile waits for the ConfigMap and Secret caches' first list (once, at start).
+/// How long a reconcile waits for the first list of the ConfigMaps and Secrets a pod names.
 const SOURCES_SYNC_LIMIT: Duration = Duration::from_secs(10);
+
+/// How often the usage of emptyDirs with a `sizeLimit` is measured (kubelet: every 10 s).
+const DISK_USAGE_CHECK: Duration = Duration::from_secs(2);
 
 /// Where containers' environments and volumes come from.
 pub(crate) struct ConfigInputs {
@@ -455,10 +458,16 @@ impl PodManager {
         let policy = str_at(&pod, "/spec/restartPolicy").to_string();
         let now = Instant::now();
         let mut wake: Option<Instant> = None;
-        self.sources.wait_synced(SOURCES_SYNC_LIMIT).await;
+        self.sources.wait_synced_for(&pod, SOURCES_SYNC_LIMIT).await;
         let prepared = self.sync_volumes(&pod, &mut rec);
         if prepared.is_none() {
             wake = Some(now + WAITING_RECHECK);
+        }
+        if let Some(v) = self.volumes.as_ref().filter(|_| Volumes::has_disk_limits(&pod)) {
+            if let Some(message) = v.over_limit(&pod) {
+                return self.evict(&pod, &mut rec, &message).await;
+            }
+            wake = Some(wake.map_or(now + DISK_USAGE_CHECK, |w| w.min(now + DISK_USAGE_CHECK)));
         }
         let specs: Vec<Value> = pod.at("/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
         for spec in &specs {
@@ -516,6 +525,19 @@ impl PodManager {
         if let Some(at) = wake {
             self.wake_at(key, at);
         }
+        Ok(())
+    }
+
+    /// Evicts the pod as kubelet does when it uses more local storage than it may: an Event, the
+    /// pod `Failed` with reason `Evicted`, its containers killed.
+    async fn evict(&self, pod: &Value, rec: &mut PodRecord, message: &str) -> Result<(), Error> {
+        warn!(pod = %str_at(pod, "/metadata/name"), reason = %message, "evicting pod");
+        self.events.record(pod, EventType::Warning, "Evicted", message).await;
+        // Kubelet gives a pod evicted for its local storage no grace period.
+        self.stop_all(rec, Duration::ZERO);
+        let status = json!({"status": {"phase": "Failed", "reason": "Evicted", "message": message}});
+        let (ns, name) = (str_at(pod, "/metadata/namespace"), str_at(pod, "/metadata/name"));
+        self.client.patch_status(&kinds::POD, Some(ns), name, Patch::Merge(status)).await?;
         Ok(())
     }
 
@@ -703,6 +725,11 @@ impl PodManager {
             restart_count,
             mounts,
             security: security_of(pod, spec),
+            interactive: Interactive {
+                stdin: spec.get("stdin").and_then(Value::as_bool).unwrap_or(false),
+                stdin_once: spec.get("stdinOnce").and_then(Value::as_bool).unwrap_or(false),
+                tty: spec.get("tty").and_then(Value::as_bool).unwrap_or(false),
+            },
         };
         let previous = match &c.state {
             CState::Exited { exit, .. } => Some(exit.clone()),

@@ -18,20 +18,17 @@
 //! recycled pid is never mistaken for a container). Exits are watched through pidfds, which work
 //! for adopted processes that are no longer the agent's children.
 //!
-//! Volumes: the container process binds each of `ContainerSpec.mounts` in its own mount namespace
-//! (after `unshare`, before `exec`; read-only ones are remounted read-only), so the host never
-//! sees them. There is no image root: the container sees the host's filesystem, and a mount
-//! needs its destination to exist on the host already, as a directory for a directory and a file
-//! for a file. A missing destination is refused before the start (the container waits in
-//! `CreateContainerConfigError` naming the path) rather than created, because creating it would
-//! write into the host's real filesystem. Without root there is no mount namespace, and a container
-//! with mounts is refused the same way instead of running without its volumes.
+//! Volumes: the container process makes `ContainerSpec.mounts` in its own mount namespace (after
+//! `unshare`, before `exec`), so the host never sees them; `mountns` says how, and how a mount
+//! path the host lacks is made without writing into the host's real filesystem. Without root
+//! there is no mount namespace, and a container with mounts is refused (it waits in
+//! `CreateContainerConfigError`) instead of running without its volumes.
 
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -48,6 +45,7 @@ use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
 use crate::cgroup::{self, Cgroups, Limits};
+use crate::mountns::MountPlan;
 use crate::runtime::{Adopted, ContainerId, ContainerSpec, EventSender, Exit, LogFiles, Runtime, RuntimeEvent, Started};
 
 /// The built-in image whose container, given no command, idles until told to stop.
@@ -138,53 +136,17 @@ impl ProcessRuntime {
 }
 
 impl Inner {
-    /// The container's mounts as the forked child needs them, parents before children; see the
-    /// module docs for what is refused.
-    fn bind_mounts(&self, spec: &ContainerSpec) -> Result<Vec<BindMount>, String> {
-        self.check_mounts(&spec.mounts)
-    }
-
-    fn check_mounts(&self, mounts: &[crate::runtime::Mount]) -> Result<Vec<BindMount>, String> {
+    /// The container's mounts as the forked child makes them; see `mountns` for what is refused.
+    fn check_mounts(&self, mounts: &[crate::runtime::Mount], scratch: &Path) -> Result<MountPlan, String> {
         if mounts.is_empty() {
-            return Ok(Vec::new());
+            return Ok(MountPlan::default());
         }
         if !self.isolate {
             return Err("volume mounts need the agent to run as root: the process runtime binds volumes in the \
                         container's own mount namespace, which it creates only as root"
                 .into());
         }
-        let mut mounts = mounts.to_vec();
-        mounts.sort_by_key(|m| Path::new(&m.destination).components().count());
-        let mut out = Vec::new();
-        for m in &mounts {
-            let dest = Path::new(&m.destination);
-            if !dest.is_absolute() {
-                return Err(format!("mount path {:?} is not absolute", m.destination));
-            }
-            let source = fs::metadata(&m.source).map_err(|e| format!("volume source {}: {e}", m.source.display()))?;
-            let Ok(target) = fs::metadata(dest) else {
-                return Err(format!(
-                    "mount path {} does not exist on this host: the process runtime has no image root, so a volume \
-                     mounts only over an existing {} of the host (use an existing path such as /mnt or /srv)",
-                    m.destination,
-                    if source.is_dir() { "directory" } else { "file" }
-                ));
-            };
-            if source.is_dir() != target.is_dir() {
-                return Err(format!(
-                    "mount path {} is a {} on this host, and the volume is a {}",
-                    m.destination,
-                    if target.is_dir() { "directory" } else { "file" },
-                    if source.is_dir() { "directory" } else { "file" }
-                ));
-            }
-            out.push(BindMount {
-                source: cstring(&m.source).ok_or("volume path contains a NUL byte")?,
-                destination: cstring(dest).ok_or("mount path contains a NUL byte")?,
-                read_only: m.read_only,
-            });
-        }
-        Ok(out)
+        MountPlan::new(mounts, scratch)
     }
 
     fn containers_dir(&self) -> PathBuf {
@@ -281,7 +243,11 @@ impl Inner {
         if idle {
             argv.push("/bin/true".into());
         }
-        let mounts = self.bind_mounts(spec)?;
+        let scratch = dir.join("mounts");
+        let mounts = self.check_mounts(&spec.mounts, &scratch)?;
+        if !mounts.is_empty() {
+            fs::create_dir_all(&scratch).map_err(|e| format!("creating {}: {e}", scratch.display()))?;
+        }
 
         let cgroups = if self.isolate {
             let limits = Limits {
@@ -310,7 +276,8 @@ impl Inner {
         if let Some(wd) = &spec.working_dir {
             cmd.current_dir(wd);
         }
-        cmd.stdin(Stdio::null()).stdout(Stdio::from(log)).stderr(Stdio::from(log_err));
+        let InteractiveIo { stdin, keep, pty } = interactive_stdio(spec, &dir)?;
+        cmd.stdin(stdin).stdout(Stdio::from(log)).stderr(Stdio::from(log_err));
 
         let child_setup = ChildSetup {
             procs_files: cgroups.procs_files.iter().filter_map(|p| cstring(p)).collect(),
@@ -320,6 +287,8 @@ impl Inner {
             idle,
             working_dir: spec.working_dir.as_deref().filter(|_| !mounts.is_empty()).and_then(|w| CString::new(w).ok()),
             mounts,
+            terminal: pty.as_ref().map(|(master, slave)| (master.as_raw_fd(), slave.as_raw_fd())),
+            stdin_keep: keep.as_ref().map(|k| k.as_raw_fd()),
         };
         // SAFETY: the closure runs between fork and exec; `ChildSetup::run` only makes
         // async-signal-safe calls (open, write, close, unshare, fork, waitpid, mount, prctl,
@@ -336,6 +305,7 @@ impl Inner {
         };
         let shim_pid = child.id() as i32;
         drop(child);
+        drop((pty, keep));
         let shim_start = start_time(shim_pid).unwrap_or(0);
         let (main_pid, main_start) = find_child(shim_pid)
             .map(|pid| (pid, start_time(pid).unwrap_or(0)))
@@ -468,7 +438,19 @@ impl Runtime for ProcessRuntime {
     }
 
     fn check_mounts(&self, mounts: &[crate::runtime::Mount]) -> Result<(), String> {
-        self.inner.check_mounts(mounts).map(drop)
+        self.inner.check_mounts(mounts, Path::new("/nonexistent")).map(drop)
+    }
+
+    fn stdin_pipe(&self, id: &ContainerId) -> Option<PathBuf> {
+        Some(self.inner.dir_of(id).join("stdin")).filter(|p| p.exists())
+    }
+
+    fn attach_ended(&self, id: &ContainerId) {
+        // Only a shim of a container with a stdin pipe gets here, and every such shim handles
+        // SIGUSR1 (closing its writer, if it keeps one).
+        if let Some(l) = self.inner.lock().get(id) {
+            signal_checked(l.state.shim_pid, l.state.shim_start, libc::SIGUSR1);
+        }
     }
 
     fn detach(&self) {
@@ -496,16 +478,66 @@ struct ChildSetup {
     hostname: CString,
     isolate: bool,
     idle: bool,
-    /// Bound in the container's mount namespace, in order (only when `isolate`).
-    mounts: Vec<BindMount>,
+    /// Made in the container's mount namespace (only when `isolate`).
+    mounts: MountPlan,
     /// Entered again after the mounts, in case it lies on one (the spawn entered it before).
     working_dir: Option<CString>,
+    /// A container on a terminal: (controlling side, kept by the shim; terminal side, the
+    /// container's stdin, stdout and stderr).
+    terminal: Option<(libc::c_int, libc::c_int)>,
+    /// A `stdinOnce` container: the shim's writer on the stdin pipe, which keeps the container's
+    /// stdin from ending until the first attach that wrote to it has ended.
+    stdin_keep: Option<libc::c_int>,
 }
 
-struct BindMount {
-    source: CString,
-    destination: CString,
-    read_only: bool,
+/// What `interactive_stdio` opened.
+struct InteractiveIo {
+    stdin: Stdio,
+    keep: Option<File>,
+    pty: Option<(File, File)>,
+}
+
+/// The shim's keep-alive writer on a `stdinOnce` container's stdin pipe (-1: none or closed).
+static STDIN_KEEP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// The shim's SIGUSR1: the first attach has ended, so a `stdinOnce` container's stdin ends.
+extern "C" fn close_stdin_keep(_: libc::c_int) {
+    let fd = STDIN_KEEP.swap(-1, Ordering::SeqCst);
+    if fd >= 0 {
+        // SAFETY: close is async-signal-safe; the descriptor is the shim's own.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// The container's stdin (a named pipe in its directory for `stdin: true`, opened for reading
+/// and writing so that it never ends, however many `attach`es come and go) and, for `tty: true`,
+/// its terminal.
+fn interactive_stdio(spec: &ContainerSpec, dir: &Path) -> Result<InteractiveIo, String> {
+    let pipe = dir.join("stdin");
+    let _ = fs::remove_file(&pipe);
+    let (stdin, keep) = if spec.interactive.stdin {
+        let c = cstring(&pipe).ok_or("container directory path contains a NUL byte")?;
+        // SAFETY: mkfifo reads a NUL-terminated path.
+        if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+            return Err(format!("creating {}: {}", pipe.display(), io::Error::last_os_error()));
+        }
+        let open = |o: &mut OpenOptions| o.open(&pipe).map_err(|e| format!("opening {}: {e}", pipe.display()));
+        let both = open(OpenOptions::new().read(true).write(true))?;
+        if spec.interactive.stdin_once {
+            // Read-only for the container, so that it sees the end once the shim's writer goes.
+            (Stdio::from(open(OpenOptions::new().read(true))?), Some(both))
+        } else {
+            (Stdio::from(both), None)
+        }
+    } else {
+        (Stdio::null(), None)
+    };
+    let pty = if spec.interactive.tty {
+        Some(crate::exec::open_pty().map_err(|e| format!("opening a terminal for the container: {e}"))?)
+    } else {
+        None
+    };
+    Ok(InteractiveIo { stdin, keep, pty })
 }
 
 extern "C" fn exit_on_signal(_: libc::c_int) {
@@ -544,10 +576,21 @@ impl ChildSetup {
             if pid > 0 {
                 libc::close(out[1]);
                 libc::close(err[1]);
-                self.shim(pid, out[0], err[0]);
+                match self.terminal {
+                    Some((master, _)) => self.shim(pid, master, -1),
+                    None => self.shim(pid, out[0], err[0]),
+                }
             }
-            libc::dup2(out[1], 1);
-            libc::dup2(err[1], 2);
+            if let Some((_, terminal)) = self.terminal {
+                libc::setsid();
+                libc::dup2(terminal, 0);
+                libc::dup2(terminal, 1);
+                libc::dup2(terminal, 2);
+                libc::ioctl(0, libc::TIOCSCTTY, 0);
+            } else {
+                libc::dup2(out[1], 1);
+                libc::dup2(err[1], 2);
+            }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
             // The agent keeps its own files private (umask 077); a container gets the usual one.
             libc::umask(0o022);
@@ -561,18 +604,7 @@ impl ChildSetup {
                     std::ptr::null(),
                 );
                 libc::sethostname(self.hostname.as_ptr(), self.hostname.as_bytes().len());
-                for m in &self.mounts {
-                    let none = std::ptr::null();
-                    let flags = libc::MS_BIND | libc::MS_REC;
-                    if libc::mount(m.source.as_ptr(), m.destination.as_ptr(), none, flags, none.cast()) != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    // A bind mount takes MS_RDONLY only through a remount of itself.
-                    let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
-                    if m.read_only && libc::mount(none, m.destination.as_ptr(), none, ro, none.cast()) != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
+                self.mounts.apply()?;
                 if let Some(wd) = &self.working_dir {
                     libc::chdir(wd.as_ptr());
                 }
@@ -599,12 +631,33 @@ impl ChildSetup {
         // SAFETY (whole function): async-signal-safe calls only.
         unsafe {
             // Keep the two pipes as descriptors 3 and 4 (the log file is the shim's stdout).
+            // On a terminal there is no stderr, and what comes on the shim's stdin (the
+            // container's stdin pipe) is typed into the terminal.
             let (a, b) = (libc::fcntl(stdout, libc::F_DUPFD_CLOEXEC, 100), libc::fcntl(stderr, libc::F_DUPFD_CLOEXEC, 100));
             libc::dup2(a, 3);
-            libc::dup2(b, 4);
-            close_from(5);
+            if stderr >= 0 {
+                libc::dup2(b, 4);
+            } else {
+                libc::close(4);
+            }
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = close_stdin_keep as *const () as usize;
+            libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut());
+            if let Some(keep) = self.stdin_keep {
+                libc::dup2(keep, 5);
+                STDIN_KEEP.store(5, Ordering::SeqCst);
+                close_from(6);
+            } else {
+                close_from(5);
+            }
             libc::prctl(libc::PR_SET_NAME, c"shepherd-shim".as_ptr(), 0, 0, 0);
-            crate::crilog::copy_output(3, 4, 1, child);
+            let (err, input) = if stderr >= 0 { (4, -1) } else { (-1, 0) };
+            if stderr < 0 {
+                // Typing into a terminal whose program does not read must not stall its output:
+                // what does not fit is dropped instead.
+                libc::fcntl(3, libc::F_SETFL, libc::fcntl(3, libc::F_GETFL) | libc::O_NONBLOCK);
+            }
+            crate::crilog::copy_output(3, err, input, 1, child);
             let mut status: libc::c_int = 0;
             let code = loop {
                 let r = libc::waitpid(child, &mut status, 0);
@@ -812,34 +865,21 @@ mod tests {
             restart_count: 0,
             mounts,
             security: Default::default(),
+            interactive: Default::default(),
         }
     }
 
     #[test]
-    fn mounts_are_refused_rather_than_dropped_or_created_on_the_host() {
+    fn mounts_need_root_rather_than_being_dropped() {
         let dir = tempfile::tempdir().expect("tempdir");
         let volume = dir.path().join("vol");
         fs::create_dir(&volume).expect("mkdir");
-        let mount = |destination: &str| crate::runtime::Mount { source: volume.clone(), destination: destination.into(), read_only: false };
-
-        let err = runtime_inner(false, dir.path()).bind_mounts(&spec_with(vec![mount("/srv")])).err().unwrap_or_default();
+        let mount = crate::runtime::Mount { source: volume.clone(), destination: "/srv".into(), read_only: false };
+        let spec = spec_with(vec![mount]);
+        let err = runtime_inner(false, dir.path()).check_mounts(&spec.mounts, dir.path()).err().unwrap_or_default();
         assert!(err.contains("need the agent to run as root"), "{err}");
-
-        let isolated = runtime_inner(true, dir.path());
-        let missing = dir.path().join("not/there").to_string_lossy().to_string();
-        let err = isolated.bind_mounts(&spec_with(vec![mount(&missing)])).err().unwrap_or_default();
-        assert!(err.contains(&format!("mount path {missing} does not exist on this host")), "{err}");
-        assert!(!dir.path().join("not").exists(), "nothing is created on the host");
-
-        let file = dir.path().join("file");
-        fs::write(&file, "x").expect("write");
-        let err = isolated.bind_mounts(&spec_with(vec![mount(&file.to_string_lossy())])).err().unwrap_or_default();
-        assert!(err.contains("is a file on this host, and the volume is a directory"), "{err}");
-
-        let nested = dir.path().join("vol").to_string_lossy().to_string();
-        let ok = isolated.bind_mounts(&spec_with(vec![mount(&nested), mount(&dir.path().to_string_lossy())])).expect("mounts");
-        assert_eq!(ok[0].destination.as_bytes(), dir.path().as_os_str().as_encoded_bytes(), "parents are mounted first");
-        assert!(isolated.bind_mounts(&spec_with(Vec::new())).expect("none").is_empty());
+        assert!(runtime_inner(true, dir.path()).check_mounts(&spec.mounts, dir.path()).is_ok());
+        assert!(runtime_inner(false, dir.path()).check_mounts(&[], dir.path()).expect("none").is_empty());
     }
 
     #[test]

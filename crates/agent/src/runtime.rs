@@ -35,6 +35,17 @@ pub(crate) struct ContainerSpec {
     pub mounts: Vec<Mount>,
     /// The pod's and container's `securityContext`, merged (the container's fields win).
     pub security: Security,
+    /// The container's `stdin` and `tty`.
+    pub interactive: Interactive,
+}
+
+/// A container that keeps a stdin open for `attach` (`stdin: true`), on a terminal (`tty: true`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Interactive {
+    pub stdin: bool,
+    /// `stdinOnce`: the container's stdin ends when the first attach that wrote to it ends.
+    pub stdin_once: bool,
+    pub tty: bool,
 }
 
 /// What a `securityContext` asks of the runtime.
@@ -198,6 +209,14 @@ pub(crate) trait Runtime: Send + Sync + 'static {
     fn check_mounts(&self, _mounts: &[Mount]) -> Result<(), String> {
         Ok(())
     }
+    /// Where `attach` writes a running container's stdin (a named pipe), for a container started
+    /// with `stdin: true` by a runtime that keeps one.
+    fn stdin_pipe(&self, _id: &ContainerId) -> Option<PathBuf> {
+        None
+    }
+    /// An attach that wrote to the container's stdin has ended: a `stdinOnce` container's stdin
+    /// ends too (others keep theirs open).
+    fn attach_ended(&self, _id: &ContainerId) {}
 }
 
 pub(crate) type EventSender = mpsc::UnboundedSender<RuntimeEvent>;

@@ -261,19 +261,34 @@ async fn handle(State(state): State<ServerState>, mut req: Request) -> Response 
             Session::Channels(Box::new(move |chans| Box::pin(streams::run_exec(pid, req, chans))))
         }
         "attach" => {
-            if query.stdin {
-                return status(
-                    StatusCode::BAD_REQUEST,
-                    "BadRequest",
-                    "attaching to a container's stdin is not supported by Shepherd; attach without -i to see its output",
-                );
-            }
+            let stdin = match (query.stdin, runtime.stdin_pipe(&found.id)) {
+                (false, _) => None,
+                (true, Some(pipe)) => {
+                    let (runtime, id) = (runtime.clone(), found.id.clone());
+                    let ended: Box<dyn FnOnce() + Send> = Box::new(move || runtime.attach_ended(&id));
+                    Some((pipe, ended))
+                }
+                (true, None) => {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        format!(
+                            "container {} in pod {pod} has no stdin to attach to: set stdin: true in its spec, or \
+                             attach without -i to see its output",
+                            found.id.name
+                        ),
+                    );
+                }
+            };
             let Some(files) = runtime.log_files(&found.id) else {
                 return status(StatusCode::BAD_REQUEST, "BadRequest", "this node's runtime keeps no container output");
             };
-            let id = found.id.clone();
-            let alive = move || runtime.pid(&id).is_some();
-            Session::Channels(Box::new(move |chans| Box::pin(streams::run_attach(files.current, alive, chans))))
+            let target = streams::AttachTarget { log: files.current, stdin, terminal_of: query.tty.then_some(pid).flatten() };
+            // This instance of the container: a restart (same id, new process) ends the attach.
+            let main = pid.and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+            let started = crate::process::start_time(main);
+            let alive = move || started.is_some() && crate::process::start_time(main) == started;
+            Session::Channels(Box::new(move |chans| Box::pin(streams::run_attach(target, alive, chans))))
         }
         _ => Session::PortForward(format!("{namespace}/{pod}")),
     };

@@ -216,9 +216,68 @@ pub(crate) async fn run_exec(pid: u32, req: ExecRequest, mut chans: Channels) {
     let _ = chans.out.send(Outgoing::Finish(exit_status(&req.argv, code))).await;
 }
 
-/// Streams a container's output from now on (its log file) until the container ends or the
-/// client goes away.
-pub(crate) async fn run_attach(log: PathBuf, alive: impl Fn() -> bool + Send + 'static, mut chans: Channels) {
+/// What an attach connects to.
+pub(crate) struct AttachTarget {
+    /// The container's log file, whose new records are its output.
+    pub log: PathBuf,
+    /// The container's stdin pipe, when the client sends stdin, and what to do once the client's
+    /// stdin has ended (or the client has gone).
+    pub stdin: Option<(PathBuf, Box<dyn FnOnce() + Send>)>,
+    /// The host pid of the container's main process, when the client has a terminal: its stdin,
+    /// if that is a terminal, is resized with the client's.
+    pub terminal_of: Option<u32>,
+}
+
+/// Copies what the client types into the container's stdin pipe. The pipe stays open after the
+/// client goes (the container holds it too), so a later attach continues the same stdin.
+async fn feed_stdin(pipe: PathBuf, mut stdin: mpsc::Receiver<Bytes>) {
+    let mut w = match tokio::fs::OpenOptions::new().write(true).open(&pipe).await {
+        Ok(w) => w,
+        Err(e) => {
+            debug!(error = %e, pipe = %pipe.display(), "cannot open the container's stdin");
+            return;
+        }
+    };
+    while let Some(data) = stdin.recv().await {
+        if w.write_all(&data).await.is_err() || w.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Applies the client's terminal size to the terminal that is the stdin of process `pid`.
+async fn follow_resizes(pid: u32, mut resize: mpsc::Receiver<TermSize>) {
+    let fd0 = format!("/proc/{pid}/fd/0");
+    let is_terminal = std::fs::read_link(&fd0).is_ok_and(|t| t.starts_with("/dev/pts/"));
+    let terminal = if is_terminal {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOCTTY).open(&fd0).ok()
+    } else {
+        None
+    };
+    while let Some(size) = resize.recv().await {
+        if let Some(t) = &terminal {
+            exec::resize(t, size);
+        }
+    }
+}
+
+/// Streams a container's output from now on (its log file), and the client's input to its
+/// stdin, until the container ends or the client goes away.
+pub(crate) async fn run_attach(target: AttachTarget, alive: impl Fn() -> bool + Send + 'static, mut chans: Channels) {
+    let AttachTarget { log, stdin, terminal_of } = target;
+    let interactive = stdin.is_some();
+    let feeder = stdin.map(|(pipe, ended)| {
+        let ended = CallOnDrop(Some(ended));
+        AbortOnDrop(tokio::spawn(async move {
+            feed_stdin(pipe, chans.stdin).await;
+            drop(ended);
+        }))
+    });
+    let resizer = terminal_of.map(|pid| AbortOnDrop(tokio::spawn(follow_resizes(pid, chans.resize))));
+    let _tasks = (feeder, resizer);
+    // Someone typing sees the echo sooner.
+    let poll = Duration::from_millis(if interactive { 20 } else { 100 });
     let mut offset = tokio::fs::metadata(&log).await.map(|m| m.len()).unwrap_or(0);
     let mut render = Renderer::new(&LogQuery::default());
     loop {
@@ -247,9 +306,29 @@ pub(crate) async fn run_attach(log: PathBuf, alive: impl Fn() -> bool + Send + '
             return;
         }
         tokio::select! {
-            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            () = tokio::time::sleep(poll) => {}
             () = gone(&mut chans.gone) => return,
         }
+    }
+}
+
+/// Runs a closure when dropped, also when the task holding it is aborted.
+struct CallOnDrop(Option<Box<dyn FnOnce() + Send>>);
+
+impl Drop for CallOnDrop {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+/// Ends a helper task with the session that started it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

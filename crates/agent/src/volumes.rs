@@ -128,6 +128,29 @@ impl Volumes {
         Ok(prepared)
     }
 
+    /// Why `pod` must be evicted, as kubelet words it, when an emptyDir on disk (no `medium`) holds
+    /// more than its `sizeLimit`. (A `medium: Memory` one is a tmpfs of that size: it cannot.)
+    pub fn over_limit(&self, pod: &Value) -> Option<String> {
+        let base = self.pod_dir(str_at(pod, "/metadata/uid")).join("volumes/kubernetes.io~empty-dir");
+        for vol in pod.at("/spec/volumes").and_then(Value::as_array).into_iter().flatten() {
+            let Some(e) = vol.get("emptyDir").filter(|e| str_at(e, "/medium") != "Memory") else { continue };
+            let Some(text) = e.get("sizeLimit").and_then(quantity::text) else { continue };
+            let Some(limit) = quantity::bytes(&text) else { continue };
+            let name = str_at(vol, "/name");
+            if disk_usage(&base.join(name)) > limit {
+                return Some(format!("Usage of EmptyDir volume \"{name}\" exceeds the limit \"{text}\". "));
+            }
+        }
+        None
+    }
+
+    /// Whether `pod` has an emptyDir on disk with a `sizeLimit` (whose usage is to be watched).
+    pub fn has_disk_limits(pod: &Value) -> bool {
+        pod.at("/spec/volumes").and_then(Value::as_array).into_iter().flatten().any(|v| {
+            v.get("emptyDir").is_some_and(|e| str_at(e, "/medium") != "Memory" && e.get("sizeLimit").is_some())
+        })
+    }
+
     fn empty_dir(&self, dir: &Path, spec: &Value) -> Result<(), String> {
         fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         if str_at(spec, "/medium") != "Memory" {
@@ -259,6 +282,29 @@ impl Volumes {
             warn!(dir = %dir.display(), error = %e, "cannot remove a pod's volumes");
         }
     }
+}
+
+/// The disk space the files under `dir` take (allocated blocks, as `du` counts), not following
+/// symbolic links nor crossing into other filesystems.
+fn disk_usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(top) = fs::symlink_metadata(dir) else { return 0 };
+    let mut total = 0;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let Ok(entries) = fs::read_dir(&d) else { continue };
+        for entry in entries.flatten() {
+            let Ok(m) = entry.metadata() else { continue };
+            if m.dev() != top.dev() {
+                continue;
+            }
+            total += m.blocks() * 512;
+            if m.is_dir() {
+                pending.push(entry.path());
+            }
+        }
+    }
+    total
 }
 
 fn cstring(p: &Path) -> Result<std::ffi::CString, String> {
@@ -524,6 +570,26 @@ mod tests {
         missing["metadata"]["uid"] = json!("u2");
         let err = volumes.sync(&missing, &NODE).expect_err("a new pod waits for it");
         assert!(err.contains("secret \"later\" not found"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_dir_on_disk_over_its_size_limit_names_the_volume_and_the_limit() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let volumes = Volumes::new(tmp.path(), Arc::new(Sources::fixed(Vec::new())));
+        let pod = json!({"metadata": {"uid": "u1", "namespace": "ns", "name": "p"}, "spec": {"volumes": [
+            {"name": "scratch", "emptyDir": {"sizeLimit": "64Ki"}},
+            {"name": "free", "emptyDir": {}}]}});
+        let node = envvars::Node { ip: "127.0.0.1", cpu_millis: 1000, memory_bytes: 1 << 30 };
+        let prepared = volumes.sync(&pod, &node).expect("sync");
+        assert!(Volumes::has_disk_limits(&pod));
+        fs::write(prepared.paths["free"].join("big"), vec![1u8; 256 << 10]).expect("write");
+        assert_eq!(volumes.over_limit(&pod), None, "only the limited volume counts");
+        fs::create_dir(prepared.paths["scratch"].join("sub")).expect("mkdir");
+        fs::write(prepared.paths["scratch"].join("sub/big"), vec![1u8; 256 << 10]).expect("write");
+        assert_eq!(
+            volumes.over_limit(&pod).as_deref(),
+            Some("Usage of EmptyDir volume \"scratch\" exceeds the limit \"64Ki\". ")
+        );
     }
 
     #[test]

@@ -76,8 +76,6 @@ const UNSUPPORTED: &[(Scope, &str)] = &[
     (Scope::Container, "lifecycle"),
     (Scope::Container, "startupProbe"),
     (Scope::Container, "resizePolicy"),
-    (Scope::Container, "stdin"),
-    (Scope::Container, "tty"),
     (Scope::Probe, "grpc"),
     (Scope::ServiceSpec, "externalName"),
     (Scope::ServiceSpec, "loadBalancerIP"),
@@ -1507,7 +1505,8 @@ mod tests {
     fn kubernetes_features_shepherd_lacks_are_refused_by_name() {
         let p = pod(json!({
             "containers": [{"name": "web", "image": "minimal",
-                "volumeMounts": [{"name": "data", "mountPath": "/d", "mountPropagation": "Bidirectional"}], "tty": true}],
+                "volumeMounts": [{"name": "data", "mountPath": "/d", "mountPropagation": "Bidirectional"}],
+                "startupProbe": {"exec": {"command": ["true"]}}}],
             "volumes": [{"name": "data", "nfs": {"server": "nfs.example", "path": "/"}}],
             "hostNetwork": true,
             "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
@@ -1519,7 +1518,7 @@ mod tests {
             "spec.hostNetwork",
             "spec.affinity.podAffinity",
             "spec.containers[0].volumeMounts[0].mountPropagation",
-            "spec.containers[0].tty",
+            "spec.containers[0].startupProbe",
         ] {
             assert!(got.contains(&(f.to_string(), "FieldValueForbidden")), "{f}: {got:?}");
         }

@@ -8,6 +8,7 @@ mod dashboard;
 mod experiment;
 mod peer;
 mod plot;
+mod pod_io;
 mod procstat;
 mod report;
 mod scale;
@@ -165,6 +166,18 @@ enum Scenario {
         #[arg(long, default_value_t = 2_000)]
         requests: usize,
     },
+    /// `shepherd standalone` (process runtime, root): `kubectl exec -- true` round trip, `kubectl
+    /// cp` both ways, `kubectl port-forward` download, ConfigMap change to file in the pod.
+    PodIo {
+        #[arg(long, default_value_t = 100)]
+        exec_runs: usize,
+        #[arg(long, default_value_t = 100)]
+        cp_mib: usize,
+        #[arg(long, default_value_t = 100)]
+        forward_mib: usize,
+        #[arg(long, default_value_t = 30)]
+        config_changes: usize,
+    },
     /// (internal) One peer-comparison variant; runs until stdin closes.
     #[command(hide = true)]
     PeerWorker {
@@ -274,6 +287,14 @@ async fn main() -> anyhow::Result<()> {
             soak::run(&cli.shepherd, p).await?
         }
         Scenario::ApplyCost { requests } => apply_cost::run(&cli.shepherd, if cli.smoke { 50 } else { requests }).await?,
+        Scenario::PodIo { exec_runs, cp_mib, forward_mib, config_changes } => {
+            let p = if cli.smoke {
+                pod_io::Params::smoke()
+            } else {
+                pod_io::Params { exec_runs, cp_mib, forward_mib, config_changes }
+            };
+            pod_io::run(&cli.shepherd, p).await?
+        }
         Scenario::PeerWorker { .. } => unreachable!("handled above"),
     };
     report::write(&cli.out, &machine, &result)?;

@@ -75,6 +75,9 @@ fn exec_into_a_missing_container_names_the_pods_containers() {
         let (status, _, err) = run_with_stdin(kubectl_command(&bin, &d.url).args(["exec", "two", "-c", "nope", "--", "true"]), None);
         assert!(!status.success(), "kubectl {label}");
         assert!(err.contains("container nope is not valid for pod two") && err.contains("[app side]"), "kubectl {label}: {err}");
+        // 400, as Kubernetes' API server answers a container name the pod lacks (before any node
+        // is asked): the pod exists, the request names a part of it that does not.
+        assert!(err.contains("(BadRequest)"), "kubectl {label}: {err}");
     }
     let (status, _, err) = kubectl(&d.url, &["exec", "two", "-c", "app", "--", "no-such-command"]);
     assert!(!status.success() && err.contains("\"no-such-command\": executable file not found"), "{err}");
@@ -193,6 +196,199 @@ fn attach_sees_the_containers_output() {
         let _ = child.wait();
         let out = seen.join().expect("reader");
         assert!(out.contains("tick"), "kubectl {label}: attach printed {out:?}");
+    }
+}
+
+/// Creates a pod from `spec` (a container list and more) and waits until it runs.
+fn running_pod_spec(url: &str, name: &str, spec: serde_json::Value) {
+    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec});
+    let (_, bin) = newest_kubectl();
+    let (status, _, err) = run_with_stdin(kubectl_command(&bin, url).args(["apply", "-f", "-"]), Some(&pod.to_string()));
+    assert!(status.success(), "creating pod {name}: {err}");
+    eventually(60, &format!("pod {name} to run"), || {
+        let (_, out, _) = kubectl(url, &["get", "pod", name, "-o", "jsonpath={.status.phase}"]);
+        (out == "Running").then_some(())
+    });
+}
+
+/// Runs `command` in a detached tmux session of its own (120x40) and reads its screen.
+struct Terminal {
+    socket: std::path::PathBuf,
+    session: String,
+}
+
+impl Terminal {
+    fn start(dir: &Path, name: &str, command: &str) -> Terminal {
+        assert!(
+            Command::new("tmux").arg("-V").output().is_ok(),
+            "this test drives kubectl in a terminal and needs tmux (Debian package `tmux`)"
+        );
+        let t = Terminal { socket: dir.join(format!("tmux-{name}")), session: format!("shepherd-{name}-{}", std::process::id()) };
+        let started = t.tmux(&["new-session", "-d", "-s", &t.session, "-x", "120", "-y", "40", command]);
+        assert!(started.status.success(), "tmux: {}", String::from_utf8_lossy(&started.stderr));
+        t
+    }
+
+    fn tmux(&self, args: &[&str]) -> std::process::Output {
+        Command::new("tmux").arg("-S").arg(&self.socket).args(args).output().expect("tmux")
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.tmux(&["capture-pane", "-p", "-t", &self.session]).stdout).into_owned()
+    }
+
+    fn type_line(&self, line: &str) {
+        self.tmux(&["send-keys", "-t", &self.session, line, "Enter"]);
+    }
+
+    /// Types `line` (again, every few seconds: the first keys may come before the attach) until
+    /// the screen shows a line starting with `answer`; returns that line.
+    fn ask(&self, line: &str, answer: &str) -> String {
+        let mut typed = Instant::now() - Duration::from_secs(10);
+        eventually(60, &format!("{answer:?} on the screen"), || {
+            if typed.elapsed() > Duration::from_secs(5) {
+                self.type_line(line);
+                typed = Instant::now();
+            }
+            self.screen().lines().find(|l| l.starts_with(answer)).map(str::to_string)
+        })
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        self.tmux(&["kill-server"]);
+    }
+}
+
+#[test]
+fn attach_with_a_terminal_drives_the_containers_own_shell_and_follows_resizes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = standalone(dir.path());
+    let shell = serde_json::json!({"containers": [
+        {"name": "sh", "image": "busybox", "command": ["/usr/bin/busybox", "sh"], "stdin": true, "tty": true}]});
+    running_pod_spec(&d.url, "console", shell);
+    let mut previous: Option<String> = None;
+    for (label, bin) in kubectls_under_test() {
+        let name = format!("attach-{}", label.replace('.', "-"));
+        let cmd = format!("env KUBECONFIG=/dev/null {} --server {} attach -it console; sleep 60", bin.display(), d.url);
+        let t = Terminal::start(dir.path(), &name, &cmd);
+        let shown = t.ask("echo \"tty=$(tty) size=$(stty size) seen=$SEEN\"; SEEN=\"$SEEN+$$\"", "tty=");
+        assert!(shown.starts_with("tty=/dev/pts/"), "kubectl {label}: the container's stdin is a terminal: {shown}");
+        assert!(shown.contains("size=40 120"), "kubectl {label}: the client's terminal size reaches the shell: {shown}");
+        // Each attach talks to the same shell, which outlives the attach before it.
+        if let Some(before) = &previous {
+            let seen = shown.split("seen=").nth(1).unwrap_or("");
+            assert!(seen.contains('+') && before.split("seen=").nth(1).is_some(), "kubectl {label}: {shown} after {before}");
+        }
+        previous = Some(shown);
+    }
+    let (_, restarts, _) = kubectl(&d.url, &["get", "pod", "console", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"]);
+    assert_eq!(restarts, "0", "detaching does not end the container's shell");
+
+    // `kubectl run -it --rm` creates a pod with stdin and a terminal and attaches to it.
+    let (_, bin) = newest_kubectl();
+    let cmd = format!(
+        "env KUBECONFIG=/dev/null {} --server {} run -it --rm --restart=Never one-off --image=busybox -- /usr/bin/busybox sh; \
+         echo kubectl-exit=$?; sleep 60",
+        bin.display(),
+        d.url
+    );
+    let t = Terminal::start(dir.path(), "run", &cmd);
+    let shown = t.ask("echo \"answer=$((6 * 7))\"", "answer=");
+    assert_eq!(shown.trim(), "answer=42");
+    t.type_line("exit 5");
+    let exit = eventually(60, "kubectl run to end with the shell", || {
+        t.screen().lines().find(|l| l.starts_with("kubectl-exit=")).map(str::to_string)
+    });
+    assert_eq!(exit.trim(), "kubectl-exit=5", "kubectl run returns the shell's exit code: {}", t.screen());
+    eventually(60, "the --rm pod to be deleted", || {
+        let (_, out, _) = kubectl(&d.url, &["get", "pods", "-o", "name"]);
+        (!out.contains("one-off")).then_some(())
+    });
+}
+
+/// `kubectl attach -i` to `pod`'s `container`, typing `word` now and then (what is typed before
+/// the attach is connected goes nowhere) until the output shows `got:<word>` (or 60 s pass);
+/// returns the output.
+fn attach_typing(bin: &Path, url: &str, pod: &str, container: &str, word: &str) -> String {
+    let mut child = kubectl_command(bin, url)
+        .args(["attach", "-i", pod, "-c", container])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("attach");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let want = format!("got:{word}");
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut buf = [0u8; 256];
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).contains(&want) {
+            match stdout.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !reader.is_finished() && Instant::now() < deadline {
+        use std::io::Write;
+        let _ = writeln!(stdin, "{word}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    reader.join().expect("reader")
+}
+
+const READER: [&str; 4] = ["/usr/bin/busybox", "sh", "-c", "echo ready; while read l; do echo got:$l; done"];
+
+#[test]
+fn a_containers_stdin_outlives_an_agent_killed_and_restarted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let mut d = Daemon::start("standalone", &data, &[]);
+    running_pod_spec(&d.url, "keeper", serde_json::json!({"containers": [
+        {"name": "r", "image": "busybox", "command": READER, "stdin": true}]}));
+    let (_, bin) = newest_kubectl();
+    let out = attach_typing(&bin, &d.url, "keeper", "r", "before");
+    assert!(out.contains("got:before"), "{out:?}");
+    d.kill9();
+    let d = Daemon::start("standalone", &data, &[]);
+    let out = attach_typing(&bin, &d.url, "keeper", "r", "after");
+    assert!(out.contains("got:after"), "the re-adopted container's stdin takes input: {out:?}");
+    let (_, restarts, _) = kubectl(&d.url, &["get", "pod", "keeper", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"]);
+    assert_eq!(restarts, "0", "the same container, not a restarted one");
+}
+
+#[test]
+fn attach_with_stdin_feeds_a_container_started_with_stdin() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = standalone(dir.path());
+    running_pod_spec(&d.url, "reader", serde_json::json!({"containers": [
+        {"name": "r", "image": "busybox", "command": READER, "stdin": true},
+        {"name": "deaf", "image": "busybox", "command": IDLE}]}));
+    for (label, bin) in kubectls_under_test() {
+        let word = format!("hello-{}", label.replace('.', "-"));
+        let out = attach_typing(&bin, &d.url, "reader", "r", &word);
+        assert!(out.contains(&format!("got:{word}")), "kubectl {label}: the container read what was typed: {out:?}");
+
+        let (status, _, err) = run_with_stdin(kubectl_command(&bin, &d.url).args(["attach", "-i", "reader", "-c", "deaf"]), Some("x\n"));
+        assert!(!status.success(), "kubectl {label}: attaching stdin to a container without one fails");
+        assert!(err.contains("container deaf in pod reader has no stdin") && err.contains("stdin: true"), "kubectl {label}: {err}");
+
+        // `kubectl run -i` makes a stdinOnce container: its stdin ends with kubectl's, so `cat`
+        // ends, and so does the pod (deleted by --rm).
+        let name = format!("once-{}", label.replace('.', "-"));
+        let cat = "cat; echo done-reading";
+        let args = ["run", "-i", "--rm", "--restart=Never", &name, "--image=busybox", "--", "/usr/bin/busybox", "sh", "-c", cat];
+        let (status, out, err) = run_with_stdin(kubectl_command(&bin, &d.url).args(args), Some("piped-in\n"));
+        assert!(status.success(), "kubectl {label}: run -i: {err}");
+        assert!(out.contains("piped-in\ndone-reading"), "kubectl {label}: run -i printed {out:?}; stderr {err}");
     }
 }
 

@@ -285,27 +285,105 @@ spec:
 }
 
 #[test]
-fn a_mount_over_a_path_the_host_lacks_is_refused_naming_the_path() {
-    let (_dir, daemon) = daemon();
+fn a_mount_over_a_path_the_host_lacks_is_made_in_the_container_only() {
+    let (dir, daemon) = daemon();
+    // Next to the data directory, so the overlaid directory holds the volume's own source too.
+    std::fs::write(dir.path().join("host-file"), "seen-through\n").expect("write");
     each_kubectl(&daemon.url, "nopath", |k| {
-        let pod = r#"
+        let missing = dir.path().join(format!("missing-{}/deep", k.ns));
+        let pod = format!(
+            r#"
 apiVersion: v1
 kind: Pod
-metadata: {name: lost}
+metadata: {{name: made}}
+spec:
+  containers:
+  - name: writer
+    image: minimal
+    command: ["sh", "-c", "echo from-the-writer > {m}/msg; echo \"host=$(cat {h}) mine=$(cat {m}/msg)\"; sleep 1000"]
+    volumeMounts: [{{name: scratch, mountPath: {m}}}]
+  - name: reader
+    image: minimal
+    command: ["sh", "-c", "until cat /mnt/msg; do sleep 0.2; done; sleep 1000"]
+    volumeMounts: [{{name: scratch, mountPath: /mnt}}]
+  volumes: [{{name: scratch, emptyDir: {{}}}}]
+"#,
+            m = missing.display(),
+            h = dir.path().join("host-file").display()
+        );
+        k.ok(&["apply", "-f", "-"], Some(&pod));
+        k.wait_for(&["logs", "made", "-c", "writer"], "host=seen-through mine=from-the-writer", Duration::from_secs(60));
+        // The reader sees the writer's file through the volume, not a copy in the overlay.
+        k.wait_for(&["logs", "made", "-c", "reader"], "from-the-writer", Duration::from_secs(30));
+        assert!(!missing.parent().is_some_and(Path::exists), "nothing was created on the host at {}", missing.display());
+        k.ok(&["delete", "pod", "made", "--wait=false"], None);
+
+        // A top-level directory the host lacks: the container gets a root of its own.
+        let top = format!("/shepherd-test-{}-{}", std::process::id(), k.ns);
+        let pod = format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: rooted}}
 spec:
   containers:
   - name: c
     image: minimal
-    command: ["sleep", "1000"]
-    volumeMounts: [{name: scratch, mountPath: /no/such/dir/on/this/host}]
-  volumes: [{name: scratch, emptyDir: {}}]
-"#;
-        k.ok(&["apply", "-f", "-"], Some(pod));
-        k.wait_for(&["get", "pod", "lost"], "CreateContainerConfigError", Duration::from_secs(30));
-        let message = k.ok(&["get", "pod", "lost", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.message}"], None);
-        assert!(message.contains("mount path /no/such/dir/on/this/host does not exist on this host"), "{message}");
-        assert!(!Path::new("/no").exists(), "nothing was created on the host");
-        k.ok(&["delete", "pod", "lost", "--wait=false"], None);
+    command: ["sh", "-c", "echo kept > {top}/data/msg; echo \"host=$(cat {h}) mine=$(cat {top}/data/msg)\"; sleep 1000"]
+    volumeMounts: [{{name: scratch, mountPath: {top}/data}}]
+  volumes: [{{name: scratch, emptyDir: {{}}}}]
+"#,
+            h = dir.path().join("host-file").display()
+        );
+        k.ok(&["apply", "-f", "-"], Some(&pod));
+        k.wait_for(&["logs", "rooted"], "host=seen-through mine=kept", Duration::from_secs(60));
+        let read = k.ok(&["exec", "rooted", "--", "cat", &format!("{top}/data/msg")], None);
+        assert_eq!(read, "kept\n", "kubectl exec enters the container's own root");
+        assert!(!Path::new(&top).exists(), "nothing was created on the host at {top}");
+        k.ok(&["delete", "pod", "rooted", "--wait=false"], None);
+    });
+}
+
+/// Whether a process whose command line contains `needle` runs.
+fn process_running(needle: &str) -> bool {
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|e| {
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(needle)
+    })
+}
+
+#[test]
+fn a_pod_filling_its_empty_dir_past_the_size_limit_is_evicted_with_the_reason() {
+    let (_dir, daemon) = daemon();
+    each_kubectl(&daemon.url, "hog", |k| {
+        let marker = format!("{}{}", 8_000_000 + std::process::id() % 100_000, k.ns.len());
+        let pod = format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: hog}}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: minimal
+    command: ["sh", "-c", "dd if=/dev/zero of=/srv/fill bs=1M count=4; sleep {marker}"]
+    volumeMounts: [{{name: scratch, mountPath: /srv}}]
+  volumes: [{{name: scratch, emptyDir: {{sizeLimit: 1Mi}}}}]
+"#
+        );
+        k.ok(&["apply", "-f", "-"], Some(&pod));
+        k.wait_for(&["get", "pod", "hog", "-o", "jsonpath={.status.phase}/{.status.reason}"], "Failed/Evicted", Duration::from_secs(60));
+        let message = k.ok(&["get", "pod", "hog", "-o", "jsonpath={.status.message}"], None);
+        assert_eq!(message, "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". ");
+        k.wait_for(&["get", "pod", "hog"], "Evicted", Duration::from_secs(10));
+        k.wait_for(&["get", "events", "--field-selector", "reason=Evicted"], "exceeds the limit", Duration::from_secs(10));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while process_running(&format!("sleep {marker}")) {
+            assert!(Instant::now() < deadline, "the evicted pod's container still runs");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        k.ok(&["delete", "pod", "hog", "--wait=false"], None);
     });
 }
 

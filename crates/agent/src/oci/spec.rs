@@ -390,6 +390,7 @@ mod tests {
             restart_count: 0,
             mounts: vec![BindMount { source: "/data/vol".into(), destination: "/vol".into(), read_only: true }],
             security: Security { read_only_root: true, no_new_privileges: true, ..Default::default() },
+            interactive: Default::default(),
         };
         let img = image();
         let inputs = SpecInputs {
