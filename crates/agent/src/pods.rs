@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
 use crate::envvars;
+use crate::network::PodNetwork;
 use crate::events;
 use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
 use crate::pullsecrets;
@@ -54,6 +55,8 @@ pub(crate) struct ConfigInputs {
     pub sources: Arc<Sources>,
     /// `None` for simulated nodes, whose containers see no files.
     pub volumes: Option<Volumes>,
+    /// Pods' own network namespaces and addresses; `None`: pods share the node's network.
+    pub network: Option<Arc<PodNetwork>>,
 }
 
 #[derive(Debug, Clone)]
@@ -132,6 +135,8 @@ struct PodRecord {
     uid: String,
     grace: Duration,
     containers: Vec<ContainerRecord>,
+    /// The pod's own address, once its network is set up.
+    pod_ip: Option<String>,
 }
 
 impl PodRecord {
@@ -154,6 +159,8 @@ pub(crate) struct PodManager {
     sources: Arc<Sources>,
     /// Volume directories on the node; `None` for simulated nodes, whose containers see no files.
     volumes: Option<Volumes>,
+    /// Pods' own networks; `None` when pods share the node's.
+    network: Option<Arc<PodNetwork>>,
     /// Pod key to its incarnations on this node, by UID.
     records: Mutex<HashMap<String, Incarnations>>,
     /// The earliest pending timer per pod key, so timers do not pile up. By key, not UID: one
@@ -239,6 +246,7 @@ impl PodManager {
             config,
             sources: inputs.sources,
             volumes: inputs.volumes,
+            network: inputs.network,
             records: Mutex::default(),
             timers: Mutex::default(),
             engine: std::sync::OnceLock::new(),
@@ -254,7 +262,12 @@ impl PodManager {
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         for a in adopted {
             let rec = records.entry(a.id.pod_key.clone()).or_default().entry(a.id.pod_uid.clone()).or_insert_with(|| {
-                Arc::new(AsyncMutex::new(PodRecord { uid: a.id.pod_uid.clone(), grace: Duration::from_secs(30), containers: Vec::new() }))
+                Arc::new(AsyncMutex::new(PodRecord {
+                    uid: a.id.pod_uid.clone(),
+                    grace: Duration::from_secs(30),
+                    containers: Vec::new(),
+                    pod_ip: None,
+                }))
             });
             let Ok(mut rec) = rec.try_lock() else { continue };
             let mut c = ContainerRecord::new(a.id.clone(), a.image, &self.config);
@@ -377,6 +390,9 @@ impl PodManager {
                 if let Some(v) = &self.volumes {
                     v.remove(&uid);
                 }
+                if let Some(n) = &self.network {
+                    n.teardown(&uid).await;
+                }
                 info!(pod = %key, uid = %uid, "pod gone: its containers are stopped and removed");
                 drop(rec);
                 self.forget(key, &uid, &rec_arc);
@@ -393,7 +409,7 @@ impl PodManager {
                 .or_default()
                 .entry(uid.clone())
                 .or_insert_with(|| {
-                    Arc::new(AsyncMutex::new(PodRecord { uid: uid.clone(), grace: Duration::from_secs(30), containers: Vec::new() }))
+                    Arc::new(AsyncMutex::new(PodRecord { uid: uid.clone(), grace: Duration::from_secs(30), containers: Vec::new(), pod_ip: None }))
                 })
                 .clone()
         };
@@ -428,6 +444,9 @@ impl PodManager {
             if let Some(v) = &self.volumes {
                 v.remove(&uid);
             }
+            if let Some(n) = &self.network {
+                n.teardown(&uid).await;
+            }
             drop(rec);
             self.forget(key, &uid, &rec_arc);
             return Ok(());
@@ -447,10 +466,12 @@ impl PodManager {
         let mut wake: Option<Instant> = None;
         self.sources.wait_synced(SOURCES_SYNC_LIMIT).await;
         let prepared = self.sync_volumes(&pod, &mut rec);
+        let prepared = if self.sync_network(&pod, &mut rec).await { prepared } else { None };
         if prepared.is_none() {
             wake = Some(now + WAITING_RECHECK);
         }
         let specs: Vec<Value> = pod.at("/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
+        let pod_ip = rec.pod_ip.clone();
         for spec in &specs {
             let name = spec.get("name").and_then(Value::as_str).unwrap_or("");
             let Some(c) = rec.container(name) else { continue };
@@ -499,7 +520,7 @@ impl PodManager {
             if let CState::Running { instance, .. } = c.state
                 && c.probes_for != Some(instance)
             {
-                self.start_probes(&pod, spec, c, instance);
+                self.start_probes(&pod, spec, c, instance, pod_ip.as_deref());
             }
         }
         self.write_status(&pod, &rec, &policy).await?;
@@ -507,6 +528,28 @@ impl PodManager {
             self.wake_at(key, at);
         }
         Ok(())
+    }
+
+    /// Gives the pod its own network namespace and address, unless it asked for the node's
+    /// (`hostNetwork`) or pods share the node's network; false (a `FailedCreatePodSandBox` Event
+    /// says why, containers wait) when that cannot be done yet.
+    async fn sync_network(&self, pod: &Value, rec: &mut PodRecord) -> bool {
+        let Some(network) = &self.network else { return true };
+        if pod.at("/spec/hostNetwork").and_then(Value::as_bool) == Some(true) {
+            return true;
+        }
+        match network.setup(&rec.uid).await {
+            Ok((ip, _)) => {
+                rec.pod_ip = Some(ip.to_string());
+                true
+            }
+            Err(e) => {
+                warn!(pod_uid = %rec.uid, error = %e, "cannot set up the pod's network");
+                let message = format!("Failed to create pod sandbox: {e}");
+                self.events.record(pod, EventType::Warning, "FailedCreatePodSandBox", &message).await;
+                false
+            }
+        }
     }
 
     /// Sets up or refreshes the pod's volumes; `None` (containers wait, an Event says why) when
@@ -728,10 +771,12 @@ impl PodManager {
         }
     }
 
-    fn start_probes(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord, instance: u64) {
+    /// Probes reach the pod at `pod_ip`, its own address, or else the node's.
+    fn start_probes(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord, instance: u64, pod_ip: Option<&str>) {
         c.stop_probes();
         c.probes_for = Some(instance);
-        let ip = self.nodes.get(str_at(pod, "/spec/nodeName")).cloned().unwrap_or_else(|| "127.0.0.1".into());
+        let node_ip = || self.nodes.get(str_at(pod, "/spec/nodeName")).cloned().unwrap_or_else(|| "127.0.0.1".into());
+        let ip = pod_ip.map_or_else(node_ip, str::to_string);
         for (field, kind) in [("readinessProbe", ProbeKind::Readiness), ("livenessProbe", ProbeKind::Liveness)] {
             if let Some(p) = spec.get(field).filter(|p| p.is_object()) {
                 let prefix = self.runtime.exec_prefix(&c.id);
@@ -922,6 +967,13 @@ impl PodManager {
             condition("Ready", ready, reason, message),
         ];
         let ip = self.nodes.get(str_at(pod, "/spec/nodeName")).cloned().unwrap_or_else(|| "127.0.0.1".into());
+        let pod_ip = match (&self.network, &rec.pod_ip) {
+            (Some(_), Some(own)) => json!(own),
+            // No address yet: Kubernetes leaves podIP unset until the sandbox has one.
+            (Some(_), None) if pod.at("/spec/hostNetwork").and_then(Value::as_bool) != Some(true) => Value::Null,
+            _ => json!(ip),
+        };
+        let pod_ips = if pod_ip.is_null() { json!([]) } else { json!([{"ip": pod_ip}]) };
         let start_time = pod
             .at("/status/startTime")
             .cloned()
@@ -932,7 +984,7 @@ impl PodManager {
             "conditions": conditions,
             "containerStatuses": statuses,
             "hostIP": ip, "hostIPs": [{"ip": ip}],
-            "podIP": ip, "podIPs": [{"ip": ip}],
+            "podIP": pod_ip, "podIPs": pod_ips,
             "startTime": start_time,
         });
         let current = pod.get("status").cloned().unwrap_or(Value::Null);
