@@ -343,6 +343,8 @@ fn pods_share_a_port_on_one_node_reach_pods_on_another_and_keep_their_addresses_
     assert!(in_cidr(&b1, &cidr_b), "{b1} comes from node-1's {cidr_b}");
     assert_ne!(a1, a2);
     assert_eq!(c.running_ip("host-a"), NODE_IPS[0], "a hostNetwork pod keeps the node's address");
+    let wide = c.kubectl(&["get", "pods", "-o", "wide"], None);
+    assert!(wide.contains(&format!(" {a1} ")) && wide.contains(&format!(" {b1} ")), "get -o wide shows pod IPs:\n{wide}");
 
     // Both pods of node-0 listen on port 8080; each answers on its own address.
     let node_a = c.nodes[0].path();
