@@ -352,16 +352,20 @@ impl Agent {
             let jitter = if count > 1 { Duration::from_millis(spread * i as u64 / count) } else { Duration::ZERO };
             background.spawn(node::heartbeat(client.clone(), n, config.lease_interval, jitter));
         }
-        if let Some(network) = network {
+        if let Some(network) = network.clone() {
             background.spawn(route_to_other_nodes(&manager, network, period_or_default(config.mode)));
         }
         let informer = manager.informers().informer(&kinds::POD);
         let sweeper = pods.clone();
         let period = config.mode.period().unwrap_or(Duration::from_secs(300));
+        let sweep_network = network.clone();
         background.spawn(async move {
             informer.wait_synced().await;
             loop {
                 sweeper.sweep_orphans();
+                if let Some(n) = &sweep_network {
+                    n.release_stale(|| sweeper.live_uids()).await;
+                }
                 tokio::time::sleep(period).await;
             }
         });

@@ -166,6 +166,13 @@ where
     .map_err(|_| NetworkError::Io { what: "configuring the pod network".into(), source: io::Error::other("the thread panicked") })?
 }
 
+/// Runs `f`, which waits on a thread of its own, off the async workers.
+async fn blocking(f: impl FnOnce() -> Result<(), NetworkError> + Send + 'static) -> Result<(), NetworkError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| NetworkError::Io { what: "configuring the pod network".into(), source: io::Error::other(e.to_string()) })?
+}
+
 async fn link_index(handle: &Handle, name: &str) -> Result<Option<u32>, NetworkError> {
     let mut links = handle.link().get().match_name(name.to_string()).execute();
     match links.try_next().await {
@@ -278,7 +285,8 @@ impl PodNetwork {
         // Whatever an earlier, unfinished attempt left goes first; no container runs in it yet.
         self.remove_links(uid).await;
         remove_netns(&netns);
-        create_netns(&netns)?;
+        let pinned = netns.clone();
+        blocking(move || create_netns(&pinned)).await?;
 
         let host = host_interface(uid);
         let peer = format!("p{}", &host[4..]);
@@ -306,7 +314,8 @@ impl PodNetwork {
         drop(ns_file);
 
         let (prefix, gateway) = (node.cidr.prefix, node.cidr.gateway());
-        in_netns(&netns, move |h| async move {
+        let inside = netns.clone();
+        blocking(move || in_netns(&inside, move |h| async move {
             let index = link_index(&h, &peer).await?.ok_or_else(|| missing(&peer))?;
             h.link()
                 .set(LinkUnspec::new_with_index(index).name(POD_INTERFACE.to_string()).up().build())
@@ -324,7 +333,8 @@ impl PodNetwork {
             let route = RouteMessageBuilder::<Ipv4Addr>::new().gateway(gateway).output_interface(index).build();
             h.route().add(route).replace().execute().await.map_err(nl_err(format!("adding the default route via {gateway}")))?;
             Ok(())
-        })?;
+        }))
+        .await?;
         if let Some(dir) = marker.parent() {
             fs::create_dir_all(dir).map_err(io_err("the network marker directory"))?;
         }
@@ -348,6 +358,22 @@ impl PodNetwork {
         remove_netns(&netns_path(&self.data_dir, uid));
         if let Ok(node) = self.node_net().await {
             node.ipam.release(uid);
+        }
+    }
+
+    /// Tears down the networks of pods that are gone although no reconcile saw them go (deleted
+    /// while no agent ran and never adopted, such as a pod whose containers never started).
+    /// `live` is asked after the reservations are read: a pod reserves only once it is known, so
+    /// every reservation read belongs to a pod `live` then names, unless that pod is gone.
+    pub async fn release_stale(&self, live: impl FnOnce() -> HashSet<String>) {
+        let Ok(node) = self.node_net().await else { return };
+        let reservations = node.ipam.reservations();
+        let live = live();
+        for (ip, uid) in reservations {
+            if !live.contains(&uid) {
+                tracing::info!(pod_uid = %uid, %ip, "releasing the address of a pod that is gone");
+                self.teardown(&uid).await;
+            }
         }
     }
 

@@ -1038,6 +1038,16 @@ impl PodManager {
 
     /// Reconciles every pod key the manager holds state for but the cache does not show (pods
     /// deleted while the agent was away): the safety net behind the informer's events.
+    /// The uids of every pod this manager runs or knows of: those the API shows on its nodes
+    /// and those it still holds records for (stopping, or adopted).
+    pub fn live_uids(&self) -> HashSet<String> {
+        let mut uids: HashSet<String> =
+            self.pods.list().iter().filter(|p| self.mine(p)).map(|p| str_at(p, "/metadata/uid").to_string()).collect();
+        let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        uids.extend(records.values().flat_map(|incarnations| incarnations.keys().cloned()));
+        uids
+    }
+
     pub fn sweep_orphans(&self) {
         let cached: HashSet<String> = self.known_keys().into_iter().filter(|k| self.pods.get(k).is_none()).collect();
         for key in cached {

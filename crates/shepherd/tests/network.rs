@@ -376,11 +376,32 @@ fn pods_share_a_port_on_one_node_reach_pods_on_another_and_keep_their_addresses_
     assert_eq!(c.http_from(&b1_ns, &a1), "web-a1", "the other node still reaches node-0's pods");
 
     // A deleted pod's address goes back to the pool and its namespace is gone.
+    let a2_ns = c.pod_netns(0, "web-a2");
     c.kubectl(&["delete", "pod", "web-a2", "--wait=false"], None);
-    c.wait_for("web-a2's network namespace to be removed", 60, |c| {
+    c.wait_for("web-a2's address to be released", 60, |c| {
         let ipam = c.agent_dir(0).join("network/ipam").join(&a2);
-        (!ipam.exists()).then_some(())
+        (!ipam.exists() && !Path::new(&a2_ns).exists()).then_some(())
     });
+
+    // A pod that got an address but never a container (its ConfigMap is missing), force deleted
+    // while no agent runs: the next agent finds nothing to adopt for it and still frees it.
+    let waiting = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "no-config"},
+        "spec": {"nodeName": "node-0", "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "app", "image": "minimal", "command": ["sleep", "3600"],
+                "envFrom": [{"configMapRef": {"name": "missing"}}]}]}});
+    c.kubectl(&["apply", "-f", "-"], Some(&waiting.to_string()));
+    let stranded = c.wait_for("no-config to get an address", 60, |c| c.pod("no-config")["status"]["podIP"].as_str().map(str::to_string));
+    if let Some(agent) = c.agents[0].as_mut() {
+        agent.kill9();
+        agent.cmdline.clear();
+    }
+    c.kubectl(&["delete", "pod", "no-config", "--force", "--grace-period=0"], None);
+    let restarted = c.start_agent(0);
+    c.agents[0] = Some(restarted);
+    c.wait_for("the stranded address to be released", 60, |c| {
+        (!c.agent_dir(0).join("network/ipam").join(&stranded).exists()).then_some(())
+    });
+    assert_eq!(c.http_from(&node_a, &a1), "web-a1", "releasing it left the others alone");
 }
 
 #[test]
