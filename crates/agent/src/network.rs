@@ -282,6 +282,7 @@ impl PodNetwork {
             self.ready.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.to_string());
             return Ok((ip, netns));
         }
+        let started = std::time::Instant::now();
         // Whatever an earlier, unfinished attempt left goes first; no container runs in it yet.
         self.remove_links(uid).await;
         remove_netns(&netns);
@@ -340,7 +341,7 @@ impl PodNetwork {
         }
         fs::write(&marker, ip.to_string()).map_err(io_err(format!("writing {}", marker.display())))?;
         self.ready.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.to_string());
-        tracing::info!(pod_uid = uid, %ip, "pod network set up");
+        tracing::info!(pod_uid = uid, %ip, setup_ms = started.elapsed().as_secs_f64() * 1e3, "pod network set up");
         Ok((ip, netns))
     }
 
