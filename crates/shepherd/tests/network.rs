@@ -102,6 +102,8 @@ impl Drop for Agent {
 /// The server, its nodes and the underlay joining them.
 struct Cluster {
     dir: tempfile::TempDir,
+    /// The agents' `--runtime`.
+    runtime: &'static str,
     server: Option<Daemon>,
     agents: Vec<Option<Agent>>,
     nodes: Vec<Netns>,
@@ -110,8 +112,12 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// A server and `nodes` agents; `server_flags` are extra server flags.
+    /// A server and `nodes` agents on the process runtime; `server_flags` are extra server flags.
     fn start(tag: &str, nodes: usize, server_flags: &[&str]) -> Cluster {
+        Cluster::start_on("process", tag, nodes, server_flags)
+    }
+
+    fn start_on(runtime: &'static str, tag: &str, nodes: usize, server_flags: &[&str]) -> Cluster {
         require_root_and_tools();
         let prefix = format!("shp{}{tag}", std::process::id() % 100_000);
         let underlay = Netns::new(format!("{prefix}u"));
@@ -146,7 +152,7 @@ impl Cluster {
             .expect("start shepherd server");
         let server = Daemon::from_child(child);
         let mut cluster =
-            Cluster { dir, server: Some(server), agents: Vec::new(), nodes: node_ns, server_ns, _underlay: underlay };
+            Cluster { dir, runtime, server: Some(server), agents: Vec::new(), nodes: node_ns, server_ns, _underlay: underlay };
         for i in 0..nodes {
             let agent = cluster.start_agent(i);
             cluster.agents.push(Some(agent));
@@ -171,7 +177,7 @@ impl Cluster {
         let child = self.nodes[node]
             .command(env!("CARGO_BIN_EXE_shepherd"))
             .args(["agent", "--server", &self.url(), "--node-name", &format!("node-{node}"), "--node-ip", NODE_IPS[node]])
-            .args(["--runtime", "process", "--pod-network", "bridge", "--lease-seconds", "1", "--data-dir"])
+            .args(["--runtime", self.runtime, "--pod-network", "bridge", "--lease-seconds", "1", "--data-dir"])
             .arg(self.agent_dir(node))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -283,13 +289,25 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.agents.clear();
         self.server.take();
-        // The pinned pod namespaces are bind mounts under the agents' data dirs.
+        // oci containers run under shims of their own, not the agent's: runc removes them.
         for i in 0..self.nodes.len() {
-            if let Ok(entries) = std::fs::read_dir(self.agent_dir(i).join("network/netns")) {
-                for e in entries.flatten() {
-                    let _ = Command::new("umount").arg("-l").arg(e.path()).status();
-                }
+            let root = self.agent_dir(i).join("oci/runc");
+            for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+                let _ = Command::new("runc").arg("--root").arg(&root).args(["delete", "--force"]).arg(e.file_name()).output();
             }
+        }
+        // Pinned pod and sandbox namespaces, image roots: mounts under the test's directory.
+        let dir = self.dir.path().display().to_string();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&dir))
+            .map(str::to_string)
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = Command::new("umount").args(["-l", &m]).status();
         }
     }
 }
@@ -429,4 +447,23 @@ fn a_pod_beyond_the_nodes_pod_cidr_gets_failed_create_pod_sandbox_and_runs_once_
     let freed = c.running_ip("fill-2");
     c.kubectl(&["delete", "pod", "fill-2", "--wait=false"], None);
     assert_eq!(c.running_ip("one-too-many"), freed, "the deleted pod's address was the only one free");
+}
+
+#[test]
+fn oci_containers_join_their_pods_network_namespace() {
+    let runc = Command::new("runc").arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(runc, "this test needs runc (package runc) for the oci runtime");
+    let c = Cluster::start_on("oci", "c", 1, &[]);
+    let www = c.dir.path().join("www");
+    // `minimal` on the oci runtime is the host's root, read-only: busybox and the files are there.
+    for name in ["oci-1", "oci-2"] {
+        c.kubectl(&["apply", "-f", "-"], Some(&web_pod(name, 0, &www)));
+    }
+    let (ip1, ip2) = (c.running_ip("oci-1"), c.running_ip("oci-2"));
+    assert_ne!(ip1, ip2);
+    let node = c.nodes[0].path();
+    assert_eq!(c.http_from(&node, &ip1), "oci-1");
+    assert_eq!(c.http_from(&node, &ip2), "oci-2");
+    // Nothing listens on the node's own address: each server is in its pod's namespace.
+    assert_eq!(c.http_from(&node, NODE_IPS[0]), "");
 }
