@@ -16,6 +16,8 @@ mod events;
 mod exec;
 mod logs;
 mod mountns;
+mod network;
+mod network_ipam;
 mod node;
 mod oci;
 mod pods;
@@ -49,6 +51,7 @@ use tracing::info;
 pub use logs::{LogQuery, LogStream, PodLogs};
 pub use pods::SIMULATE_FAIL_ANNOTATION;
 pub use oci::DEFAULT_RUNC;
+pub use network::BRIDGE as POD_BRIDGE;
 pub use process::MINIMAL_IMAGE;
 pub use server::StreamingConfig;
 pub use simulated::SimulatedBehaviour;
@@ -62,6 +65,18 @@ pub enum RuntimeKind {
     Oci,
     /// No processes: containers become Running after a delay (or fail).
     Simulated(SimulatedBehaviour),
+}
+
+/// Where pods' network comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PodNetworkMode {
+    /// Pods share the node's network namespace and report the node's address.
+    #[default]
+    Host,
+    /// Each pod gets a network namespace, a veth pair into the node's bridge and an address from
+    /// the node's podCIDR (`hostNetwork: true` pods keep the node's). The agent must run in a
+    /// network namespace of its own.
+    Bridge,
 }
 
 /// Settings of one agent.
@@ -97,6 +112,8 @@ pub struct AgentConfig {
     pub stop_containers_on_exit: bool,
     /// The streaming endpoint (exec, attach, port-forward); `None` serves none.
     pub streaming: Option<StreamingConfig>,
+    /// Pods' network (simulated nodes always share the node's).
+    pub pod_network: PodNetworkMode,
 }
 
 impl AgentConfig {
@@ -120,6 +137,7 @@ impl AgentConfig {
             insecure_registries: Vec::new(),
             stop_containers_on_exit: false,
             streaming: None,
+            pod_network: PodNetworkMode::Host,
         }
     }
 }
@@ -135,6 +153,8 @@ pub enum AgentError {
     Runtime(String),
     #[error("cannot listen on {address} for the streaming endpoint: {source}")]
     Listen { address: std::net::SocketAddr, source: std::io::Error },
+    #[error("the pod network cannot start: {0}")]
+    Network(String),
 }
 
 /// A node agent (or a set of simulated nodes), ready to run.
@@ -145,6 +165,8 @@ pub struct Agent {
     manager: Manager,
     pods: Arc<pods::PodManager>,
     streaming: Option<(tokio::net::TcpListener, String)>,
+    /// Pods' own networks (`PodNetworkMode::Bridge`).
+    network: Option<Arc<network::PodNetwork>>,
     _lock: Option<File>,
 }
 
@@ -244,7 +266,13 @@ impl Agent {
         // Runtimes that run real containers mount volumes; simulated ones have nothing to mount into.
         let mounts = matches!(config.runtime, RuntimeKind::Process | RuntimeKind::Oci);
         let volumes = mounts.then(|| volumes::Volumes::new(&config.data_dir, sources.clone()));
-        let inputs = pods::ConfigInputs { sources: sources.clone(), volumes };
+        let network = match (&config.pod_network, &config.runtime, nodes.as_slice()) {
+            (PodNetworkMode::Bridge, RuntimeKind::Process | RuntimeKind::Oci, [node]) => Some(Arc::new(
+                network::PodNetwork::new(&config.data_dir, &node.name, client.clone()).map_err(|e| AgentError::Network(e.to_string()))?,
+            )),
+            _ => None,
+        };
+        let inputs = pods::ConfigInputs { sources: sources.clone(), volumes, network: network.clone() };
         let pods = pods::PodManager::new(client.clone(), cache.clone(), addresses, runtime, pc, rx, inputs);
         // A changed ConfigMap or Secret re-syncs the pods that read it: waiting containers start,
         // volume files follow.
@@ -272,7 +300,7 @@ impl Agent {
                 }
             });
         }
-        Ok(Agent { client, config, nodes, manager, pods, streaming: None, _lock: lock })
+        Ok(Agent { client, config, nodes, manager, pods, streaming: None, network, _lock: lock })
     }
 
     /// Serves this agent's container logs (wire it into the API server's `LogSource`).
@@ -305,7 +333,7 @@ impl Agent {
     /// agent is killed) and the next agent on the same data directory takes them over, unless
     /// `stop_containers_on_exit` is set.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
-        let Agent { client, config, nodes, manager, pods, streaming, _lock } = self;
+        let Agent { client, config, nodes, manager, pods, streaming, network, _lock } = self;
         info!(nodes = nodes.len(), runtime = ?config.runtime, "node agent starting");
         let reconciler = pods.clone();
         let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
@@ -332,13 +360,20 @@ impl Agent {
             let jitter = if count > 1 { Duration::from_millis(spread * i as u64 / count) } else { Duration::ZERO };
             background.spawn(node::heartbeat(client.clone(), n, config.lease_interval, jitter));
         }
+        if let Some(network) = network.clone() {
+            background.spawn(route_to_other_nodes(&manager, network, period_or_default(config.mode)));
+        }
         let informer = manager.informers().informer(&kinds::POD);
         let sweeper = pods.clone();
         let period = config.mode.period().unwrap_or(Duration::from_secs(300));
+        let sweep_network = network.clone();
         background.spawn(async move {
             informer.wait_synced().await;
             loop {
                 sweeper.sweep_orphans();
+                if let Some(n) = &sweep_network {
+                    n.release_stale(|| sweeper.live_uids()).await;
+                }
                 tokio::time::sleep(period).await;
             }
         });
@@ -355,6 +390,31 @@ impl Agent {
             info!("node agent stopped; containers left running for the next agent");
         }
         Ok(())
+    }
+}
+
+/// How often routes to other nodes are re-checked without a Node change: the engine's resync,
+/// at most 30 s.
+fn period_or_default(mode: TriggerMode) -> Duration {
+    mode.period().unwrap_or(Duration::from_secs(30)).min(Duration::from_secs(30))
+}
+
+/// Keeps the routes to other nodes' pod CIDRs in step with the Nodes: at once when a Node
+/// changes, and every `resync` in case someone removed one.
+fn route_to_other_nodes(manager: &Manager, network: Arc<network::PodNetwork>, resync: Duration) -> impl Future<Output = ()> + use<> {
+    let informer = manager.informers().informer(&kinds::NODE);
+    let nodes = manager.informers().cache(&kinds::NODE);
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let notify = changed.clone();
+    informer.subscribe(move |_| notify.notify_one());
+    async move {
+        informer.wait_synced().await;
+        loop {
+            if let Err(e) = network.sync_routes(&nodes.list()).await {
+                tracing::warn!(error = %e, "cannot sync the routes to other nodes' pods");
+            }
+            let _ = tokio::time::timeout(resync, changed.notified()).await;
+        }
     }
 }
 

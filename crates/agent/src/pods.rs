@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
 use crate::envvars;
+use crate::network::PodNetwork;
 use crate::events;
 use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
 use crate::pullsecrets;
@@ -57,6 +58,8 @@ pub(crate) struct ConfigInputs {
     pub sources: Arc<Sources>,
     /// `None` for simulated nodes, whose containers see no files.
     pub volumes: Option<Volumes>,
+    /// Pods' own network namespaces and addresses; `None`: pods share the node's network.
+    pub network: Option<Arc<PodNetwork>>,
 }
 
 #[derive(Debug, Clone)]
@@ -135,6 +138,8 @@ struct PodRecord {
     uid: String,
     grace: Duration,
     containers: Vec<ContainerRecord>,
+    /// The pod's own address, once its network is set up.
+    pod_ip: Option<String>,
 }
 
 impl PodRecord {
@@ -157,6 +162,8 @@ pub(crate) struct PodManager {
     sources: Arc<Sources>,
     /// Volume directories on the node; `None` for simulated nodes, whose containers see no files.
     volumes: Option<Volumes>,
+    /// Pods' own networks; `None` when pods share the node's.
+    network: Option<Arc<PodNetwork>>,
     /// Pod key to its incarnations on this node, by UID.
     records: Mutex<HashMap<String, Incarnations>>,
     /// The earliest pending timer per pod key, so timers do not pile up. By key, not UID: one
@@ -242,6 +249,7 @@ impl PodManager {
             config,
             sources: inputs.sources,
             volumes: inputs.volumes,
+            network: inputs.network,
             records: Mutex::default(),
             timers: Mutex::default(),
             engine: std::sync::OnceLock::new(),
@@ -257,7 +265,12 @@ impl PodManager {
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         for a in adopted {
             let rec = records.entry(a.id.pod_key.clone()).or_default().entry(a.id.pod_uid.clone()).or_insert_with(|| {
-                Arc::new(AsyncMutex::new(PodRecord { uid: a.id.pod_uid.clone(), grace: Duration::from_secs(30), containers: Vec::new() }))
+                Arc::new(AsyncMutex::new(PodRecord {
+                    uid: a.id.pod_uid.clone(),
+                    grace: Duration::from_secs(30),
+                    containers: Vec::new(),
+                    pod_ip: None,
+                }))
             });
             let Ok(mut rec) = rec.try_lock() else { continue };
             let mut c = ContainerRecord::new(a.id.clone(), a.image, &self.config);
@@ -380,6 +393,9 @@ impl PodManager {
                 if let Some(v) = &self.volumes {
                     v.remove(&uid);
                 }
+                if let Some(n) = &self.network {
+                    n.teardown(&uid).await;
+                }
                 info!(pod = %key, uid = %uid, "pod gone: its containers are stopped and removed");
                 drop(rec);
                 self.forget(key, &uid, &rec_arc);
@@ -396,7 +412,7 @@ impl PodManager {
                 .or_default()
                 .entry(uid.clone())
                 .or_insert_with(|| {
-                    Arc::new(AsyncMutex::new(PodRecord { uid: uid.clone(), grace: Duration::from_secs(30), containers: Vec::new() }))
+                    Arc::new(AsyncMutex::new(PodRecord { uid: uid.clone(), grace: Duration::from_secs(30), containers: Vec::new(), pod_ip: None }))
                 })
                 .clone()
         };
@@ -441,6 +457,9 @@ impl PodManager {
             if let Some(v) = &self.volumes {
                 v.remove(&uid);
             }
+            if let Some(n) = &self.network {
+                n.teardown(&uid).await;
+            }
             drop(rec);
             self.forget(key, &uid, &rec_arc);
             return Ok(());
@@ -460,6 +479,7 @@ impl PodManager {
         let mut wake: Option<Instant> = None;
         self.sources.wait_synced_for(&pod, SOURCES_SYNC_LIMIT).await;
         let prepared = self.sync_volumes(&pod, &mut rec);
+        let prepared = if self.sync_network(&pod, &mut rec).await { prepared } else { None };
         if prepared.is_none() {
             wake = Some(now + WAITING_RECHECK);
         }
@@ -470,6 +490,7 @@ impl PodManager {
             wake = Some(wake.map_or(now + DISK_USAGE_CHECK, |w| w.min(now + DISK_USAGE_CHECK)));
         }
         let specs: Vec<Value> = pod.at("/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
+        let pod_ip = rec.pod_ip.clone();
         for spec in &specs {
             let name = spec.get("name").and_then(Value::as_str).unwrap_or("");
             let Some(c) = rec.container(name) else { continue };
@@ -518,7 +539,7 @@ impl PodManager {
             if let CState::Running { instance, .. } = c.state
                 && c.probes_for != Some(instance)
             {
-                self.start_probes(&pod, spec, c, instance);
+                self.start_probes(&pod, spec, c, instance, pod_ip.as_deref());
             }
         }
         self.write_status(&pod, &rec, &policy).await?;
@@ -539,6 +560,28 @@ impl PodManager {
         let (ns, name) = (str_at(pod, "/metadata/namespace"), str_at(pod, "/metadata/name"));
         self.client.patch_status(&kinds::POD, Some(ns), name, Patch::Merge(status)).await?;
         Ok(())
+    }
+
+    /// Gives the pod its own network namespace and address, unless it asked for the node's
+    /// (`hostNetwork`) or pods share the node's network; false (a `FailedCreatePodSandBox` Event
+    /// says why, containers wait) when that cannot be done yet.
+    async fn sync_network(&self, pod: &Value, rec: &mut PodRecord) -> bool {
+        let Some(network) = &self.network else { return true };
+        if pod.at("/spec/hostNetwork").and_then(Value::as_bool) == Some(true) {
+            return true;
+        }
+        match network.setup(&rec.uid).await {
+            Ok((ip, _)) => {
+                rec.pod_ip = Some(ip.to_string());
+                true
+            }
+            Err(e) => {
+                warn!(pod_uid = %rec.uid, error = %e, "cannot set up the pod's network");
+                let message = format!("Failed to create pod sandbox: {e}");
+                self.events.record(pod, EventType::Warning, "FailedCreatePodSandBox", &message).await;
+                false
+            }
+        }
     }
 
     /// Sets up or refreshes the pod's volumes; `None` (containers wait, an Event says why) when
@@ -765,10 +808,12 @@ impl PodManager {
         }
     }
 
-    fn start_probes(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord, instance: u64) {
+    /// Probes reach the pod at `pod_ip`, its own address, or else the node's.
+    fn start_probes(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord, instance: u64, pod_ip: Option<&str>) {
         c.stop_probes();
         c.probes_for = Some(instance);
-        let ip = self.nodes.get(str_at(pod, "/spec/nodeName")).cloned().unwrap_or_else(|| "127.0.0.1".into());
+        let node_ip = || self.nodes.get(str_at(pod, "/spec/nodeName")).cloned().unwrap_or_else(|| "127.0.0.1".into());
+        let ip = pod_ip.map_or_else(node_ip, str::to_string);
         for (field, kind) in [("readinessProbe", ProbeKind::Readiness), ("livenessProbe", ProbeKind::Liveness)] {
             if let Some(p) = spec.get(field).filter(|p| p.is_object()) {
                 let prefix = self.runtime.exec_prefix(&c.id);
@@ -959,6 +1004,13 @@ impl PodManager {
             condition("Ready", ready, reason, message),
         ];
         let ip = self.nodes.get(str_at(pod, "/spec/nodeName")).cloned().unwrap_or_else(|| "127.0.0.1".into());
+        let pod_ip = match (&self.network, &rec.pod_ip) {
+            (Some(_), Some(own)) => json!(own),
+            // No address yet: Kubernetes leaves podIP unset until the sandbox has one.
+            (Some(_), None) if pod.at("/spec/hostNetwork").and_then(Value::as_bool) != Some(true) => Value::Null,
+            _ => json!(ip),
+        };
+        let pod_ips = if pod_ip.is_null() { json!([]) } else { json!([{"ip": pod_ip}]) };
         let start_time = pod
             .at("/status/startTime")
             .cloned()
@@ -969,7 +1021,7 @@ impl PodManager {
             "conditions": conditions,
             "containerStatuses": statuses,
             "hostIP": ip, "hostIPs": [{"ip": ip}],
-            "podIP": ip, "podIPs": [{"ip": ip}],
+            "podIP": pod_ip, "podIPs": pod_ips,
             "startTime": start_time,
         });
         let current = pod.get("status").cloned().unwrap_or(Value::Null);
@@ -1023,6 +1075,16 @@ impl PodManager {
 
     /// Reconciles every pod key the manager holds state for but the cache does not show (pods
     /// deleted while the agent was away): the safety net behind the informer's events.
+    /// The uids of every pod this manager runs or knows of: those the API shows on its nodes
+    /// and those it still holds records for (stopping, or adopted).
+    pub fn live_uids(&self) -> HashSet<String> {
+        let mut uids: HashSet<String> =
+            self.pods.list().iter().filter(|p| self.mine(p)).map(|p| str_at(p, "/metadata/uid").to_string()).collect();
+        let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        uids.extend(records.values().flat_map(|incarnations| incarnations.keys().cloned()));
+        uids
+    }
+
     pub fn sweep_orphans(&self) {
         let cached: HashSet<String> = self.known_keys().into_iter().filter(|k| self.pods.get(k).is_none()).collect();
         for key in cached {

@@ -279,7 +279,13 @@ impl Inner {
         let InteractiveIo { stdin, keep, pty } = interactive_stdio(spec, &dir)?;
         cmd.stdin(stdin).stdout(Stdio::from(log)).stderr(Stdio::from(log_err));
 
+        // The pod's own network namespace, entered before anything else (the node's without one).
+        let netns = match crate::network::netns_of(&self.config.data_dir, &id.pod_uid) {
+            Some(p) => Some(File::open(&p).map_err(|e| format!("opening the pod network namespace {}: {e}", p.display()))?),
+            None => None,
+        };
         let child_setup = ChildSetup {
+            netns,
             procs_files: cgroups.procs_files.iter().filter_map(|p| cstring(p)).collect(),
             exit_file: cstring(&dir.join("exit")).ok_or("container directory path contains a NUL byte")?,
             hostname: CString::new(spec.hostname.clone()).map_err(|_| "hostname contains a NUL byte")?,
@@ -473,6 +479,8 @@ impl Drop for ProcessRuntime {
 
 /// Data the forked child uses; prepared before the fork because the child may not allocate.
 struct ChildSetup {
+    /// The pod's network namespace; entered first, so the shim and the container share it.
+    netns: Option<File>,
     procs_files: Vec<CString>,
     exit_file: CString,
     hostname: CString,
@@ -558,6 +566,11 @@ impl ChildSetup {
                 }
             }
             libc::setsid();
+            if let Some(ns) = &self.netns
+                && libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
             if self.isolate
                 && libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC) != 0
             {

@@ -42,7 +42,6 @@ enum Scope {
 const UNSUPPORTED: &[(Scope, &str)] = &[
     (Scope::PodSpec, "initContainers"),
     (Scope::PodSpec, "ephemeralContainers"),
-    (Scope::PodSpec, "hostNetwork"),
     (Scope::PodSpec, "hostPID"),
     (Scope::PodSpec, "hostIPC"),
     (Scope::PodSpec, "securityContext.runAsNonRoot"),
@@ -1508,14 +1507,14 @@ mod tests {
                 "volumeMounts": [{"name": "data", "mountPath": "/d", "mountPropagation": "Bidirectional"}],
                 "startupProbe": {"exec": {"command": ["true"]}}}],
             "volumes": [{"name": "data", "nfs": {"server": "nfs.example", "path": "/"}}],
-            "hostNetwork": true,
+            "hostPID": true,
             "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
                 {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "db"}}}]}},
         }));
         let got = causes(&POD, &p);
         for f in [
             "spec.volumes[0].nfs",
-            "spec.hostNetwork",
+            "spec.hostPID",
             "spec.affinity.podAffinity",
             "spec.containers[0].volumeMounts[0].mountPropagation",
             "spec.containers[0].startupProbe",

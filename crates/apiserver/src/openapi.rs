@@ -990,7 +990,7 @@ mod tests {
         let defs = &json["definitions"];
         let pod_spec = &defs["io.k8s.api.core.v1.PodSpec"]["properties"];
         assert!(pod_spec.get("containers").is_some());
-        for gone in ["initContainers", "hostNetwork", "hostIPC"] {
+        for gone in ["initContainers", "hostPID", "hostIPC"] {
             assert!(pod_spec.get(gone).is_none(), "PodSpec.{gone} is still described");
         }
         let volume = &defs["io.k8s.api.core.v1.Volume"]["properties"];

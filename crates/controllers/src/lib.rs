@@ -10,6 +10,7 @@ pub mod events;
 pub mod eventttl;
 pub mod gc;
 pub mod job;
+pub mod nodeipam;
 pub mod nodelifecycle;
 pub mod podutil;
 pub mod replicaset;

@@ -9,6 +9,7 @@ use clap::Args;
 use shepherd_controllers::disruption::disruption_controller;
 use shepherd_controllers::endpoints::{ClusterIpConfig, ServiceIpRange, cluster_ip_allocator, endpoints_controller};
 use shepherd_controllers::endpointslice::endpoint_slice_controller;
+use shepherd_controllers::nodeipam::{ClusterCidr, NodeIpamConfig, node_ipam_controller};
 use shepherd_controllers::nodelifecycle::{NodeLifecycleConfig, node_lifecycle_controller};
 use shepherd_controllers::scheduler::{SchedulerConfig, scheduler};
 use shepherd_controllers::taintmanager::taint_manager;
@@ -17,7 +18,7 @@ use shepherd_runtime::{Client, Manager, TriggerMode};
 
 /// Every controller `shepherd` runs, by the name used in flags.
 pub const CONTROLLERS: &[&str] = &["deployment", "replicaset", "endpoints", "endpointslice", "clusterip", "nodelifecycle",
-    "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount", "job", "cronjob"];
+    "nodeipam", "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount", "job", "cronjob"];
 
 /// The scheduler's default workers, after kube-scheduler's default parallelism of 16.
 const SCHEDULER_WORKERS: usize = 16;
@@ -25,7 +26,7 @@ const SCHEDULER_WORKERS: usize = 16;
 #[derive(Args, Clone, Debug)]
 pub struct ControllerArgs {
     /// Controllers to run: `all`, `none`, or a comma-separated list of deployment, replicaset,
-    /// endpoints, endpointslice, clusterip, nodelifecycle, taint-eviction, disruption,
+    /// endpoints, endpointslice, clusterip, nodelifecycle, nodeipam, taint-eviction, disruption,
     /// garbagecollector, scheduler, job, cronjob.
     #[arg(long, default_value = "all")]
     pub controllers: String,
@@ -56,6 +57,12 @@ pub struct ControllerArgs {
     /// Range Services' cluster IPs are allocated from.
     #[arg(long, default_value = "10.96.0.0/16")]
     pub service_cluster_ip_range: String,
+    /// Range pod addresses come from; each Node gets one block of it as its `spec.podCIDR`.
+    #[arg(long, default_value = "10.244.0.0/16")]
+    pub cluster_cidr: String,
+    /// Prefix length of each Node's block of `--cluster-cidr`.
+    #[arg(long, default_value_t = 24)]
+    pub node_cidr_mask_size: u32,
     /// The Job controller's back-off before re-creating a failed pod, doubled per further
     /// failure up to six minutes (seconds).
     #[arg(long, default_value_t = 10.0)]
@@ -152,6 +159,14 @@ impl ControllerArgs {
         let enabled = self.enabled()?;
         let configs = self.configs()?;
         let range: ServiceIpRange = self.service_cluster_ip_range.parse()?;
+        let cluster_cidr = ClusterCidr::new(&self.cluster_cidr, self.node_cidr_mask_size)?;
+        if cluster_cidr.overlaps(&self.service_cluster_ip_range) {
+            bail!(
+                "--cluster-cidr {} overlaps --service-cluster-ip-range {}: pods and Services need separate ranges",
+                self.cluster_cidr,
+                self.service_cluster_ip_range
+            );
+        }
         if !(0.0..=1.0).contains(&self.drop_watch_events) {
             bail!("--drop-watch-events must be between 0 and 1");
         }
@@ -191,6 +206,9 @@ impl ControllerArgs {
                         ..NodeLifecycleConfig::default()
                     };
                     manager.add(node_lifecycle_controller(client.clone(), manager, config));
+                }
+                "nodeipam" => {
+                    manager.add(node_ipam_controller(client.clone(), manager, NodeIpamConfig { run: cfg, cidr: cluster_cidr }));
                 }
                 "job" => {
                     let job = shepherd_controllers::job::JobConfig {

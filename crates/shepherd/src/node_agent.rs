@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::body::Body;
 use clap::{Args, ValueEnum};
-use shepherd_agent::{AgentConfig, LogQuery, PodLogs, RuntimeKind, SimulatedBehaviour};
+use shepherd_agent::{AgentConfig, LogQuery, PodLogs, PodNetworkMode, RuntimeKind, SimulatedBehaviour};
 use shepherd_api::ApiError;
 use shepherd_apiserver::LogSource;
 use shepherd_runtime::TriggerMode;
@@ -22,13 +22,22 @@ pub enum RuntimeArg {
     Simulated,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PodNetworkArg {
+    /// Pods share the node's network namespace and report the node's address.
+    Host,
+    /// Each pod gets its own network namespace and an address from the node's podCIDR, on a
+    /// bridge (`shep0`); the agent must run in a network namespace of its own.
+    Bridge,
+}
+
 /// The node agent's settings, shared by `shepherd agent` and `standalone`.
 #[derive(Args, Clone, Debug)]
 pub struct AgentArgs {
     /// Node name (default: this host's name).
     #[arg(long)]
     pub node_name: Option<String>,
-    /// The node's address; also every pod's IP (containers share the host network).
+    /// The node's address (its InternalIP); also every pod's IP with `--pod-network host`.
     #[arg(long, default_value = "127.0.0.1")]
     pub node_ip: String,
     /// The container runtime (default: process for `agent`; for `standalone`, oci where runc can
@@ -72,6 +81,9 @@ pub struct AgentArgs {
     /// standalone generates one.
     #[arg(long, env = "SHEPHERD_STREAMING_TOKEN", hide_env_values = true)]
     pub streaming_token: Option<String>,
+    /// Pods' network: `host` (the node's) or `bridge` (one namespace and address per pod).
+    #[arg(long, value_enum, default_value = "host")]
+    pub pod_network: PodNetworkArg,
 }
 
 /// A random secret for the streaming endpoint of standalone's own agent.
@@ -140,6 +152,10 @@ impl AgentArgs {
         config.restart_backoff_max = secs(self.restart_backoff_max_seconds, "--restart-backoff-max-seconds")?;
         config.workers = self.agent_workers.max(1);
         config.mode = self.agent_mode;
+        config.pod_network = match self.pod_network {
+            PodNetworkArg::Host => PodNetworkMode::Host,
+            PodNetworkArg::Bridge => PodNetworkMode::Bridge,
+        };
         config.streaming = self
             .streaming_token
             .as_ref()

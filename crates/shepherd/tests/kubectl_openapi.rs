@@ -139,7 +139,7 @@ fn kubectl_applies_explains_and_edits_with_default_validation_from_the_servers_o
         // What Shepherd refuses is not offered.
         let out = k.ok(&["explain", "pod.spec"], None);
         assert!(out.contains("containers\t<[]Container> -required-"), "{what}: {out}");
-        assert!(out.contains("volumes\t") && !out.contains("hostNetwork\t"), "{what}: {out}");
+        assert!(out.contains("volumes\t") && !out.contains("hostPID\t"), "{what}: {out}");
         let out = k.ok(&["explain", "pod.spec.volumes"], None);
         assert!(out.contains("configMap\t") && !out.contains("nfs\t"), "{what}: {out}");
 

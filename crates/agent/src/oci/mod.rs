@@ -315,8 +315,10 @@ impl Inner {
             let _ = fs::remove_file(f);
         }
 
-        let sandbox = sandbox::ensure(&self.sandbox_dir(&id.pod_uid), &spec.hostname, &self.config.node_ip)
+        let mut sandbox = sandbox::ensure(&self.sandbox_dir(&id.pod_uid), &spec.hostname, &self.config.node_ip)
             .map_err(|e| format!("creating the pod sandbox: {e}"))?;
+        // The pod's own network namespace, when the agent made one (else the node's).
+        sandbox.net = crate::network::netns_of(&self.config.data_dir, &id.pod_uid);
         let (rootfs, image, readonly_root) = self.prepare_root(spec, &dir)?;
         let result = self.run_in(spec, &dir, &rootfs, &image, readonly_root, &sandbox);
         if result.is_err() {

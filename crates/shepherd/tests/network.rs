@@ -1,0 +1,469 @@
+//! Pod networks end to end, on real binaries: `shepherd server` and two `shepherd agent
+//! --pod-network bridge`, each in a network namespace of its own, joined by an underlay bridge in
+//! another one. Every namespace, link, address and route is made by the test inside namespaces it
+//! created; the machine's own network namespace is never touched and no other address is a target.
+//! Needs root and iproute2 (`ip netns`), nsenter and curl.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Daemon;
+use serde_json::{Value, json};
+
+/// The underlay's addresses: the server's, then one per node.
+const SERVER_IP: &str = "172.31.250.1";
+const NODE_IPS: [&str; 2] = ["172.31.250.11", "172.31.250.12"];
+
+fn require_root_and_tools() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "tests/network.rs needs root (network namespaces, bridges, veth pairs)");
+    for tool in ["ip", "nsenter", "curl"] {
+        let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success());
+        assert!(found, "tests/network.rs needs `{tool}` (packages iproute2, util-linux, curl)");
+    }
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run command");
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// A network namespace the test made (`ip netns add`), deleted when dropped.
+struct Netns(String);
+
+impl Netns {
+    fn new(name: String) -> Netns {
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        run(Command::new("ip").args(["netns", "add", &name]));
+        run(Command::new("ip").args(["-n", &name, "link", "set", "lo", "up"]));
+        Netns(name)
+    }
+
+    fn path(&self) -> String {
+        format!("/run/netns/{}", self.0)
+    }
+
+    /// `ip -n NAME ARGS...`: configures this namespace only.
+    fn ip(&self, args: &[&str]) {
+        run(Command::new("ip").arg("-n").arg(&self.0).args(args));
+    }
+
+    /// A command run inside this namespace. nsenter (not `ip netns exec`) keeps the host's mount
+    /// namespace, so the agent's bind mounts of pod namespaces outlive the agent process.
+    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.path())).arg("--").arg(program);
+        cmd
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// An agent process; dropping it kills it and the containers it left (their shims keep its
+/// command line, which a restarted agent shares: only the last one of a node sweeps).
+struct Agent {
+    child: Child,
+    cmdline: Vec<u8>,
+}
+
+impl Agent {
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+        if self.cmdline.is_empty() {
+            return;
+        }
+        let Ok(procs) = std::fs::read_dir("/proc") else { return };
+        for entry in procs.flatten() {
+            if entry.file_name().to_str().is_some_and(|p| p.parse::<i32>().is_ok())
+                && std::fs::read(entry.path().join("cmdline")).is_ok_and(|c| c == self.cmdline)
+            {
+                let _ = Command::new("kill").arg("-KILL").arg(entry.file_name()).status();
+            }
+        }
+    }
+}
+
+/// The server, its nodes and the underlay joining them.
+struct Cluster {
+    dir: tempfile::TempDir,
+    /// The agents' `--runtime`.
+    runtime: &'static str,
+    server: Option<Daemon>,
+    agents: Vec<Option<Agent>>,
+    nodes: Vec<Netns>,
+    server_ns: Netns,
+    _underlay: Netns,
+}
+
+impl Cluster {
+    /// A server and `nodes` agents on the process runtime; `server_flags` are extra server flags.
+    fn start(tag: &str, nodes: usize, server_flags: &[&str]) -> Cluster {
+        Cluster::start_on("process", tag, nodes, server_flags)
+    }
+
+    fn start_on(runtime: &'static str, tag: &str, nodes: usize, server_flags: &[&str]) -> Cluster {
+        require_root_and_tools();
+        let prefix = format!("shp{}{tag}", std::process::id() % 100_000);
+        let underlay = Netns::new(format!("{prefix}u"));
+        underlay.ip(&["link", "add", "underlay", "type", "bridge"]);
+        underlay.ip(&["link", "set", "underlay", "up"]);
+        let join = |ns: &Netns, i: usize, address: &str| {
+            let port = format!("port{i}");
+            underlay.ip(&["link", "add", &port, "type", "veth", "peer", "name", "ul", "netns", &ns.0]);
+            underlay.ip(&["link", "set", &port, "master", "underlay", "up"]);
+            ns.ip(&["addr", "add", &format!("{address}/24"), "dev", "ul"]);
+            ns.ip(&["link", "set", "ul", "up"]);
+        };
+        let server_ns = Netns::new(format!("{prefix}s"));
+        join(&server_ns, 0, SERVER_IP);
+        let node_ns: Vec<Netns> = (0..nodes).map(|i| Netns::new(format!("{prefix}n{i}"))).collect();
+        for (i, ns) in node_ns.iter().enumerate() {
+            join(ns, i + 1, NODE_IPS[i]);
+        }
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let child = server_ns
+            .command(env!("CARGO_BIN_EXE_shepherd"))
+            .arg("server")
+            .arg("--data-dir")
+            .arg(dir.path().join("server"))
+            .args(["--listen", &format!("{SERVER_IP}:0")])
+            .args(server_flags)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start shepherd server");
+        let server = Daemon::from_child(child);
+        let mut cluster =
+            Cluster { dir, runtime, server: Some(server), agents: Vec::new(), nodes: node_ns, server_ns, _underlay: underlay };
+        for i in 0..nodes {
+            let agent = cluster.start_agent(i);
+            cluster.agents.push(Some(agent));
+        }
+        for i in 0..nodes {
+            cluster.wait_for(&format!("node-{i} to register with a podCIDR"), 60, |c| {
+                c.get(&format!("/api/v1/nodes/node-{i}"))["spec"]["podCIDR"].as_str().map(str::to_string)
+            });
+        }
+        cluster
+    }
+
+    fn url(&self) -> String {
+        self.server.as_ref().map(|s| s.url.clone()).unwrap_or_default()
+    }
+
+    fn agent_dir(&self, node: usize) -> PathBuf {
+        self.dir.path().join(format!("agent-{node}"))
+    }
+
+    fn start_agent(&self, node: usize) -> Agent {
+        let child = self.nodes[node]
+            .command(env!("CARGO_BIN_EXE_shepherd"))
+            .args(["agent", "--server", &self.url(), "--node-name", &format!("node-{node}"), "--node-ip", NODE_IPS[node]])
+            .args(["--runtime", self.runtime, "--pod-network", "bridge", "--lease-seconds", "1", "--data-dir"])
+            .arg(self.agent_dir(node))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(self.log_file(node))
+            .spawn()
+            .expect("start shepherd agent");
+        // nsenter execs the agent: wait until /proc shows the agent's own command line.
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let cmdline = loop {
+            let c = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if c.starts_with(env!("CARGO_BIN_EXE_shepherd").as_bytes()) {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "the agent of node-{node} did not start: {:?}", String::from_utf8_lossy(&c));
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        Agent { child, cmdline }
+    }
+
+    /// Where agent `node`'s log goes (appended across restarts), shown when a wait times out.
+    fn log_file(&self, node: usize) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("agent-{node}.log")))
+            .expect("agent log file")
+    }
+
+    fn agent_logs(&self) -> String {
+        (0..self.nodes.len())
+            .map(|i| {
+                let log = std::fs::read_to_string(self.dir.path().join(format!("agent-{i}.log"))).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                format!("--- agent of node-{i}, last lines:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// GET `path` from the server (from inside the server's namespace).
+    fn get(&self, path: &str) -> Value {
+        let out = self.server_ns.command("curl").args(["-s", "-m", "10", &format!("{}{path}", self.url())]).output().expect("curl");
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let mut cmd = self.server_ns.command(common::installed_kubectl());
+        cmd.arg("--server").arg(self.url()).env("KUBECONFIG", "/dev/null").args(args);
+        let (status, out, err) = common::run_with_stdin(&mut cmd, stdin);
+        assert!(status.success(), "kubectl {args:?} failed: {err}");
+        out
+    }
+
+    fn pod(&self, name: &str) -> Value {
+        self.get(&format!("/api/v1/namespaces/default/pods/{name}"))
+    }
+
+    fn events(&self, reason: &str, pod: &str) -> Vec<Value> {
+        let list = self.get("/api/v1/namespaces/default/events");
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["reason"] == reason && e["involvedObject"]["name"] == pod)
+            .cloned()
+            .collect()
+    }
+
+    /// Polls `f` until it returns `Some`, for at most `seconds`.
+    fn wait_for<T>(&self, what: &str, seconds: u64, mut f: impl FnMut(&Cluster) -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        loop {
+            if let Some(v) = f(self) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "timed out after {seconds} s waiting for {what}\n{}", self.agent_logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Waits until pod `name` runs and returns its podIP.
+    fn running_ip(&self, name: &str) -> String {
+        self.wait_for(&format!("pod {name} to run with an IP"), 90, |c| {
+            let p = c.pod(name);
+            let ip = p["status"]["podIP"].as_str()?.to_string();
+            (p["status"]["phase"] == "Running" && p["status"]["podIPs"] == json!([{"ip": ip}])).then_some(ip)
+        })
+    }
+
+    /// `curl http://IP:8080/` from inside `ns` (a node namespace, or a pod's via its pinned file).
+    fn http_from(&self, netns: &str, ip: &str) -> String {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={netns}"))
+            .args(["--", "curl", "-s", "-m", "5", &format!("http://{ip}:8080/")])
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// The file pinning pod `name`'s network namespace on `node`.
+    fn pod_netns(&self, node: usize, name: &str) -> String {
+        let uid = self.pod(name)["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        self.agent_dir(node).join("network/netns").join(uid).display().to_string()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.agents.clear();
+        self.server.take();
+        // oci containers run under shims of their own, not the agent's: runc removes them.
+        for i in 0..self.nodes.len() {
+            let root = self.agent_dir(i).join("oci/runc");
+            for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+                let _ = Command::new("runc").arg("--root").arg(&root).args(["delete", "--force"]).arg(e.file_name()).output();
+            }
+        }
+        // Pinned pod and sandbox namespaces, image roots: mounts under the test's directory.
+        let dir = self.dir.path().display().to_string();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&dir))
+            .map(str::to_string)
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = Command::new("umount").args(["-l", &m]).status();
+        }
+    }
+}
+
+/// A pod on `node` serving its own name over HTTP on port 8080 (busybox httpd, as a host
+/// process of the process runtime, with its files in `www`).
+fn web_pod(name: &str, node: usize, www: &Path) -> String {
+    let dir = www.join(name);
+    std::fs::create_dir_all(&dir).expect("www dir");
+    std::fs::write(dir.join("index.html"), format!("{name}\n")).expect("index.html");
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"nodeName": format!("node-{node}"), "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "web", "image": "minimal",
+                "command": ["busybox", "httpd", "-f", "-p", "8080", "-h", dir.display().to_string()]}]}})
+    .to_string()
+}
+
+fn sleep_pod(name: &str, node: usize) -> String {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"nodeName": format!("node-{node}"), "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "sleep", "image": "minimal", "command": ["sleep", "3600"]}]}})
+    .to_string()
+}
+
+fn in_cidr(ip: &str, cidr: &str) -> bool {
+    let Some((net, len)) = cidr.split_once('/') else { return false };
+    let (Ok(ip), Ok(net), Ok(len)) = (ip.parse::<std::net::Ipv4Addr>(), net.parse::<std::net::Ipv4Addr>(), len.parse::<u32>()) else {
+        return false;
+    };
+    let mask = u32::MAX << (32 - len);
+    u32::from(ip) & mask == u32::from(net) & mask
+}
+
+#[test]
+fn pods_share_a_port_on_one_node_reach_pods_on_another_and_keep_their_addresses_when_the_agent_is_killed() {
+    let mut c = Cluster::start("a", 2, &[]);
+    let www = c.dir.path().join("www");
+    for (name, node) in [("web-a1", 0), ("web-a2", 0), ("web-b1", 1)] {
+        c.kubectl(&["apply", "-f", "-"], Some(&web_pod(name, node, &www)));
+    }
+    let host = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "host-a"},
+        "spec": {"nodeName": "node-0", "hostNetwork": true, "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "sleep", "image": "minimal", "command": ["sleep", "3600"]}]}});
+    c.kubectl(&["apply", "-f", "-"], Some(&host.to_string()));
+
+    let (a1, a2, b1) = (c.running_ip("web-a1"), c.running_ip("web-a2"), c.running_ip("web-b1"));
+    let cidr_a = c.get("/api/v1/nodes/node-0")["spec"]["podCIDR"].as_str().unwrap_or("").to_string();
+    let cidr_b = c.get("/api/v1/nodes/node-1")["spec"]["podCIDR"].as_str().unwrap_or("").to_string();
+    assert_ne!(cidr_a, cidr_b, "each node has its own podCIDR");
+    assert!(in_cidr(&a1, &cidr_a) && in_cidr(&a2, &cidr_a), "{a1} and {a2} come from node-0's {cidr_a}");
+    assert!(in_cidr(&b1, &cidr_b), "{b1} comes from node-1's {cidr_b}");
+    assert_ne!(a1, a2);
+    assert_eq!(c.running_ip("host-a"), NODE_IPS[0], "a hostNetwork pod keeps the node's address");
+    let wide = c.kubectl(&["get", "pods", "-o", "wide"], None);
+    assert!(wide.contains(&format!(" {a1} ")) && wide.contains(&format!(" {b1} ")), "get -o wide shows pod IPs:\n{wide}");
+
+    // Both pods of node-0 listen on port 8080; each answers on its own address.
+    let node_a = c.nodes[0].path();
+    assert_eq!(c.http_from(&node_a, &a1), "web-a1");
+    assert_eq!(c.http_from(&node_a, &a2), "web-a2");
+    // Pod to pod across nodes, through the routes each agent keeps to the other's podCIDR.
+    let a1_ns = c.pod_netns(0, "web-a1");
+    let b1_ns = c.pod_netns(1, "web-b1");
+    let answer = c.wait_for("web-a1 to reach web-b1 on the other node", 30, |c| {
+        Some(c.http_from(&a1_ns, &b1)).filter(|a| !a.is_empty())
+    });
+    assert_eq!(answer, "web-b1");
+    assert_eq!(c.http_from(&b1_ns, &a2), "web-a2");
+
+    // kill -9 and restart node-0's agent: the pods keep their addresses, and a new pod gets
+    // one none of them has.
+    if let Some(agent) = c.agents[0].as_mut() {
+        agent.kill9();
+        agent.cmdline.clear();
+    }
+    let restarted = c.start_agent(0);
+    c.agents[0] = Some(restarted);
+    c.kubectl(&["apply", "-f", "-"], Some(&web_pod("web-a3", 0, &www)));
+    let a3 = c.running_ip("web-a3");
+    assert!(!HashSet::from([a1.as_str(), a2.as_str(), NODE_IPS[0]]).contains(a3.as_str()), "{a3} reused an address in use");
+    assert_eq!((c.running_ip("web-a1"), c.running_ip("web-a2")), (a1.clone(), a2.clone()), "addresses survive the agent");
+    assert_eq!(c.http_from(&node_a, &a1), "web-a1");
+    assert_eq!(c.http_from(&node_a, &a3), "web-a3");
+    assert_eq!(c.http_from(&b1_ns, &a1), "web-a1", "the other node still reaches node-0's pods");
+
+    // A deleted pod's address goes back to the pool and its namespace is gone.
+    let a2_ns = c.pod_netns(0, "web-a2");
+    c.kubectl(&["delete", "pod", "web-a2", "--wait=false"], None);
+    c.wait_for("web-a2's address to be released", 60, |c| {
+        let ipam = c.agent_dir(0).join("network/ipam").join(&a2);
+        (!ipam.exists() && !Path::new(&a2_ns).exists()).then_some(())
+    });
+
+    // A pod that got an address but never a container (its ConfigMap is missing), force deleted
+    // while no agent runs: the next agent finds nothing to adopt for it and still frees it.
+    let waiting = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "no-config"},
+        "spec": {"nodeName": "node-0", "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "app", "image": "minimal", "command": ["sleep", "3600"],
+                "envFrom": [{"configMapRef": {"name": "missing"}}]}]}});
+    c.kubectl(&["apply", "-f", "-"], Some(&waiting.to_string()));
+    let stranded = c.wait_for("no-config to get an address", 60, |c| c.pod("no-config")["status"]["podIP"].as_str().map(str::to_string));
+    if let Some(agent) = c.agents[0].as_mut() {
+        agent.kill9();
+        agent.cmdline.clear();
+    }
+    c.kubectl(&["delete", "pod", "no-config", "--force", "--grace-period=0"], None);
+    let restarted = c.start_agent(0);
+    c.agents[0] = Some(restarted);
+    c.wait_for("the stranded address to be released", 60, |c| {
+        (!c.agent_dir(0).join("network/ipam").join(&stranded).exists()).then_some(())
+    });
+    assert_eq!(c.http_from(&node_a, &a1), "web-a1", "releasing it left the others alone");
+}
+
+#[test]
+fn a_pod_beyond_the_nodes_pod_cidr_gets_failed_create_pod_sandbox_and_runs_once_an_address_frees_up() {
+    // A /29 per node: five pod addresses after the bridge's.
+    let c = Cluster::start("b", 1, &["--node-cidr-mask-size", "29"]);
+    for i in 0..5 {
+        c.kubectl(&["apply", "-f", "-"], Some(&sleep_pod(&format!("fill-{i}"), 0)));
+    }
+    let ips: HashSet<String> = (0..5).map(|i| c.running_ip(&format!("fill-{i}"))).collect();
+    assert_eq!(ips.len(), 5, "five pods, five addresses: {ips:?}");
+
+    c.kubectl(&["apply", "-f", "-"], Some(&sleep_pod("one-too-many", 0)));
+    let events = c.wait_for("a FailedCreatePodSandBox event", 60, |c| {
+        Some(c.events("FailedCreatePodSandBox", "one-too-many")).filter(|e| !e.is_empty())
+    });
+    let message = events[0]["message"].as_str().unwrap_or("");
+    assert_eq!(events[0]["type"], "Warning");
+    assert!(message.contains("no free pod address") && message.contains("/29"), "{message}");
+    let pod = c.pod("one-too-many");
+    assert_eq!(pod["status"]["phase"], "Pending");
+    assert!(pod["status"]["podIP"].is_null(), "no address, no podIP: {}", pod["status"]);
+    assert_eq!(c.pod("fill-0")["status"]["phase"], "Running", "the agent goes on running the others");
+
+    let freed = c.running_ip("fill-2");
+    c.kubectl(&["delete", "pod", "fill-2", "--wait=false"], None);
+    assert_eq!(c.running_ip("one-too-many"), freed, "the deleted pod's address was the only one free");
+}
+
+#[test]
+fn oci_containers_join_their_pods_network_namespace() {
+    let runc = Command::new("runc").arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(runc, "this test needs runc (package runc) for the oci runtime");
+    let c = Cluster::start_on("oci", "c", 1, &[]);
+    let www = c.dir.path().join("www");
+    // `minimal` on the oci runtime is the host's root, read-only: busybox and the files are there.
+    for name in ["oci-1", "oci-2"] {
+        c.kubectl(&["apply", "-f", "-"], Some(&web_pod(name, 0, &www)));
+    }
+    let (ip1, ip2) = (c.running_ip("oci-1"), c.running_ip("oci-2"));
+    assert_ne!(ip1, ip2);
+    let node = c.nodes[0].path();
+    assert_eq!(c.http_from(&node, &ip1), "oci-1");
+    assert_eq!(c.http_from(&node, &ip2), "oci-2");
+    // Nothing listens on the node's own address: each server is in its pod's namespace.
+    assert_eq!(c.http_from(&node, NODE_IPS[0]), "");
+}
