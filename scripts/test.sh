@@ -14,6 +14,9 @@ command -v skopeo >/dev/null 2>&1 || need+=(skopeo)                    # pushes 
 [ -x /bin/busybox ] || need+=(busybox-static)                           # the test images' userland
 command -v runc >/dev/null 2>&1 || need+=(runc)                        # the `oci` runtime
 command -v tmux >/dev/null 2>&1 || need+=(tmux)                        # drives `kubectl exec -it` in a terminal
+command -v ip >/dev/null 2>&1 || need+=(iproute2)                    # test-made network namespaces (`ip netns`)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)               # runs a node agent inside one
+command -v curl >/dev/null 2>&1 || need+=(curl)                        # requests from inside them
 [ -x /usr/bin/chromium ] || need+=(chromium)                            # the dashboard's browser tests
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)                 # ... driven over WebDriver
 if [ ${#need[@]} -gt 0 ]; then
