@@ -101,6 +101,21 @@ impl Cluster {
         built
     }
 
+    /// Copies `image` into the registry as `repository:tag` with skopeo, from an OCI layout.
+    async fn skopeo_push(&self, image: &shepherd_registry::testimage::Image, repository: &str, tag: &str) {
+        let base = format!("http://{}", self.registry);
+        wait_for("the registry", 30, async || reqwest::get(format!("{base}/v2/")).await.ok().filter(|r| r.status() == 200))
+            .await;
+        let work = tempfile::tempdir().expect("tempdir");
+        let layout = work.path().join("layout");
+        image.write_oci_layout(&layout, tag).expect("layout");
+        let out = skopeo(
+            work.path(),
+            &["copy", "--dest-tls-verify=false", &format!("oci:{}:{tag}", layout.display()), &format!("docker://{}/{repository}:{tag}", self.registry)],
+        );
+        assert!(out.status.success(), "skopeo copy: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
         let mut cmd = common::kubectl_command(&common::installed_kubectl(), &self.url());
         cmd.args(args);
@@ -122,6 +137,16 @@ impl Cluster {
     fn runc_list(&self) -> BTreeMap<String, (i64, String)> {
         runc_containers(&self.agent().join("oci/runc"))
     }
+}
+
+/// skopeo with its blob-location cache in a private home (Debian package skopeo).
+fn skopeo(home: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("skopeo")
+        .arg("--insecure-policy")
+        .args(args)
+        .env("HOME", home)
+        .output()
+        .expect("run skopeo (Debian package skopeo)")
 }
 
 fn runc_containers(root: &Path) -> BTreeMap<String, (i64, String)> {
@@ -405,4 +430,97 @@ async fn with_keep_pods_a_stopped_standalone_leaves_its_containers_for_the_next_
     cluster.daemon = Some(Cluster::launch(cluster.dir.path(), &cluster.flags));
     wait_for("web-0 Ready again", 60, async || cluster.pods().first().filter(|p| ready(p)).cloned()).await;
     assert_eq!(cluster.runc_list(), before, "adopted, not restarted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_pull_policy_always_a_restarted_container_gets_the_image_its_tag_now_names() {
+    let cluster = Cluster::start(&[]);
+    let version = |v: &str| ImageBuilder::busybox().expect("busybox-static").file("/version", v, 0o644).build().expect("build");
+    cluster.skopeo_push(&version("v1\n"), "app", "live").await;
+    // The container ends after a second; `restartPolicy: Always` starts it again, and each start
+    // goes through the pull policy.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app"},
+        "spec": {"containers": [{"name": "c", "image": format!("{}/app:live", cluster.registry),
+            "imagePullPolicy": "Always", "command": ["sh", "-c", "cat /version; sleep 1"]}]}});
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+    let logs = |cluster: &Cluster| {
+        let mut cmd = common::kubectl_command(&common::installed_kubectl(), &cluster.url());
+        cmd.args(["logs", "app"]);
+        let (status, out, _) = common::run_with_stdin(&mut cmd, None);
+        status.success().then_some(out)
+    };
+    wait_for("the first instance printing v1", 60, async || logs(&cluster).filter(|l| l.trim() == "v1")).await;
+
+    cluster.skopeo_push(&version("v2\n"), "app", "live").await;
+    wait_for("a restarted instance printing v2", 60, async || logs(&cluster).filter(|l| l.trim() == "v2")).await;
+    let pod = cluster.pods().into_iter().next().expect("the pod");
+    assert!(pod["status"]["containerStatuses"][0]["restartCount"].as_i64() >= Some(1), "{pod}");
+    let pulled = cluster
+        .events()
+        .iter()
+        .filter(|e| e["reason"] == "Pulled" && e["involvedObject"]["name"] == "app")
+        .map(|e| e["count"].as_i64().unwrap_or(1))
+        .sum::<i64>();
+    assert!(pulled >= 2, "a pull for the first start and for the restart ({pulled} Pulled events)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_image_reference_shows_invalid_image_name_and_the_node_keeps_running_pods() {
+    let cluster = Cluster::start(&[]);
+    cluster.push(&ImageBuilder::busybox().expect("busybox-static"), "busybox", "1").await;
+    let bad = format!("{}/BusyBox:1", cluster.registry);
+    let pod = |name: &str, image: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": image, "command": ["sleep", "3600"]}]}})
+        .to_string()
+    };
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod("bad", &bad)));
+    let waiting = wait_for("InvalidImageName", 60, async || {
+        let pods = cluster.pods();
+        let w = pods.iter().find(|p| p["metadata"]["name"] == "bad")?["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+        (w["reason"] == "InvalidImageName").then_some(w)
+    })
+    .await;
+    let message = waiting["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&bad) && message.contains("lowercase"), "{waiting}");
+    let events = cluster.events();
+    assert!(
+        events.iter().any(|e| e["reason"] == "InspectFailed" && e["type"] == "Warning" && e["involvedObject"]["name"] == "bad"),
+        "an InspectFailed event: {events:?}"
+    );
+    // The agent is unharmed: a good pod beside it runs from the same registry.
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod("good", &format!("{}/busybox:1", cluster.registry))));
+    wait_for("the good pod Running", 60, async || {
+        cluster.pods().into_iter().find(|p| p["metadata"]["name"] == "good" && ready(p))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_whose_layer_escapes_its_root_fails_the_pull_and_a_good_push_under_the_tag_then_runs() {
+    let cluster = Cluster::start(&[]);
+    let hostile = ImageBuilder::busybox().expect("busybox-static").hostile_file("../../escaped", "x").build().expect("build");
+    cluster.skopeo_push(&hostile, "evil", "1").await;
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "evil"},
+        "spec": {"containers": [{"name": "c", "image": format!("{}/evil:1", cluster.registry), "command": ["sleep", "3600"]}]}});
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+    let waiting = wait_for("ErrImagePull or ImagePullBackOff", 60, async || {
+        let w = cluster.pods().first()?["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+        (w["reason"] == "ErrImagePull" || w["reason"] == "ImagePullBackOff").then_some(w)
+    })
+    .await;
+    let events = cluster.events();
+    let failed = events
+        .iter()
+        .find(|e| e["reason"] == "Failed" && e["message"].as_str().is_some_and(|m| m.contains("Failed to pull image")))
+        .unwrap_or_else(|| panic!("a Failed event: {events:?}"));
+    assert!(failed["message"].as_str().is_some_and(|m| m.contains("..")), "the event names the escaping path: {failed} ({waiting})");
+    let store = cluster.agent().join("images");
+    let count = |dir: &str| std::fs::read_dir(store.join(dir)).into_iter().flatten().count();
+    assert_eq!((count("images"), count("layers/sha256"), count("tmp")), (0, 0, 0), "nothing of the refused image is kept");
+    assert!(!cluster.agent().join("escaped").exists() && !store.join("escaped").exists(), "nothing written outside the layer");
+
+    // The same tag, now good content: the waiting pod starts without being touched.
+    cluster.skopeo_push(&ImageBuilder::busybox().expect("busybox-static").build().expect("build"), "evil", "1").await;
+    wait_for("the pod Running once the tag is good", 90, async || cluster.pods().first().filter(|p| ready(p)).cloned()).await;
 }

@@ -38,7 +38,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
-use shepherd_image::{Credentials, DiskUsage, Ensured, GcPolicy, ImageRef, ImageStore, PullDecision, PullPolicy, Puller};
+use shepherd_image::{
+    Credentials, DiskUsage, Ensured, GcPolicy, ImageError, ImageRef, ImageStore, PullDecision, PullPolicy, Puller,
+};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
@@ -49,7 +51,7 @@ use crate::process::{
     wait_for_exit, write_atomically,
 };
 use crate::runtime::{
-    Adopted, ContainerId, ContainerSpec, EventSender, Exit, ImagePull, ImageReady, LogFiles, Runtime, RuntimeEvent, Started,
+    Adopted, ContainerId, ContainerSpec, EventSender, Exit, ImagePull, ImageReady, ImageUnavailable, LogFiles, Runtime, RuntimeEvent, Started,
 };
 use spec::{ImageDefaults, SpecInputs};
 
@@ -576,12 +578,13 @@ fn signal_init(state: &StateFile, sig: libc::c_int) -> bool {
 
 #[async_trait]
 impl Runtime for OciRuntime {
-    async fn ensure_image(&self, pull: &ImagePull) -> Result<ImageReady, String> {
+    async fn ensure_image(&self, pull: &ImagePull) -> Result<ImageReady, ImageUnavailable> {
         if pull.image == MINIMAL_IMAGE {
             return Ok(ImageReady::Present);
         }
-        let reference = ImageRef::parse(&pull.image).map_err(|e| e.to_string())?;
-        let policy = PullPolicy::from_spec(pull.policy.as_deref(), &reference)?;
+        let reference = ImageRef::parse(&pull.image).map_err(|e| ImageUnavailable::InvalidName(e.to_string()))?;
+        let policy = PullPolicy::from_spec(pull.policy.as_deref(), &reference)
+            .map_err(|e| ImageUnavailable::PullFailed(format!("imagePullPolicy: {e}")))?;
         let registry = reference.registry().to_string();
         let credentials = pull
             .credentials
@@ -592,7 +595,8 @@ impl Runtime for OciRuntime {
         match self.inner.puller.ensure(&reference, policy, &credentials).await {
             Ok(Ensured::AlreadyPresent(_)) => Ok(ImageReady::Present),
             Ok(Ensured::Pulled { image, duration }) => Ok(ImageReady::Pulled { size: image.size, duration }),
-            Err(e) => Err(e.to_string()),
+            Err(e @ ImageError::NeverPull { .. }) => Err(ImageUnavailable::NeverPull(e.to_string())),
+            Err(e) => Err(ImageUnavailable::PullFailed(e.to_string())),
         }
     }
 
