@@ -524,3 +524,35 @@ async fn an_image_whose_layer_escapes_its_root_fails_the_pull_and_a_good_push_un
     cluster.skopeo_push(&ImageBuilder::busybox().expect("busybox-static").build().expect("build"), "evil", "1").await;
     wait_for("the pod Running once the tag is good", 90, async || cluster.pods().first().filter(|p| ready(p)).cloned()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_corrupted_in_the_registry_fails_the_pull_keeps_nothing_and_the_repaired_image_runs() {
+    let cluster = Cluster::start(&[]);
+    let built = cluster.push(&ImageBuilder::busybox().expect("busybox-static").file("/rotten", "1", 0o644), "rotten", "1").await;
+    let stored = cluster.data().join("registry/blobs/sha256").join(built.layer_digest.hex());
+    let mut corrupt = built.layer.clone();
+    let middle = corrupt.len() / 2;
+    corrupt[middle] ^= 0xff;
+    std::fs::write(&stored, &corrupt).expect("corrupt the registry's copy of the layer");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rotten"},
+        "spec": {"containers": [{"name": "c", "image": format!("{}/rotten:1", cluster.registry), "command": ["sleep", "3600"]}]}});
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+    let waiting = wait_for("ErrImagePull or ImagePullBackOff", 60, async || {
+        let w = cluster.pods().first()?["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+        (w["reason"] == "ErrImagePull" || w["reason"] == "ImagePullBackOff").then_some(w)
+    })
+    .await;
+    let events = cluster.events();
+    assert!(
+        events.iter().any(|e| e["reason"] == "Failed"
+            && e["message"].as_str().is_some_and(|m| (m.contains("Invalid digest") || m.contains("failed verification")) && m.contains(built.layer_digest.as_str()))),
+        "a Failed event naming the layer that failed verification ({waiting}): {events:?}"
+    );
+    let store = cluster.agent().join("images");
+    let count = |dir: &str| std::fs::read_dir(store.join(dir)).into_iter().flatten().count();
+    assert_eq!((count("images"), count("layers/sha256"), count("tmp")), (0, 0, 0), "nothing of the failed pull is kept");
+    assert!(!store.join("blobs/sha256").join(built.layer_digest.hex()).exists(), "the corrupt layer is not stored");
+
+    std::fs::write(&stored, &built.layer).expect("repair the layer");
+    wait_for("the pod Running once the layer is whole", 90, async || cluster.pods().first().filter(|p| ready(p)).cloned()).await;
+}
