@@ -556,3 +556,30 @@ async fn a_layer_corrupted_in_the_registry_fails_the_pull_keeps_nothing_and_the_
     std::fs::write(&stored, &built.layer).expect("repair the layer");
     wait_for("the pod Running once the layer is whole", 90, async || cluster.pods().first().filter(|p| ready(p)).cloned()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_of_an_oci_container_carry_timestamps_and_answer_since_time_and_previous() {
+    let cluster = Cluster::start(&[]);
+    cluster.push(&ImageBuilder::busybox().expect("busybox-static"), "busybox", "1").await;
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "talk"},
+        "spec": {"containers": [{"name": "c", "image": format!("{}/busybox:1", cluster.registry),
+            "command": ["sh", "-c", "echo early; echo oops >&2; sleep 1; echo late; sleep 8; exit 3"]}]}});
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+    wait_for("a restarted container", 90, async || {
+        let cs = cluster.pods().first()?["status"]["containerStatuses"][0].clone();
+        (cs["restartCount"].as_i64() >= Some(1)).then_some(())
+    })
+    .await;
+    let previous = cluster.kubectl(&["logs", "talk", "--previous", "--timestamps"], None);
+    let lines: Vec<(&str, &str)> = previous.lines().filter_map(|l| l.split_once(' ')).collect();
+    let texts: Vec<&str> = lines.iter().map(|(_, t)| *t).collect();
+    assert_eq!(texts, ["early", "oops", "late"], "the previous instance's stdout and stderr: {previous}");
+    let times: Vec<jiff::Timestamp> =
+        lines.iter().map(|(t, _)| t.parse().unwrap_or_else(|e| panic!("{t:?} is not a timestamp: {e}"))).collect();
+    assert!(times[2].duration_since(times[0]).as_secs_f64() >= 0.9, "late comes a second after early: {previous}");
+
+    let since = cluster.kubectl(&["logs", "talk", "--previous", &format!("--since-time={}", lines[2].0)], None);
+    assert_eq!(since, "late\n", "only what was written from that time on");
+    let current = cluster.kubectl(&["logs", "talk", "--since=1h"], None);
+    assert!(current.starts_with("early\n"), "the current instance has its own log: {current}");
+}

@@ -8,9 +8,10 @@
 //!            └── container init      (reparented to the shim when runc exits; PID 1 of its namespace)
 //! ```
 //!
-//! runc in detached mode hands the container its own stdio, opened by the agent on the log files,
-//! so output keeps flowing to `kubectl logs` with no agent. The shim reports runc's result on a
-//! pipe, then waits for the container's init (which the kernel reparents to it, the nearest
+//! runc in detached mode hands the container the pipes it was started with as stdio; the shim
+//! reads them and writes the container's log file in the CRI format (timestamped records, as the
+//! process runtime's shim does), so output keeps flowing to `kubectl logs` with no agent. The shim
+//! reports runc's result on a pipe, then waits for the container's init (which the kernel reparents to it, the nearest
 //! subreaper) and writes its exit code to the container's `exit` file (128 + signal for a signal
 //! death) before ending: exit codes survive an agent `kill -9`. The next agent re-adopts running
 //! containers from `state.json` and runc's own state (`runc state`), checking pids against their
@@ -374,10 +375,12 @@ impl Inner {
             .append(true)
             .open(&files.current)
             .map_err(|e| format!("opening log {}: {e}", files.current.display()))?;
-        let log_err = log.try_clone().map_err(|e| format!("opening log: {e}"))?;
         let (report_read, report_write) = pipe().map_err(|e| format!("creating a pipe: {e}"))?;
-        let exit_file = CString::new(dir.join("exit").into_os_string().into_encoded_bytes())
-            .map_err(|_| "container directory path contains a NUL byte")?;
+        let (out_read, out_write) = pipe().map_err(|e| format!("creating a pipe: {e}"))?;
+        let (err_read, err_write) = pipe().map_err(|e| format!("creating a pipe: {e}"))?;
+        let c_path = |p: PathBuf| CString::new(p.into_os_string().into_encoded_bytes()).map_err(|_| "container directory path contains a NUL byte");
+        let exit_file = c_path(dir.join("exit"))?;
+        let pid_file = c_path(dir.join("init.pid"))?;
         let mut cmd = self.runc();
         cmd.arg("--log")
             .arg(dir.join("runc.log"))
@@ -387,15 +390,23 @@ impl Inner {
             .arg(dir.join("init.pid"))
             .arg(&runc_id)
             .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err));
-        let setup = ShimSetup { report_fd: report_write.as_raw_fd(), exit_file, arg_area: arg_area() };
+            .stdout(Stdio::from(out_write))
+            .stderr(Stdio::from(err_write));
+        let setup = ShimSetup {
+            report_fd: report_write.as_raw_fd(),
+            log_fd: log.as_raw_fd(),
+            out_fd: out_read.as_raw_fd(),
+            err_fd: err_read.as_raw_fd(),
+            exit_file,
+            pid_file,
+            arg_area: arg_area(),
+        };
         // SAFETY: `ShimSetup::run` only makes async-signal-safe calls on data prepared before the fork.
         unsafe {
             cmd.pre_exec(move || setup.run());
         }
         let child = cmd.spawn().map_err(|e| format!("starting {}: {e}", self.config.runc.display()))?;
-        drop(report_write);
+        drop((report_write, log, out_read, err_read));
         let shim_pid = child.id() as i32;
         drop(child);
         let shim_start = start_time(shim_pid).unwrap_or(0);
@@ -492,7 +503,14 @@ fn arg_area() -> Option<(usize, usize)> {
 /// Data the forked shim uses; prepared before the fork because it may not allocate.
 struct ShimSetup {
     report_fd: RawFd,
+    /// The container's log file, which the shim writes in the CRI format.
+    log_fd: RawFd,
+    /// Read ends of the pipes runc hands the container as stdout and stderr.
+    out_fd: RawFd,
+    err_fd: RawFd,
     exit_file: CString,
+    /// Where runc writes the container init's pid.
+    pid_file: CString,
     arg_area: Option<(usize, usize)>,
 }
 
@@ -521,8 +539,16 @@ impl ShimSetup {
     unsafe fn shim(&self, runc: libc::pid_t) -> ! {
         // SAFETY (whole function): async-signal-safe calls only.
         unsafe {
-            libc::dup2(self.report_fd, 3);
-            close_from(4);
+            // Out of the way first, so that placing one cannot close another; fds 1 and 2 are the
+            // pipes' write ends (runc's stdio), which the shim must not keep open.
+            let high = |fd: RawFd| libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100);
+            let (report, log, out, err) = (high(self.report_fd), high(self.log_fd), high(self.out_fd), high(self.err_fd));
+            libc::dup2(report, 3);
+            libc::dup2(out, 4);
+            libc::dup2(err, 5);
+            libc::dup2(log, 1);
+            libc::dup2(log, 2);
+            close_from(6);
             libc::prctl(libc::PR_SET_NAME, c"shepherd-shim".as_ptr(), 0, 0, 0);
             // `ps` shows the command line the fork inherited (the agent's): overwrite this
             // copy of it, so that the shim is not mistaken for a second agent.
@@ -534,30 +560,27 @@ impl ShimSetup {
                 let n = SHIM_COMMAND_LINE.len().min(area.len().saturating_sub(1));
                 area[..n].copy_from_slice(&SHIM_COMMAND_LINE[..n]);
             }
+            // The container's output becomes CRI records, as the process runtime writes them:
+            // while runc starts it, then until its init ends (its PID namespace, and with it
+            // every writer of the pipes, ends then too).
+            crate::crilog::copy_output(4, 5, 1, runc);
             let mut container: Option<i32> = None;
-            let mut status: libc::c_int = 0;
-            loop {
-                let r = libc::waitpid(-1, &mut status, 0);
-                if r < 0 {
-                    if *libc::__errno_location() == libc::EINTR {
-                        continue;
-                    }
-                    break;
-                }
-                let code = if libc::WIFEXITED(status) {
-                    libc::WEXITSTATUS(status)
-                } else if libc::WIFSIGNALED(status) {
-                    128 + libc::WTERMSIG(status)
-                } else {
-                    continue;
-                };
-                if r == runc {
+            while let Some((pid, code)) = reap_any() {
+                if pid == runc {
                     let bytes = code.to_ne_bytes();
                     libc::write(3, bytes.as_ptr().cast(), bytes.len());
                     libc::close(3);
-                } else {
-                    container = Some(code);
+                    break;
                 }
+                container = Some(code);
+            }
+            if let Some(init) = self.init_pid() {
+                crate::crilog::copy_output(4, 5, 1, init);
+            }
+            libc::close(4);
+            libc::close(5);
+            while let Some((_, code)) = reap_any() {
+                container = Some(code);
             }
             let Some(code) = container else { libc::_exit(255) };
             let mut buf = [0u8; 12];
@@ -568,6 +591,54 @@ impl ShimSetup {
                 libc::close(fd);
             }
             libc::_exit(code)
+        }
+    }
+}
+
+/// Waits for any child to end: its pid and exit code (128 + signal for a signal death); `None`
+/// once no child is left.
+///
+/// # Safety
+/// Async-signal-safe (waitpid only).
+unsafe fn reap_any() -> Option<(libc::pid_t, i32)> {
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: waitpid with a valid status pointer; reading errno.
+        let r = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if r < 0 {
+            // SAFETY: reading errno.
+            if unsafe { *libc::__errno_location() } == libc::EINTR {
+                continue;
+            }
+            return None;
+        }
+        if libc::WIFEXITED(status) {
+            return Some((r, libc::WEXITSTATUS(status)));
+        }
+        if libc::WIFSIGNALED(status) {
+            return Some((r, 128 + libc::WTERMSIG(status)));
+        }
+    }
+}
+
+impl ShimSetup {
+    /// The container init's pid from runc's pid file, once runc has ended.
+    unsafe fn init_pid(&self) -> Option<libc::pid_t> {
+        // SAFETY (whole function): open, read and close on a stack buffer.
+        unsafe {
+            let fd = libc::open(self.pid_file.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return None;
+            }
+            let mut buf = [0u8; 16];
+            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            libc::close(fd);
+            let digits = &buf[..usize::try_from(n).ok()?];
+            let mut pid: libc::pid_t = 0;
+            for d in digits.iter().take_while(|d| d.is_ascii_digit()) {
+                pid = pid.checked_mul(10)?.checked_add(libc::pid_t::from(d - b'0'))?;
+            }
+            (pid > 0).then_some(pid)
         }
     }
 }
