@@ -42,7 +42,6 @@ enum Scope {
 const UNSUPPORTED: &[(Scope, &str)] = &[
     (Scope::PodSpec, "initContainers"),
     (Scope::PodSpec, "ephemeralContainers"),
-    (Scope::PodSpec, "hostNetwork"),
     (Scope::PodSpec, "hostPID"),
     (Scope::PodSpec, "hostIPC"),
     (Scope::PodSpec, "securityContext.runAsNonRoot"),
@@ -1492,21 +1491,19 @@ mod tests {
             "containers": [{"name": "web", "image": "minimal",
                 "volumeMounts": [{"name": "data", "mountPath": "/d", "mountPropagation": "Bidirectional"}], "tty": true}],
             "volumes": [{"name": "data", "nfs": {"server": "nfs.example", "path": "/"}}],
-            "hostNetwork": true,
             "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
                 {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "db"}}}]}},
         }));
         let got = causes(&POD, &p);
         for f in [
             "spec.volumes[0].nfs",
-            "spec.hostNetwork",
             "spec.affinity.podAffinity",
             "spec.containers[0].volumeMounts[0].mountPropagation",
             "spec.containers[0].tty",
         ] {
             assert!(got.contains(&(f.to_string(), "FieldValueForbidden")), "{f}: {got:?}");
         }
-        assert_eq!(got.len(), 5, "{got:?}");
+        assert_eq!(got.len(), 4, "{got:?}");
 
         let mut d = seed_deployment();
         d["spec"]["template"]["spec"]["initContainers"] = json!([{"name": "init", "image": "busybox"}]);

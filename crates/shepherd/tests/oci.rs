@@ -583,3 +583,21 @@ async fn logs_of_an_oci_container_carry_timestamps_and_answer_since_time_and_pre
     let current = cluster.kubectl(&["logs", "talk", "--since=1h"], None);
     assert!(current.starts_with("early\n"), "the current instance has its own log: {current}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_network_pod_runs_on_the_oci_runtime_in_the_nodes_network_namespace() {
+    let cluster = Cluster::start(&[]);
+    cluster.push(&ImageBuilder::busybox().expect("busybox-static"), "busybox", "1").await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
+    // httpd answers the probe on the node's loopback, which only the node's network reaches.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hostnet"},
+        "spec": {"hostNetwork": true, "containers": [{"name": "c", "image": format!("{}/busybox:1", cluster.registry),
+            "command": ["sh", "-c", format!("readlink /proc/self/ns/net; exec httpd -f -p 127.0.0.1:{port}")],
+            "readinessProbe": {"tcpSocket": {"host": "127.0.0.1", "port": port}, "periodSeconds": 1}}]}});
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+    wait_for("the hostNetwork pod Ready", 60, async || cluster.pods().first().filter(|p| ready(p)).cloned()).await;
+    let seen = cluster.kubectl(&["logs", "hostnet"], None);
+    let node = std::fs::read_link("/proc/self/ns/net").expect("the node's network namespace");
+    assert_eq!(seen.trim(), node.to_string_lossy(), "the container is in the node's network namespace");
+    reqwest::get(format!("http://127.0.0.1:{port}/")).await.expect("httpd answers on the node's loopback");
+}

@@ -174,6 +174,12 @@ impl Inner {
         self.config.data_dir.join("oci/sandboxes").join(path_safe(pod_uid))
     }
 
+    /// The network namespace the pod's containers join: the pod's own once pod networking has
+    /// made and pinned one (never for `hostNetwork` pods); `None`, the node's, until then.
+    fn pod_network(&self, _pod_uid: &str) -> Option<PathBuf> {
+        None
+    }
+
     fn runc_root(&self) -> PathBuf {
         self.config.data_dir.join("oci/runc")
     }
@@ -318,7 +324,8 @@ impl Inner {
             let _ = fs::remove_file(f);
         }
 
-        let sandbox = sandbox::ensure(&self.sandbox_dir(&id.pod_uid), &spec.hostname, &self.config.node_ip)
+        let net = self.pod_network(&id.pod_uid);
+        let sandbox = sandbox::ensure(&self.sandbox_dir(&id.pod_uid), &spec.hostname, &self.config.node_ip, net.as_deref())
             .map_err(|e| format!("creating the pod sandbox: {e}"))?;
         let (rootfs, image, readonly_root) = self.prepare_root(spec, &dir)?;
         let result = self.run_in(spec, &dir, &rootfs, &image, readonly_root, &sandbox);
