@@ -49,7 +49,7 @@ use tracing::{debug, info, warn};
 use crate::cgroup::{self, Cgroups};
 use crate::process::{
     MINIMAL_IMAGE, close_from, format_code, log_files, path_safe, rotate_if_larger, signal_checked, start_time,
-    wait_for_exit, write_atomically,
+    wait_for_exit,
 };
 use crate::runtime::{
     Adopted, ContainerId, ContainerSpec, EventSender, Exit, ImagePull, ImageReady, ImageUnavailable, LogFiles, Runtime, RuntimeEvent, Started,
@@ -76,6 +76,14 @@ pub(crate) struct OciConfig {
     pub insecure_registries: Vec<String>,
     pub log_max_bytes: u64,
     pub pids_limit: Option<u64>,
+}
+
+/// A container's root filesystem as prepared for one start.
+struct Root {
+    path: PathBuf,
+    image: ImageDefaults,
+    /// The built-in `minimal` image (the host's root) is never writable.
+    readonly: bool,
 }
 
 /// What `state.json` records about a running instance.
@@ -289,15 +297,15 @@ impl Inner {
         instance
     }
 
-    /// The root filesystem and image defaults of `spec`'s container (`readonly` for `minimal`).
-    fn prepare_root(&self, spec: &ContainerSpec, dir: &Path) -> Result<(PathBuf, ImageDefaults, bool), String> {
+    /// The root filesystem and image defaults of `spec`'s container.
+    fn prepare_root(&self, spec: &ContainerSpec, dir: &Path) -> Result<Root, String> {
         if spec.image == MINIMAL_IMAGE {
             // The built-in image is the host's filesystem, read-only, as the process runtime uses
             // it: an empty root with the host's `/` bound over it by runc (see `spec::build`), so
             // the bind exists only in the container's mount namespace, never under the data dir.
             let rootfs = dir.join("rootfs");
             fs::create_dir_all(&rootfs).map_err(|e| format!("creating {}: {e}", rootfs.display()))?;
-            return Ok((rootfs, ImageDefaults::default(), true));
+            return Ok(Root { path: rootfs, image: ImageDefaults::default(), readonly: true });
         }
         let reference = ImageRef::parse(&spec.image).map_err(|e| e.to_string())?;
         let store = self.puller.store();
@@ -307,10 +315,11 @@ impl Inner {
             .ok_or_else(|| format!("image {reference} is not present on this node"))?;
         let config = store.config(&record).map_err(|e| e.to_string())?;
         let rootfs = store.mount_rootfs(&Self::runc_id(&spec.id), &record).map_err(|e| e.to_string())?;
-        Ok((rootfs, ImageDefaults::from_config(&config), false))
+        Ok(Root { path: rootfs, image: ImageDefaults::from_config(&config), readonly: false })
     }
 
     fn spawn(self: &Arc<Self>, spec: &ContainerSpec) -> Result<StateFile, String> {
+        let mut phases = Phases::start();
         let id = &spec.id;
         let dir = self.dir_of(id);
         fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
@@ -324,14 +333,18 @@ impl Inner {
             let _ = fs::remove_file(f);
         }
 
+        phases.mark("clean");
         let net = self.pod_network(&id.pod_uid);
         let sandbox = sandbox::ensure(&self.sandbox_dir(&id.pod_uid), &spec.hostname, &self.config.node_ip, net.as_deref())
             .map_err(|e| format!("creating the pod sandbox: {e}"))?;
-        let (rootfs, image, readonly_root) = self.prepare_root(spec, &dir)?;
-        let result = self.run_in(spec, &dir, &rootfs, &image, readonly_root, &sandbox);
+        phases.mark("sandbox");
+        let root = self.prepare_root(spec, &dir)?;
+        phases.mark("root");
+        let result = self.run_in(spec, &dir, &root, &sandbox, &mut phases);
         if result.is_err() {
             self.clean_instance(id);
         }
+        debug!(pod = %id.pod_key, container = %id.name, "start phases: {phases}");
         result
     }
 
@@ -339,12 +352,12 @@ impl Inner {
         self: &Arc<Self>,
         spec: &ContainerSpec,
         dir: &Path,
-        rootfs: &Path,
-        image: &ImageDefaults,
-        readonly_root: bool,
+        root: &Root,
         sandbox: &spec::SandboxPaths,
+        phases: &mut Phases,
     ) -> Result<StateFile, String> {
         let id = &spec.id;
+        let (rootfs, image) = (root.path.as_path(), &root.image);
         let mut argv = spec::argv(image, &spec.command, &spec.args);
         if argv.is_empty() {
             if spec.image != MINIMAL_IMAGE {
@@ -366,7 +379,7 @@ impl Inner {
         let inputs = SpecInputs {
             rootfs,
             host_root: spec.image == MINIMAL_IMAGE,
-            readonly_root,
+            readonly_root: root.readonly,
             image,
             sandbox,
             cgroups_path: cgroups_path.clone(),
@@ -374,7 +387,9 @@ impl Inner {
         };
         let oci = spec::build(spec, &inputs, argv, user)?;
         let json = serde_json::to_vec_pretty(&oci).map_err(|e| format!("encoding the runtime spec: {e}"))?;
-        write_atomically(&dir.join("config.json"), &json).map_err(|e| format!("writing the runtime spec: {e}"))?;
+        // Read by runc at once and written anew by every start: nothing to sync.
+        fs::write(dir.join("config.json"), &json).map_err(|e| format!("writing the runtime spec: {e}"))?;
+        phases.mark("spec");
 
         let files = log_files(dir);
         let log = OpenOptions::new()
@@ -388,17 +403,15 @@ impl Inner {
         let c_path = |p: PathBuf| CString::new(p.into_os_string().into_encoded_bytes()).map_err(|_| "container directory path contains a NUL byte");
         let exit_file = c_path(dir.join("exit"))?;
         let pid_file = c_path(dir.join("init.pid"))?;
-        let mut cmd = self.runc();
-        cmd.arg("--log")
-            .arg(dir.join("runc.log"))
-            .args(["--log-format", "json", "run", "--detach", "--bundle"])
-            .arg(dir)
-            .arg("--pid-file")
-            .arg(dir.join("init.pid"))
-            .arg(&runc_id)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(out_write))
-            .stderr(Stdio::from(err_write));
+        let mut runc_args: Vec<std::ffi::OsString> = vec![self.config.runc.clone().into(), "--root".into(), self.runc_root().into()];
+        runc_args.extend(["--log".into(), dir.join("runc.log").into()]);
+        runc_args.extend(["--log-format", "json", "run", "--detach", "--bundle"].map(Into::into));
+        runc_args.extend([dir.as_os_str().to_owned(), "--pid-file".into(), dir.join("init.pid").into(), runc_id.clone().into()]);
+        let runc_args = SpawnArgs::new(runc_args).ok_or("a runc argument contains a NUL byte")?;
+        // The fork of this command becomes the shim, which never returns to exec the command's
+        // program: it starts runc itself (see `ShimSetup::run`), with the stdio set here.
+        let mut cmd = Command::new(&self.config.runc);
+        cmd.stdin(Stdio::null()).stdout(Stdio::from(out_write)).stderr(Stdio::from(err_write));
         let setup = ShimSetup {
             report_fd: report_write.as_raw_fd(),
             log_fd: log.as_raw_fd(),
@@ -406,6 +419,7 @@ impl Inner {
             err_fd: err_read.as_raw_fd(),
             exit_file,
             pid_file,
+            runc_args,
             arg_area: arg_area(),
         };
         // SAFETY: `ShimSetup::run` only makes async-signal-safe calls on data prepared before the fork.
@@ -414,6 +428,7 @@ impl Inner {
         }
         let child = cmd.spawn().map_err(|e| format!("starting {}: {e}", self.config.runc.display()))?;
         drop((report_write, log, out_read, err_read));
+        phases.mark("fork");
         let shim_pid = child.id() as i32;
         drop(child);
         let shim_start = start_time(shim_pid).unwrap_or(0);
@@ -424,6 +439,7 @@ impl Inner {
             Ok(()) => i32::from_ne_bytes(report),
             Err(_) => -1,
         };
+        phases.mark("runc");
         if runc_code != 0 {
             signal_checked(shim_pid, shim_start, libc::SIGKILL);
             // SAFETY: reaping our own child.
@@ -447,7 +463,8 @@ impl Inner {
             oom_file: self.cgroups.oom_file_of(&cgroups_path),
         };
         let json = serde_json::to_vec_pretty(&state).map_err(|e| format!("encoding state: {e}"))?;
-        write_atomically(&dir.join("state.json"), &json).map_err(|e| format!("writing state of {}: {e}", id.name))?;
+        replace_file(&dir.join("state.json"), &json).map_err(|e| format!("writing state of {}: {e}", id.name))?;
+        phases.mark("state");
         info!(pod = %id.pod_key, container = %id.name, image = %spec.image, shim_pid, init_pid, "container started");
         Ok(state)
     }
@@ -469,6 +486,41 @@ impl Inner {
         if !pod_dir.exists() {
             sandbox::remove(&self.sandbox_dir(pod_uid));
         }
+    }
+}
+
+/// Replaces `path` whole (a write beside it, then a rename), without syncing: the file must
+/// survive the agent, not the machine, whose reboot ends the containers it describes anyway.
+fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, bytes)?;
+    fs::rename(&tmp, path)
+}
+
+/// How long each step of a container start took, for the debug log.
+struct Phases {
+    last: std::time::Instant,
+    took: Vec<(&'static str, Duration)>,
+}
+
+impl Phases {
+    fn start() -> Self {
+        Phases { last: std::time::Instant::now(), took: Vec::new() }
+    }
+
+    fn mark(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.took.push((name, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Phases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (name, took)) in self.took.iter().enumerate() {
+            write!(f, "{}{name} {:.1} ms", if i == 0 { "" } else { ", " }, took.as_secs_f64() * 1000.0)?;
+        }
+        Ok(())
     }
 }
 
@@ -518,28 +570,58 @@ struct ShimSetup {
     exit_file: CString,
     /// Where runc writes the container init's pid.
     pid_file: CString,
+    /// runc's command line, its program first.
+    runc_args: SpawnArgs,
     arg_area: Option<(usize, usize)>,
 }
 
+/// A command line as `posix_spawn` takes it, built before the fork.
+struct SpawnArgs {
+    strings: Vec<CString>,
+    /// Pointers into `strings`, then a null.
+    pointers: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers only point into `strings`, owned alongside and never changed.
+unsafe impl Send for SpawnArgs {}
+// SAFETY: as for Send; nothing is mutated through a shared reference.
+unsafe impl Sync for SpawnArgs {}
+
+impl SpawnArgs {
+    fn new(args: Vec<std::ffi::OsString>) -> Option<Self> {
+        let strings: Vec<CString> = args.into_iter().map(|a| CString::new(a.into_encoded_bytes()).ok()).collect::<Option<_>>()?;
+        let pointers = strings.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect();
+        Some(SpawnArgs { strings, pointers })
+    }
+}
+
+unsafe extern "C" {
+    static environ: *const *mut libc::c_char;
+}
+
 impl ShimSetup {
-    /// Runs in the forked child before exec: it forks again; the parent becomes the shim, the
-    /// grandchild returns to exec runc. See the module docs.
+    /// Runs in the forked child, which becomes the shim and starts runc as its own child. Returns
+    /// only on failure. See the module docs.
+    ///
+    /// runc starts by `posix_spawn` (a `vfork`-like clone), not a second `fork`: the shim is a
+    /// copy of the agent's whole address space, and copying its page tables again cost as much
+    /// as a tenth of a container start.
     unsafe fn run(&self) -> io::Result<()> {
-        // SAFETY (whole function): only async-signal-safe calls on prepared data.
+        // SAFETY (whole function): system calls on data prepared before the fork; glibc's
+        // posix_spawn without file actions or attributes allocates nothing on the heap.
         unsafe {
             libc::setsid();
             if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
-            let pid = libc::fork();
-            if pid < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if pid > 0 {
-                self.shim(pid);
-            }
             libc::umask(0o022);
-            Ok(())
+            let mut pid: libc::pid_t = 0;
+            let argv = self.runc_args.pointers.as_ptr().cast::<*mut libc::c_char>();
+            let failed = libc::posix_spawn(&mut pid, self.runc_args.strings[0].as_ptr(), std::ptr::null(), std::ptr::null(), argv, environ);
+            if failed != 0 {
+                return Err(io::Error::from_raw_os_error(failed));
+            }
+            self.shim(pid)
         }
     }
 
@@ -658,7 +740,8 @@ fn signal_init(state: &StateFile, sig: libc::c_int) -> bool {
 impl Runtime for OciRuntime {
     async fn ensure_image(&self, pull: &ImagePull) -> Result<ImageReady, ImageUnavailable> {
         if pull.image == MINIMAL_IMAGE {
-            return Ok(ImageReady::Present);
+            // The host's own root, as in the process runtime: no image to report on.
+            return Ok(ImageReady::Unused);
         }
         let reference = ImageRef::parse(&pull.image).map_err(|e| ImageUnavailable::InvalidName(e.to_string()))?;
         let policy = PullPolicy::from_spec(pull.policy.as_deref(), &reference)
