@@ -604,8 +604,8 @@ impl ShimSetup {
     /// only on failure. See the module docs.
     ///
     /// runc starts by `posix_spawn` (a `vfork`-like clone), not a second `fork`: the shim is a
-    /// copy of the agent's whole address space, and copying its page tables again cost as much
-    /// as a tenth of a container start.
+    /// copy of the agent's whole address space, and copying its page tables a second time only
+    /// to exec runc is wasted work on every start.
     unsafe fn run(&self) -> io::Result<()> {
         // SAFETY (whole function): system calls on data prepared before the fork; glibc's
         // posix_spawn without file actions or attributes allocates nothing on the heap.
