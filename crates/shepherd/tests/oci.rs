@@ -228,7 +228,8 @@ async fn a_busybox_deployment_runs_in_the_image_root_with_its_own_pid_1_and_the_
     // as hostname and httpd as PID 1. Pods share the node's network (until pods get their own),
     // so each httpd takes a port of its own; `exec` makes httpd the container's first process.
     let check = r#"cat /etc/shepherd-test-image && test "$(hostname)" = "$POD_NAME" && grep -q httpd /proc/1/cmdline"#;
-    let serve = "exec httpd -f -p 127.0.0.1:$((20000 + RANDOM % 20000))";
+    // Below the kernel's ephemeral range (32768 and up), which other tests' connections use.
+    let serve = "exec httpd -f -p 127.0.0.1:$((10000 + RANDOM % 20000))";
     let container = json!({"name": "web", "image": image, "command": ["sh", "-c", serve],
         "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "readinessProbe": {"exec": {"command": ["sh", "-c", check]}, "periodSeconds": 1}});
@@ -240,7 +241,11 @@ async fn a_busybox_deployment_runs_in_the_image_root_with_its_own_pid_1_and_the_
     .await;
     for p in &pods {
         let cs = &p["status"]["containerStatuses"][0];
-        assert_eq!(cs["restartCount"], 0, "{cs}");
+        if cs["restartCount"] != 0 {
+            let name = p["metadata"]["name"].as_str().unwrap_or_default();
+            let previous = cluster.kubectl(&["logs", name, "--previous"], None);
+            panic!("{name} restarted: {cs}\nits previous output: {previous}");
+        }
     }
     // On the host, each container's init is httpd itself (not a shell, not the agent).
     let running = cluster.runc_list();
@@ -465,7 +470,7 @@ async fn under_pull_policy_always_a_restarted_container_gets_the_image_its_tag_n
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_malformed_image_reference_shows_invalid_image_name_and_the_node_keeps_running_pods() {
+async fn a_malformed_image_reference_shows_invalid_image_name_an_absent_one_under_never_err_image_never_pull_and_the_node_keeps_running_pods() {
     let cluster = Cluster::start(&[]);
     cluster.push(&ImageBuilder::busybox().expect("busybox-static"), "busybox", "1").await;
     let bad = format!("{}/BusyBox:1", cluster.registry);
@@ -494,6 +499,18 @@ async fn a_malformed_image_reference_shows_invalid_image_name_and_the_node_keeps
         cluster.pods().into_iter().find(|p| p["metadata"]["name"] == "good" && ready(p))
     })
     .await;
+
+    // An absent image under `Never` is not pulled: its own waiting reason says why.
+    let mut never: Value = serde_json::from_str(&pod("never", &format!("{}/busybox:2", cluster.registry))).expect("json");
+    never["spec"]["containers"][0]["imagePullPolicy"] = json!("Never");
+    cluster.kubectl(&["apply", "-f", "-"], Some(&never.to_string()));
+    let waiting = wait_for("ErrImageNeverPull", 60, async || {
+        let pods = cluster.pods();
+        let w = pods.iter().find(|p| p["metadata"]["name"] == "never")?["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+        (w["reason"] == "ErrImageNeverPull").then_some(w)
+    })
+    .await;
+    assert!(waiting["message"].as_str().is_some_and(|m| m.contains("busybox:2") && m.contains("Never")), "{waiting}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

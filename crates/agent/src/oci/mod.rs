@@ -816,8 +816,8 @@ impl Runtime for OciRuntime {
         }
         let inner = self.inner.clone();
         let id = id.clone();
-        // runc and unmounting block; the removal finishes in the background.
-        tokio::task::spawn_blocking(move || {
+        let runc_knows = inner.runc_root().join(Inner::runc_id(&id)).exists();
+        let work = move || {
             inner.clean_instance(&id);
             let dir = inner.dir_of(&id);
             if let Err(e) = fs::remove_dir_all(&dir)
@@ -826,7 +826,16 @@ impl Runtime for OciRuntime {
                 warn!(dir = %dir.display(), error = %e, "cannot remove container directory");
             }
             inner.remove_sandbox_if_unused(&id.pod_uid);
-        });
+        };
+        if runc_knows {
+            // A `runc delete` takes tens of milliseconds: the removal finishes in the background.
+            tokio::task::spawn_blocking(work);
+        } else {
+            // The usual case (the watcher cleaned runc's state when the instance ended): a few
+            // unmounts and removals, done now, so that an agent stopping right after a removal
+            // (standalone's exit) leaves nothing mounted.
+            work();
+        }
     }
 
     fn adopt(&self) -> Vec<Adopted> {
