@@ -33,7 +33,10 @@ use crate::events;
 use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
 use crate::pullsecrets;
 use crate::quantity;
-use crate::runtime::{Adopted, ContainerId, ContainerSpec, Exit, ImagePull, ImageReady, Interactive, Runtime, RuntimeEvent, Security};
+use crate::runtime::{
+    Adopted, ContainerId, ContainerSpec, Exit, ImagePull, ImageReady, ImageUnavailable, Interactive, Runtime, RuntimeEvent,
+    Security,
+};
 use crate::sources::Sources;
 use crate::volumes::{Prepared, Volumes};
 use shepherd_controllers::events::EventType;
@@ -708,20 +711,26 @@ impl PodManager {
                 true
             }
             Err(e) => {
-                warn!(pod = %c.id.pod_key, container = %c.id.name, image = %c.image, error = %e, "image pull failed");
-                let message = format!("Failed to pull image {:?}: {e}", c.image);
-                self.events.record(pod, EventType::Warning, "Failed", &message).await;
-                self.events.record(pod, EventType::Warning, "Failed", "Error: ErrImagePull").await;
+                warn!(pod = %c.id.pod_key, container = %c.id.name, image = %c.image, error = e.message(), "image pull failed");
+                let (reason, message) = match &e {
+                    ImageUnavailable::InvalidName(m) => ("InspectFailed", format!("Failed to apply default image tag {:?}: {m}", c.image)),
+                    ImageUnavailable::NeverPull(m) => ("ErrImageNeverPull", m.clone()),
+                    ImageUnavailable::PullFailed(m) => ("Failed", format!("Failed to pull image {:?}: {m}", c.image)),
+                };
+                self.events.record(pod, EventType::Warning, reason, &message).await;
+                self.events.record(pod, EventType::Warning, "Failed", &format!("Error: {}", e.reason())).await;
                 let delay = c.pull_backoff.next(Duration::ZERO);
                 c.restart_at = Some(Instant::now() + delay);
-                c.pull_failure = Some(("ErrImagePull", message, Instant::now()));
+                c.pull_failure = Some((e.reason(), message, Instant::now()));
                 false
             }
         }
     }
 
     async fn start_container(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord, prepared: &Prepared) {
-        if matches!(c.state, CState::NotStarted) && !self.pull_image(pod, spec, c).await {
+        // Every start, restarts included, goes through the pull policy, as kubelet's: under
+        // `Always` a tag moved in the registry gives the restarted container the new image.
+        if !self.pull_image(pod, spec, c).await {
             return;
         }
         let strings = |field: &str| -> Vec<String> {
@@ -921,6 +930,10 @@ impl PodManager {
             CState::Creating { instance, .. } => (json!({"waiting": {"reason": "ContainerCreating"}}), false, Some(*instance)),
             CState::Running { instance, started_at } => {
                 (json!({"running": {"startedAt": k8s_time(*started_at)}}), true, Some(*instance))
+            }
+            CState::Exited { instance, exit, .. } if should_restart(policy, exit.code) && c.pull_failure.is_some() => {
+                let waiting = c.pull_failure.as_ref().map(|(reason, message, _)| json!({"reason": reason, "message": message}));
+                (json!({"waiting": waiting}), false, Some(*instance))
             }
             CState::Exited { exit, message, instance } if should_restart(policy, exit.code) && c.restart_at.is_some() => {
                 let reason = if exit.reason == "StartError" { "RunContainerError" } else { "CrashLoopBackOff" };

@@ -176,10 +176,37 @@ pub(crate) enum ImageReady {
     Pulled { size: u64, duration: Duration },
 }
 
+/// Why a container's image is not available, by kubelet's waiting reasons.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ImageUnavailable {
+    /// `InvalidImageName`: the reference does not parse; pulling again cannot help.
+    InvalidName(String),
+    /// `ErrImageNeverPull`: absent, and the pull policy is `Never`.
+    NeverPull(String),
+    /// `ErrImagePull`: the pull failed (not found, denied, unreachable, bad content).
+    PullFailed(String),
+}
+
+impl ImageUnavailable {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ImageUnavailable::InvalidName(_) => "InvalidImageName",
+            ImageUnavailable::NeverPull(_) => "ErrImageNeverPull",
+            ImageUnavailable::PullFailed(_) => "ErrImagePull",
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            ImageUnavailable::InvalidName(m) | ImageUnavailable::NeverPull(m) | ImageUnavailable::PullFailed(m) => m,
+        }
+    }
+}
+
 #[async_trait]
 pub(crate) trait Runtime: Send + Sync + 'static {
     /// Makes a container's image available before `start`; runtimes without images have nothing to do.
-    async fn ensure_image(&self, _pull: &ImagePull) -> Result<ImageReady, String> {
+    async fn ensure_image(&self, _pull: &ImagePull) -> Result<ImageReady, ImageUnavailable> {
         Ok(ImageReady::Unused)
     }
     /// Whether `ensure_image` would pull (for kubelet's `Pulling` event before it does).

@@ -28,6 +28,21 @@ impl Process {
         Ok(Process { child, url })
     }
 
+    /// Stops the process with SIGTERM, as Ctrl-C would (standalone then stops its containers,
+    /// which a SIGKILL would leave running), killing it after `limit`.
+    pub fn terminate(&mut self, limit: std::time::Duration) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Resident set size in MiB, from /proc.
     pub fn rss_mib(&self) -> f64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();

@@ -66,7 +66,7 @@ fn standalone(binary: &Path, runtime: &str, extra: &[&str]) -> anyhow::Result<(t
 
 pub async fn self_heal(binary: &Path, runs: usize, runtime: &str) -> anyhow::Result<ScenarioResult> {
     println!("scenario self-heal: standalone, {runtime} runtime, Deployment of 3 `minimal`, {runs} deletions");
-    let (_dir, server) = standalone(binary, runtime, &[])?;
+    let (_dir, mut server) = standalone(binary, runtime, &[])?;
     let http = reqwest::Client::new();
     let r = http.post(format!("{}{DEPLOYMENTS}", server.url)).json(&deployment("heal", 3)).send().await?;
     anyhow::ensure!(r.status().is_success(), "creating the Deployment: {}", r.status());
@@ -96,6 +96,7 @@ pub async fn self_heal(binary: &Path, runs: usize, runtime: &str) -> anyhow::Res
     while !pods(&http, &server.url, "heal").await?.is_empty() && settle.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    server.terminate(Duration::from_secs(30));
     Ok(ScenarioResult {
         name: "self-heal",
         params: json!({"runs": runs, "replicas": 3, "image": "minimal", "runtime": runtime}),
@@ -173,9 +174,12 @@ pub async fn images(binary: &Path, runs: usize) -> anyhow::Result<ScenarioResult
         let registry_data = registry_dir.path().to_string_lossy().to_string();
         let registry_process = Process::start(binary, &["registry", "--data-dir", &registry_data, "--test-image", "busybox:1"])?;
         let registry = registry_process.url.clone();
-        let (_dir, server) = standalone(binary, "oci", &[])?;
+        let (_dir, mut server) = standalone(binary, "oci", &[])?;
         let image = format!("{}/busybox:1", registry.trim_start_matches("http://"));
-        let sleeper = |name: &str| json!({"name": name, "image": image, "command": ["sleep", "3600"]});
+        // PID 1 of a container ignores SIGTERM unless it handles it: this one ends on it, so that
+        // stopping standalone at the end of a run does not wait out the grace period.
+        let idle = "trap 'exit 0' TERM; sleep 3600 & wait";
+        let sleeper = |name: &str| json!({"name": name, "image": image, "command": ["sh", "-c", idle]});
         let before = registry_blob_pulls(&http, &registry).await?;
 
         let started = Instant::now();
@@ -192,6 +196,7 @@ pub async fn images(binary: &Path, runs: usize) -> anyhow::Result<ScenarioResult
         wait_ready(&http, &server.url, "one", 1, None, Duration::from_secs(60)).await?;
         warm.push(started.elapsed());
         // Stopping standalone stops its containers (no --keep-pods).
+        server.terminate(Duration::from_secs(30));
     }
     let (ten_cold, pulls, warm) = (summarize(&ten_cold), summarize(&pulls), summarize(&warm));
     println!("ten pods of a cold image -> all Running and Ready: {ten_cold}");

@@ -1,5 +1,6 @@
 //! A container's root filesystem: an overlay of its image's unpacked layers under a private upper dir.
 
+use std::collections::HashSet;
 use std::ffi::CString;
 use std::fs;
 use std::io;
@@ -8,10 +9,25 @@ use std::path::{Path, PathBuf};
 
 use rustix::mount::{MountFlags, UnmountFlags};
 
+use crate::digest::Digest;
 use crate::error::{ImageError, Result};
 use crate::store::{ImageRecord, ImageStore};
 
+/// The file in a container's directory naming the unpacked layers its root is made of.
+const LAYERS_IN_USE: &str = "layers";
+
 impl ImageStore {
+    /// Unpacked layers under some container's root (see `mount_rootfs`).
+    pub(crate) fn layers_in_use(&self) -> Result<HashSet<Digest>> {
+        let dir = self.root().join("containers");
+        let mut used = HashSet::new();
+        for entry in fs::read_dir(&dir).map_err(|e| ImageError::io("listing", &dir, e))?.flatten() {
+            let text = fs::read_to_string(entry.path().join(LAYERS_IN_USE)).unwrap_or_default();
+            used.extend(text.lines().filter_map(|l| Digest::parse(l).ok()));
+        }
+        Ok(used)
+    }
+
     fn container_dir(&self, container_id: &str) -> Result<PathBuf> {
         let invalid = |reason: &str| ImageError::InvalidContainerId {
             id: container_id.to_string(),
@@ -46,6 +62,11 @@ impl ImageStore {
         for path in [&rootfs, &upper, &work] {
             fs::create_dir_all(path).map_err(|e| ImageError::io("creating", path, e))?;
         }
+        // The layers stay in use for as long as this root exists, even once the reference has
+        // moved to another image (a re-pull under `Always`): garbage collection reads this list.
+        let in_use: String = image.layers.iter().map(|l| format!("{}\n", l.diff_id)).collect();
+        let list = dir.join(LAYERS_IN_USE);
+        fs::write(&list, in_use).map_err(|e| ImageError::io("writing", &list, e))?;
         let mut lower: Vec<PathBuf> = Vec::with_capacity(image.layers.len() + 1);
         // overlayfs lists the topmost lower layer first; the manifest lists the base first.
         for layer in image.layers.iter().rev() {

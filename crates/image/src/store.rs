@@ -304,17 +304,20 @@ impl ImageStore {
 
     pub(crate) fn remove_locked(&self, reference: &str) -> Result<u64> {
         let path = self.record_path(reference);
-        match fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(ImageError::io("removing", path, e)),
+        if let Err(e) = fs::remove_file(&path)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            return Err(ImageError::io("removing", path, e));
         }
+        // Pruned even when the record was already gone: layers a container root held until now
+        // may be free.
         self.prune_locked()
     }
 
     /// Removes blobs and unpacked layers that no image record references and no pull has pinned.
     fn prune_locked(&self) -> Result<u64> {
         let mut keep: HashSet<Digest> = lock(&self.pinned).keys().cloned().collect();
+        keep.extend(self.layers_in_use()?);
         for image in self.images()? {
             keep.insert(image.config_digest.clone());
             for layer in image.layers {

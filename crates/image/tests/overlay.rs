@@ -108,3 +108,31 @@ fn an_image_with_more_layers_than_one_page_of_mount_options_still_mounts() {
     seen.unwrap();
     assert!(!mounted(&root));
 }
+
+#[test]
+fn a_running_root_keeps_its_layers_when_its_tag_moves_to_another_image_and_gc_runs() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(dir.path().join("images")).unwrap();
+    let v1 = unpacked(&store, &Layer::default().file("version", "1\n"));
+    let old = image(&store, "example.com/app:live", vec![v1.clone()], 0);
+    let root = store.mount_rootfs("web-0_app", &old).unwrap();
+    // The tag is pulled again and now names other content; the old image has no record left.
+    let v2 = unpacked(&store, &Layer::default().file("version", "2\n"));
+    image(&store, "example.com/app:live", vec![v2.clone()], 1);
+    let full = shepherd_image::DiskUsage { capacity: 100, available: 0 };
+    store
+        .collect_garbage(shepherd_image::GcPolicy::default(), full, &Default::default())
+        .unwrap();
+    assert_eq!(
+        fs::read_to_string(root.join("version")).unwrap(),
+        "1\n",
+        "the running root still reads its own image"
+    );
+    assert!(store.layer_path(&v1.diff_id).is_dir(), "a layer under a mounted root stays");
+
+    store.remove_rootfs("web-0_app").unwrap();
+    store.remove_image("example.com/app:live").unwrap();
+    assert!(!store.layer_path(&v1.diff_id).exists(), "unused once the root is gone");
+    assert!(!store.layer_path(&v2.diff_id).exists());
+}

@@ -254,6 +254,9 @@ fn out_of_order(headers: &HeaderMap, name: &RepositoryName, id: &str, size: u64)
             response.headers_mut().insert(key, value.clone());
         }
     }
+    // The refused chunk's body is left unread, so the connection cannot carry another request:
+    // saying so keeps a client from reusing it and seeing its next request cut off.
+    response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
     Some(response)
 }
 

@@ -101,6 +101,21 @@ impl Cluster {
         built
     }
 
+    /// Copies `image` into the registry as `repository:tag` with skopeo, from an OCI layout.
+    async fn skopeo_push(&self, image: &shepherd_registry::testimage::Image, repository: &str, tag: &str) {
+        let base = format!("http://{}", self.registry);
+        wait_for("the registry", 30, async || reqwest::get(format!("{base}/v2/")).await.ok().filter(|r| r.status() == 200))
+            .await;
+        let work = tempfile::tempdir().expect("tempdir");
+        let layout = work.path().join("layout");
+        image.write_oci_layout(&layout, tag).expect("layout");
+        let out = skopeo(
+            work.path(),
+            &["copy", "--dest-tls-verify=false", &format!("oci:{}:{tag}", layout.display()), &format!("docker://{}/{repository}:{tag}", self.registry)],
+        );
+        assert!(out.status.success(), "skopeo copy: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
         let mut cmd = common::kubectl_command(&common::installed_kubectl(), &self.url());
         cmd.args(args);
@@ -122,6 +137,16 @@ impl Cluster {
     fn runc_list(&self) -> BTreeMap<String, (i64, String)> {
         runc_containers(&self.agent().join("oci/runc"))
     }
+}
+
+/// skopeo with its blob-location cache in a private home (Debian package skopeo).
+fn skopeo(home: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("skopeo")
+        .arg("--insecure-policy")
+        .args(args)
+        .env("HOME", home)
+        .output()
+        .expect("run skopeo (Debian package skopeo)")
 }
 
 fn runc_containers(root: &Path) -> BTreeMap<String, (i64, String)> {
@@ -203,7 +228,8 @@ async fn a_busybox_deployment_runs_in_the_image_root_with_its_own_pid_1_and_the_
     // as hostname and httpd as PID 1. Pods share the node's network (until pods get their own),
     // so each httpd takes a port of its own; `exec` makes httpd the container's first process.
     let check = r#"cat /etc/shepherd-test-image && test "$(hostname)" = "$POD_NAME" && grep -q httpd /proc/1/cmdline"#;
-    let serve = "exec httpd -f -p 127.0.0.1:$((20000 + RANDOM % 20000))";
+    // Below the kernel's ephemeral range (32768 and up), which other tests' connections use.
+    let serve = "exec httpd -f -p 127.0.0.1:$((10000 + RANDOM % 20000))";
     let container = json!({"name": "web", "image": image, "command": ["sh", "-c", serve],
         "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "readinessProbe": {"exec": {"command": ["sh", "-c", check]}, "periodSeconds": 1}});
@@ -215,7 +241,11 @@ async fn a_busybox_deployment_runs_in_the_image_root_with_its_own_pid_1_and_the_
     .await;
     for p in &pods {
         let cs = &p["status"]["containerStatuses"][0];
-        assert_eq!(cs["restartCount"], 0, "{cs}");
+        if cs["restartCount"] != 0 {
+            let name = p["metadata"]["name"].as_str().unwrap_or_default();
+            let previous = cluster.kubectl(&["logs", name, "--previous"], None);
+            panic!("{name} restarted: {cs}\nits previous output: {previous}");
+        }
     }
     // On the host, each container's init is httpd itself (not a shell, not the agent).
     let running = cluster.runc_list();
@@ -405,4 +435,186 @@ async fn with_keep_pods_a_stopped_standalone_leaves_its_containers_for_the_next_
     cluster.daemon = Some(Cluster::launch(cluster.dir.path(), &cluster.flags));
     wait_for("web-0 Ready again", 60, async || cluster.pods().first().filter(|p| ready(p)).cloned()).await;
     assert_eq!(cluster.runc_list(), before, "adopted, not restarted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_pull_policy_always_a_restarted_container_gets_the_image_its_tag_now_names() {
+    let cluster = Cluster::start(&[]);
+    let version = |v: &str| ImageBuilder::busybox().expect("busybox-static").file("/version", v, 0o644).build().expect("build");
+    cluster.skopeo_push(&version("v1\n"), "app", "live").await;
+    // The container ends after a second; `restartPolicy: Always` starts it again, and each start
+    // goes through the pull policy.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app"},
+        "spec": {"containers": [{"name": "c", "image": format!("{}/app:live", cluster.registry),
+            "imagePullPolicy": "Always", "command": ["sh", "-c", "cat /version; sleep 1"]}]}});
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+    let logs = |cluster: &Cluster| {
+        let mut cmd = common::kubectl_command(&common::installed_kubectl(), &cluster.url());
+        cmd.args(["logs", "app"]);
+        let (status, out, _) = common::run_with_stdin(&mut cmd, None);
+        status.success().then_some(out)
+    };
+    wait_for("the first instance printing v1", 60, async || logs(&cluster).filter(|l| l.trim() == "v1")).await;
+
+    cluster.skopeo_push(&version("v2\n"), "app", "live").await;
+    wait_for("a restarted instance printing v2", 60, async || logs(&cluster).filter(|l| l.trim() == "v2")).await;
+    let pod = cluster.pods().into_iter().next().expect("the pod");
+    assert!(pod["status"]["containerStatuses"][0]["restartCount"].as_i64() >= Some(1), "{pod}");
+    let pulled = cluster
+        .events()
+        .iter()
+        .filter(|e| e["reason"] == "Pulled" && e["involvedObject"]["name"] == "app")
+        .map(|e| e["count"].as_i64().unwrap_or(1))
+        .sum::<i64>();
+    assert!(pulled >= 2, "a pull for the first start and for the restart ({pulled} Pulled events)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_image_reference_shows_invalid_image_name_an_absent_one_under_never_err_image_never_pull_and_the_node_keeps_running_pods() {
+    let cluster = Cluster::start(&[]);
+    cluster.push(&ImageBuilder::busybox().expect("busybox-static"), "busybox", "1").await;
+    let bad = format!("{}/BusyBox:1", cluster.registry);
+    let pod = |name: &str, image: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": image, "command": ["sleep", "3600"]}]}})
+        .to_string()
+    };
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod("bad", &bad)));
+    let waiting = wait_for("InvalidImageName", 60, async || {
+        let pods = cluster.pods();
+        let w = pods.iter().find(|p| p["metadata"]["name"] == "bad")?["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+        (w["reason"] == "InvalidImageName").then_some(w)
+    })
+    .await;
+    let message = waiting["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&bad) && message.contains("lowercase"), "{waiting}");
+    let events = cluster.events();
+    assert!(
+        events.iter().any(|e| e["reason"] == "InspectFailed" && e["type"] == "Warning" && e["involvedObject"]["name"] == "bad"),
+        "an InspectFailed event: {events:?}"
+    );
+    // The agent is unharmed: a good pod beside it runs from the same registry.
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod("good", &format!("{}/busybox:1", cluster.registry))));
+    wait_for("the good pod Running", 60, async || {
+        cluster.pods().into_iter().find(|p| p["metadata"]["name"] == "good" && ready(p))
+    })
+    .await;
+
+    // An absent image under `Never` is not pulled: its own waiting reason says why.
+    let mut never: Value = serde_json::from_str(&pod("never", &format!("{}/busybox:2", cluster.registry))).expect("json");
+    never["spec"]["containers"][0]["imagePullPolicy"] = json!("Never");
+    cluster.kubectl(&["apply", "-f", "-"], Some(&never.to_string()));
+    let waiting = wait_for("ErrImageNeverPull", 60, async || {
+        let pods = cluster.pods();
+        let w = pods.iter().find(|p| p["metadata"]["name"] == "never")?["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+        (w["reason"] == "ErrImageNeverPull").then_some(w)
+    })
+    .await;
+    assert!(waiting["message"].as_str().is_some_and(|m| m.contains("busybox:2") && m.contains("Never")), "{waiting}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_whose_layer_escapes_its_root_fails_the_pull_and_a_good_push_under_the_tag_then_runs() {
+    let cluster = Cluster::start(&[]);
+    let hostile = ImageBuilder::busybox().expect("busybox-static").hostile_file("../../escaped", "x").build().expect("build");
+    cluster.skopeo_push(&hostile, "evil", "1").await;
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "evil"},
+        "spec": {"containers": [{"name": "c", "image": format!("{}/evil:1", cluster.registry), "command": ["sleep", "3600"]}]}});
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+    let waiting = wait_for("ErrImagePull or ImagePullBackOff", 60, async || {
+        let w = cluster.pods().first()?["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+        (w["reason"] == "ErrImagePull" || w["reason"] == "ImagePullBackOff").then_some(w)
+    })
+    .await;
+    let events = cluster.events();
+    let failed = events
+        .iter()
+        .find(|e| e["reason"] == "Failed" && e["message"].as_str().is_some_and(|m| m.contains("Failed to pull image")))
+        .unwrap_or_else(|| panic!("a Failed event: {events:?}"));
+    assert!(failed["message"].as_str().is_some_and(|m| m.contains("..")), "the event names the escaping path: {failed} ({waiting})");
+    let store = cluster.agent().join("images");
+    let count = |dir: &str| std::fs::read_dir(store.join(dir)).into_iter().flatten().count();
+    assert_eq!((count("images"), count("layers/sha256"), count("tmp")), (0, 0, 0), "nothing of the refused image is kept");
+    assert!(!cluster.agent().join("escaped").exists() && !store.join("escaped").exists(), "nothing written outside the layer");
+
+    // The same tag, now good content: the waiting pod starts without being touched.
+    cluster.skopeo_push(&ImageBuilder::busybox().expect("busybox-static").build().expect("build"), "evil", "1").await;
+    wait_for("the pod Running once the tag is good", 90, async || cluster.pods().first().filter(|p| ready(p)).cloned()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_corrupted_in_the_registry_fails_the_pull_keeps_nothing_and_the_repaired_image_runs() {
+    let cluster = Cluster::start(&[]);
+    let built = cluster.push(&ImageBuilder::busybox().expect("busybox-static").file("/rotten", "1", 0o644), "rotten", "1").await;
+    let stored = cluster.data().join("registry/blobs/sha256").join(built.layer_digest.hex());
+    let mut corrupt = built.layer.clone();
+    let middle = corrupt.len() / 2;
+    corrupt[middle] ^= 0xff;
+    std::fs::write(&stored, &corrupt).expect("corrupt the registry's copy of the layer");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rotten"},
+        "spec": {"containers": [{"name": "c", "image": format!("{}/rotten:1", cluster.registry), "command": ["sleep", "3600"]}]}});
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+    let waiting = wait_for("ErrImagePull or ImagePullBackOff", 60, async || {
+        let w = cluster.pods().first()?["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+        (w["reason"] == "ErrImagePull" || w["reason"] == "ImagePullBackOff").then_some(w)
+    })
+    .await;
+    let events = cluster.events();
+    assert!(
+        events.iter().any(|e| e["reason"] == "Failed"
+            && e["message"].as_str().is_some_and(|m| (m.contains("Invalid digest") || m.contains("failed verification")) && m.contains(built.layer_digest.as_str()))),
+        "a Failed event naming the layer that failed verification ({waiting}): {events:?}"
+    );
+    let store = cluster.agent().join("images");
+    let count = |dir: &str| std::fs::read_dir(store.join(dir)).into_iter().flatten().count();
+    assert_eq!((count("images"), count("layers/sha256"), count("tmp")), (0, 0, 0), "nothing of the failed pull is kept");
+    assert!(!store.join("blobs/sha256").join(built.layer_digest.hex()).exists(), "the corrupt layer is not stored");
+
+    std::fs::write(&stored, &built.layer).expect("repair the layer");
+    wait_for("the pod Running once the layer is whole", 90, async || cluster.pods().first().filter(|p| ready(p)).cloned()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_of_an_oci_container_carry_timestamps_and_answer_since_time_and_previous() {
+    let cluster = Cluster::start(&[]);
+    cluster.push(&ImageBuilder::busybox().expect("busybox-static"), "busybox", "1").await;
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "talk"},
+        "spec": {"containers": [{"name": "c", "image": format!("{}/busybox:1", cluster.registry),
+            "command": ["sh", "-c", "echo early; echo oops >&2; sleep 1; echo late; sleep 8; exit 3"]}]}});
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+    wait_for("a restarted container", 90, async || {
+        let cs = cluster.pods().first()?["status"]["containerStatuses"][0].clone();
+        (cs["restartCount"].as_i64() >= Some(1)).then_some(())
+    })
+    .await;
+    let previous = cluster.kubectl(&["logs", "talk", "--previous", "--timestamps"], None);
+    let lines: Vec<(&str, &str)> = previous.lines().filter_map(|l| l.split_once(' ')).collect();
+    let texts: Vec<&str> = lines.iter().map(|(_, t)| *t).collect();
+    assert_eq!(texts, ["early", "oops", "late"], "the previous instance's stdout and stderr: {previous}");
+    let times: Vec<jiff::Timestamp> =
+        lines.iter().map(|(t, _)| t.parse().unwrap_or_else(|e| panic!("{t:?} is not a timestamp: {e}"))).collect();
+    assert!(times[2].duration_since(times[0]).as_secs_f64() >= 0.9, "late comes a second after early: {previous}");
+
+    let since = cluster.kubectl(&["logs", "talk", "--previous", &format!("--since-time={}", lines[2].0)], None);
+    assert_eq!(since, "late\n", "only what was written from that time on");
+    let current = cluster.kubectl(&["logs", "talk", "--since=1h"], None);
+    assert!(current.starts_with("early\n"), "the current instance has its own log: {current}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_network_pod_runs_on_the_oci_runtime_in_the_nodes_network_namespace() {
+    let cluster = Cluster::start(&[]);
+    cluster.push(&ImageBuilder::busybox().expect("busybox-static"), "busybox", "1").await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
+    // httpd answers the probe on the node's loopback, which only the node's network reaches.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hostnet"},
+        "spec": {"hostNetwork": true, "containers": [{"name": "c", "image": format!("{}/busybox:1", cluster.registry),
+            "command": ["sh", "-c", format!("readlink /proc/self/ns/net; exec httpd -f -p 127.0.0.1:{port}")],
+            "readinessProbe": {"tcpSocket": {"host": "127.0.0.1", "port": port}, "periodSeconds": 1}}]}});
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+    wait_for("the hostNetwork pod Ready", 60, async || cluster.pods().first().filter(|p| ready(p)).cloned()).await;
+    let seen = cluster.kubectl(&["logs", "hostnet"], None);
+    let node = std::fs::read_link("/proc/self/ns/net").expect("the node's network namespace");
+    assert_eq!(seen.trim(), node.to_string_lossy(), "the container is in the node's network namespace");
+    reqwest::get(format!("http://127.0.0.1:{port}/")).await.expect("httpd answers on the node's loopback");
 }

@@ -203,6 +203,43 @@ async fn a_blob_whose_bytes_do_not_match_its_digest_is_refused_and_nothing_is_st
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skopeo_pushing_a_corrupt_layer_stops_mid_upload_and_leaves_the_registry_ready_for_a_good_push() {
+    let registry = RegistryProcess::start();
+    let work = tempfile::tempdir().expect("tempdir");
+    let image = ImageBuilder::busybox().expect("busybox-static").build().expect("build");
+    let layout = work.path().join("layout");
+    image.write_oci_layout(&layout, "1").expect("layout");
+    let layer = layout.join("blobs/sha256").join(image.layer_digest.hex());
+    let mut corrupt = image.layer.clone();
+    let middle = corrupt.len() / 2;
+    corrupt[middle] ^= 0xff;
+    std::fs::write(&layer, &corrupt).expect("corrupt the layer");
+
+    // skopeo checks what it reads against the digest while it streams the upload: the mismatch
+    // ends the push with a chunk half sent and the session never finished; or, when the whole
+    // chunk went out first, the registry refuses to finish the upload under that digest.
+    let source = format!("oci:{}:1", layout.display());
+    let target = format!("docker://{}/torn:1", registry.address);
+    let push = skopeo(work.path(), &["copy", "--dest-tls-verify=false", &source, &target]);
+    assert!(!push.status.success(), "a corrupt layer must not push");
+    let stderr = String::from_utf8_lossy(&push.stderr);
+    let refused = stderr.contains("Digest did not match") || stderr.contains("digest invalid");
+    assert!(refused && stderr.contains(image.layer_digest.as_str()), "{stderr}");
+    let client = reqwest::Client::new();
+    let head = client.head(registry.url(&format!("/v2/torn/blobs/{}", image.layer_digest))).send().await.expect("head");
+    assert_eq!(head.status(), 404, "no blob under the layer's digest");
+    let manifest = client.head(registry.url("/v2/torn/manifests/1")).send().await.expect("head");
+    assert_eq!(manifest.status(), 404, "no tag for the failed push");
+
+    std::fs::write(&layer, &image.layer).expect("repair the layer");
+    assert!(succeeded(&skopeo(work.path(), &["copy", "--dest-tls-verify=false", &source, &target])), "a later good push");
+    let out = format!("oci:{}:1", work.path().join("out").display());
+    assert!(succeeded(&skopeo(work.path(), &["copy", "--src-tls-verify=false", &target, &out])), "and its pull");
+    let pulled = std::fs::read(work.path().join("out/blobs/sha256").join(image.layer_digest.hex())).expect("pulled layer");
+    assert_eq!(pulled, image.layer, "the good layer came back byte for byte");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_chunked_upload_keeps_its_last_whole_chunk_and_can_be_finished() {
     let registry = RegistryProcess::start();
     let client = reqwest::Client::new();

@@ -8,9 +8,10 @@
 //!            └── container init      (reparented to the shim when runc exits; PID 1 of its namespace)
 //! ```
 //!
-//! runc in detached mode hands the container its own stdio, opened by the agent on the log files,
-//! so output keeps flowing to `kubectl logs` with no agent. The shim reports runc's result on a
-//! pipe, then waits for the container's init (which the kernel reparents to it, the nearest
+//! runc in detached mode hands the container the pipes it was started with as stdio; the shim
+//! reads them and writes the container's log file in the CRI format (timestamped records, as the
+//! process runtime's shim does), so output keeps flowing to `kubectl logs` with no agent. The shim
+//! reports runc's result on a pipe, then waits for the container's init (which the kernel reparents to it, the nearest
 //! subreaper) and writes its exit code to the container's `exit` file (128 + signal for a signal
 //! death) before ending: exit codes survive an agent `kill -9`. The next agent re-adopts running
 //! containers from `state.json` and runc's own state (`runc state`), checking pids against their
@@ -38,7 +39,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
-use shepherd_image::{Credentials, DiskUsage, Ensured, GcPolicy, ImageRef, ImageStore, PullDecision, PullPolicy, Puller};
+use shepherd_image::{
+    Credentials, DiskUsage, Ensured, GcPolicy, ImageError, ImageRef, ImageStore, PullDecision, PullPolicy, Puller,
+};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
@@ -46,10 +49,10 @@ use tracing::{debug, info, warn};
 use crate::cgroup::{self, Cgroups};
 use crate::process::{
     MINIMAL_IMAGE, close_from, format_code, log_files, path_safe, rotate_if_larger, signal_checked, start_time,
-    wait_for_exit, write_atomically,
+    wait_for_exit,
 };
 use crate::runtime::{
-    Adopted, ContainerId, ContainerSpec, EventSender, Exit, ImagePull, ImageReady, LogFiles, Runtime, RuntimeEvent, Started,
+    Adopted, ContainerId, ContainerSpec, EventSender, Exit, ImagePull, ImageReady, ImageUnavailable, LogFiles, Runtime, RuntimeEvent, Started,
 };
 use spec::{ImageDefaults, SpecInputs};
 
@@ -73,6 +76,14 @@ pub(crate) struct OciConfig {
     pub insecure_registries: Vec<String>,
     pub log_max_bytes: u64,
     pub pids_limit: Option<u64>,
+}
+
+/// A container's root filesystem as prepared for one start.
+struct Root {
+    path: PathBuf,
+    image: ImageDefaults,
+    /// The built-in `minimal` image (the host's root) is never writable.
+    readonly: bool,
 }
 
 /// What `state.json` records about a running instance.
@@ -169,6 +180,12 @@ impl Inner {
 
     fn sandbox_dir(&self, pod_uid: &str) -> PathBuf {
         self.config.data_dir.join("oci/sandboxes").join(path_safe(pod_uid))
+    }
+
+    /// The network namespace the pod's containers join: the pod's own when the agent made and
+    /// pinned one (`--pod-network bridge`; never for `hostNetwork` pods), else `None`, the node's.
+    fn pod_network(&self, pod_uid: &str) -> Option<PathBuf> {
+        crate::network::netns_of(&self.config.data_dir, pod_uid)
     }
 
     fn runc_root(&self) -> PathBuf {
@@ -280,15 +297,15 @@ impl Inner {
         instance
     }
 
-    /// The root filesystem and image defaults of `spec`'s container (`readonly` for `minimal`).
-    fn prepare_root(&self, spec: &ContainerSpec, dir: &Path) -> Result<(PathBuf, ImageDefaults, bool), String> {
+    /// The root filesystem and image defaults of `spec`'s container.
+    fn prepare_root(&self, spec: &ContainerSpec, dir: &Path) -> Result<Root, String> {
         if spec.image == MINIMAL_IMAGE {
             // The built-in image is the host's filesystem, read-only, as the process runtime uses
             // it: an empty root with the host's `/` bound over it by runc (see `spec::build`), so
             // the bind exists only in the container's mount namespace, never under the data dir.
             let rootfs = dir.join("rootfs");
             fs::create_dir_all(&rootfs).map_err(|e| format!("creating {}: {e}", rootfs.display()))?;
-            return Ok((rootfs, ImageDefaults::default(), true));
+            return Ok(Root { path: rootfs, image: ImageDefaults::default(), readonly: true });
         }
         let reference = ImageRef::parse(&spec.image).map_err(|e| e.to_string())?;
         let store = self.puller.store();
@@ -298,10 +315,11 @@ impl Inner {
             .ok_or_else(|| format!("image {reference} is not present on this node"))?;
         let config = store.config(&record).map_err(|e| e.to_string())?;
         let rootfs = store.mount_rootfs(&Self::runc_id(&spec.id), &record).map_err(|e| e.to_string())?;
-        Ok((rootfs, ImageDefaults::from_config(&config), false))
+        Ok(Root { path: rootfs, image: ImageDefaults::from_config(&config), readonly: false })
     }
 
     fn spawn(self: &Arc<Self>, spec: &ContainerSpec) -> Result<StateFile, String> {
+        let mut phases = Phases::start();
         let id = &spec.id;
         let dir = self.dir_of(id);
         fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
@@ -315,15 +333,18 @@ impl Inner {
             let _ = fs::remove_file(f);
         }
 
-        let mut sandbox = sandbox::ensure(&self.sandbox_dir(&id.pod_uid), &spec.hostname, &self.config.node_ip)
+        phases.mark("clean");
+        let net = self.pod_network(&id.pod_uid);
+        let sandbox = sandbox::ensure(&self.sandbox_dir(&id.pod_uid), &spec.hostname, &self.config.node_ip, net.as_deref())
             .map_err(|e| format!("creating the pod sandbox: {e}"))?;
-        // The pod's own network namespace, when the agent made one (else the node's).
-        sandbox.net = crate::network::netns_of(&self.config.data_dir, &id.pod_uid);
-        let (rootfs, image, readonly_root) = self.prepare_root(spec, &dir)?;
-        let result = self.run_in(spec, &dir, &rootfs, &image, readonly_root, &sandbox);
+        phases.mark("sandbox");
+        let root = self.prepare_root(spec, &dir)?;
+        phases.mark("root");
+        let result = self.run_in(spec, &dir, &root, &sandbox, &mut phases);
         if result.is_err() {
             self.clean_instance(id);
         }
+        debug!(pod = %id.pod_key, container = %id.name, "start phases: {phases}");
         result
     }
 
@@ -331,12 +352,12 @@ impl Inner {
         self: &Arc<Self>,
         spec: &ContainerSpec,
         dir: &Path,
-        rootfs: &Path,
-        image: &ImageDefaults,
-        readonly_root: bool,
+        root: &Root,
         sandbox: &spec::SandboxPaths,
+        phases: &mut Phases,
     ) -> Result<StateFile, String> {
         let id = &spec.id;
+        let (rootfs, image) = (root.path.as_path(), &root.image);
         let mut argv = spec::argv(image, &spec.command, &spec.args);
         if argv.is_empty() {
             if spec.image != MINIMAL_IMAGE {
@@ -358,7 +379,7 @@ impl Inner {
         let inputs = SpecInputs {
             rootfs,
             host_root: spec.image == MINIMAL_IMAGE,
-            readonly_root,
+            readonly_root: root.readonly,
             image,
             sandbox,
             cgroups_path: cgroups_path.clone(),
@@ -366,7 +387,9 @@ impl Inner {
         };
         let oci = spec::build(spec, &inputs, argv, user)?;
         let json = serde_json::to_vec_pretty(&oci).map_err(|e| format!("encoding the runtime spec: {e}"))?;
-        write_atomically(&dir.join("config.json"), &json).map_err(|e| format!("writing the runtime spec: {e}"))?;
+        // Read by runc at once and written anew by every start: nothing to sync.
+        fs::write(dir.join("config.json"), &json).map_err(|e| format!("writing the runtime spec: {e}"))?;
+        phases.mark("spec");
 
         let files = log_files(dir);
         let log = OpenOptions::new()
@@ -374,28 +397,38 @@ impl Inner {
             .append(true)
             .open(&files.current)
             .map_err(|e| format!("opening log {}: {e}", files.current.display()))?;
-        let log_err = log.try_clone().map_err(|e| format!("opening log: {e}"))?;
         let (report_read, report_write) = pipe().map_err(|e| format!("creating a pipe: {e}"))?;
-        let exit_file = CString::new(dir.join("exit").into_os_string().into_encoded_bytes())
-            .map_err(|_| "container directory path contains a NUL byte")?;
-        let mut cmd = self.runc();
-        cmd.arg("--log")
-            .arg(dir.join("runc.log"))
-            .args(["--log-format", "json", "run", "--detach", "--bundle"])
-            .arg(dir)
-            .arg("--pid-file")
-            .arg(dir.join("init.pid"))
-            .arg(&runc_id)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err));
-        let setup = ShimSetup { report_fd: report_write.as_raw_fd(), exit_file, arg_area: arg_area() };
+        let (out_read, out_write) = pipe().map_err(|e| format!("creating a pipe: {e}"))?;
+        let (err_read, err_write) = pipe().map_err(|e| format!("creating a pipe: {e}"))?;
+        let c_path = |p: PathBuf| CString::new(p.into_os_string().into_encoded_bytes()).map_err(|_| "container directory path contains a NUL byte");
+        let exit_file = c_path(dir.join("exit"))?;
+        let pid_file = c_path(dir.join("init.pid"))?;
+        let mut runc_args: Vec<std::ffi::OsString> = vec![self.config.runc.clone().into(), "--root".into(), self.runc_root().into()];
+        runc_args.extend(["--log".into(), dir.join("runc.log").into()]);
+        runc_args.extend(["--log-format", "json", "run", "--detach", "--bundle"].map(Into::into));
+        runc_args.extend([dir.as_os_str().to_owned(), "--pid-file".into(), dir.join("init.pid").into(), runc_id.clone().into()]);
+        let runc_args = SpawnArgs::new(runc_args).ok_or("a runc argument contains a NUL byte")?;
+        // The fork of this command becomes the shim, which never returns to exec the command's
+        // program: it starts runc itself (see `ShimSetup::run`), with the stdio set here.
+        let mut cmd = Command::new(&self.config.runc);
+        cmd.stdin(Stdio::null()).stdout(Stdio::from(out_write)).stderr(Stdio::from(err_write));
+        let setup = ShimSetup {
+            report_fd: report_write.as_raw_fd(),
+            log_fd: log.as_raw_fd(),
+            out_fd: out_read.as_raw_fd(),
+            err_fd: err_read.as_raw_fd(),
+            exit_file,
+            pid_file,
+            runc_args,
+            arg_area: arg_area(),
+        };
         // SAFETY: `ShimSetup::run` only makes async-signal-safe calls on data prepared before the fork.
         unsafe {
             cmd.pre_exec(move || setup.run());
         }
         let child = cmd.spawn().map_err(|e| format!("starting {}: {e}", self.config.runc.display()))?;
-        drop(report_write);
+        drop((report_write, log, out_read, err_read));
+        phases.mark("fork");
         let shim_pid = child.id() as i32;
         drop(child);
         let shim_start = start_time(shim_pid).unwrap_or(0);
@@ -406,6 +439,7 @@ impl Inner {
             Ok(()) => i32::from_ne_bytes(report),
             Err(_) => -1,
         };
+        phases.mark("runc");
         if runc_code != 0 {
             signal_checked(shim_pid, shim_start, libc::SIGKILL);
             // SAFETY: reaping our own child.
@@ -429,7 +463,8 @@ impl Inner {
             oom_file: self.cgroups.oom_file_of(&cgroups_path),
         };
         let json = serde_json::to_vec_pretty(&state).map_err(|e| format!("encoding state: {e}"))?;
-        write_atomically(&dir.join("state.json"), &json).map_err(|e| format!("writing state of {}: {e}", id.name))?;
+        replace_file(&dir.join("state.json"), &json).map_err(|e| format!("writing state of {}: {e}", id.name))?;
+        phases.mark("state");
         info!(pod = %id.pod_key, container = %id.name, image = %spec.image, shim_pid, init_pid, "container started");
         Ok(state)
     }
@@ -451,6 +486,41 @@ impl Inner {
         if !pod_dir.exists() {
             sandbox::remove(&self.sandbox_dir(pod_uid));
         }
+    }
+}
+
+/// Replaces `path` whole (a write beside it, then a rename), without syncing: the file must
+/// survive the agent, not the machine, whose reboot ends the containers it describes anyway.
+fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, bytes)?;
+    fs::rename(&tmp, path)
+}
+
+/// How long each step of a container start took, for the debug log.
+struct Phases {
+    last: std::time::Instant,
+    took: Vec<(&'static str, Duration)>,
+}
+
+impl Phases {
+    fn start() -> Self {
+        Phases { last: std::time::Instant::now(), took: Vec::new() }
+    }
+
+    fn mark(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.took.push((name, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Phases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (name, took)) in self.took.iter().enumerate() {
+            write!(f, "{}{name} {:.1} ms", if i == 0 { "" } else { ", " }, took.as_secs_f64() * 1000.0)?;
+        }
+        Ok(())
     }
 }
 
@@ -492,37 +562,82 @@ fn arg_area() -> Option<(usize, usize)> {
 /// Data the forked shim uses; prepared before the fork because it may not allocate.
 struct ShimSetup {
     report_fd: RawFd,
+    /// The container's log file, which the shim writes in the CRI format.
+    log_fd: RawFd,
+    /// Read ends of the pipes runc hands the container as stdout and stderr.
+    out_fd: RawFd,
+    err_fd: RawFd,
     exit_file: CString,
+    /// Where runc writes the container init's pid.
+    pid_file: CString,
+    /// runc's command line, its program first.
+    runc_args: SpawnArgs,
     arg_area: Option<(usize, usize)>,
 }
 
+/// A command line as `posix_spawn` takes it, built before the fork.
+struct SpawnArgs {
+    strings: Vec<CString>,
+    /// Pointers into `strings`, then a null.
+    pointers: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers only point into `strings`, owned alongside and never changed.
+unsafe impl Send for SpawnArgs {}
+// SAFETY: as for Send; nothing is mutated through a shared reference.
+unsafe impl Sync for SpawnArgs {}
+
+impl SpawnArgs {
+    fn new(args: Vec<std::ffi::OsString>) -> Option<Self> {
+        let strings: Vec<CString> = args.into_iter().map(|a| CString::new(a.into_encoded_bytes()).ok()).collect::<Option<_>>()?;
+        let pointers = strings.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect();
+        Some(SpawnArgs { strings, pointers })
+    }
+}
+
+unsafe extern "C" {
+    static environ: *const *mut libc::c_char;
+}
+
 impl ShimSetup {
-    /// Runs in the forked child before exec: it forks again; the parent becomes the shim, the
-    /// grandchild returns to exec runc. See the module docs.
+    /// Runs in the forked child, which becomes the shim and starts runc as its own child. Returns
+    /// only on failure. See the module docs.
+    ///
+    /// runc starts by `posix_spawn` (a `vfork`-like clone), not a second `fork`: the shim is a
+    /// copy of the agent's whole address space, and copying its page tables a second time only
+    /// to exec runc is wasted work on every start.
     unsafe fn run(&self) -> io::Result<()> {
-        // SAFETY (whole function): only async-signal-safe calls on prepared data.
+        // SAFETY (whole function): system calls on data prepared before the fork; glibc's
+        // posix_spawn without file actions or attributes allocates nothing on the heap.
         unsafe {
             libc::setsid();
             if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
-            let pid = libc::fork();
-            if pid < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if pid > 0 {
-                self.shim(pid);
-            }
             libc::umask(0o022);
-            Ok(())
+            let mut pid: libc::pid_t = 0;
+            let argv = self.runc_args.pointers.as_ptr().cast::<*mut libc::c_char>();
+            let failed = libc::posix_spawn(&mut pid, self.runc_args.strings[0].as_ptr(), std::ptr::null(), std::ptr::null(), argv, environ);
+            if failed != 0 {
+                return Err(io::Error::from_raw_os_error(failed));
+            }
+            self.shim(pid)
         }
     }
 
     unsafe fn shim(&self, runc: libc::pid_t) -> ! {
         // SAFETY (whole function): async-signal-safe calls only.
         unsafe {
-            libc::dup2(self.report_fd, 3);
-            close_from(4);
+            // Out of the way first, so that placing one cannot close another; fds 1 and 2 are the
+            // pipes' write ends (runc's stdio), which the shim must not keep open.
+            let high = |fd: RawFd| libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100);
+            let (report, log, out, err) = (high(self.report_fd), high(self.log_fd), high(self.out_fd), high(self.err_fd));
+            libc::dup2(report, 3);
+            libc::dup2(out, 4);
+            libc::dup2(err, 5);
+            libc::dup2(log, 1);
+            libc::dup2(log, 2);
+            close_from(6);
             libc::prctl(libc::PR_SET_NAME, c"shepherd-shim".as_ptr(), 0, 0, 0);
             // `ps` shows the command line the fork inherited (the agent's): overwrite this
             // copy of it, so that the shim is not mistaken for a second agent.
@@ -534,30 +649,27 @@ impl ShimSetup {
                 let n = SHIM_COMMAND_LINE.len().min(area.len().saturating_sub(1));
                 area[..n].copy_from_slice(&SHIM_COMMAND_LINE[..n]);
             }
+            // The container's output becomes CRI records, as the process runtime writes them:
+            // while runc starts it, then until its init ends (its PID namespace, and with it
+            // every writer of the pipes, ends then too).
+            crate::crilog::copy_output(4, 5, 1, runc);
             let mut container: Option<i32> = None;
-            let mut status: libc::c_int = 0;
-            loop {
-                let r = libc::waitpid(-1, &mut status, 0);
-                if r < 0 {
-                    if *libc::__errno_location() == libc::EINTR {
-                        continue;
-                    }
-                    break;
-                }
-                let code = if libc::WIFEXITED(status) {
-                    libc::WEXITSTATUS(status)
-                } else if libc::WIFSIGNALED(status) {
-                    128 + libc::WTERMSIG(status)
-                } else {
-                    continue;
-                };
-                if r == runc {
+            while let Some((pid, code)) = reap_any() {
+                if pid == runc {
                     let bytes = code.to_ne_bytes();
                     libc::write(3, bytes.as_ptr().cast(), bytes.len());
                     libc::close(3);
-                } else {
-                    container = Some(code);
+                    break;
                 }
+                container = Some(code);
+            }
+            if let Some(init) = self.init_pid() {
+                crate::crilog::copy_output(4, 5, 1, init);
+            }
+            libc::close(4);
+            libc::close(5);
+            while let Some((_, code)) = reap_any() {
+                container = Some(code);
             }
             let Some(code) = container else { libc::_exit(255) };
             let mut buf = [0u8; 12];
@@ -572,18 +684,68 @@ impl ShimSetup {
     }
 }
 
+/// Waits for any child to end: its pid and exit code (128 + signal for a signal death); `None`
+/// once no child is left.
+///
+/// # Safety
+/// Async-signal-safe (waitpid only).
+unsafe fn reap_any() -> Option<(libc::pid_t, i32)> {
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: waitpid with a valid status pointer; reading errno.
+        let r = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if r < 0 {
+            // SAFETY: reading errno.
+            if unsafe { *libc::__errno_location() } == libc::EINTR {
+                continue;
+            }
+            return None;
+        }
+        if libc::WIFEXITED(status) {
+            return Some((r, libc::WEXITSTATUS(status)));
+        }
+        if libc::WIFSIGNALED(status) {
+            return Some((r, 128 + libc::WTERMSIG(status)));
+        }
+    }
+}
+
+impl ShimSetup {
+    /// The container init's pid from runc's pid file, once runc has ended.
+    unsafe fn init_pid(&self) -> Option<libc::pid_t> {
+        // SAFETY (whole function): open, read and close on a stack buffer.
+        unsafe {
+            let fd = libc::open(self.pid_file.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return None;
+            }
+            let mut buf = [0u8; 16];
+            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            libc::close(fd);
+            let digits = &buf[..usize::try_from(n).ok()?];
+            let mut pid: libc::pid_t = 0;
+            for d in digits.iter().take_while(|d| d.is_ascii_digit()) {
+                pid = pid.checked_mul(10)?.checked_add(libc::pid_t::from(d - b'0'))?;
+            }
+            (pid > 0).then_some(pid)
+        }
+    }
+}
+
 fn signal_init(state: &StateFile, sig: libc::c_int) -> bool {
     signal_checked(state.init_pid, state.init_start, sig)
 }
 
 #[async_trait]
 impl Runtime for OciRuntime {
-    async fn ensure_image(&self, pull: &ImagePull) -> Result<ImageReady, String> {
+    async fn ensure_image(&self, pull: &ImagePull) -> Result<ImageReady, ImageUnavailable> {
         if pull.image == MINIMAL_IMAGE {
-            return Ok(ImageReady::Present);
+            // The host's own root, as in the process runtime: no image to report on.
+            return Ok(ImageReady::Unused);
         }
-        let reference = ImageRef::parse(&pull.image).map_err(|e| e.to_string())?;
-        let policy = PullPolicy::from_spec(pull.policy.as_deref(), &reference)?;
+        let reference = ImageRef::parse(&pull.image).map_err(|e| ImageUnavailable::InvalidName(e.to_string()))?;
+        let policy = PullPolicy::from_spec(pull.policy.as_deref(), &reference)
+            .map_err(|e| ImageUnavailable::PullFailed(format!("imagePullPolicy: {e}")))?;
         let registry = reference.registry().to_string();
         let credentials = pull
             .credentials
@@ -594,7 +756,8 @@ impl Runtime for OciRuntime {
         match self.inner.puller.ensure(&reference, policy, &credentials).await {
             Ok(Ensured::AlreadyPresent(_)) => Ok(ImageReady::Present),
             Ok(Ensured::Pulled { image, duration }) => Ok(ImageReady::Pulled { size: image.size, duration }),
-            Err(e) => Err(e.to_string()),
+            Err(e @ ImageError::NeverPull { .. }) => Err(ImageUnavailable::NeverPull(e.to_string())),
+            Err(e) => Err(ImageUnavailable::PullFailed(e.to_string())),
         }
     }
 
@@ -653,8 +816,8 @@ impl Runtime for OciRuntime {
         }
         let inner = self.inner.clone();
         let id = id.clone();
-        // runc and unmounting block; the removal finishes in the background.
-        tokio::task::spawn_blocking(move || {
+        let runc_knows = inner.runc_root().join(Inner::runc_id(&id)).exists();
+        let work = move || {
             inner.clean_instance(&id);
             let dir = inner.dir_of(&id);
             if let Err(e) = fs::remove_dir_all(&dir)
@@ -663,7 +826,16 @@ impl Runtime for OciRuntime {
                 warn!(dir = %dir.display(), error = %e, "cannot remove container directory");
             }
             inner.remove_sandbox_if_unused(&id.pod_uid);
-        });
+        };
+        if runc_knows {
+            // A `runc delete` takes tens of milliseconds: the removal finishes in the background.
+            tokio::task::spawn_blocking(work);
+        } else {
+            // The usual case (the watcher cleaned runc's state when the instance ended): a few
+            // unmounts and removals, done now, so that an agent stopping right after a removal
+            // (standalone's exit) leaves nothing mounted.
+            work();
+        }
     }
 
     fn adopt(&self) -> Vec<Adopted> {

@@ -2,8 +2,9 @@
 //! of their namespace files, and the `/etc/hosts`, `/etc/hostname` and `/etc/resolv.conf` they see.
 //!
 //! The namespaces outlive every process (and the agent): only the bind mounts hold them, so
-//! containers restarted later, or by another agent run, join the same ones. A pod network
-//! namespace would be one more file here (`SandboxPaths::net`).
+//! containers restarted later, or by another agent run, join the same ones. The network namespace
+//! is not made here: whoever gives pods networks makes and pins it, and `ensure` takes its path
+//! (`None`: the node's network, as for `hostNetwork` pods).
 
 use std::ffi::CString;
 use std::fs;
@@ -13,11 +14,11 @@ use std::path::Path;
 
 use super::spec::SandboxPaths;
 
-pub(crate) fn paths(dir: &Path) -> SandboxPaths {
+pub(crate) fn paths(dir: &Path, net: Option<&Path>) -> SandboxPaths {
     SandboxPaths {
         ipc: dir.join("ipc"),
         uts: dir.join("uts"),
-        net: None,
+        net: net.map(Path::to_path_buf),
         hosts: dir.join("hosts"),
         hostname: dir.join("hostname"),
         resolv_conf: dir.join("resolv.conf"),
@@ -34,9 +35,10 @@ fn c_path(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| io::Error::other("path contains a NUL byte"))
 }
 
-/// Makes the sandbox under `dir` unless it exists. `ip` is the pod's address for `/etc/hosts`.
-pub(crate) fn ensure(dir: &Path, hostname: &str, ip: &str) -> io::Result<SandboxPaths> {
-    let p = paths(dir);
+/// Makes the sandbox under `dir` unless it exists. `ip` is the pod's address for `/etc/hosts`;
+/// `net` the pod's network namespace file, joined by each of its containers (`None`: the node's).
+pub(crate) fn ensure(dir: &Path, hostname: &str, ip: &str, net: Option<&Path>) -> io::Result<SandboxPaths> {
+    let p = paths(dir, net);
     fs::create_dir_all(dir)?;
     let hosts = format!(
         "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
@@ -82,7 +84,7 @@ pub(crate) fn ensure(dir: &Path, hostname: &str, ip: &str) -> io::Result<Sandbox
 
 /// Releases the namespaces and removes the sandbox's files. Idempotent.
 pub(crate) fn remove(dir: &Path) {
-    let p = paths(dir);
+    let p = paths(dir, None);
     for f in [&p.ipc, &p.uts] {
         if let Ok(c) = c_path(f) {
             // SAFETY: umount2 on a NUL-terminated path.

@@ -421,5 +421,12 @@ mod tests {
         assert_eq!(vol["source"], "/data/vol");
         assert!(vol["options"].as_array().is_some_and(|o| o.contains(&serde_json::json!("ro"))));
         assert!(mounts.iter().any(|m| m["destination"] == "/etc/hosts" && m["source"] == "/data/sb/hosts"));
+
+        // A pod network namespace, once the sandbox has one, is joined like the others.
+        let netted = SandboxPaths { net: Some("/data/netns/u1".into()), ..sandbox.clone() };
+        let out = build(&spec, &SpecInputs { sandbox: &netted, ..inputs }, s(&["sh"]), (0, 0)).expect("spec");
+        let json = serde_json::to_value(&out).expect("json");
+        let ns = json["linux"]["namespaces"].as_array().expect("namespaces");
+        assert!(ns.iter().any(|n| n["type"] == "network" && n["path"] == "/data/netns/u1"), "{ns:?}");
     }
 }
