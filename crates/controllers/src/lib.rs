@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod cronjob;
+pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
