@@ -16,6 +16,7 @@ pub mod podutil;
 pub mod replicaset;
 pub mod scheduler;
 pub mod serviceaccount;
+pub mod statefulset;
 pub mod taintmanager;
 
 pub use config::ControllerConfig;
