@@ -213,7 +213,6 @@ impl DaemonSetReconciler {
             plan_nodes(ds, &plans, &hash, &pending, &mut available, &mut changes);
         }
         let status = compute_status(ds, &plans, &hash, &mut available);
-        drop(available);
 
         let mut errors = Vec::new();
         if let Err(e) = self.apply(key, ds, &template, &hash, changes).await {
