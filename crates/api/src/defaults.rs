@@ -66,6 +66,7 @@ pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
         "CronJob" => batch::default_cron_job(obj),
         "DaemonSet" => apps::default_daemon_set(obj),
         "StatefulSet" => apps::default_stateful_set(obj),
+        "ReplicationController" => apps::default_replication_controller(obj),
         _ => {}
     }
 }

@@ -106,6 +106,9 @@ pub const DEPLOYMENT: ResourceInfo =
     res("apps", "Deployment", "deployments", "deployment", true, &["deploy"], true, true).in_categories(&["all"]);
 pub const REPLICASET: ResourceInfo =
     res("apps", "ReplicaSet", "replicasets", "replicaset", true, &["rs"], true, true).in_categories(&["all"]);
+pub const REPLICATIONCONTROLLER: ResourceInfo =
+    res("", "ReplicationController", "replicationcontrollers", "replicationcontroller", true, &["rc"], true, true)
+        .in_categories(&["all"]);
 pub const LEASE: ResourceInfo = res("coordination.k8s.io", "Lease", "leases", "lease", true, &[], false, false);
 pub const ENDPOINTSLICE: ResourceInfo =
     res("discovery.k8s.io", "EndpointSlice", "endpointslices", "endpointslice", true, &[], false, false);
@@ -127,7 +130,7 @@ pub const CUSTOMRESOURCEDEFINITION: ResourceInfo = res("apiextensions.k8s.io", "
 /// Every resource Shepherd serves, in discovery order.
 pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT, CONFIGMAP, SECRET, SERVICEACCOUNT,
     DEPLOYMENT, REPLICASET, LEASE, ENDPOINTSLICE, PODDISRUPTIONBUDGET, CUSTOMRESOURCEDEFINITION, JOB, CRONJOB,
-    DAEMONSET, STATEFULSET, CONTROLLERREVISION];
+    DAEMONSET, STATEFULSET, CONTROLLERREVISION, REPLICATIONCONTROLLER];
 
 /// The groups Shepherd serves besides core, in discovery order.
 pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy", "apiextensions.k8s.io", "batch"];
@@ -386,7 +389,8 @@ mod tests {
             ("ep", "Endpoints"), ("ev", "Event"), ("ns", "Namespace"), ("lease", "Lease"),
             ("endpointslices", "EndpointSlice"), ("pdb", "PodDisruptionBudget"), ("cm", "ConfigMap"),
             ("secrets", "Secret"), ("sa", "ServiceAccount"), ("jobs.batch", "Job"), ("cj", "CronJob"),
-            ("ds", "DaemonSet"), ("sts", "StatefulSet")] {
+            ("ds", "DaemonSet"), ("sts", "StatefulSet"),
+            ("rc", "ReplicationController")] {
             assert_eq!(resolve(typed).map(|r| r.kind), Some(kind), "{typed}");
         }
         assert!(resolve("widgets").is_none());
@@ -395,7 +399,8 @@ mod tests {
     #[test]
     fn the_all_category_holds_what_kubectl_get_all_shows() {
         let all: Vec<&str> = in_category("all").map(|r| r.plural).collect();
-        assert_eq!(all, ["pods", "services", "deployments", "replicasets", "jobs", "cronjobs", "daemonsets", "statefulsets"]);
+        assert_eq!(all, ["pods", "services", "deployments", "replicasets", "jobs", "cronjobs", "daemonsets", "statefulsets",
+            "replicationcontrollers"]);
     }
 
     fn gadget_definition(short: &str) -> Value {

@@ -345,6 +345,7 @@ fn causes_for(res: &ResourceInfo, obj: &Value, schema: Schema) -> Vec<Cause> {
         "CronJob" => batch::validate_cron_job(obj, &mut c),
         "DaemonSet" => apps::validate_daemon_set(obj, &mut c),
         "StatefulSet" => apps::validate_stateful_set(obj, &mut c),
+        "ReplicationController" => apps::validate_replication_controller(obj, &mut c),
         _ => {}
     }
     c
@@ -575,6 +576,7 @@ fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
         "DaemonSet" => Some(round_trip::<k8s_openapi::api::apps::v1::DaemonSet>(input)),
         "StatefulSet" => Some(round_trip::<k8s_openapi::api::apps::v1::StatefulSet>(input)),
         "ControllerRevision" => Some(round_trip::<k8s_openapi::api::apps::v1::ControllerRevision>(input)),
+        "ReplicationController" => Some(round_trip::<k8s_openapi::api::core::v1::ReplicationController>(input)),
         _ => None,
     })
 }

@@ -88,6 +88,7 @@ const KIND_TYPES: &[KindType] = &[
     typed::<DaemonSet>(),
     typed::<StatefulSet>(),
     typed::<ControllerRevision>(),
+    typed::<k8s_openapi::api::core::v1::ReplicationController>(),
 ];
 
 /// Extensions Kubernetes puts on a field: how strategic merge patch and server-side apply treat it.

@@ -1115,7 +1115,7 @@ fn reset_status_on_create(res: &ResourceInfo, obj: &mut Value) {
             o.insert("status".into(), json!({"phase": "Active"}));
         }
         "Deployment" | "ReplicaSet" | "Service" | "PodDisruptionBudget" | "Job" | "CronJob" | "DaemonSet"
-        | "StatefulSet" => {
+        | "StatefulSet" | "ReplicationController" => {
             o.remove("status");
         }
         _ => {}

@@ -18,7 +18,7 @@ use shepherd_runtime::{Client, Manager, TriggerMode};
 /// Every controller `shepherd` runs, by the name used in flags.
 pub const CONTROLLERS: &[&str] = &["deployment", "replicaset", "endpoints", "endpointslice", "clusterip", "nodelifecycle",
     "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount", "job", "cronjob",
-    "daemonset", "statefulset"];
+    "daemonset", "statefulset", "replicationcontroller"];
 
 /// The scheduler's default workers, after kube-scheduler's default parallelism of 16.
 const SCHEDULER_WORKERS: usize = 16;
@@ -27,7 +27,7 @@ const SCHEDULER_WORKERS: usize = 16;
 pub struct ControllerArgs {
     /// Controllers to run: `all`, `none`, or a comma-separated list of deployment, replicaset,
     /// endpoints, endpointslice, clusterip, nodelifecycle, taint-eviction, disruption,
-    /// garbagecollector, scheduler, job, cronjob, daemonset, statefulset.
+    /// garbagecollector, scheduler, job, cronjob, daemonset, statefulset, replicationcontroller.
     #[arg(long, default_value = "all")]
     pub controllers: String,
     /// Default trigger mode: `hybrid` (events plus periodic resync), `level` (re-list on a
@@ -205,6 +205,9 @@ impl ControllerArgs {
                 }
                 "daemonset" => {
                     manager.add(shepherd_controllers::daemonset::daemonset_controller(client.clone(), manager, &cfg));
+                }
+                "replicationcontroller" => {
+                    manager.add(shepherd_controllers::replicaset::replication_controller(client.clone(), manager, &cfg));
                 }
                 "statefulset" => {
                     manager.add(shepherd_controllers::statefulset::statefulset_controller(client.clone(), manager, &cfg));

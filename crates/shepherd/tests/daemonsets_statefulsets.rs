@@ -241,3 +241,55 @@ async fn kubectl_runs_a_stateful_set_in_order_with_stable_names() {
     let (ok, _, err) = k.run(&["apply", "-f", "-"], Some(&claims));
     assert!(!ok && err.contains("spec.volumeClaimTemplates"), "{err}");
 }
+
+const REPLICATION_CONTROLLER: &str = "
+apiVersion: v1
+kind: ReplicationController
+metadata:
+  name: web
+spec:
+  replicas: 3
+  selector: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: main
+        image: web:1
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_scales_a_replication_controller_and_its_delete_cascades() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Daemon::start("server", dir.path(), &["--in-memory"]);
+    let _sims = Agent::start(&server.url, "sim-", 2, dir.path());
+    let (version, bin) = common::newest_kubectl();
+    let k = Kubectl { bin, url: server.url.clone() };
+
+    k.ok(&["apply", "-f", "-"], Some(REPLICATION_CONTROLLER));
+    let pods = k.wait_for_pods("three pods", Duration::from_secs(30), |p| of_app(p, "web").len() == 3);
+    assert_eq!(names(&pods), ["web-0", "web-1", "web-2"]);
+    k.ok(&["delete", "pod", "web-0", "--wait=false"], None);
+    k.wait_for_pods("web-0 replaced", Duration::from_secs(30), |p| names(p) == ["web-0", "web-1", "web-2"]);
+
+    k.ok(&["scale", "rc", "web", "--replicas=5"], None);
+    k.wait_for_pods("five pods", Duration::from_secs(30), |p| of_app(p, "web").len() == 5);
+    for (v, bin) in kubectls_under_test() {
+        let kv = Kubectl { bin, url: server.url.clone() };
+        let started = Instant::now();
+        let out = loop {
+            let out = kv.ok(&["get", "rc"], None);
+            if row(&out).get(3) == Some(&"5") || started.elapsed() > Duration::from_secs(30) {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(header(&out), ["NAME", "DESIRED", "CURRENT", "READY", "AGE"], "kubectl {v}: {out}");
+        assert_eq!(row(&out)[..4], ["web", "5", "5", "5"], "kubectl {v}: {out}");
+    }
+
+    let out = k.ok(&["delete", "rc", "web"], None);
+    assert!(out.contains("replicationcontroller \"web\" deleted"), "kubectl {version}: {out}");
+    k.wait_for_pods("the cascade", Duration::from_secs(30), |p| of_app(p, "web").is_empty());
+}

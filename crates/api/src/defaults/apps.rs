@@ -1,4 +1,5 @@
-//! Defaults of DaemonSets and StatefulSets (`apps/v1`), as Kubernetes fills them.
+//! Defaults of DaemonSets and StatefulSets (`apps/v1`) and ReplicationControllers (`v1`), as
+//! Kubernetes fills them.
 
 use serde_json::{Map, Value, json};
 
@@ -37,6 +38,28 @@ pub(super) fn default_stateful_set(obj: &mut Value) {
             set_absent(retention, "whenDeleted", json!("Retain"));
             set_absent(retention, "whenScaled", json!("Retain"));
         }
+    }
+    default_template(obj);
+}
+
+/// A ReplicationController without a selector selects its template's labels, and takes them as
+/// its own labels when it has none.
+pub(super) fn default_replication_controller(obj: &mut Value) {
+    let labels = obj.pointer("/spec/template/metadata/labels").filter(|l| l.as_object().is_some_and(|m| !m.is_empty())).cloned();
+    if let Some(labels) = labels {
+        if let Some(spec) = existing_spec(obj)
+            && spec.get("selector").is_none_or(|s| s.as_object().is_none_or(Map::is_empty))
+        {
+            spec.insert("selector".into(), labels.clone());
+        }
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut)
+            && meta.get("labels").is_none_or(|l| l.as_object().is_none_or(Map::is_empty))
+        {
+            meta.insert("labels".into(), labels);
+        }
+    }
+    if let Some(spec) = existing_spec(obj) {
+        set_absent(spec, "replicas", json!(1));
     }
     default_template(obj);
 }

@@ -1,4 +1,5 @@
-//! Validation of DaemonSets and StatefulSets (`apps/v1`), with Kubernetes' field paths and messages.
+//! Validation of DaemonSets and StatefulSets (`apps/v1`) and ReplicationControllers (`v1`), with
+//! Kubernetes' field paths and messages.
 
 use serde_json::Value;
 
@@ -103,6 +104,40 @@ pub(super) fn validate_stateful_set(obj: &Value, c: &mut Vec<Cause>) {
     }
 }
 
+pub(super) fn validate_replication_controller(obj: &Value, c: &mut Vec<Cause>) {
+    let Some(spec) = at(obj, "spec").filter(|s| s.is_object()) else {
+        c.push(Cause::required("spec"));
+        return;
+    };
+    check_min(spec, "replicas", "spec", 0, c);
+    check_min(spec, "minReadySeconds", "spec", 0, c);
+    // An equality-based selector: a map of labels, all of which a pod must carry.
+    let selector = at(spec, "selector").and_then(Value::as_object).filter(|m| !m.is_empty());
+    match selector {
+        None => c.push(Cause::required("spec.selector")),
+        Some(_) => validate_labels(at(spec, "selector"), "spec.selector", c),
+    }
+    let Some(template) = at(spec, "template") else {
+        c.push(Cause::required("spec.template"));
+        return;
+    };
+    validate_labels(at(template, "metadata.labels"), "spec.template.metadata.labels", c);
+    if let Some(sel) = selector {
+        let labels = at(template, "metadata.labels").and_then(Value::as_object);
+        if !sel.iter().all(|(k, v)| labels.is_some_and(|l| l.get(k) == Some(v))) {
+            let shown = at(template, "metadata.labels").cloned().unwrap_or_else(|| Value::Object(Default::default()));
+            c.push(invalid_value("spec.template.metadata.labels", &shown, "`selector` does not match template `labels`"));
+        }
+    }
+    check_unsupported_in_pod_spec(template.get("spec"), "spec.template.spec", c);
+    validate_pod_spec(template.get("spec"), "spec.template.spec", c);
+    if let Some(rp) = str_at(template, "spec.restartPolicy")
+        && rp != "Always"
+    {
+        c.push(unsupported_value("spec.template.spec.restartPolicy", rp, &["Always"]));
+    }
+}
+
 /// The selector is required and must match the template's labels; pods restart always.
 fn validate_selector_and_template(spec: &Value, kind: &str, c: &mut Vec<Cause>) {
     let selector = match at(spec, "selector") {
@@ -174,7 +209,7 @@ mod tests {
     use serde_json::json;
 
     use crate::defaults::apply_defaults;
-    use crate::kinds::{DAEMONSET, STATEFULSET};
+    use crate::kinds::{DAEMONSET, REPLICATIONCONTROLLER, STATEFULSET};
     use crate::validation::{validate, validate_update};
 
     fn stateful_set() -> serde_json::Value {
@@ -271,5 +306,17 @@ mod tests {
         new["spec"]["selector"]["matchLabels"]["tier"] = json!("x");
         new["spec"]["template"]["metadata"]["labels"]["tier"] = json!("x");
         assert_eq!(causes(validate_update(&DAEMONSET, &old, &new).unwrap_err())[0].0, "spec.selector");
+    }
+
+    #[test]
+    fn a_replication_controller_selects_its_template_labels_unless_told_otherwise() {
+        let mut rc = json!({"apiVersion": "v1", "kind": "ReplicationController", "metadata": {"name": "web"},
+            "spec": {"template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "w", "image": "i"}]}}}});
+        apply_defaults(&REPLICATIONCONTROLLER, &mut rc);
+        assert_eq!((&rc["spec"]["selector"], &rc["metadata"]["labels"], &rc["spec"]["replicas"]),
+            (&json!({"app": "web"}), &json!({"app": "web"}), &json!(1)));
+        assert!(validate(&REPLICATIONCONTROLLER, &rc).is_ok());
+        rc["spec"]["selector"] = json!({"app": "db"});
+        assert_eq!(causes(validate(&REPLICATIONCONTROLLER, &rc).unwrap_err())[0].0, "spec.template.metadata.labels");
     }
 }
