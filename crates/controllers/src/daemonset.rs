@@ -12,7 +12,8 @@
 //! Kubernetes did before 1.12: the scheduler here refuses not-ready and cordoned nodes outright
 //! (not through taints a pod could tolerate), the controller already decided which node the pod
 //! belongs to, and a joining node gets its pod without a second hop. The template's hash is the
-//! `controller-revision-hash` label of each pod; it tells updated pods from old ones.
+//! `controller-revision-hash` label of each pod, telling updated pods from old ones, and each
+//! template is recorded as the ControllerRevision `<set>-<hash>` for `kubectl rollout history|undo`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -31,11 +32,10 @@ use tokio::time::Instant;
 use crate::config::ControllerConfig;
 use crate::deployment::pod_template_hash;
 use crate::events::{EventRecorder, EventType};
+use crate::history::{History, REVISION_LABEL};
 use crate::podutil;
 use crate::scheduler::fit::{Effect, NodeSummary, PodNeeds};
 
-/// The label naming the template revision a daemon or stateful pod was made from.
-pub const REVISION_LABEL: &str = "controller-revision-hash";
 /// How long a create or delete may go unseen by the pod cache before it stops counting.
 const EXPECTATION_TTL: Duration = Duration::from_secs(60);
 
@@ -59,6 +59,7 @@ pub fn daemonset_controller(client: Arc<dyn Client>, manager: &Manager, config: 
         pods: manager.informers().cache(&kinds::POD),
         nodes: manager.informers().cache(&kinds::NODE),
         daemonsets: daemonsets.clone(),
+        revisions: manager.informers().cache(&kinds::CONTROLLERREVISION),
         expectations: Mutex::default(),
     };
     Controller::new("daemonset", &kinds::DAEMONSET, reconciler)
@@ -91,6 +92,7 @@ struct DaemonSetReconciler {
     pods: Arc<Cache>,
     nodes: Arc<Cache>,
     daemonsets: Arc<Cache>,
+    revisions: Arc<Cache>,
     events: EventRecorder,
     /// By DaemonSet key; one worker reconciles a key at a time, so each entry has one writer.
     expectations: Mutex<HashMap<String, Expectations>>,
@@ -157,6 +159,8 @@ impl DaemonSetReconciler {
             self.pods.by_controller_uid(podutil::uid(ds)).into_iter().filter(|p| selector.matches_object(p)).collect();
         if !podutil::is_deleting(ds) {
             owned.extend(self.adopt_orphans(ds, &selector).await?);
+            let history = History { client: &self.client, revisions: &self.revisions, owner: ds, owner_kind: &kinds::DAEMONSET };
+            history.record(&format!("{}-{hash}", podutil::name(ds)), &hash, &template, &[], &owned).await?;
         }
         let (pending, deleting): (HashSet<String>, HashSet<String>) = {
             let mut all = self.lock();

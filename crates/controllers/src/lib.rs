@@ -10,6 +10,7 @@ pub mod endpointslice;
 pub mod events;
 pub mod eventttl;
 pub mod gc;
+pub mod history;
 pub mod job;
 pub mod nodelifecycle;
 pub mod podutil;

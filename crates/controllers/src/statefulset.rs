@@ -22,9 +22,9 @@ use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager,
 use tokio::time::Instant;
 
 use crate::config::ControllerConfig;
-use crate::daemonset::REVISION_LABEL;
 use crate::deployment::pod_template_hash;
 use crate::events::{EventRecorder, EventType};
+use crate::history::{History, REVISION_LABEL};
 use crate::podutil;
 
 /// The label carrying a stateful pod's own name, so a Service can select exactly one pod.
@@ -123,14 +123,16 @@ impl StatefulSetReconciler {
             .filter(|r| !r.is_empty())
             .unwrap_or(&update_revision)
             .to_string();
+        let history = History { client: &self.client, revisions: &self.revisions, owner: set, owner_kind: &kinds::STATEFULSET };
         if !podutil::is_deleting(set) {
-            self.record_revision(set, &update_revision, &update_template).await?;
+            let hash = update_revision.rsplit('-').next().unwrap_or("");
+            let keep = [current_revision.as_str()];
+            history.record(&update_revision, hash, &update_template, &keep, &self.pods.by_controller_uid(podutil::uid(set))).await?;
         }
         let current_template = if current_revision == update_revision {
             update_template.clone()
         } else {
-            let ns = podutil::namespace(set).unwrap_or("default");
-            match self.revisions.get(&format!("{ns}/{current_revision}")) {
+            match history.get(&current_revision) {
                 Some(rev) => rev.at("/data/spec/template").cloned().unwrap_or_else(|| update_template.clone()),
                 // Its record is gone: nothing to go back to, so everything moves to the update.
                 None => update_template.clone(),
@@ -289,59 +291,6 @@ impl StatefulSetReconciler {
                 false
             }
         }
-    }
-
-    /// Records `template` as the ControllerRevision `name`, once.
-    async fn record_revision(&self, set: &Value, name: &str, template: &Value) -> Result<(), ApiError> {
-        let ns = podutil::namespace(set).unwrap_or("default");
-        if self.revisions.get(&format!("{ns}/{name}")).is_some() {
-            return Ok(());
-        }
-        let owned = self.revisions.by_controller_uid(podutil::uid(set));
-        let number = owned.iter().filter_map(|r| r.at("/revision").and_then(Value::as_i64)).max().unwrap_or(0) + 1;
-        let mut labels = set.at("/spec/selector/matchLabels").and_then(Value::as_object).cloned().unwrap_or_default();
-        labels.insert(REVISION_LABEL.into(), json!(name.rsplit('-').next().unwrap_or("")));
-        let revision = json!({
-            "apiVersion": "apps/v1", "kind": "ControllerRevision",
-            "metadata": {"name": name, "namespace": ns, "labels": labels,
-                "ownerReferences": [podutil::owner_reference_to(set, &kinds::STATEFULSET)]},
-            "data": {"spec": {"template": template}},
-            "revision": number,
-        });
-        match self.client.create(&kinds::CONTROLLERREVISION, Some(ns), revision).await {
-            Ok(_) => {}
-            Err(e) if e.is_already_exists() => {}
-            Err(e) => return Err(e),
-        }
-        self.prune_revisions(set, &owned, name).await
-    }
-
-    /// Keeps `revisionHistoryLimit` revisions besides the current and update ones, dropping the
-    /// oldest that no pod is at.
-    async fn prune_revisions(&self, set: &Value, owned: &[Arc<Value>], update: &str) -> Result<(), ApiError> {
-        let limit = set.at("/spec/revisionHistoryLimit").and_then(Value::as_u64).unwrap_or(10) as usize;
-        let current = podutil::str_at(set, "/status/currentRevision").unwrap_or("");
-        let in_use: HashSet<String> =
-            self.pods.by_controller_uid(podutil::uid(set)).iter().filter_map(|p| revision(p).map(str::to_string)).collect();
-        let mut old: Vec<&Arc<Value>> = owned
-            .iter()
-            .filter(|r| {
-                let n = podutil::name(r);
-                n != update && n != current && !in_use.contains(n)
-            })
-            .collect();
-        if old.len() <= limit {
-            return Ok(());
-        }
-        old.sort_by_key(|r| r.at("/revision").and_then(Value::as_i64).unwrap_or(0));
-        for r in &old[..old.len() - limit] {
-            match self.client.delete(&kinds::CONTROLLERREVISION, podutil::namespace(r), podutil::name(r), &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
     }
 
     async fn create_pod(&self, key: &str, set: &Value, ord: u64, template: &Value, revision: &str) -> Result<(), Error> {

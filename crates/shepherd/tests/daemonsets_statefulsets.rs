@@ -186,6 +186,17 @@ async fn kubectl_runs_a_daemon_set_on_every_node_and_rolls_it_out() {
     });
     assert_eq!(of_app(&pods, "agent").len(), 4);
 
+    let out = k.ok(&["rollout", "history", "ds/agent"], None);
+    let revisions: Vec<&str> = out.lines().skip(2).filter_map(|l| l.split_whitespace().next()).collect();
+    assert_eq!(revisions, ["1", "2"], "kubectl {version}: {out}");
+    k.ok(&["rollout", "undo", "ds/agent"], None);
+    let out = k.ok(&["rollout", "status", "ds/agent", "--timeout=60s"], None);
+    assert!(out.contains("successfully rolled out"), "kubectl {version}: {out}");
+    k.wait_for_pods("every pod back at the first image", Duration::from_secs(30), |p| {
+        let ours = of_app(p, "agent");
+        ours.len() == 4 && ours.iter().all(|p| p["spec"]["containers"][0]["image"] == "agent:1")
+    });
+
     let changed = DAEMON_SET.replace("{app: agent}", "{app: agent, tier: node}");
     let (ok, _, err) = k.run(&["apply", "-f", "-"], Some(&changed));
     assert!(!ok && err.contains("spec.selector") && err.contains("field is immutable"), "{err}");
@@ -227,6 +238,17 @@ async fn kubectl_runs_a_stateful_set_in_order_with_stable_names() {
         ours.len() == 3 && ours.iter().all(|p| p["spec"]["containers"][0]["image"] == "web:2")
     });
     assert_eq!(names(&pods), ["web-0", "web-1", "web-2"]);
+    let out = k.ok(&["rollout", "history", "sts/web"], None);
+    let revisions: Vec<&str> = out.lines().skip(2).filter_map(|l| l.split_whitespace().next()).collect();
+    assert_eq!(revisions, ["1", "2"], "kubectl {version}: {out}");
+    let before: Vec<Value> = pods.iter().map(|p| p["metadata"]["uid"].clone()).collect();
+    k.ok(&["rollout", "restart", "sts/web"], None);
+    let out = k.ok(&["rollout", "status", "sts/web", "--timeout=60s"], None);
+    assert!(out.contains("complete"), "kubectl {version}: {out}");
+    k.wait_for_pods("every pod restarted", Duration::from_secs(30), |p| {
+        let ours = of_app(p, "web");
+        ours.len() == 3 && ours.iter().all(|p| !before.contains(&p["metadata"]["uid"]))
+    });
 
     k.ok(&["scale", "sts/web", "--replicas=1"], None);
     k.wait_for_pods("scale down to web-0", Duration::from_secs(30), |p| names(&of_app(p, "web").into_iter().cloned().collect::<Vec<_>>()) == ["web-0"]);
@@ -270,8 +292,13 @@ async fn kubectl_scales_a_replication_controller_and_its_delete_cascades() {
     k.ok(&["apply", "-f", "-"], Some(REPLICATION_CONTROLLER));
     let pods = k.wait_for_pods("three pods", Duration::from_secs(30), |p| of_app(p, "web").len() == 3);
     assert_eq!(names(&pods), ["web-0", "web-1", "web-2"]);
+    let victim = pods.iter().find(|p| p["metadata"]["name"] == "web-0").map(|p| p["metadata"]["uid"].clone()).expect("web-0");
     k.ok(&["delete", "pod", "web-0", "--wait=false"], None);
-    k.wait_for_pods("web-0 replaced", Duration::from_secs(30), |p| names(p) == ["web-0", "web-1", "web-2"]);
+    // The replacement takes the lowest name free at that moment: web-0 again once the old one is gone.
+    k.wait_for_pods("web-0 replaced", Duration::from_secs(30), |p| {
+        let ours = of_app(p, "web");
+        ours.len() == 3 && ours.iter().all(|p| p["metadata"]["uid"] != victim)
+    });
 
     k.ok(&["scale", "rc", "web", "--replicas=5"], None);
     k.wait_for_pods("five pods", Duration::from_secs(30), |p| of_app(p, "web").len() == 5);
