@@ -204,3 +204,24 @@ async fn on_delete_replaces_only_the_pods_a_user_deletes() {
     assert_eq!(status(&client, "agent").await["updatedNumberScheduled"], 1);
     controllers.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_node_selector_limits_the_pods_and_a_node_labelled_later_gets_one() {
+    let client = api().await;
+    for n in ["n1", "n2"] {
+        node(&client, n, json!([])).await;
+    }
+    client.patch(&kinds::NODE, None, "n1", Patch::Merge(json!({"metadata": {"labels": {"disk": "ssd"}}}))).await.unwrap();
+    let controllers = daemonset_controller_only(&client);
+    let mut ds = daemon_set("agent", "agent:1", Value::Null);
+    ds["spec"]["template"]["spec"]["nodeSelector"] = json!({"disk": "ssd"});
+    client.create(&kinds::DAEMONSET, Some("default"), ds).await.unwrap();
+    let one = wait_until(Duration::from_secs(5), || async { status(&client, "agent").await["currentNumberScheduled"] == 1 }).await;
+    assert!(one.is_some(), "{}", status(&client, "agent").await);
+    assert_eq!(pods_by_node(&client).await.keys().collect::<Vec<_>>(), ["n1"]);
+
+    client.patch(&kinds::NODE, None, "n2", Patch::Merge(json!({"metadata": {"labels": {"disk": "ssd"}}}))).await.unwrap();
+    let two = wait_until(Duration::from_secs(5), || async { pods_by_node(&client).await.contains_key("n2") }).await;
+    assert!(two.is_some_and(|t| t < Duration::from_secs(1)), "the newly labelled node got its pod after {two:?}");
+    controllers.stop().await;
+}

@@ -206,3 +206,21 @@ async fn ordered_pods_wait_for_the_previous_pod_to_become_ready() {
     assert!(next.is_some(), "db-1 did not follow once db-0 was ready");
     controllers.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_next_pod_waits_min_ready_seconds_after_the_previous_is_ready() {
+    let client = api().await;
+    let (history, recorder) = record_history(client.clone());
+    let controllers = statefulset_controller_only(&client);
+    let kubelet = kubelet(client.clone(), Duration::from_secs(1));
+    client.create(&kinds::STATEFULSET, Some("default"), stateful_set("web", 2, json!({"minReadySeconds": 10}))).await.unwrap();
+    let up = wait_until(Duration::from_secs(60), || async { status(&client, "web").await["availableReplicas"] == 2 }).await;
+    assert!(up.is_some(), "{}", status(&client, "web").await);
+    let created = history.lock().unwrap().created.clone();
+    let gap = created[1].1.duration_since(created[0].1);
+    // One second to ready, ten more to available; timestamps have whole seconds.
+    assert!(gap >= Duration::from_secs(10), "web-1 started {gap:?} after web-0");
+    recorder.abort();
+    kubelet.abort();
+    controllers.stop().await;
+}
