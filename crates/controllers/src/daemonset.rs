@@ -173,11 +173,18 @@ impl DaemonSetReconciler {
         let needs = PodNeeds::of(&probe);
         let mut by_node: BTreeMap<String, Vec<Arc<Value>>> = BTreeMap::new();
         let mut failed = Vec::new();
+        // Nodes where a pod of ours is on its way out: pods share the node's network, so its
+        // replacement waits for it to be gone, as Kubernetes' daemon pods do.
+        let mut terminating: HashSet<String> = HashSet::new();
         for pod in owned {
+            let node = podutil::str_at(&pod, "/spec/nodeName").unwrap_or("").to_string();
             if podutil::phase(&pod) == "Failed" && !podutil::is_deleting(&pod) {
+                terminating.insert(node);
                 failed.push(pod);
-            } else if podutil::is_active(&pod) && !deleting.contains(podutil::uid(&pod)) {
-                by_node.entry(podutil::str_at(&pod, "/spec/nodeName").unwrap_or("").to_string()).or_default().push(pod);
+            } else if podutil::is_deleting(&pod) || deleting.contains(podutil::uid(&pod)) {
+                terminating.insert(node);
+            } else if podutil::is_active(&pod) {
+                by_node.entry(node).or_default().push(pod);
             }
         }
         let mut plans: Vec<NodePlan> = Vec::new();
@@ -214,7 +221,8 @@ impl DaemonSetReconciler {
             }
         };
         if !podutil::is_deleting(ds) {
-            plan_nodes(ds, &plans, &hash, &pending, &mut available, &mut changes);
+            let waiting: HashSet<String> = pending.union(&terminating).cloned().collect();
+            plan_nodes(ds, &plans, &hash, &waiting, &mut available, &mut changes);
         }
         let status = compute_status(ds, &plans, &hash, &mut available);
 
@@ -335,7 +343,8 @@ fn scaled(v: Option<&Value>, total: usize) -> usize {
 }
 
 /// Decides the creates and deletes: missing pods, misscheduled and duplicate pods, and the
-/// rolling update's next step.
+/// rolling update's next step. Nodes in `pending` (a create not yet seen, or an old pod still
+/// terminating) get nothing new now and count as unavailable.
 fn plan_nodes(
     ds: &Value,
     plans: &[NodePlan],

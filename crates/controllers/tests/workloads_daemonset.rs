@@ -12,12 +12,31 @@ use serde_json::{Value, json};
 use shepherd_api::kinds;
 use shepherd_controllers::daemonset::daemonset_controller;
 use shepherd_controllers::podutil;
-use shepherd_runtime::{Client, Manager, Patch};
+use futures::StreamExt;
+use shepherd_runtime::{Client, DeleteParams, ListParams, Manager, Patch, WatchEvent};
 use workloads_support::*;
 
+/// The DaemonSet controller, and a kubelet that finishes every pod deletion after half a second
+/// (daemon pods are bound, so their deletion waits for their node).
 fn daemonset_controller_only(client: &Arc<dyn Client>) -> Running {
     let manager = Manager::new(client.clone());
     manager.add(daemonset_controller(client.clone(), &manager, &config()).shutdown_grace(Duration::from_millis(100)));
+    let kubelet = client.clone();
+    tokio::spawn(async move {
+        let Ok(mut events) = kubelet.watch(&kinds::POD, &ListParams::default(), 0).await else { return };
+        while let Some(Ok(event)) = events.next().await {
+            let WatchEvent::Modified(pod) = event else { continue };
+            if !podutil::is_deleting(&pod) {
+                continue;
+            }
+            let (client, name, uid) = (kubelet.clone(), podutil::name(&pod).to_string(), podutil::uid(&pod).to_string());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let now = DeleteParams { grace_period_seconds: Some(0), precondition_uid: Some(uid), ..Default::default() };
+                let _ = client.delete(&kinds::POD, Some("default"), &name, &now).await;
+            });
+        }
+    });
     manager.spawn()
 }
 
@@ -132,8 +151,12 @@ async fn an_update_rolls_one_node_at_a_time() {
     assert!(ready.is_some(), "{}", status(&client, "agent").await);
 
     set_image(&client, "agent", "agent:2").await;
-    let (fewest_ready, most_replaced_at_once) = (Cell::new(3), Cell::new(0));
+    let (fewest_ready, most_replaced_at_once, overlapped) = (Cell::new(3), Cell::new(0), Cell::new(false));
     let done = wait_until(Duration::from_secs(60), || async {
+        let all = pods(&client).await;
+        let on = |p: &Value, n: &str| podutil::str_at(p, "/spec/nodeName") == Some(n);
+        let leaving: Vec<&str> = all.iter().filter(|p| podutil::is_deleting(p)).filter_map(|p| podutil::str_at(p, "/spec/nodeName")).collect();
+        overlapped.set(overlapped.get() || leaving.iter().any(|n| all.iter().any(|p| on(p, n) && podutil::is_active(p))));
         let by_node = pods_by_node(&client).await;
         let ready = by_node.values().filter(|ps| ps.iter().any(podutil::is_ready)).count();
         let replacing = by_node.values().filter(|ps| ps.iter().all(|p| image(p) == "agent:2" && !podutil::is_ready(p))).count()
@@ -147,6 +170,7 @@ async fn an_update_rolls_one_node_at_a_time() {
     assert!(done.is_some(), "the update did not finish: {}", status(&client, "agent").await);
     assert_eq!(fewest_ready.get(), 2, "more than one node was without a ready pod at once (or none ever was)");
     assert_eq!(most_replaced_at_once.get(), 1);
+    assert!(!overlapped.get(), "a replacement started while the old pod on its node was still terminating");
     // Each node waited for the previous one: three starts of two seconds in sequence.
     assert!(done.is_some_and(|t| t >= Duration::from_secs(6)), "finished in {done:?}");
     kubelet.abort();
