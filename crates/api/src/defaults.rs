@@ -7,6 +7,7 @@ use serde_json::{Map, Value, json};
 
 use crate::kinds::ResourceInfo;
 
+mod apps;
 pub mod batch;
 
 /// Fills the defaults of an object of kind `res` in place. Shapes it does not expect (a string
@@ -63,6 +64,9 @@ pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
         }
         "Job" => batch::default_job(obj),
         "CronJob" => batch::default_cron_job(obj),
+        "DaemonSet" => apps::default_daemon_set(obj),
+        "StatefulSet" => apps::default_stateful_set(obj),
+        "ReplicationController" => apps::default_replication_controller(obj),
         _ => {}
     }
 }

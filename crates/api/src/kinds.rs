@@ -106,6 +106,9 @@ pub const DEPLOYMENT: ResourceInfo =
     res("apps", "Deployment", "deployments", "deployment", true, &["deploy"], true, true).in_categories(&["all"]);
 pub const REPLICASET: ResourceInfo =
     res("apps", "ReplicaSet", "replicasets", "replicaset", true, &["rs"], true, true).in_categories(&["all"]);
+pub const REPLICATIONCONTROLLER: ResourceInfo =
+    res("", "ReplicationController", "replicationcontrollers", "replicationcontroller", true, &["rc"], true, true)
+        .in_categories(&["all"]);
 pub const LEASE: ResourceInfo = res("coordination.k8s.io", "Lease", "leases", "lease", true, &[], false, false);
 pub const ENDPOINTSLICE: ResourceInfo =
     res("discovery.k8s.io", "EndpointSlice", "endpointslices", "endpointslice", true, &[], false, false);
@@ -114,13 +117,20 @@ pub const PODDISRUPTIONBUDGET: ResourceInfo =
 pub const JOB: ResourceInfo = res("batch", "Job", "jobs", "job", true, &[], true, false).in_categories(&["all"]);
 pub const CRONJOB: ResourceInfo =
     res("batch", "CronJob", "cronjobs", "cronjob", true, &["cj"], true, false).in_categories(&["all"]);
+pub const DAEMONSET: ResourceInfo =
+    res("apps", "DaemonSet", "daemonsets", "daemonset", true, &["ds"], true, false).in_categories(&["all"]);
+pub const STATEFULSET: ResourceInfo =
+    res("apps", "StatefulSet", "statefulsets", "statefulset", true, &["sts"], true, true).in_categories(&["all"]);
+pub const CONTROLLERREVISION: ResourceInfo =
+    res("apps", "ControllerRevision", "controllerrevisions", "controllerrevision", true, &[], false, false);
 pub const CUSTOMRESOURCEDEFINITION: ResourceInfo = res("apiextensions.k8s.io", "CustomResourceDefinition",
     "customresourcedefinitions", "customresourcedefinition", false, &["crd", "crds"], true, false)
     .in_categories(&["api-extensions"]);
 
 /// Every resource Shepherd serves, in discovery order.
 pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT, CONFIGMAP, SECRET, SERVICEACCOUNT,
-    DEPLOYMENT, REPLICASET, LEASE, ENDPOINTSLICE, PODDISRUPTIONBUDGET, CUSTOMRESOURCEDEFINITION, JOB, CRONJOB];
+    DEPLOYMENT, REPLICASET, LEASE, ENDPOINTSLICE, PODDISRUPTIONBUDGET, CUSTOMRESOURCEDEFINITION, JOB, CRONJOB,
+    DAEMONSET, STATEFULSET, CONTROLLERREVISION, REPLICATIONCONTROLLER];
 
 /// The groups Shepherd serves besides core, in discovery order.
 pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy", "apiextensions.k8s.io", "batch"];
@@ -378,7 +388,9 @@ mod tests {
             ("deployments.apps", "Deployment"), ("rs", "ReplicaSet"), ("svc", "Service"), ("no", "Node"),
             ("ep", "Endpoints"), ("ev", "Event"), ("ns", "Namespace"), ("lease", "Lease"),
             ("endpointslices", "EndpointSlice"), ("pdb", "PodDisruptionBudget"), ("cm", "ConfigMap"),
-            ("secrets", "Secret"), ("sa", "ServiceAccount"), ("jobs.batch", "Job"), ("cj", "CronJob")] {
+            ("secrets", "Secret"), ("sa", "ServiceAccount"), ("jobs.batch", "Job"), ("cj", "CronJob"),
+            ("ds", "DaemonSet"), ("sts", "StatefulSet"),
+            ("rc", "ReplicationController")] {
             assert_eq!(resolve(typed).map(|r| r.kind), Some(kind), "{typed}");
         }
         assert!(resolve("widgets").is_none());
@@ -387,7 +399,8 @@ mod tests {
     #[test]
     fn the_all_category_holds_what_kubectl_get_all_shows() {
         let all: Vec<&str> = in_category("all").map(|r| r.plural).collect();
-        assert_eq!(all, ["pods", "services", "deployments", "replicasets", "jobs", "cronjobs"]);
+        assert_eq!(all, ["pods", "services", "deployments", "replicasets", "jobs", "cronjobs", "daemonsets", "statefulsets",
+            "replicationcontrollers"]);
     }
 
     fn gadget_definition(short: &str) -> Value {

@@ -20,6 +20,7 @@ use crate::quantity::Quantity;
 use crate::selector::LabelSelector;
 use crate::volume_validation;
 
+mod apps;
 mod batch;
 
 /// Where in an object an unsupported field sits.
@@ -284,6 +285,8 @@ pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: 
         }
         "ConfigMap" | "Secret" => crate::config_validation::validate_config_update(res.kind, old, new, &mut c),
         "Job" => batch::validate_job_update(old, new, &mut c),
+        "DaemonSet" => apps::validate_daemon_set_update(old, new, &mut c),
+        "StatefulSet" => apps::validate_stateful_set_update(old, new, &mut c),
         "Service" => {
             let stored = str_at(old, "spec.clusterIP").unwrap_or("");
             let sent = str_at(new, "spec.clusterIP").unwrap_or("");
@@ -337,6 +340,9 @@ fn causes_for(res: &ResourceInfo, obj: &Value, schema: Schema) -> Vec<Cause> {
         "Secret" => crate::config_validation::validate_secret(obj, &mut c),
         "Job" => batch::validate_job(obj, &mut c),
         "CronJob" => batch::validate_cron_job(obj, &mut c),
+        "DaemonSet" => apps::validate_daemon_set(obj, &mut c),
+        "StatefulSet" => apps::validate_stateful_set(obj, &mut c),
+        "ReplicationController" => apps::validate_replication_controller(obj, &mut c),
         _ => {}
     }
     c
@@ -564,6 +570,10 @@ fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
         "CustomResourceDefinition" if res.group == "apiextensions.k8s.io" => Some(round_trip::<CustomResourceDefinition>(input)),
         "Job" => Some(round_trip::<k8s_openapi::api::batch::v1::Job>(input)),
         "CronJob" => Some(round_trip::<k8s_openapi::api::batch::v1::CronJob>(input)),
+        "DaemonSet" => Some(round_trip::<k8s_openapi::api::apps::v1::DaemonSet>(input)),
+        "StatefulSet" => Some(round_trip::<k8s_openapi::api::apps::v1::StatefulSet>(input)),
+        "ControllerRevision" => Some(round_trip::<k8s_openapi::api::apps::v1::ControllerRevision>(input)),
+        "ReplicationController" => Some(round_trip::<k8s_openapi::api::core::v1::ReplicationController>(input)),
         _ => None,
     })
 }

@@ -903,7 +903,9 @@ fn scale_of(res: &ResourceInfo, obj: &Value) -> Value {
     if let Some(scale) = crate::crd::scale_view(res, obj) {
         return scale;
     }
-    let selector = obj.at("/spec/selector/matchLabels").and_then(Value::as_object).map(|m| {
+    // A ReplicationController's selector is the label map itself.
+    let labels = obj.at("/spec/selector/matchLabels").or_else(|| obj.at("/spec/selector").filter(|_| res.kind == "ReplicationController"));
+    let selector = labels.and_then(Value::as_object).map(|m| {
         m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(",")
     });
     let replicas = |p: &str| obj.at(p).and_then(Value::as_i64).unwrap_or(0);

@@ -22,7 +22,7 @@ use axum::body::Body;
 use axum::extract::{Path, Query};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::autoscaling::v1::Scale;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -85,6 +85,10 @@ const KIND_TYPES: &[KindType] = &[
     typed::<CustomResourceDefinition>(),
     typed::<Job>(),
     typed::<CronJob>(),
+    typed::<DaemonSet>(),
+    typed::<StatefulSet>(),
+    typed::<ControllerRevision>(),
+    typed::<k8s_openapi::api::core::v1::ReplicationController>(),
 ];
 
 /// Extensions Kubernetes puts on a field: how strategic merge patch and server-side apply treat it.

@@ -1114,7 +1114,8 @@ fn reset_status_on_create(res: &ResourceInfo, obj: &mut Value) {
         "Namespace" => {
             o.insert("status".into(), json!({"phase": "Active"}));
         }
-        "Deployment" | "ReplicaSet" | "Service" | "PodDisruptionBudget" | "Job" | "CronJob" => {
+        "Deployment" | "ReplicaSet" | "Service" | "PodDisruptionBudget" | "Job" | "CronJob" | "DaemonSet"
+        | "StatefulSet" | "ReplicationController" => {
             o.remove("status");
         }
         _ => {}

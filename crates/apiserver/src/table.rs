@@ -224,7 +224,7 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
             ("IP", "string", 1), ("Node", "string", 1)],
         "Deployment" => vec![name, ("Ready", "string", 0), ("Up-to-date", "integer", 0), ("Available", "integer", 0), age,
             ("Containers", "string", 1), ("Images", "string", 1), ("Selector", "string", 1)],
-        "ReplicaSet" => vec![name, ("Desired", "integer", 0), ("Current", "integer", 0), ("Ready", "integer", 0), age,
+        "ReplicaSet" | "ReplicationController" => vec![name, ("Desired", "integer", 0), ("Current", "integer", 0), ("Ready", "integer", 0), age,
             ("Containers", "string", 1), ("Images", "string", 1), ("Selector", "string", 1)],
         "Node" => vec![name, ("Status", "string", 0), ("Roles", "string", 0), age, ("Version", "string", 0),
             ("Internal-IP", "string", 1), ("OS-Image", "string", 1)],
@@ -247,6 +247,11 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
         "CronJob" => vec![name, ("Schedule", "string", 0), ("Timezone", "string", 0), ("Suspend", "boolean", 0),
             ("Active", "integer", 0), ("Last Schedule", "string", 0), age, ("Containers", "string", 1),
             ("Images", "string", 1), ("Selector", "string", 1)],
+        "DaemonSet" => vec![name, ("Desired", "integer", 0), ("Current", "integer", 0), ("Ready", "integer", 0),
+            ("Up-to-date", "integer", 0), ("Available", "integer", 0), ("Node Selector", "string", 0), age,
+            ("Containers", "string", 1), ("Images", "string", 1), ("Selector", "string", 1)],
+        "StatefulSet" => vec![name, ("Ready", "string", 0), age, ("Containers", "string", 1), ("Images", "string", 1)],
+        "ControllerRevision" => vec![name, ("Controller", "string", 0), ("Revision", "integer", 0), age],
         _ => vec![name, age],
     }
 }
@@ -261,7 +266,7 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
             json!(i(o, "/status/updatedReplicas")), json!(i(o, "/status/availableReplicas")), created,
             json!(containers(o, "/spec/template/spec/containers", "/name")),
             json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
-        "ReplicaSet" => vec![name, json!(i(o, "/spec/replicas")), json!(i(o, "/status/replicas")),
+        "ReplicaSet" | "ReplicationController" => vec![name, json!(i(o, "/spec/replicas")), json!(i(o, "/status/replicas")),
             json!(i(o, "/status/readyReplicas")), created,
             json!(containers(o, "/spec/template/spec/containers", "/name")),
             json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
@@ -307,8 +312,38 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
                 json!(containers(o, template, "/name")), json!(containers(o, template, "/image")),
                 json!("<none>")]
         }
+        "DaemonSet" => vec![name, json!(i(o, "/status/desiredNumberScheduled")), json!(i(o, "/status/currentNumberScheduled")),
+            json!(i(o, "/status/numberReady")), json!(i(o, "/status/updatedNumberScheduled")),
+            json!(i(o, "/status/numberAvailable")), json!(node_selector(o)), created,
+            json!(containers(o, "/spec/template/spec/containers", "/name")),
+            json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
+        "StatefulSet" => vec![name, json!(format!("{}/{}", i(o, "/status/readyReplicas"), i(o, "/spec/replicas"))), created,
+            json!(containers(o, "/spec/template/spec/containers", "/name")),
+            json!(containers(o, "/spec/template/spec/containers", "/image"))],
+        "ControllerRevision" => {
+            let controller = o.at("/metadata/ownerReferences").and_then(Value::as_array)
+                .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
+                .map(|r| {
+                    let group = s(r, "/apiVersion").split_once('/').map_or("", |(g, _)| g);
+                    let kind = s(r, "/kind").to_ascii_lowercase();
+                    let kind = if group.is_empty() { kind } else { format!("{kind}.{group}") };
+                    format!("{kind}/{}", s(r, "/name"))
+                })
+                .unwrap_or_else(|| "<none>".into());
+            vec![name, json!(controller), json!(i(o, "/revision")), created]
+        }
         _ => vec![name, created],
     }
+}
+
+/// A DaemonSet's template `nodeSelector` as `k=v,...` in key order, `<none>` when empty.
+fn node_selector(ds: &Value) -> String {
+    let Some(m) = ds.at("/spec/template/spec/nodeSelector").and_then(Value::as_object).filter(|m| !m.is_empty()) else {
+        return "<none>".into();
+    };
+    let mut pairs: Vec<String> = m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect();
+    pairs.sort();
+    pairs.join(",")
 }
 
 /// A `meta.k8s.io/v1` Table of `objects`; each row carries the object's metadata, so kubectl can

@@ -94,7 +94,7 @@ async fn what_is_not_served_answers_404_not_found_and_writes_nothing() {
         "/apis/widgets.example.com/v1",
         "/apis/widgets.example.com/v1/namespaces/default/widgets",
         "/apis/apps/v2/deployments",
-        "/apis/apps/v1/namespaces/default/statefulsets",
+        "/apis/apps/v1/namespaces/default/replicationcontrollers",
         "/api/v1/namespaces/default/pods/web/bogus",
         "/api/v1/namespaces/default/nodes",
         "/nonsense",

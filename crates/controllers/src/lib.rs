@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod cronjob;
+pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
@@ -9,6 +10,7 @@ pub mod endpointslice;
 pub mod events;
 pub mod eventttl;
 pub mod gc;
+pub mod history;
 pub mod job;
 pub mod nodeipam;
 pub mod nodelifecycle;
@@ -16,6 +18,7 @@ pub mod podutil;
 pub mod replicaset;
 pub mod scheduler;
 pub mod serviceaccount;
+pub mod statefulset;
 pub mod taintmanager;
 
 pub use config::ControllerConfig;

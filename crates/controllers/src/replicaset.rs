@@ -1,5 +1,6 @@
 //! The ReplicaSet controller: keeps `spec.replicas` active pods, named `<owner>-<ordinal>`, per
-//! ReplicaSet, adopting matching orphans and releasing pods whose labels stop matching.
+//! ReplicaSet, adopting matching orphans and releasing pods whose labels stop matching. The same
+//! reconciler runs ReplicationControllers (core `v1`), whose selector is a plain label map.
 //!
 //! Pods are named after the Deployment that owns the ReplicaSet (else the ReplicaSet itself) with
 //! the lowest ordinal no pod in the namespace uses, so the seed's Deployment `web` runs `web-0`,
@@ -15,7 +16,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::selector::LabelSelector;
-use shepherd_api::{ApiError, kinds};
+use shepherd_api::{ApiError, ResourceInfo, kinds};
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Reconciler};
@@ -36,15 +37,31 @@ const EXPECTATION_TTL: Duration = Duration::from_secs(60);
 
 /// Builds the ReplicaSet controller. It reads pods and ReplicaSets from the manager's shared caches.
 pub fn replicaset_controller(client: Arc<dyn Client>, manager: &Manager, config: &ControllerConfig) -> Controller {
-    let replicasets = manager.informers().cache(&kinds::REPLICASET);
+    replica_controller(client, manager, config, &kinds::REPLICASET, "replicaset")
+}
+
+/// Builds the ReplicationController controller: the ReplicaSet controller over `v1` ReplicationControllers.
+pub fn replication_controller(client: Arc<dyn Client>, manager: &Manager, config: &ControllerConfig) -> Controller {
+    replica_controller(client, manager, config, &kinds::REPLICATIONCONTROLLER, "replication")
+}
+
+fn replica_controller(
+    client: Arc<dyn Client>,
+    manager: &Manager,
+    config: &ControllerConfig,
+    kind: &'static ResourceInfo,
+    name: &str,
+) -> Controller {
+    let replicasets = manager.informers().cache(kind);
     let reconciler = ReplicaSetReconciler {
-        events: EventRecorder::new(client.clone(), "replicaset-controller"),
+        events: EventRecorder::new(client.clone(), format!("{name}-controller")),
         client,
+        kind,
         pods: manager.informers().cache(&kinds::POD),
         replicasets: replicasets.clone(),
         expectations: Mutex::default(),
     };
-    Controller::new("replicaset", &kinds::REPLICASET, reconciler)
+    Controller::new(name, kind, reconciler)
         .owns(&kinds::POD)
         // An orphan wakes every ReplicaSet whose selector it matches, so one of them adopts it.
         .watches(&kinds::POD, move |pod| {
@@ -55,7 +72,7 @@ pub fn replicaset_controller(client: Arc<dyn Client>, manager: &Manager, config:
             replicasets
                 .by_namespace(ns)
                 .iter()
-                .filter(|rs| selector_of(rs).is_ok_and(|s| s.matches_object(pod)))
+                .filter(|rs| selector_of(rs, kind).is_ok_and(|s| s.matches_object(pod)))
                 .filter_map(|rs| object_key(rs))
                 .collect()
         })
@@ -69,8 +86,13 @@ fn created_revision(pod: &Value) -> u64 {
     shepherd_runtime::cache::resource_version(pod).unwrap_or(u64::MAX)
 }
 
-fn selector_of(rs: &Value) -> Result<LabelSelector, ApiError> {
-    LabelSelector::from_k8s(rs.at("/spec/selector").unwrap_or(&Value::Null))
+/// A ReplicaSet's label selector; a ReplicationController's selector is a plain map of labels.
+fn selector_of(rs: &Value, kind: &ResourceInfo) -> Result<LabelSelector, ApiError> {
+    let selector = rs.at("/spec/selector").unwrap_or(&Value::Null);
+    if kind.kind == "ReplicationController" {
+        return LabelSelector::from_k8s(&json!({"matchLabels": selector}));
+    }
+    LabelSelector::from_k8s(selector)
 }
 
 /// Creates and deletes this controller made that the cache has not shown yet, by pod name and uid.
@@ -102,6 +124,8 @@ impl Expectations {
 
 struct ReplicaSetReconciler {
     client: Arc<dyn Client>,
+    /// ReplicaSet or ReplicationController.
+    kind: &'static ResourceInfo,
     pods: Arc<Cache>,
     replicasets: Arc<Cache>,
     events: EventRecorder,
@@ -163,7 +187,7 @@ impl ReplicaSetReconciler {
 
     async fn sync(&self, key: &str, rs: &Value) -> Result<Action, Error> {
         let ns = podutil::namespace(rs).unwrap_or("default");
-        let selector = match selector_of(rs) {
+        let selector = match selector_of(rs, self.kind) {
             Ok(s) if !s.is_empty() => s,
             _ => {
                 let msg = "spec.selector is empty or invalid; no pods are managed";
@@ -333,7 +357,7 @@ impl ReplicaSetReconciler {
 
     async fn create_pod(&self, rs: &Value, name: &str) -> Result<Created, ApiError> {
         let ns = podutil::namespace(rs);
-        match self.client.create(&kinds::POD, ns, pod_from_template(rs, name)).await {
+        match self.client.create(&kinds::POD, ns, pod_from_template(rs, self.kind, name)).await {
             Ok(pod) => Ok(Created::Ours(podutil::uid(&pod).to_string(), created_revision(&pod))),
             Err(e) if e.is_already_exists() => match self.client.get(&kinds::POD, ns, name).await {
                 Ok(pod) if podutil::controller_uid(&pod) == Some(podutil::uid(rs)) && podutil::is_active(&pod) => {
@@ -374,13 +398,13 @@ impl ReplicaSetReconciler {
     /// not being deleted. Each adoption is conditional on the pod's resourceVersion, so of two
     /// ReplicaSets racing for an orphan exactly one wins.
     async fn adopt_all(&self, rs: &Value, orphans: &[Arc<Value>]) -> Result<Vec<Arc<Value>>, ApiError> {
-        let fresh = self.client.get(&kinds::REPLICASET, podutil::namespace(rs), podutil::name(rs)).await?;
+        let fresh = self.client.get(self.kind, podutil::namespace(rs), podutil::name(rs)).await?;
         if podutil::uid(&fresh) != podutil::uid(rs) || podutil::is_deleting(&fresh) {
             return Ok(Vec::new());
         }
         let mut adopted = Vec::new();
         for pod in orphans {
-            let patch = podutil::adopt_patch(pod, rs, &kinds::REPLICASET);
+            let patch = podutil::adopt_patch(pod, rs, self.kind);
             match self.client.patch(&kinds::POD, podutil::namespace(pod), podutil::name(pod), Patch::Merge(patch)).await {
                 Ok(p) => {
                     let msg = format!("Adopted pod: {}", podutil::name(pod));
@@ -409,7 +433,7 @@ impl ReplicaSetReconciler {
             return Ok(());
         }
         let patch = json!({"status": status});
-        match self.client.patch_status(&kinds::REPLICASET, podutil::namespace(rs), podutil::name(rs), Patch::Merge(patch)).await {
+        match self.client.patch_status(self.kind, podutil::namespace(rs), podutil::name(rs), Patch::Merge(patch)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),
@@ -429,7 +453,7 @@ fn pod_name_prefix(rs: &Value) -> String {
 
 /// A pod of `rs` named `name`: the template's labels (with the ReplicaSet's pod-template-hash),
 /// annotations and spec, controlled by the ReplicaSet.
-fn pod_from_template(rs: &Value, name: &str) -> Value {
+fn pod_from_template(rs: &Value, kind: &ResourceInfo, name: &str) -> Value {
     let template = rs.at("/spec/template").cloned().unwrap_or_else(|| json!({}));
     let mut labels = template.at("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
     if let Some(hash) = podutil::str_at(rs, "/metadata/labels/pod-template-hash") {
@@ -438,7 +462,7 @@ fn pod_from_template(rs: &Value, name: &str) -> Value {
     let mut metadata = json!({
         "name": name,
         "labels": labels,
-        "ownerReferences": [podutil::owner_reference_to(rs, &kinds::REPLICASET)],
+        "ownerReferences": [podutil::owner_reference_to(rs, kind)],
     });
     if let Some(ns) = podutil::namespace(rs) {
         metadata["namespace"] = json!(ns);
@@ -532,7 +556,7 @@ mod tests {
             "ownerReferences": [{"kind": "Deployment", "name": "web", "uid": "d", "controller": true}]},
             "spec": {"template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": []}}}});
         assert_eq!(pod_name_prefix(&rs), "web");
-        let pod = pod_from_template(&rs, "web-0");
+        let pod = pod_from_template(&rs, &kinds::REPLICASET, "web-0");
         assert_eq!(pod["metadata"]["labels"], json!({"app": "web", "pod-template-hash": "5d8f7c"}));
         assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "u");
         assert_eq!(pod["metadata"]["ownerReferences"][0]["blockOwnerDeletion"], true);

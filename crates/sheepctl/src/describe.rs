@@ -159,6 +159,8 @@ pub fn describe(res: &ResourceInfo, obj: &Value, events: &[Value]) -> String {
         "ConfigMap" => config_map(&mut out, obj),
         "Job" => job(&mut out, obj),
         "CronJob" => cron_job(&mut out, obj),
+        "DaemonSet" => daemon_set(&mut out, obj),
+        "StatefulSet" => stateful_set(&mut out, obj),
         _ => generic(&mut out, res, obj),
     }
     events_section(&mut out, events);
@@ -361,6 +363,53 @@ fn cron_job(out: &mut String, cj: &Value) {
     let active: Vec<&str> = cj.pointer("/status/active").and_then(Value::as_array).into_iter().flatten()
         .filter_map(|r| r.get("name").and_then(Value::as_str)).collect();
     field(out, 21, "Active Jobs", &if active.is_empty() { "<none>".to_string() } else { active.join(", ") });
+}
+
+fn daemon_set(out: &mut String, ds: &Value) {
+    let w = 16;
+    field(out, w, "Name", s(ds, "/metadata/name"));
+    field(out, w, "Namespace", s(ds, "/metadata/namespace"));
+    field(out, w, "Selector", &selector(ds));
+    field(out, w, "Node-Selector", &map_lines(ds.pointer("/spec/template/spec/nodeSelector"), w, &[]));
+    meta_maps(out, ds, w);
+    let n = |p: &str| ds.pointer(p).and_then(Value::as_i64).unwrap_or(0).to_string();
+    let w = 48;
+    field(out, w, "Desired Number of Nodes Scheduled", &n("/status/desiredNumberScheduled"));
+    field(out, w, "Current Number of Nodes Scheduled", &n("/status/currentNumberScheduled"));
+    field(out, w, "Number of Nodes Scheduled with Up-to-date Pods", &n("/status/updatedNumberScheduled"));
+    field(out, w, "Number of Nodes Scheduled with Available Pods", &n("/status/numberAvailable"));
+    field(out, w, "Number of Nodes Misscheduled", &n("/status/numberMisscheduled"));
+    let strategy = or_none(s(ds, "/spec/updateStrategy/type"));
+    field(out, 18, "Update Strategy", &strategy);
+    if strategy == "RollingUpdate" {
+        let v = |p: &str| ds.pointer(p).map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string())).unwrap_or_else(|| "0".into());
+        let _ = writeln!(out, "  Max Unavailable:  {}", v("/spec/updateStrategy/rollingUpdate/maxUnavailable"));
+        let _ = writeln!(out, "  Max Surge:        {}", v("/spec/updateStrategy/rollingUpdate/maxSurge"));
+    }
+    pod_template(out, ds.pointer("/spec/template"));
+}
+
+fn stateful_set(out: &mut String, sts: &Value) {
+    let w = 23;
+    common_header(out, sts, w, true);
+    field(out, w, "CreationTimestamp", s(sts, "/metadata/creationTimestamp"));
+    field(out, w, "Selector", &selector(sts));
+    meta_maps(out, sts, w);
+    let n = |p: &str| sts.pointer(p).and_then(Value::as_i64).unwrap_or(0);
+    field(out, w, "Replicas", &format!("{} desired | {} total", sts.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1),
+        n("/status/replicas")));
+    field(out, w, "Pod Management Policy", &or_none(s(sts, "/spec/podManagementPolicy")));
+    let strategy = or_none(s(sts, "/spec/updateStrategy/type"));
+    field(out, w, "Update Strategy", &strategy);
+    if strategy == "RollingUpdate" {
+        let _ = writeln!(out, "  Partition:           {}", n("/spec/updateStrategy/rollingUpdate/partition"));
+    }
+    field(out, w, "Service Name", &or_none(s(sts, "/spec/serviceName")));
+    field(out, w, "Current Revision", &or_none(s(sts, "/status/currentRevision")));
+    field(out, w, "Update Revision", &or_none(s(sts, "/status/updateRevision")));
+    field(out, w, "Ready Replicas", &n("/status/readyReplicas").to_string());
+    pod_template(out, sts.pointer("/spec/template"));
+    out.push_str("Volume Claims:  <none>\n");
 }
 
 fn selector(d: &Value) -> String {

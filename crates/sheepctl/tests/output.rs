@@ -137,3 +137,23 @@ fn jobs_and_cronjobs_print_kubectl_columns_and_describe() {
     }
     insta::assert_snapshot!(redact(&all));
 }
+
+#[test]
+fn daemon_sets_and_stateful_sets_print_kubectl_columns_and_describe() {
+    let s = Shepherd::server();
+    let template = |app: &str| json!({"metadata": {"labels": {"app": app}}, "spec": {"containers": [{"name": "main", "image": "busybox"}]}});
+    s.ok("POST", "/apis/apps/v1/namespaces/default/daemonsets", Some(json!({"metadata": {"name": "agent"},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": template("agent")}})));
+    s.ok("PATCH", "/apis/apps/v1/namespaces/default/daemonsets/agent/status", Some(json!({"status": {"desiredNumberScheduled": 3,
+        "currentNumberScheduled": 3, "numberReady": 2, "updatedNumberScheduled": 3, "numberAvailable": 2, "numberMisscheduled": 0}})));
+    s.ok("POST", "/apis/apps/v1/namespaces/default/statefulsets", Some(json!({"metadata": {"name": "web"},
+        "spec": {"replicas": 3, "serviceName": "web", "selector": {"matchLabels": {"app": "web"}}, "template": template("web")}})));
+    s.ok("PATCH", "/apis/apps/v1/namespaces/default/statefulsets/web/status", Some(json!({"status": {"replicas": 3,
+        "readyReplicas": 2, "currentRevision": "web-abc", "updateRevision": "web-abc"}})));
+    let mut all = String::new();
+    for args in [&["get", "ds"][..], &["get", "ds", "-o", "wide"], &["get", "sts"], &["get", "sts", "-o", "wide"],
+        &["describe", "ds", "agent"], &["describe", "sts/web"]] {
+        all.push_str(&format!("$ sheepctl {}\n{}", args.join(" "), s.sheepctl(args).ok()));
+    }
+    insta::assert_snapshot!(redact(&all));
+}

@@ -18,7 +18,8 @@ use shepherd_runtime::{Client, Manager, TriggerMode};
 
 /// Every controller `shepherd` runs, by the name used in flags.
 pub const CONTROLLERS: &[&str] = &["deployment", "replicaset", "endpoints", "endpointslice", "clusterip", "nodelifecycle",
-    "nodeipam", "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount", "job", "cronjob"];
+    "nodeipam", "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount", "job", "cronjob",
+    "daemonset", "statefulset", "replicationcontroller"];
 
 /// The scheduler's default workers, after kube-scheduler's default parallelism of 16.
 const SCHEDULER_WORKERS: usize = 16;
@@ -27,7 +28,7 @@ const SCHEDULER_WORKERS: usize = 16;
 pub struct ControllerArgs {
     /// Controllers to run: `all`, `none`, or a comma-separated list of deployment, replicaset,
     /// endpoints, endpointslice, clusterip, nodelifecycle, nodeipam, taint-eviction, disruption,
-    /// garbagecollector, scheduler, job, cronjob.
+    /// garbagecollector, scheduler, job, cronjob, daemonset, statefulset, replicationcontroller.
     #[arg(long, default_value = "all")]
     pub controllers: String,
     /// Default trigger mode: `hybrid` (events plus periodic resync), `level` (re-list on a
@@ -219,6 +220,15 @@ impl ControllerArgs {
                 }
                 "cronjob" => {
                     manager.add(shepherd_controllers::cronjob::cronjob_controller(client.clone(), manager, &cfg));
+                }
+                "daemonset" => {
+                    manager.add(shepherd_controllers::daemonset::daemonset_controller(client.clone(), manager, &cfg));
+                }
+                "replicationcontroller" => {
+                    manager.add(shepherd_controllers::replicaset::replication_controller(client.clone(), manager, &cfg));
+                }
+                "statefulset" => {
+                    manager.add(shepherd_controllers::statefulset::statefulset_controller(client.clone(), manager, &cfg));
                 }
                 "garbagecollector" => {
                     for c in garbage_collector(client.clone(), manager, &cfg) {

@@ -360,6 +360,16 @@ impl PodNeeds {
         }
     }
 
+    /// Whether a node named `name` passes this pod's `nodeSelector` and required node affinity.
+    pub fn matches_node(&self, name: &str, node: &NodeSummary) -> bool {
+        self.matches_node_labels(name, &node.labels)
+    }
+
+    /// Whether this pod tolerates every taint of `node` with one of `effects`.
+    pub fn tolerates_taints(&self, node: &NodeSummary, effects: &[Effect]) -> bool {
+        node.taints.iter().filter(|t| effects.contains(&t.effect)).all(|t| self.tolerations.iter().any(|tol| tol.tolerates(t)))
+    }
+
     /// Whether `node` can take this pod given what is already `requested` there. When it cannot,
     /// `reject` hears every reason that applies, in the order the checks ran (resource shortages
     /// all together). Runs for every node a pod is weighed against, so the reasons go to
