@@ -652,7 +652,7 @@ impl ShimSetup {
             // The container's output becomes CRI records, as the process runtime writes them:
             // while runc starts it, then until its init ends (its PID namespace, and with it
             // every writer of the pipes, ends then too).
-            crate::crilog::copy_output(4, 5, 1, runc);
+            crate::crilog::copy_output(4, 5, -1, 1, runc);
             let mut container: Option<i32> = None;
             while let Some((pid, code)) = reap_any() {
                 if pid == runc {
@@ -664,7 +664,7 @@ impl ShimSetup {
                 container = Some(code);
             }
             if let Some(init) = self.init_pid() {
-                crate::crilog::copy_output(4, 5, 1, init);
+                crate::crilog::copy_output(4, 5, -1, 1, init);
             }
             libc::close(4);
             libc::close(5);
