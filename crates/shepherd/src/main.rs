@@ -3,6 +3,7 @@
 mod backup;
 mod control_plane;
 mod controllers_view;
+mod dns;
 mod node_agent;
 mod private_dir;
 mod registry;
@@ -151,6 +152,8 @@ struct ServerArgs {
     bench_results: PathBuf,
     #[command(flatten)]
     controllers: ControllerArgs,
+    #[command(flatten)]
+    dns: dns::DnsArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -362,6 +365,12 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move { a.run(stop).await })
     });
+    let cluster_dns = dns::start(&args.dns, &manager, stopped(stop_rx.clone())).await?;
+    if let Some((addr, _)) = &cluster_dns {
+        // On stderr, after the address line scripts read from stdout.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "cluster DNS listening on {addr} (udp and tcp)");
+    }
     let snapshotter = (!args.in_memory && !args.snapshot_interval.is_zero()).then(|| {
         tokio::spawn(snapshots::run_periodic(
             local_store.clone(),
@@ -378,6 +387,9 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         s.abort();
     }
     let _ = controllers.await;
+    if let Some((_, task)) = cluster_dns {
+        let _ = task.await;
+    }
     if let Some(t) = agent_task
         && let Ok(Err(e)) = t.await
     {
