@@ -9,9 +9,9 @@ use clap::Args;
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, SOA, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
-use serde_json::Value;
+use serde_json::{Value, json};
 use shepherd_api::{JsonPath, kinds};
-use shepherd_runtime::{Cache, Manager};
+use shepherd_runtime::{Cache, Client, ListParams, Manager};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
@@ -475,10 +475,82 @@ pub async fn start(
     Ok(Some((addr, task)))
 }
 
+/// The `kube-dns` Service's cluster IP: the tenth address of the Service range, as kubeadm picks
+/// it, so agents can be told it (`--cluster-dns`) before the Service exists.
+pub fn kube_dns_cluster_ip(service_range: &str) -> Option<Ipv4Addr> {
+    let (ip, len) = service_range.split_once('/')?;
+    let ip: Ipv4Addr = ip.parse().ok()?;
+    let len: u32 = len.parse().ok().filter(|l| *l <= 28)?;
+    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+    Some(Ipv4Addr::from((u32::from(ip) & mask) + 10))
+}
+
+/// The `kube-dns` Service and its Endpoints in kube-system, naming the DNS server at `addr`
+/// (how Kubernetes exposes CoreDNS): created if absent, their ports and address kept current.
+pub async fn ensure_kube_dns_service(
+    client: &dyn Client,
+    addr: SocketAddr,
+    service_range: &str,
+) -> Result<(), shepherd_api::ApiError> {
+    const NS: &str = "kube-system";
+    const NAME: &str = "kube-dns";
+    let labels = json!({"k8s-app": "kube-dns", "kubernetes.io/name": "KubeDNS"});
+    let ports = json!([
+        {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": addr.port()},
+        {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": addr.port()},
+    ]);
+    match client.get(&kinds::SERVICE, Some(NS), NAME).await {
+        Ok(mut svc) => {
+            if svc.at("/spec/ports") != Some(&ports) {
+                svc["spec"]["ports"] = ports;
+                client.update(&kinds::SERVICE, Some(NS), svc).await?;
+            }
+        }
+        Err(e) if e.is_not_found() => {
+            let mut spec = json!({"ports": ports});
+            // Only an address no other Service holds; else the allocator picks one.
+            if let Some(ip) = kube_dns_cluster_ip(service_range) {
+                let services = client.list(&kinds::SERVICE, &ListParams::default()).await?;
+                let ip = ip.to_string();
+                if !services.items.iter().any(|s| s.at("/spec/clusterIP").and_then(Value::as_str) == Some(ip.as_str())) {
+                    spec["clusterIP"] = json!(ip);
+                    spec["clusterIPs"] = json!([ip]);
+                }
+            }
+            let svc = json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": NAME, "namespace": NS, "labels": labels}, "spec": spec});
+            client.create(&kinds::SERVICE, Some(NS), svc).await?;
+        }
+        Err(e) => return Err(e),
+    }
+    // An unspecified listen address (0.0.0.0) names no endpoint a client could reach.
+    let subsets = if addr.ip().is_unspecified() {
+        json!([])
+    } else {
+        json!([{"addresses": [{"ip": addr.ip().to_string()}], "ports": [
+            {"name": "dns", "port": addr.port(), "protocol": "UDP"},
+            {"name": "dns-tcp", "port": addr.port(), "protocol": "TCP"}]}])
+    };
+    match client.get(&kinds::ENDPOINTS, Some(NS), NAME).await {
+        Ok(mut ep) => {
+            if ep.at("/subsets") != Some(&subsets) {
+                ep["subsets"] = subsets;
+                client.update(&kinds::ENDPOINTS, Some(NS), ep).await?;
+            }
+        }
+        Err(e) if e.is_not_found() => {
+            let ep = json!({"apiVersion": "v1", "kind": "Endpoints",
+                "metadata": {"name": NAME, "namespace": NS, "labels": labels}, "subsets": subsets});
+            client.create(&kinds::ENDPOINTS, Some(NS), ep).await?;
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
     use std::collections::BTreeMap;
 
     #[derive(Default)]
@@ -596,6 +668,14 @@ mod tests {
         let z = zone();
         assert_eq!(z.answer("example.com.", RecordType::A), Answer::NotOurs);
         assert_eq!(z.answer("web.default.svc.notcluster.local.", RecordType::A), Answer::NotOurs);
+    }
+
+    #[test]
+    fn kube_dns_takes_the_tenth_address_of_the_service_range() {
+        assert_eq!(kube_dns_cluster_ip("10.96.0.0/16"), Some("10.96.0.10".parse().unwrap()));
+        assert_eq!(kube_dns_cluster_ip("10.96.7.3/24"), Some("10.96.7.10".parse().unwrap()));
+        assert_eq!(kube_dns_cluster_ip("10.96.0.0/30"), None);
+        assert_eq!(kube_dns_cluster_ip("bogus"), None);
     }
 
     #[test]

@@ -370,6 +370,17 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         // On stderr, after the address line scripts read from stdout.
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "cluster DNS listening on {addr} (udp and tcp)");
+        let (client, addr, range) = (client.clone(), *addr, args.controllers.service_cluster_ip_range.clone());
+        tokio::spawn(async move {
+            // The API may refuse for a moment (a store busy at start): retry until it takes.
+            for wait in [0u64, 1, 2, 5, 10, 30, 60] {
+                tokio::time::sleep(Duration::from_secs(wait)).await;
+                match dns::ensure_kube_dns_service(client.as_ref(), addr, &range).await {
+                    Ok(()) => return,
+                    Err(e) => tracing::warn!(error = %e, "cannot write the kube-dns Service; retrying"),
+                }
+            }
+        });
     }
     let snapshotter = (!args.in_memory && !args.snapshot_interval.is_zero()).then(|| {
         tokio::spawn(snapshots::run_periodic(

@@ -204,5 +204,29 @@ async fn cluster_dns_answers_services_named_ports_headless_and_nxdomain_and_forw
     // Outside the cluster domain: the test's upstream answers, over UDP and TCP.
     assert_eq!(dig(port, &["outside.example", "A"]), ("NOERROR".into(), vec![OUTSIDE_IP.to_string()]));
     assert_eq!(dig(port, &["+tcp", "outside.example", "A"]), ("NOERROR".into(), vec![OUTSIDE_IP.to_string()]));
+
+    // kube-dns in kube-system names the server, as Kubernetes exposes CoreDNS.
+    let mut svc = Value::Null;
+    for _ in 0..600 {
+        let resp = http.get(format!("{url}/api/v1/namespaces/kube-system/services/kube-dns")).send().await.expect("get");
+        if resp.status().is_success() {
+            svc = resp.json().await.expect("json");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(svc["spec"]["clusterIP"], "10.96.0.10", "{svc}");
+    assert_eq!(svc["metadata"]["labels"]["k8s-app"], "kube-dns");
+    let ports: Vec<(Value, Value, Value)> = svc["spec"]["ports"].as_array().expect("ports").iter()
+        .map(|p| (p["protocol"].clone(), p["port"].clone(), p["targetPort"].clone())).collect();
+    assert_eq!(ports, vec![(json!("UDP"), json!(53), json!(port)), (json!("TCP"), json!(53), json!(port))]);
+    let ep: Value = http.get(format!("{url}/api/v1/namespaces/kube-system/endpoints/kube-dns")).send().await.expect("get")
+        .json().await.expect("json");
+    assert_eq!(ep["subsets"][0]["addresses"], json!([{"ip": "127.0.0.1"}]), "{ep}");
+    assert_eq!(ep["subsets"][0]["ports"][0]["port"], json!(port));
+    wait_for("kube-dns's A record", || {
+        (dig(port, &["kube-dns.kube-system.svc.cluster.local", "A"]).1 == vec!["10.96.0.10"]).then_some(())
+    })
+    .await;
     drop(daemon);
 }
