@@ -85,6 +85,9 @@ struct AgentCommand {
     /// Names of simulated nodes: PREFIX0, PREFIX1, ...
     #[arg(long, default_value = "sim-")]
     node_name_prefix: String,
+    /// The cluster's DNS domain, for the search path of pods' resolv.conf (with --cluster-dns).
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
     #[command(flatten)]
     agent: AgentArgs,
 }
@@ -231,6 +234,9 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
     );
     private_dir::secure(&args.data_dir)?;
     let mut config = args.agent.config(&args.data_dir)?;
+    if let Some(dns) = config.cluster_dns.as_mut() {
+        dns.domain = args.cluster_domain.clone();
+    }
     match args.simulate_nodes {
         Some(n) => {
             if config.runtime == shepherd_agent::RuntimeKind::Process {
@@ -291,6 +297,9 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
             streaming_token = Some(token);
             let mut config = agent_args.config(&dir)?;
             config.stop_containers_on_exit = !local.keep_pods;
+            if let Some(dns) = config.cluster_dns.as_mut() {
+                dns.domain = args.dns.cluster_domain.clone();
+            }
             let agent = shepherd_agent::Agent::new(client.clone(), config)
                 .await
                 .map_err(node_agent::context)?;

@@ -230,3 +230,46 @@ async fn cluster_dns_answers_services_named_ports_headless_and_nxdomain_and_forw
     .await;
     drop(daemon);
 }
+
+async fn pod_log(http: &reqwest::Client, url: &str, name: &str) -> String {
+    match http.get(format!("{url}/api/v1/namespaces/default/pods/{name}/log")).send().await {
+        Ok(r) if r.status().is_success() => r.text().await.unwrap_or_default(),
+        _ => String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_get_the_cluster_search_path_and_nameserver_unless_on_the_host_network() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = Daemon::start("standalone", dir.path(), &["--cluster-dns", "10.96.0.10", "--cluster-domain", "corp.test"]);
+    let http = reqwest::Client::new();
+    let url = daemon.url.clone();
+    let script = "cat /etc/resolv.conf; echo END; sleep 1000";
+    for (name, host_network) in [("cluster-first", false), ("on-host", true)] {
+        create(&http, &url, "/api/v1/namespaces/default/pods", json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"hostNetwork": host_network, "containers": [{"name": "c", "image": "minimal",
+                "command": ["sh", "-c", script]}]}}))
+        .await;
+    }
+    let mut logs = Vec::new();
+    for name in ["cluster-first", "on-host"] {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let log = pod_log(&http, &url, name).await;
+            if log.contains("END") {
+                logs.push(log);
+                break;
+            }
+            assert!(Instant::now() < deadline, "{name} printed no resolv.conf");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(
+        logs[0],
+        "search default.svc.corp.test svc.corp.test corp.test\nnameserver 10.96.0.10\noptions ndots:5\nEND\n"
+    );
+    let host = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    assert_eq!(logs[1], format!("{host}END\n"), "a host-network pod keeps the node's resolv.conf");
+    drop(daemon);
+}
