@@ -345,6 +345,28 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         connection_metrics.register(&mut registry);
         shepherd_apiserver::register_retention(store.clone(), &mut registry);
     }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    // Bound before the API's address is printed: a port in use fails the start, not a running server.
+    let cluster_dns = dns::start(&args.dns, &manager, stopped(stop_rx.clone())).await?;
+    if let Some((addr, _)) = &cluster_dns {
+        // On stderr: scripts read the API's address from stdout's first line.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "cluster DNS listening on {addr} (udp and tcp)");
+        let (client, addr, range) = (client.clone(), *addr, args.controllers.service_cluster_ip_range.clone());
+        tokio::spawn(async move {
+            // The API may refuse for a moment (a store busy at start): try again a few times.
+            for wait in [0u64, 1, 2, 5, 10, 30, 60] {
+                tokio::time::sleep(Duration::from_secs(wait)).await;
+                match dns::ensure_kube_dns_service(client.as_ref(), addr, &range).await {
+                    Ok(()) => return,
+                    Err(e) => tracing::warn!(error = %e, "cannot write the kube-dns Service; retrying"),
+                }
+            }
+        });
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -360,10 +382,6 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
     tracing::info!(%addr, data_dir = %args.data_dir.display(), revision = store.revision(), controllers = ?enabled,
         open_files, max_connections = limits.max_connections, "shepherd {mode} ready");
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
     let controllers = {
         let manager = manager.clone();
         let stop = stopped(stop_rx.clone());
@@ -374,23 +392,6 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move { a.run(stop).await })
     });
-    let cluster_dns = dns::start(&args.dns, &manager, stopped(stop_rx.clone())).await?;
-    if let Some((addr, _)) = &cluster_dns {
-        // On stderr, after the address line scripts read from stdout.
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "cluster DNS listening on {addr} (udp and tcp)");
-        let (client, addr, range) = (client.clone(), *addr, args.controllers.service_cluster_ip_range.clone());
-        tokio::spawn(async move {
-            // The API may refuse for a moment (a store busy at start): retry until it takes.
-            for wait in [0u64, 1, 2, 5, 10, 30, 60] {
-                tokio::time::sleep(Duration::from_secs(wait)).await;
-                match dns::ensure_kube_dns_service(client.as_ref(), addr, &range).await {
-                    Ok(()) => return,
-                    Err(e) => tracing::warn!(error = %e, "cannot write the kube-dns Service; retrying"),
-                }
-            }
-        });
-    }
     let snapshotter = (!args.in_memory && !args.snapshot_interval.is_zero()).then(|| {
         tokio::spawn(snapshots::run_periodic(
             local_store.clone(),

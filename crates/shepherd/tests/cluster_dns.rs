@@ -273,3 +273,20 @@ async fn pods_get_the_cluster_search_path_and_nameserver_unless_on_the_host_netw
     assert_eq!(logs[1], format!("{host}END\n"), "a host-network pod keeps the node's resolv.conf");
     drop(daemon);
 }
+
+#[test]
+fn a_cluster_dns_port_in_use_fails_the_start_with_the_address_named() {
+    let taken = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(["server", "--in-memory", "--listen", "127.0.0.1:0", "--cluster-dns-listen", &addr])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .expect("run shepherd");
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "no API address is printed: {}", String::from_utf8_lossy(&out.stdout));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cluster DNS on udp {addr}")), "{err}");
+}
