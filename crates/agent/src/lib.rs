@@ -279,7 +279,7 @@ impl Agent {
             _ => None,
         };
         let inputs =
-            pods::ConfigInputs { sources: sources.clone(), volumes, network: network.clone(), dns: config.cluster_dns.clone() };
+            pods::ConfigInputs { sources: sources.clone(), volumes, network: network.clone(), dns: config.cluster_dns.clone().unwrap_or_default() };
         let pods = pods::PodManager::new(client.clone(), cache.clone(), addresses, runtime, pc, rx, inputs);
         // A changed ConfigMap or Secret re-syncs the pods that read it: waiting containers start,
         // volume files follow.

@@ -62,8 +62,8 @@ pub(crate) struct ConfigInputs {
     pub volumes: Option<Volumes>,
     /// Pods' own network namespaces and addresses; `None`: pods share the node's network.
     pub network: Option<Arc<PodNetwork>>,
-    /// The cluster DNS pods are pointed at; `None`: they use the node's resolver.
-    pub dns: Option<crate::dns::ClusterDns>,
+    /// The cluster DNS pods are pointed at (no nameservers: the node's resolver, unless dnsConfig).
+    pub dns: crate::dns::ClusterDns,
 }
 
 #[derive(Debug, Clone)]
@@ -168,7 +168,7 @@ pub(crate) struct PodManager {
     volumes: Option<Volumes>,
     /// Pods' own networks; `None` when pods share the node's.
     network: Option<Arc<PodNetwork>>,
-    dns: Option<crate::dns::ClusterDns>,
+    dns: crate::dns::ClusterDns,
     /// Pod key to its incarnations on this node, by UID.
     records: Mutex<HashMap<String, Incarnations>>,
     /// The earliest pending timer per pod key, so timers do not pile up. By key, not UID: one
@@ -745,7 +745,7 @@ impl PodManager {
             Err(e) => return self.hold(pod, c, e),
         };
         // First, so a volume the pod mounts at /etc/resolv.conf itself still wins.
-        if let (Some(volumes), Some(text)) = (&self.volumes, self.dns.as_ref().and_then(|d| d.resolv_conf(pod))) {
+        if let (Some(volumes), Some(text)) = (&self.volumes, self.dns.resolv_conf(pod)) {
             match volumes.pod_file(str_at(pod, "/metadata/uid"), "resolv.conf", text.as_bytes()) {
                 Ok(source) => mounts.insert(0, Mount { source, destination: "/etc/resolv.conf".into(), read_only: true }),
                 Err(e) => return self.hold(pod, c, format!("cannot write the pod's resolv.conf: {e}")),
