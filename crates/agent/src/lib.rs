@@ -11,6 +11,7 @@
 mod backoff;
 mod cgroup;
 mod crilog;
+mod dns;
 mod envvars;
 mod events;
 mod exec;
@@ -34,6 +35,8 @@ mod spdy_session;
 mod streams;
 mod volumes;
 mod websocket;
+
+pub use dns::ClusterDns;
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -114,6 +117,8 @@ pub struct AgentConfig {
     pub streaming: Option<StreamingConfig>,
     /// Pods' network (simulated nodes always share the node's).
     pub pod_network: PodNetworkMode,
+    /// The cluster DNS pods' resolv.conf names (kubelet's --cluster-dns); `None`: the node's.
+    pub cluster_dns: Option<ClusterDns>,
 }
 
 impl AgentConfig {
@@ -138,6 +143,7 @@ impl AgentConfig {
             stop_containers_on_exit: false,
             streaming: None,
             pod_network: PodNetworkMode::Host,
+            cluster_dns: None,
         }
     }
 }
@@ -272,7 +278,8 @@ impl Agent {
             )),
             _ => None,
         };
-        let inputs = pods::ConfigInputs { sources: sources.clone(), volumes, network: network.clone() };
+        let inputs =
+            pods::ConfigInputs { sources: sources.clone(), volumes, network: network.clone(), dns: config.cluster_dns.clone().unwrap_or_default() };
         let pods = pods::PodManager::new(client.clone(), cache.clone(), addresses, runtime, pc, rx, inputs);
         // A changed ConfigMap or Secret re-syncs the pods that read it: waiting containers start,
         // volume files follow.

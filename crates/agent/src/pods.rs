@@ -34,8 +34,8 @@ use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
 use crate::pullsecrets;
 use crate::quantity;
 use crate::runtime::{
-    Adopted, ContainerId, ContainerSpec, Exit, ImagePull, ImageReady, ImageUnavailable, Interactive, Runtime, RuntimeEvent,
-    Security,
+    Adopted, ContainerId, ContainerSpec, Exit, ImagePull, ImageReady, ImageUnavailable, Interactive, Mount, Runtime,
+    RuntimeEvent, Security,
 };
 use crate::sources::Sources;
 use crate::volumes::{Prepared, Volumes};
@@ -63,6 +63,8 @@ pub(crate) struct ConfigInputs {
     pub volumes: Option<Volumes>,
     /// Pods' own network namespaces and addresses; `None`: pods share the node's network.
     pub network: Option<Arc<PodNetwork>>,
+    /// The cluster DNS pods are pointed at (no nameservers: the node's resolver, unless dnsConfig).
+    pub dns: crate::dns::ClusterDns,
 }
 
 #[derive(Debug, Clone)]
@@ -167,6 +169,7 @@ pub(crate) struct PodManager {
     volumes: Option<Volumes>,
     /// Pods' own networks; `None` when pods share the node's.
     network: Option<Arc<PodNetwork>>,
+    dns: crate::dns::ClusterDns,
     /// Pod key to its incarnations on this node, by UID.
     records: Mutex<HashMap<String, Incarnations>>,
     /// The earliest pending timer per pod key, so timers do not pile up. By key, not UID: one
@@ -253,6 +256,7 @@ impl PodManager {
             sources: inputs.sources,
             volumes: inputs.volumes,
             network: inputs.network,
+            dns: inputs.dns,
             records: Mutex::default(),
             timers: Mutex::default(),
             engine: std::sync::OnceLock::new(),
@@ -743,10 +747,17 @@ impl PodManager {
             Ok(env) => env,
             Err(e) => return self.hold(pod, c, e.to_string()),
         };
-        let mounts = match self.volumes.as_ref().map(|v| v.mounts(spec, prepared)).transpose() {
+        let mut mounts = match self.volumes.as_ref().map(|v| v.mounts(spec, prepared)).transpose() {
             Ok(m) => m.unwrap_or_default(),
             Err(e) => return self.hold(pod, c, e),
         };
+        // First, so a volume the pod mounts at /etc/resolv.conf itself still wins.
+        if let (Some(volumes), Some(text)) = (&self.volumes, self.dns.resolv_conf(pod)) {
+            match volumes.pod_file(str_at(pod, "/metadata/uid"), "resolv.conf", text.as_bytes()) {
+                Ok(source) => mounts.insert(0, Mount { source, destination: "/etc/resolv.conf".into(), read_only: true }),
+                Err(e) => return self.hold(pod, c, format!("cannot write the pod's resolv.conf: {e}")),
+            }
+        }
         if let Err(e) = self.runtime.check_mounts(&mounts) {
             return self.hold(pod, c, e);
         }

@@ -64,6 +64,16 @@ impl Volumes {
         Volumes { root: data_dir.join("pods"), sources, can_mount }
     }
 
+    /// Writes a file the agent gives the pod (its resolv.conf) into the pod's directory, which
+    /// `remove` deletes with the pod.
+    pub fn pod_file(&self, uid: &str, name: &str, contents: &[u8]) -> io::Result<PathBuf> {
+        let dir = self.pod_dir(uid);
+        fs::create_dir_all(&dir)?;
+        let path = dir.join(name);
+        fs::write(&path, contents)?;
+        Ok(path)
+    }
+
     fn pod_dir(&self, uid: &str) -> PathBuf {
         let safe: String = uid.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
         self.root.join(if safe.is_empty() { "_".into() } else { safe })

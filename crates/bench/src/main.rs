@@ -5,6 +5,7 @@ mod apply_cost;
 mod cluster;
 mod counting;
 mod dashboard;
+mod dns;
 mod experiment;
 mod peer;
 mod plot;
@@ -178,6 +179,14 @@ enum Scenario {
         #[arg(long, default_value_t = 30)]
         config_changes: usize,
     },
+    /// `shepherd server --cluster-dns-listen` on loopback: one UDP client asking for a Service's
+    /// A record in a loop; queries/s (median of runs) and latency.
+    ClusterDns {
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        #[arg(long, default_value_t = 20_000)]
+        queries: usize,
+    },
     /// (internal) One peer-comparison variant; runs until stdin closes.
     #[command(hide = true)]
     PeerWorker {
@@ -294,6 +303,10 @@ async fn main() -> anyhow::Result<()> {
                 pod_io::Params { exec_runs, cp_mib, forward_mib, config_changes }
             };
             pod_io::run(&cli.shepherd, p).await?
+        }
+        Scenario::ClusterDns { runs, queries } => {
+            let p = if cli.smoke { dns::Params { runs: 3, queries: 200 } } else { dns::Params { runs: runs.max(1), queries: queries.max(1) } };
+            dns::run(&cli.shepherd, p).await?
         }
         Scenario::PeerWorker { .. } => unreachable!("handled above"),
     };

@@ -3,6 +3,7 @@
 mod backup;
 mod control_plane;
 mod controllers_view;
+mod dns;
 mod node_agent;
 mod private_dir;
 mod registry;
@@ -84,6 +85,9 @@ struct AgentCommand {
     /// Names of simulated nodes: PREFIX0, PREFIX1, ...
     #[arg(long, default_value = "sim-")]
     node_name_prefix: String,
+    /// The cluster's DNS domain, for the search path of pods' resolv.conf (with --cluster-dns).
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
     #[command(flatten)]
     agent: AgentArgs,
 }
@@ -151,6 +155,8 @@ struct ServerArgs {
     bench_results: PathBuf,
     #[command(flatten)]
     controllers: ControllerArgs,
+    #[command(flatten)]
+    dns: dns::DnsArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -228,6 +234,9 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
     );
     private_dir::secure(&args.data_dir)?;
     let mut config = args.agent.config(&args.data_dir)?;
+    if let Some(dns) = config.cluster_dns.as_mut() {
+        dns.domain = args.cluster_domain.clone();
+    }
     match args.simulate_nodes {
         Some(n) => {
             if config.runtime == shepherd_agent::RuntimeKind::Process {
@@ -288,6 +297,9 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
             streaming_token = Some(token);
             let mut config = agent_args.config(&dir)?;
             config.stop_containers_on_exit = !local.keep_pods;
+            if let Some(dns) = config.cluster_dns.as_mut() {
+                dns.domain = args.dns.cluster_domain.clone();
+            }
             let agent = shepherd_agent::Agent::new(client.clone(), config)
                 .await
                 .map_err(node_agent::context)?;
@@ -333,6 +345,28 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         connection_metrics.register(&mut registry);
         shepherd_apiserver::register_retention(store.clone(), &mut registry);
     }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    // Bound before the API's address is printed: a port in use fails the start, not a running server.
+    let cluster_dns = dns::start(&args.dns, &manager, stopped(stop_rx.clone())).await?;
+    if let Some((addr, _)) = &cluster_dns {
+        // On stderr: scripts read the API's address from stdout's first line.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "cluster DNS listening on {addr} (udp and tcp)");
+        let (client, addr, range) = (client.clone(), *addr, args.controllers.service_cluster_ip_range.clone());
+        tokio::spawn(async move {
+            // The API may refuse for a moment (a store busy at start): try again a few times.
+            for wait in [0u64, 1, 2, 5, 10, 30, 60] {
+                tokio::time::sleep(Duration::from_secs(wait)).await;
+                match dns::ensure_kube_dns_service(client.as_ref(), addr, &range).await {
+                    Ok(()) => return,
+                    Err(e) => tracing::warn!(error = %e, "cannot write the kube-dns Service; retrying"),
+                }
+            }
+        });
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -348,10 +382,6 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
     tracing::info!(%addr, data_dir = %args.data_dir.display(), revision = store.revision(), controllers = ?enabled,
         open_files, max_connections = limits.max_connections, "shepherd {mode} ready");
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
     let controllers = {
         let manager = manager.clone();
         let stop = stopped(stop_rx.clone());
@@ -378,6 +408,9 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         s.abort();
     }
     let _ = controllers.await;
+    if let Some((_, task)) = cluster_dns {
+        let _ = task.await;
+    }
     if let Some(t) = agent_task
         && let Ok(Err(e)) = t.await
     {

@@ -84,6 +84,10 @@ pub struct AgentArgs {
     /// Pods' network: `host` (the node's) or `bridge` (one namespace and address per pod).
     #[arg(long, value_enum, default_value = "host")]
     pub pod_network: PodNetworkArg,
+    /// The cluster DNS address pods' /etc/resolv.conf names (kubelet's --cluster-dns), for pods
+    /// of dnsPolicy ClusterFirst off the host network; repeatable. Unset: pods use the node's.
+    #[arg(long = "cluster-dns", value_name = "IP")]
+    pub cluster_dns: Vec<std::net::IpAddr>,
 }
 
 /// A random secret for the streaming endpoint of standalone's own agent.
@@ -160,6 +164,9 @@ impl AgentArgs {
             .streaming_token
             .as_ref()
             .map(|token| shepherd_agent::StreamingConfig { address: self.streaming_address, token: token.clone() });
+        // The domain is the server's --cluster-domain in standalone, the agent's own flag otherwise.
+        config.cluster_dns = (!self.cluster_dns.is_empty())
+            .then(|| shepherd_agent::ClusterDns { nameservers: self.cluster_dns.clone(), domain: "cluster.local".into() });
         Ok(config)
     }
 }
