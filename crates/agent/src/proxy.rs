@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use shepherd_api::{JsonPath, kinds};
-use shepherd_runtime::{Cache, Manager};
+use shepherd_runtime::Manager;
 
 pub(crate) const TABLE: &str = "shepherd";
 /// The packet mark that asks the postrouting chain to masquerade.
@@ -57,9 +57,9 @@ fn protocol(p: Option<&str>) -> Option<&'static str> {
     }
 }
 
-/// The rules Services and their Endpoints call for. Services without a ClusterIP (headless,
-/// ExternalName) have none.
-pub(crate) fn desired(services: &[Arc<Value>], endpoints: &Cache) -> Model {
+/// The rules Services and their Endpoints (`endpoints("ns/name")`) call for. Services without a
+/// ClusterIP (headless, ExternalName) have none.
+pub(crate) fn desired(services: &[Arc<Value>], endpoints: impl Fn(&str) -> Option<Arc<Value>>) -> Model {
     let mut model = Model::new();
     for svc in services {
         let ns = svc.at("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
@@ -67,7 +67,7 @@ pub(crate) fn desired(services: &[Arc<Value>], endpoints: &Cache) -> Model {
         let Some(cluster_ip) = svc.at("/spec/clusterIP").and_then(Value::as_str).and_then(|ip| ip.parse::<Ipv4Addr>().ok()) else {
             continue;
         };
-        let eps = endpoints.get(&format!("{ns}/{name}"));
+        let eps = endpoints(&format!("{ns}/{name}"));
         for p in svc.at("/spec/ports").and_then(Value::as_array).into_iter().flatten() {
             let Some(proto) = protocol(p.at("/protocol").and_then(Value::as_str)) else { continue };
             let Some(port) = p.at("/port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0) else {
@@ -326,7 +326,7 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
         let mut next_resync = Instant::now();
         loop {
             let started = Instant::now();
-            let model = desired(&svc_cache.list(), &ep_cache);
+            let model = desired(&svc_cache.list(), |key| ep_cache.get(key));
             let resync_now = Instant::now() >= next_resync;
             let Some(mut state) = applied.take() else { return };
             // nft runs off the async workers.
@@ -350,5 +350,86 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
             }
             let _ = tokio::time::timeout_at(next_resync.into(), changed.notified()).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn service(name: &str, ip: &str, node_port: Option<u16>) -> Arc<Value> {
+        let mut port = json!({"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080});
+        if let Some(np) = node_port {
+            port["nodePort"] = json!(np);
+        }
+        Arc::new(json!({"metadata": {"namespace": "default", "name": name}, "spec": {"clusterIP": ip, "ports": [port]}}))
+    }
+
+    fn endpoints(ready: &[&str], not_ready: &[&str]) -> Arc<Value> {
+        let addrs = |ips: &[&str]| ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>();
+        Arc::new(json!({"subsets": [{"addresses": addrs(ready), "notReadyAddresses": addrs(not_ready),
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}]}))
+    }
+
+    fn model(services: &[Arc<Value>], eps: &[(&str, Arc<Value>)]) -> Model {
+        let eps: HashMap<String, Arc<Value>> = eps.iter().map(|(k, v)| (format!("default/{k}"), v.clone())).collect();
+        desired(services, |key| eps.get(key).cloned())
+    }
+
+    #[test]
+    fn only_ready_addresses_become_endpoints_and_headless_services_get_no_rules() {
+        let m = model(
+            &[service("web", "10.96.0.10", None), service("headless", "None", None)],
+            &[("web", endpoints(&["10.244.0.3", "10.244.0.2"], &["10.244.0.9"]))],
+        );
+        assert_eq!(m.len(), 1, "{m:?}");
+        let web = &m["svc-default-web-tcp-80"];
+        assert_eq!(web.endpoints, vec![("10.244.0.2".parse().unwrap(), 8080), ("10.244.0.3".parse().unwrap(), 8080)]);
+    }
+
+    #[test]
+    fn a_change_of_one_services_endpoints_touches_only_that_services_chains_and_elements() {
+        let services = [service("web", "10.96.0.10", None), service("api", "10.96.0.11", Some(30080))];
+        let before = model(&services, &[("web", endpoints(&["10.244.0.2"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
+        let after = model(&services, &[("web", endpoints(&["10.244.0.3"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
+        let script = diff_script(&before, &after).expect("a change");
+        assert!(!script.contains("api") && !script.contains("10.96.0.11"), "{script}");
+        assert!(script.contains("delete chain ip shepherd ep-default-web-tcp-80-10.244.0.2-8080"), "{script}");
+        assert!(script.contains("dnat to 10.244.0.3:8080"), "{script}");
+        assert_eq!(diff_script(&after, &after), None, "no change, no script");
+    }
+
+    /// Runs `f` on a thread in a network namespace of its own, so nft changes nothing else.
+    fn in_private_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::spawn(move || {
+            // SAFETY: unshare changes only this thread's network namespace.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare needs root: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .expect("netns thread")
+    }
+
+    #[test]
+    fn the_kernel_takes_the_full_table_and_a_change_then_a_service_without_endpoints_rejects() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            panic!("this test needs root (a network namespace of its own for nft)");
+        }
+        let services = [service("web", "10.96.0.10", Some(30080))];
+        let before = model(&services, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
+        let after = model(&services, &[("web", endpoints(&[], &["10.244.0.2"]))]);
+        let listed = in_private_netns(move || {
+            apply(&full_script(&before)).expect("full table");
+            apply(&diff_script(&before, &after).expect("a change")).expect("the change");
+            listing().expect("the table")
+        });
+        assert!(listed.contains("10.96.0.10 . tcp . 80 : goto reject-chain"), "{listed}");
+        assert!(listed.contains("tcp . 30080 : goto reject-chain"), "{listed}");
+        assert!(!listed.contains("ep-default-web"), "endpoint chains are gone:\n{listed}");
     }
 }
