@@ -314,9 +314,14 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
     let services = manager.informers().informer(&kinds::SERVICE);
     let endpoints = manager.informers().informer(&kinds::ENDPOINTS);
     let changed = Arc::new(tokio::sync::Notify::new());
+    // When the oldest change not yet applied arrived, for the event-to-rule latency.
+    let since: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
     for informer in [&services, &endpoints] {
-        let notify = changed.clone();
-        informer.subscribe(move |_| notify.notify_one());
+        let (notify, since) = (changed.clone(), since.clone());
+        informer.subscribe(move |_| {
+            since.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Instant::now);
+            notify.notify_one();
+        });
     }
     async move {
         services.wait_synced().await;
@@ -325,7 +330,7 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
         let mut applied = Some(Applied { model: Model::new(), listing: None });
         let mut next_resync = Instant::now();
         loop {
-            let started = Instant::now();
+            let started = since.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_else(Instant::now);
             let model = desired(&svc_cache.list(), |key| ep_cache.get(key));
             let resync_now = Instant::now() >= next_resync;
             let Some(mut state) = applied.take() else { return };
@@ -338,10 +343,9 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
             let Ok((state, result)) = joined else { return };
             applied = Some(state);
             match result {
-                Ok(true) => tracing::info!(
-                    apply_ms = started.elapsed().as_secs_f64() * 1e3,
-                    "service rules applied"
-                ),
+                Ok(true) => {
+                    tracing::info!(event_to_rule_ms = started.elapsed().as_secs_f64() * 1e3, "service rules applied")
+                }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "cannot apply the service rules"),
             }

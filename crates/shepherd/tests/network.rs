@@ -562,4 +562,13 @@ fn a_service_spreads_requests_over_its_pods_refuses_at_once_without_endpoints_an
         (code == 0).then_some(body)
     });
     assert!(body.starts_with("web-"), "{body}");
+
+    // How long an informer event took to reach the kernel, as the agents logged it.
+    let mut ms: Vec<f64> = (0..2)
+        .flat_map(|i| std::fs::read_to_string(c.dir.path().join(format!("agent-{i}.log"))).unwrap_or_default().lines().map(str::to_string).collect::<Vec<_>>())
+        .filter_map(|l| l.split("event_to_rule_ms=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    assert!(!ms.is_empty(), "the agents log how long each change took to apply");
+    eprintln!("endpoint change to rule: p50 {:.1} ms, max {:.1} ms over {} changes", ms[ms.len() / 2], ms[ms.len() - 1], ms.len());
 }
