@@ -13,8 +13,11 @@
 //! nftables (`rustables`, netlink; `nftables`, JSON for the same binary) would add a dependency
 //! for what a few lines of text express, and netlink would mean writing expressions by hand.
 //!
-//! Level-triggered: every `resync` the table's listing is compared with the one taken after the
-//! last full build; if someone changed or removed it (or changes were applied since), it is
+//! `sessionAffinity: ClientIP` is a timed set of clients per endpoint, filled as they pass and
+//! checked before the random pick.
+//!
+//! Level-triggered: every `resync` the table's listing (less the affinity sets' clients) is
+//! compared with the one taken after the last change; if someone changed or removed it, it is
 //! rebuilt from the Services and Endpoints in one transaction.
 
 use std::collections::BTreeMap;
@@ -41,6 +44,8 @@ pub(crate) struct ServicePort {
     pub protocol: &'static str,
     pub port: u16,
     pub node_port: Option<u16>,
+    /// `sessionAffinity: ClientIP`: seconds a client sticks to the endpoint it first reached.
+    pub affinity_seconds: Option<u32>,
     /// Ready endpoints (address, target port), sorted.
     pub endpoints: Vec<(Ipv4Addr, u16)>,
 }
@@ -68,6 +73,10 @@ pub(crate) fn desired(services: &[Arc<Value>], endpoints: impl Fn(&str) -> Optio
             continue;
         };
         let eps = endpoints(&format!("{ns}/{name}"));
+        let affinity_seconds = (svc.at("/spec/sessionAffinity").and_then(Value::as_str) == Some("ClientIP")).then(|| {
+            let t = svc.at("/spec/sessionAffinityConfig/clientIP/timeoutSeconds").and_then(Value::as_u64);
+            t.and_then(|t| u32::try_from(t).ok()).filter(|t| *t > 0).unwrap_or(10_800)
+        });
         for p in svc.at("/spec/ports").and_then(Value::as_array).into_iter().flatten() {
             let Some(proto) = protocol(p.at("/protocol").and_then(Value::as_str)) else { continue };
             let Some(port) = p.at("/port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0) else {
@@ -95,7 +104,7 @@ pub(crate) fn desired(services: &[Arc<Value>], endpoints: impl Fn(&str) -> Optio
             ready.sort();
             ready.dedup();
             let chain = format!("svc-{ns}-{name}-{proto}-{port}");
-            model.insert(chain, ServicePort { cluster_ip, protocol: proto, port, node_port, endpoints: ready });
+            model.insert(chain, ServicePort { cluster_ip, protocol: proto, port, node_port, affinity_seconds, endpoints: ready });
         }
     }
     model
@@ -103,6 +112,11 @@ pub(crate) fn desired(services: &[Arc<Value>], endpoints: impl Fn(&str) -> Optio
 
 fn endpoint_chain(service_chain: &str, (ip, port): (Ipv4Addr, u16)) -> String {
     format!("ep-{}-{ip}-{port}", &service_chain[4..])
+}
+
+/// The clients that stick to an endpoint (`sessionAffinity: ClientIP`), timed out by the kernel.
+fn affinity_set(endpoint_chain: &str) -> String {
+    format!("affinity-{}", &endpoint_chain[3..])
 }
 
 /// The chains and rules of one Service port (not its map elements).
@@ -115,12 +129,23 @@ fn write_service(out: &mut String, chain: &str, sp: &ServicePort) {
     for (i, &ep) in sp.endpoints.iter().enumerate() {
         let epc = endpoint_chain(chain, ep);
         let _ = writeln!(out, "add chain ip {t} {epc}\nflush chain ip {t} {epc}");
+        if let Some(secs) = sp.affinity_seconds {
+            let set = affinity_set(&epc);
+            let _ = writeln!(out, "add set ip {t} {set} {{ type ipv4_addr; flags dynamic,timeout; timeout {secs}s; }}");
+            let _ = writeln!(out, "add rule ip {t} {epc} update @{set} {{ ip saddr }}");
+        }
         // A pod reaching itself through its Service: its reply must come back through here.
         let _ = writeln!(out, "add rule ip {t} {epc} ip saddr {} meta mark set meta mark | {MASQ_MARK:#x}", ep.0);
         let _ = writeln!(out, "add rule ip {t} {epc} meta l4proto {} dnat to {}:{}", sp.protocol, ep.0, ep.1);
         picks.push(format!("{i} : goto {epc}"));
     }
     let _ = writeln!(out, "add chain ip {t} {chain}\nflush chain ip {t} {chain}");
+    if sp.affinity_seconds.is_some() {
+        for &ep in &sp.endpoints {
+            let epc = endpoint_chain(chain, ep);
+            let _ = writeln!(out, "add rule ip {t} {chain} ip saddr @{} goto {epc}", affinity_set(&epc));
+        }
+    }
     let _ = writeln!(out, "add rule ip {t} {chain} numgen random mod {} vmap {{ {} }}", sp.endpoints.len(), picks.join(", "));
     if sp.node_port.is_some() {
         let ext = format!("ext-{}", &chain[4..]);
@@ -171,7 +196,11 @@ fn remove_service(out: &mut String, chain: &str, sp: &ServicePort) {
     }
     let _ = writeln!(out, "delete chain ip {t} {chain}");
     for &ep in &sp.endpoints {
-        let _ = writeln!(out, "delete chain ip {t} {}", endpoint_chain(chain, ep));
+        let epc = endpoint_chain(chain, ep);
+        let _ = writeln!(out, "delete chain ip {t} {epc}");
+        if sp.affinity_seconds.is_some() {
+            let _ = writeln!(out, "delete set ip {t} {}", affinity_set(&epc));
+        }
     }
 }
 
@@ -261,16 +290,39 @@ pub(crate) fn apply(script: &str) -> Result<(), NftError> {
     }
 }
 
-/// The kernel's listing of the table, `None` when it is missing.
+/// The kernel's listing of the table, `None` when it is missing; without the clients in the
+/// affinity sets, which traffic changes.
 fn listing() -> Option<String> {
     let out = Command::new("nft").args(["list", "table", "ip", TABLE]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (mut kept, mut in_affinity, mut in_elements) = (String::new(), false, false);
+    for line in text.lines() {
+        let l = line.trim();
+        if l.starts_with("set affinity-") {
+            in_affinity = true;
+        } else if in_affinity && l.starts_with("elements = {") {
+            in_elements = true;
+        }
+        if in_elements {
+            in_elements = !l.ends_with('}');
+            continue;
+        }
+        if in_affinity && l == "}" {
+            in_affinity = false;
+        }
+        kept.push_str(line);
+        kept.push('\n');
+    }
+    Some(kept)
 }
 
 /// What is in the kernel, as far as this proxy knows.
 struct Applied {
     model: Model,
-    /// The listing taken right after the last full build; `None` once changes were applied since.
+    /// The listing taken right after the last change; `None` until it is taken.
     listing: Option<String>,
 }
 
@@ -295,10 +347,19 @@ impl Applied {
         Ok(true)
     }
 
-    /// Rebuilds the table unless the kernel holds what the last full build left.
+    /// Takes the listing that the next resync compares with.
+    fn refresh_listing(&mut self) {
+        if self.listing.is_none() {
+            self.listing = listing();
+        }
+    }
+
+    /// Applies what changed, then rebuilds the table unless the kernel holds what was applied.
     fn resync(&mut self, model: Model) -> Result<(), NftError> {
+        self.update(model.clone())?;
+        self.refresh_listing();
         match (&self.listing, listing()) {
-            (Some(want), Some(have)) if *want == have && model == self.model => Ok(()),
+            (Some(want), Some(have)) if *want == have => Ok(()),
             (Some(_), _) => {
                 tracing::info!("nftables table {TABLE} was changed by someone else; rebuilding it");
                 self.rebuild(model)
@@ -340,8 +401,7 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
                 (state, r)
             })
             .await;
-            let Ok((state, result)) = joined else { return };
-            applied = Some(state);
+            let Ok((mut state, result)) = joined else { return };
             match result {
                 Ok(true) => {
                     tracing::info!(event_to_rule_ms = started.elapsed().as_secs_f64() * 1e3, "service rules applied")
@@ -349,6 +409,15 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "cannot apply the service rules"),
             }
+            let Ok(state) = tokio::task::spawn_blocking(move || {
+                state.refresh_listing();
+                state
+            })
+            .await
+            else {
+                return;
+            };
+            applied = Some(state);
             if resync_now {
                 next_resync = Instant::now() + resync;
             }
@@ -435,5 +504,28 @@ mod tests {
         assert!(listed.contains("10.96.0.10 . tcp . 80 : goto reject-chain"), "{listed}");
         assert!(listed.contains("tcp . 30080 : goto reject-chain"), "{listed}");
         assert!(!listed.contains("ep-default-web"), "endpoint chains are gone:\n{listed}");
+    }
+
+    #[test]
+    fn clients_of_a_service_with_affinity_are_remembered_per_endpoint_and_left_out_of_the_listing() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            panic!("this test needs root (a network namespace of its own for nft)");
+        }
+        let mut sticky = (*service("sticky", "10.96.0.12", None)).clone();
+        sticky["spec"]["sessionAffinity"] = json!("ClientIP");
+        sticky["spec"]["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": 60}});
+        let m = model(&[Arc::new(sticky)], &[("sticky", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
+        let (listed, without_clients) = in_private_netns(move || {
+            apply(&full_script(&m)).expect("full table");
+            let before = listing();
+            let add = format!("add element ip {TABLE} affinity-default-sticky-tcp-80-10.244.0.2-8080 {{ 10.244.1.7 }}");
+            apply(&add).expect("a client");
+            let out = Command::new("nft").args(["list", "table", "ip", TABLE]).output().expect("nft list");
+            (String::from_utf8_lossy(&out.stdout).into_owned(), before == listing())
+        });
+        assert!(listed.contains("ip saddr @affinity-default-sticky-tcp-80-10.244.0.2-8080 goto ep-default-sticky"), "{listed}");
+        assert!(listed.contains("timeout 1m") && listed.contains("10.244.1.7 expires"), "{listed}");
+        assert!(without_clients, "a remembered client does not make the table differ");
     }
 }
