@@ -17,8 +17,8 @@
 //! checked before the random pick.
 //!
 //! Level-triggered: every `resync` the table's listing (less the affinity sets' clients) is
-//! compared with the one taken after the last change; if someone changed or removed it, it is
-//! rebuilt from the Services and Endpoints in one transaction.
+//! compared with the one taken after the last full build; if someone changed or removed it, or
+//! changes were applied since, it is rebuilt from the Services and Endpoints in one transaction.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -322,7 +322,7 @@ fn listing() -> Option<String> {
 /// What is in the kernel, as far as this proxy knows.
 struct Applied {
     model: Model,
-    /// The listing taken right after the last change; `None` until it is taken.
+    /// The listing taken right after the last full build; `None` once changes were applied since.
     listing: Option<String>,
 }
 
@@ -347,17 +347,14 @@ impl Applied {
         Ok(true)
     }
 
-    /// Takes the listing that the next resync compares with.
-    fn refresh_listing(&mut self) {
-        if self.listing.is_none() {
-            self.listing = listing();
-        }
-    }
-
-    /// Applies what changed, then rebuilds the table unless the kernel holds what was applied.
+    /// Rebuilds the table unless the kernel holds what the last full build left and nothing
+    /// changed since. An incremental change may land on a table someone else damaged (a flushed
+    /// chain takes `add rule` fine), so after one the next resync rebuilds rather than trust the
+    /// kernel's listing; the rebuild forgets the clients of affinity sets.
     fn resync(&mut self, model: Model) -> Result<(), NftError> {
-        self.update(model.clone())?;
-        self.refresh_listing();
+        if model != self.model {
+            return self.rebuild(model);
+        }
         match (&self.listing, listing()) {
             (Some(want), Some(have)) if *want == have => Ok(()),
             (Some(_), _) => {
@@ -401,7 +398,7 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
                 (state, r)
             })
             .await;
-            let Ok((mut state, result)) = joined else { return };
+            let Ok((state, result)) = joined else { return };
             match result {
                 Ok(true) => {
                     tracing::info!(event_to_rule_ms = started.elapsed().as_secs_f64() * 1e3, "service rules applied")
@@ -409,14 +406,6 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "cannot apply the service rules"),
             }
-            let Ok(state) = tokio::task::spawn_blocking(move || {
-                state.refresh_listing();
-                state
-            })
-            .await
-            else {
-                return;
-            };
             applied = Some(state);
             if resync_now {
                 next_resync = Instant::now() + resync;
