@@ -23,6 +23,7 @@ mod node;
 mod oci;
 mod pods;
 mod probe;
+mod proxy;
 mod pullsecrets;
 mod process;
 mod quantity;
@@ -369,6 +370,8 @@ impl Agent {
         }
         if let Some(network) = network.clone() {
             background.spawn(route_to_other_nodes(&manager, network, period_or_default(config.mode)));
+            // Pods with addresses of their own reach Services through the node's nftables table.
+            background.spawn(proxy::run(&manager, period_or_default(config.mode)));
         }
         let informer = manager.informers().informer(&kinds::POD);
         let sweeper = pods.clone();

@@ -27,7 +27,8 @@ pub enum PodNetworkArg {
     /// Pods share the node's network namespace and report the node's address.
     Host,
     /// Each pod gets its own network namespace and an address from the node's podCIDR, on a
-    /// bridge (`shep0`); the agent must run in a network namespace of its own.
+    /// bridge (`shep0`), and Services reach their ready endpoints through the nftables table
+    /// `ip shepherd` (needs nft); the agent must run in a network namespace of its own.
     Bridge,
 }
 

@@ -467,3 +467,128 @@ fn oci_containers_join_their_pods_network_namespace() {
     // Nothing listens on the node's own address: each server is in its pod's namespace.
     assert_eq!(c.http_from(&node, NODE_IPS[0]), "");
 }
+
+/// `curl http://IP:PORT/` from inside `netns`: (curl's exit code, seconds curl took, body).
+fn request_from(netns: &str, ip: &str, port: u16) -> (i32, f64, String) {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={netns}"))
+        .args(["--", "curl", "-s", "-m", "3", "-w", "\n%{time_total}", &format!("http://{ip}:{port}/")])
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, time) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (out.status.code().unwrap_or(-1), time.trim().parse().unwrap_or(f64::MAX), body.trim().to_string())
+}
+
+#[test]
+fn a_service_spreads_requests_over_its_pods_refuses_at_once_without_endpoints_and_its_rules_come_back_when_flushed() {
+    let runs = Command::new("nft").arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(runs, "this test needs nft (package nftables) for the Service data plane");
+    let c = Cluster::start("d", 2, &[]);
+    let www = c.dir.path().join("www");
+    // Three busybox httpd pods on node-0, each serving its own name; a client pod on node-1.
+    let script = format!(
+        "d={}/$POD_NAME; mkdir -p $d; echo $POD_NAME > $d/index.html; exec busybox httpd -f -p 8080 -h $d",
+        www.display()
+    );
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}},
+                "spec": {"nodeName": "node-0", "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "web", "image": "minimal", "command": ["busybox", "sh", "-c", script],
+                        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}]}}}});
+    let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}});
+    c.kubectl(&["apply", "-f", "-"], Some(&deployment.to_string()));
+    c.kubectl(&["apply", "-f", "-"], Some(&service.to_string()));
+    c.kubectl(&["apply", "-f", "-"], Some(&sleep_pod("client", 1)));
+    c.running_ip("client");
+    let client = c.pod_netns(1, "client");
+    let cluster_ip = c.wait_for("the Service's ClusterIP", 30, |c| {
+        c.get("/api/v1/namespaces/default/services/web")["spec"]["clusterIP"].as_str().map(str::to_string)
+    });
+    let ready_pods = |c: &Cluster| -> HashSet<String> {
+        let eps = c.get("/api/v1/namespaces/default/endpoints/web");
+        eps["subsets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["addresses"].as_array().into_iter().flatten())
+            .filter_map(|a| a["targetRef"]["name"].as_str().map(str::to_string))
+            .collect()
+    };
+    let pods = c.wait_for("three ready endpoints", 90, |c| Some(ready_pods(c)).filter(|p| p.len() == 3));
+
+    // From the other node, through the ClusterIP: every ready pod answers at least once in 60.
+    c.wait_for("the ClusterIP to answer from node-1", 30, |_| (request_from(&client, &cluster_ip, 80).0 == 0).then_some(()));
+    let mut answered = HashSet::new();
+    for _ in 0..60 {
+        let (code, _, body) = request_from(&client, &cluster_ip, 80);
+        assert_eq!(code, 0, "a request to {cluster_ip}:80 failed");
+        assert!(pods.contains(&body), "{body:?} is not one of the ready pods {pods:?}");
+        answered.insert(body);
+    }
+    assert_eq!(answered, pods, "every ready pod answers");
+
+    // sessionAffinity: ClientIP: one client, one pod.
+    let sticky = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-sticky"},
+        "spec": {"selector": {"app": "web"}, "sessionAffinity": "ClientIP", "ports": [{"port": 80, "targetPort": 8080}]}});
+    c.kubectl(&["apply", "-f", "-"], Some(&sticky.to_string()));
+    let sticky_ip = c.wait_for("web-sticky's ClusterIP", 30, |c| {
+        c.get("/api/v1/namespaces/default/services/web-sticky")["spec"]["clusterIP"].as_str().map(str::to_string)
+    });
+    c.wait_for("web-sticky to answer", 60, |_| (request_from(&client, &sticky_ip, 80).0 == 0).then_some(()));
+    // The resync after a change rebuilds the table and forgets the clients: retry a batch until
+    // none falls across one (without affinity, 20 answers from one of 3 pods would take ~3^-19).
+    let stuck = c.wait_for("20 requests in a row answered by one pod", 30, |_| {
+        let answers: HashSet<String> = (0..20).map(|_| request_from(&client, &sticky_ip, 80).2).collect();
+        (answers.len() == 1).then_some(answers)
+    });
+    assert!(pods.is_superset(&stuck), "{stuck:?} are ready pods");
+
+    // No endpoint: refused at once, not left to time out.
+    c.kubectl(&["scale", "deployment", "web", "--replicas=0"], None);
+    c.wait_for("the endpoints to empty", 60, |c| ready_pods(c).is_empty().then_some(()));
+    // A connection opened while the last endpoints went away may still wait on one of them.
+    c.wait_for("a request to be refused at once", 30, |_| {
+        let (code, took, _) = request_from(&client, &cluster_ip, 80);
+        (code == 7 && took < 0.1).then_some(())
+    });
+    for _ in 0..5 {
+        let (code, took, _) = request_from(&client, &cluster_ip, 80);
+        assert!(code == 7 && took < 0.1, "every next request is refused at once (curl exit {code} after {took} s)");
+    }
+
+    // Rules removed by hand come back within a resync (one second by default).
+    let node_1 = c.nodes[1].path();
+    run(Command::new("nsenter").arg(format!("--net={node_1}")).args(["--", "nft", "flush", "table", "ip", "shepherd"]));
+    let flushed = Instant::now();
+    let listing = c.wait_for("the flushed table to come back", 30, |_| {
+        let out = Command::new("nsenter").arg(format!("--net={node_1}")).args(["--", "nft", "list", "table", "ip", "shepherd"]).output().ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        // `flush table` empties the chains and keeps the maps: wait for the rules.
+        let rules = text.contains("th dport vmap @no-endpoint-services") && text.contains("jump services");
+        (rules && text.contains(&format!("{cluster_ip} . tcp . 80 : goto reject-chain"))).then_some(text)
+    });
+    assert!(flushed.elapsed() < Duration::from_secs(10), "the table came back after {:?}:\n{listing}", flushed.elapsed());
+    let (code, took, _) = request_from(&client, &cluster_ip, 80);
+    assert!(code == 7 && took < 0.1, "refused again at once (curl exit {code} after {took} s)");
+
+    // Scaled back: traffic resumes.
+    c.kubectl(&["scale", "deployment", "web", "--replicas=1"], None);
+    let body = c.wait_for("the ClusterIP to answer again", 90, |_| {
+        let (code, _, body) = request_from(&client, &cluster_ip, 80);
+        (code == 0).then_some(body)
+    });
+    assert!(body.starts_with("web-"), "{body}");
+
+    // How long an informer event took to reach the kernel, as the agents logged it.
+    let mut ms: Vec<f64> = (0..2)
+        .flat_map(|i| std::fs::read_to_string(c.dir.path().join(format!("agent-{i}.log"))).unwrap_or_default().lines().map(str::to_string).collect::<Vec<_>>())
+        .filter_map(|l| l.split("event_to_rule_ms=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    assert!(!ms.is_empty(), "the agents log how long each change took to apply");
+    eprintln!("endpoint change to rule: p50 {:.1} ms, max {:.1} ms over {} changes", ms[ms.len() / 2], ms[ms.len() - 1], ms.len());
+}
