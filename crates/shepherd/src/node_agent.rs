@@ -70,8 +70,10 @@ pub struct AgentArgs {
     /// separate agents would, up to 64 pods at once in all.
     #[arg(long, default_value_t = 4)]
     pub agent_workers: usize,
-    /// The agent's trigger mode for its pods (anti-entropy, hybrid, level or edge).
-    #[arg(long, default_value = "anti-entropy")]
+    /// The agent's trigger mode for its pods (hybrid, anti-entropy, level or edge). Not
+    /// anti-entropy by default: each node's digest check has the API server read every pod to
+    /// apply the node's field selector, which a cluster of many nodes cannot afford.
+    #[arg(long, default_value = "hybrid")]
     pub agent_mode: TriggerMode,
     /// Where the agent serves exec, attach and port-forward for the API server (the kubelet's
     /// 10250); port 0 picks a free port. The port is published in the Node's status.
