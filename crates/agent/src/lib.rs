@@ -371,7 +371,7 @@ impl Agent {
         if let Some(network) = network.clone() {
             background.spawn(route_to_other_nodes(&manager, network, period_or_default(config.mode)));
             // Pods with addresses of their own reach Services through the node's nftables table.
-            background.spawn(proxy::run(&manager, period_or_default(config.mode)));
+            background.spawn(proxy::run(&manager, SERVICE_RULES_RESYNC));
         }
         let informer = manager.informers().informer(&kinds::POD);
         let sweeper = pods.clone();
@@ -405,6 +405,10 @@ impl Agent {
 
 /// How often routes to other nodes are re-checked without a Node change: the engine's resync,
 /// at most 30 s.
+/// How often the Service rules are compared with the kernel's and rebuilt when someone changed
+/// them: a listing of one table, cheap enough to do every second whatever the pods' trigger mode.
+const SERVICE_RULES_RESYNC: Duration = Duration::from_secs(1);
+
 fn period_or_default(mode: TriggerMode) -> Duration {
     mode.period().unwrap_or(Duration::from_secs(30)).min(Duration::from_secs(30))
 }
