@@ -2,6 +2,7 @@
 //! Status errors, metrics; and the in-process client that controllers use.
 
 mod apply;
+pub mod auth;
 mod client;
 mod codec;
 mod crd;
