@@ -326,7 +326,6 @@ fn causes_for(res: &ResourceInfo, obj: &Value, schema: Schema) -> Vec<Cause> {
             validate_pod_spec(obj.get("spec"), "spec", &mut c);
         }
         "Deployment" | "ReplicaSet" => {
-            check_unsupported_in_pod_spec(at(obj, "spec.template.spec"), "spec.template.spec", &mut c);
             validate_workload(res, obj, &mut c);
         }
         "Service" => {
@@ -977,31 +976,7 @@ fn validate_workload(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
     check_min(spec, "replicas", "spec", 0, c);
     check_min(spec, "minReadySeconds", "spec", 0, c);
 
-    let selector = match at(spec, "selector") {
-        None => {
-            c.push(Cause::required("spec.selector"));
-            None
-        }
-        Some(sel) => selector_of(sel, "spec.selector", &kind, c),
-    };
-
-    let Some(template) = at(spec, "template") else {
-        c.push(Cause::required("spec.template"));
-        return;
-    };
-    validate_labels(at(template, "metadata.labels"), "spec.template.metadata.labels", c);
-    if let Some(sel) = selector
-        && !sel.matches_object(template)
-    {
-        let labels = at(template, "metadata.labels").cloned().unwrap_or_else(|| Value::Object(Default::default()));
-        c.push(invalid_value("spec.template.metadata.labels", &labels, "`selector` does not match template `labels`"));
-    }
-    validate_pod_spec(template.get("spec"), "spec.template.spec", c);
-    if let Some(rp) = str_at(template, "spec.restartPolicy")
-        && matches!(rp, "OnFailure" | "Never")
-    {
-        c.push(unsupported_value("spec.template.spec.restartPolicy", rp, &["Always"]));
-    }
+    apps::validate_selector_and_template(spec, &kind, c);
 
     if res.kind == "Deployment" {
         check_min(spec, "revisionHistoryLimit", "spec", 0, c);

@@ -121,25 +121,13 @@ pub(super) fn validate_replication_controller(obj: &Value, c: &mut Vec<Cause>) {
         c.push(Cause::required("spec.template"));
         return;
     };
-    validate_labels(at(template, "metadata.labels"), "spec.template.metadata.labels", c);
-    if let Some(sel) = selector {
-        let labels = at(template, "metadata.labels").and_then(Value::as_object);
-        if !sel.iter().all(|(k, v)| labels.is_some_and(|l| l.get(k) == Some(v))) {
-            let shown = at(template, "metadata.labels").cloned().unwrap_or_else(|| Value::Object(Default::default()));
-            c.push(invalid_value("spec.template.metadata.labels", &shown, "`selector` does not match template `labels`"));
-        }
-    }
-    check_unsupported_in_pod_spec(template.get("spec"), "spec.template.spec", c);
-    validate_pod_spec(template.get("spec"), "spec.template.spec", c);
-    if let Some(rp) = str_at(template, "spec.restartPolicy")
-        && rp != "Always"
-    {
-        c.push(unsupported_value("spec.template.spec.restartPolicy", rp, &["Always"]));
-    }
+    let labels = at(template, "metadata.labels").and_then(Value::as_object);
+    let matches = selector.map(|sel| sel.iter().all(|(k, v)| labels.is_some_and(|l| l.get(k) == Some(v))));
+    validate_template(template, matches, c);
 }
 
 /// The selector is required and must match the template's labels; pods restart always.
-fn validate_selector_and_template(spec: &Value, kind: &str, c: &mut Vec<Cause>) {
+pub(super) fn validate_selector_and_template(spec: &Value, kind: &str, c: &mut Vec<Cause>) {
     let selector = match at(spec, "selector") {
         None => {
             c.push(Cause::required("spec.selector"));
@@ -151,17 +139,22 @@ fn validate_selector_and_template(spec: &Value, kind: &str, c: &mut Vec<Cause>) 
         c.push(Cause::required("spec.template"));
         return;
     };
+    validate_template(template, selector.map(|sel| sel.matches_object(template)), c);
+}
+
+/// A replica controller's pod template: labels its selector matches (when it is usable), a pod
+/// spec Shepherd can run, and pods that restart always.
+fn validate_template(template: &Value, selector_matches: Option<bool>, c: &mut Vec<Cause>) {
     validate_labels(at(template, "metadata.labels"), "spec.template.metadata.labels", c);
-    if let Some(sel) = selector
-        && !sel.matches_object(template)
-    {
+    if selector_matches == Some(false) {
         let labels = at(template, "metadata.labels").cloned().unwrap_or_else(|| Value::Object(Default::default()));
         c.push(invalid_value("spec.template.metadata.labels", &labels, "`selector` does not match template `labels`"));
     }
     check_unsupported_in_pod_spec(template.get("spec"), "spec.template.spec", c);
     validate_pod_spec(template.get("spec"), "spec.template.spec", c);
+    // Any other value is already refused by the pod spec's own check.
     if let Some(rp) = str_at(template, "spec.restartPolicy")
-        && rp != "Always"
+        && matches!(rp, "OnFailure" | "Never")
     {
         c.push(unsupported_value("spec.template.spec.restartPolicy", rp, &["Always"]));
     }
