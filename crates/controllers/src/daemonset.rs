@@ -15,8 +15,8 @@
 //! `controller-revision-hash` label of each pod, telling updated pods from old ones, and each
 //! template is recorded as the ControllerRevision `<set>-<hash>` for `kubectl rollout history|undo`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -27,17 +27,14 @@ use shepherd_api::{ApiError, kinds};
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Reconciler};
-use tokio::time::Instant;
 
 use crate::config::ControllerConfig;
 use crate::deployment::pod_template_hash;
 use crate::events::{EventRecorder, EventType};
+use crate::expectations::PodExpectations;
 use crate::history::{History, REVISION_LABEL};
 use crate::podutil;
 use crate::scheduler::fit::{Effect, NodeSummary, PodNeeds};
-
-/// How long a create or delete may go unseen by the pod cache before it stops counting.
-const EXPECTATION_TTL: Duration = Duration::from_secs(60);
 
 /// The tolerations Kubernetes gives every daemon pod: `(key, effect)`, operator Exists.
 const DAEMON_TOLERATIONS: &[(&str, &str)] = &[
@@ -60,31 +57,13 @@ pub fn daemonset_controller(client: Arc<dyn Client>, manager: &Manager, config: 
         nodes: manager.informers().cache(&kinds::NODE),
         daemonsets: daemonsets.clone(),
         revisions: manager.informers().cache(&kinds::CONTROLLERREVISION),
-        expectations: Mutex::default(),
+        expectations: PodExpectations::default(),
     };
     Controller::new("daemonset", &kinds::DAEMONSET, reconciler)
         .owns(&kinds::POD)
         .watches(&kinds::NODE, move |_| daemonsets.list().iter().filter_map(|ds| object_key(ds)).collect())
         .workers(config.workers)
         .mode(config.mode)
-}
-
-/// Creates and deletes the pod cache has not shown yet, so a quick second reconcile neither
-/// creates a second pod on a node nor counts a deleted pod as still there.
-#[derive(Default)]
-struct Expectations {
-    /// Node name to the revision its pod was created at.
-    creating: HashMap<String, (u64, Instant)>,
-    /// Uids of pods deleted, until the cache shows them terminating or gone.
-    deleting: HashMap<String, Instant>,
-}
-
-impl Expectations {
-    fn prune(&mut self, observed: u64, pods: &[Arc<Value>]) {
-        self.creating.retain(|_, (rev, at)| *rev > observed && at.elapsed() < EXPECTATION_TTL);
-        let live: HashSet<&str> = pods.iter().filter(|p| !podutil::is_deleting(p)).map(|p| podutil::uid(p)).collect();
-        self.deleting.retain(|uid, at| live.contains(uid.as_str()) && at.elapsed() < EXPECTATION_TTL);
-    }
 }
 
 struct DaemonSetReconciler {
@@ -94,15 +73,15 @@ struct DaemonSetReconciler {
     daemonsets: Arc<Cache>,
     revisions: Arc<Cache>,
     events: EventRecorder,
-    /// By DaemonSet key; one worker reconciles a key at a time, so each entry has one writer.
-    expectations: Mutex<HashMap<String, Expectations>>,
+    /// By DaemonSet key.
+    expectations: PodExpectations,
 }
 
 #[async_trait]
 impl Reconciler for DaemonSetReconciler {
     async fn reconcile(&self, key: &str) -> Result<Action, Error> {
         let Some(ds) = self.daemonsets.get(key) else {
-            self.lock().remove(key);
+            self.expectations.forget(key);
             return Ok(Action::Done);
         };
         self.sync(key, &ds).await
@@ -140,10 +119,6 @@ struct Changes {
 }
 
 impl DaemonSetReconciler {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Expectations>> {
-        self.expectations.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     async fn sync(&self, key: &str, ds: &Value) -> Result<Action, Error> {
         let selector = match LabelSelector::from_k8s(ds.at("/spec/selector").unwrap_or(&Value::Null)) {
             Ok(s) if !s.is_empty() => s,
@@ -162,12 +137,7 @@ impl DaemonSetReconciler {
             let history = History { client: &self.client, revisions: &self.revisions, owner: ds, owner_kind: &kinds::DAEMONSET };
             history.record(&format!("{}-{hash}", podutil::name(ds)), &hash, &template, &[], &owned).await?;
         }
-        let (pending, deleting): (HashSet<String>, HashSet<String>) = {
-            let mut all = self.lock();
-            let exp = all.entry(key.to_string()).or_default();
-            exp.prune(self.pods.observed_revision(), &owned);
-            (exp.creating.keys().cloned().collect(), exp.deleting.keys().cloned().collect())
-        };
+        let (pending, deleting) = self.expectations.settle(key, self.pods.observed_revision(), &owned);
 
         let probe = daemon_pod(ds, &template, &hash, "");
         let needs = PodNeeds::of(&probe);
@@ -282,9 +252,7 @@ impl DaemonSetReconciler {
             match r {
                 Ok(pod) => {
                     let rev = shepherd_runtime::cache::resource_version(&pod).unwrap_or(u64::MAX);
-                    if let Some(exp) = self.lock().get_mut(key) {
-                        exp.creating.insert(node.clone(), (rev, Instant::now()));
-                    }
+                    self.expectations.created(key, node, rev);
                     let msg = format!("Created pod: {}", podutil::name(&pod));
                     self.events.record(ds, EventType::Normal, "SuccessfulCreate", &msg).await;
                 }
@@ -304,9 +272,7 @@ impl DaemonSetReconciler {
             Err(e) if e.is_not_found() || e.is_conflict() => {}
             Err(e) => return Err(e),
         }
-        if let Some(exp) = self.lock().get_mut(key) {
-            exp.deleting.insert(podutil::uid(pod).to_string(), Instant::now());
-        }
+        self.expectations.deleted(key, podutil::uid(pod));
         Ok(())
     }
 

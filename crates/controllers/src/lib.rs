@@ -9,6 +9,7 @@ pub mod endpoints;
 pub mod endpointslice;
 pub mod events;
 pub mod eventttl;
+mod expectations;
 pub mod gc;
 pub mod history;
 pub mod job;

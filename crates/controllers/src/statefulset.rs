@@ -8,8 +8,8 @@
 //! the update in progress, and pods below the partition that are recreated come back at it, read
 //! from its ControllerRevision, as in Kubernetes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,11 +19,11 @@ use shepherd_api::selector::LabelSelector;
 use shepherd_api::{ApiError, kinds};
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Reconciler};
-use tokio::time::Instant;
 
 use crate::config::ControllerConfig;
 use crate::deployment::pod_template_hash;
 use crate::events::{EventRecorder, EventType};
+use crate::expectations::PodExpectations;
 use crate::history::{History, REVISION_LABEL};
 use crate::podutil;
 
@@ -31,9 +31,6 @@ use crate::podutil;
 pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
 /// The label carrying a stateful pod's ordinal.
 pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
-/// How long a create or delete may go unseen by the pod cache before it stops counting.
-const EXPECTATION_TTL: Duration = Duration::from_secs(60);
-
 /// Builds the StatefulSet controller. It reads pods and StatefulSets from the manager's caches.
 pub fn statefulset_controller(client: Arc<dyn Client>, manager: &Manager, config: &ControllerConfig) -> Controller {
     let reconciler = StatefulSetReconciler {
@@ -42,7 +39,7 @@ pub fn statefulset_controller(client: Arc<dyn Client>, manager: &Manager, config
         pods: manager.informers().cache(&kinds::POD),
         sets: manager.informers().cache(&kinds::STATEFULSET),
         revisions: manager.informers().cache(&kinds::CONTROLLERREVISION),
-        expectations: Mutex::default(),
+        expectations: PodExpectations::default(),
     };
     Controller::new("statefulset", &kinds::STATEFULSET, reconciler)
         .owns(&kinds::POD)
@@ -51,29 +48,21 @@ pub fn statefulset_controller(client: Arc<dyn Client>, manager: &Manager, config
         .mode(config.mode)
 }
 
-#[derive(Default)]
-struct Expectations {
-    /// Pod name to the revision it was created at.
-    creating: HashMap<String, (u64, Instant)>,
-    /// Uids of pods deleted, until the cache shows them terminating or gone.
-    deleting: HashMap<String, Instant>,
-}
-
 struct StatefulSetReconciler {
     client: Arc<dyn Client>,
     pods: Arc<Cache>,
     sets: Arc<Cache>,
     revisions: Arc<Cache>,
     events: EventRecorder,
-    /// By StatefulSet key; one worker reconciles a key at a time, so each entry has one writer.
-    expectations: Mutex<HashMap<String, Expectations>>,
+    /// By StatefulSet key.
+    expectations: PodExpectations,
 }
 
 #[async_trait]
 impl Reconciler for StatefulSetReconciler {
     async fn reconcile(&self, key: &str) -> Result<Action, Error> {
         let Some(set) = self.sets.get(key) else {
-            self.lock().remove(key);
+            self.expectations.forget(key);
             return Ok(Action::Done);
         };
         self.sync(key, &set).await
@@ -103,10 +92,6 @@ struct Plan<'a> {
 }
 
 impl StatefulSetReconciler {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Expectations>> {
-        self.expectations.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     async fn sync(&self, key: &str, set: &Value) -> Result<Action, Error> {
         let name = podutil::name(set).to_string();
         let selector = match LabelSelector::from_k8s(set.at("/spec/selector").unwrap_or(&Value::Null)) {
@@ -154,15 +139,7 @@ impl StatefulSetReconciler {
             .into_iter()
             .filter(|p| selector.matches_object(p) && podutil::ordinal(podutil::name(p), &name).is_some())
             .collect();
-        let (creating, deleting) = {
-            let mut all = self.lock();
-            let exp = all.entry(key.to_string()).or_default();
-            let observed = self.pods.observed_revision();
-            exp.creating.retain(|_, (rev, at)| *rev > observed && at.elapsed() < EXPECTATION_TTL);
-            let live: HashSet<&str> = pods.iter().filter(|p| !podutil::is_deleting(p)).map(|p| podutil::uid(p)).collect();
-            exp.deleting.retain(|uid, at| live.contains(uid.as_str()) && at.elapsed() < EXPECTATION_TTL);
-            (exp.creating.keys().cloned().collect::<HashSet<_>>(), exp.deleting.keys().cloned().collect::<HashSet<_>>())
-        };
+        let (creating, deleting) = self.expectations.settle(key, self.pods.observed_revision(), &pods);
         let mut slots: BTreeMap<u64, Slot> = BTreeMap::new();
         for pod in &pods {
             let Some(ord) = podutil::ordinal(podutil::name(pod), &name) else { continue };
@@ -300,9 +277,7 @@ impl StatefulSetReconciler {
         match self.client.create(&kinds::POD, podutil::namespace(set), pod).await {
             Ok(created) => {
                 let rev = shepherd_runtime::cache::resource_version(&created).unwrap_or(u64::MAX);
-                if let Some(exp) = self.lock().get_mut(key) {
-                    exp.creating.insert(pod_name.clone(), (rev, Instant::now()));
-                }
+                self.expectations.created(key, &pod_name, rev);
                 let msg = format!("create Pod {pod_name} in StatefulSet {set_name} successful");
                 self.events.record(set, EventType::Normal, "SuccessfulCreate", &msg).await;
                 Ok(())
@@ -333,9 +308,7 @@ impl StatefulSetReconciler {
                 return Err(e.into());
             }
         }
-        if let Some(exp) = self.lock().get_mut(key) {
-            exp.deleting.insert(podutil::uid(pod).to_string(), Instant::now());
-        }
+        self.expectations.deleted(key, podutil::uid(pod));
         Ok(())
     }
 
