@@ -4,6 +4,7 @@ mod backup;
 mod control_plane;
 mod controllers_view;
 mod dns;
+mod elected;
 mod node_agent;
 mod private_dir;
 mod registry;
@@ -52,6 +53,12 @@ enum Command {
     Store(store_check::StoreCommand),
     /// Serve an OCI distribution registry (push and pull) over a data directory.
     Registry(registry::RegistryArgs),
+    /// Run the controllers against an API server, acting while holding the
+    /// kube-system/kube-controller-manager Lease (several may run; one acts).
+    ControllerManager(Box<elected::ElectedArgs>),
+    /// Run the scheduler against an API server, acting while holding the kube-system/kube-scheduler
+    /// Lease (several may run; one acts).
+    Scheduler(Box<elected::ElectedArgs>),
 }
 
 #[derive(Args, Clone)]
@@ -187,6 +194,8 @@ fn main() -> anyhow::Result<()> {
             Command::Restore(args) => backup::restore(args),
             Command::Store(command) => store_check::run(command),
             Command::Registry(args) => registry::run(args).await,
+            Command::ControllerManager(args) => elected::run(elected::Role::ControllerManager, *args, shutdown_signal()).await,
+            Command::Scheduler(args) => elected::run(elected::Role::Scheduler, *args, shutdown_signal()).await,
         }
     })
 }
