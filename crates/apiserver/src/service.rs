@@ -314,31 +314,32 @@ impl ApiService {
     }
 
     pub async fn list(&self, res: &ResourceInfo, ns: Option<&str>, opts: &ListOptions) -> Result<ListPage, ApiError> {
-        // The store serves only its current state; reading a past revision needs a history of
-        // full states it does not keep yet. So: Exact at the current revision is served; Exact at
-        // an older one is 410 Expired (as Kubernetes answers a compacted revision); a revision
-        // newer than the store's is waited for, then 504 (as Kubernetes answers it).
-        match opts.revision {
-            RevisionMatch::Any => {}
-            RevisionMatch::NotOlderThan(rv) => self.wait_for_revision(rv).await?,
+        // A revision newer than the store's is waited for, then 504 (as Kubernetes answers it).
+        // Exact reads the list as it stood then, from the retained history; older than that is
+        // 410 Expired, as Kubernetes answers a compacted revision.
+        let at = match opts.revision {
+            RevisionMatch::Any => None,
+            RevisionMatch::NotOlderThan(rv) => {
+                self.wait_for_revision(rv).await?;
+                None
+            }
             RevisionMatch::Exact(rv) => {
                 self.wait_for_revision(rv).await?;
-                if rv < self.store.revision() {
-                    return Err(exact_too_old());
-                }
+                Some(rv)
             }
-        }
-        let page = self.list_current(res, ns, opts).await?;
-        if let RevisionMatch::Exact(rv) = opts.revision
-            && page.revision != rv
-        {
-            // Written to between the check and the read.
-            return Err(exact_too_old());
-        }
-        Ok(page)
+        };
+        self.list_at(res, ns, opts, at).await
     }
 
-    async fn list_current(&self, res: &ResourceInfo, ns: Option<&str>, opts: &ListOptions) -> Result<ListPage, ApiError> {
+    /// One page, read at one revision: `at`, or the first page's for a continued list, or the
+    /// current one. Later pages see the list as the first did, whatever was written since.
+    async fn list_at(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        opts: &ListOptions,
+        at: Option<Revision>,
+    ) -> Result<ListPage, ApiError> {
         let labels = opts.label_selector.as_deref().map(LabelSelector::parse).transpose()?;
         let fields = opts.field_selector.as_deref().map(FieldSelector::parse).transpose()?;
         let prefix = match (res.namespaced, ns) {
@@ -355,16 +356,21 @@ impl ApiService {
         let filtering = labels.as_ref().is_some_and(|l| !l.is_empty()) || fields.as_ref().is_some_and(|f| !f.is_empty());
         let mut items = Vec::new();
         let mut cursor = start_after;
-        let mut revision = None;
+        let mut revision = first_revision.or(at);
         let mut more;
         // With a selector, keep reading until the page is full of matches or the keys run out.
         loop {
             let want = opts.limit.map(|l| l.saturating_sub(items.len()));
-            let page = self
-                .store
-                .list(&prefix, cursor.as_deref(), want.map(|w| w.max(1)))
-                .await
-                .map_err(|e| store_err(res, "", e))?;
+            let want = want.map(|w| w.max(1));
+            let page = match revision {
+                None => self.store.list(&prefix, cursor.as_deref(), want).await,
+                Some(rev) => self.store.list_at(&prefix, cursor.as_deref(), want, rev).await,
+            };
+            let page = page.map_err(|e| match e {
+                StoreError::Expired { .. } if first_revision.is_some() => continue_too_old(),
+                StoreError::Expired { .. } => exact_too_old(),
+                e => store_err(res, "", e),
+            })?;
             revision.get_or_insert(page.revision);
             more = page.more;
             cursor = page.items.last().map(|kv| kv.key.clone()).or(cursor);
@@ -383,7 +389,7 @@ impl ApiService {
                 break;
             }
         }
-        let revision = first_revision.or(revision).unwrap_or(0);
+        let revision = revision.unwrap_or(0);
         let continue_token = match (more, &cursor) {
             (true, Some(last)) => Some(encode_continue(revision, last)),
             _ => None,
@@ -1013,6 +1019,15 @@ impl ApiService {
 /// The answer Kubernetes gives for a list at a revision it no longer has.
 fn exact_too_old() -> ApiError {
     ApiError::Expired("The resourceVersion for the provided list is too old.".into())
+}
+
+/// Kubernetes' words for a continue token whose revision has left the history.
+fn continue_too_old() -> ApiError {
+    ApiError::Expired(
+        "The provided continue parameter is too old to display a consistent list result. You can start a new list \
+         without the continue parameter."
+            .into(),
+    )
 }
 
 /// The object a dry run returns: as it would have been stored, at the revision it was read at

@@ -240,10 +240,11 @@ async fn lists_and_gets_honour_resource_version_and_its_match() {
         assert_eq!(list_rv(&r), now, "{q}");
     }
 
-    // Exact at a revision the store has moved past: it cannot read the past (yet): 410.
+    // Exact at a revision the store has moved past: the list as it stood then.
     let r = s.get(&format!("{PODS}?resourceVersion={}&resourceVersionMatch=Exact", now - 1)).await;
-    assert_eq!(r.code, StatusCode::GONE, "{}", r.body);
-    assert_eq!(r.body["reason"], "Expired");
+    assert_eq!(r.code, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["items"].as_array().map(Vec::len), Some(2), "p2 did not exist yet: {}", r.body);
+    assert_eq!(list_rv(&r), now - 1);
 
     // A revision from the future: waited for, then 504 Timeout with Kubernetes' cause.
     for q in [format!("{PODS}?resourceVersion=999999"), format!("{PODS}?resourceVersion=999999&resourceVersionMatch=Exact"),
@@ -433,4 +434,58 @@ async fn a_dry_run_validates_in_full_and_writes_nothing() {
     assert_eq!(r.body["details"]["causes"][0]["field"], "dryRun");
     assert_eq!(s.delete(&format!("{PODS}/bound?dryRun=yes")).await.code, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(s.store.revision(), before);
+}
+
+/// A paginated list reads every page at the first page's revision: each object exactly once, as
+/// it was then, whatever is created, changed or deleted between the pages.
+#[tokio::test]
+async fn a_paginated_list_is_one_snapshot_despite_writes_between_pages() {
+    let s = start().await;
+    for i in 0..20 {
+        s.create(PODS, &pod(&format!("p{i:02}"))).await;
+    }
+    let first = s.get(&format!("{PODS}?limit=5")).await;
+    let at = list_rv(&first);
+    let mut names: Vec<String> = Vec::new();
+    let mut page = first;
+    let mut round = 0;
+    loop {
+        for item in page.body["items"].as_array().expect("items") {
+            assert_eq!(item["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse::<u64>().ok()).map(|v| v <= at), Some(true));
+            names.push(item["metadata"]["name"].as_str().unwrap_or("").to_string());
+        }
+        assert_eq!(list_rv(&page), at, "every page carries the first page's revision");
+        // Between pages: delete one not yet listed, add one that sorts between, change one.
+        round += 1;
+        s.create(PODS, &pod(&format!("p{:02}x", round * 5))).await;
+        let r = s.http.delete(s.url(&format!("{PODS}/p{:02}", 19 - round))).send().await.expect("delete");
+        assert!(r.status().is_success());
+        let Some(token) = page.body["metadata"]["continue"].as_str().filter(|t| !t.is_empty()).map(str::to_string) else { break };
+        page = s.get(&format!("{PODS}?limit=5&continue={token}")).await;
+        assert_eq!(page.code, StatusCode::OK, "{}", page.body);
+    }
+    assert_eq!(names, (0..20).map(|i| format!("p{i:02}")).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn a_continue_token_or_exact_revision_older_than_the_history_is_gone() {
+    let limits = shepherd_store::HistoryLimits { max_events: 5, ..Default::default() };
+    let s = common::start_on(limits, shepherd_apiserver::HttpConfig::default(), axum::Router::new()).await;
+    for i in 0..4 {
+        s.create(PODS, &pod(&format!("p{i}"))).await;
+    }
+    let first = s.get(&format!("{PODS}?limit=2")).await;
+    let at = list_rv(&first);
+    let token = first.body["metadata"]["continue"].as_str().expect("a continue token").to_string();
+    for i in 0..10 {
+        s.create(PODS, &pod(&format!("q{i}"))).await;
+    }
+    let r = s.get(&format!("{PODS}?limit=2&continue={token}")).await;
+    assert_eq!(r.code, StatusCode::GONE, "{}", r.body);
+    assert_eq!(r.body["reason"], "Expired");
+    assert!(r.body["message"].as_str().is_some_and(|m| m.contains("continue parameter is too old")), "{}", r.body);
+    let r = s.get(&format!("{PODS}?resourceVersion={at}&resourceVersionMatch=Exact")).await;
+    assert_eq!(r.code, StatusCode::GONE, "{}", r.body);
+    let tampered: String = token.chars().rev().collect();
+    assert_eq!(s.get(&format!("{PODS}?limit=2&continue={tampered}")).await.code, StatusCode::BAD_REQUEST);
 }

@@ -84,6 +84,20 @@ pub trait Store: Send + Sync + 'static {
     /// Keys starting with `prefix`, in key order, after `start_after` when given, at most `limit`.
     async fn list(&self, prefix: &str, start_after: Option<&str>, limit: Option<usize>)
     -> Result<ListResult, StoreError>;
+    /// As `list`, read as the store stood at `revision` (for a paginated list's later pages, and
+    /// lists at an exact revision). `Expired` once writes after `revision` have left the history.
+    async fn list_at(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: Option<usize>,
+        revision: Revision,
+    ) -> Result<ListResult, StoreError> {
+        if revision == self.revision() {
+            return self.list(prefix, start_after, limit).await;
+        }
+        Err(StoreError::Expired { requested: revision, oldest: self.revision() })
+    }
     /// Number of keys starting with `prefix`.
     fn count(&self, prefix: &str) -> usize;
     /// Every change to keys under `prefix` after `from_revision`, in order, with no gap and no

@@ -94,6 +94,15 @@ impl Store for LocalStore {
     async fn list(&self, prefix: &str, start_after: Option<&str>, limit: Option<usize>) -> Result<ListResult, StoreError> {
         self.read(|s| s.list(prefix, start_after, limit))
     }
+    async fn list_at(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: Option<usize>,
+        revision: Revision,
+    ) -> Result<ListResult, StoreError> {
+        self.read(|s| s.list_at(prefix, start_after, limit, revision))?
+    }
     fn count(&self, prefix: &str) -> usize {
         self.read(|s| s.count(prefix)).unwrap_or(0)
     }

@@ -179,6 +179,57 @@ impl State {
         ListResult { items, revision: self.revision, more }
     }
 
+    /// The list as it stood at revision `at`: the current objects with the retained writes after
+    /// `at` undone. `Expired` when those writes are no longer all retained.
+    pub(crate) fn list_at(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: Option<usize>,
+        at: Revision,
+    ) -> Result<ListResult, StoreError> {
+        if at >= self.revision {
+            return Ok(self.list(prefix, start_after, limit));
+        }
+        if at < self.watchable_from {
+            return Err(StoreError::Expired { requested: at, oldest: self.watchable_from });
+        }
+        let after = |k: &str| k.starts_with(prefix) && start_after.is_none_or(|a| k > a);
+        // Newest first, so the value that stays for a key is the one before its first later write.
+        let mut then: BTreeMap<&str, Option<&KeyValue>> = BTreeMap::new();
+        let first_later = self.history.partition_point(|(e, _)| e.revision() <= at);
+        for (e, _) in self.history.range(first_later..).rev() {
+            if after(&e.kv.key) {
+                then.insert(&e.kv.key, e.prev.as_ref());
+            }
+        }
+        let start = match start_after {
+            Some(a) if a >= prefix => Bound::Excluded(a.to_string()),
+            _ => Bound::Included(prefix.to_string()),
+        };
+        let mut now = self.objects.range((start, Bound::Unbounded)).take_while(|(k, _)| k.starts_with(prefix)).peekable();
+        let mut changed = then.into_iter().peekable();
+        let mut items = Vec::new();
+        loop {
+            let next = match (now.peek(), changed.peek()) {
+                (None, None) => break,
+                (Some((k, _)), Some((c, _))) if k.as_str() < *c => now.next().map(|(_, v)| Some(v)),
+                (Some((k, _)), Some((c, _))) if k.as_str() == *c => {
+                    now.next();
+                    changed.next().map(|(_, v)| v)
+                }
+                (Some(_), None) => now.next().map(|(_, v)| Some(v)),
+                _ => changed.next().map(|(_, v)| v),
+            };
+            let Some(Some(kv)) = next else { continue };
+            if limit.is_some_and(|l| items.len() >= l) {
+                return Ok(ListResult { items, revision: at, more: true });
+            }
+            items.push(kv.clone());
+        }
+        Ok(ListResult { items, revision: at, more: false })
+    }
+
     pub(crate) fn count(&self, prefix: &str) -> usize {
         self.objects.range(prefix.to_string()..).take_while(|(k, _)| k.starts_with(prefix)).count()
     }

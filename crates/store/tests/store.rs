@@ -273,3 +273,63 @@ proptest! {
         })?;
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// A list at a past revision, page by page, is exactly the state the store held then, however
+    /// the keys changed since.
+    #[test]
+    fn a_list_at_a_past_revision_is_the_state_at_that_revision(
+        ops in proptest::collection::vec(op(), 1..60),
+        at_frac in 0.0f64..1.0,
+        page in 1usize..5,
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+        rt.block_on(async {
+            let store = LocalStore::in_memory(HistoryLimits::default());
+            store.create("/j/outside", b("x")).await.expect("create");
+            let mut states = vec![(store.revision(), Vec::new())];
+            for (i, op) in ops.iter().enumerate() {
+                let r = match op {
+                    Op::Create(k) => store.create(&format!("/k/{k}"), b(&format!("c{i}"))).await,
+                    Op::Update(k) => store.update(&format!("/k/{k}"), b(&format!("u{i}")), None).await,
+                    Op::Delete(k) => store.delete(&format!("/k/{k}"), None).await,
+                };
+                if r.is_ok() {
+                    let now = store.list("/k/", None, None).await.expect("list").items;
+                    states.push((store.revision(), now));
+                }
+            }
+            let (at, expected) = &states[((states.len() - 1) as f64 * at_frac) as usize];
+            let mut got = Vec::new();
+            let mut after: Option<String> = None;
+            loop {
+                let p = store.list_at("/k/", after.as_deref(), Some(page), *at).await.expect("list_at");
+                prop_assert_eq!(p.revision, *at);
+                prop_assert!(p.items.len() <= page);
+                after = p.items.last().map(|kv| kv.key.clone()).or(after);
+                got.extend(p.items);
+                if !p.more {
+                    break;
+                }
+            }
+            prop_assert_eq!(&got, expected);
+            Ok(())
+        })?;
+    }
+}
+
+#[tokio::test]
+async fn a_list_at_a_revision_older_than_the_history_is_expired() {
+    let store = LocalStore::in_memory(HistoryLimits { max_events: 3, ..HistoryLimits::default() });
+    for i in 0..10 {
+        store.create(&format!("/k{i}"), b("v")).await.expect("create");
+    }
+    match store.list_at("/", None, None, 2).await {
+        Err(StoreError::Expired { requested: 2, oldest: 7 }) => {}
+        other => panic!("expected Expired, got {other:?}"),
+    }
+    let at7 = store.list_at("/", None, None, 7).await.expect("oldest retained");
+    assert_eq!(at7.items.len(), 7);
+}
