@@ -13,7 +13,6 @@ mod cgroup;
 mod crilog;
 mod dns;
 mod envvars;
-mod events;
 mod exec;
 mod logs;
 mod mountns;

@@ -29,7 +29,6 @@ use tracing::{debug, info, warn};
 use crate::backoff::Backoff;
 use crate::envvars;
 use crate::network::PodNetwork;
-use crate::events;
 use crate::probe::{self, ProbeEvent, ProbeKind, ProbeOutcome};
 use crate::pullsecrets;
 use crate::quantity;
@@ -244,7 +243,7 @@ impl PodManager {
     ) -> Arc<PodManager> {
         let (probe_tx, probe_rx) = mpsc::unbounded_channel();
         let adopted = runtime.adopt();
-        let events = shepherd_controllers::events::EventRecorder::new(client.clone(), "kubelet");
+        let events = shepherd_controllers::events::EventRecorder::for_node_agent(client.clone());
         let manager = Arc::new_cyclic(|this| PodManager {
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             events,
@@ -615,7 +614,7 @@ impl PodManager {
                 }
                 if new {
                     warn!(pod = %str_at(pod, "/metadata/name"), reason = %why, "volume not ready");
-                    events::warn_about(&self.client, pod, "FailedMount", &why);
+                    self.events.record_in_background(pod, EventType::Warning, "FailedMount", &why);
                 }
                 None
             }
@@ -632,7 +631,7 @@ impl PodManager {
     fn hold(&self, pod: &Value, c: &mut ContainerRecord, message: String) {
         if c.waiting.as_ref().is_none_or(|(_, m)| *m != message) {
             warn!(pod = %c.id.pod_key, container = %c.id.name, reason = %message, "container cannot be configured");
-            events::warn_about(&self.client, pod, "Failed", &format!("Error: {message}"));
+            self.events.record_in_background(pod, EventType::Warning, "Failed", &format!("Error: {message}"));
         }
         c.waiting = Some(("CreateContainerConfigError", message));
     }
@@ -763,7 +762,7 @@ impl PodManager {
         }
         c.waiting = None;
         for skipped in &env.skipped {
-            events::warn_about(&self.client, pod, "InvalidEnvironmentVariableNames", skipped);
+            self.events.record_in_background(pod, EventType::Warning, "InvalidEnvironmentVariableNames", skipped);
         }
         let env = env.vars;
         let restarting = !matches!(c.state, CState::NotStarted);

@@ -66,6 +66,8 @@ impl EventType {
 pub struct EventRecorder {
     client: Arc<dyn Client>,
     component: String,
+    /// A node agent's events name the node of the pod as their source host, as kubelet's do.
+    host_is_pod_node: bool,
     state: Arc<Mutex<Correlator>>,
 }
 
@@ -220,7 +222,20 @@ fn now() -> String {
 
 impl EventRecorder {
     pub fn new(client: Arc<dyn Client>, component: impl Into<String>) -> Self {
-        EventRecorder { client, component: component.into(), state: Arc::default() }
+        EventRecorder { client, component: component.into(), host_is_pod_node: false, state: Arc::default() }
+    }
+
+    /// The recorder of a node agent: component `kubelet`, and each event's source host the node
+    /// its pod is bound to.
+    pub fn for_node_agent(client: Arc<dyn Client>) -> Self {
+        EventRecorder { host_is_pod_node: true, ..EventRecorder::new(client, "kubelet") }
+    }
+
+    /// As [`EventRecorder::record`], without waiting: for code that cannot await, and callers
+    /// that must not be held up by the write.
+    pub fn record_in_background(&self, obj: &Value, type_: EventType, reason: &str, message: &str) {
+        let (recorder, obj, reason, message) = (self.clone(), obj.clone(), reason.to_string(), message.to_string());
+        tokio::spawn(async move { recorder.record(&obj, type_, &reason, &message).await });
     }
 
     /// Records an event about `obj`, or drops it if the object has used up its share (see
@@ -262,7 +277,10 @@ impl EventRecorder {
                 "uid": uid, "apiVersion": obj.get("apiVersion"), "resourceVersion": obj.at("/metadata/resourceVersion")},
             "reason": reason, "message": message, "type": type_.as_str(), "count": 1,
             "firstTimestamp": t, "lastTimestamp": t,
-            "source": {"component": self.component},
+            "source": match (self.host_is_pod_node, obj.at("/spec/nodeName")) {
+                (true, Some(host)) => json!({"component": self.component, "host": host}),
+                _ => json!({"component": self.component}),
+            },
             "reportingComponent": self.component,
         });
         match self.client.create(&kinds::EVENT, Some(&ns), event).await {
