@@ -618,3 +618,110 @@ async fn a_host_network_pod_runs_on_the_oci_runtime_in_the_nodes_network_namespa
     assert_eq!(seen.trim(), node.to_string_lossy(), "the container is in the node's network namespace");
     reqwest::get(format!("http://127.0.0.1:{port}/")).await.expect("httpd answers on the node's loopback");
 }
+
+/// The busybox test image with what interactive use and `kubectl cp` run in the container
+/// (`tty`, `stty`, `tar`).
+fn interactive_image() -> ImageBuilder {
+    ImageBuilder::busybox()
+        .expect("busybox-static")
+        .symlink("/bin/tty", "busybox")
+        .symlink("/bin/stty", "busybox")
+        .symlink("/bin/tar", "busybox")
+}
+
+impl Cluster {
+    /// Creates pod `name` from `spec` and waits until it is Ready.
+    async fn running_pod(&self, name: &str, spec: Value) {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec});
+        self.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+        wait_for(&format!("pod {name} Ready"), 90, async || {
+            self.pods().into_iter().find(|p| p["metadata"]["name"] == name).filter(ready)
+        })
+        .await;
+    }
+
+    /// The shell command line running `kubectl <args>` of `bin` against this cluster, then
+    /// printing its exit code and idling (so that the terminal keeps showing what happened).
+    fn kubectl_in_terminal(&self, bin: &Path, args: &str) -> String {
+        format!("env KUBECONFIG=/dev/null {} --server {} {args}; echo kubectl-exit=$?; sleep 120", bin.display(), self.url())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_oci_attach_it_drives_the_containers_own_terminal_follows_resizes_and_outlives_an_agent_kill_9() {
+    use common::interactive::Terminal;
+    let mut cluster = Cluster::start(&[]);
+    cluster.push(&interactive_image(), "busybox", "1").await;
+    let image = format!("{}/busybox:1", cluster.registry);
+    cluster.running_pod("console", json!({"containers": [
+        {"name": "sh", "image": image, "command": ["sh"], "stdin": true, "tty": true}]})).await;
+    for (label, bin) in common::kubectls_under_test() {
+        let name = format!("attach-{}", label.replace('.', "-"));
+        let t = Terminal::start(cluster.data(), &name, &cluster.kubectl_in_terminal(&bin, "attach -it console"));
+        let shown = t.ask("echo \"tty=$(tty) size=$(stty size) seen=$SEEN\"; SEEN=\"$SEEN+$$\"", "tty=");
+        assert!(shown.starts_with("tty=/dev/pts/"), "kubectl {label}: the container's stdin is its own terminal: {shown}");
+        assert!(shown.contains("size=40 120"), "kubectl {label}: the client's terminal size reaches the shell: {shown}");
+        t.resize(100, 30);
+        t.ask("echo \"resized=$(stty size)\"", "resized=30 100");
+    }
+    let logs = cluster.kubectl(&["logs", "console"], None);
+    assert!(logs.contains("resized=30 100"), "what the shell writes on its terminal is its log: {logs}");
+
+    // The shim holds the terminal: the same shell, with its variables, after an agent kill -9.
+    cluster.kill9_and_restart();
+    let (_, bin) = common::newest_kubectl();
+    let t = Terminal::start(cluster.data(), "after-kill", &cluster.kubectl_in_terminal(&bin, "attach -it console"));
+    let shown = t.ask("echo \"again seen=$SEEN\"", "again seen=");
+    assert!(shown.starts_with("again seen=+"), "the shell the earlier attaches talked to: {shown}");
+    let restarts = cluster.kubectl(&["get", "pod", "console", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"], None);
+    assert_eq!(restarts, "0", "neither detaching nor the agent's death ends the shell");
+    drop(t);
+
+    // `kubectl run -it --rm` makes a pod with stdin and a terminal and attaches to it.
+    for (label, bin) in common::kubectls_under_test() {
+        let pod = format!("one-off-{}", label.replace('.', "-"));
+        let args = format!("run -it --rm --restart=Never {pod} --image={image} -- sh");
+        let t = Terminal::start(cluster.data(), &pod, &cluster.kubectl_in_terminal(&bin, &args));
+        let shown = t.ask("echo \"answer=$((6 * 7)) on $(tty)\"", "answer=");
+        assert!(shown.starts_with("answer=42 on /dev/pts/"), "kubectl {label}: {shown}");
+        t.type_line("exit 5");
+        let exit = wait_for("kubectl run to end with the shell", 60, async || {
+            t.screen().lines().find(|l| l.starts_with("kubectl-exit=")).map(str::to_string)
+        })
+        .await;
+        assert_eq!(exit.trim(), "kubectl-exit=5", "kubectl {label}: kubectl run returns the shell's exit code: {}", t.screen());
+        wait_for("the --rm pod to be deleted", 60, async || cluster.pods().iter().all(|p| p["metadata"]["name"] != pod.as_str()).then_some(()))
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_oci_attach_i_feeds_a_container_started_with_stdin_and_run_i_ends_a_stdin_once_one() {
+    use common::interactive::attach_typing;
+    let cluster = Cluster::start(&[]);
+    cluster.push(&interactive_image(), "busybox", "1").await;
+    let image = format!("{}/busybox:1", cluster.registry);
+    cluster.running_pod("reader", json!({"containers": [
+        {"name": "r", "image": image, "command": ["sh", "-c", "echo ready; while read l; do echo got:$l; done"], "stdin": true},
+        {"name": "deaf", "image": image, "command": ["sleep", "100000"]}]})).await;
+    let url = cluster.url();
+    for (label, bin) in common::kubectls_under_test() {
+        let word = format!("hello-{}", label.replace('.', "-"));
+        let out = attach_typing(&bin, &url, "reader", "r", &word);
+        assert!(out.contains(&format!("got:{word}")), "kubectl {label}: the container read what was typed: {out:?}");
+
+        let (status, _, err) =
+            common::run_with_stdin(common::kubectl_command(&bin, &url).args(["attach", "-i", "reader", "-c", "deaf"]), Some("x\n"));
+        assert!(!status.success(), "kubectl {label}: attaching stdin to a container without one fails");
+        assert!(err.contains("container deaf in pod reader has no stdin") && err.contains("stdin: true"), "kubectl {label}: {err}");
+
+        // `kubectl run -i` makes a stdinOnce container: its stdin ends with kubectl's, so `cat`
+        // ends, and so does the pod (deleted by --rm).
+        let name = format!("once-{}", label.replace('.', "-"));
+        let image_flag = format!("--image={image}");
+        let args = ["run", "-i", "--rm", "--restart=Never", &name, &image_flag, "--", "sh", "-c", "cat; echo done-reading"];
+        let (status, out, err) = common::run_with_stdin(common::kubectl_command(&bin, &url).args(args), Some("piped-in\n"));
+        assert!(status.success(), "kubectl {label}: run -i: {err}");
+        assert!(out.contains("piped-in\ndone-reading"), "kubectl {label}: run -i printed {out:?}; stderr {err}");
+    }
+}
