@@ -725,3 +725,137 @@ async fn on_oci_attach_i_feeds_a_container_started_with_stdin_and_run_i_ends_a_s
         assert!(out.contains("piped-in\ndone-reading"), "kubectl {label}: run -i printed {out:?}; stderr {err}");
     }
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_oci_exec_keeps_exit_codes_exec_it_gets_a_terminal_cp_round_trips_10_mib_and_port_forward_and_attach_work() {
+    use common::interactive::Terminal;
+    let cluster = Cluster::start(&[]);
+    cluster.push(&interactive_image(), "busybox", "1").await;
+    let image = format!("{}/busybox:1", cluster.registry);
+    let port = free_port();
+    let serve = format!("httpd -p {port} -h /www; echo started; while true; do echo tick; sleep 1; done");
+    cluster.running_pod("web-0", json!({"containers": [{"name": "web", "image": image, "command": ["sh", "-c", serve]}]})).await;
+    let url = cluster.url();
+    // Pseudo-random, incompressible content.
+    let mut data = Vec::with_capacity(10 << 20);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    while data.len() < 10 << 20 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        data.extend_from_slice(&x.to_le_bytes());
+    }
+    let src = cluster.data().join("src.bin");
+    std::fs::write(&src, &data).expect("write the source file");
+    for (label, bin) in common::kubectls_under_test() {
+        let kubectl = || common::kubectl_command(&bin, &url);
+        let (status, out, err) = common::run_with_stdin(
+            kubectl().args(["exec", "web-0", "--", "sh", "-c", "echo $HOSTNAME; echo oops >&2; exit 3"]),
+            None,
+        );
+        assert_eq!(out, "web-0\n", "kubectl {label}: exec prints the pod name; stderr: {err}");
+        assert_eq!(status.code(), Some(3), "kubectl {label}: exec exits with the command's code; stderr: {err}");
+        assert!(err.contains("oops"), "kubectl {label}: {err}");
+
+        let name = format!("exec-{}", label.replace('.', "-"));
+        let t = Terminal::start(cluster.data(), &name, &cluster.kubectl_in_terminal(&bin, "exec -it web-0 -- sh"));
+        let shown = t.ask("echo \"tty=$(tty) size=$(stty size)\"", "tty=");
+        assert!(shown.starts_with("tty=/dev/pts/"), "kubectl {label}: exec -it runs on a terminal of the container: {shown}");
+        assert!(shown.contains("size=40 120"), "kubectl {label}: {shown}");
+        t.resize(100, 30);
+        t.ask("echo \"resized=$(stty size)\"", "resized=30 100");
+        t.type_line("exit 4");
+        let exit = wait_for("kubectl exec -it to end", 60, async || {
+            t.screen().lines().find(|l| l.starts_with("kubectl-exit=")).map(str::to_string)
+        })
+        .await;
+        assert_eq!(exit.trim(), "kubectl-exit=4", "kubectl {label}: {}", t.screen());
+        drop(t);
+
+        let inside = format!("web-0:/tmp/in-{label}.bin");
+        let back = cluster.data().join(format!("back-{label}.bin"));
+        let (status, _, err) = common::run_with_stdin(kubectl().arg("cp").arg(&src).arg(&inside), None);
+        assert!(status.success(), "kubectl {label}: cp into the pod: {err}");
+        let (status, _, err) = common::run_with_stdin(kubectl().args(["cp", &inside]).arg(&back), None);
+        assert!(status.success(), "kubectl {label}: cp out of the pod: {err}");
+        assert!(std::fs::read(&back).expect("copied out") == data, "kubectl {label}: the file copied back differs");
+
+        let local = free_port();
+        let mut pf = kubectl()
+            .args(["port-forward", "pod/web-0", &format!("{local}:{port}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("port-forward");
+        let page = wait_for("the forwarded port to answer", 60, async || {
+            reqwest::get(format!("http://127.0.0.1:{local}/index.html")).await.ok()?.text().await.ok()
+        })
+        .await;
+        let _ = pf.kill();
+        let _ = pf.wait();
+        assert_eq!(page, "hello from the shepherd test image\n", "kubectl {label}: port-forward reaches httpd in the pod");
+
+        let mut attach = kubectl()
+            .args(["attach", "web-0"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("attach");
+        let mut stdout = attach.stdout.take().expect("stdout");
+        let seen = std::thread::spawn(move || {
+            use std::io::Read;
+            let mut got = Vec::new();
+            let mut buf = [0u8; 64];
+            while !String::from_utf8_lossy(&got).contains("tick") {
+                match stdout.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            String::from_utf8_lossy(&got).into_owned()
+        });
+        wait_for("attach to print output", 30, async || seen.is_finished().then_some(())).await;
+        let _ = attach.kill();
+        let _ = attach.wait();
+        let out = seen.join().expect("reader");
+        assert!(out.contains("tick"), "kubectl {label}: attach shows the container's output: {out:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_oci_config_map_and_secret_volumes_carry_their_modes_follow_edits_and_sub_path_stays() {
+    let cluster = Cluster::start(&[]);
+    cluster.push(&interactive_image(), "busybox", "1").await;
+    let image = format!("{}/busybox:1", cluster.registry);
+    let token = cluster.data().join("token");
+    std::fs::write(&token, "hunter2-very-secret").expect("write token");
+    cluster.kubectl(&["create", "configmap", "app", "--from-literal=a=1"], None);
+    cluster.kubectl(&["create", "secret", "generic", "creds", &format!("--from-file=token={}", token.display())], None);
+    let show = "while :; do echo \"file a=$(cat /srv/a) env a=$a sub a=$(cat /etc/app-a) mode=$(stat -L -c %a /srv/a)\"; \
+        echo \"secret=$(cat /creds/token) mode=$(stat -L -c %a /creds/token)\"; sleep 0.5; done";
+    cluster.running_pod("app", json!({
+        "containers": [{"name": "c", "image": image, "command": ["sh", "-c", show],
+            "envFrom": [{"configMapRef": {"name": "app"}}],
+            "volumeMounts": [{"name": "conf", "mountPath": "/srv"}, {"name": "conf", "mountPath": "/etc/app-a", "subPath": "a"},
+                {"name": "creds", "mountPath": "/creds"}]}],
+        "volumes": [{"name": "conf", "configMap": {"name": "app"}}, {"name": "creds", "secret": {"secretName": "creds", "defaultMode": 0o400}}]
+    }))
+    .await;
+    let logs_show = async |text: &str, seconds: u64| {
+        wait_for(&format!("{text:?} in the pod's output"), seconds, async || {
+            cluster.kubectl(&["logs", "app", "--tail", "2"], None).contains(text).then_some(())
+        })
+        .await
+    };
+    logs_show("file a=1 env a=1 sub a=1 mode=644", 30).await;
+    logs_show("secret=hunter2-very-secret mode=400", 10).await;
+    cluster.kubectl(&["patch", "configmap", "app", "-p", r#"{"data":{"a":"2"}}"#], None);
+    // The file follows within 10 s; the environment and the subPath copy do not (as in Kubernetes).
+    logs_show("file a=2 env a=1 sub a=1", 10).await;
+    let restarts = cluster.kubectl(&["get", "pod", "app", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"], None);
+    assert_eq!(restarts, "0", "the file changed without a restart");
+}
