@@ -17,6 +17,12 @@
 //! containers from `state.json` and runc's own state (`runc state`), checking pids against their
 //! start times; one that ended meanwhile is reported from its `exit` file and cgroup OOM counter.
 //!
+//! A container with `stdin: true` reads a named pipe (`stdin` in its directory) that `attach`
+//! writes to, held open by the container (and, for `stdinOnce`, by the shim until the first
+//! attach ends), so it survives the agent. One with `tty: true` runs on a terminal runc makes
+//! inside the container and hands over on a console socket (`--console-socket`); the shim keeps
+//! its controlling side, types the stdin pipe into it and logs what it shows.
+//!
 //! Layout under the agent's data directory: `oci/containers/<pod uid>/<name>/` (bundle
 //! `config.json`, `state.json`, logs, `exit`), `oci/sandboxes/<pod uid>/` (see `sandbox`),
 //! `oci/runc/` (runc's `--root`), `images/` (the image store; overlay roots live there).
@@ -1047,5 +1053,70 @@ impl Drop for OciRuntime {
         if let Some(r) = self.inner.rotation.lock().unwrap_or_else(|e| e.into_inner()).take() {
             r.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Connects to `address` (runc's form, `@` for the abstract namespace) and sends `fd` as
+    /// runc does: the terminal's name as data, the descriptor as SCM_RIGHTS.
+    fn send_as_runc(address: &str, fd: RawFd) {
+        let name = address.strip_prefix('@').expect("an abstract address");
+        // SAFETY: socket, connect and sendmsg on a descriptor owned here and stack buffers.
+        unsafe {
+            let sock = OwnedFd::from_raw_fd(libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0));
+            let mut addr: libc::sockaddr_un = std::mem::zeroed();
+            addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+            for (i, b) in name.bytes().enumerate() {
+                addr.sun_path[i + 1] = b as libc::c_char;
+            }
+            let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+            let connected = libc::connect(sock.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len as libc::socklen_t);
+            assert_eq!(connected, 0, "connect: {}", io::Error::last_os_error());
+            let mut data = *b"/dev/ptmx";
+            let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+            let mut control = [0u64; 4];
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
+            let header = libc::CMSG_FIRSTHDR(&msg);
+            (*header).cmsg_level = libc::SOL_SOCKET;
+            (*header).cmsg_type = libc::SCM_RIGHTS;
+            (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>(), fd);
+            assert!(libc::sendmsg(sock.as_raw_fd(), &msg, 0) > 0, "sendmsg: {}", io::Error::last_os_error());
+        }
+    }
+
+    #[test]
+    fn the_console_socket_receives_the_descriptor_runc_sends_and_reports_none_without_a_sender() {
+        let socket = ConsoleSocket::listen("pod_container").expect("listen");
+        assert!(socket.address.starts_with("@shepherd-console-") && socket.address.ends_with("-pod_container"), "{}", socket.address);
+        // SAFETY: accept on a non-blocking listener with nothing pending returns at once.
+        assert_eq!(unsafe { receive_terminal(socket.fd.as_raw_fd()) }, -1, "nobody connected");
+
+        let (read, write) = pipe().expect("pipe");
+        send_as_runc(&socket.address, write.as_raw_fd());
+        drop(write);
+        // SAFETY: the connection is pending, its message sent.
+        let received = unsafe { receive_terminal(socket.fd.as_raw_fd()) };
+        assert!(received >= 0, "a descriptor arrives");
+        // SAFETY: the received descriptor is ours now.
+        let mut sent = fs::File::from(unsafe { OwnedFd::from_raw_fd(received) });
+        io::Write::write_all(&mut sent, b"through").expect("write through the received descriptor");
+        drop(sent);
+        let mut text = String::new();
+        fs::File::from(read).read_to_string(&mut text).expect("read");
+        assert_eq!(text, "through", "the received descriptor is the one sent");
+    }
+
+    #[test]
+    fn a_long_container_id_keeps_the_console_socket_name_within_the_abstract_limit() {
+        let socket = ConsoleSocket::listen(&"x".repeat(200)).expect("listen");
+        assert_eq!(socket.address.len(), 108, "the `@` and 107 bytes: {}", socket.address);
     }
 }
