@@ -726,6 +726,19 @@ async fn on_oci_attach_i_feeds_a_container_started_with_stdin_and_run_i_ends_a_s
     }
 }
 
+/// The processes (kubectl aside) whose command line contains `needle`.
+fn processes_with(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(line) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let text = String::from_utf8_lossy(&line).replace('\0', " ");
+        if text.contains(needle) && !text.contains("kubectl") {
+            out.push(format!("{}: {text}", entry.file_name().to_string_lossy()));
+        }
+    }
+    out
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
 }
@@ -760,6 +773,20 @@ async fn on_oci_exec_keeps_exit_codes_exec_it_gets_a_terminal_cp_round_trips_10_
         assert_eq!(out, "web-0\n", "kubectl {label}: exec prints the pod name; stderr: {err}");
         assert_eq!(status.code(), Some(3), "kubectl {label}: exec exits with the command's code; stderr: {err}");
         assert!(err.contains("oops"), "kubectl {label}: {err}");
+
+        // A dropped exec connection ends what the exec started, background children too.
+        let marker = format!("{}{}", 7_000_000 + std::process::id() % 100_000, label.replace('.', ""));
+        let mut dropped = kubectl()
+            .args(["exec", "web-0", "--", "sh", "-c", &format!("sleep {marker}1 & sleep {marker}2")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("exec");
+        let running = || processes_with(&marker);
+        wait_for("the exec'd processes to start", 30, async || (running().len() >= 2).then_some(())).await;
+        let _ = dropped.kill();
+        let _ = dropped.wait();
+        wait_for("the exec'd processes to be gone", 15, async || running().is_empty().then_some(())).await;
 
         let name = format!("exec-{}", label.replace('.', "-"));
         let t = Terminal::start(cluster.data(), &name, &cluster.kubectl_in_terminal(&bin, "exec -it web-0 -- sh"));
