@@ -270,6 +270,10 @@ impl Inner {
 
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..]).env_clear().env("PATH", PATH).env("HOSTNAME", &spec.hostname).env("HOME", "/root");
+        if spec.interactive.tty {
+            // As CRI runtimes and the oci runtime do; the container's own env may override it.
+            cmd.env("TERM", "xterm");
+        }
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }

@@ -658,8 +658,9 @@ async fn on_oci_attach_it_drives_the_containers_own_terminal_follows_resizes_and
     for (label, bin) in common::kubectls_under_test() {
         let name = format!("attach-{}", label.replace('.', "-"));
         let t = Terminal::start(cluster.data(), &name, &cluster.kubectl_in_terminal(&bin, "attach -it console"));
-        let shown = t.ask("echo \"tty=$(tty) size=$(stty size) seen=$SEEN\"; SEEN=\"$SEEN+$$\"", "tty=");
+        let shown = t.ask("echo \"tty=$(tty) size=$(stty size) term=$TERM seen=$SEEN\"; SEEN=\"$SEEN+$$\"", "tty=");
         assert!(shown.starts_with("tty=/dev/pts/"), "kubectl {label}: the container's stdin is its own terminal: {shown}");
+        assert!(shown.contains("term=xterm "), "kubectl {label}: a terminal container learns its kind: {shown}");
         assert!(shown.contains("size=40 120"), "kubectl {label}: the client's terminal size reaches the shell: {shown}");
         t.resize(100, 30);
         t.ask("echo \"resized=$(stty size)\"", "resized=30 100");

@@ -224,8 +224,9 @@ fn attach_with_a_terminal_drives_the_containers_own_shell_and_follows_resizes() 
         let name = format!("attach-{}", label.replace('.', "-"));
         let cmd = format!("env KUBECONFIG=/dev/null {} --server {} attach -it console; sleep 60", bin.display(), d.url);
         let t = Terminal::start(dir.path(), &name, &cmd);
-        let shown = t.ask("echo \"tty=$(tty) size=$(stty size) seen=$SEEN\"; SEEN=\"$SEEN+$$\"", "tty=");
+        let shown = t.ask("echo \"tty=$(tty) size=$(stty size) term=$TERM seen=$SEEN\"; SEEN=\"$SEEN+$$\"", "tty=");
         assert!(shown.starts_with("tty=/dev/pts/"), "kubectl {label}: the container's stdin is a terminal: {shown}");
+        assert!(shown.contains("term=xterm "), "kubectl {label}: a terminal container learns its kind: {shown}");
         assert!(shown.contains("size=40 120"), "kubectl {label}: the client's terminal size reaches the shell: {shown}");
         // Each attach talks to the same shell, which outlives the attach before it.
         if let Some(before) = &previous {

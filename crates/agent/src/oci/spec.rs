@@ -437,5 +437,18 @@ mod tests {
         let json = serde_json::to_value(&out).expect("json");
         let ns = json["linux"]["namespaces"].as_array().expect("namespaces");
         assert!(ns.iter().any(|n| n["type"] == "network" && n["path"] == "/data/netns/u1"), "{ns:?}");
+        assert_eq!(json["process"]["terminal"], false);
+        let inputs = SpecInputs { cgroups_path: "/shepherd-oci/u1_c".into(), ..inputs };
+
+        // `tty: true` asks runc for a terminal, and the program learns its kind unless told.
+        let tty = ContainerSpec { interactive: crate::runtime::Interactive { stdin: true, stdin_once: false, tty: true }, ..spec };
+        let json = serde_json::to_value(build(&tty, &inputs, s(&["sh"]), (0, 0)).expect("spec")).expect("json");
+        assert_eq!(json["process"]["terminal"], true);
+        assert!(json["process"]["env"].as_array().is_some_and(|e| e.contains(&serde_json::json!("TERM=xterm"))), "{json}");
+        let told = ContainerSpec { env: vec![("TERM".into(), "vt100".into())], ..tty };
+        let json = serde_json::to_value(build(&told, &inputs, s(&["sh"]), (0, 0)).expect("spec")).expect("json");
+        let env = json["process"]["env"].as_array().cloned().unwrap_or_default();
+        assert_eq!(env.iter().filter(|e| e.as_str().is_some_and(|e| e.starts_with("TERM="))).count(), 1, "{env:?}");
+        assert!(env.contains(&serde_json::json!("TERM=vt100")));
     }
 }
