@@ -149,6 +149,34 @@ pub(crate) fn open_pty() -> io::Result<(File, File)> {
     }
 }
 
+/// Opens a pseudo-terminal on the terminal devices the container at `pid` sees (its own
+/// `/dev/pts` when it mounts one, as runc does), so that inside, the command's terminal has a
+/// name (`tty`, and programs asking for it, work); the host's when that cannot be opened.
+fn open_pty_of(pid: u32) -> io::Result<(File, File)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(master) = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(format!("/proc/{pid}/root/dev/pts/ptmx"))
+    else {
+        return open_pty();
+    };
+    // SAFETY: ioctls on a descriptor owned here; TIOCSPTLCK reads an int that outlives the call.
+    unsafe {
+        let unlock: libc::c_int = 0;
+        if libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) != 0 {
+            return open_pty();
+        }
+        // The peer by descriptor: its path names the container's devpts, not the host's.
+        let slave = libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        if slave < 0 {
+            return open_pty();
+        }
+        Ok((master, File::from_raw_fd(slave)))
+    }
+}
+
 /// Applies a terminal size to a pty.
 pub(crate) fn resize(pty: &File, size: TermSize) {
     let ws = libc::winsize { ws_row: size.height, ws_col: size.width, ws_xpixel: 0, ws_ypixel: 0 };
@@ -188,7 +216,7 @@ pub(crate) fn spawn(pid: u32, req: &ExecRequest) -> io::Result<Spawned> {
         if !has_term {
             cmd.env("TERM", "xterm");
         }
-        let (master, slave) = open_pty()?;
+        let (master, slave) = open_pty_of(pid)?;
         cmd.stdin(Stdio::from(slave.try_clone()?)).stdout(Stdio::from(slave.try_clone()?)).stderr(Stdio::from(slave));
         pty = Some(master);
     } else {

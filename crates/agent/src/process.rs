@@ -270,6 +270,10 @@ impl Inner {
 
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..]).env_clear().env("PATH", PATH).env("HOSTNAME", &spec.hostname).env("HOME", "/root");
+        if spec.interactive.tty {
+            // As CRI runtimes and the oci runtime do; the container's own env may override it.
+            cmd.env("TERM", "xterm");
+        }
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
@@ -506,10 +510,10 @@ struct InteractiveIo {
 }
 
 /// The shim's keep-alive writer on a `stdinOnce` container's stdin pipe (-1: none or closed).
-static STDIN_KEEP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+pub(crate) static STDIN_KEEP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
 /// The shim's SIGUSR1: the first attach has ended, so a `stdinOnce` container's stdin ends.
-extern "C" fn close_stdin_keep(_: libc::c_int) {
+pub(crate) extern "C" fn close_stdin_keep(_: libc::c_int) {
     let fd = STDIN_KEEP.swap(-1, Ordering::SeqCst);
     if fd >= 0 {
         // SAFETY: close is async-signal-safe; the descriptor is the shim's own.
@@ -517,35 +521,41 @@ extern "C" fn close_stdin_keep(_: libc::c_int) {
     }
 }
 
-/// The container's stdin (a named pipe in its directory for `stdin: true`, opened for reading
-/// and writing so that it never ends, however many `attach`es come and go) and, for `tty: true`,
+/// The container's stdin (a named pipe in its directory for `stdin: true`) and, for `tty: true`,
 /// its terminal.
 fn interactive_stdio(spec: &ContainerSpec, dir: &Path) -> Result<InteractiveIo, String> {
-    let pipe = dir.join("stdin");
-    let _ = fs::remove_file(&pipe);
-    let (stdin, keep) = if spec.interactive.stdin {
-        let c = cstring(&pipe).ok_or("container directory path contains a NUL byte")?;
-        // SAFETY: mkfifo reads a NUL-terminated path.
-        if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
-            return Err(format!("creating {}: {}", pipe.display(), io::Error::last_os_error()));
-        }
-        let open = |o: &mut OpenOptions| o.open(&pipe).map_err(|e| format!("opening {}: {e}", pipe.display()));
-        let both = open(OpenOptions::new().read(true).write(true))?;
-        if spec.interactive.stdin_once {
-            // Read-only for the container, so that it sees the end once the shim's writer goes.
-            (Stdio::from(open(OpenOptions::new().read(true))?), Some(both))
-        } else {
-            (Stdio::from(both), None)
-        }
-    } else {
-        (Stdio::null(), None)
-    };
+    let (stdin, keep) = stdin_pipe(spec, dir)?;
     let pty = if spec.interactive.tty {
         Some(crate::exec::open_pty().map_err(|e| format!("opening a terminal for the container: {e}"))?)
     } else {
         None
     };
     Ok(InteractiveIo { stdin, keep, pty })
+}
+
+/// The stdin a container starts with: for `stdin: true`, a named pipe `stdin` in its directory,
+/// opened for reading and writing so that it never ends, however many `attach`es come and go
+/// (for `stdinOnce`, read-only, with the returned writer for the shim to keep until the first
+/// attach ends); otherwise nothing. Shared with the oci runtime, whose shim holds it the same way.
+pub(crate) fn stdin_pipe(spec: &ContainerSpec, dir: &Path) -> Result<(Stdio, Option<File>), String> {
+    let pipe = dir.join("stdin");
+    let _ = fs::remove_file(&pipe);
+    if !spec.interactive.stdin {
+        return Ok((Stdio::null(), None));
+    }
+    let c = cstring(&pipe).ok_or("container directory path contains a NUL byte")?;
+    // SAFETY: mkfifo reads a NUL-terminated path.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+        return Err(format!("creating {}: {}", pipe.display(), io::Error::last_os_error()));
+    }
+    let open = |o: &mut OpenOptions| o.open(&pipe).map_err(|e| format!("opening {}: {e}", pipe.display()));
+    let both = open(OpenOptions::new().read(true).write(true))?;
+    if spec.interactive.stdin_once {
+        // Read-only for the container, so that it sees the end once the shim's writer goes.
+        Ok((Stdio::from(open(OpenOptions::new().read(true))?), Some(both)))
+    } else {
+        Ok((Stdio::from(both), None))
+    }
 }
 
 extern "C" fn exit_on_signal(_: libc::c_int) {

@@ -20,6 +20,37 @@ pub struct ExecArgs {
     pub command: Vec<String>,
 }
 
+/// What `attach` connects to and how.
+pub struct AttachArgs {
+    pub pod: String,
+    pub container: Option<String>,
+    pub stdin: bool,
+    pub tty: bool,
+}
+
+/// Whether a session gets a terminal, as kubectl decides: only with stdin (`-t` alone is
+/// dropped silently), and only when the local stdin is a terminal (else with a warning).
+fn use_terminal(stdin: bool, tty: bool) -> bool {
+    if !(stdin && tty) {
+        return false;
+    }
+    // SAFETY: isatty has no memory-safety preconditions.
+    let terminal = unsafe { libc::isatty(std::io::stdin().as_raw_fd()) } == 1;
+    if !terminal {
+        eprintln!("Unable to use a TTY - input is not a terminal or the right kind of file");
+    }
+    terminal
+}
+
+/// The streams a session asks for: on a terminal, stderr comes merged into stdout.
+fn session_params(container: Option<&String>, stdin: bool, tty: bool) -> AttachParams {
+    let params = AttachParams::default().stdin(stdin).stdout(true).stderr(!tty).tty(tty);
+    match container {
+        Some(c) => params.container(c.clone()),
+        None => params,
+    }
+}
+
 fn pod_name(arg: &str) -> &str {
     arg.strip_prefix("pod/").or_else(|| arg.strip_prefix("pods/")).unwrap_or(arg)
 }
@@ -160,22 +191,39 @@ pub async fn exec(cluster: &Cluster, args: &ExecArgs) -> anyhow::Result<i32> {
     anyhow::ensure!(!args.command.is_empty(), "you must specify at least one command for the container");
     let api: kube::Api<Pod> = kube::Api::namespaced(cluster.client(), &cluster.namespace);
     let name = pod_name(&args.pod);
-    let mut params = AttachParams::default().stdin(args.stdin).stdout(true).stderr(!args.tty).tty(args.tty);
-    if let Some(c) = &args.container {
-        params = params.container(c.clone());
-    }
+    let tty = use_terminal(args.stdin, args.tty);
+    let params = session_params(args.container.as_ref(), args.stdin, tty);
     let attached = api.exec(name, args.command.clone(), &params).await.map_err(|e| anyhow::anyhow!("exec in pod \"{name}\": {}", reason(e)))?;
-    pump(attached, args.stdin, args.tty).await
+    pump(attached, args.stdin, tty).await
 }
 
-/// `sheepctl attach POD [-c C]`: the container's output from now on, until it ends or Ctrl-C.
-pub async fn attach(cluster: &Cluster, pod: &str, container: Option<String>) -> anyhow::Result<i32> {
+/// `sheepctl attach POD [-c C] [-i] [-t]`: the container's output from now on, and with `-i` the
+/// local stdin to the container's (which needs `stdin: true` in its spec), until the container
+/// ends or the user interrupts; on a terminal with `-it` when the container has one.
+pub async fn attach(cluster: &Cluster, args: &AttachArgs) -> anyhow::Result<i32> {
     let api: kube::Api<Pod> = kube::Api::namespaced(cluster.client(), &cluster.namespace);
-    let name = pod_name(pod);
-    let mut params = AttachParams::default().stdin(false).stdout(true).stderr(true).tty(false);
-    if let Some(c) = container {
-        params = params.container(c);
+    let name = pod_name(&args.pod);
+    let mut tty = use_terminal(args.stdin, args.tty);
+    if tty {
+        // As kubectl: a terminal only when the container has one of its own.
+        let pod = api.get(name).await.map_err(|e| anyhow::anyhow!("attach to pod \"{name}\": {}", reason(e)))?;
+        let containers = pod.spec.map(|s| s.containers).unwrap_or_default();
+        let container = match &args.container {
+            Some(c) => containers.iter().find(|k| &k.name == c),
+            None => containers.first(),
+        };
+        if let Some(c) = container
+            && c.tty != Some(true)
+        {
+            eprintln!("Unable to use a TTY - container {} did not allocate one", c.name);
+            tty = false;
+        }
     }
+    let params = session_params(args.container.as_ref(), args.stdin, tty);
     let attached = api.attach(name, &params).await.map_err(|e| anyhow::anyhow!("attach to pod \"{name}\": {}", reason(e)))?;
-    pump(attached, false, false).await
+    if tty {
+        // The container's program drew its prompt before the attach; typing brings a new one.
+        eprintln!("If you don't see a command prompt, try pressing enter.");
+    }
+    pump(attached, args.stdin, tty).await
 }

@@ -159,11 +159,19 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// Print a running container's output from now on (until it ends or Ctrl-C).
+    /// Attach to a running container: its output from now on (until it ends or Ctrl-C), with `-i`
+    /// your input to its stdin (the container needs `stdin: true`), with `-it` its terminal.
     Attach {
         pod: String,
+        /// Container name (defaults to the pod's only container).
         #[arg(short = 'c', long)]
         container: Option<String>,
+        /// Pass stdin to the container.
+        #[arg(short = 'i', long)]
+        stdin: bool,
+        /// Use the container's terminal (the local one goes raw; its size follows the window).
+        #[arg(short = 't', long)]
+        tty: bool,
     },
     /// Copy files and directories to and from containers: `cp SRC POD:DEST` or `cp POD:SRC DEST`
     /// (runs `tar` in the container and locally).
@@ -334,7 +342,9 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             }
             Ok(true)
         }
-        Command::Attach { pod, container } => exec::attach(&cluster, &pod, container).await.map(|code| code == 0),
+        Command::Attach { pod, container, stdin, tty } => {
+            exec::attach(&cluster, &exec::AttachArgs { pod, container, stdin, tty }).await.map(|code| code == 0)
+        }
         Command::Cp { src, dst, container } => cp::run(&cluster, &src, &dst, container).await.map(|()| true),
         Command::PortForward { pod, ports, address } => port_forward::run(&cluster, &pod, &ports, &address).await.map(|()| true),
         Command::Events { all_namespaces, watch } => {

@@ -91,3 +91,86 @@ fn port_forward_carries_each_local_connection_to_the_pod() {
     let _ = pf.wait();
     s.api("DELETE", "/api/v1/namespaces/default/pods/web?gracePeriodSeconds=0", None);
 }
+
+/// Types `line` into tmux session `session` (again every few seconds: keys sent before the attach
+/// is connected go nowhere) until its screen shows a line starting with `answer`; returns it.
+fn ask_in_tmux(tmux: &dyn Fn(&[&str]) -> std::process::Output, session: &str, line: &str, answer: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut typed = Instant::now() - Duration::from_secs(10);
+    loop {
+        if typed.elapsed() > Duration::from_secs(4) {
+            tmux(&["send-keys", "-t", session, line, "Enter"]);
+            typed = Instant::now();
+        }
+        let screen = String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", session]).stdout).into_owned();
+        if let Some(l) = screen.lines().find(|l| l.starts_with(answer)) {
+            return l.to_string();
+        }
+        assert!(Instant::now() < deadline, "no line starting with {answer:?} on the screen: {screen}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn attach_i_feeds_a_containers_stdin_and_attach_it_drives_its_terminal_on_the_oci_runtime() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test runs the oci runtime, which needs root");
+    let runc = std::process::Command::new("/usr/sbin/runc").arg("--version").output();
+    assert!(runc.is_ok_and(|o| o.status.success()), "this test runs the oci runtime, which needs runc (Debian package runc)");
+    assert!(std::process::Command::new("tmux").arg("-V").output().is_ok(), "this test drives a terminal with tmux (Debian package tmux)");
+    let mut s = Shepherd::start("standalone", &["--runtime", "oci"]);
+    let reader = "echo ready; while read l; do echo got:$l; done";
+    s.ok("POST", "/api/v1/namespaces/default/pods", Some(json!({"metadata": {"name": "duo"}, "spec": {
+        "terminationGracePeriodSeconds": 1, "containers": [
+        {"name": "r", "image": "minimal", "command": ["sh", "-c", reader], "stdin": true},
+        {"name": "sh", "image": "minimal", "command": ["sh"], "stdin": true, "tty": true},
+        {"name": "deaf", "image": "minimal", "command": ["sleep", "100000"]}]}})));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while s.ok("GET", "/api/v1/namespaces/default/pods/duo", None)["status"]["phase"] != "Running" {
+        assert!(Instant::now() < deadline, "pod duo did not start");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let mut attach = common::command(Some(&s.url), &["attach", "-i", "duo", "-c", "r"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("attach");
+    let mut input = attach.stdin.take().expect("stdin");
+    let lines = LineReader::new(attach.stdout.take().expect("stdout"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        use std::io::Write;
+        let _ = writeln!(input, "hello");
+        if lines.next(Duration::from_millis(500)).is_some_and(|l| l == "got:hello") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the container never read what sheepctl attach -i sent");
+    }
+    let _ = attach.kill();
+    let _ = attach.wait();
+
+    let refused = s.sheepctl_stdin(&["attach", "-i", "duo", "-c", "deaf"], "x\n");
+    assert!(refused.code != 0 && refused.stderr.contains("container deaf in pod duo has no stdin"), "{refused:?}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("tmux");
+    let tmux = |args: &[&str]| std::process::Command::new("tmux").arg("-S").arg(&socket).args(args).output().expect("tmux");
+    let session = format!("sheepctl-attach-{}", std::process::id());
+    let cmd = format!(
+        "env -u SHEPHERD_API KUBECONFIG=/nonexistent HOME={} {} --server {} attach -it duo -c sh; sleep 60",
+        dir.path().display(),
+        env!("CARGO_BIN_EXE_sheepctl"),
+        s.url
+    );
+    let started = tmux(&["new-session", "-d", "-s", &session, "-x", "120", "-y", "40", &cmd]);
+    assert!(started.status.success(), "tmux: {}", String::from_utf8_lossy(&started.stderr));
+    let shown = ask_in_tmux(&tmux, &session, "echo \"tty=$(tty) size=$(stty size)\"", "tty=");
+    assert!(shown.starts_with("tty=/dev/pts/") && shown.contains("size=40 120"), "the container's own terminal at the window's size: {shown}");
+    let resized = tmux(&["resize-window", "-t", &session, "-x", "100", "-y", "30"]);
+    assert!(resized.status.success(), "tmux resize-window: {}", String::from_utf8_lossy(&resized.stderr));
+    ask_in_tmux(&tmux, &session, "echo \"resized=$(stty size)\"", "resized=30 100");
+    tmux(&["kill-server"]);
+    s.interrupt();
+}

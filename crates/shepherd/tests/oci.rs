@@ -618,3 +618,272 @@ async fn a_host_network_pod_runs_on_the_oci_runtime_in_the_nodes_network_namespa
     assert_eq!(seen.trim(), node.to_string_lossy(), "the container is in the node's network namespace");
     reqwest::get(format!("http://127.0.0.1:{port}/")).await.expect("httpd answers on the node's loopback");
 }
+
+/// The busybox test image with what interactive use and `kubectl cp` run in the container
+/// (`tty`, `stty`, `tar`).
+fn interactive_image() -> ImageBuilder {
+    ImageBuilder::busybox()
+        .expect("busybox-static")
+        .symlink("/bin/tty", "busybox")
+        .symlink("/bin/stty", "busybox")
+        .symlink("/bin/tar", "busybox")
+}
+
+impl Cluster {
+    /// Creates pod `name` from `spec` and waits until it is Ready.
+    async fn running_pod(&self, name: &str, spec: Value) {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec});
+        self.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+        wait_for(&format!("pod {name} Ready"), 90, async || {
+            self.pods().into_iter().find(|p| p["metadata"]["name"] == name).filter(ready)
+        })
+        .await;
+    }
+
+    /// The shell command line running `kubectl <args>` of `bin` against this cluster, then
+    /// printing its exit code and idling (so that the terminal keeps showing what happened).
+    fn kubectl_in_terminal(&self, bin: &Path, args: &str) -> String {
+        format!("env KUBECONFIG=/dev/null {} --server {} {args}; echo kubectl-exit=$?; sleep 120", bin.display(), self.url())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_oci_attach_it_drives_the_containers_own_terminal_follows_resizes_and_outlives_an_agent_kill_9() {
+    use common::interactive::Terminal;
+    let mut cluster = Cluster::start(&[]);
+    cluster.push(&interactive_image(), "busybox", "1").await;
+    let image = format!("{}/busybox:1", cluster.registry);
+    cluster.running_pod("console", json!({"containers": [
+        {"name": "sh", "image": image, "command": ["sh"], "stdin": true, "tty": true}]})).await;
+    for (label, bin) in common::kubectls_under_test() {
+        let name = format!("attach-{}", label.replace('.', "-"));
+        let t = Terminal::start(cluster.data(), &name, &cluster.kubectl_in_terminal(&bin, "attach -it console"));
+        let shown = t.ask("echo \"tty=$(tty) size=$(stty size) term=$TERM seen=$SEEN\"; SEEN=\"$SEEN+$$\"", "tty=");
+        assert!(shown.starts_with("tty=/dev/pts/"), "kubectl {label}: the container's stdin is its own terminal: {shown}");
+        assert!(shown.contains("term=xterm "), "kubectl {label}: a terminal container learns its kind: {shown}");
+        assert!(shown.contains("size=40 120"), "kubectl {label}: the client's terminal size reaches the shell: {shown}");
+        t.resize(100, 30);
+        t.ask("echo \"resized=$(stty size)\"", "resized=30 100");
+    }
+    let logs = cluster.kubectl(&["logs", "console"], None);
+    assert!(logs.contains("resized=30 100"), "what the shell writes on its terminal is its log: {logs}");
+
+    // The shim holds the terminal: the same shell, with its variables, after an agent kill -9.
+    cluster.kill9_and_restart();
+    let (_, bin) = common::newest_kubectl();
+    let t = Terminal::start(cluster.data(), "after-kill", &cluster.kubectl_in_terminal(&bin, "attach -it console"));
+    let shown = t.ask("echo \"again seen=$SEEN\"", "again seen=");
+    assert!(shown.starts_with("again seen=+"), "the shell the earlier attaches talked to: {shown}");
+    let restarts = cluster.kubectl(&["get", "pod", "console", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"], None);
+    assert_eq!(restarts, "0", "neither detaching nor the agent's death ends the shell");
+    drop(t);
+
+    // `kubectl run -it --rm` makes a pod with stdin and a terminal and attaches to it.
+    for (label, bin) in common::kubectls_under_test() {
+        let pod = format!("one-off-{}", label.replace('.', "-"));
+        let args = format!("run -it --rm --restart=Never {pod} --image={image} -- sh");
+        let t = Terminal::start(cluster.data(), &pod, &cluster.kubectl_in_terminal(&bin, &args));
+        let shown = t.ask("echo \"answer=$((6 * 7)) on $(tty)\"", "answer=");
+        assert!(shown.starts_with("answer=42 on /dev/pts/"), "kubectl {label}: {shown}");
+        t.type_line("exit 5");
+        let exit = wait_for("kubectl run to end with the shell", 60, async || {
+            t.screen().lines().find(|l| l.starts_with("kubectl-exit=")).map(str::to_string)
+        })
+        .await;
+        assert_eq!(exit.trim(), "kubectl-exit=5", "kubectl {label}: kubectl run returns the shell's exit code: {}", t.screen());
+        wait_for("the --rm pod to be deleted", 60, async || cluster.pods().iter().all(|p| p["metadata"]["name"] != pod.as_str()).then_some(()))
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_oci_attach_i_feeds_a_container_started_with_stdin_and_run_i_ends_a_stdin_once_one() {
+    use common::interactive::attach_typing;
+    let cluster = Cluster::start(&[]);
+    cluster.push(&interactive_image(), "busybox", "1").await;
+    let image = format!("{}/busybox:1", cluster.registry);
+    cluster.running_pod("reader", json!({"containers": [
+        {"name": "r", "image": image, "command": ["sh", "-c", "echo ready; while read l; do echo got:$l; done"], "stdin": true},
+        {"name": "deaf", "image": image, "command": ["sleep", "100000"]}]})).await;
+    let url = cluster.url();
+    for (label, bin) in common::kubectls_under_test() {
+        let word = format!("hello-{}", label.replace('.', "-"));
+        let out = attach_typing(&bin, &url, "reader", "r", &word);
+        assert!(out.contains(&format!("got:{word}")), "kubectl {label}: the container read what was typed: {out:?}");
+
+        let (status, _, err) =
+            common::run_with_stdin(common::kubectl_command(&bin, &url).args(["attach", "-i", "reader", "-c", "deaf"]), Some("x\n"));
+        assert!(!status.success(), "kubectl {label}: attaching stdin to a container without one fails");
+        assert!(err.contains("container deaf in pod reader has no stdin") && err.contains("stdin: true"), "kubectl {label}: {err}");
+
+        // `kubectl run -i` makes a stdinOnce container: its stdin ends with kubectl's, so `cat`
+        // ends, and so does the pod (deleted by --rm).
+        let name = format!("once-{}", label.replace('.', "-"));
+        let image_flag = format!("--image={image}");
+        let args = ["run", "-i", "--rm", "--restart=Never", &name, &image_flag, "--", "sh", "-c", "cat; echo done-reading"];
+        let (status, out, err) = common::run_with_stdin(common::kubectl_command(&bin, &url).args(args), Some("piped-in\n"));
+        assert!(status.success(), "kubectl {label}: run -i: {err}");
+        assert!(out.contains("piped-in\ndone-reading"), "kubectl {label}: run -i printed {out:?}; stderr {err}");
+    }
+}
+
+/// The processes (kubectl aside) whose command line contains `needle`.
+fn processes_with(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(line) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let text = String::from_utf8_lossy(&line).replace('\0', " ");
+        if text.contains(needle) && !text.contains("kubectl") {
+            out.push(format!("{}: {text}", entry.file_name().to_string_lossy()));
+        }
+    }
+    out
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_oci_exec_keeps_exit_codes_exec_it_gets_a_terminal_cp_round_trips_10_mib_and_port_forward_and_attach_work() {
+    use common::interactive::Terminal;
+    let cluster = Cluster::start(&[]);
+    cluster.push(&interactive_image(), "busybox", "1").await;
+    let image = format!("{}/busybox:1", cluster.registry);
+    let port = free_port();
+    let serve = format!("httpd -p {port} -h /www; echo started; while true; do echo tick; sleep 1; done");
+    cluster.running_pod("web-0", json!({"containers": [{"name": "web", "image": image, "command": ["sh", "-c", serve]}]})).await;
+    let url = cluster.url();
+    // Pseudo-random, incompressible content.
+    let mut data = Vec::with_capacity(10 << 20);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    while data.len() < 10 << 20 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        data.extend_from_slice(&x.to_le_bytes());
+    }
+    let src = cluster.data().join("src.bin");
+    std::fs::write(&src, &data).expect("write the source file");
+    for (label, bin) in common::kubectls_under_test() {
+        let kubectl = || common::kubectl_command(&bin, &url);
+        let (status, out, err) = common::run_with_stdin(
+            kubectl().args(["exec", "web-0", "--", "sh", "-c", "echo $HOSTNAME; echo oops >&2; exit 3"]),
+            None,
+        );
+        assert_eq!(out, "web-0\n", "kubectl {label}: exec prints the pod name; stderr: {err}");
+        assert_eq!(status.code(), Some(3), "kubectl {label}: exec exits with the command's code; stderr: {err}");
+        assert!(err.contains("oops"), "kubectl {label}: {err}");
+
+        // A dropped exec connection ends what the exec started, background children too.
+        let marker = format!("{}{}", 7_000_000 + std::process::id() % 100_000, label.replace('.', ""));
+        let mut dropped = kubectl()
+            .args(["exec", "web-0", "--", "sh", "-c", &format!("sleep {marker}1 & sleep {marker}2")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("exec");
+        let running = || processes_with(&marker);
+        wait_for("the exec'd processes to start", 30, async || (running().len() >= 2).then_some(())).await;
+        let _ = dropped.kill();
+        let _ = dropped.wait();
+        wait_for("the exec'd processes to be gone", 15, async || running().is_empty().then_some(())).await;
+
+        let name = format!("exec-{}", label.replace('.', "-"));
+        let t = Terminal::start(cluster.data(), &name, &cluster.kubectl_in_terminal(&bin, "exec -it web-0 -- sh"));
+        let shown = t.ask("echo \"tty=$(tty) size=$(stty size)\"", "tty=");
+        assert!(shown.starts_with("tty=/dev/pts/"), "kubectl {label}: exec -it runs on a terminal of the container: {shown}");
+        assert!(shown.contains("size=40 120"), "kubectl {label}: {shown}");
+        t.resize(100, 30);
+        t.ask("echo \"resized=$(stty size)\"", "resized=30 100");
+        t.type_line("exit 4");
+        let exit = wait_for("kubectl exec -it to end", 60, async || {
+            t.screen().lines().find(|l| l.starts_with("kubectl-exit=")).map(str::to_string)
+        })
+        .await;
+        assert_eq!(exit.trim(), "kubectl-exit=4", "kubectl {label}: {}", t.screen());
+        drop(t);
+
+        let inside = format!("web-0:/tmp/in-{label}.bin");
+        let back = cluster.data().join(format!("back-{label}.bin"));
+        let (status, _, err) = common::run_with_stdin(kubectl().arg("cp").arg(&src).arg(&inside), None);
+        assert!(status.success(), "kubectl {label}: cp into the pod: {err}");
+        let (status, _, err) = common::run_with_stdin(kubectl().args(["cp", &inside]).arg(&back), None);
+        assert!(status.success(), "kubectl {label}: cp out of the pod: {err}");
+        assert!(std::fs::read(&back).expect("copied out") == data, "kubectl {label}: the file copied back differs");
+
+        let local = free_port();
+        let mut pf = kubectl()
+            .args(["port-forward", "pod/web-0", &format!("{local}:{port}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("port-forward");
+        let page = wait_for("the forwarded port to answer", 60, async || {
+            reqwest::get(format!("http://127.0.0.1:{local}/index.html")).await.ok()?.text().await.ok()
+        })
+        .await;
+        let _ = pf.kill();
+        let _ = pf.wait();
+        assert_eq!(page, "hello from the shepherd test image\n", "kubectl {label}: port-forward reaches httpd in the pod");
+
+        let mut attach = kubectl()
+            .args(["attach", "web-0"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("attach");
+        let mut stdout = attach.stdout.take().expect("stdout");
+        let seen = std::thread::spawn(move || {
+            use std::io::Read;
+            let mut got = Vec::new();
+            let mut buf = [0u8; 64];
+            while !String::from_utf8_lossy(&got).contains("tick") {
+                match stdout.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            String::from_utf8_lossy(&got).into_owned()
+        });
+        wait_for("attach to print output", 30, async || seen.is_finished().then_some(())).await;
+        let _ = attach.kill();
+        let _ = attach.wait();
+        let out = seen.join().expect("reader");
+        assert!(out.contains("tick"), "kubectl {label}: attach shows the container's output: {out:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_oci_config_map_and_secret_volumes_carry_their_modes_follow_edits_and_sub_path_stays() {
+    let cluster = Cluster::start(&[]);
+    cluster.push(&interactive_image(), "busybox", "1").await;
+    let image = format!("{}/busybox:1", cluster.registry);
+    let token = cluster.data().join("token");
+    std::fs::write(&token, "hunter2-very-secret").expect("write token");
+    cluster.kubectl(&["create", "configmap", "app", "--from-literal=a=1"], None);
+    cluster.kubectl(&["create", "secret", "generic", "creds", &format!("--from-file=token={}", token.display())], None);
+    let show = "while :; do echo \"file a=$(cat /srv/a) env a=$a sub a=$(cat /etc/app-a) mode=$(stat -L -c %a /srv/a)\"; \
+        echo \"secret=$(cat /creds/token) mode=$(stat -L -c %a /creds/token)\"; sleep 0.5; done";
+    cluster.running_pod("app", json!({
+        "containers": [{"name": "c", "image": image, "command": ["sh", "-c", show],
+            "envFrom": [{"configMapRef": {"name": "app"}}],
+            "volumeMounts": [{"name": "conf", "mountPath": "/srv"}, {"name": "conf", "mountPath": "/etc/app-a", "subPath": "a"},
+                {"name": "creds", "mountPath": "/creds"}]}],
+        "volumes": [{"name": "conf", "configMap": {"name": "app"}}, {"name": "creds", "secret": {"secretName": "creds", "defaultMode": 0o400}}]
+    }))
+    .await;
+    let logs_show = async |text: &str, seconds: u64| {
+        wait_for(&format!("{text:?} in the pod's output"), seconds, async || {
+            cluster.kubectl(&["logs", "app", "--tail", "2"], None).contains(text).then_some(())
+        })
+        .await
+    };
+    logs_show("file a=1 env a=1 sub a=1 mode=644", 30).await;
+    logs_show("secret=hunter2-very-secret mode=400", 10).await;
+    cluster.kubectl(&["patch", "configmap", "app", "-p", r#"{"data":{"a":"2"}}"#], None);
+    // The file follows within 10 s; the environment and the subPath copy do not (as in Kubernetes).
+    logs_show("file a=2 env a=1 sub a=1", 10).await;
+    let restarts = cluster.kubectl(&["get", "pod", "app", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"], None);
+    assert_eq!(restarts, "0", "the file changed without a restart");
+}

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::interactive::{Terminal, attach_typing};
 use common::{Daemon, kubectl_command, kubectls_under_test, newest_kubectl, run_with_stdin};
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `secs`.
@@ -211,56 +212,6 @@ fn running_pod_spec(url: &str, name: &str, spec: serde_json::Value) {
     });
 }
 
-/// Runs `command` in a detached tmux session of its own (120x40) and reads its screen.
-struct Terminal {
-    socket: std::path::PathBuf,
-    session: String,
-}
-
-impl Terminal {
-    fn start(dir: &Path, name: &str, command: &str) -> Terminal {
-        assert!(
-            Command::new("tmux").arg("-V").output().is_ok(),
-            "this test drives kubectl in a terminal and needs tmux (Debian package `tmux`)"
-        );
-        let t = Terminal { socket: dir.join(format!("tmux-{name}")), session: format!("shepherd-{name}-{}", std::process::id()) };
-        let started = t.tmux(&["new-session", "-d", "-s", &t.session, "-x", "120", "-y", "40", command]);
-        assert!(started.status.success(), "tmux: {}", String::from_utf8_lossy(&started.stderr));
-        t
-    }
-
-    fn tmux(&self, args: &[&str]) -> std::process::Output {
-        Command::new("tmux").arg("-S").arg(&self.socket).args(args).output().expect("tmux")
-    }
-
-    fn screen(&self) -> String {
-        String::from_utf8_lossy(&self.tmux(&["capture-pane", "-p", "-t", &self.session]).stdout).into_owned()
-    }
-
-    fn type_line(&self, line: &str) {
-        self.tmux(&["send-keys", "-t", &self.session, line, "Enter"]);
-    }
-
-    /// Types `line` (again, every few seconds: the first keys may come before the attach) until
-    /// the screen shows a line starting with `answer`; returns that line.
-    fn ask(&self, line: &str, answer: &str) -> String {
-        let mut typed = Instant::now() - Duration::from_secs(10);
-        eventually(60, &format!("{answer:?} on the screen"), || {
-            if typed.elapsed() > Duration::from_secs(5) {
-                self.type_line(line);
-                typed = Instant::now();
-            }
-            self.screen().lines().find(|l| l.starts_with(answer)).map(str::to_string)
-        })
-    }
-}
-
-impl Drop for Terminal {
-    fn drop(&mut self) {
-        self.tmux(&["kill-server"]);
-    }
-}
-
 #[test]
 fn attach_with_a_terminal_drives_the_containers_own_shell_and_follows_resizes() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -273,8 +224,9 @@ fn attach_with_a_terminal_drives_the_containers_own_shell_and_follows_resizes() 
         let name = format!("attach-{}", label.replace('.', "-"));
         let cmd = format!("env KUBECONFIG=/dev/null {} --server {} attach -it console; sleep 60", bin.display(), d.url);
         let t = Terminal::start(dir.path(), &name, &cmd);
-        let shown = t.ask("echo \"tty=$(tty) size=$(stty size) seen=$SEEN\"; SEEN=\"$SEEN+$$\"", "tty=");
+        let shown = t.ask("echo \"tty=$(tty) size=$(stty size) term=$TERM seen=$SEEN\"; SEEN=\"$SEEN+$$\"", "tty=");
         assert!(shown.starts_with("tty=/dev/pts/"), "kubectl {label}: the container's stdin is a terminal: {shown}");
+        assert!(shown.contains("term=xterm "), "kubectl {label}: a terminal container learns its kind: {shown}");
         assert!(shown.contains("size=40 120"), "kubectl {label}: the client's terminal size reaches the shell: {shown}");
         // Each attach talks to the same shell, which outlives the attach before it.
         if let Some(before) = &previous {
@@ -306,43 +258,6 @@ fn attach_with_a_terminal_drives_the_containers_own_shell_and_follows_resizes() 
         let (_, out, _) = kubectl(&d.url, &["get", "pods", "-o", "name"]);
         (!out.contains("one-off")).then_some(())
     });
-}
-
-/// `kubectl attach -i` to `pod`'s `container`, typing `word` now and then (what is typed before
-/// the attach is connected goes nowhere) until the output shows `got:<word>` (or 60 s pass);
-/// returns the output.
-fn attach_typing(bin: &Path, url: &str, pod: &str, container: &str, word: &str) -> String {
-    let mut child = kubectl_command(bin, url)
-        .args(["attach", "-i", pod, "-c", container])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("attach");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut stdout = child.stdout.take().expect("stdout");
-    let want = format!("got:{word}");
-    let reader = std::thread::spawn(move || {
-        use std::io::Read;
-        let mut buf = [0u8; 256];
-        let mut got = Vec::new();
-        while !String::from_utf8_lossy(&got).contains(&want) {
-            match stdout.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-            }
-        }
-        String::from_utf8_lossy(&got).into_owned()
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !reader.is_finished() && Instant::now() < deadline {
-        use std::io::Write;
-        let _ = writeln!(stdin, "{word}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    reader.join().expect("reader")
 }
 
 const READER: [&str; 4] = ["/usr/bin/busybox", "sh", "-c", "echo ready; while read l; do echo got:$l; done"];

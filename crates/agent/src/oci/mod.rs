@@ -17,6 +17,12 @@
 //! containers from `state.json` and runc's own state (`runc state`), checking pids against their
 //! start times; one that ended meanwhile is reported from its `exit` file and cgroup OOM counter.
 //!
+//! A container with `stdin: true` reads a named pipe (`stdin` in its directory) that `attach`
+//! writes to, held open by the container (and, for `stdinOnce`, by the shim until the first
+//! attach ends), so it survives the agent. One with `tty: true` runs on a terminal runc makes
+//! inside the container and hands over on a console socket (`--console-socket`); the shim keeps
+//! its controlling side, types the stdin pipe into it and logs what it shows.
+//!
 //! Layout under the agent's data directory: `oci/containers/<pod uid>/<name>/` (bundle
 //! `config.json`, `state.json`, logs, `exit`), `oci/sandboxes/<pod uid>/` (see `sandbox`),
 //! `oci/runc/` (runc's `--root`), `images/` (the image store; overlay roots live there).
@@ -48,7 +54,7 @@ use tracing::{debug, info, warn};
 
 use crate::cgroup::{self, Cgroups};
 use crate::process::{
-    MINIMAL_IMAGE, close_from, format_code, log_files, path_safe, rotate_if_larger, signal_checked, start_time,
+    MINIMAL_IMAGE, STDIN_KEEP, close_from, close_stdin_keep, format_code, log_files, path_safe, rotate_if_larger, signal_checked, start_time,
     wait_for_exit,
 };
 use crate::runtime::{
@@ -401,22 +407,30 @@ impl Inner {
         let (out_read, out_write) = pipe().map_err(|e| format!("creating a pipe: {e}"))?;
         let (err_read, err_write) = pipe().map_err(|e| format!("creating a pipe: {e}"))?;
         let c_path = |p: PathBuf| CString::new(p.into_os_string().into_encoded_bytes()).map_err(|_| "container directory path contains a NUL byte");
+        let (stdin, stdin_keep) = crate::process::stdin_pipe(spec, dir)?;
+        let console = if spec.interactive.tty { Some(ConsoleSocket::listen(&runc_id)?) } else { None };
         let exit_file = c_path(dir.join("exit"))?;
         let pid_file = c_path(dir.join("init.pid"))?;
         let mut runc_args: Vec<std::ffi::OsString> = vec![self.config.runc.clone().into(), "--root".into(), self.runc_root().into()];
         runc_args.extend(["--log".into(), dir.join("runc.log").into()]);
-        runc_args.extend(["--log-format", "json", "run", "--detach", "--bundle"].map(Into::into));
+        runc_args.extend(["--log-format", "json", "run", "--detach"].map(Into::into));
+        if let Some(c) = &console {
+            runc_args.extend(["--console-socket".into(), c.address.clone().into()]);
+        }
+        runc_args.push("--bundle".into());
         runc_args.extend([dir.as_os_str().to_owned(), "--pid-file".into(), dir.join("init.pid").into(), runc_id.clone().into()]);
         let runc_args = SpawnArgs::new(runc_args).ok_or("a runc argument contains a NUL byte")?;
         // The fork of this command becomes the shim, which never returns to exec the command's
         // program: it starts runc itself (see `ShimSetup::run`), with the stdio set here.
         let mut cmd = Command::new(&self.config.runc);
-        cmd.stdin(Stdio::null()).stdout(Stdio::from(out_write)).stderr(Stdio::from(err_write));
+        cmd.stdin(stdin).stdout(Stdio::from(out_write)).stderr(Stdio::from(err_write));
         let setup = ShimSetup {
             report_fd: report_write.as_raw_fd(),
             log_fd: log.as_raw_fd(),
             out_fd: out_read.as_raw_fd(),
             err_fd: err_read.as_raw_fd(),
+            stdin_keep: stdin_keep.as_ref().map_or(-1, |k| k.as_raw_fd()),
+            console_fd: console.as_ref().map_or(-1, |c| c.fd.as_raw_fd()),
             exit_file,
             pid_file,
             runc_args,
@@ -427,7 +441,7 @@ impl Inner {
             cmd.pre_exec(move || setup.run());
         }
         let child = cmd.spawn().map_err(|e| format!("starting {}: {e}", self.config.runc.display()))?;
-        drop((report_write, log, out_read, err_read));
+        drop((cmd, report_write, log, out_read, err_read, stdin_keep, console));
         phases.mark("fork");
         let shim_pid = child.id() as i32;
         drop(child);
@@ -567,6 +581,12 @@ struct ShimSetup {
     /// Read ends of the pipes runc hands the container as stdout and stderr.
     out_fd: RawFd,
     err_fd: RawFd,
+    /// A `stdinOnce` container's stdin writer, which the shim keeps until the first attach ends
+    /// (-1: none).
+    stdin_keep: RawFd,
+    /// A container on a terminal: the socket on which runc hands over the terminal's
+    /// controlling side (-1: none).
+    console_fd: RawFd,
     exit_file: CString,
     /// Where runc writes the container init's pid.
     pid_file: CString,
@@ -632,12 +652,26 @@ impl ShimSetup {
             // pipes' write ends (runc's stdio), which the shim must not keep open.
             let high = |fd: RawFd| libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100);
             let (report, log, out, err) = (high(self.report_fd), high(self.log_fd), high(self.out_fd), high(self.err_fd));
+            let (keep, console) = (high(self.stdin_keep), high(self.console_fd));
             libc::dup2(report, 3);
             libc::dup2(out, 4);
             libc::dup2(err, 5);
             libc::dup2(log, 1);
             libc::dup2(log, 2);
-            close_from(6);
+            // Descriptor 0 stays: the container's stdin pipe (or /dev/null), which the shim
+            // types into the terminal of a container on one.
+            if keep >= 0 {
+                libc::dup2(keep, 6);
+                STDIN_KEEP.store(6, std::sync::atomic::Ordering::SeqCst);
+            }
+            if console >= 0 {
+                libc::dup2(console, 7);
+            }
+            close_from(8);
+            // The agent's SIGUSR1 says the first attach has ended (see `Runtime::attach_ended`).
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = close_stdin_keep as *const () as usize;
+            libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut());
             libc::prctl(libc::PR_SET_NAME, c"shepherd-shim".as_ptr(), 0, 0, 0);
             // `ps` shows the command line the fork inherited (the agent's): overwrite this
             // copy of it, so that the shim is not mistaken for a second agent.
@@ -663,8 +697,17 @@ impl ShimSetup {
                 }
                 container = Some(code);
             }
+            let terminal = if console >= 0 { receive_terminal(7) } else { -1 };
+            libc::close(7);
             if let Some(init) = self.init_pid() {
-                crate::crilog::copy_output(4, 5, -1, 1, init);
+                if terminal >= 0 {
+                    // As in the process runtime's shim: typing into a terminal whose program does
+                    // not read must not stall its output, so what does not fit is dropped.
+                    libc::fcntl(terminal, libc::F_SETFL, libc::fcntl(terminal, libc::F_GETFL) | libc::O_NONBLOCK);
+                    crate::crilog::copy_output(terminal, -1, 0, 1, init);
+                } else {
+                    crate::crilog::copy_output(4, 5, -1, 1, init);
+                }
             }
             libc::close(4);
             libc::close(5);
@@ -680,6 +723,95 @@ impl ShimSetup {
                 libc::close(fd);
             }
             libc::_exit(code)
+        }
+    }
+}
+
+/// The terminal's controlling side, which runc sent on the console socket `listener` (already
+/// connected by the time runc has ended: the connection waits in the backlog); -1 without one.
+///
+/// # Safety
+/// Async-signal-safe (accept4, recvmsg, close); no allocation.
+unsafe fn receive_terminal(listener: RawFd) -> RawFd {
+    // SAFETY (whole function): system calls on stack buffers that outlive them.
+    unsafe {
+        let conn = loop {
+            let c = libc::accept4(listener, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC);
+            if c >= 0 || *libc::__errno_location() != libc::EINTR {
+                break c;
+            }
+        };
+        if conn < 0 {
+            return -1;
+        }
+        // runc sends the terminal's name as the data and the descriptor as SCM_RIGHTS.
+        let mut name = [0u8; 256];
+        let mut iov = libc::iovec { iov_base: name.as_mut_ptr().cast(), iov_len: name.len() };
+        let mut control = [0u64; 8];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        let n = loop {
+            let n = libc::recvmsg(conn, &mut msg, libc::MSG_CMSG_CLOEXEC);
+            if n >= 0 || *libc::__errno_location() != libc::EINTR {
+                break n;
+            }
+        };
+        libc::close(conn);
+        if n < 0 {
+            return -1;
+        }
+        let header = libc::CMSG_FIRSTHDR(&msg);
+        if header.is_null() || (*header).cmsg_level != libc::SOL_SOCKET || (*header).cmsg_type != libc::SCM_RIGHTS {
+            return -1;
+        }
+        std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>())
+    }
+}
+
+/// The socket runc connects to with `--console-socket` to hand over a new container's terminal.
+/// In the abstract namespace (no file to clean up, no path-length limit of the data directory),
+/// under a name nobody can guess ahead.
+struct ConsoleSocket {
+    fd: OwnedFd,
+    /// As runc takes it: `@` for the abstract namespace, then the name.
+    address: String,
+}
+
+impl ConsoleSocket {
+    fn listen(runc_id: &str) -> Result<Self, String> {
+        let fail = |what: &str| format!("{what} the console socket: {}", io::Error::last_os_error());
+        let mut nonce = [0u8; 8];
+        // SAFETY: getrandom writes at most the buffer's length into it.
+        unsafe { libc::getrandom(nonce.as_mut_ptr().cast(), nonce.len(), 0) };
+        let mut name = format!("shepherd-console-{}-{:016x}", std::process::id(), u64::from_ne_bytes(nonce));
+        // The container's id helps whoever lists sockets; the abstract name is at most 107 bytes.
+        name.push('-');
+        name.extend(runc_id.chars().take(107 - name.len()));
+        // SAFETY: socket, bind and listen on a descriptor owned here, with a sockaddr_un filled
+        // within its bounds.
+        unsafe {
+            let raw = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0);
+            if raw < 0 {
+                return Err(fail("creating"));
+            }
+            let fd = OwnedFd::from_raw_fd(raw);
+            let mut addr: libc::sockaddr_un = std::mem::zeroed();
+            addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+            // sun_path[0] stays 0: the abstract namespace.
+            for (i, b) in name.bytes().enumerate() {
+                addr.sun_path[i + 1] = b as libc::c_char;
+            }
+            let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+            if libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len as libc::socklen_t) != 0 {
+                return Err(fail("binding"));
+            }
+            if libc::listen(fd.as_raw_fd(), 1) != 0 {
+                return Err(fail("listening on"));
+            }
+            Ok(ConsoleSocket { fd, address: format!("@{name}") })
         }
     }
 }
@@ -884,6 +1016,17 @@ impl Runtime for OciRuntime {
         Some(log_files(&self.inner.dir_of(id)))
     }
 
+    fn stdin_pipe(&self, id: &ContainerId) -> Option<PathBuf> {
+        Some(self.inner.dir_of(id).join("stdin")).filter(|p| p.exists())
+    }
+
+    fn attach_ended(&self, id: &ContainerId) {
+        // Every shim handles SIGUSR1 (closing its writer on the stdin pipe, if it keeps one).
+        if let Some(l) = self.inner.lock().get(id) {
+            signal_checked(l.state.shim_pid, l.state.shim_start, libc::SIGUSR1);
+        }
+    }
+
     fn exec_prefix(&self, id: &ContainerId) -> Option<Vec<String>> {
         let root = self.inner.runc_root();
         Some(vec![
@@ -910,5 +1053,70 @@ impl Drop for OciRuntime {
         if let Some(r) = self.inner.rotation.lock().unwrap_or_else(|e| e.into_inner()).take() {
             r.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Connects to `address` (runc's form, `@` for the abstract namespace) and sends `fd` as
+    /// runc does: the terminal's name as data, the descriptor as SCM_RIGHTS.
+    fn send_as_runc(address: &str, fd: RawFd) {
+        let name = address.strip_prefix('@').expect("an abstract address");
+        // SAFETY: socket, connect and sendmsg on a descriptor owned here and stack buffers.
+        unsafe {
+            let sock = OwnedFd::from_raw_fd(libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0));
+            let mut addr: libc::sockaddr_un = std::mem::zeroed();
+            addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+            for (i, b) in name.bytes().enumerate() {
+                addr.sun_path[i + 1] = b as libc::c_char;
+            }
+            let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+            let connected = libc::connect(sock.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len as libc::socklen_t);
+            assert_eq!(connected, 0, "connect: {}", io::Error::last_os_error());
+            let mut data = *b"/dev/ptmx";
+            let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+            let mut control = [0u64; 4];
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
+            let header = libc::CMSG_FIRSTHDR(&msg);
+            (*header).cmsg_level = libc::SOL_SOCKET;
+            (*header).cmsg_type = libc::SCM_RIGHTS;
+            (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>(), fd);
+            assert!(libc::sendmsg(sock.as_raw_fd(), &msg, 0) > 0, "sendmsg: {}", io::Error::last_os_error());
+        }
+    }
+
+    #[test]
+    fn the_console_socket_receives_the_descriptor_runc_sends_and_reports_none_without_a_sender() {
+        let socket = ConsoleSocket::listen("pod_container").expect("listen");
+        assert!(socket.address.starts_with("@shepherd-console-") && socket.address.ends_with("-pod_container"), "{}", socket.address);
+        // SAFETY: accept on a non-blocking listener with nothing pending returns at once.
+        assert_eq!(unsafe { receive_terminal(socket.fd.as_raw_fd()) }, -1, "nobody connected");
+
+        let (read, write) = pipe().expect("pipe");
+        send_as_runc(&socket.address, write.as_raw_fd());
+        drop(write);
+        // SAFETY: the connection is pending, its message sent.
+        let received = unsafe { receive_terminal(socket.fd.as_raw_fd()) };
+        assert!(received >= 0, "a descriptor arrives");
+        // SAFETY: the received descriptor is ours now.
+        let mut sent = fs::File::from(unsafe { OwnedFd::from_raw_fd(received) });
+        io::Write::write_all(&mut sent, b"through").expect("write through the received descriptor");
+        drop(sent);
+        let mut text = String::new();
+        fs::File::from(read).read_to_string(&mut text).expect("read");
+        assert_eq!(text, "through", "the received descriptor is the one sent");
+    }
+
+    #[test]
+    fn a_long_container_id_keeps_the_console_socket_name_within_the_abstract_limit() {
+        let socket = ConsoleSocket::listen(&"x".repeat(200)).expect("listen");
+        assert_eq!(socket.address.len(), 108, "the `@` and 107 bytes: {}", socket.address);
     }
 }

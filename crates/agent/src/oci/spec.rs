@@ -68,6 +68,15 @@ pub(crate) fn env(image: &ImageDefaults, container: &[(String, String)], hostnam
     out.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
+/// A container on a terminal gets `TERM=xterm` unless its image or spec sets one, as CRI
+/// runtimes do (without it, shells and editors fall back to a dumb terminal).
+fn terminal_env(mut env: Vec<String>, tty: bool) -> Vec<String> {
+    if tty && !env.iter().any(|e| e.starts_with("TERM=")) {
+        env.push("TERM=xterm".into());
+    }
+    env
+}
+
 /// Resolves an image's `User` (`uid`, `uid:gid`, `name`, `name:group`) against the root's
 /// `/etc/passwd` and `/etc/group`; a user without a group takes its passwd group (0 if unknown).
 pub(crate) fn resolve_user(user: Option<&str>, rootfs: &Path) -> Result<(u32, u32), String> {
@@ -208,9 +217,9 @@ pub(crate) fn build(spec: &ContainerSpec, inputs: &SpecInputs<'_>, argv: Vec<Str
         .build()
         .map_err(err)?;
     let process = ProcessBuilder::default()
-        .terminal(false)
+        .terminal(spec.interactive.tty)
         .args(argv)
-        .env(env(inputs.image, &spec.env, &spec.hostname))
+        .env(terminal_env(env(inputs.image, &spec.env, &spec.hostname), spec.interactive.tty))
         .cwd(cwd)
         .user(UserBuilder::default().uid(user.0).gid(user.1).build().map_err(err)?)
         .capabilities(capabilities)
@@ -428,5 +437,18 @@ mod tests {
         let json = serde_json::to_value(&out).expect("json");
         let ns = json["linux"]["namespaces"].as_array().expect("namespaces");
         assert!(ns.iter().any(|n| n["type"] == "network" && n["path"] == "/data/netns/u1"), "{ns:?}");
+        assert_eq!(json["process"]["terminal"], false);
+        let inputs = SpecInputs { cgroups_path: "/shepherd-oci/u1_c".into(), ..inputs };
+
+        // `tty: true` asks runc for a terminal, and the program learns its kind unless told.
+        let tty = ContainerSpec { interactive: crate::runtime::Interactive { stdin: true, stdin_once: false, tty: true }, ..spec };
+        let json = serde_json::to_value(build(&tty, &inputs, s(&["sh"]), (0, 0)).expect("spec")).expect("json");
+        assert_eq!(json["process"]["terminal"], true);
+        assert!(json["process"]["env"].as_array().is_some_and(|e| e.contains(&serde_json::json!("TERM=xterm"))), "{json}");
+        let told = ContainerSpec { env: vec![("TERM".into(), "vt100".into())], ..tty };
+        let json = serde_json::to_value(build(&told, &inputs, s(&["sh"]), (0, 0)).expect("spec")).expect("json");
+        let env = json["process"]["env"].as_array().cloned().unwrap_or_default();
+        assert_eq!(env.iter().filter(|e| e.as_str().is_some_and(|e| e.starts_with("TERM="))).count(), 1, "{env:?}");
+        assert!(env.contains(&serde_json::json!("TERM=vt100")));
     }
 }

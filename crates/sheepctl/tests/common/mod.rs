@@ -126,6 +126,16 @@ impl Shepherd {
     }
 }
 
+impl Shepherd {
+    /// Stops the daemon as Ctrl-C does: a standalone stops its containers first, which the
+    /// oci runtime's would otherwise outlive (they are runc's, not the daemon's children).
+    pub fn interrupt(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for Shepherd {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -155,3 +155,5 @@ pub fn run_with_stdin(cmd: &mut Command, stdin: Option<&str>) -> (std::process::
     let out = child.wait_with_output().expect("kubectl output");
     (out.status, String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
+
+pub mod interactive;
