@@ -1,0 +1,402 @@
+//! RBAC: policy rules, and the roles and bindings of the store indexed by subject, so that deciding a request
+//! reads only the bindings of its user and groups.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::request_info::Attributes;
+use crate::auth::UserInfo;
+
+/// One rule of a Role or ClusterRole.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyRule {
+    pub verbs: Vec<String>,
+    pub api_groups: Vec<String>,
+    pub resources: Vec<String>,
+    pub resource_names: Vec<String>,
+    pub non_resource_urls: Vec<String>,
+}
+
+fn strings(v: &Value, key: &str) -> Vec<String> {
+    v.get(key).and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_string).collect()
+}
+
+fn has(list: &[String], want: &str) -> bool {
+    list.iter().any(|x| x == want || x == "*")
+}
+
+impl PolicyRule {
+    pub fn from_json(v: &Value) -> PolicyRule {
+        PolicyRule {
+            verbs: strings(v, "verbs"),
+            api_groups: strings(v, "apiGroups"),
+            resources: strings(v, "resources"),
+            resource_names: strings(v, "resourceNames"),
+            non_resource_urls: strings(v, "nonResourceURLs"),
+        }
+    }
+
+    /// The rule as a Role stores it (empty lists left out).
+    pub fn to_json(&self) -> Value {
+        let mut v = json!({"verbs": self.verbs});
+        for (key, list) in [("apiGroups", &self.api_groups), ("resources", &self.resources),
+            ("resourceNames", &self.resource_names), ("nonResourceURLs", &self.non_resource_urls)] {
+            if !list.is_empty() || (key == "apiGroups" && self.non_resource_urls.is_empty()) {
+                v[key] = json!(list);
+            }
+        }
+        v
+    }
+
+    /// A resource rule: verbs on resources of groups.
+    pub fn resources(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+        let own = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
+        PolicyRule { verbs: own(verbs), api_groups: own(groups), resources: own(resources), ..PolicyRule::default() }
+    }
+
+    /// A non-resource rule: verbs on URLs (a trailing `*` matches any rest).
+    pub fn urls(urls: &[&str], verbs: &[&str]) -> PolicyRule {
+        let own = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
+        PolicyRule { verbs: own(verbs), non_resource_urls: own(urls), ..PolicyRule::default() }
+    }
+
+    pub fn named(mut self, names: &[&str]) -> PolicyRule {
+        self.resource_names = names.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    pub fn allows(&self, a: &Attributes) -> bool {
+        if a.resource_request {
+            let combined = a.resource_with_subresource();
+            self.allows_resource(&a.verb, &a.api_group, &combined, &a.subresource, &a.name)
+        } else {
+            self.allows_url(&a.verb, &a.path)
+        }
+    }
+
+    fn allows_resource(&self, verb: &str, group: &str, combined: &str, subresource: &str, name: &str) -> bool {
+        has(&self.verbs, verb)
+            && has(&self.api_groups, group)
+            && self.resources.iter().any(|r| {
+                r == "*"
+                    || r == combined
+                    || (!subresource.is_empty() && r.strip_prefix("*/").is_some_and(|s| s == subresource))
+            })
+            && (self.resource_names.is_empty() || (!name.is_empty() && self.resource_names.iter().any(|n| n == name)))
+    }
+
+    fn allows_url(&self, verb: &str, path: &str) -> bool {
+        has(&self.verbs, verb)
+            && self.non_resource_urls.iter().any(|u| {
+                u == "*" || u == path || u.strip_suffix('*').is_some_and(|prefix| path.starts_with(prefix))
+            })
+    }
+
+    /// Whether this rule grants everything `other` grants: each (verb, group, resource, name) or
+    /// (verb, URL) of `other` is allowed here. A `*` asked for is covered only by a `*` held.
+    pub fn covers(&self, other: &PolicyRule) -> bool {
+        other.simple_rules().iter().all(|s| self.covers_simple(s))
+    }
+
+    fn covers_simple(&self, s: &PolicyRule) -> bool {
+        let verb = &s.verbs[0];
+        if let Some(url) = s.non_resource_urls.first() {
+            return self.allows_url(verb, url);
+        }
+        let (group, resource) = (&s.api_groups[0], &s.resources[0]);
+        let subresource = resource.split_once('/').map_or("", |(_, sub)| sub);
+        let name = s.resource_names.first().map_or("", String::as_str);
+        self.allows_resource(verb, group, resource, subresource, name)
+    }
+
+    /// The rule broken into rules of one verb, group, resource and name (or one verb and URL).
+    pub fn simple_rules(&self) -> Vec<PolicyRule> {
+        let mut out = Vec::new();
+        for verb in &self.verbs {
+            for url in &self.non_resource_urls {
+                out.push(PolicyRule { verbs: vec![verb.clone()], non_resource_urls: vec![url.clone()], ..Default::default() });
+            }
+            for group in &self.api_groups {
+                for resource in &self.resources {
+                    let one = |names: Vec<String>| PolicyRule {
+                        verbs: vec![verb.clone()],
+                        api_groups: vec![group.clone()],
+                        resources: vec![resource.clone()],
+                        resource_names: names,
+                        non_resource_urls: Vec::new(),
+                    };
+                    if self.resource_names.is_empty() {
+                        out.push(one(Vec::new()));
+                    } else {
+                        out.extend(self.resource_names.iter().map(|n| one(vec![n.clone()])));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Kubernetes' compact form, as its escalation errors list missing rules.
+    pub fn compact(&self) -> String {
+        let quoted = |l: &[String]| l.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(" ");
+        let mut parts = Vec::new();
+        for (label, list) in [("APIGroups", &self.api_groups), ("Resources", &self.resources),
+            ("ResourceNames", &self.resource_names), ("NonResourceURLs", &self.non_resource_urls), ("Verbs", &self.verbs)] {
+            if !list.is_empty() {
+                parts.push(format!("{label}:[{}]", quoted(list)));
+            }
+        }
+        format!("{{{}}}", parts.join(", "))
+    }
+}
+
+/// A binding's subject as the index keys it: users (ServiceAccounts are users named
+/// `system:serviceaccount:NS:NAME`) and groups.
+fn subject_key(subject: &Value, binding_namespace: Option<&str>) -> Option<String> {
+    let name = subject.get("name").and_then(Value::as_str)?;
+    match subject.get("kind").and_then(Value::as_str)? {
+        "User" => Some(format!("u:{name}")),
+        "Group" => Some(format!("g:{name}")),
+        "ServiceAccount" => {
+            let ns = subject.get("namespace").and_then(Value::as_str).filter(|n| !n.is_empty()).or(binding_namespace)?;
+            Some(format!("u:system:serviceaccount:{ns}:{name}"))
+        }
+        _ => None,
+    }
+}
+
+/// The subject keys of a user: its name and each group, with the groups every ServiceAccount is in.
+fn user_keys(user: &UserInfo) -> Vec<String> {
+    let mut keys = vec![format!("u:{}", user.name)];
+    keys.extend(user.groups.iter().map(|g| format!("g:{g}")));
+    if let Some(rest) = user.name.strip_prefix("system:serviceaccount:")
+        && let Some((ns, _)) = rest.split_once(':')
+    {
+        for g in ["system:serviceaccounts".to_string(), format!("system:serviceaccounts:{ns}")] {
+            let key = format!("g:{g}");
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+    }
+    keys
+}
+
+#[derive(Debug, Clone)]
+struct Binding {
+    /// None for a ClusterRoleBinding.
+    namespace: Option<String>,
+    role_kind: String,
+    role_name: String,
+    subjects: Vec<String>,
+}
+
+/// Which role a binding refers to, as the index finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleRef {
+    pub kind: String,
+    pub name: String,
+}
+
+/// The RBAC objects of the store, indexed for authorization.
+#[derive(Debug, Default)]
+pub struct RbacIndex {
+    roles: HashMap<(String, String), Arc<[PolicyRule]>>,
+    cluster_roles: HashMap<String, Arc<[PolicyRule]>>,
+    /// Bindings by store key.
+    bindings: HashMap<String, Binding>,
+    /// Subject key (`u:NAME`, `g:NAME`) to the store keys of the bindings naming it. Carries the
+    /// per-request cost: a request reads only its own user's and groups' entries.
+    by_subject: HashMap<String, HashSet<String>>,
+}
+
+fn rules_of(obj: &Value) -> Arc<[PolicyRule]> {
+    obj.get("rules").and_then(Value::as_array).into_iter().flatten().map(PolicyRule::from_json).collect()
+}
+
+fn meta_str<'a>(obj: &'a Value, key: &str) -> &'a str {
+    obj.get("metadata").and_then(|m| m.get(key)).and_then(Value::as_str).unwrap_or("")
+}
+
+impl RbacIndex {
+    /// Takes in a stored object (`obj` None: the key was deleted).
+    pub fn apply(&mut self, key: &str, kind: &str, obj: Option<&Value>) {
+        match kind {
+            "roles" | "clusterroles" => {
+                let Some((ns, name)) = key_parts(key, kind == "roles") else { return };
+                match (kind, obj) {
+                    ("roles", Some(o)) => {
+                        self.roles.insert((ns.to_string(), name.to_string()), rules_of(o));
+                    }
+                    ("roles", None) => {
+                        self.roles.remove(&(ns.to_string(), name.to_string()));
+                    }
+                    (_, Some(o)) => {
+                        self.cluster_roles.insert(name.to_string(), rules_of(o));
+                    }
+                    (_, None) => {
+                        self.cluster_roles.remove(name);
+                    }
+                }
+            }
+            "rolebindings" | "clusterrolebindings" => {
+                if let Some(old) = self.bindings.remove(key) {
+                    for s in &old.subjects {
+                        if let Some(set) = self.by_subject.get_mut(s) {
+                            set.remove(key);
+                            if set.is_empty() {
+                                self.by_subject.remove(s);
+                            }
+                        }
+                    }
+                }
+                let Some(o) = obj else { return };
+                let namespace = (kind == "rolebindings").then(|| meta_str(o, "namespace").to_string());
+                let subjects: Vec<String> = o.get("subjects").and_then(Value::as_array).into_iter().flatten()
+                    .filter_map(|s| subject_key(s, namespace.as_deref()))
+                    .collect();
+                for s in &subjects {
+                    self.by_subject.entry(s.clone()).or_default().insert(key.to_string());
+                }
+                let role = |k: &str| o.get("roleRef").and_then(|r| r.get(k)).and_then(Value::as_str).unwrap_or("").to_string();
+                self.bindings.insert(key.to_string(), Binding { namespace, role_kind: role("kind"), role_name: role("name"), subjects });
+            }
+            _ => {}
+        }
+    }
+
+    /// The rules a role reference grants in `namespace` (a RoleBinding's; None for a ClusterRoleBinding).
+    pub fn role_rules(&self, role: &RoleRef, namespace: Option<&str>) -> Option<Arc<[PolicyRule]>> {
+        match role.kind.as_str() {
+            "ClusterRole" => self.cluster_roles.get(&role.name).cloned(),
+            "Role" => self.roles.get(&(namespace?.to_string(), role.name.clone())).cloned(),
+            _ => None,
+        }
+    }
+
+    /// Calls `f` with the rules of every binding of `user` that applies in `namespace` (`""`: only
+    /// cluster-wide bindings) until it returns true.
+    fn any_rules(&self, user: &UserInfo, namespace: &str, mut f: impl FnMut(&[PolicyRule]) -> bool) -> bool {
+        for key in user_keys(user) {
+            let Some(bindings) = self.by_subject.get(&key) else { continue };
+            for b in bindings.iter().filter_map(|k| self.bindings.get(k)) {
+                if b.namespace.as_deref().is_some_and(|ns| ns != namespace) {
+                    continue;
+                }
+                let role = RoleRef { kind: b.role_kind.clone(), name: b.role_name.clone() };
+                if let Some(rules) = self.role_rules(&role, b.namespace.as_deref())
+                    && f(&rules)
+                {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Whether a binding of `user` allows the request.
+    pub fn allows(&self, user: &UserInfo, a: &Attributes) -> bool {
+        self.any_rules(user, &a.namespace, |rules| rules.iter().any(|r| r.allows(a)))
+    }
+
+    /// Every rule `user` holds in `namespace`, cluster-wide ones included.
+    pub fn rules_for(&self, user: &UserInfo, namespace: &str) -> Vec<PolicyRule> {
+        let mut out: Vec<PolicyRule> = Vec::new();
+        self.any_rules(user, namespace, |rules| {
+            for r in rules {
+                if !out.contains(r) {
+                    out.push(r.clone());
+                }
+            }
+            false
+        });
+        out
+    }
+
+    /// The rules of `wanted` that `user` does not hold in `namespace`, as simple rules.
+    pub fn not_held(&self, user: &UserInfo, namespace: &str, wanted: &[PolicyRule]) -> Vec<PolicyRule> {
+        let held = self.rules_for(user, namespace);
+        wanted
+            .iter()
+            .flat_map(PolicyRule::simple_rules)
+            .filter(|s| !held.iter().any(|h| h.covers(s)))
+            .collect()
+    }
+
+    pub fn binding_count(&self) -> usize {
+        self.bindings.len()
+    }
+}
+
+/// (namespace, name) of a store key `/registry/<group>/<plural>/[<ns>/]<name>`.
+fn key_parts(key: &str, namespaced: bool) -> Option<(&str, &str)> {
+    let mut parts = key.rsplitn(3, '/');
+    let name = parts.next()?;
+    if namespaced { Some((parts.next()?, name)) } else { Some(("", name)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::Method;
+
+    fn attrs(method: Method, path: &str) -> Attributes {
+        let (p, q) = path.split_once('?').map_or((path, None), |(p, q)| (p, Some(q)));
+        Attributes::of(&method, p, q)
+    }
+
+    #[test]
+    fn rules_match_subresources_wildcards_names_and_url_prefixes() {
+        let logs = PolicyRule::resources(&[""], &["pods", "pods/log"], &["get"]);
+        assert!(logs.allows(&attrs(Method::GET, "/api/v1/namespaces/d/pods/p/log")));
+        assert!(!logs.allows(&attrs(Method::POST, "/api/v1/namespaces/d/pods/p/exec")));
+        assert!(!logs.allows(&attrs(Method::GET, "/api/v1/namespaces/d/pods/p/status")));
+        let statuses = PolicyRule::resources(&["*"], &["*/status"], &["update"]);
+        assert!(statuses.allows(&attrs(Method::PUT, "/apis/apps/v1/namespaces/d/deployments/x/status")));
+        assert!(!statuses.allows(&attrs(Method::PUT, "/apis/apps/v1/namespaces/d/deployments/x")));
+        let one = PolicyRule::resources(&[""], &["configmaps"], &["get", "update"]).named(&["settings"]);
+        assert!(one.allows(&attrs(Method::GET, "/api/v1/namespaces/d/configmaps/settings")));
+        assert!(!one.allows(&attrs(Method::GET, "/api/v1/namespaces/d/configmaps/other")));
+        assert!(!one.allows(&attrs(Method::GET, "/api/v1/namespaces/d/configmaps")), "a list has no name");
+        let health = PolicyRule::urls(&["/healthz", "/openapi/*"], &["get"]);
+        assert!(health.allows(&attrs(Method::GET, "/healthz")));
+        assert!(health.allows(&attrs(Method::GET, "/openapi/v3/apis/apps/v1")));
+        assert!(!health.allows(&attrs(Method::GET, "/metrics")));
+    }
+
+    #[test]
+    fn a_rule_covers_only_what_it_grants_and_a_wildcard_asked_for_needs_a_wildcard_held() {
+        let all = PolicyRule::resources(&["*"], &["*"], &["*"]);
+        let edit = PolicyRule::resources(&["", "apps"], &["pods", "deployments"], &["get", "create"]);
+        assert!(all.covers(&edit));
+        assert!(!edit.covers(&all));
+        assert!(edit.covers(&PolicyRule::resources(&["apps"], &["deployments"], &["get"]).named(&["web"])));
+        assert!(!edit.covers(&PolicyRule::resources(&["apps"], &["deployments"], &["delete"])));
+        assert_eq!(PolicyRule::resources(&["*"], &["*"], &["*"]).compact(), r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#);
+    }
+
+    #[test]
+    fn bindings_grant_their_roles_to_users_groups_and_service_accounts_in_their_scope() {
+        let mut index = RbacIndex::default();
+        let rb = "/registry/rbac.authorization.k8s.io/rolebindings/dev/readers";
+        index.apply("/registry/rbac.authorization.k8s.io/roles/dev/reader", "roles",
+            Some(&json!({"metadata": {"name": "reader", "namespace": "dev"},
+                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]})));
+        index.apply(rb, "rolebindings", Some(&json!({"metadata": {"name": "readers", "namespace": "dev"},
+            "roleRef": {"kind": "Role", "name": "reader"},
+            "subjects": [{"kind": "User", "name": "bob"}, {"kind": "Group", "name": "qa"},
+                {"kind": "ServiceAccount", "name": "robot"}]})));
+        let list_dev = attrs(Method::GET, "/api/v1/namespaces/dev/pods");
+        assert!(index.allows(&UserInfo::new("bob", Vec::<String>::new()), &list_dev));
+        assert!(index.allows(&UserInfo::new("carol", ["qa"]), &list_dev));
+        assert!(index.allows(&UserInfo::new("system:serviceaccount:dev:robot", ["system:serviceaccounts"]), &list_dev));
+        assert!(!index.allows(&UserInfo::new("system:serviceaccount:prod:robot", Vec::<String>::new()), &list_dev));
+        assert!(!index.allows(&UserInfo::new("bob", Vec::<String>::new()), &attrs(Method::GET, "/api/v1/namespaces/prod/pods")));
+        assert!(!index.allows(&UserInfo::new("bob", Vec::<String>::new()), &attrs(Method::GET, "/api/v1/pods")));
+        index.apply(rb, "rolebindings", None);
+        assert!(!index.allows(&UserInfo::new("bob", Vec::<String>::new()), &list_dev));
+        assert!(index.by_subject.is_empty(), "a deleted binding leaves nothing behind");
+    }
+}
