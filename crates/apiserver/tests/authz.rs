@@ -318,3 +318,116 @@ async fn the_authorizer_decides_in_microseconds_with_a_thousand_bindings() {
     let per = started.elapsed() / n;
     println!("authorization decision with 1000 RoleBindings: {per:?} per request (debug build, half allowed, half denied)");
 }
+
+/// Runs kubectl against `s`: exit success, stdout, stderr.
+async fn kubectl(s: &Server, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new("kubectl");
+    cmd.arg("--server").arg(&s.base).env("KUBECONFIG", "/dev/null").args(args);
+    let stdin = stdin.map(str::to_string);
+    tokio::task::spawn_blocking(move || {
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("run kubectl");
+        let mut input = child.stdin.take().expect("stdin");
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).expect("write stdin");
+        }
+        drop(input);
+        let out = child.wait_with_output().expect("kubectl output");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    })
+    .await
+    .expect("kubectl task")
+}
+
+const READERS_ROLE: &str = "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: config-reader
+  namespace: default
+rules:
+- apiGroups: [\"\"]
+  resources: [configmaps]
+  resourceNames: [settings]
+  verbs: [get]
+";
+
+#[tokio::test]
+async fn kubectl_creates_and_applies_rbac_objects_and_auth_can_i_answers_as_kubernetes_does() {
+    let s = start().await;
+    s.create(PODS, &pod("x")).await;
+    for (args, expected) in [
+        (vec!["create", "clusterrole", "pod-reader", "--verb=get,list,watch", "--resource=pods,pods/log"],
+            "clusterrole.rbac.authorization.k8s.io/pod-reader created"),
+        (vec!["create", "role", "cm-reader", "-n", "default", "--verb=get", "--resource=configmaps", "--resource-name=settings"],
+            "role.rbac.authorization.k8s.io/cm-reader created"),
+        (vec!["create", "rolebinding", "bob-reads", "-n", "default", "--clusterrole=pod-reader", "--user=bob"],
+            "rolebinding.rbac.authorization.k8s.io/bob-reads created"),
+        (vec!["create", "clusterrolebinding", "ops-view", "--clusterrole=view", "--group=ops", "--serviceaccount=default:robot"],
+            "clusterrolebinding.rbac.authorization.k8s.io/ops-view created"),
+    ] {
+        let (ok, out, err) = kubectl(&s, &args, None).await;
+        assert!(ok, "kubectl {args:?}: {err}");
+        assert_eq!(out.trim(), expected);
+    }
+    let (ok, out, err) = kubectl(&s, &["apply", "-f", "-"], Some(READERS_ROLE)).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "role.rbac.authorization.k8s.io/config-reader created");
+    let (ok, out, _) = kubectl(&s, &["apply", "-f", "-"], Some(READERS_ROLE)).await;
+    assert!(ok && out.trim() == "role.rbac.authorization.k8s.io/config-reader unchanged", "{out}");
+    let (ok, out, err) = kubectl(&s, &["get", "rolebindings", "-n", "default", "-o", "wide"], None).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("bob-reads") && out.contains("ClusterRole/pod-reader") && out.contains("bob"), "{out}");
+
+    wait_until(&s, "bob", &[], json!({"namespace": "default", "verb": "get", "resource": "pods"}), true).await;
+    let (ok, out, err) = kubectl(&s, &["auth", "can-i", "get", "pods/log", "-n", "default", "--as", "bob"], None).await;
+    assert!(ok, "{out} {err}");
+    assert_eq!(out.trim(), "yes");
+    let (ok, out, _) = kubectl(&s, &["auth", "can-i", "delete", "pods", "-n", "default", "--as", "bob"], None).await;
+    assert!(!ok);
+    assert_eq!(out.trim(), "no");
+    let (ok, _, err) = kubectl(&s, &["delete", "pod", "x", "-n", "default", "--as", "bob"], None).await;
+    assert!(!ok);
+    assert_eq!(err.trim(), "Error from server (Forbidden): pods \"x\" is forbidden: User \"bob\" cannot delete resource \
+        \"pods\" in API group \"\" in the namespace \"default\"");
+    let (ok, out, err) = kubectl(&s, &["auth", "can-i", "--list", "-n", "default", "--as", "bob"], None).await;
+    assert!(ok, "{err}");
+    assert!(out.lines().any(|l| l.starts_with("pods/log") && l.contains("[get list watch]")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("selfsubjectaccessreviews.authorization.k8s.io")), "{out}");
+}
+
+#[tokio::test]
+async fn default_roles_are_restored_at_start_unless_their_auto_update_is_turned_off() {
+    use shepherd_apiserver::{ApiServer, HttpConfig};
+    use shepherd_store::{HistoryLimits, LocalStore, Store};
+    let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(LocalStore::in_memory(HistoryLimits::default()));
+    let server = ApiServer::new(store.clone(), HttpConfig::default()).await.expect("server");
+    let svc = server.service();
+    let view = &shepherd_api::kinds::CLUSTERROLE;
+    let rules = |name: &'static str| async move {
+        let kv = svc.get(view, None, name).await.expect("role");
+        let obj: Value = serde_json::from_slice(&kv.value).expect("json");
+        obj["rules"].as_array().map_or(0, Vec::len)
+    };
+    let (view_rules, edit_rules) = (rules("view").await, rules("edit").await);
+    assert!(view_rules > 1 && edit_rules > view_rules);
+    let extra = json!({"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": ["get"]});
+    for (name, auto) in [("view", "true"), ("edit", "false")] {
+        let kv = svc.get(view, None, name).await.expect("role");
+        let mut obj: Value = serde_json::from_slice(&kv.value).expect("json");
+        obj["rules"] = json!([extra]);
+        obj["metadata"]["annotations"]["rbac.authorization.kubernetes.io/autoupdate"] = json!(auto);
+        svc.update(view, None, name, obj, shepherd_apiserver::Part::Main).await.expect("edit");
+    }
+    let restarted = ApiServer::new(store.clone(), HttpConfig::default()).await.expect("restart");
+    let svc = restarted.service();
+    let rules = |name: &'static str| async move {
+        let kv = svc.get(view, None, name).await.expect("role");
+        serde_json::from_slice::<Value>(&kv.value).expect("json")["rules"].clone()
+    };
+    let view_now = rules("view").await;
+    assert_eq!(view_now.as_array().map(Vec::len), Some(view_rules + 1), "restored, and the added rule kept");
+    assert_eq!(view_now[0], extra);
+    assert_eq!(rules("edit").await, json!([extra]), "left as edited");
+}

@@ -34,11 +34,17 @@ pub(super) fn validate_role(obj: &Value, namespaced: bool, c: &mut Vec<Cause>) {
             Some(urls) => {
                 let shown = Value::Array(urls.clone());
                 if namespaced {
-                    c.push(invalid_value(format!("{base}.nonResourceURLs"), &shown,
-                        "namespaced rules cannot apply to non-resource URLs"));
+                    c.push(invalid_value(
+                        format!("{base}.nonResourceURLs"),
+                        &shown,
+                        "namespaced rules cannot apply to non-resource URLs",
+                    ));
                 } else if list("apiGroups").is_some() || list("resources").is_some() {
-                    c.push(invalid_value(format!("{base}.nonResourceURLs"), &shown,
-                        "rules cannot apply to both regular resources and non-resource URLs"));
+                    c.push(invalid_value(
+                        format!("{base}.nonResourceURLs"),
+                        &shown,
+                        "rules cannot apply to both regular resources and non-resource URLs",
+                    ));
                 }
             }
             None => {
@@ -122,7 +128,9 @@ mod tests {
 
     fn fields(r: Result<(), crate::ApiError>) -> Vec<String> {
         match r {
-            Err(crate::ApiError::Invalid { causes, .. }) => causes.into_iter().map(|c| format!("{}: {}", c.field, c.message)).collect(),
+            Err(crate::ApiError::Invalid { causes, .. }) => {
+                causes.into_iter().map(|c| format!("{}: {}", c.field, c.message)).collect()
+            }
             other => panic!("expected 422, got {other:?}"),
         }
     }
@@ -134,11 +142,14 @@ mod tests {
         validate(&kinds::CLUSTERROLE, &ok).expect("valid");
         let bad = json!({"metadata": {"name": "r", "namespace": "default"}, "rules": [{"resources": ["pods"]},
             {"nonResourceURLs": ["/healthz"], "verbs": ["get"]}]});
-        assert_eq!(fields(validate(&kinds::ROLE, &bad)), [
-            "rules[0].verbs: Required value",
-            "rules[0].apiGroups: Required value",
-            "rules[1].nonResourceURLs: Invalid value: [\"/healthz\"]: namespaced rules cannot apply to non-resource URLs",
-        ]);
+        assert_eq!(
+            fields(validate(&kinds::ROLE, &bad)),
+            [
+                "rules[0].verbs: Required value",
+                "rules[0].apiGroups: Required value",
+                "rules[1].nonResourceURLs: Invalid value: [\"/healthz\"]: namespaced rules cannot apply to non-resource URLs",
+            ]
+        );
     }
 
     #[test]
@@ -147,19 +158,31 @@ mod tests {
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
             "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "bob"},
                 {"kind": "Robot", "name": "r2"}]});
-        assert_eq!(fields(validate(&kinds::ROLEBINDING, &binding)),
-            ["subjects[1].kind: Unsupported value: \"Robot\": supported values: \"ServiceAccount\", \"User\", \"Group\""]);
+        assert_eq!(
+            fields(validate(&kinds::ROLEBINDING, &binding)),
+            [
+                "subjects[1].kind: Unsupported value: \"Robot\": supported values: \"ServiceAccount\", \"User\", \"Group\""
+            ]
+        );
         let mut fine = binding.clone();
         fine["subjects"] = json!([{"kind": "ServiceAccount", "name": "default", "namespace": "default"}]);
         let mut other_role = fine.clone();
         other_role["roleRef"]["name"] = json!("edit");
-        assert_eq!(fields(validate_update(&kinds::ROLEBINDING, &fine, &other_role)), [
-            "roleRef: Invalid value: {\"apiGroup\":\"rbac.authorization.k8s.io\",\"kind\":\"ClusterRole\",\"name\":\"edit\"}: \
-             cannot change roleRef"]);
+        assert_eq!(
+            fields(validate_update(&kinds::ROLEBINDING, &fine, &other_role)),
+            [
+                "roleRef: Invalid value: {\"apiGroup\":\"rbac.authorization.k8s.io\",\"kind\":\"ClusterRole\",\"name\":\"edit\"}: \
+             cannot change roleRef"
+            ]
+        );
         let cluster = json!({"metadata": {"name": "b"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "x"},
             "subjects": [{"kind": "ServiceAccount", "name": "default"}]});
-        assert_eq!(fields(validate(&kinds::CLUSTERROLEBINDING, &cluster)), [
-            "roleRef.kind: Unsupported value: \"Role\": supported values: \"ClusterRole\"",
-            "subjects[0].namespace: Required value"]);
+        assert_eq!(
+            fields(validate(&kinds::CLUSTERROLEBINDING, &cluster)),
+            [
+                "roleRef.kind: Unsupported value: \"Role\": supported values: \"ClusterRole\"",
+                "subjects[0].namespace: Required value"
+            ]
+        );
     }
 }

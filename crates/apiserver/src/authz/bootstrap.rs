@@ -14,10 +14,33 @@ const AUTOUPDATE: &str = "rbac.authorization.kubernetes.io/autoupdate";
 
 /// Namespaced kinds users work with, by group, as `view`, `edit` and `admin` grant them.
 const WORKLOADS: &[(&str, &[&str])] = &[
-    ("", &["pods", "services", "endpoints", "configmaps", "serviceaccounts", "replicationcontrollers",
-        "replicationcontrollers/scale", "persistentvolumeclaims", "events"]),
-    ("apps", &["deployments", "deployments/scale", "replicasets", "replicasets/scale", "statefulsets",
-        "statefulsets/scale", "daemonsets", "controllerrevisions"]),
+    (
+        "",
+        &[
+            "pods",
+            "services",
+            "endpoints",
+            "configmaps",
+            "serviceaccounts",
+            "replicationcontrollers",
+            "replicationcontrollers/scale",
+            "persistentvolumeclaims",
+            "events",
+        ],
+    ),
+    (
+        "apps",
+        &[
+            "deployments",
+            "deployments/scale",
+            "replicasets",
+            "replicasets/scale",
+            "statefulsets",
+            "statefulsets/scale",
+            "daemonsets",
+            "controllerrevisions",
+        ],
+    ),
     ("batch", &["jobs", "cronjobs"]),
     ("policy", &["poddisruptionbudgets"]),
     ("discovery.k8s.io", &["endpointslices"]),
@@ -28,9 +51,16 @@ const WRITE: &[&str] = &["create", "delete", "deletecollection", "patch", "updat
 
 fn view_rules() -> Vec<PolicyRule> {
     let mut rules: Vec<PolicyRule> = WORKLOADS.iter().map(|(g, r)| PolicyRule::resources(&[g], r, READ)).collect();
-    rules.push(PolicyRule::resources(&[""], &["pods/log", "pods/status", "services/status", "namespaces", "namespaces/status"], READ));
-    rules.push(PolicyRule::resources(&["apps"], &["deployments/status", "replicasets/status", "statefulsets/status",
-        "daemonsets/status"], READ));
+    rules.push(PolicyRule::resources(
+        &[""],
+        &["pods/log", "pods/status", "services/status", "namespaces", "namespaces/status"],
+        READ,
+    ));
+    rules.push(PolicyRule::resources(
+        &["apps"],
+        &["deployments/status", "replicasets/status", "statefulsets/status", "daemonsets/status"],
+        READ,
+    ));
     rules.push(PolicyRule::resources(&["batch"], &["jobs/status", "cronjobs/status"], READ));
     rules
 }
@@ -38,8 +68,11 @@ fn view_rules() -> Vec<PolicyRule> {
 fn edit_rules() -> Vec<PolicyRule> {
     let mut rules = view_rules();
     rules.extend(WORKLOADS.iter().map(|(g, r)| PolicyRule::resources(&[g], r, WRITE)));
-    rules.push(PolicyRule::resources(&[""], &["secrets"], &["get", "list", "watch", "create", "delete", "deletecollection",
-        "patch", "update"]));
+    rules.push(PolicyRule::resources(
+        &[""],
+        &["secrets"],
+        &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"],
+    ));
     rules.push(PolicyRule::resources(&[""], &["pods/exec", "pods/attach", "pods/portforward"], &["create", "get"]));
     rules.push(PolicyRule::resources(&[""], &["pods/eviction"], &["create"]));
     rules.push(PolicyRule::resources(&[""], &["serviceaccounts"], &["impersonate"]));
@@ -48,8 +81,11 @@ fn edit_rules() -> Vec<PolicyRule> {
 
 fn admin_rules() -> Vec<PolicyRule> {
     let mut rules = edit_rules();
-    rules.push(PolicyRule::resources(&["rbac.authorization.k8s.io"], &["roles", "rolebindings"],
-        &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"]));
+    rules.push(PolicyRule::resources(
+        &["rbac.authorization.k8s.io"],
+        &["roles", "rolebindings"],
+        &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"],
+    ));
     rules.push(PolicyRule::resources(&["authorization.k8s.io"], &["localsubjectaccessreviews"], &["create"]));
     rules
 }
@@ -57,8 +93,20 @@ fn admin_rules() -> Vec<PolicyRule> {
 /// What the in-process controllers read and write: every object they manage, but not RBAC.
 fn controller_rules() -> Vec<PolicyRule> {
     vec![
-        PolicyRule::resources(&["", "apps", "batch", "policy", "discovery.k8s.io", "coordination.k8s.io", "events.k8s.io",
-            "apiextensions.k8s.io"], &["*"], &["*"]),
+        PolicyRule::resources(
+            &[
+                "",
+                "apps",
+                "batch",
+                "policy",
+                "discovery.k8s.io",
+                "coordination.k8s.io",
+                "events.k8s.io",
+                "apiextensions.k8s.io",
+            ],
+            &["*"],
+            &["*"],
+        ),
         PolicyRule::resources(&["authorization.k8s.io"], &["subjectaccessreviews"], &["create"]),
     ]
 }
@@ -83,12 +131,37 @@ fn cluster_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
         ("admin", admin_rules()),
         ("edit", edit_rules()),
         ("view", view_rules()),
-        ("system:basic-user", vec![PolicyRule::resources(&["authorization.k8s.io"],
-            &["selfsubjectaccessreviews", "selfsubjectrulesreviews"], &["create"])]),
-        ("system:discovery", vec![PolicyRule::urls(&["/api", "/api/*", "/apis", "/apis/*", "/openapi", "/openapi/*",
-            "/version", "/version/", "/healthz", "/livez", "/readyz"], &["get"])]),
-        ("system:public-info-viewer", vec![PolicyRule::urls(&["/healthz", "/livez", "/readyz", "/version", "/version/"],
-            &["get"])]),
+        (
+            "system:basic-user",
+            vec![PolicyRule::resources(
+                &["authorization.k8s.io"],
+                &["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                &["create"],
+            )],
+        ),
+        (
+            "system:discovery",
+            vec![PolicyRule::urls(
+                &[
+                    "/api",
+                    "/api/*",
+                    "/apis",
+                    "/apis/*",
+                    "/openapi",
+                    "/openapi/*",
+                    "/version",
+                    "/version/",
+                    "/healthz",
+                    "/livez",
+                    "/readyz",
+                ],
+                &["get"],
+            )],
+        ),
+        (
+            "system:public-info-viewer",
+            vec![PolicyRule::urls(&["/healthz", "/livez", "/readyz", "/version", "/version/"], &["get"])],
+        ),
         // The dashboard's assets hold no cluster data; its calls for data are authorized one by one.
         ("system:shepherd-dashboard-assets", vec![PolicyRule::urls(&["/dashboard", "/dashboard/*"], &["get"])]),
         ("system:node", node_rules()),
@@ -97,18 +170,32 @@ fn cluster_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
     ]
 }
 
-/// Each default ClusterRoleBinding: name, role, subjects as (kind, name). `system:node` is not bound:
+/// A default ClusterRoleBinding: name, role, subjects as (kind, name).
+type DefaultBinding = (&'static str, &'static str, Vec<(&'static str, &'static str)>);
+
+/// Each default ClusterRoleBinding. `system:node` is not bound:
 /// the node authorizer grants nodes its rules, object by object.
-fn cluster_role_bindings() -> Vec<(&'static str, &'static str, Vec<(&'static str, &'static str)>)> {
+fn cluster_role_bindings() -> Vec<DefaultBinding> {
     vec![
         ("cluster-admin", "cluster-admin", vec![("Group", "system:masters")]),
         ("system:basic-user", "system:basic-user", vec![("Group", "system:authenticated")]),
         ("system:discovery", "system:discovery", vec![("Group", "system:authenticated")]),
-        ("system:public-info-viewer", "system:public-info-viewer",
-            vec![("Group", "system:authenticated"), ("Group", "system:unauthenticated")]),
-        ("system:shepherd-dashboard-assets", "system:shepherd-dashboard-assets", vec![("Group", "system:authenticated")]),
+        (
+            "system:public-info-viewer",
+            "system:public-info-viewer",
+            vec![("Group", "system:authenticated"), ("Group", "system:unauthenticated")],
+        ),
+        (
+            "system:shepherd-dashboard-assets",
+            "system:shepherd-dashboard-assets",
+            vec![("Group", "system:authenticated")],
+        ),
         ("system:kube-scheduler", "system:kube-scheduler", vec![("User", "system:kube-scheduler")]),
-        ("system:kube-controller-manager", "system:kube-controller-manager", vec![("User", "system:kube-controller-manager")]),
+        (
+            "system:kube-controller-manager",
+            "system:kube-controller-manager",
+            vec![("User", "system:kube-controller-manager")],
+        ),
     ]
 }
 
@@ -129,8 +216,13 @@ pub async fn reconcile_default_roles(svc: &ApiService) -> Result<(), ApiError> {
         .await?;
     }
     for (name, role, subjects) in cluster_role_bindings() {
-        let subjects: Vec<Value> = subjects.iter().map(|(kind, n)| json!({"kind": kind, "name": n,
-            "apiGroup": "rbac.authorization.k8s.io"})).collect();
+        let subjects: Vec<Value> = subjects
+            .iter()
+            .map(|(kind, n)| {
+                json!({"kind": kind, "name": n,
+            "apiGroup": "rbac.authorization.k8s.io"})
+            })
+            .collect();
         let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
             "metadata": bootstrap_metadata(name), "subjects": subjects,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}});
@@ -162,7 +254,8 @@ async fn reconcile(
         }
         Err(e) => return Err(e),
     };
-    let auto = current.pointer(&format!("/metadata/annotations/{}", AUTOUPDATE.replace('/', "~1"))).and_then(Value::as_str);
+    let auto =
+        current.pointer(&format!("/metadata/annotations/{}", AUTOUPDATE.replace('/', "~1"))).and_then(Value::as_str);
     if auto == Some("false") {
         return Ok(());
     }

@@ -25,8 +25,8 @@ use crate::auth::{MASTERS_GROUP, UserInfo};
 use crate::http::AppState;
 pub use bootstrap::reconcile_default_roles;
 pub use rbac::PolicyRule;
-pub use request_info::Attributes;
 use rbac::{RbacIndex, RoleRef};
+pub use request_info::Attributes;
 
 const RBAC_PREFIX: &str = "/registry/rbac.authorization.k8s.io/";
 const PODS_PREFIX: &str = "/registry/core/pods/";
@@ -64,7 +64,9 @@ impl Authorizer {
         let mut after: Option<String> = None;
         let mut revision = 0;
         loop {
-            let page = store.list(prefix, after.as_deref(), Some(1000)).await
+            let page = store
+                .list(prefix, after.as_deref(), Some(1000))
+                .await
                 .map_err(|e| ApiError::Internal(format!("reading {prefix} for authorization: {e}")))?;
             revision = if revision == 0 { page.revision } else { revision.min(page.revision) };
             for kv in &page.items {
@@ -181,8 +183,14 @@ fn forbidden_message(user: &str, a: &Attributes) -> String {
     }
     let resource = a.resource_with_subresource();
     match a.namespace.as_str() {
-        "" => format!("User {user:?} cannot {} resource {resource:?} in API group {:?} at the cluster scope", a.verb, a.api_group),
-        ns => format!("User {user:?} cannot {} resource {resource:?} in API group {:?} in the namespace {ns:?}", a.verb, a.api_group),
+        "" => format!(
+            "User {user:?} cannot {} resource {resource:?} in API group {:?} at the cluster scope",
+            a.verb, a.api_group
+        ),
+        ns => format!(
+            "User {user:?} cannot {} resource {resource:?} in API group {:?} in the namespace {ns:?}",
+            a.verb, a.api_group
+        ),
     }
 }
 
@@ -234,10 +242,17 @@ tokio::task_local! {
 /// The middleware: impersonation, then the decision, then the access reviews (answered here, never
 /// stored); the handlers run knowing the requester, for [`admit`].
 pub(crate) async fn authorize(State(app): State<AppState>, mut req: Request, next: axum::middleware::Next) -> Response {
+    // Unauthenticated listeners' requests skip even the parsing, unless they ask for a review.
+    let anonymous_listener = req.extensions().get::<UserInfo>().is_none()
+        && !req.headers().contains_key("impersonate-user")
+        && !req.uri().path().starts_with("/apis/authorization.k8s.io/");
+    if anonymous_listener {
+        return next.run(req).await;
+    }
     let attrs = Attributes::of(req.method(), req.uri().path(), req.uri().query());
     let user = match impersonate(&app.authz, &mut req) {
         Ok(user) => user,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if let Some(user) = &user
         && let Err(reason) = app.authz.authorize(user, &attrs)
@@ -255,18 +270,19 @@ pub(crate) async fn authorize(State(app): State<AppState>, mut req: Request, nex
 
 /// Applies `Impersonate-User` / `Impersonate-Group`: the request goes on as that user if the requester
 /// may `impersonate` it and each group.
-fn impersonate(authz: &Authorizer, req: &mut Request) -> Result<Option<UserInfo>, Response> {
+fn impersonate(authz: &Authorizer, req: &mut Request) -> Result<Option<UserInfo>, Box<Response>> {
     let requester = req.extensions().get::<UserInfo>().cloned();
     let headers = req.headers();
     let Some(target) = headers.get("impersonate-user") else {
         if headers.contains_key("impersonate-group") {
             let e = ApiError::BadRequest("requested Impersonate-Group without Impersonate-User".into());
-            return Err(crate::http::error_response(&e));
+            return Err(Box::new(crate::http::error_response(&e)));
         }
         return Ok(requester);
     };
     let Ok(target) = target.to_str().map(str::to_string) else {
-        return Err(crate::http::error_response(&ApiError::BadRequest("Impersonate-User is not valid text".into())));
+        let e = ApiError::BadRequest("Impersonate-User is not valid text".into());
+        return Err(Box::new(crate::http::error_response(&e)));
     };
     let groups: Vec<String> =
         headers.get_all("impersonate-group").iter().filter_map(|v| v.to_str().ok()).map(str::to_string).collect();
@@ -287,7 +303,7 @@ fn impersonate(authz: &Authorizer, req: &mut Request) -> Result<Option<UserInfo>
         checks.extend(groups.iter().map(|g| check("groups", "", g)));
         for a in &checks {
             if let Err(reason) = authz.authorize(requester, a) {
-                return Err(forbidden(requester, a, &reason));
+                return Err(Box::new(forbidden(requester, a, &reason)));
             }
         }
     }
@@ -324,7 +340,8 @@ pub(crate) fn admit(res: &shepherd_api::ResourceInfo, old: Option<&Value>, new: 
     if res.group != "rbac.authorization.k8s.io" {
         return Ok(());
     }
-    let namespace = if res.namespaced { new.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("") } else { "" };
+    let namespace =
+        if res.namespaced { new.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("") } else { "" };
     let may = |verb: &str, resource: &str, name: &str| {
         let a = Attributes {
             verb: verb.into(),
@@ -346,7 +363,8 @@ pub(crate) fn admit(res: &shepherd_api::ResourceInfo, old: Option<&Value>, new: 
             new.get("rules").and_then(Value::as_array).into_iter().flatten().map(PolicyRule::from_json).collect()
         }
         "RoleBinding" | "ClusterRoleBinding" => {
-            let field = |k: &str| new.pointer(&format!("/roleRef/{k}")).and_then(Value::as_str).unwrap_or("").to_string();
+            let field =
+                |k: &str| new.pointer(&format!("/roleRef/{k}")).and_then(Value::as_str).unwrap_or("").to_string();
             let role = RoleRef { kind: field("kind"), name: field("name") };
             let role_resource = if role.kind == "Role" { "roles" } else { "clusterroles" };
             if may("bind", role_resource, &role.name) {
@@ -357,7 +375,10 @@ pub(crate) fn admit(res: &shepherd_api::ResourceInfo, old: Option<&Value>, new: 
             match rules {
                 Some(rules) => rules.to_vec(),
                 None => {
-                    return Err(refused(format!("{}.rbac.authorization.k8s.io {:?} not found", role_resource, role.name)));
+                    return Err(refused(format!(
+                        "{}.rbac.authorization.k8s.io {:?} not found",
+                        role_resource, role.name
+                    )));
                 }
             }
         }
@@ -386,13 +407,19 @@ mod tests {
     fn forbidden_messages_read_as_kubernetes_writes_them() {
         let a = Attributes::of(&Method::DELETE, "/api/v1/namespaces/default/pods/x", None);
         let s = forbidden_status(&a.api_group, &a.resource, &a.name, &forbidden_message("bob", &a));
-        assert_eq!(s["message"], "pods \"x\" is forbidden: User \"bob\" cannot delete resource \"pods\" in API group \"\" \
-            in the namespace \"default\"");
+        assert_eq!(
+            s["message"],
+            "pods \"x\" is forbidden: User \"bob\" cannot delete resource \"pods\" in API group \"\" \
+            in the namespace \"default\""
+        );
         assert_eq!(s["details"], json!({"name": "x", "kind": "pods"}));
         let a = Attributes::of(&Method::GET, "/apis/apps/v1/deployments", None);
         let s = forbidden_status(&a.api_group, &a.resource, &a.name, &forbidden_message("bob", &a));
-        assert_eq!(s["message"], "deployments.apps is forbidden: User \"bob\" cannot list resource \"deployments\" in API \
-            group \"apps\" at the cluster scope");
+        assert_eq!(
+            s["message"],
+            "deployments.apps is forbidden: User \"bob\" cannot list resource \"deployments\" in API \
+            group \"apps\" at the cluster scope"
+        );
         let a = Attributes::of(&Method::GET, "/metrics", None);
         let s = forbidden_status("", "", "", &forbidden_message("bob", &a));
         assert_eq!(s["message"], "forbidden: User \"bob\" cannot get path \"/metrics\"");

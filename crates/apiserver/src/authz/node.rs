@@ -29,7 +29,11 @@ pub fn node_rules() -> Vec<PolicyRule> {
         PolicyRule::resources(&[""], &["configmaps", "secrets", "serviceaccounts"], &["get", "list", "watch"]),
         PolicyRule::resources(&[""], &["serviceaccounts/token"], &["create"]),
         PolicyRule::resources(&["coordination.k8s.io"], &["leases"], &["get", "create", "update", "patch", "delete"]),
-        PolicyRule::resources(&["authorization.k8s.io"], &["subjectaccessreviews", "selfsubjectaccessreviews"], &["create"]),
+        PolicyRule::resources(
+            &["authorization.k8s.io"],
+            &["subjectaccessreviews", "selfsubjectaccessreviews"],
+            &["create"],
+        ),
     ]
 }
 
@@ -71,7 +75,8 @@ impl NodeGraph {
             return;
         }
         let ns = id.split_once('/').map_or("", |(ns, _)| ns);
-        let refs: Vec<(Reachable, String)> = references(pod).into_iter().map(|(k, n)| (k, format!("{ns}/{n}"))).collect();
+        let refs: Vec<(Reachable, String)> =
+            references(pod).into_iter().map(|(k, n)| (k, format!("{ns}/{n}"))).collect();
         for (kind, name) in &refs {
             *self.edges.entry((node.to_string(), *kind, name.clone())).or_default() += 1;
         }
@@ -147,10 +152,11 @@ pub fn authorize(node: &str, graph: &NodeGraph, a: &Attributes) -> Result<(), St
             ("nodes", _) if !matches!(a.verb.as_str(), "get" | "list" | "watch" | "create") && a.name != node => {
                 return Err(format!("node '{node}' cannot modify node '{}'", a.name));
             }
-            ("pods", "status" | "eviction") | ("pods", "") if a.verb == "delete" || !a.subresource.is_empty() => {
-                if graph.node_of(&a.namespace, &a.name) != Some(node) {
-                    return Err(no_relationship());
-                }
+            ("pods", "status" | "eviction") | ("pods", "")
+                if (a.verb == "delete" || !a.subresource.is_empty())
+                    && graph.node_of(&a.namespace, &a.name) != Some(node) =>
+            {
+                return Err(no_relationship());
             }
             _ => {}
         }
@@ -158,7 +164,7 @@ pub fn authorize(node: &str, graph: &NodeGraph, a: &Attributes) -> Result<(), St
     if a.api_group == "coordination.k8s.io" && a.resource == "leases" {
         let own = a.namespace == LEASE_NAMESPACE && (a.verb == "create" || a.name == node);
         if !own {
-            return Err(format!("can only access node lease with the same name as the requesting node"));
+            return Err("can only access node lease with the same name as the requesting node".to_string());
         }
     }
     Ok(())
@@ -182,7 +188,8 @@ pub fn admit(node: &str, kind: &str, old: Option<&Value>, new: &Value) -> Result
                         return Err(format!("node {node:?} is not allowed to modify taints"));
                     }
                     let old_labels = labels(old);
-                    let mut changed: Vec<String> = new_labels.iter()
+                    let mut changed: Vec<String> = new_labels
+                        .iter()
                         .filter(|(k, v)| old_labels.get(*k) != Some(*v))
                         .map(|(k, _)| k.clone())
                         .chain(old_labels.keys().filter(|k| !new_labels.contains_key(*k)).cloned())
@@ -194,7 +201,9 @@ pub fn admit(node: &str, kind: &str, old: Option<&Value>, new: &Value) -> Result
             };
             if !forbidden.is_empty() {
                 return Err(match old {
-                    None => format!("node {node:?} is not allowed to set the following labels: {}", forbidden.join(", ")),
+                    None => {
+                        format!("node {node:?} is not allowed to set the following labels: {}", forbidden.join(", "))
+                    }
                     Some(_) => format!("is not allowed to modify labels: {}", forbidden.join(", ")),
                 });
             }
@@ -203,14 +212,18 @@ pub fn admit(node: &str, kind: &str, old: Option<&Value>, new: &Value) -> Result
             let bound = |o: &Value| o.at("/spec/nodeName").and_then(Value::as_str) == Some(node);
             match old {
                 Some(old) if !bound(old) => {
-                    return Err(format!("node {node:?} can only update pod status for pods with spec.nodeName set to itself"));
+                    return Err(format!(
+                        "node {node:?} can only update pod status for pods with spec.nodeName set to itself"
+                    ));
                 }
                 Some(_) => {}
                 None => {
                     let mirror = new.at("/metadata/annotations/kubernetes.io~1config.mirror").is_some();
                     if !mirror {
-                        return Err(format!("pod does not have \"kubernetes.io/config.mirror\" annotation, node {node:?} \
-                            can only create mirror pods"));
+                        return Err(format!(
+                            "pod does not have \"kubernetes.io/config.mirror\" annotation, node {node:?} \
+                            can only create mirror pods"
+                        ));
                     }
                     if !bound(new) {
                         return Err(format!("node {node:?} can only create pods with spec.nodeName set to itself"));
@@ -219,7 +232,7 @@ pub fn admit(node: &str, kind: &str, old: Option<&Value>, new: &Value) -> Result
             }
         }
         "Lease" if name != node => {
-            return Err(format!("can only access node lease with the same name as the requesting node"));
+            return Err("can only access node lease with the same name as the requesting node".to_string());
         }
         _ => {}
     }
@@ -229,10 +242,19 @@ pub fn admit(node: &str, kind: &str, old: Option<&Value>, new: &Value) -> Result
 /// Labels a node may not set on itself: those that steer workloads to it (`node-restriction.kubernetes.io/`),
 /// and Kubernetes' own (`kubernetes.io`, `k8s.io`) beyond the ones a kubelet reports.
 fn forbidden_label(key: &str) -> bool {
-    const KUBELET_LABELS: &[&str] = &["kubernetes.io/hostname", "kubernetes.io/arch", "kubernetes.io/os",
-        "beta.kubernetes.io/arch", "beta.kubernetes.io/os", "beta.kubernetes.io/instance-type",
-        "node.kubernetes.io/instance-type", "failure-domain.beta.kubernetes.io/region",
-        "failure-domain.beta.kubernetes.io/zone", "topology.kubernetes.io/region", "topology.kubernetes.io/zone"];
+    const KUBELET_LABELS: &[&str] = &[
+        "kubernetes.io/hostname",
+        "kubernetes.io/arch",
+        "kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+        "beta.kubernetes.io/os",
+        "beta.kubernetes.io/instance-type",
+        "node.kubernetes.io/instance-type",
+        "failure-domain.beta.kubernetes.io/region",
+        "failure-domain.beta.kubernetes.io/zone",
+        "topology.kubernetes.io/region",
+        "topology.kubernetes.io/zone",
+    ];
     let Some((prefix, _)) = key.split_once('/') else { return false };
     let under = |domain: &str| prefix == domain || prefix.ends_with(&format!(".{domain}"));
     if under("node-restriction.kubernetes.io") {
@@ -257,9 +279,12 @@ mod tests {
 
     fn graph() -> NodeGraph {
         let mut g = NodeGraph::default();
-        g.apply("/registry/core/pods/default/web", Some(&json!({"spec": {"nodeName": "n1", "serviceAccountName": "default",
+        g.apply(
+            "/registry/core/pods/default/web",
+            Some(&json!({"spec": {"nodeName": "n1", "serviceAccountName": "default",
             "volumes": [{"name": "v", "secret": {"secretName": "tls"}}],
-            "containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "settings"}}]}]}})));
+            "containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "settings"}}]}]}})),
+        );
         g.apply("/registry/core/pods/default/db", Some(&json!({"spec": {"nodeName": "n2",
             "containers": [{"name": "c", "env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "p"}}}]}]}})));
         g
@@ -269,10 +294,24 @@ mod tests {
     fn a_node_reads_only_the_secrets_and_config_maps_of_its_own_pods() {
         let g = graph();
         assert!(authorize("n1", &g, &attrs(Method::GET, "/api/v1/namespaces/default/secrets/tls")).is_ok());
-        assert!(authorize("n1", &g, &attrs(Method::GET, "/api/v1/namespaces/default/configmaps?fieldSelector=metadata.name%3Dsettings&watch=1")).is_ok());
-        let err = authorize("n1", &g, &attrs(Method::GET, "/api/v1/namespaces/default/secrets/db-password")).unwrap_err();
+        assert!(
+            authorize(
+                "n1",
+                &g,
+                &attrs(
+                    Method::GET,
+                    "/api/v1/namespaces/default/configmaps?fieldSelector=metadata.name%3Dsettings&watch=1"
+                )
+            )
+            .is_ok()
+        );
+        let err =
+            authorize("n1", &g, &attrs(Method::GET, "/api/v1/namespaces/default/secrets/db-password")).unwrap_err();
         assert_eq!(err, "no relationship found between node 'n1' and this object");
-        assert!(authorize("n1", &g, &attrs(Method::GET, "/api/v1/namespaces/default/secrets")).is_err(), "no listing all");
+        assert!(
+            authorize("n1", &g, &attrs(Method::GET, "/api/v1/namespaces/default/secrets")).is_err(),
+            "no listing all"
+        );
         assert!(authorize("n2", &g, &attrs(Method::GET, "/api/v1/namespaces/default/secrets/db-password")).is_ok());
         let mut g = g;
         g.apply("/registry/core/pods/default/db", None);
@@ -288,8 +327,22 @@ mod tests {
         assert!(authorize("n1", &g, &attrs(Method::PUT, "/api/v1/namespaces/default/pods/db/status")).is_err());
         assert!(authorize("n1", &g, &attrs(Method::POST, "/api/v1/namespaces/default/pods/web/binding")).is_err());
         assert!(authorize("n1", &g, &attrs(Method::POST, "/apis/apps/v1/namespaces/default/deployments")).is_err());
-        assert!(authorize("n1", &g, &attrs(Method::PUT, "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1")).is_ok());
-        assert!(authorize("n1", &g, &attrs(Method::PUT, "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n2")).is_err());
+        assert!(
+            authorize(
+                "n1",
+                &g,
+                &attrs(Method::PUT, "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1")
+            )
+            .is_ok()
+        );
+        assert!(
+            authorize(
+                "n1",
+                &g,
+                &attrs(Method::PUT, "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n2")
+            )
+            .is_err()
+        );
         assert!(authorize("n1", &g, &attrs(Method::DELETE, "/api/v1/namespaces/default/pods/db")).is_err());
     }
 
@@ -297,12 +350,22 @@ mod tests {
     fn a_node_cannot_steer_workloads_to_itself_with_labels_or_taints() {
         let node = |labels: Value| json!({"metadata": {"name": "n1", "labels": labels}});
         assert!(admit("n1", "Node", None, &node(json!({"kubernetes.io/hostname": "n1", "team": "a"}))).is_ok());
-        assert_eq!(admit("n1", "Node", None, &node(json!({"node-restriction.kubernetes.io/gpu": "yes"}))).unwrap_err(),
-            "node \"n1\" is not allowed to set the following labels: node-restriction.kubernetes.io/gpu");
+        assert_eq!(
+            admit("n1", "Node", None, &node(json!({"node-restriction.kubernetes.io/gpu": "yes"}))).unwrap_err(),
+            "node \"n1\" is not allowed to set the following labels: node-restriction.kubernetes.io/gpu"
+        );
         let old = node(json!({"kubernetes.io/hostname": "n1"}));
-        assert_eq!(admit("n1", "Node", Some(&old), &node(json!({"kubernetes.io/hostname": "n1",
-            "node-role.kubernetes.io/control-plane": ""}))).unwrap_err(),
-            "is not allowed to modify labels: node-role.kubernetes.io/control-plane");
+        assert_eq!(
+            admit(
+                "n1",
+                "Node",
+                Some(&old),
+                &node(json!({"kubernetes.io/hostname": "n1",
+            "node-role.kubernetes.io/control-plane": ""}))
+            )
+            .unwrap_err(),
+            "is not allowed to modify labels: node-role.kubernetes.io/control-plane"
+        );
         let mut untainted = old.clone();
         untainted["spec"] = json!({"taints": []});
         let mut tainted = old.clone();

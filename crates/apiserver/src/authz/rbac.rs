@@ -41,8 +41,12 @@ impl PolicyRule {
     /// The rule as a Role stores it (empty lists left out).
     pub fn to_json(&self) -> Value {
         let mut v = json!({"verbs": self.verbs});
-        for (key, list) in [("apiGroups", &self.api_groups), ("resources", &self.resources),
-            ("resourceNames", &self.resource_names), ("nonResourceURLs", &self.non_resource_urls)] {
+        for (key, list) in [
+            ("apiGroups", &self.api_groups),
+            ("resources", &self.resources),
+            ("resourceNames", &self.resource_names),
+            ("nonResourceURLs", &self.non_resource_urls),
+        ] {
             if !list.is_empty() || (key == "apiGroups" && self.non_resource_urls.is_empty()) {
                 v[key] = json!(list);
             }
@@ -89,9 +93,10 @@ impl PolicyRule {
 
     fn allows_url(&self, verb: &str, path: &str) -> bool {
         has(&self.verbs, verb)
-            && self.non_resource_urls.iter().any(|u| {
-                u == "*" || u == path || u.strip_suffix('*').is_some_and(|prefix| path.starts_with(prefix))
-            })
+            && self
+                .non_resource_urls
+                .iter()
+                .any(|u| u == "*" || u == path || u.strip_suffix('*').is_some_and(|prefix| path.starts_with(prefix)))
     }
 
     /// Whether this rule grants everything `other` grants: each (verb, group, resource, name) or
@@ -116,7 +121,11 @@ impl PolicyRule {
         let mut out = Vec::new();
         for verb in &self.verbs {
             for url in &self.non_resource_urls {
-                out.push(PolicyRule { verbs: vec![verb.clone()], non_resource_urls: vec![url.clone()], ..Default::default() });
+                out.push(PolicyRule {
+                    verbs: vec![verb.clone()],
+                    non_resource_urls: vec![url.clone()],
+                    ..Default::default()
+                });
             }
             for group in &self.api_groups {
                 for resource in &self.resources {
@@ -142,8 +151,13 @@ impl PolicyRule {
     pub fn compact(&self) -> String {
         let quoted = |l: &[String]| l.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(" ");
         let mut parts = Vec::new();
-        for (label, list) in [("APIGroups", &self.api_groups), ("Resources", &self.resources),
-            ("ResourceNames", &self.resource_names), ("NonResourceURLs", &self.non_resource_urls), ("Verbs", &self.verbs)] {
+        for (label, list) in [
+            ("APIGroups", &self.api_groups),
+            ("Resources", &self.resources),
+            ("ResourceNames", &self.resource_names),
+            ("NonResourceURLs", &self.non_resource_urls),
+            ("Verbs", &self.verbs),
+        ] {
             if !list.is_empty() {
                 parts.push(format!("{label}:[{}]", quoted(list)));
             }
@@ -160,7 +174,8 @@ fn subject_key(subject: &Value, binding_namespace: Option<&str>) -> Option<Strin
         "User" => Some(format!("u:{name}")),
         "Group" => Some(format!("g:{name}")),
         "ServiceAccount" => {
-            let ns = subject.get("namespace").and_then(Value::as_str).filter(|n| !n.is_empty()).or(binding_namespace)?;
+            let ns =
+                subject.get("namespace").and_then(Value::as_str).filter(|n| !n.is_empty()).or(binding_namespace)?;
             Some(format!("u:system:serviceaccount:{ns}:{name}"))
         }
         _ => None,
@@ -254,14 +269,22 @@ impl RbacIndex {
                 }
                 let Some(o) = obj else { return };
                 let namespace = (kind == "rolebindings").then(|| meta_str(o, "namespace").to_string());
-                let subjects: Vec<String> = o.get("subjects").and_then(Value::as_array).into_iter().flatten()
+                let subjects: Vec<String> = o
+                    .get("subjects")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
                     .filter_map(|s| subject_key(s, namespace.as_deref()))
                     .collect();
                 for s in &subjects {
                     self.by_subject.entry(s.clone()).or_default().insert(key.to_string());
                 }
-                let role = |k: &str| o.get("roleRef").and_then(|r| r.get(k)).and_then(Value::as_str).unwrap_or("").to_string();
-                self.bindings.insert(key.to_string(), Binding { namespace, role_kind: role("kind"), role_name: role("name"), subjects });
+                let role =
+                    |k: &str| o.get("roleRef").and_then(|r| r.get(k)).and_then(Value::as_str).unwrap_or("").to_string();
+                self.bindings.insert(
+                    key.to_string(),
+                    Binding { namespace, role_kind: role("kind"), role_name: role("name"), subjects },
+                );
             }
             _ => {}
         }
@@ -318,11 +341,7 @@ impl RbacIndex {
     /// The rules of `wanted` that `user` does not hold in `namespace`, as simple rules.
     pub fn not_held(&self, user: &UserInfo, namespace: &str, wanted: &[PolicyRule]) -> Vec<PolicyRule> {
         let held = self.rules_for(user, namespace);
-        wanted
-            .iter()
-            .flat_map(PolicyRule::simple_rules)
-            .filter(|s| !held.iter().any(|h| h.covers(s)))
-            .collect()
+        wanted.iter().flat_map(PolicyRule::simple_rules).filter(|s| !held.iter().any(|h| h.covers(s))).collect()
     }
 
     pub fn binding_count(&self) -> usize {
@@ -374,26 +393,41 @@ mod tests {
         assert!(!edit.covers(&all));
         assert!(edit.covers(&PolicyRule::resources(&["apps"], &["deployments"], &["get"]).named(&["web"])));
         assert!(!edit.covers(&PolicyRule::resources(&["apps"], &["deployments"], &["delete"])));
-        assert_eq!(PolicyRule::resources(&["*"], &["*"], &["*"]).compact(), r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#);
+        assert_eq!(
+            PolicyRule::resources(&["*"], &["*"], &["*"]).compact(),
+            r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#
+        );
     }
 
     #[test]
     fn bindings_grant_their_roles_to_users_groups_and_service_accounts_in_their_scope() {
         let mut index = RbacIndex::default();
         let rb = "/registry/rbac.authorization.k8s.io/rolebindings/dev/readers";
-        index.apply("/registry/rbac.authorization.k8s.io/roles/dev/reader", "roles",
+        index.apply(
+            "/registry/rbac.authorization.k8s.io/roles/dev/reader",
+            "roles",
             Some(&json!({"metadata": {"name": "reader", "namespace": "dev"},
-                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]})));
-        index.apply(rb, "rolebindings", Some(&json!({"metadata": {"name": "readers", "namespace": "dev"},
+                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]})),
+        );
+        index.apply(
+            rb,
+            "rolebindings",
+            Some(&json!({"metadata": {"name": "readers", "namespace": "dev"},
             "roleRef": {"kind": "Role", "name": "reader"},
             "subjects": [{"kind": "User", "name": "bob"}, {"kind": "Group", "name": "qa"},
-                {"kind": "ServiceAccount", "name": "robot"}]})));
+                {"kind": "ServiceAccount", "name": "robot"}]})),
+        );
         let list_dev = attrs(Method::GET, "/api/v1/namespaces/dev/pods");
         assert!(index.allows(&UserInfo::new("bob", Vec::<String>::new()), &list_dev));
         assert!(index.allows(&UserInfo::new("carol", ["qa"]), &list_dev));
         assert!(index.allows(&UserInfo::new("system:serviceaccount:dev:robot", ["system:serviceaccounts"]), &list_dev));
         assert!(!index.allows(&UserInfo::new("system:serviceaccount:prod:robot", Vec::<String>::new()), &list_dev));
-        assert!(!index.allows(&UserInfo::new("bob", Vec::<String>::new()), &attrs(Method::GET, "/api/v1/namespaces/prod/pods")));
+        assert!(
+            !index.allows(
+                &UserInfo::new("bob", Vec::<String>::new()),
+                &attrs(Method::GET, "/api/v1/namespaces/prod/pods")
+            )
+        );
         assert!(!index.allows(&UserInfo::new("bob", Vec::<String>::new()), &attrs(Method::GET, "/api/v1/pods")));
         index.apply(rb, "rolebindings", None);
         assert!(!index.allows(&UserInfo::new("bob", Vec::<String>::new()), &list_dev));

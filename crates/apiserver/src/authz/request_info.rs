@@ -151,37 +151,119 @@ mod tests {
 
     /// (method, path with query, verb, group, namespace, resource, subresource, name), from what
     /// kubectl sends for everyday commands.
-    const KUBECTL: &[(&str, &str, &str, &str, &str, &str, &str, &str)] = &[
+    type Case = (
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+    );
+    const KUBECTL: &[Case] = &[
         ("GET", "/api/v1/namespaces/default/pods?limit=500", "list", "", "default", "pods", "", ""),
         ("GET", "/api/v1/pods?limit=500", "list", "", "", "pods", "", ""),
         ("GET", "/api/v1/namespaces/default/pods/web-0", "get", "", "default", "pods", "", "web-0"),
-        ("GET", "/api/v1/namespaces/default/pods?fieldSelector=metadata.name%3Dweb-0&watch=true", "watch", "",
-            "default", "pods", "", "web-0"),
+        (
+            "GET",
+            "/api/v1/namespaces/default/pods?fieldSelector=metadata.name%3Dweb-0&watch=true",
+            "watch",
+            "",
+            "default",
+            "pods",
+            "",
+            "web-0",
+        ),
         ("GET", "/api/v1/watch/namespaces/default/pods", "watch", "", "default", "pods", "", ""),
-        ("GET", "/api/v1/namespaces/default/pods/web-0/log?container=c&follow=true", "get", "", "default", "pods", "log",
-            "web-0"),
-        ("POST", "/api/v1/namespaces/default/pods/web-0/exec?command=sh&stdin=true", "create", "", "default", "pods",
-            "exec", "web-0"),
+        (
+            "GET",
+            "/api/v1/namespaces/default/pods/web-0/log?container=c&follow=true",
+            "get",
+            "",
+            "default",
+            "pods",
+            "log",
+            "web-0",
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/default/pods/web-0/exec?command=sh&stdin=true",
+            "create",
+            "",
+            "default",
+            "pods",
+            "exec",
+            "web-0",
+        ),
         ("POST", "/api/v1/namespaces/default/pods/web-0/binding", "create", "", "default", "pods", "binding", "web-0"),
-        ("POST", "/apis/apps/v1/namespaces/default/deployments?fieldManager=kubectl-client-side-apply", "create",
-            "apps", "default", "deployments", "", ""),
-        ("PATCH", "/apis/apps/v1/namespaces/prod/deployments/web/scale", "patch", "apps", "prod", "deployments",
-            "scale", "web"),
+        (
+            "POST",
+            "/apis/apps/v1/namespaces/default/deployments?fieldManager=kubectl-client-side-apply",
+            "create",
+            "apps",
+            "default",
+            "deployments",
+            "",
+            "",
+        ),
+        (
+            "PATCH",
+            "/apis/apps/v1/namespaces/prod/deployments/web/scale",
+            "patch",
+            "apps",
+            "prod",
+            "deployments",
+            "scale",
+            "web",
+        ),
         ("PUT", "/api/v1/namespaces/default/pods/web-0/status", "update", "", "default", "pods", "status", "web-0"),
         ("DELETE", "/api/v1/namespaces/default/pods/web-0", "delete", "", "default", "pods", "", "web-0"),
-        ("DELETE", "/api/v1/namespaces/default/pods?labelSelector=app%3Dweb", "deletecollection", "", "default",
-            "pods", "", ""),
+        (
+            "DELETE",
+            "/api/v1/namespaces/default/pods?labelSelector=app%3Dweb",
+            "deletecollection",
+            "",
+            "default",
+            "pods",
+            "",
+            "",
+        ),
         ("GET", "/api/v1/nodes/n1", "get", "", "", "nodes", "", "n1"),
         ("PATCH", "/api/v1/nodes/n1/status", "patch", "", "", "nodes", "status", "n1"),
         ("GET", "/api/v1/namespaces", "list", "", "", "namespaces", "", ""),
         ("GET", "/api/v1/namespaces/prod", "get", "", "prod", "namespaces", "", "prod"),
         ("PUT", "/api/v1/namespaces/prod/finalize", "update", "", "prod", "namespaces", "finalize", "prod"),
-        ("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", "create", "authorization.k8s.io", "",
-            "selfsubjectaccessreviews", "", ""),
-        ("POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings", "create",
-            "rbac.authorization.k8s.io", "default", "rolebindings", "", ""),
-        ("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1", "get", "coordination.k8s.io",
-            "kube-node-lease", "leases", "", "n1"),
+        (
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            "create",
+            "authorization.k8s.io",
+            "",
+            "selfsubjectaccessreviews",
+            "",
+            "",
+        ),
+        (
+            "POST",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings",
+            "create",
+            "rbac.authorization.k8s.io",
+            "default",
+            "rolebindings",
+            "",
+            "",
+        ),
+        (
+            "GET",
+            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1",
+            "get",
+            "coordination.k8s.io",
+            "kube-node-lease",
+            "leases",
+            "",
+            "n1",
+        ),
     ];
 
     #[test]
@@ -191,8 +273,14 @@ mod tests {
             let a = Attributes::of(&method.parse().expect("method"), path, query);
             assert!(a.resource_request, "{target}");
             assert_eq!(
-                (a.verb.as_str(), a.api_group.as_str(), a.namespace.as_str(), a.resource.as_str(),
-                    a.subresource.as_str(), a.name.as_str()),
+                (
+                    a.verb.as_str(),
+                    a.api_group.as_str(),
+                    a.namespace.as_str(),
+                    a.resource.as_str(),
+                    a.subresource.as_str(),
+                    a.name.as_str()
+                ),
                 (verb, group, ns, resource, sub, name),
                 "{method} {target}"
             );
@@ -201,8 +289,18 @@ mod tests {
 
     #[test]
     fn paths_outside_the_resource_tree_are_non_resource_urls_with_the_method_as_verb() {
-        for path in ["/healthz", "/version", "/api", "/apis", "/api/v1", "/apis/apps/v1", "/openapi/v2", "/metrics",
-            "/openapi/v3/apis/apps/v1", "/dashboard/index.html"] {
+        for path in [
+            "/healthz",
+            "/version",
+            "/api",
+            "/apis",
+            "/api/v1",
+            "/apis/apps/v1",
+            "/openapi/v2",
+            "/metrics",
+            "/openapi/v3/apis/apps/v1",
+            "/dashboard/index.html",
+        ] {
             let a = Attributes::of(&Method::GET, path, None);
             assert!(!a.resource_request, "{path}");
             assert_eq!((a.verb.as_str(), a.path.as_str()), ("get", path));

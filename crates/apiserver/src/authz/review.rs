@@ -30,16 +30,22 @@ async fn review(app: &AppState, user: Option<&UserInfo>, a: &Attributes, req: Re
         _ => return Err(ApiError::resource_not_found()),
     };
     if *req.method() != Method::POST || !a.name.is_empty() {
-        return Err(ApiError::MethodNotAllowed(format!("{} is not allowed on {}: reviews are only created", req.method(), a.resource)));
+        return Err(ApiError::MethodNotAllowed(format!(
+            "{} is not allowed on {}: reviews are only created",
+            req.method(),
+            a.resource
+        )));
     }
     let limit = app.config.max_body_bytes;
-    let body = axum::body::to_bytes(req.into_body(), limit)
-        .await
-        .map_err(|_| ApiError::RequestEntityTooLarge(format!("request body is larger than the limit of {limit} bytes")))?;
+    let body = axum::body::to_bytes(req.into_body(), limit).await.map_err(|_| {
+        ApiError::RequestEntityTooLarge(format!("request body is larger than the limit of {limit} bytes"))
+    })?;
     let mut review: Value = if crate::protobuf::is_protobuf(&body) {
-        crate::protobuf::decode(&body).map_err(|e| ApiError::BadRequest(format!("malformed protobuf in request body: {e}")))?
+        crate::protobuf::decode(&body)
+            .map_err(|e| ApiError::BadRequest(format!("malformed protobuf in request body: {e}")))?
     } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("malformed JSON in request body: {e}")))?
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::BadRequest(format!("malformed JSON in request body: {e}")))?
     };
     if !review.is_object() {
         return Err(ApiError::BadRequest(format!("a {kind} must be a JSON object")));
@@ -58,14 +64,20 @@ async fn review(app: &AppState, user: Option<&UserInfo>, a: &Attributes, req: Re
         _ => {
             let subject = match kind {
                 "SelfSubjectAccessReview" => user.cloned(),
-                _ => Some(subject_of(&spec).ok_or_else(|| invalid(Cause::invalid("spec.user",
-                    "Invalid value: \"\": at least one of user or group must be specified")))?),
+                _ => Some(subject_of(&spec).ok_or_else(|| {
+                    invalid(Cause::invalid(
+                        "spec.user",
+                        "Invalid value: \"\": at least one of user or group must be specified",
+                    ))
+                })?),
             };
             let asked = asked_attributes(&spec).ok_or_else(|| invalid(Cause::invalid("spec.resourceAttributes",
                 "Invalid value: \"null\": exactly one of nonResourceAttributes or resourceAttributes must be specified")))?;
             if kind == "LocalSubjectAccessReview" && asked.namespace != a.namespace {
-                return Err(invalid(Cause::invalid("spec.resourceAttributes.namespace",
-                    format!("Invalid value: {:?}: must match metadata.namespace", asked.namespace))));
+                return Err(invalid(Cause::invalid(
+                    "spec.resourceAttributes.namespace",
+                    format!("Invalid value: {:?}: must match metadata.namespace", asked.namespace),
+                )));
             }
             access_status(&app.authz, subject.as_ref(), &asked)
         }
@@ -83,8 +95,14 @@ async fn review(app: &AppState, user: Option<&UserInfo>, a: &Attributes, req: Re
 /// The user a SubjectAccessReview asks about.
 fn subject_of(spec: &Value) -> Option<UserInfo> {
     let name = spec.get("user").and_then(Value::as_str).unwrap_or("");
-    let groups: Vec<String> = spec.get("groups").and_then(Value::as_array).into_iter().flatten()
-        .filter_map(Value::as_str).map(str::to_string).collect();
+    let groups: Vec<String> = spec
+        .get("groups")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect();
     if name.is_empty() && groups.is_empty() {
         return None;
     }
@@ -99,7 +117,10 @@ fn subject_of(spec: &Value) -> Option<UserInfo> {
 
 fn asked_attributes(spec: &Value) -> Option<Attributes> {
     let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-    match (spec.get("resourceAttributes").filter(|v| v.is_object()), spec.get("nonResourceAttributes").filter(|v| v.is_object())) {
+    match (
+        spec.get("resourceAttributes").filter(|v| v.is_object()),
+        spec.get("nonResourceAttributes").filter(|v| v.is_object()),
+    ) {
         (Some(r), None) => Some(Attributes {
             verb: text(r, "verb"),
             resource_request: true,
@@ -131,7 +152,8 @@ fn access_status(authz: &Authorizer, user: Option<&UserInfo>, a: &Attributes) ->
 }
 
 fn rules_status(rules: &[PolicyRule]) -> Value {
-    let (urls, resources): (Vec<&PolicyRule>, Vec<&PolicyRule>) = rules.iter().partition(|r| !r.non_resource_urls.is_empty());
+    let (urls, resources): (Vec<&PolicyRule>, Vec<&PolicyRule>) =
+        rules.iter().partition(|r| !r.non_resource_urls.is_empty());
     let resource_rules: Vec<Value> = resources
         .iter()
         .map(|r| {
@@ -142,6 +164,7 @@ fn rules_status(rules: &[PolicyRule]) -> Value {
             v
         })
         .collect();
-    let url_rules: Vec<Value> = urls.iter().map(|r| json!({"verbs": r.verbs, "nonResourceURLs": r.non_resource_urls})).collect();
+    let url_rules: Vec<Value> =
+        urls.iter().map(|r| json!({"verbs": r.verbs, "nonResourceURLs": r.non_resource_urls})).collect();
     json!({"resourceRules": resource_rules, "nonResourceRules": url_rules, "incomplete": false})
 }
