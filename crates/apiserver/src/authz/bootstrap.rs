@@ -207,8 +207,13 @@ fn bootstrap_metadata(name: &str) -> Value {
 pub async fn reconcile_default_roles(svc: &ApiService) -> Result<(), ApiError> {
     for (name, rules) in cluster_roles() {
         let rules: Vec<Value> = rules.iter().map(PolicyRule::to_json).collect();
-        let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        let mut role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": bootstrap_metadata(name), "rules": rules});
+        if ["admin", "edit", "view"].contains(&name) {
+            // ClusterRoles labelled so (those of custom resources) add to these.
+            role["aggregationRule"] = json!({"clusterRoleSelectors": [
+                {"matchLabels": {format!("rbac.authorization.k8s.io/aggregate-to-{name}"): "true"}}]});
+        }
         reconcile(svc, &kinds::CLUSTERROLE, name, role, "rules", |current, wanted| {
             let held: Vec<PolicyRule> = current.iter().map(PolicyRule::from_json).collect();
             wanted.iter().filter(|w| !held.iter().any(|h| h.covers(&PolicyRule::from_json(w)))).cloned().collect()

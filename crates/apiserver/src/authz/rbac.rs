@@ -1,10 +1,12 @@
 //! RBAC: policy rules, and the roles and bindings of the store indexed by subject, so that deciding a request
 //! reads only the bindings of its user and groups.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+
+use shepherd_api::LabelSelector;
 
 use super::request_info::Attributes;
 use crate::auth::UserInfo;
@@ -219,12 +221,37 @@ pub struct RoleRef {
 #[derive(Debug, Default)]
 pub struct RbacIndex {
     roles: HashMap<(String, String), Arc<[PolicyRule]>>,
+    /// The rules each ClusterRole grants: its own, and for an aggregated one those of the roles it
+    /// selects. Recomputed when any ClusterRole changes, so a request reads it as is.
     cluster_roles: HashMap<String, Arc<[PolicyRule]>>,
+    cluster_role_sources: HashMap<String, ClusterRoleSource>,
     /// Bindings by store key.
     bindings: HashMap<String, Binding>,
     /// Subject key (`u:NAME`, `g:NAME`) to the store keys of the bindings naming it. Carries the
     /// per-request cost: a request reads only its own user's and groups' entries.
     by_subject: HashMap<String, HashSet<String>>,
+}
+
+/// A ClusterRole as stored: what aggregation reads.
+#[derive(Debug)]
+struct ClusterRoleSource {
+    rules: Arc<[PolicyRule]>,
+    labels: BTreeMap<String, String>,
+    /// `aggregationRule.clusterRoleSelectors`; None for a role that aggregates nothing.
+    selectors: Option<Vec<LabelSelector>>,
+}
+
+impl ClusterRoleSource {
+    fn of(obj: &Value) -> ClusterRoleSource {
+        let labels = obj.pointer("/metadata/labels").and_then(Value::as_object).into_iter().flatten()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+            .collect();
+        let selectors = obj.pointer("/aggregationRule/clusterRoleSelectors").and_then(Value::as_array).map(|list| {
+            // A selector that cannot be read selects nothing, rather than everything.
+            list.iter().filter_map(|s| LabelSelector::from_k8s(s).ok()).collect()
+        });
+        ClusterRoleSource { rules: rules_of(obj), labels, selectors }
+    }
 }
 
 fn rules_of(obj: &Value) -> Arc<[PolicyRule]> {
@@ -249,10 +276,12 @@ impl RbacIndex {
                         self.roles.remove(&(ns.to_string(), name.to_string()));
                     }
                     (_, Some(o)) => {
-                        self.cluster_roles.insert(name.to_string(), rules_of(o));
+                        self.cluster_role_sources.insert(name.to_string(), ClusterRoleSource::of(o));
+                        self.aggregate();
                     }
                     (_, None) => {
-                        self.cluster_roles.remove(name);
+                        self.cluster_role_sources.remove(name);
+                        self.aggregate();
                     }
                 }
             }
@@ -288,6 +317,34 @@ impl RbacIndex {
             }
             _ => {}
         }
+    }
+
+    /// Recomputes what each ClusterRole grants (Kubernetes' aggregation: the rules of every ClusterRole
+    /// whose labels a selector of `aggregationRule` matches join the aggregating role's).
+    fn aggregate(&mut self) {
+        let mut granted = HashMap::with_capacity(self.cluster_role_sources.len());
+        for (name, source) in &self.cluster_role_sources {
+            let rules = match &source.selectors {
+                None => source.rules.clone(),
+                Some(selectors) => {
+                    let mut rules: Vec<PolicyRule> = source.rules.to_vec();
+                    let mut selected: Vec<(&String, &ClusterRoleSource)> = self.cluster_role_sources.iter()
+                        .filter(|(other, s)| *other != name && selectors.iter().any(|sel| sel.matches(&s.labels)))
+                        .collect();
+                    selected.sort_by_key(|(other, _)| *other);
+                    for (_, s) in selected {
+                        for r in s.rules.iter() {
+                            if !rules.contains(r) {
+                                rules.push(r.clone());
+                            }
+                        }
+                    }
+                    rules.into()
+                }
+            };
+            granted.insert(name.clone(), rules);
+        }
+        self.cluster_roles = granted;
     }
 
     /// The rules a role reference grants in `namespace` (a RoleBinding's; None for a ClusterRoleBinding).
@@ -397,6 +454,25 @@ mod tests {
             PolicyRule::resources(&["*"], &["*"], &["*"]).compact(),
             r#"{APIGroups:["*"], Resources:["*"], Verbs:["*"]}"#
         );
+    }
+
+    #[test]
+    fn an_aggregated_cluster_role_grants_what_the_roles_its_selectors_match_grant() {
+        let mut index = RbacIndex::default();
+        let key = |n: &str| format!("/registry/rbac.authorization.k8s.io/clusterroles/{n}");
+        index.apply(&key("view"), "clusterroles", Some(&json!({"metadata": {"name": "view"},
+            "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {"rbac.authorization.k8s.io/aggregate-to-view": "true"}}]},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]})));
+        let widgets = json!({"metadata": {"name": "widget-viewer", "labels": {"rbac.authorization.k8s.io/aggregate-to-view": "true"}},
+            "rules": [{"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": ["get"]}]});
+        index.apply(&key("widget-viewer"), "clusterroles", Some(&widgets));
+        index.apply("/registry/rbac.authorization.k8s.io/clusterrolebindings/v", "clusterrolebindings", Some(&json!({
+            "metadata": {"name": "v"}, "roleRef": {"kind": "ClusterRole", "name": "view"}, "subjects": [{"kind": "User", "name": "bob"}]})));
+        let bob = UserInfo::new("bob", Vec::<String>::new());
+        assert!(index.allows(&bob, &attrs(Method::GET, "/apis/example.com/v1/namespaces/d/widgets/w")));
+        assert!(index.allows(&bob, &attrs(Method::GET, "/api/v1/namespaces/d/pods/p")));
+        index.apply(&key("widget-viewer"), "clusterroles", None);
+        assert!(!index.allows(&bob, &attrs(Method::GET, "/apis/example.com/v1/namespaces/d/widgets/w")));
     }
 
     #[test]
