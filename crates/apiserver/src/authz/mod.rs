@@ -25,7 +25,7 @@ use crate::auth::{MASTERS_GROUP, UserInfo};
 use crate::http::AppState;
 pub use bootstrap::reconcile_default_roles;
 pub use rbac::PolicyRule;
-use rbac::{RbacIndex, RoleRef};
+use rbac::RbacIndex;
 pub use request_info::Attributes;
 
 const RBAC_PREFIX: &str = "/registry/rbac.authorization.k8s.io/";
@@ -365,19 +365,19 @@ pub(crate) fn admit(res: &shepherd_api::ResourceInfo, old: Option<&Value>, new: 
         "RoleBinding" | "ClusterRoleBinding" => {
             let field =
                 |k: &str| new.pointer(&format!("/roleRef/{k}")).and_then(Value::as_str).unwrap_or("").to_string();
-            let role = RoleRef { kind: field("kind"), name: field("name") };
-            let role_resource = if role.kind == "Role" { "roles" } else { "clusterroles" };
-            if may("bind", role_resource, &role.name) {
+            let (role_kind, role_name) = (field("kind"), field("name"));
+            let role_resource = if role_kind == "Role" { "roles" } else { "clusterroles" };
+            if may("bind", role_resource, &role_name) {
                 return Ok(());
             }
             let scope = res.namespaced.then_some(namespace);
-            let rules = index().role_rules(&role, scope);
+            let rules = index().role_rules(&role_kind, &role_name, scope);
             match rules {
                 Some(rules) => rules.to_vec(),
                 None => {
                     return Err(refused(format!(
                         "{}.rbac.authorization.k8s.io {:?} not found",
-                        role_resource, role.name
+                        role_resource, role_name
                     )));
                 }
             }

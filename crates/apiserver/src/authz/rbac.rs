@@ -168,37 +168,37 @@ impl PolicyRule {
     }
 }
 
-/// A binding's subject as the index keys it: users (ServiceAccounts are users named
-/// `system:serviceaccount:NS:NAME`) and groups.
-fn subject_key(subject: &Value, binding_namespace: Option<&str>) -> Option<String> {
+/// A binding's subject as the index keys it: a user (ServiceAccounts are users named
+/// `system:serviceaccount:NS:NAME`) or a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Subject {
+    User(String),
+    Group(String),
+}
+
+fn subject_of(subject: &Value, binding_namespace: Option<&str>) -> Option<Subject> {
     let name = subject.get("name").and_then(Value::as_str)?;
     match subject.get("kind").and_then(Value::as_str)? {
-        "User" => Some(format!("u:{name}")),
-        "Group" => Some(format!("g:{name}")),
+        "User" => Some(Subject::User(name.to_string())),
+        "Group" => Some(Subject::Group(name.to_string())),
         "ServiceAccount" => {
             let ns =
                 subject.get("namespace").and_then(Value::as_str).filter(|n| !n.is_empty()).or(binding_namespace)?;
-            Some(format!("u:system:serviceaccount:{ns}:{name}"))
+            Some(Subject::User(format!("system:serviceaccount:{ns}:{name}")))
         }
         _ => None,
     }
 }
 
-/// The subject keys of a user: its name and each group, with the groups every ServiceAccount is in.
-fn user_keys(user: &UserInfo) -> Vec<String> {
-    let mut keys = vec![format!("u:{}", user.name)];
-    keys.extend(user.groups.iter().map(|g| format!("g:{g}")));
-    if let Some(rest) = user.name.strip_prefix("system:serviceaccount:")
-        && let Some((ns, _)) = rest.split_once(':')
-    {
-        for g in ["system:serviceaccounts".to_string(), format!("system:serviceaccounts:{ns}")] {
-            let key = format!("g:{g}");
-            if !keys.contains(&key) {
-                keys.push(key);
-            }
-        }
-    }
-    keys
+/// The groups a ServiceAccount is in by being one, besides those its credentials name.
+fn service_account_groups(user: &UserInfo) -> Vec<String> {
+    let Some((ns, _)) = user.name.strip_prefix("system:serviceaccount:").and_then(|r| r.split_once(':')) else {
+        return Vec::new();
+    };
+    ["system:serviceaccounts".to_string(), format!("system:serviceaccounts:{ns}")]
+        .into_iter()
+        .filter(|g| !user.in_group(g))
+        .collect()
 }
 
 #[derive(Debug, Clone)]
@@ -207,29 +207,24 @@ struct Binding {
     namespace: Option<String>,
     role_kind: String,
     role_name: String,
-    subjects: Vec<String>,
-}
-
-/// Which role a binding refers to, as the index finds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RoleRef {
-    pub kind: String,
-    pub name: String,
+    subjects: Vec<Subject>,
 }
 
 /// The RBAC objects of the store, indexed for authorization.
 #[derive(Debug, Default)]
 pub struct RbacIndex {
-    roles: HashMap<(String, String), Arc<[PolicyRule]>>,
+    /// Roles by namespace, then name (looked up by `&str`, without allocating).
+    roles: HashMap<String, HashMap<String, Arc<[PolicyRule]>>>,
     /// The rules each ClusterRole grants: its own, and for an aggregated one those of the roles it
     /// selects. Recomputed when any ClusterRole changes, so a request reads it as is.
     cluster_roles: HashMap<String, Arc<[PolicyRule]>>,
     cluster_role_sources: HashMap<String, ClusterRoleSource>,
     /// Bindings by store key.
     bindings: HashMap<String, Binding>,
-    /// Subject key (`u:NAME`, `g:NAME`) to the store keys of the bindings naming it. Carries the
-    /// per-request cost: a request reads only its own user's and groups' entries.
-    by_subject: HashMap<String, HashSet<String>>,
+    /// User and group names to the store keys of the bindings naming them. Carries the per-request
+    /// cost: a request reads only its own user's and groups' entries.
+    by_user: HashMap<String, HashSet<String>>,
+    by_group: HashMap<String, HashSet<String>>,
 }
 
 /// A ClusterRole as stored: what aggregation reads.
@@ -270,10 +265,15 @@ impl RbacIndex {
                 let Some((ns, name)) = key_parts(key, kind == "roles") else { return };
                 match (kind, obj) {
                     ("roles", Some(o)) => {
-                        self.roles.insert((ns.to_string(), name.to_string()), rules_of(o));
+                        self.roles.entry(ns.to_string()).or_default().insert(name.to_string(), rules_of(o));
                     }
                     ("roles", None) => {
-                        self.roles.remove(&(ns.to_string(), name.to_string()));
+                        if let Some(in_ns) = self.roles.get_mut(ns) {
+                            in_ns.remove(name);
+                            if in_ns.is_empty() {
+                                self.roles.remove(ns);
+                            }
+                        }
                     }
                     (_, Some(o)) => {
                         self.cluster_role_sources.insert(name.to_string(), ClusterRoleSource::of(o));
@@ -288,25 +288,33 @@ impl RbacIndex {
             "rolebindings" | "clusterrolebindings" => {
                 if let Some(old) = self.bindings.remove(key) {
                     for s in &old.subjects {
-                        if let Some(set) = self.by_subject.get_mut(s) {
+                        let (map, name) = match s {
+                            Subject::User(n) => (&mut self.by_user, n),
+                            Subject::Group(n) => (&mut self.by_group, n),
+                        };
+                        if let Some(set) = map.get_mut(name) {
                             set.remove(key);
                             if set.is_empty() {
-                                self.by_subject.remove(s);
+                                map.remove(name);
                             }
                         }
                     }
                 }
                 let Some(o) = obj else { return };
                 let namespace = (kind == "rolebindings").then(|| meta_str(o, "namespace").to_string());
-                let subjects: Vec<String> = o
+                let subjects: Vec<Subject> = o
                     .get("subjects")
                     .and_then(Value::as_array)
                     .into_iter()
                     .flatten()
-                    .filter_map(|s| subject_key(s, namespace.as_deref()))
+                    .filter_map(|s| subject_of(s, namespace.as_deref()))
                     .collect();
                 for s in &subjects {
-                    self.by_subject.entry(s.clone()).or_default().insert(key.to_string());
+                    let (map, name) = match s {
+                        Subject::User(n) => (&mut self.by_user, n),
+                        Subject::Group(n) => (&mut self.by_group, n),
+                    };
+                    map.entry(name.clone()).or_default().insert(key.to_string());
                 }
                 let role =
                     |k: &str| o.get("roleRef").and_then(|r| r.get(k)).and_then(Value::as_str).unwrap_or("").to_string();
@@ -347,11 +355,12 @@ impl RbacIndex {
         self.cluster_roles = granted;
     }
 
-    /// The rules a role reference grants in `namespace` (a RoleBinding's; None for a ClusterRoleBinding).
-    pub fn role_rules(&self, role: &RoleRef, namespace: Option<&str>) -> Option<Arc<[PolicyRule]>> {
-        match role.kind.as_str() {
-            "ClusterRole" => self.cluster_roles.get(&role.name).cloned(),
-            "Role" => self.roles.get(&(namespace?.to_string(), role.name.clone())).cloned(),
+    /// The rules a role reference (`kind` Role or ClusterRole) grants in `namespace` (a RoleBinding's;
+    /// None for a ClusterRoleBinding).
+    pub fn role_rules(&self, kind: &str, name: &str, namespace: Option<&str>) -> Option<Arc<[PolicyRule]>> {
+        match kind {
+            "ClusterRole" => self.cluster_roles.get(name).cloned(),
+            "Role" => self.roles.get(namespace?)?.get(name).cloned(),
             _ => None,
         }
     }
@@ -359,18 +368,19 @@ impl RbacIndex {
     /// Calls `f` with the rules of every binding of `user` that applies in `namespace` (`""`: only
     /// cluster-wide bindings) until it returns true.
     fn any_rules(&self, user: &UserInfo, namespace: &str, mut f: impl FnMut(&[PolicyRule]) -> bool) -> bool {
-        for key in user_keys(user) {
-            let Some(bindings) = self.by_subject.get(&key) else { continue };
-            for b in bindings.iter().filter_map(|k| self.bindings.get(k)) {
-                if b.namespace.as_deref().is_some_and(|ns| ns != namespace) {
-                    continue;
-                }
-                let role = RoleRef { kind: b.role_kind.clone(), name: b.role_name.clone() };
-                if let Some(rules) = self.role_rules(&role, b.namespace.as_deref())
-                    && f(&rules)
-                {
-                    return true;
-                }
+        let implicit = service_account_groups(user);
+        let bindings = std::iter::once(self.by_user.get(&user.name))
+            .chain(user.groups.iter().chain(&implicit).map(|g| self.by_group.get(g)))
+            .flatten()
+            .flatten()
+            .filter_map(|k| self.bindings.get(k));
+        for b in bindings {
+            if b.namespace.as_deref().is_some_and(|ns| ns != namespace) {
+                continue;
+            }
+            let Some(rules) = self.role_rules(&b.role_kind, &b.role_name, b.namespace.as_deref()) else { continue };
+            if f(&rules) {
+                return true;
             }
         }
         false
@@ -507,6 +517,6 @@ mod tests {
         assert!(!index.allows(&UserInfo::new("bob", Vec::<String>::new()), &attrs(Method::GET, "/api/v1/pods")));
         index.apply(rb, "rolebindings", None);
         assert!(!index.allows(&UserInfo::new("bob", Vec::<String>::new()), &list_dev));
-        assert!(index.by_subject.is_empty(), "a deleted binding leaves nothing behind");
+        assert!(index.by_user.is_empty() && index.by_group.is_empty(), "a deleted binding leaves nothing behind");
     }
 }
