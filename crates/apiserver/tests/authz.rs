@@ -136,6 +136,18 @@ async fn a_user_cannot_grant_what_they_do_not_hold() {
     wait_until(&s, "ada", &[], json!({"namespace": "default", "verb": "escalate", "resource": "roles",
         "group": "rbac.authorization.k8s.io"}), true).await;
     assert_eq!(s.user("ada", &[]).post(&roles, &everything).await.code, StatusCode::CREATED);
+
+    // `bind` on one role lets a user hand out that role without holding it.
+    let binder = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "admin-binder"},
+        "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["bind"],
+            "resourceNames": ["cluster-admin"]}]});
+    s.create(&format!("{RBAC}/clusterroles"), &binder).await;
+    grant(&s, "default", "admin-binder", "ada").await;
+    wait_until(&s, "ada", &[], json!({"namespace": "default", "verb": "bind", "resource": "clusterroles",
+        "group": "rbac.authorization.k8s.io", "name": "cluster-admin"}), true).await;
+    assert_eq!(s.user("ada", &[]).post(&bindings, &to_admin).await.code, StatusCode::CREATED);
+    let to_view = binding("RoleBinding", "mallory-view", Some("default"), "ClusterRole", "view", user("mallory"));
+    assert_eq!(s.user("eve", &[]).post(&bindings, &to_view).await.code, StatusCode::FORBIDDEN, "still no rolebindings");
 }
 
 #[tokio::test]
