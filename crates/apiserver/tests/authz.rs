@@ -76,6 +76,8 @@ async fn a_view_user_reads_but_gets_kubernetes_forbidden_on_delete_and_nothing_i
         "message": "pods \"x\" is forbidden: User \"bob\" cannot delete resource \"pods\" in API group \"\" in the namespace \"default\"",
         "reason": "Forbidden", "details": {"name": "x", "kind": "pods"}, "code": 403}));
     assert_eq!(s.get(&format!("{PODS}/x")).await.code, StatusCode::OK, "the pod is still there");
+    let metrics = s.get("/metrics").await.body.as_str().unwrap_or("").to_string();
+    assert!(metrics.contains("apiserver_request_total{verb=\"DELETE\",resource=\"pods\",code=\"403\"} 1"), "{metrics}");
 
     let r = bob.get("/api/v1/namespaces/other/pods").await;
     assert_eq!(r.code, StatusCode::FORBIDDEN, "view was granted in default only");

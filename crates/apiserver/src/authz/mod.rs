@@ -257,6 +257,15 @@ pub(crate) async fn authorize(State(app): State<AppState>, mut req: Request, nex
     if let Some(user) = &user
         && let Err(reason) = app.authz.authorize(user, &attrs)
     {
+        if attrs.resource_request {
+            // Counted as the handlers count what they answer (`apiserver_request_total`).
+            let verb = match attrs.verb.as_str() {
+                "create" => "POST",
+                "update" => "PUT",
+                other => &other.to_ascii_uppercase(),
+            };
+            app.svc.metrics.observe_request(verb, &attrs.resource_with_subresource(), 403, std::time::Instant::now());
+        }
         return forbidden(user, &attrs, &reason);
     }
     if attrs.resource_request && attrs.api_group == "authorization.k8s.io" && attrs.subresource.is_empty() {
