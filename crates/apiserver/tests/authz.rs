@@ -181,6 +181,27 @@ async fn access_reviews_answer_for_any_subject_and_for_the_caller_and_are_not_st
         && r["verbs"] == json!(["get", "list", "watch"])), "{rules:?}");
     assert!(r.body["status"]["nonResourceRules"].as_array().is_some_and(|l| !l.is_empty()));
 
+    let r = s.post(SAR, &json!({"spec": {"user": "bob", "groups": ["system:authenticated"],
+        "nonResourceAttributes": {"path": "/version", "verb": "get"}}})).await;
+    assert_eq!(r.body["status"]["allowed"], true, "{}", r.body);
+    let local = |ns: &str| json!({"apiVersion": "authorization.k8s.io/v1", "kind": "LocalSubjectAccessReview",
+        "metadata": {"namespace": "default"},
+        "spec": {"user": "bob", "resourceAttributes": {"namespace": ns, "verb": "list", "resource": "pods"}}});
+    let r = s.post("/apis/authorization.k8s.io/v1/namespaces/default/localsubjectaccessreviews", &local("default")).await;
+    assert_eq!((r.code, &r.body["status"]["allowed"]), (StatusCode::CREATED, &json!(true)), "{}", r.body);
+    let r = s.post("/apis/authorization.k8s.io/v1/namespaces/default/localsubjectaccessreviews", &local("other")).await;
+    assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "a local review stays in its namespace: {}", r.body);
+
+    // ServiceAccounts are users `system:serviceaccount:NS:NAME`, in the groups of all and of their namespace's.
+    let sa_binding = binding("RoleBinding", "sa-view", Some("default"), "ClusterRole", "view",
+        json!([{"kind": "ServiceAccount", "name": "robot"}, {"kind": "Group", "name": "system:serviceaccounts:ci"}]));
+    s.create(&format!("{RBAC}/namespaces/default/rolebindings"), &sa_binding).await;
+    let list_pods = json!({"namespace": "default", "verb": "list", "resource": "pods"});
+    wait_until(&s, "system:serviceaccount:default:robot", &["system:serviceaccounts"], list_pods.clone(), true).await;
+    let ci_bot = s.user("system:serviceaccount:ci:builder", &[]);
+    assert_eq!(ci_bot.get(PODS).await.code, StatusCode::OK, "through the namespace's ServiceAccount group");
+    assert_eq!(s.user("system:serviceaccount:prod:robot", &[]).get(PODS).await.code, StatusCode::FORBIDDEN);
+
     assert_eq!(s.get(SAR).await.code, StatusCode::METHOD_NOT_ALLOWED, "reviews are only created");
     let r = s.post(SAR, &json!({"spec": {"user": "bob"}})).await;
     assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
