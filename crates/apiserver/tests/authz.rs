@@ -126,7 +126,13 @@ async fn a_user_cannot_grant_what_they_do_not_hold() {
     let readers = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "readers"},
         "rules": [{"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]}]});
     assert_eq!(s.user("ada", &[]).post(&roles, &readers).await.code, StatusCode::CREATED);
-    // A patch that widens the role is checked on the result.
+    // Labelling a role grants nothing, whatever it holds; widening it is checked on the result.
+    let others = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "node-deleter"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["delete"]}]});
+    s.create(&roles, &others).await;
+    let labelled = json!({"metadata": {"labels": {"team": "a"}}});
+    let r = s.user("ada", &[]).patch(&format!("{roles}/node-deleter"), &labelled, MERGE).await;
+    assert_eq!(r.code, StatusCode::OK, "{}", r.body);
     let widen = json!({"rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]});
     let r = s.user("ada", &[]).patch(&format!("{roles}/readers"), &widen, MERGE).await;
     assert_eq!(r.code, StatusCode::FORBIDDEN, "{}", r.body);
@@ -138,6 +144,26 @@ async fn a_user_cannot_grant_what_they_do_not_hold() {
     wait_until(&s, "ada", &[], json!({"namespace": "default", "verb": "escalate", "resource": "roles",
         "group": "rbac.authorization.k8s.io"}), true).await;
     assert_eq!(s.user("ada", &[]).post(&roles, &everything).await.code, StatusCode::CREATED);
+
+    // Gathering other roles' rules takes holding everything.
+    let writer = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "cr-writer"},
+        "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["create"]}]});
+    s.create(&format!("{RBAC}/clusterroles"), &writer).await;
+    let b = binding("ClusterRoleBinding", "cr-writers", None, "ClusterRole", "cr-writer",
+        json!([{"kind": "Group", "name": "role-makers"}]));
+    s.create(&format!("{RBAC}/clusterrolebindings"), &b).await;
+    wait_until(&s, "ada", &["role-makers"], json!({"verb": "create", "resource": "clusterroles",
+        "group": "rbac.authorization.k8s.io"}), true).await;
+    let gatherer = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "gatherer"},
+        "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {"team": "a"}}]}, "rules": []});
+    let r = s.user("ada", &["role-makers"]).post(&format!("{RBAC}/clusterroles"), &gatherer).await;
+    assert_eq!(r.code, StatusCode::FORBIDDEN, "{}", r.body);
+    assert_eq!(r.body["message"], "clusterroles.rbac.authorization.k8s.io \"gatherer\" is forbidden: must have cluster-admin \
+        privileges to use the aggregationRule");
+    let mut plain = gatherer.clone();
+    plain["metadata"]["name"] = json!("plain");
+    plain.as_object_mut().map(|o| o.remove("aggregationRule"));
+    assert_eq!(s.user("ada", &["role-makers"]).post(&format!("{RBAC}/clusterroles"), &plain).await.code, StatusCode::CREATED);
 
     // `bind` on one role lets a user hand out that role without holding it.
     let binder = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "admin-binder"},

@@ -364,19 +364,31 @@ pub(crate) fn admit(res: &shepherd_api::ResourceInfo, old: Option<&Value>, new: 
         requester.authz.authorize(user, &a).is_ok()
     };
     let index = || requester.authz.rbac.read().unwrap_or_else(|e| e.into_inner());
+    // An update that leaves what is granted alone (labels, annotations, finalizers) grants nothing.
+    let same = |fields: &[&str]| old.is_some_and(|o| fields.iter().all(|f| o.get(*f) == new.get(*f)));
     let wanted: Vec<PolicyRule> = match res.kind {
         "Role" | "ClusterRole" => {
-            if may("escalate", res.plural, name) {
+            if same(&["rules", "aggregationRule"]) || may("escalate", res.plural, name) {
                 return Ok(());
             }
-            new.get("rules").and_then(Value::as_array).into_iter().flatten().map(PolicyRule::from_json).collect()
+            let rules: Vec<PolicyRule> =
+                new.get("rules").and_then(Value::as_array).into_iter().flatten().map(PolicyRule::from_json).collect();
+            // An aggregation rule can gather anything: it takes holding everything.
+            let aggregating = new.get("aggregationRule").is_some_and(|a| !a.is_null());
+            if aggregating && old.and_then(|o| o.get("aggregationRule")) != new.get("aggregationRule") {
+                let everything = [PolicyRule::resources(&["*"], &["*"], &["*"]), PolicyRule::urls(&["*"], &["*"])];
+                if !index().not_held(user, namespace, &everything).is_empty() {
+                    return Err(refused("must have cluster-admin privileges to use the aggregationRule".into()));
+                }
+            }
+            rules
         }
         "RoleBinding" | "ClusterRoleBinding" => {
             let field =
                 |k: &str| new.pointer(&format!("/roleRef/{k}")).and_then(Value::as_str).unwrap_or("").to_string();
             let (role_kind, role_name) = (field("kind"), field("name"));
             let role_resource = if role_kind == "Role" { "roles" } else { "clusterroles" };
-            if may("bind", role_resource, &role_name) {
+            if same(&["roleRef", "subjects"]) || may("bind", role_resource, &role_name) {
                 return Ok(());
             }
             let scope = res.namespaced.then_some(namespace);
