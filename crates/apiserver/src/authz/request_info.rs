@@ -308,6 +308,16 @@ mod tests {
         assert_eq!(Attributes::of(&Method::POST, "/healthz", None).verb, "post");
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_path_and_query_reads_without_panicking(path in "(/[a-z%0-9.:]{0,8}){0,8}/?", query in "[a-z%=&+.0-9]{0,40}") {
+            for method in [Method::GET, Method::POST, Method::DELETE, Method::PATCH] {
+                let a = Attributes::of(&method, &path, Some(&query));
+                proptest::prop_assert!(!a.verb.is_empty());
+            }
+        }
+    }
+
     #[test]
     fn query_values_are_percent_decoded_and_malformed_escapes_kept() {
         assert_eq!(decode("metadata.name%3Dweb-0"), "metadata.name=web-0");
