@@ -36,18 +36,33 @@ const PODS_PREFIX: &str = "/registry/core/pods/";
 pub struct Authorizer {
     rbac: Arc<RwLock<RbacIndex>>,
     graph: Arc<RwLock<node::NodeGraph>>,
+    store: Option<Arc<dyn Store>>,
+    /// Set once the pods are loaded into `graph` and followed. That happens on the first request of
+    /// a node, so that a server no node talks to as itself (tests, benchmarks, unauthenticated
+    /// listeners) decodes no pod for it.
+    graph_followed: Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl Authorizer {
-    /// Loads the RBAC objects and pods from `store` and follows its changes from then on.
+    /// Loads the RBAC objects from `store` and follows their changes from then on.
     pub async fn start(store: Arc<dyn Store>) -> Result<Authorizer, ApiError> {
-        let authz = Authorizer::default();
-        for prefix in [RBAC_PREFIX, PODS_PREFIX] {
-            let revision = authz.load(&store, prefix).await?;
-            let (authz, store) = (authz.clone(), store.clone());
-            tokio::spawn(async move { authz.follow(store, prefix, revision).await });
-        }
+        let authz = Authorizer { store: Some(store.clone()), ..Authorizer::default() };
+        let revision = authz.load(&store, RBAC_PREFIX).await?;
+        let follower = authz.clone();
+        tokio::spawn(async move { follower.follow(store, RBAC_PREFIX, revision).await });
         Ok(authz)
+    }
+
+    /// Loads and follows the pods' placement, once; what deciding for a node needs.
+    pub async fn follow_nodes(&self) {
+        let Some(store) = &self.store else { return };
+        self.graph_followed
+            .get_or_init(|| async {
+                let revision = self.reload(store, PODS_PREFIX).await;
+                let (follower, store) = (self.clone(), store.clone());
+                tokio::spawn(async move { follower.follow(store, PODS_PREFIX, revision).await });
+            })
+            .await;
     }
 
     fn take(&self, key: &str, value: Option<&Value>) {
@@ -254,6 +269,9 @@ pub(crate) async fn authorize(State(app): State<AppState>, mut req: Request, nex
         Ok(user) => user,
         Err(r) => return *r,
     };
+    if user.as_ref().is_some_and(|u| u.node_name().is_some()) {
+        app.authz.follow_nodes().await;
+    }
     if let Some(user) = &user
         && let Err(reason) = app.authz.authorize(user, &attrs)
     {

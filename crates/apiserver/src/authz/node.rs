@@ -4,6 +4,7 @@
 //! admission).
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use serde_json::Value;
 
@@ -36,6 +37,8 @@ pub fn node_rules() -> Vec<PolicyRule> {
         ),
     ]
 }
+
+static NODE_RULES: LazyLock<Vec<PolicyRule>> = LazyLock::new(node_rules);
 
 /// Kinds a node may reach only through a pod bound to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -133,7 +136,7 @@ fn references(pod: &Value) -> Vec<(Reachable, String)> {
 /// still allow it).
 pub fn authorize(node: &str, graph: &NodeGraph, a: &Attributes) -> Result<(), String> {
     let no_relationship = || format!("no relationship found between node '{node}' and this object");
-    if !a.resource_request || !node_rules().iter().any(|r| r.allows(a)) {
+    if !a.resource_request || !NODE_RULES.iter().any(|r| r.allows(a)) {
         return Err(String::new());
     }
     if a.api_group.is_empty() {

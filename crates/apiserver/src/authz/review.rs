@@ -79,6 +79,9 @@ async fn review(app: &AppState, user: Option<&UserInfo>, a: &Attributes, req: Re
                     format!("Invalid value: {:?}: must match metadata.namespace", asked.namespace),
                 )));
             }
+            if subject.as_ref().is_some_and(|u| u.node_name().is_some()) {
+                app.authz.follow_nodes().await;
+            }
             access_status(&app.authz, subject.as_ref(), &asked)
         }
     };
