@@ -296,7 +296,8 @@ pub(crate) async fn authorize(State(app): State<AppState>, mut req: Request, nex
 }
 
 /// Applies `Impersonate-User` / `Impersonate-Group`: the request goes on as that user if the requester
-/// may `impersonate` it and each group.
+/// may `impersonate` it and each group. A request without an identity (an unauthenticated listener,
+/// allowed everything) may impersonate anyone: that is how `kubectl --as` tries a user's view there.
 fn impersonate(authz: &Authorizer, req: &mut Request) -> Result<Option<UserInfo>, Box<Response>> {
     let requester = req.extensions().get::<UserInfo>().cloned();
     let headers = req.headers();
