@@ -10,6 +10,19 @@ use crate::kinds::ResourceInfo;
 mod apps;
 pub mod batch;
 
+/// A binding subject's `apiGroup`: RBAC's for users and groups, core for ServiceAccounts.
+fn default_subjects(obj: &mut Value) {
+    let Some(binding) = obj.as_object_mut() else { return };
+    for subject in each_object(binding, "subjects") {
+        let group = match subject.get("kind").and_then(Value::as_str) {
+            Some("User" | "Group") => "rbac.authorization.k8s.io",
+            Some("ServiceAccount") => "",
+            _ => continue,
+        };
+        set_absent(subject, "apiGroup", json!(group));
+    }
+}
+
 /// Fills the defaults of an object of kind `res` in place. Shapes it does not expect (a string
 /// where an object belongs) are left alone for validation to report.
 pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
@@ -67,6 +80,7 @@ pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
         "DaemonSet" => apps::default_daemon_set(obj),
         "StatefulSet" => apps::default_stateful_set(obj),
         "ReplicationController" => apps::default_replication_controller(obj),
+        "RoleBinding" | "ClusterRoleBinding" => default_subjects(obj),
         _ => {}
     }
 }

@@ -126,14 +126,39 @@ pub const CONTROLLERREVISION: ResourceInfo =
 pub const CUSTOMRESOURCEDEFINITION: ResourceInfo = res("apiextensions.k8s.io", "CustomResourceDefinition",
     "customresourcedefinitions", "customresourcedefinition", false, &["crd", "crds"], true, false)
     .in_categories(&["api-extensions"]);
+// RBAC (`rbac.authorization.k8s.io/v1`) and the access reviews (`authorization.k8s.io/v1`, create only,
+// never stored).
+pub const ROLE: ResourceInfo = res("rbac.authorization.k8s.io", "Role", "roles", "role", true, &[], false, false);
+pub const CLUSTERROLE: ResourceInfo =
+    res("rbac.authorization.k8s.io", "ClusterRole", "clusterroles", "clusterrole", false, &[], false, false);
+pub const ROLEBINDING: ResourceInfo =
+    res("rbac.authorization.k8s.io", "RoleBinding", "rolebindings", "rolebinding", true, &[], false, false);
+pub const CLUSTERROLEBINDING: ResourceInfo = res("rbac.authorization.k8s.io", "ClusterRoleBinding",
+    "clusterrolebindings", "clusterrolebinding", false, &[], false, false);
+pub const SUBJECTACCESSREVIEW: ResourceInfo = res("authorization.k8s.io", "SubjectAccessReview",
+    "subjectaccessreviews", "subjectaccessreview", false, &[], false, false);
+pub const SELFSUBJECTACCESSREVIEW: ResourceInfo = res("authorization.k8s.io", "SelfSubjectAccessReview",
+    "selfsubjectaccessreviews", "selfsubjectaccessreview", false, &[], false, false);
+pub const SELFSUBJECTRULESREVIEW: ResourceInfo = res("authorization.k8s.io", "SelfSubjectRulesReview",
+    "selfsubjectrulesreviews", "selfsubjectrulesreview", false, &[], false, false);
+pub const LOCALSUBJECTACCESSREVIEW: ResourceInfo = res("authorization.k8s.io", "LocalSubjectAccessReview",
+    "localsubjectaccessreviews", "localsubjectaccessreview", true, &[], false, false);
+
+/// Whether `res` is a review: answered from the request, created only, never stored.
+pub fn is_review(res: &ResourceInfo) -> bool {
+    res.group == "authorization.k8s.io"
+}
 
 /// Every resource Shepherd serves, in discovery order.
 pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT, CONFIGMAP, SECRET, SERVICEACCOUNT,
     DEPLOYMENT, REPLICASET, LEASE, ENDPOINTSLICE, PODDISRUPTIONBUDGET, CUSTOMRESOURCEDEFINITION, JOB, CRONJOB,
-    DAEMONSET, STATEFULSET, CONTROLLERREVISION, REPLICATIONCONTROLLER];
+    DAEMONSET, STATEFULSET, CONTROLLERREVISION, REPLICATIONCONTROLLER,
+    ROLE, CLUSTERROLE, ROLEBINDING, CLUSTERROLEBINDING,
+    SUBJECTACCESSREVIEW, SELFSUBJECTACCESSREVIEW, SELFSUBJECTRULESREVIEW, LOCALSUBJECTACCESSREVIEW];
 
 /// The groups Shepherd serves besides core, in discovery order.
-pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy", "apiextensions.k8s.io", "batch"];
+pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy", "apiextensions.k8s.io", "batch",
+    "rbac.authorization.k8s.io", "authorization.k8s.io"];
 
 /// Every resource served now: the built-in ones, then the custom ones (ordered by group,
 /// version and plural).

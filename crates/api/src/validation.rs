@@ -22,6 +22,7 @@ use crate::volume_validation;
 
 mod apps;
 mod batch;
+mod rbac;
 
 /// Where in an object an unsupported field sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,6 +288,7 @@ pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: 
         "Job" => batch::validate_job_update(old, new, &mut c),
         "DaemonSet" => apps::validate_daemon_set_update(old, new, &mut c),
         "StatefulSet" => apps::validate_stateful_set_update(old, new, &mut c),
+        "RoleBinding" | "ClusterRoleBinding" => rbac::validate_binding_update(old, new, &mut c),
         "Service" => {
             let stored = str_at(old, "spec.clusterIP").unwrap_or("");
             let sent = str_at(new, "spec.clusterIP").unwrap_or("");
@@ -342,6 +344,8 @@ fn causes_for(res: &ResourceInfo, obj: &Value, schema: Schema) -> Vec<Cause> {
         "DaemonSet" => apps::validate_daemon_set(obj, &mut c),
         "StatefulSet" => apps::validate_stateful_set(obj, &mut c),
         "ReplicationController" => apps::validate_replication_controller(obj, &mut c),
+        "Role" | "ClusterRole" => rbac::validate_role(obj, res.namespaced, &mut c),
+        "RoleBinding" | "ClusterRoleBinding" => rbac::validate_binding(obj, !res.namespaced, &mut c),
         _ => {}
     }
     c
@@ -416,14 +420,19 @@ fn validate_metadata(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
     };
     let name = str_at(meta, "name").unwrap_or("");
     let generate = str_at(meta, "generateName").unwrap_or("");
+    let path_segment = res.group == "rbac.authorization.k8s.io";
     if name.is_empty() {
         if generate.is_empty() {
             c.push(Cause::new("FieldValueRequired", "metadata.name", "name or generateName is required"));
         }
+    } else if path_segment {
+        if let Some(problem) = rbac::path_segment_name_problem(name) {
+            c.push(invalid_value("metadata.name", &Value::from(name), problem));
+        }
     } else if !name_ok(name) {
         c.push(invalid_value("metadata.name", &Value::from(name), rule));
     }
-    if !generate.is_empty() {
+    if !generate.is_empty() && !path_segment {
         // A prefix may end in '-' (`web-`), which a random suffix then follows.
         let completed = match generate.strip_suffix('-') {
             Some(stem) => format!("{stem}a"),
@@ -573,6 +582,18 @@ fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
         "StatefulSet" => Some(round_trip::<k8s_openapi::api::apps::v1::StatefulSet>(input)),
         "ControllerRevision" => Some(round_trip::<k8s_openapi::api::apps::v1::ControllerRevision>(input)),
         "ReplicationController" => Some(round_trip::<k8s_openapi::api::core::v1::ReplicationController>(input)),
+        "Role" => Some(round_trip::<k8s_openapi::api::rbac::v1::Role>(input)),
+        "ClusterRole" => Some(round_trip::<k8s_openapi::api::rbac::v1::ClusterRole>(input)),
+        "RoleBinding" => Some(round_trip::<k8s_openapi::api::rbac::v1::RoleBinding>(input)),
+        "ClusterRoleBinding" => Some(round_trip::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>(input)),
+        "SubjectAccessReview" => Some(round_trip::<k8s_openapi::api::authorization::v1::SubjectAccessReview>(input)),
+        "SelfSubjectAccessReview" => {
+            Some(round_trip::<k8s_openapi::api::authorization::v1::SelfSubjectAccessReview>(input))
+        }
+        "SelfSubjectRulesReview" => Some(round_trip::<k8s_openapi::api::authorization::v1::SelfSubjectRulesReview>(input)),
+        "LocalSubjectAccessReview" => {
+            Some(round_trip::<k8s_openapi::api::authorization::v1::LocalSubjectAccessReview>(input))
+        }
         _ => None,
     })
 }

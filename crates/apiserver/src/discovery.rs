@@ -97,6 +97,9 @@ pub fn group(name: &str) -> Option<Value> {
 }
 
 fn verbs(res: &ResourceInfo) -> Vec<&'static str> {
+    if kinds::is_review(res) {
+        return vec!["create"];
+    }
     ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
         .into_iter()
         .filter(|v| res.kind != "Namespace" || *v != "deletecollection")

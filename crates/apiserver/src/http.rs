@@ -61,6 +61,7 @@ pub(crate) struct AppState {
     pub(crate) logs: Option<Arc<dyn LogSource>>,
     /// The bearer token node agents' streaming endpoints require.
     pub(crate) node_token: Option<Arc<str>>,
+    pub(crate) authz: crate::authz::Authorizer,
 }
 
 fn json_response(code: StatusCode, body: Vec<u8>) -> Response {
@@ -99,6 +100,7 @@ pub(crate) fn router(state: AppState, extra: Router) -> Router {
         .fallback(|| async { error_response(&ApiError::resource_not_found()) })
         .with_state(state.clone())
         .merge(extra)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::authz::authorize))
         .layer(axum::middleware::from_fn_with_state(state, authenticate))
         .layer(axum::middleware::from_fn(catch_panic))
 }

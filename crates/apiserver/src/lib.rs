@@ -3,6 +3,7 @@
 
 mod apply;
 pub mod auth;
+pub mod authz;
 mod client;
 mod codec;
 mod crd;
@@ -48,10 +49,12 @@ pub struct ApiServer {
     config: Arc<HttpConfig>,
     logs: Option<Arc<dyn LogSource>>,
     node_token: Option<Arc<str>>,
+    authz: authz::Authorizer,
 }
 
 impl ApiServer {
-    /// Builds a server over `store`, creating the system namespaces if they are missing.
+    /// Builds a server over `store`, creating the system namespaces and the default RBAC roles if they
+    /// are missing.
     pub async fn new(store: Arc<dyn Store>, config: HttpConfig) -> Result<Self, shepherd_api::ApiError> {
         let metrics = Arc::new(Metrics::default());
         let mut registry = Registry::default();
@@ -59,7 +62,21 @@ impl ApiServer {
         let service = ApiService::new(store, metrics);
         service.ensure_system_namespaces().await?;
         crd::load(&service).await?;
-        Ok(ApiServer { service, registry: Arc::new(Mutex::new(registry)), config: Arc::new(config), logs: None, node_token: None })
+        authz::reconcile_default_roles(&service).await?;
+        let authz = authz::Authorizer::start(service.store().clone()).await?;
+        Ok(ApiServer {
+            service,
+            registry: Arc::new(Mutex::new(registry)),
+            config: Arc::new(config),
+            logs: None,
+            node_token: None,
+            authz,
+        })
+    }
+
+    /// Decides authenticated requests (RBAC and node restriction).
+    pub fn authorizer(&self) -> &authz::Authorizer {
+        &self.authz
     }
 
     pub fn service(&self) -> &ApiService {
@@ -104,6 +121,7 @@ impl ApiServer {
                 config: self.config.clone(),
                 logs: self.logs.clone(),
                 node_token: self.node_token.clone(),
+                authz: self.authz.clone(),
             },
             extra,
         )

@@ -89,6 +89,14 @@ const KIND_TYPES: &[KindType] = &[
     typed::<StatefulSet>(),
     typed::<ControllerRevision>(),
     typed::<k8s_openapi::api::core::v1::ReplicationController>(),
+    typed::<k8s_openapi::api::rbac::v1::Role>(),
+    typed::<k8s_openapi::api::rbac::v1::ClusterRole>(),
+    typed::<k8s_openapi::api::rbac::v1::RoleBinding>(),
+    typed::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>(),
+    typed::<k8s_openapi::api::authorization::v1::SubjectAccessReview>(),
+    typed::<k8s_openapi::api::authorization::v1::SelfSubjectAccessReview>(),
+    typed::<k8s_openapi::api::authorization::v1::SelfSubjectRulesReview>(),
+    typed::<k8s_openapi::api::authorization::v1::LocalSubjectAccessReview>(),
 ];
 
 /// Extensions Kubernetes puts on a field: how strategic merge patch and server-side apply treat it.
@@ -1027,7 +1035,8 @@ mod tests {
     #[test]
     fn each_v3_document_resolves_its_references_and_names_its_kinds() {
         let docs = build();
-        assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apiextensions.k8s.io/v1", "apis/apps/v1", "apis/batch/v1", "apis/coordination.k8s.io/v1", "apis/discovery.k8s.io/v1", "apis/policy/v1"]);
+        assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apiextensions.k8s.io/v1", "apis/apps/v1", "apis/authorization.k8s.io/v1", "apis/batch/v1",
+            "apis/coordination.k8s.io/v1", "apis/discovery.k8s.io/v1", "apis/policy/v1", "apis/rbac.authorization.k8s.io/v1"]);
         for gv in docs.v3.keys() {
             let doc = v3(&docs, gv);
             let schemas = doc["components"]["schemas"].as_object().expect("schemas");

@@ -565,6 +565,7 @@ impl ApiService {
         reset_status_on_create(res, &mut obj);
         defaults::apply_defaults(res, &mut obj);
         crate::crd::admit(res, None, &mut obj)?;
+        crate::authz::admit(res, None, &obj)?;
         if let Track::Update(subresource) = track {
             apply::record_update(res, None, &mut obj, Writer { manager: opts.manager(), subresource });
         }
@@ -800,6 +801,7 @@ impl ApiService {
             let schema = Self::check_fields(res, &mut new, opts, &mut warnings)?;
             defaults::apply_defaults(res, &mut new);
             crate::crd::admit(res, Some(&old), &mut new)?;
+            crate::authz::admit(res, Some(&old), &new)?;
             if let Track::Update(subresource) = track {
                 apply::record_update(res, Some(&old), &mut new, Writer { manager: opts.manager(), subresource });
             }

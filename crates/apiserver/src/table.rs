@@ -252,6 +252,9 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
             ("Containers", "string", 1), ("Images", "string", 1), ("Selector", "string", 1)],
         "StatefulSet" => vec![name, ("Ready", "string", 0), age, ("Containers", "string", 1), ("Images", "string", 1)],
         "ControllerRevision" => vec![name, ("Controller", "string", 0), ("Revision", "integer", 0), age],
+        "Role" | "ClusterRole" => vec![name, ("Created At", "date", 0)],
+        "RoleBinding" | "ClusterRoleBinding" => vec![name, ("Role", "string", 0), age, ("Users", "string", 1),
+            ("Groups", "string", 1), ("ServiceAccounts", "string", 1)],
         _ => vec![name, age],
     }
 }
@@ -295,7 +298,21 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
         "ConfigMap" => vec![name, json!(entries(o, "/data") + entries(o, "/binaryData")), created],
         "Secret" => vec![name, json!(s(o, "/type")), json!(entries(o, "/data")), created],
         "ServiceAccount" => vec![name, json!(o.at("/secrets").and_then(Value::as_array).map_or(0, Vec::len)), created],
-        "CustomResourceDefinition" => vec![name, json!(s(o, "/metadata/creationTimestamp"))],
+        "CustomResourceDefinition" | "Role" | "ClusterRole" => vec![name, json!(s(o, "/metadata/creationTimestamp"))],
+        "RoleBinding" | "ClusterRoleBinding" => {
+            let subjects = |kind: &str| -> String {
+                let names: Vec<String> = o.at("/subjects").and_then(Value::as_array).into_iter().flatten()
+                    .filter(|x| s(x, "/kind") == kind)
+                    .map(|x| match s(x, "/namespace") {
+                        "" => s(x, "/name").to_string(),
+                        ns => format!("{ns}/{}", s(x, "/name")),
+                    })
+                    .collect();
+                names.join(", ")
+            };
+            vec![name, json!(format!("{}/{}", s(o, "/roleRef/kind"), s(o, "/roleRef/name"))), created,
+                json!(subjects("User")), json!(subjects("Group")), json!(subjects("ServiceAccount"))]
+        }
         "Job" => vec![name, json!(job_status(o)), json!(job_completions(o)), json!(job_duration(o)), created,
             json!(containers(o, "/spec/template/spec/containers", "/name")),
             json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],

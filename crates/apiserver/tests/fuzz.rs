@@ -70,6 +70,19 @@ const KINDS: &[Kind] = &[
         seed: || json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "fz"},
             "spec": {"holderIdentity": "a", "leaseDurationSeconds": 10}}),
     },
+    Kind {
+        collection: "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles",
+        subresources: &[""],
+        seed: || json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "fz"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}),
+    },
+    Kind {
+        collection: "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        subresources: &[""],
+        seed: || json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "fz"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+            "subjects": [{"kind": "User", "name": "fz"}]}),
+    },
 ];
 
 /// Field names that reach deep into real objects, beside random ones.

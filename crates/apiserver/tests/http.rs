@@ -410,7 +410,7 @@ async fn discovery_names_resources_with_short_names_and_subresources() {
     let names: Vec<&str> = apps["resources"].as_array().expect("resources").iter().filter_map(|r| r["name"].as_str()).collect();
     assert!(names.contains(&"deployments/scale") && names.contains(&"replicasets/status"), "{names:?}");
     let (_, groups) = s.get("/apis").await;
-    assert_eq!(groups["groups"].as_array().map(Vec::len), Some(6));
+    assert_eq!(groups["groups"].as_array().map(Vec::len), Some(8));
     let (_, lease) = s.get("/apis/coordination.k8s.io/v1").await;
     assert_eq!(lease["resources"][0]["name"], "leases");
     let (code, v) = s.get("/version").await;

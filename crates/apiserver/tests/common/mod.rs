@@ -47,9 +47,27 @@ pub async fn start_on(limits: HistoryLimits, config: HttpConfig, extra: axum::Ro
     let server = ApiServer::new(store.clone(), config).await.expect("server");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let router = server.router_with(extra);
+    let router = server.router_with(extra).layer(axum::middleware::from_fn(test_identity));
     tokio::spawn(async move { axum::serve(listener, router).await });
     Server { base: format!("http://{addr}"), http: reqwest::Client::new(), store, _dir: dir }
+}
+
+/// Header naming the user a test request is made as (with `x-test-groups`, comma-separated): the
+/// stand-in for authentication in these tests. Without it a request is unauthenticated, as through
+/// `--insecure-loopback`, and allowed everything.
+pub const TEST_USER: &str = "x-test-user";
+pub const TEST_GROUPS: &str = "x-test-groups";
+
+async fn test_identity(mut req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    let header = |req: &axum::extract::Request, name: &str| {
+        req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+    };
+    if let Some(user) = header(&req, TEST_USER) {
+        let groups: Vec<String> = header(&req, TEST_GROUPS).unwrap_or_default().split(',').filter(|g| !g.is_empty())
+            .map(str::to_string).collect();
+        req.extensions_mut().insert(shepherd_apiserver::auth::UserInfo::new(user, groups));
+    }
+    next.run(req).await
 }
 
 pub async fn start() -> Server {
@@ -72,9 +90,53 @@ impl Server {
         format!("{}{}", self.base, path)
     }
 
+    /// Requests made as `user` in `groups`.
+    pub fn user(&self, user: &str, groups: &[&str]) -> Caller<'_> {
+        Caller { server: self, identity: Some((user.to_string(), groups.join(","))) }
+    }
+
     /// Sends a raw body; a transport failure (an empty reply) fails the test with the request.
     pub async fn raw(&self, method: reqwest::Method, path: &str, body: Option<String>, content_type: &str) -> Reply {
-        let mut req = self.http.request(method.clone(), self.url(path));
+        Caller { server: self, identity: None }.raw(method, path, body, content_type).await
+    }
+    pub async fn send(&self, method: reqwest::Method, path: &str, body: Option<&Value>, content_type: &str) -> Reply {
+        self.raw(method, path, body.map(Value::to_string), content_type).await
+    }
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(reqwest::Method::GET, path, None, "").await
+    }
+    pub async fn post(&self, path: &str, body: &Value) -> Reply {
+        self.send(reqwest::Method::POST, path, Some(body), "application/json").await
+    }
+    pub async fn put(&self, path: &str, body: &Value) -> Reply {
+        self.send(reqwest::Method::PUT, path, Some(body), "application/json").await
+    }
+    pub async fn patch(&self, path: &str, body: &Value, ct: &str) -> Reply {
+        self.send(reqwest::Method::PATCH, path, Some(body), ct).await
+    }
+    pub async fn delete(&self, path: &str) -> Reply {
+        self.send(reqwest::Method::DELETE, path, None, "").await
+    }
+    /// Creates an object and returns it; the test fails if it is refused.
+    pub async fn create(&self, collection: &str, obj: &Value) -> Value {
+        let r = self.post(collection, obj).await;
+        assert_eq!(r.code, StatusCode::CREATED, "{}", r.body);
+        r.body
+    }
+}
+
+/// Requests to a server as one identity (see [`TEST_USER`]).
+pub struct Caller<'a> {
+    server: &'a Server,
+    identity: Option<(String, String)>,
+}
+
+impl Caller<'_> {
+    pub async fn raw(&self, method: reqwest::Method, path: &str, body: Option<String>, content_type: &str) -> Reply {
+        let mut req = self.server.http.request(method.clone(), self.server.url(path));
+        if let Some((user, groups)) = &self.identity {
+            req = req.header(TEST_USER, user).header(TEST_GROUPS, groups);
+        }
         if let Some(b) = &body {
             req = req.header("content-type", content_type).body(b.clone());
         }
@@ -104,11 +166,5 @@ impl Server {
     }
     pub async fn delete(&self, path: &str) -> Reply {
         self.send(reqwest::Method::DELETE, path, None, "").await
-    }
-    /// Creates an object and returns it; the test fails if it is refused.
-    pub async fn create(&self, collection: &str, obj: &Value) -> Value {
-        let r = self.post(collection, obj).await;
-        assert_eq!(r.code, StatusCode::CREATED, "{}", r.body);
-        r.body
     }
 }
