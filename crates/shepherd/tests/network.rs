@@ -747,6 +747,17 @@ fn a_client_pod_reaches_a_deployment_by_its_service_name_through_the_cluster_dns
         assert!(pods.contains(&body), "{node_ip}:{node_port} answered {body:?}");
     }
 
+    let listed = c.kubectl(&["get", "service", "web"], None);
+    assert!(listed.contains(&format!("8080:{node_port}/TCP")), "kubectl get shows the node port:\n{listed}");
+    let described = c.kubectl(&["describe", "service", "web"], None);
+    let endpoints_line = described.lines().find(|l| l.starts_with("Endpoints:")).unwrap_or("");
+    for pod in &pods {
+        let ip = c.running_ip(pod);
+        assert!(endpoints_line.contains(&format!("{ip}:8080")), "kubectl describe lists {pod}'s endpoint:\n{described}");
+    }
+    let node_port_line = described.lines().find(|l| l.starts_with("NodePort:")).unwrap_or("");
+    assert!(node_port_line.ends_with(&format!(" {node_port}/TCP")), "{described}");
+
     // Hairpin: a pod reaching its own Service gets answers, its own among them.
     let me = pods.iter().next().cloned().unwrap_or_default();
     let my_ns = c.pod_netns(0, &me);
