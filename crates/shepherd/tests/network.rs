@@ -755,6 +755,11 @@ fn a_client_pod_reaches_a_deployment_by_its_service_name_through_the_cluster_dns
         let ip = c.running_ip(pod);
         assert!(endpoints_line.contains(&format!("{ip}:8080")), "kubectl describe lists {pod}'s endpoint:\n{described}");
     }
+    let slices = c.kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=web"], None);
+    for pod in &pods {
+        let ip = c.running_ip(pod);
+        assert!(slices.contains(&ip), "kubectl get endpointslices lists {pod}'s address:\n{slices}");
+    }
     let node_port_line = described.lines().find(|l| l.starts_with("NodePort:")).unwrap_or("");
     assert!(node_port_line.ends_with(&format!(" {node_port}/TCP")), "{described}");
 
