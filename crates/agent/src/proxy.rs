@@ -620,7 +620,7 @@ mod tests {
         let mut sticky = (*service("sticky", "10.96.0.12", None)).clone();
         sticky["spec"]["sessionAffinity"] = json!("ClientIP");
         let sticky = Arc::new(sticky);
-        let two = model(&[sticky.clone()], &[("sticky", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
+        let two = model(std::slice::from_ref(&sticky), &[("sticky", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
         let with_other = model(
             &[sticky.clone(), service("other", "10.96.0.13", None)],
             &[("sticky", endpoints(&["10.244.0.2", "10.244.0.3"], &[])), ("other", endpoints(&["10.244.0.9"], &[]))],
