@@ -18,8 +18,10 @@
 //! that remain, and a rebuild gives every set that remains the clients the kernel had.
 //!
 //! Level-triggered: every `resync` the table's listing (less the affinity sets' clients) is
-//! compared with the one taken after the last full build; if someone changed or removed it, or
-//! changes were applied since, it is rebuilt from the Services and Endpoints in one transaction.
+//! compared with what this proxy left there (the listing after the last full build, with the
+//! chains and sets of the endpoint changes since listed again as they were applied); if someone
+//! changed or removed anything, or Services came or went since, it is rebuilt from the Services
+//! and Endpoints in one transaction.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -373,11 +375,72 @@ fn parse_listing(text: &str) -> Listing {
     Listing { rules, clients }
 }
 
+/// A listing's chains, sets and maps by their header (`chain services`), each with its lines.
+type Blocks = BTreeMap<String, String>;
+
+fn blocks(rules: &str) -> Blocks {
+    let mut out = Blocks::new();
+    let mut open: Option<(String, String)> = None;
+    for line in rules.lines() {
+        match &mut open {
+            Some((_, body)) if line != "\t}" => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            Some(_) => {
+                if let Some((header, body)) = open.take() {
+                    out.insert(header, body);
+                }
+            }
+            None => {
+                if let Some(header) = line.strip_prefix('\t').filter(|l| !l.starts_with('\t')).and_then(|l| l.strip_suffix(" {")) {
+                    open = Some((header.to_string(), String::new()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The chains and sets a change script wrote and deleted (`chain NAME`, `set NAME`), or `None`
+/// when it also changed map elements.
+fn touched(script: &str) -> Option<(Vec<String>, Vec<String>)> {
+    let (mut written, mut deleted) = (Vec::new(), Vec::new());
+    for line in script.lines() {
+        let words: Vec<&str> = line.split_whitespace().take(5).collect();
+        match words.as_slice() {
+            [_, "element", ..] => return None,
+            ["add", kind @ ("chain" | "set"), "ip", TABLE, name] => written.push(format!("{kind} {name}")),
+            ["delete", kind @ ("chain" | "set"), "ip", TABLE, name] => deleted.push(format!("{kind} {name}")),
+            _ => {}
+        }
+    }
+    written.retain(|w| !deleted.contains(w));
+    written.dedup();
+    Some((written, deleted))
+}
+
+/// The kernel's copy of some chains and sets (`chain NAME`, `set NAME`). One nft run each: nft
+/// refuses several `list` commands in one run once chains hold anonymous maps.
+fn listing_of(names: &[String]) -> Option<Blocks> {
+    let mut out = Blocks::new();
+    for (kind, name) in names.iter().filter_map(|n| n.split_once(' ')) {
+        let listed = Command::new("nft").args(["list", kind, "ip", TABLE, name]).output().ok()?;
+        if !listed.status.success() {
+            return None;
+        }
+        out.extend(blocks(&parse_listing(&String::from_utf8_lossy(&listed.stdout)).rules));
+    }
+    Some(out)
+}
+
 /// What is in the kernel, as far as this proxy knows.
 struct Applied {
     model: Model,
-    /// The listing taken right after the last full build; `None` once changes were applied since.
-    listing: Option<String>,
+    /// The kernel's listing as this proxy left it: taken after the last full build, with the
+    /// chains and sets of each change since listed again right after it. `None` when unknown
+    /// (a change of map elements, which the next resync settles by a rebuild).
+    reference: Option<Blocks>,
 }
 
 impl Applied {
@@ -386,12 +449,14 @@ impl Applied {
     fn rebuild(&mut self, model: Model, found: Option<Listing>) -> Result<(), NftError> {
         let clients = found.or_else(listing).map(|l| l.clients).unwrap_or_default();
         apply(&full_script(&model, &clients))?;
-        self.listing = listing().map(|l| l.rules);
+        self.reference = listing().map(|l| blocks(&l.rules));
         self.model = model;
         Ok(())
     }
 
     /// Applies what changed; a refused change (the kernel is not what was applied) rebuilds.
+    /// A change that rewrote whole chains (`flush` then its rules) and sets has them listed
+    /// again at once, so the next resync compares the whole table without rebuilding it.
     fn update(&mut self, model: Model) -> Result<bool, NftError> {
         let Some(script) = diff_script(&self.model, &model) else { return Ok(false) };
         if let Err(e) = apply(&script) {
@@ -400,22 +465,30 @@ impl Applied {
             return Ok(true);
         }
         self.model = model;
-        self.listing = None;
+        self.reference = match (self.reference.take(), touched(&script)) {
+            (Some(mut reference), Some((written, deleted))) => listing_of(&written).map(|now| {
+                for d in &deleted {
+                    reference.remove(d);
+                }
+                reference.extend(now);
+                reference
+            }),
+            _ => None,
+        };
         Ok(true)
     }
 
-    /// Rebuilds the table unless the kernel holds what the last full build left and nothing
-    /// changed since. An incremental change may land on a table someone else damaged (a flushed
-    /// chain takes `add rule` fine), so after one the next resync rebuilds rather than trust the
-    /// kernel's listing; the rebuild keeps the clients of affinity sets.
-    /// True when it rebuilt.
+    /// Rebuilds the table unless the kernel holds what this proxy left there. A change of map
+    /// elements may land on a table someone else damaged (an element deleted by hand), so
+    /// after one the next resync rebuilds rather than trust the kernel's listing; the rebuild
+    /// keeps the clients of affinity sets. True when it rebuilt.
     fn resync(&mut self, model: Model) -> Result<bool, NftError> {
         let found = listing();
         if model != self.model {
             return self.rebuild(model, found).map(|()| true);
         }
-        match (&self.listing, found) {
-            (Some(want), Some(have)) if *want == have.rules => Ok(false),
+        match (&self.reference, found) {
+            (Some(want), Some(have)) if *want == blocks(&have.rules) => Ok(false),
             (Some(_), found) => {
                 tracing::info!("nftables table {TABLE} was changed by someone else; rebuilding it");
                 self.rebuild(model, found).map(|()| true)
@@ -466,7 +539,7 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
         services.wait_synced().await;
         endpoints.wait_synced().await;
         let (svc_cache, ep_cache) = (services.cache().clone(), endpoints.cache().clone());
-        let mut applied = Some(Applied { model: Model::new(), listing: None });
+        let mut applied = Some(Applied { model: Model::new(), reference: None });
         let mut next_resync = Instant::now();
         loop {
             let started = since.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_else(Instant::now);
@@ -630,7 +703,7 @@ mod tests {
             &[("sticky", endpoints(&["10.244.0.2", "10.244.0.4"], &[])), ("other", endpoints(&["10.244.0.9"], &[]))],
         );
         let clients = in_private_netns(move || {
-            let mut applied = Applied { model: Model::new(), listing: None };
+            let mut applied = Applied { model: Model::new(), reference: None };
             applied.rebuild(two, None).expect("full table");
             let add = format!("add element ip {TABLE} affinity-default-sticky-tcp-80-10.244.0.2-8080 {{ 10.244.1.7 }}");
             apply(&add).expect("a client");
@@ -641,6 +714,32 @@ mod tests {
         });
         let kept = clients.get("affinity-default-sticky-tcp-80-10.244.0.2-8080").cloned().unwrap_or_default();
         assert!(kept.len() == 1 && kept[0].starts_with("10.244.1.7 ") && kept[0].contains("expires"), "{clients:?}");
+    }
+
+    #[test]
+    fn an_endpoint_change_needs_no_rebuild_but_damage_anywhere_after_it_is_repaired() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            panic!("this test needs root (a network namespace of its own for nft)");
+        }
+        let services = [service("web", "10.96.0.10", Some(30080)), service("api", "10.96.0.11", None)];
+        let before = model(&services, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
+        let after = model(&services, &[("web", endpoints(&["10.244.0.2", "10.244.0.4"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
+        let rebuilt = in_private_netns(move || {
+            let mut applied = Applied { model: Model::new(), reference: None };
+            applied.rebuild(before, None).expect("full table");
+            let mut rebuilt = Vec::new();
+            applied.update(after.clone()).expect("an endpoint change");
+            rebuilt.push(applied.resync(after.clone()).expect("a resync"));
+            // Someone empties the chain the change just wrote, then one it left alone.
+            for chain in ["svc-default-web-tcp-80", "svc-default-api-tcp-80"] {
+                apply(&format!("flush chain ip {TABLE} {chain}")).expect("flush");
+                rebuilt.push(applied.resync(after.clone()).expect("a resync"));
+                rebuilt.push(applied.resync(after.clone()).expect("a resync"));
+            }
+            rebuilt
+        });
+        assert_eq!(rebuilt, [false, true, false, true, false], "rebuilt only when someone else changed the table");
     }
 
     #[test]
