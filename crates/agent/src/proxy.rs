@@ -420,43 +420,36 @@ fn touched(script: &str) -> Option<(Vec<String>, Vec<String>)> {
     Some((written, deleted))
 }
 
-/// The kernel's copy of some chains and sets (`chain NAME`, `set NAME`). One nft run each: nft
-/// refuses several `list` commands in one run once chains hold anonymous maps.
-fn listing_of(names: &[String]) -> Option<Blocks> {
-    let mut out = Blocks::new();
-    for (kind, name) in names.iter().filter_map(|n| n.split_once(' ')) {
-        let listed = Command::new("nft").args(["list", kind, "ip", TABLE, name]).output().ok()?;
-        if !listed.status.success() {
-            return None;
-        }
-        out.extend(blocks(&parse_listing(&String::from_utf8_lossy(&listed.stdout)).rules));
-    }
-    Some(out)
-}
-
 /// What is in the kernel, as far as this proxy knows.
 struct Applied {
     model: Model,
-    /// The kernel's listing as this proxy left it: taken after the last full build, with the
-    /// chains and sets of each change since listed again right after it. `None` when unknown
-    /// (a change of map elements, which the next resync settles by a rebuild).
+    /// The kernel's listing as this proxy left it: taken after the last full build or check,
+    /// less the chains and sets that endpoint changes deleted since. `None` when unknown (after
+    /// a change of map elements, which the next resync settles by a rebuild).
     reference: Option<Blocks>,
+    /// The Service ports whose endpoints changed since the last check: their chains are
+    /// written again at the check, so that what the listing then shows of them is this
+    /// proxy's own.
+    rewritten: std::collections::BTreeSet<String>,
 }
 
 impl Applied {
+    fn new() -> Applied {
+        Applied { model: Model::new(), reference: None, rewritten: Default::default() }
+    }
+
     /// Replaces the table with `model`'s, keeping the clients of affinity sets that the
     /// kernel's copy (`found`, else listed now) has.
     fn rebuild(&mut self, model: Model, found: Option<Listing>) -> Result<(), NftError> {
         let clients = found.or_else(listing).map(|l| l.clients).unwrap_or_default();
         apply(&full_script(&model, &clients))?;
         self.reference = listing().map(|l| blocks(&l.rules));
+        self.rewritten.clear();
         self.model = model;
         Ok(())
     }
 
     /// Applies what changed; a refused change (the kernel is not what was applied) rebuilds.
-    /// A change that rewrote whole chains (`flush` then its rules) and sets has them listed
-    /// again at once, so the next resync compares the whole table without rebuilding it.
     fn update(&mut self, model: Model) -> Result<bool, NftError> {
         let Some(script) = diff_script(&self.model, &model) else { return Ok(false) };
         if let Err(e) = apply(&script) {
@@ -464,37 +457,59 @@ impl Applied {
             self.rebuild(model, None)?;
             return Ok(true);
         }
-        self.model = model;
-        self.reference = match (self.reference.take(), touched(&script)) {
-            (Some(mut reference), Some((written, deleted))) => listing_of(&written).map(|now| {
+        match (self.reference.as_mut(), touched(&script)) {
+            (Some(reference), Some((_, deleted))) => {
                 for d in &deleted {
                     reference.remove(d);
                 }
-                reference.extend(now);
-                reference
-            }),
-            _ => None,
-        };
+                let changed = model.iter().filter(|(k, sp)| self.model.get(*k).is_some_and(|o| o != *sp));
+                self.rewritten.extend(changed.map(|(k, _)| k.clone()));
+            }
+            _ => {
+                self.reference = None;
+                self.rewritten.clear();
+            }
+        }
+        self.model = model;
         Ok(true)
     }
 
-    /// Rebuilds the table unless the kernel holds what this proxy left there. A change of map
-    /// elements may land on a table someone else damaged (an element deleted by hand), so
-    /// after one the next resync rebuilds rather than trust the kernel's listing; the rebuild
-    /// keeps the clients of affinity sets. True when it rebuilt.
+    /// Rebuilds the table unless the kernel holds what this proxy left there. The chains of
+    /// endpoint changes since the last check are written again first (each is flushed and
+    /// filled, so whatever someone did to them is undone) and taken from the listing; the rest
+    /// must equal the last listing. A change of map elements may land on a table someone else
+    /// damaged (an element deleted by hand), so after one the check rebuilds rather than trust
+    /// the kernel's listing. A rebuild keeps the clients of affinity sets. True when it rebuilt.
     fn resync(&mut self, model: Model) -> Result<bool, NftError> {
-        let found = listing();
-        if model != self.model {
-            return self.rebuild(model, found).map(|()| true);
+        if model != self.model || self.reference.is_none() {
+            return self.rebuild(model, None).map(|()| true);
         }
-        match (&self.reference, found) {
-            (Some(want), Some(have)) if *want == blocks(&have.rules) => Ok(false),
-            (Some(_), found) => {
-                tracing::info!("nftables table {TABLE} was changed by someone else; rebuilding it");
-                self.rebuild(model, found).map(|()| true)
+        let mut again = String::new();
+        for chain in &self.rewritten {
+            if let Some(sp) = self.model.get(chain) {
+                write_service(&mut again, chain, sp);
             }
-            (None, found) => self.rebuild(model, found).map(|()| true),
         }
+        let written = touched(&again).map(|(w, _)| w).unwrap_or_default();
+        if !again.is_empty() && apply(&again).is_err() {
+            return self.rebuild(model, None).map(|()| true);
+        }
+        let found = listing();
+        let have = found.as_ref().map(|l| blocks(&l.rules));
+        let same = match (&self.reference, &have) {
+            (Some(want), Some(have)) => {
+                let differs = |k: &String| !written.contains(k) && want.get(k) != have.get(k);
+                !want.keys().chain(have.keys()).any(differs)
+            }
+            _ => false,
+        };
+        if same {
+            self.reference = have;
+            self.rewritten.clear();
+            return Ok(false);
+        }
+        tracing::info!("nftables table {TABLE} was changed by someone else; rebuilding it");
+        self.rebuild(model, found).map(|()| true)
     }
 }
 
@@ -517,9 +532,6 @@ fn children_cpu() -> Duration {
     tv(u.ru_utime) + tv(u.ru_stime)
 }
 
-impl Applied {
-}
-
 /// Keeps the table in step with Services and Endpoints: a change is applied as soon as an
 /// informer sees it; every `resync` the whole table is checked and rebuilt if it differs.
 pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = ()> + use<> {
@@ -539,7 +551,7 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
         services.wait_synced().await;
         endpoints.wait_synced().await;
         let (svc_cache, ep_cache) = (services.cache().clone(), endpoints.cache().clone());
-        let mut applied = Some(Applied { model: Model::new(), reference: None });
+        let mut applied = Some(Applied::new());
         let mut next_resync = Instant::now();
         loop {
             let started = since.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_else(Instant::now);
@@ -703,7 +715,7 @@ mod tests {
             &[("sticky", endpoints(&["10.244.0.2", "10.244.0.4"], &[])), ("other", endpoints(&["10.244.0.9"], &[]))],
         );
         let clients = in_private_netns(move || {
-            let mut applied = Applied { model: Model::new(), reference: None };
+            let mut applied = Applied::new();
             applied.rebuild(two, None).expect("full table");
             let add = format!("add element ip {TABLE} affinity-default-sticky-tcp-80-10.244.0.2-8080 {{ 10.244.1.7 }}");
             apply(&add).expect("a client");
@@ -726,7 +738,7 @@ mod tests {
         let before = model(&services, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
         let after = model(&services, &[("web", endpoints(&["10.244.0.2", "10.244.0.4"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
         let rebuilt = in_private_netns(move || {
-            let mut applied = Applied { model: Model::new(), reference: None };
+            let mut applied = Applied::new();
             applied.rebuild(before, None).expect("full table");
             let mut rebuilt = Vec::new();
             applied.update(after.clone()).expect("an endpoint change");
