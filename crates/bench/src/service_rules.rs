@@ -23,6 +23,15 @@ pub struct Params {
     pub changes: usize,
 }
 
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Deletes the scenario's network namespace when dropped.
 struct Netns(String);
 
@@ -117,7 +126,7 @@ pub async fn inside(binary: &Path, p: &Params) -> anyhow::Result<()> {
     let server = Process::start(binary, &["server", "--in-memory", "--data-dir", &data])?;
     let url = server.url.clone();
     let log_path = dir.path().join("agent.log");
-    let mut agent = Command::new(binary)
+    let agent = Command::new(binary)
         .args(["agent", "--server", &url, "--node-name", "bench", "--runtime", "process", "--pod-network", "bridge"])
         .arg("--data-dir")
         .arg(dir.path().join("agent"))
@@ -125,6 +134,8 @@ pub async fn inside(binary: &Path, p: &Params) -> anyhow::Result<()> {
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path)?)
         .spawn()?;
+    // Killed on every way out, errors included.
+    let mut agent = KillOnDrop(agent);
     let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
 
     let http = reqwest::Client::new();
@@ -183,8 +194,8 @@ pub async fn inside(binary: &Path, p: &Params) -> anyhow::Result<()> {
     let rebuilds_during_changes = rebuild_cpu.len().saturating_sub(rebuilds_before);
     let rebuild_took = logged(&log, "service table rebuilt", "took_ms");
     let check_cpu = logged(&log, "service table checked", "cpu_ms");
-    let _ = agent.kill();
-    let _ = agent.wait();
+    let _ = agent.0.kill();
+    let _ = agent.0.wait();
     let (e50, e99, c50, c99) = (median(event_to_rule.clone()), p99(event_to_rule.clone()), median(cpu.clone()), p99(cpu.clone()));
     let (rebuild_cpu, rebuild_took, check_cpu) = (median(rebuild_cpu), median(rebuild_took), median(check_cpu));
     let values = json!({
