@@ -1149,6 +1149,16 @@ fn validate_service(obj: &Value, c: &mut Vec<Cause>) {
     if cluster_ip == "None" && ty != "ClusterIP" {
         c.push(invalid_value("spec.clusterIP", &Value::from(cluster_ip), &format!("may not be set to 'None' for {ty} services")));
     }
+    // The proxy sends every Service's traffic to all its ready endpoints, wherever they run.
+    for policy in ["externalTrafficPolicy", "internalTrafficPolicy"] {
+        if let Some(p) = str_at(spec, policy).filter(|p| *p != "Cluster") {
+            let path = format!("spec.{policy}");
+            match p {
+                "Local" => c.push(Cause::forbidden(path, format!("{NOT_SUPPORTED}: traffic goes to every ready endpoint (Cluster)"))),
+                other => c.push(unsupported_value(&path, other, &["Cluster", "Local"])),
+            }
+        }
+    }
     let mut node_ports = BTreeSet::new();
     check_one_of(spec, "sessionAffinity", "spec", &["None", "ClientIP"], c);
     validate_labels(spec.get("selector"), "spec.selector", c);
@@ -1594,6 +1604,11 @@ mod tests {
         assert_reports(&SERVICE, &s, "spec.ports[2].nodePort", "FieldValueDuplicate");
         let s = service(json!({"type": "NodePort", "clusterIP": "None", "ports": [{"port": 80}]}));
         assert_reports(&SERVICE, &s, "spec.clusterIP", "FieldValueInvalid");
+        let s = service(json!({"type": "NodePort", "externalTrafficPolicy": "Local", "ports": [{"port": 80}]}));
+        assert_reports(&SERVICE, &s, "spec.externalTrafficPolicy", "FieldValueForbidden");
+        let s = service(json!({"type": "NodePort", "externalTrafficPolicy": "Cluster", "internalTrafficPolicy": "Cluster",
+            "ports": [{"port": 80}]}));
+        assert_eq!(fields(&SERVICE, &s), Vec::<String>::new());
         let s = service(json!({"externalName": "example.com", "ports": [{"port": 80}]}));
         assert_reports(&SERVICE, &s, "spec.externalName", "FieldValueForbidden");
 
