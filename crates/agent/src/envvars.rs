@@ -13,6 +13,8 @@ use crate::sources::{SourceError, SourceKind, Sources};
 /// What the downward API needs to know of the node a pod runs on.
 pub(crate) struct Node<'a> {
     pub ip: &'a str,
+    /// The pod's own address when it has a network of its own; `None`: it shares the node's.
+    pub pod_ip: Option<&'a str>,
     pub cpu_millis: u64,
     pub memory_bytes: u64,
 }
@@ -180,8 +182,9 @@ pub(crate) fn field_value(pod: &Value, path: &str, node: &Node) -> String {
         "metadata.uid" => str_at(pod, "/metadata/uid").into(),
         "spec.nodeName" => str_at(pod, "/spec/nodeName").into(),
         "spec.serviceAccountName" => str_at(pod, "/spec/serviceAccountName").into(),
-        // Pods share their node's network, so a pod's address is its node's.
-        "status.hostIP" | "status.hostIPs" | "status.podIP" | "status.podIPs" => node.ip.into(),
+        "status.hostIP" | "status.hostIPs" => node.ip.into(),
+        // A pod sharing its node's network has the node's address.
+        "status.podIP" | "status.podIPs" => node.pod_ip.unwrap_or(node.ip).into(),
         _ => String::new(),
     }
 }
@@ -216,7 +219,7 @@ mod tests {
 
     use super::*;
 
-    const NODE: Node = Node { ip: "10.0.0.7", cpu_millis: 2000, memory_bytes: 8 << 30 };
+    const NODE: Node = Node { ip: "10.0.0.7", pod_ip: None, cpu_millis: 2000, memory_bytes: 8 << 30 };
 
     #[test]
     fn references_expand_like_kubelet_expands_them() {
@@ -225,6 +228,17 @@ mod tests {
         assert_eq!(expand("$(MISSING) stays", &vars), "$(MISSING) stays");
         assert_eq!(expand("$$(A) is escaped, $5 is not a reference", &vars), "$(A) is escaped, $5 is not a reference");
         assert_eq!(expand("$(A", &vars), "$(A");
+    }
+
+    #[test]
+    fn a_pod_with_its_own_network_reads_its_own_address_as_pod_ip_and_the_nodes_as_host_ip() {
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]}]}});
+        let node = Node { pod_ip: Some("10.244.1.5"), ..NODE };
+        let env = container_env(&pod, &pod["spec"]["containers"][0], &node, &Sources::fixed(Vec::new())).expect("env").vars;
+        let got: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!((got["POD_IP"], got["HOST_IP"]), ("10.244.1.5", "10.0.0.7"));
     }
 
     #[test]

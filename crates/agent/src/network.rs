@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::TryStreamExt;
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteProtocol};
-use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
 use serde_json::Value;
 use shepherd_api::{JsonPath, kinds};
 use shepherd_runtime::Client;
@@ -306,6 +306,13 @@ impl PodNetwork {
             .execute()
             .await
             .map_err(nl_err(format!("joining {host} to {BRIDGE}")))?;
+        // A pod reaching itself through a Service: the DNATed packet goes back out the port it
+        // came in by, which a bridge refuses unless the port is in hairpin mode.
+        links
+            .set_port(LinkBridgePort::new(host_index).hairpin(true).build())
+            .execute()
+            .await
+            .map_err(nl_err(format!("setting hairpin mode on {host}")))?;
         let ns_file = fs::File::open(&netns).map_err(io_err(format!("opening {}", netns.display())))?;
         links
             .set(LinkUnspec::new_with_index(peer_index).setns_by_fd(ns_file.as_raw_fd()).build())

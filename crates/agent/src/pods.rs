@@ -529,7 +529,7 @@ impl PodManager {
                 _ => false,
             };
             if let (true, Some(prepared)) = (start, &prepared) {
-                self.start_container(&pod, spec, c, prepared).await;
+                self.start_container(&pod, spec, c, prepared, pod_ip.as_deref()).await;
                 if c.waiting.is_some() {
                     let at = now + WAITING_RECHECK;
                     wake = Some(wake.map_or(at, |w| w.min(at)));
@@ -597,7 +597,8 @@ impl PodManager {
         if pod.at("/spec/volumes").and_then(Value::as_array).is_none_or(Vec::is_empty) {
             return Some(Prepared::default());
         }
-        match volumes.sync(pod, &self.node_of(pod)) {
+        // The downward API's files carry no pod address (Kubernetes allows it in env only).
+        match volumes.sync(pod, &self.node_of(pod, None)) {
             Ok(p) => {
                 for c in &mut rec.containers {
                     if c.waiting.as_ref().is_some_and(|(r, _)| *r == "ContainerCreating") {
@@ -621,10 +622,10 @@ impl PodManager {
         }
     }
 
-    fn node_of(&self, pod: &Value) -> envvars::Node<'_> {
+    fn node_of<'a>(&'a self, pod: &Value, pod_ip: Option<&'a str>) -> envvars::Node<'a> {
         let ip = self.nodes.get(str_at(pod, "/spec/nodeName")).map_or("127.0.0.1", String::as_str);
         let (cpu_millis, memory_bytes) = envvars::host_allocatable();
-        envvars::Node { ip, cpu_millis, memory_bytes }
+        envvars::Node { ip, pod_ip, cpu_millis, memory_bytes }
     }
 
     /// Records why `c` cannot start; an Event only when the reason is new.
@@ -730,7 +731,8 @@ impl PodManager {
         }
     }
 
-    async fn start_container(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord, prepared: &Prepared) {
+    /// `pod_ip`: the pod's own address, when it has a network of its own.
+    async fn start_container(&self, pod: &Value, spec: &Value, c: &mut ContainerRecord, prepared: &Prepared, pod_ip: Option<&str>) {
         // Every start, restarts included, goes through the pull policy, as kubelet's: under
         // `Always` a tag moved in the registry gives the restarted container the new image.
         if !self.pull_image(pod, spec, c).await {
@@ -742,7 +744,7 @@ impl PodManager {
                 .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
                 .unwrap_or_default()
         };
-        let env = match envvars::container_env(pod, spec, &self.node_of(pod), &self.sources) {
+        let env = match envvars::container_env(pod, spec, &self.node_of(pod, pod_ip), &self.sources) {
             Ok(env) => env,
             Err(e) => return self.hold(pod, c, e.to_string()),
         };

@@ -14,11 +14,14 @@
 //! for what a few lines of text express, and netlink would mean writing expressions by hand.
 //!
 //! `sessionAffinity: ClientIP` is a timed set of clients per endpoint, filled as they pass and
-//! checked before the random pick.
+//! checked before the random pick. A change of a Service's endpoints keeps the sets of those
+//! that remain, and a rebuild gives every set that remains the clients the kernel had.
 //!
 //! Level-triggered: every `resync` the table's listing (less the affinity sets' clients) is
-//! compared with the one taken after the last full build; if someone changed or removed it, or
-//! changes were applied since, it is rebuilt from the Services and Endpoints in one transaction.
+//! compared with what this proxy left there (the listing after the last full build, with the
+//! chains and sets of the endpoint changes since listed again as they were applied); if someone
+//! changed or removed anything, or Services came or went since, it is rebuilt from the Services
+//! and Endpoints in one transaction.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -204,8 +207,9 @@ fn remove_service(out: &mut String, chain: &str, sp: &ServicePort) {
     }
 }
 
-/// One transaction that replaces the whole table with `model`'s.
-pub(crate) fn full_script(model: &Model) -> String {
+/// One transaction that replaces the whole table with `model`'s, giving the affinity sets that
+/// remain the `clients` they had, so a rebuild does not move clients of `sessionAffinity`.
+pub(crate) fn full_script(model: &Model, clients: &Clients) -> String {
     let t = TABLE;
     let mut out = String::new();
     let _ = writeln!(out, "add table ip {t}\ndelete table ip {t}\nadd table ip {t}");
@@ -240,6 +244,15 @@ pub(crate) fn full_script(model: &Model) -> String {
     for (chain, sp) in model {
         write_service(&mut out, chain, sp);
         add_elements(&mut out, chain, sp);
+        if sp.affinity_seconds.is_none() {
+            continue;
+        }
+        for &ep in &sp.endpoints {
+            let set = affinity_set(&endpoint_chain(chain, ep));
+            if let Some(kept) = clients.get(&set).filter(|c| !c.is_empty()) {
+                let _ = writeln!(out, "add element ip {t} {set} {{ {} }}", kept.join(", "));
+            }
+        }
     }
     out
 }
@@ -249,17 +262,39 @@ pub(crate) fn full_script(model: &Model) -> String {
 pub(crate) fn diff_script(old: &Model, new: &Model) -> Option<String> {
     let mut out = String::new();
     for (chain, sp) in old {
-        if new.get(chain) != Some(sp) {
-            remove_service(&mut out, chain, sp);
+        match new.get(chain) {
+            Some(n) if n == sp || only_endpoints_differ(sp, n) => {}
+            _ => remove_service(&mut out, chain, sp),
         }
     }
     for (chain, sp) in new {
-        if old.get(chain) != Some(sp) {
-            write_service(&mut out, chain, sp);
-            add_elements(&mut out, chain, sp);
+        match old.get(chain) {
+            Some(o) if o == sp => {}
+            // The map elements stay; the endpoints that remain keep their chains and the
+            // clients in their affinity sets.
+            Some(o) if only_endpoints_differ(o, sp) => {
+                write_service(&mut out, chain, sp);
+                for &ep in o.endpoints.iter().filter(|ep| !sp.endpoints.contains(ep)) {
+                    let epc = endpoint_chain(chain, ep);
+                    let _ = writeln!(out, "delete chain ip {TABLE} {epc}");
+                    if o.affinity_seconds.is_some() {
+                        let _ = writeln!(out, "delete set ip {TABLE} {}", affinity_set(&epc));
+                    }
+                }
+            }
+            _ => {
+                write_service(&mut out, chain, sp);
+                add_elements(&mut out, chain, sp);
+            }
         }
     }
     (!out.is_empty()).then_some(out)
+}
+
+/// Whether `new` is `old` with other ready endpoints, some in both: its map elements are the same.
+fn only_endpoints_differ(old: &ServicePort, new: &ServicePort) -> bool {
+    let same = |sp: &ServicePort| (sp.cluster_ip, sp.protocol, sp.port, sp.node_port, sp.affinity_seconds);
+    same(old) == same(new) && !old.endpoints.is_empty() && !new.endpoints.is_empty()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -290,46 +325,126 @@ pub(crate) fn apply(script: &str) -> Result<(), NftError> {
     }
 }
 
-/// The kernel's listing of the table, `None` when it is missing; without the clients in the
-/// affinity sets, which traffic changes.
-fn listing() -> Option<String> {
+/// The clients of the affinity sets, by set: each as nft lists it (`10.244.1.7 timeout 3h
+/// expires 2h59m`), which nft takes back as an element with the time it has left.
+type Clients = BTreeMap<String, Vec<String>>;
+
+/// The kernel's copy of the table.
+struct Listing {
+    /// The listing without the affinity sets' clients, which traffic changes.
+    rules: String,
+    clients: Clients,
+}
+
+/// The kernel's listing of the table, `None` when it is missing.
+fn listing() -> Option<Listing> {
     let out = Command::new("nft").args(["list", "table", "ip", TABLE]).output().ok()?;
     if !out.status.success() {
         return None;
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let (mut kept, mut in_affinity, mut in_elements) = (String::new(), false, false);
+    Some(parse_listing(&String::from_utf8_lossy(&out.stdout)))
+}
+
+fn parse_listing(text: &str) -> Listing {
+    let (mut rules, mut clients) = (String::new(), Clients::new());
+    let (mut set, mut elements): (Option<String>, Option<String>) = (None, None);
     for line in text.lines() {
         let l = line.trim();
-        if l.starts_with("set affinity-") {
-            in_affinity = true;
-        } else if in_affinity && l.starts_with("elements = {") {
-            in_elements = true;
+        if let Some(name) = l.strip_prefix("set affinity-").and_then(|n| n.strip_suffix(" {")) {
+            set = Some(format!("affinity-{name}"));
+        } else if set.is_some() && elements.is_none() && l.starts_with("elements = {") {
+            elements = Some(String::new());
         }
-        if in_elements {
-            in_elements = !l.ends_with('}');
+        if let Some(e) = elements.as_mut() {
+            e.push_str(l);
+            e.push(' ');
+            if l.ends_with('}') {
+                let inner = e.trim().trim_start_matches("elements = {").trim_end_matches('}');
+                let listed = inner.split(',').map(str::trim).filter(|c| !c.is_empty()).map(str::to_string);
+                clients.entry(set.clone().unwrap_or_default()).or_default().extend(listed);
+                elements = None;
+            }
             continue;
         }
-        if in_affinity && l == "}" {
-            in_affinity = false;
+        if set.is_some() && l == "}" {
+            set = None;
         }
-        kept.push_str(line);
-        kept.push('\n');
+        rules.push_str(line);
+        rules.push('\n');
     }
-    Some(kept)
+    Listing { rules, clients }
+}
+
+/// A listing's chains, sets and maps by their header (`chain services`), each with its lines.
+type Blocks = BTreeMap<String, String>;
+
+fn blocks(rules: &str) -> Blocks {
+    let mut out = Blocks::new();
+    let mut open: Option<(String, String)> = None;
+    for line in rules.lines() {
+        match &mut open {
+            Some((_, body)) if line != "\t}" => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            Some(_) => {
+                if let Some((header, body)) = open.take() {
+                    out.insert(header, body);
+                }
+            }
+            None => {
+                if let Some(header) = line.strip_prefix('\t').filter(|l| !l.starts_with('\t')).and_then(|l| l.strip_suffix(" {")) {
+                    open = Some((header.to_string(), String::new()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The chains and sets a change script wrote and deleted (`chain NAME`, `set NAME`), or `None`
+/// when it also changed map elements.
+fn touched(script: &str) -> Option<(Vec<String>, Vec<String>)> {
+    let (mut written, mut deleted) = (Vec::new(), Vec::new());
+    for line in script.lines() {
+        let words: Vec<&str> = line.split_whitespace().take(5).collect();
+        match words.as_slice() {
+            [_, "element", ..] => return None,
+            ["add", kind @ ("chain" | "set"), "ip", TABLE, name] => written.push(format!("{kind} {name}")),
+            ["delete", kind @ ("chain" | "set"), "ip", TABLE, name] => deleted.push(format!("{kind} {name}")),
+            _ => {}
+        }
+    }
+    written.retain(|w| !deleted.contains(w));
+    written.dedup();
+    Some((written, deleted))
 }
 
 /// What is in the kernel, as far as this proxy knows.
 struct Applied {
     model: Model,
-    /// The listing taken right after the last full build; `None` once changes were applied since.
-    listing: Option<String>,
+    /// The kernel's listing as this proxy left it: taken after the last full build or check,
+    /// less the chains and sets that endpoint changes deleted since. `None` when unknown (after
+    /// a change of map elements, which the next resync settles by a rebuild).
+    reference: Option<Blocks>,
+    /// The Service ports whose endpoints changed since the last check: their chains are
+    /// written again at the check, so that what the listing then shows of them is this
+    /// proxy's own.
+    rewritten: std::collections::BTreeSet<String>,
 }
 
 impl Applied {
-    fn rebuild(&mut self, model: Model) -> Result<(), NftError> {
-        apply(&full_script(&model))?;
-        self.listing = listing();
+    fn new() -> Applied {
+        Applied { model: Model::new(), reference: None, rewritten: Default::default() }
+    }
+
+    /// Replaces the table with `model`'s, keeping the clients of affinity sets that the
+    /// kernel's copy (`found`, else listed now) has.
+    fn rebuild(&mut self, model: Model, found: Option<Listing>) -> Result<(), NftError> {
+        let clients = found.or_else(listing).map(|l| l.clients).unwrap_or_default();
+        apply(&full_script(&model, &clients))?;
+        self.reference = listing().map(|l| blocks(&l.rules));
+        self.rewritten.clear();
         self.model = model;
         Ok(())
     }
@@ -339,31 +454,82 @@ impl Applied {
         let Some(script) = diff_script(&self.model, &model) else { return Ok(false) };
         if let Err(e) = apply(&script) {
             tracing::info!(error = %e, "nftables table differs from what was applied; rebuilding it");
-            self.rebuild(model)?;
+            self.rebuild(model, None)?;
             return Ok(true);
         }
+        match (self.reference.as_mut(), touched(&script)) {
+            (Some(reference), Some((_, deleted))) => {
+                for d in &deleted {
+                    reference.remove(d);
+                }
+                let changed = model.iter().filter(|(k, sp)| self.model.get(*k).is_some_and(|o| o != *sp));
+                self.rewritten.extend(changed.map(|(k, _)| k.clone()));
+            }
+            _ => {
+                self.reference = None;
+                self.rewritten.clear();
+            }
+        }
         self.model = model;
-        self.listing = None;
         Ok(true)
     }
 
-    /// Rebuilds the table unless the kernel holds what the last full build left and nothing
-    /// changed since. An incremental change may land on a table someone else damaged (a flushed
-    /// chain takes `add rule` fine), so after one the next resync rebuilds rather than trust the
-    /// kernel's listing; the rebuild forgets the clients of affinity sets.
-    fn resync(&mut self, model: Model) -> Result<(), NftError> {
-        if model != self.model {
-            return self.rebuild(model);
+    /// Rebuilds the table unless the kernel holds what this proxy left there. The chains of
+    /// endpoint changes since the last check are written again first (each is flushed and
+    /// filled, so whatever someone did to them is undone) and taken from the listing; the rest
+    /// must equal the last listing. A change of map elements may land on a table someone else
+    /// damaged (an element deleted by hand), so after one the check rebuilds rather than trust
+    /// the kernel's listing. A rebuild keeps the clients of affinity sets. True when it rebuilt.
+    fn resync(&mut self, model: Model) -> Result<bool, NftError> {
+        if model != self.model || self.reference.is_none() {
+            return self.rebuild(model, None).map(|()| true);
         }
-        match (&self.listing, listing()) {
-            (Some(want), Some(have)) if *want == have => Ok(()),
-            (Some(_), _) => {
-                tracing::info!("nftables table {TABLE} was changed by someone else; rebuilding it");
-                self.rebuild(model)
+        let mut again = String::new();
+        for chain in &self.rewritten {
+            if let Some(sp) = self.model.get(chain) {
+                write_service(&mut again, chain, sp);
             }
-            _ => self.rebuild(model),
         }
+        let written = touched(&again).map(|(w, _)| w).unwrap_or_default();
+        if !again.is_empty() && apply(&again).is_err() {
+            return self.rebuild(model, None).map(|()| true);
+        }
+        let found = listing();
+        let have = found.as_ref().map(|l| blocks(&l.rules));
+        let same = match (&self.reference, &have) {
+            (Some(want), Some(have)) => {
+                let differs = |k: &String| !written.contains(k) && want.get(k) != have.get(k);
+                !want.keys().chain(have.keys()).any(differs)
+            }
+            _ => false,
+        };
+        if same {
+            self.reference = have;
+            self.rewritten.clear();
+            return Ok(false);
+        }
+        tracing::info!("nftables table {TABLE} was changed by someone else; rebuilding it");
+        self.rebuild(model, found).map(|()| true)
     }
+}
+
+/// CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec, which `t` is.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    Duration::new(u64::try_from(t.tv_sec).unwrap_or(0), u32::try_from(t.tv_nsec).unwrap_or(0))
+}
+
+/// CPU time used by this process's children that were waited for: the `nft` runs. (Other
+/// children reaped meanwhile count too; the figure is for logs and benchmarks.)
+fn children_cpu() -> Duration {
+    // SAFETY: rusage is plain data, for which all zeroes is a valid value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one rusage, which `u` is.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
+    let tv = |t: libc::timeval| Duration::from_micros(u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec).unwrap_or(0));
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 /// Keeps the table in step with Services and Endpoints: a change is applied as soon as an
@@ -385,24 +551,33 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
         services.wait_synced().await;
         endpoints.wait_synced().await;
         let (svc_cache, ep_cache) = (services.cache().clone(), endpoints.cache().clone());
-        let mut applied = Some(Applied { model: Model::new(), listing: None });
+        let mut applied = Some(Applied::new());
         let mut next_resync = Instant::now();
         loop {
             let started = since.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_else(Instant::now);
+            let (cpu_before, began) = (thread_cpu(), Instant::now());
             let model = desired(&svc_cache.list(), |key| ep_cache.get(key));
+            let desired_cpu = thread_cpu().saturating_sub(cpu_before);
             let resync_now = Instant::now() >= next_resync;
             let Some(mut state) = applied.take() else { return };
             // nft runs off the async workers.
             let joined = tokio::task::spawn_blocking(move || {
-                let r = if resync_now { state.resync(model).map(|()| false) } else { state.update(model) };
-                (state, r)
+                let (own, children) = (thread_cpu(), children_cpu());
+                let r = if resync_now { state.resync(model) } else { state.update(model) };
+                let cpu = thread_cpu().saturating_sub(own) + children_cpu().saturating_sub(children);
+                (state, r, cpu)
             })
             .await;
-            let Ok((state, result)) = joined else { return };
+            let Ok((state, result, apply_cpu)) = joined else { return };
+            // CPU of this process and of nft, to compute the model and apply it.
+            let cpu_ms = (desired_cpu + apply_cpu).as_secs_f64() * 1e3;
+            let took_ms = began.elapsed().as_secs_f64() * 1e3;
             match result {
+                Ok(true) if resync_now => tracing::info!(took_ms, cpu_ms, "service table rebuilt"),
                 Ok(true) => {
-                    tracing::info!(event_to_rule_ms = started.elapsed().as_secs_f64() * 1e3, "service rules applied")
+                    tracing::info!(event_to_rule_ms = started.elapsed().as_secs_f64() * 1e3, cpu_ms, "service rules applied")
                 }
+                Ok(false) if resync_now => tracing::debug!(took_ms, cpu_ms, "service table checked"),
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "cannot apply the service rules"),
             }
@@ -486,13 +661,97 @@ mod tests {
         let before = model(&services, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
         let after = model(&services, &[("web", endpoints(&[], &["10.244.0.2"]))]);
         let listed = in_private_netns(move || {
-            apply(&full_script(&before)).expect("full table");
+            apply(&full_script(&before, &Clients::new())).expect("full table");
             apply(&diff_script(&before, &after).expect("a change")).expect("the change");
-            listing().expect("the table")
+            listing().expect("the table").rules
         });
         assert!(listed.contains("10.96.0.10 . tcp . 80 : goto reject-chain"), "{listed}");
         assert!(listed.contains("tcp . 30080 : goto reject-chain"), "{listed}");
         assert!(!listed.contains("ep-default-web"), "endpoint chains are gone:\n{listed}");
+    }
+
+    #[test]
+    fn a_listing_gives_the_affinity_sets_clients_apart_from_the_rules() {
+        let text = "table ip shepherd {\n\tset affinity-default-s-tcp-80-10.244.0.2-8080 {\n\t\ttype ipv4_addr\n\
+            \t\tflags dynamic,timeout\n\t\ttimeout 1m\n\t\telements = { 10.244.1.7 timeout 1m expires 59s876ms,\n\
+            \t\t\t     10.244.1.8 timeout 1m expires 2s }\n\t}\n\n\tchain services {\n\t}\n}\n";
+        let l = parse_listing(text);
+        assert_eq!(
+            l.clients["affinity-default-s-tcp-80-10.244.0.2-8080"],
+            ["10.244.1.7 timeout 1m expires 59s876ms", "10.244.1.8 timeout 1m expires 2s"]
+        );
+        assert!(!l.rules.contains("10.244.1.7") && l.rules.contains("timeout 1m") && l.rules.contains("chain services"), "{}", l.rules);
+    }
+
+    #[test]
+    fn a_change_of_endpoints_keeps_the_chains_and_clients_of_the_endpoints_that_remain() {
+        let mut sticky = (*service("web", "10.96.0.10", None)).clone();
+        sticky["spec"]["sessionAffinity"] = json!("ClientIP");
+        let sticky = [Arc::new(sticky)];
+        let before = model(&sticky, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
+        let after = model(&sticky, &[("web", endpoints(&["10.244.0.2", "10.244.0.4"], &[]))]);
+        let script = diff_script(&before, &after).expect("a change");
+        assert!(script.contains("delete set ip shepherd affinity-default-web-tcp-80-10.244.0.3-8080"), "{script}");
+        assert!(!script.contains("delete set ip shepherd affinity-default-web-tcp-80-10.244.0.2-8080"), "{script}");
+        assert!(!script.contains("delete element"), "the map elements stay: {script}");
+    }
+
+    #[test]
+    fn clients_stick_across_a_rebuild_for_an_unrelated_service_and_a_change_of_their_services_other_endpoints() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            panic!("this test needs root (a network namespace of its own for nft)");
+        }
+        let mut sticky = (*service("sticky", "10.96.0.12", None)).clone();
+        sticky["spec"]["sessionAffinity"] = json!("ClientIP");
+        let sticky = Arc::new(sticky);
+        let two = model(std::slice::from_ref(&sticky), &[("sticky", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
+        let with_other = model(
+            &[sticky.clone(), service("other", "10.96.0.13", None)],
+            &[("sticky", endpoints(&["10.244.0.2", "10.244.0.3"], &[])), ("other", endpoints(&["10.244.0.9"], &[]))],
+        );
+        let moved = model(
+            &[sticky, service("other", "10.96.0.13", None)],
+            &[("sticky", endpoints(&["10.244.0.2", "10.244.0.4"], &[])), ("other", endpoints(&["10.244.0.9"], &[]))],
+        );
+        let clients = in_private_netns(move || {
+            let mut applied = Applied::new();
+            applied.rebuild(two, None).expect("full table");
+            let add = format!("add element ip {TABLE} affinity-default-sticky-tcp-80-10.244.0.2-8080 {{ 10.244.1.7 }}");
+            apply(&add).expect("a client");
+            applied.update(with_other.clone()).expect("an unrelated Service");
+            assert!(applied.resync(with_other).expect("a resync"), "the resync after a change rebuilds");
+            applied.update(moved).expect("the other endpoint replaced");
+            listing().expect("the table").clients
+        });
+        let kept = clients.get("affinity-default-sticky-tcp-80-10.244.0.2-8080").cloned().unwrap_or_default();
+        assert!(kept.len() == 1 && kept[0].starts_with("10.244.1.7 ") && kept[0].contains("expires"), "{clients:?}");
+    }
+
+    #[test]
+    fn an_endpoint_change_needs_no_rebuild_but_damage_anywhere_after_it_is_repaired() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            panic!("this test needs root (a network namespace of its own for nft)");
+        }
+        let services = [service("web", "10.96.0.10", Some(30080)), service("api", "10.96.0.11", None)];
+        let before = model(&services, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
+        let after = model(&services, &[("web", endpoints(&["10.244.0.2", "10.244.0.4"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
+        let rebuilt = in_private_netns(move || {
+            let mut applied = Applied::new();
+            applied.rebuild(before, None).expect("full table");
+            let mut rebuilt = Vec::new();
+            applied.update(after.clone()).expect("an endpoint change");
+            rebuilt.push(applied.resync(after.clone()).expect("a resync"));
+            // Someone empties the chain the change just wrote, then one it left alone.
+            for chain in ["svc-default-web-tcp-80", "svc-default-api-tcp-80"] {
+                apply(&format!("flush chain ip {TABLE} {chain}")).expect("flush");
+                rebuilt.push(applied.resync(after.clone()).expect("a resync"));
+                rebuilt.push(applied.resync(after.clone()).expect("a resync"));
+            }
+            rebuilt
+        });
+        assert_eq!(rebuilt, [false, true, false, true, false], "rebuilt only when someone else changed the table");
     }
 
     #[test]
@@ -506,12 +765,12 @@ mod tests {
         sticky["spec"]["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": 60}});
         let m = model(&[Arc::new(sticky)], &[("sticky", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
         let (listed, without_clients) = in_private_netns(move || {
-            apply(&full_script(&m)).expect("full table");
-            let before = listing();
+            apply(&full_script(&m, &Clients::new())).expect("full table");
+            let before = listing().map(|l| l.rules);
             let add = format!("add element ip {TABLE} affinity-default-sticky-tcp-80-10.244.0.2-8080 {{ 10.244.1.7 }}");
             apply(&add).expect("a client");
             let out = Command::new("nft").args(["list", "table", "ip", TABLE]).output().expect("nft list");
-            (String::from_utf8_lossy(&out.stdout).into_owned(), before == listing())
+            (String::from_utf8_lossy(&out.stdout).into_owned(), before == listing().map(|l| l.rules))
         });
         assert!(listed.contains("ip saddr @affinity-default-sticky-tcp-80-10.244.0.2-8080 goto ep-default-sticky"), "{listed}");
         assert!(listed.contains("timeout 1m") && listed.contains("10.244.1.7 expires"), "{listed}");

@@ -493,7 +493,7 @@ mod tests {
 
     use super::*;
 
-    const NODE: envvars::Node = envvars::Node { ip: "10.0.0.7", cpu_millis: 2000, memory_bytes: 8 << 30 };
+    const NODE: envvars::Node = envvars::Node { ip: "10.0.0.7", pod_ip: None, cpu_millis: 2000, memory_bytes: 8 << 30 };
 
     fn files(entries: &[(&str, &str, u32)]) -> Files {
         entries.iter().map(|(p, c, m)| (p.to_string(), (c.as_bytes().to_vec(), *m))).collect()
@@ -589,7 +589,7 @@ mod tests {
         let pod = json!({"metadata": {"uid": "u1", "namespace": "ns", "name": "p"}, "spec": {"volumes": [
             {"name": "scratch", "emptyDir": {"sizeLimit": "64Ki"}},
             {"name": "free", "emptyDir": {}}]}});
-        let node = envvars::Node { ip: "127.0.0.1", cpu_millis: 1000, memory_bytes: 1 << 30 };
+        let node = envvars::Node { ip: "127.0.0.1", pod_ip: None, cpu_millis: 1000, memory_bytes: 1 << 30 };
         let prepared = volumes.sync(&pod, &node).expect("sync");
         assert!(Volumes::has_disk_limits(&pod));
         fs::write(prepared.paths["free"].join("big"), vec![1u8; 256 << 10]).expect("write");

@@ -1134,15 +1134,28 @@ fn validate_service(obj: &Value, c: &mut Vec<Cause>) {
     if !spec.is_object() {
         return;
     }
-    if let Some(ty) = str_at(spec, "type")
-        && ty != "ClusterIP"
-    {
-        c.push(unsupported_value("spec.type", ty, &["ClusterIP"]));
+    let ty = str_at(spec, "type").unwrap_or("ClusterIP");
+    if !["ClusterIP", "NodePort", "LoadBalancer"].contains(&ty) {
+        c.push(unsupported_value("spec.type", ty, &["ClusterIP", "NodePort", "LoadBalancer"]));
     }
     let cluster_ip = str_at(spec, "clusterIP").unwrap_or("");
     if !cluster_ip.is_empty() && cluster_ip != "None" && cluster_ip.parse::<IpAddr>().is_err() {
         c.push(invalid_value("spec.clusterIP", &Value::from(cluster_ip), "must be a valid IP address or \"None\""));
     }
+    if cluster_ip == "None" && ty != "ClusterIP" {
+        c.push(invalid_value("spec.clusterIP", &Value::from(cluster_ip), &format!("may not be set to 'None' for {ty} services")));
+    }
+    // The proxy sends every Service's traffic to all its ready endpoints, wherever they run.
+    for policy in ["externalTrafficPolicy", "internalTrafficPolicy"] {
+        if let Some(p) = str_at(spec, policy).filter(|p| *p != "Cluster") {
+            let path = format!("spec.{policy}");
+            match p {
+                "Local" => c.push(Cause::forbidden(path, format!("{NOT_SUPPORTED}: traffic goes to every ready endpoint (Cluster)"))),
+                other => c.push(unsupported_value(&path, other, &["Cluster", "Local"])),
+            }
+        }
+    }
+    let mut node_ports = BTreeSet::new();
     check_one_of(spec, "sessionAffinity", "spec", &["None", "ClientIP"], c);
     validate_labels(spec.get("selector"), "spec.selector", c);
     let ports = match spec.get("ports") {
@@ -1173,8 +1186,18 @@ fn validate_service(obj: &Value, c: &mut Vec<Cause>) {
         if let Some(target) = port.get("targetPort").filter(|t| !t.is_null()) {
             check_port_ref(Some(target), &join(&pp, "targetPort"), c);
         }
-        if int_at(port, "nodePort").is_some_and(|n| n != 0) {
-            c.push(Cause::forbidden(join(&pp, "nodePort"), "may not be used when `type` is 'ClusterIP'"));
+        match (int_at(port, "nodePort").filter(|n| *n != 0), port.get("nodePort")) {
+            (Some(_), _) if ty == "ClusterIP" => {
+                c.push(Cause::forbidden(join(&pp, "nodePort"), "may not be used when `type` is 'ClusterIP'"));
+            }
+            (Some(n), Some(v)) => {
+                check_port_number(v, &join(&pp, "nodePort"), c);
+                // One Service may take a node port once per protocol.
+                if !node_ports.insert((n, str_at(port, "protocol").unwrap_or("TCP"))) {
+                    c.push(Cause::new("FieldValueDuplicate", join(&pp, "nodePort"), format!("Duplicate value: {n}")));
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -1559,10 +1582,29 @@ mod tests {
     }
 
     #[test]
-    fn services_accept_only_cluster_ip_and_check_their_ports() {
-        let s = service(json!({"type": "LoadBalancer", "loadBalancerIP": "1.2.3.4", "ports": [{"port": 80}]}));
+    fn services_accept_cluster_ip_node_port_and_load_balancer_types_and_check_their_ports() {
+        let s = service(json!({"type": "ExternalName", "ports": [{"port": 80}]}));
         assert_reports(&SERVICE, &s, "spec.type", "FieldValueNotSupported");
+        let s = service(json!({"type": "LoadBalancer", "loadBalancerIP": "1.2.3.4", "ports": [{"port": 80}]}));
+        assert_eq!(fields(&SERVICE, &s), vec!["spec.loadBalancerIP"]);
         assert_reports(&SERVICE, &s, "spec.loadBalancerIP", "FieldValueForbidden");
+        let s = service(json!({"type": "ClusterIP", "ports": [{"port": 80, "nodePort": 30080}]}));
+        assert_reports(&SERVICE, &s, "spec.ports[0].nodePort", "FieldValueForbidden");
+        let s = service(json!({"type": "NodePort", "ports": [
+            {"name": "a", "port": 80, "nodePort": 70000},
+            {"name": "b", "port": 81, "nodePort": 30080},
+            {"name": "c", "port": 82, "nodePort": 30080},
+            {"name": "d", "port": 82, "nodePort": 30080, "protocol": "UDP"},
+        ]}));
+        assert_eq!(fields(&SERVICE, &s), vec!["spec.ports[0].nodePort", "spec.ports[2].nodePort"]);
+        assert_reports(&SERVICE, &s, "spec.ports[2].nodePort", "FieldValueDuplicate");
+        let s = service(json!({"type": "NodePort", "clusterIP": "None", "ports": [{"port": 80}]}));
+        assert_reports(&SERVICE, &s, "spec.clusterIP", "FieldValueInvalid");
+        let s = service(json!({"type": "NodePort", "externalTrafficPolicy": "Local", "ports": [{"port": 80}]}));
+        assert_reports(&SERVICE, &s, "spec.externalTrafficPolicy", "FieldValueForbidden");
+        let s = service(json!({"type": "NodePort", "externalTrafficPolicy": "Cluster", "internalTrafficPolicy": "Cluster",
+            "ports": [{"port": 80}]}));
+        assert_eq!(fields(&SERVICE, &s), Vec::<String>::new());
         let s = service(json!({"externalName": "example.com", "ports": [{"port": 80}]}));
         assert_reports(&SERVICE, &s, "spec.externalName", "FieldValueForbidden");
 

@@ -12,6 +12,7 @@ mod discovery;
 mod eviction;
 mod http;
 mod metrics;
+mod nodeport;
 mod openapi;
 mod patch;
 mod protobuf;
@@ -32,6 +33,7 @@ use shepherd_store::Store;
 pub use client::LocalClient;
 pub use http::{HttpConfig, LogSource};
 pub use metrics::Metrics;
+pub use nodeport::{InvalidNodePortRange, NodePortRange};
 pub use retention::register_retention;
 pub use serve::{ConnectionLimits, ConnectionMetrics, serve};
 pub use service::{
@@ -81,6 +83,12 @@ impl ApiServer {
 
     pub fn service(&self) -> &ApiService {
         &self.service
+    }
+
+    /// Allocates Services' node ports from `range` (30000-32767 by default).
+    pub fn with_node_port_range(mut self, range: NodePortRange) -> Self {
+        self.service.set_node_port_range(range);
+        self
     }
 
     /// A client that calls the service directly, with the same validation as HTTP.

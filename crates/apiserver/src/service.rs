@@ -18,6 +18,7 @@ use shepherd_store::{KeyValue, Revision, Store, StoreError};
 use crate::apply::{self, Writer};
 use crate::codec;
 use crate::metrics::Metrics;
+use crate::nodeport::{NodePortRange, NodePorts};
 pub use crate::patch::PatchType;
 use crate::patch::apply_patch;
 use crate::write_options::{FieldValidation, WriteOptions, strict_decoding_error};
@@ -158,6 +159,7 @@ impl Deleted {
 pub struct ApiService {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) metrics: Arc<Metrics>,
+    pub(crate) node_ports: Arc<NodePorts>,
 }
 
 pub(crate) fn now_rfc3339() -> String {
@@ -260,7 +262,12 @@ fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
 
 impl ApiService {
     pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Self {
-        ApiService { store, metrics }
+        ApiService { store, metrics, node_ports: Arc::default() }
+    }
+
+    /// Allocates Services' node ports from `range` (30000-32767 by default).
+    pub fn set_node_port_range(&mut self, range: NodePortRange) {
+        self.node_ports = Arc::new(NodePorts::new(range));
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -573,6 +580,7 @@ impl ApiService {
         validation::validate_as(res, &obj, schema)?;
         self.namespace_must_exist(res, ns.as_deref()).await?;
         self.service_account_must_exist(res, ns.as_deref(), &obj).await?;
+        let _node_ports = self.node_ports.assign(self.store.as_ref(), res, None, &mut obj).await?;
         let key = Self::key(res, ns.as_deref(), &name);
         if opts.dry_run {
             if self.store.get(&key).await.map_err(|e| store_err(res, &name, e))?.is_some() {
@@ -802,6 +810,7 @@ impl ApiService {
             defaults::apply_defaults(res, &mut new);
             crate::crd::admit(res, Some(&old), &mut new)?;
             crate::authz::admit(res, Some(&old), &new)?;
+            let node_ports = self.node_ports.assign(self.store.as_ref(), res, Some(&old), &mut new).await?;
             if let Track::Update(subresource) = track {
                 apply::record_update(res, Some(&old), &mut new, Writer { manager: opts.manager(), subresource });
             }
@@ -833,6 +842,7 @@ impl ApiService {
                 self.store.update(&key, codec::encode(&new)?, Some(current.mod_revision)).await
             };
             self.metrics.observe_store_write(started);
+            drop(node_ports);
             match result {
                 Ok(kv) => {
                     crate::crd::written(self, res, &new, deleting && !graceful_pod);

@@ -95,9 +95,31 @@ fn service_ports(svc: &Value) -> String {
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .map(|p| format!("{}/{}", i(p, "/port"), p.get("protocol").and_then(Value::as_str).unwrap_or("TCP")))
+        .map(|p| {
+            let protocol = p.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
+            match p.get("nodePort").and_then(Value::as_i64).filter(|n| *n != 0) {
+                Some(node_port) => format!("{}:{node_port}/{protocol}", i(p, "/port")),
+                None => format!("{}/{protocol}", i(p, "/port")),
+            }
+        })
         .collect();
     if ports.is_empty() { "<none>".into() } else { ports.join(",") }
+}
+
+/// A LoadBalancer Service's ingress addresses, `<pending>` until it has one, as kubectl shows them.
+fn external_ip(svc: &Value) -> String {
+    let ingress: Vec<&str> = svc
+        .at("/status/loadBalancer/ingress")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.get("ip").or_else(|| i.get("hostname")).and_then(Value::as_str))
+        .collect();
+    match (s(svc, "/spec/type"), ingress.is_empty()) {
+        ("LoadBalancer", true) => "<pending>".into(),
+        (_, false) => ingress.join(","),
+        _ => "<none>".into(),
+    }
 }
 
 fn endpoints(ep: &Value) -> String {
@@ -279,7 +301,7 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
             vec![name, json!(node_status(o)), json!(node_roles(o)), created, json!(s(o, "/status/nodeInfo/kubeletVersion")),
                 json!(or_none(ip)), json!(or_none(s(o, "/status/nodeInfo/osImage")))]
         }
-        "Service" => vec![name, json!(s(o, "/spec/type")), json!(or_none(s(o, "/spec/clusterIP"))), json!("<none>"),
+        "Service" => vec![name, json!(s(o, "/spec/type")), json!(or_none(s(o, "/spec/clusterIP"))), json!(external_ip(o)),
             json!(service_ports(o)), created,
             json!(o.at("/spec/selector").and_then(Value::as_object).map(|m| m.iter()
                 .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(",")).unwrap_or_else(|| "<none>".into()))],

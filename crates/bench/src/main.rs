@@ -13,6 +13,7 @@ mod pod_io;
 mod procstat;
 mod report;
 mod scale;
+mod service_rules;
 mod soak;
 mod store;
 mod workloads;
@@ -187,6 +188,20 @@ enum Scenario {
         #[arg(long, default_value_t = 20_000)]
         queries: usize,
     },
+    /// `shepherd server` and `shepherd agent --pod-network bridge` in a network namespace of
+    /// their own (root, nftables): N Services x M endpoints, then one endpoint change at a time:
+    /// event to rule latency and the CPU (agent + nft) of each change, the resync's rebuild.
+    ServiceRules {
+        #[arg(long, default_value_t = 1_000)]
+        services: usize,
+        #[arg(long, default_value_t = 10)]
+        endpoints: usize,
+        #[arg(long, default_value_t = 30)]
+        changes: usize,
+        /// (internal) Measure here: already inside the scenario's namespace.
+        #[arg(long, hide = true)]
+        inside: bool,
+    },
     /// (internal) One peer-comparison variant; runs until stdin closes.
     #[command(hide = true)]
     PeerWorker {
@@ -202,6 +217,10 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Scenario::PeerWorker { engine, url } = &cli.scenario {
         return peer::worker(engine, url).await;
+    }
+    if let Scenario::ServiceRules { services, endpoints, changes, inside: true } = cli.scenario {
+        let p = service_rules::Params { services, endpoints, changes };
+        return service_rules::inside(&cli.shepherd, &p).await;
     }
     let machine = report::Machine::read();
     println!("machine: {machine}");
@@ -307,6 +326,14 @@ async fn main() -> anyhow::Result<()> {
         Scenario::ClusterDns { runs, queries } => {
             let p = if cli.smoke { dns::Params { runs: 3, queries: 200 } } else { dns::Params { runs: runs.max(1), queries: queries.max(1) } };
             dns::run(&cli.shepherd, p).await?
+        }
+        Scenario::ServiceRules { services, endpoints, changes, .. } => {
+            let p = if cli.smoke {
+                service_rules::Params { services: 20, endpoints: 10, changes: 3 }
+            } else {
+                service_rules::Params { services: services.max(1), endpoints: endpoints.max(1), changes: changes.max(1) }
+            };
+            service_rules::run(&cli.shepherd, &cli.out, &p)?
         }
         Scenario::PeerWorker { .. } => unreachable!("handled above"),
     };

@@ -58,6 +58,9 @@ pub struct ControllerArgs {
     /// Range Services' cluster IPs are allocated from.
     #[arg(long, default_value = "10.96.0.0/16")]
     pub service_cluster_ip_range: String,
+    /// Ports Services of type NodePort (and LoadBalancer) get their `nodePort`s from (FIRST-LAST).
+    #[arg(long, default_value = "30000-32767")]
+    pub service_node_port_range: String,
     /// Range pod addresses come from; each Node gets one block of it as its `spec.podCIDR`.
     #[arg(long, default_value = "10.244.0.0/16")]
     pub cluster_cidr: String,

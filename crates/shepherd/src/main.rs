@@ -291,6 +291,7 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         bookmark_interval: Duration::from_secs(args.bookmark_seconds.max(1)),
     };
     let server = ApiServer::new(store.clone(), config).await.map_err(|e| anyhow::anyhow!("starting API server: {e}"))?;
+    let server = server.with_node_port_range(args.controllers.service_node_port_range.parse()?);
     let client: Arc<dyn Client> = Arc::new(server.client());
     let mut streaming_token = args.node_streaming_token.clone();
     let agent = match &local_agent {

@@ -104,6 +104,8 @@ struct Cluster {
     dir: tempfile::TempDir,
     /// The agents' `--runtime`.
     runtime: &'static str,
+    /// Further flags of every agent.
+    agent_flags: &'static [&'static str],
     server: Option<Daemon>,
     agents: Vec<Option<Agent>>,
     nodes: Vec<Netns>,
@@ -118,6 +120,16 @@ impl Cluster {
     }
 
     fn start_on(runtime: &'static str, tag: &str, nodes: usize, server_flags: &[&str]) -> Cluster {
+        Cluster::start_with(runtime, tag, nodes, server_flags, &[])
+    }
+
+    fn start_with(
+        runtime: &'static str,
+        tag: &str,
+        nodes: usize,
+        server_flags: &[&str],
+        agent_flags: &'static [&'static str],
+    ) -> Cluster {
         require_root_and_tools();
         let prefix = format!("shp{}{tag}", std::process::id() % 100_000);
         let underlay = Netns::new(format!("{prefix}u"));
@@ -152,7 +164,7 @@ impl Cluster {
             .expect("start shepherd server");
         let server = Daemon::from_child(child);
         let mut cluster =
-            Cluster { dir, runtime, server: Some(server), agents: Vec::new(), nodes: node_ns, server_ns, _underlay: underlay };
+            Cluster { dir, runtime, agent_flags, server: Some(server), agents: Vec::new(), nodes: node_ns, server_ns, _underlay: underlay };
         for i in 0..nodes {
             let agent = cluster.start_agent(i);
             cluster.agents.push(Some(agent));
@@ -179,6 +191,7 @@ impl Cluster {
             .args(["agent", "--server", &self.url(), "--node-name", &format!("node-{node}"), "--node-ip", NODE_IPS[node]])
             .args(["--runtime", self.runtime, "--pod-network", "bridge", "--lease-seconds", "1", "--data-dir"])
             .arg(self.agent_dir(node))
+            .args(self.agent_flags)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(self.log_file(node))
@@ -539,13 +552,27 @@ fn a_service_spreads_requests_over_its_pods_refuses_at_once_without_endpoints_an
         c.get("/api/v1/namespaces/default/services/web-sticky")["spec"]["clusterIP"].as_str().map(str::to_string)
     });
     c.wait_for("web-sticky to answer", 60, |_| (request_from(&client, &sticky_ip, 80).0 == 0).then_some(()));
-    // The resync after a change rebuilds the table and forgets the clients: retry a batch until
-    // none falls across one (without affinity, 20 answers from one of 3 pods would take ~3^-19).
-    let stuck = c.wait_for("20 requests in a row answered by one pod", 30, |_| {
-        let answers: HashSet<String> = (0..20).map(|_| request_from(&client, &sticky_ip, 80).2).collect();
-        (answers.len() == 1).then_some(answers)
-    });
+    // The client sticks, through the resync that rebuilds the table after the change (without
+    // affinity, 20 answers from one of 3 pods would take ~3^-19).
+    let stuck: HashSet<String> = (0..20).map(|_| request_from(&client, &sticky_ip, 80).2).collect();
+    assert_eq!(stuck.len(), 1, "one client, one pod: {stuck:?}");
     assert!(pods.is_superset(&stuck), "{stuck:?} are ready pods");
+    // Another Service's arrival (its rules applied at once, the whole table rebuilt at the next
+    // resync) leaves the clients where they are; the requests span more than one resync.
+    let other = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-other"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 81, "targetPort": 8080}]}});
+    c.kubectl(&["apply", "-f", "-"], Some(&other.to_string()));
+    let other_ip = c.wait_for("web-other's ClusterIP", 30, |c| {
+        c.get("/api/v1/namespaces/default/services/web-other")["spec"]["clusterIP"].as_str().map(str::to_string)
+    });
+    c.wait_for("web-other to answer", 60, |_| (request_from(&client, &other_ip, 81).0 == 0).then_some(()));
+    let still: HashSet<String> = (0..20)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            request_from(&client, &sticky_ip, 80).2
+        })
+        .collect();
+    assert_eq!(still, stuck, "the client stays with its pod across another Service's change");
 
     // No endpoint: refused at once, not left to time out.
     c.kubectl(&["scale", "deployment", "web", "--replicas=0"], None);
@@ -591,4 +618,199 @@ fn a_service_spreads_requests_over_its_pods_refuses_at_once_without_endpoints_an
     ms.sort_by(f64::total_cmp);
     assert!(!ms.is_empty(), "the agents log how long each change took to apply");
     eprintln!("endpoint change to rule: p50 {:.1} ms, max {:.1} ms over {} changes", ms[ms.len() / 2], ms[ms.len() - 1], ms.len());
+}
+
+impl Cluster {
+    /// What pod `name` (on `node`) wrote to its standard output so far, one entry per line,
+    /// read from the agent's log file of its container.
+    fn log_lines(&self, node: usize, name: &str) -> Vec<String> {
+        let uid = self.pod(name)["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        let mut dirs = vec![self.agent_dir(node)];
+        let mut text = String::new();
+        while let Some(dir) = dirs.pop() {
+            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = e.path();
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    dirs.push(path);
+                } else if !uid.is_empty() && path.ends_with("current.log") && path.to_string_lossy().contains(&uid) {
+                    text = std::fs::read_to_string(&path).unwrap_or_default();
+                }
+            }
+        }
+        // CRI format: TIMESTAMP STREAM TAG CONTENT.
+        text.lines().filter_map(|l| l.splitn(4, ' ').nth(3)).map(str::to_string).collect()
+    }
+
+    /// Waits until pod `name` has logged `count` lines after its first `from`, and returns them.
+    fn next_log_lines(&self, node: usize, name: &str, from: usize, count: usize) -> Vec<String> {
+        self.wait_for(&format!("{count} more lines from {name}"), 120, |c| {
+            let lines = c.log_lines(node, name);
+            (lines.len() >= from + count).then(|| lines[from..from + count].to_vec())
+        })
+    }
+
+    fn restart_agent(&mut self, node: usize) {
+        if let Some(agent) = self.agents[node].as_mut() {
+            agent.kill9();
+            agent.cmdline.clear();
+        }
+        let restarted = self.start_agent(node);
+        self.agents[node] = Some(restarted);
+    }
+
+    /// The names of the pods in Service `name`'s ready endpoints.
+    fn ready_endpoints(&self, name: &str) -> HashSet<String> {
+        let eps = self.get(&format!("/api/v1/namespaces/default/endpoints/{name}"));
+        eps["subsets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["addresses"].as_array().into_iter().flatten())
+            .filter_map(|a| a["targetRef"]["name"].as_str().map(str::to_string))
+            .collect()
+    }
+}
+
+#[test]
+fn a_client_pod_reaches_a_deployment_by_its_service_name_through_the_cluster_dns_on_node_ports_and_itself_across_agent_restarts() {
+    let runs = Command::new("nft").arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(runs, "this test needs nft (package nftables) for the Service data plane");
+    let dns = format!("{SERVER_IP}:53");
+    let mut c = Cluster::start_with("process", "e", 2, &["--cluster-dns-listen", &dns], &["--cluster-dns", "10.96.0.10"]);
+    // The cluster DNS runs in the server's namespace, off the pod network: its replies to pods
+    // go back by the nodes, as a control-plane host of a cluster routes pod CIDRs.
+    for (i, node_ip) in NODE_IPS.iter().enumerate() {
+        let cidr = c.get(&format!("/api/v1/nodes/node-{i}"))["spec"]["podCIDR"].as_str().unwrap_or("").to_string();
+        c.server_ns.ip(&["route", "add", &cidr, "via", node_ip]);
+    }
+    let www = c.dir.path().join("www");
+    // Three busybox httpd on node-0 serving their name at / and their downward-API podIP at
+    // /ip; they ignore SIGTERM, so a deleted one goes on serving for its grace period.
+    let script = format!(
+        "trap '' TERM; d={}/$POD_NAME; mkdir -p $d; echo $POD_NAME > $d/index.html; echo $POD_IP > $d/ip; \
+         exec busybox httpd -f -p 8080 -h $d",
+        www.display()
+    );
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}},
+                "spec": {"nodeName": "node-0", "terminationGracePeriodSeconds": 20,
+                    "containers": [{"name": "web", "image": "minimal", "command": ["sh", "-c", script],
+                        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}]}}}});
+    let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"type": "NodePort", "selector": {"app": "web"}, "ports": [{"port": 8080, "targetPort": 8080}]}});
+    c.kubectl(&["apply", "-f", "-"], Some(&deployment.to_string()));
+    c.kubectl(&["apply", "-f", "-"], Some(&service.to_string()));
+    // The client on node-1 asks for the Service by name, over and over, and prints each answer.
+    let client = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client"},
+        "spec": {"nodeName": "node-1", "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "client", "image": "minimal", "command": ["sh", "-c",
+                "while true; do a=$(wget -qO- -T 3 -t 1 http://web.default.svc.cluster.local:8080 2>&1) || a=\"FAIL $a\"; \
+                 echo $a; sleep 0.05; done"]}]}});
+    c.kubectl(&["apply", "-f", "-"], Some(&client.to_string()));
+    let pods = c.wait_for("three ready endpoints", 120, |c| Some(c.ready_endpoints("web")).filter(|p| p.len() == 3));
+
+    // Over 60 requests every ready pod answers.
+    let answered_from = c.wait_for("the client to get an answer by name", 60, |c| {
+        let lines = c.log_lines(1, "client");
+        lines.iter().position(|l| pods.contains(l)).map(|i| i + 1)
+    });
+    let sixty = c.next_log_lines(1, "client", answered_from, 60);
+    let failed: Vec<&String> = sixty.iter().filter(|l| !pods.contains(*l)).collect();
+    assert!(failed.is_empty(), "every request is answered by a ready pod: {failed:?}");
+    assert_eq!(sixty.iter().cloned().collect::<HashSet<_>>(), pods, "every ready pod answers within 60 requests");
+
+    // The downward API's status.podIP is the pod's own address.
+    let node_0 = c.nodes[0].path();
+    for pod in &pods {
+        let ip = c.running_ip(pod);
+        let out = Command::new("nsenter")
+            .arg(format!("--net={node_0}"))
+            .args(["--", "curl", "-s", "-m", "5", &format!("http://{ip}:8080/ip")])
+            .output()
+            .expect("curl");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), ip, "{pod}'s POD_IP");
+    }
+
+    // NodePort: from outside the nodes (the server's namespace) to either node's address, the
+    // one without an endpoint included.
+    let node_port = c.get("/api/v1/namespaces/default/services/web")["spec"]["ports"][0]["nodePort"].as_u64().unwrap_or(0);
+    assert!((30000..=32767).contains(&node_port), "a node port from the default range: {node_port}");
+    let server_ns = c.server_ns.path();
+    for node_ip in NODE_IPS {
+        let body = c.wait_for(&format!("{node_ip}:{node_port} to answer"), 30, |_| {
+            let (code, _, body) = request_from(&server_ns, node_ip, node_port as u16);
+            (code == 0).then_some(body)
+        });
+        assert!(pods.contains(&body), "{node_ip}:{node_port} answered {body:?}");
+    }
+
+    let listed = c.kubectl(&["get", "service", "web"], None);
+    assert!(listed.contains(&format!("8080:{node_port}/TCP")), "kubectl get shows the node port:\n{listed}");
+    let described = c.kubectl(&["describe", "service", "web"], None);
+    let endpoints_line = described.lines().find(|l| l.starts_with("Endpoints:")).unwrap_or("");
+    for pod in &pods {
+        let ip = c.running_ip(pod);
+        assert!(endpoints_line.contains(&format!("{ip}:8080")), "kubectl describe lists {pod}'s endpoint:\n{described}");
+    }
+    let slices = c.kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=web"], None);
+    for pod in &pods {
+        let ip = c.running_ip(pod);
+        assert!(slices.contains(&ip), "kubectl get endpointslices lists {pod}'s address:\n{slices}");
+    }
+    let node_port_line = described.lines().find(|l| l.starts_with("NodePort:")).unwrap_or("");
+    assert!(node_port_line.ends_with(&format!(" {node_port}/TCP")), "{described}");
+
+    // Hairpin: a pod reaching its own Service gets answers, its own among them.
+    let me = pods.iter().next().cloned().unwrap_or_default();
+    let my_ns = c.pod_netns(0, &me);
+    let cluster_ip = c.get("/api/v1/namespaces/default/services/web")["spec"]["clusterIP"].as_str().unwrap_or("").to_string();
+    let mut answers = HashSet::new();
+    for _ in 0..20 {
+        let (code, _, body) = request_from(&my_ns, &cluster_ip, 8080);
+        assert_eq!(code, 0, "{me} reaching {cluster_ip}:8080 failed (curl exit {code})");
+        answers.insert(body);
+    }
+    assert!(answers.contains(&me), "{me} was never answered by itself through its Service: {answers:?}");
+
+    // A deleted pod serves on through its grace period, but once its endpoint is gone no
+    // request reaches it.
+    let victim = me;
+    let victim_ip = c.running_ip(&victim);
+    c.kubectl(&["delete", "pod", &victim, "--wait=false"], None);
+    c.wait_for("the deleted pod's endpoint to go", 60, |c| (!c.ready_endpoints("web").contains(&victim)).then_some(()));
+    let gone_at = c.log_lines(1, "client").len();
+    // One request may have been under way when the endpoint went.
+    let after = c.next_log_lines(1, "client", gone_at + 1, 40);
+    assert!(!after.contains(&victim), "{victim} answered after its endpoint was removed: {after:?}");
+    assert!(after.iter().all(|l| !l.starts_with("FAIL")), "the others answer: {after:?}");
+    assert_eq!(c.http_from(&node_0, &victim_ip), victim, "the deleted pod was still there to answer");
+
+    // kill -9 and restart both agents: every pod keeps its address, every Service works, and a
+    // new pod gets an address no running pod has.
+    let pods = c.wait_for("three ready endpoints again", 120, |c| Some(c.ready_endpoints("web")).filter(|p| p.len() == 3));
+    let mut addresses: HashSet<String> = pods.iter().map(|p| c.running_ip(p)).collect();
+    addresses.insert(c.running_ip("client"));
+    for node in 0..2 {
+        c.restart_agent(node);
+    }
+    let before = c.log_lines(1, "client").len();
+    // The restarted agents rebuild their tables: let a few requests through first.
+    let settled = c.wait_for("the client to be answered after the restarts", 60, |c| {
+        let lines = c.log_lines(1, "client");
+        lines.iter().skip(before).position(|l| pods.contains(l)).map(|i| before + i + 1)
+    });
+    let later = c.next_log_lines(1, "client", settled, 30);
+    assert!(later.iter().all(|l| pods.contains(l)), "answers after the restarts: {later:?}");
+    let now: HashSet<String> = pods.iter().chain(["client".to_string()].iter()).map(|p| c.running_ip(p)).collect();
+    assert_eq!(now, addresses, "every pod keeps its address");
+    let (code, _, _) = request_from(&server_ns, NODE_IPS[1], node_port as u16);
+    assert_eq!(code, 0, "the node port still answers");
+    c.kubectl(&["scale", "deployment", "web", "--replicas=4"], None);
+    let grown = c.wait_for("a fourth ready endpoint", 120, |c| Some(c.ready_endpoints("web")).filter(|p| p.len() == 4));
+    let new_pod = grown.difference(&pods).next().cloned().unwrap_or_default();
+    let new_ip = c.running_ip(&new_pod);
+    assert!(!addresses.contains(&new_ip), "{new_pod} got {new_ip}, an address in use");
 }

@@ -1,0 +1,223 @@
+//! Scenario `service-rules`: `shepherd server` and `shepherd agent --pod-network bridge` in a
+//! network namespace the scenario makes, N Services of M endpoints each, then one endpoint of one
+//! Service changed at a time: how long until the agent's nftables table has it, and the CPU the
+//! agent (and the `nft` it runs) spent on it, as the agent logs them; also how many full rebuilds
+//! happened meanwhile, what one costs, and what the check of the table every second costs.
+//!
+//! Needs root, iproute2 and nftables. The machine's own network namespace is not touched: the
+//! measuring side runs this same binary again inside the namespace (`--inside`).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::cluster::Process;
+use crate::report::ScenarioResult;
+
+pub struct Params {
+    pub services: usize,
+    pub endpoints: usize,
+    pub changes: usize,
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Deletes the scenario's network namespace when dropped.
+struct Netns(String);
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// Runs the measurement in a network namespace of its own and returns what it found.
+pub fn run(binary: &Path, out: &Path, p: &Params) -> anyhow::Result<ScenarioResult> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let root = status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    anyhow::ensure!(root, "service-rules needs root (a network namespace, nftables)");
+    let name = format!("shepbench{}", std::process::id());
+    let ok = Command::new("ip").args(["netns", "add", &name]).status().is_ok_and(|s| s.success());
+    anyhow::ensure!(ok, "ip netns add {name} failed (package iproute2)");
+    let ns = Netns(name);
+    let _ = Command::new("ip").args(["-n", &ns.0, "link", "set", "lo", "up"]).status();
+    let me = std::env::current_exe()?;
+    let child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", ns.0))
+        .arg("--")
+        .arg(me)
+        .arg("--shepherd")
+        .arg(binary)
+        .arg("--out")
+        .arg(out)
+        .args(["service-rules", "--inside"])
+        .args(["--services", &p.services.to_string(), "--endpoints", &p.endpoints.to_string()])
+        .args(["--changes", &p.changes.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let output = child.wait_with_output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut values = None;
+    for line in text.lines() {
+        match line.strip_prefix("RESULT ") {
+            Some(r) => values = serde_json::from_str::<Value>(r).ok(),
+            None => println!("{line}"),
+        }
+    }
+    anyhow::ensure!(output.status.success(), "the measurement inside the namespace failed");
+    let values = values.ok_or_else(|| anyhow::anyhow!("the measurement printed no result"))?;
+    Ok(ScenarioResult {
+        name: "service-rules",
+        params: json!({"services": p.services, "endpoints_per_service": p.endpoints, "changes": p.changes}),
+        values,
+    })
+}
+
+fn endpoints_object(i: usize, endpoints: usize, generation: usize) -> Value {
+    // 10.200.0.0/14 holds 256K addresses: the Service's block of endpoints, the changed one
+    // moved by `generation`.
+    let address = |j: usize| {
+        let n = (i * endpoints + j + if j == 0 { generation * 1_000_003 } else { 0 }) % (1 << 18);
+        format!("10.{}.{}.{}", 200 + n / 65_536, (n / 256) % 256, n % 256)
+    };
+    json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": format!("svc-{i}")},
+        "subsets": [{"addresses": (0..endpoints).map(|j| json!({"ip": address(j)})).collect::<Vec<_>>(),
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}]})
+}
+
+/// The `key=value` number fields of the agent's log lines whose message contains `message`.
+fn logged(log: &str, message: &str, field: &str) -> Vec<f64> {
+    log.lines()
+        .filter(|l| l.contains(message))
+        .filter_map(|l| l.split(&format!("{field}=")).nth(1)?.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn p99(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(((v.len() as f64 - 1.0) * 0.99).round() as usize).copied().unwrap_or(0.0)
+}
+
+fn services_in_table() -> usize {
+    let out = Command::new("nft").args(["list", "map", "ip", "shepherd", "service-ips"]).output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).matches("goto svc-").count()).unwrap_or(0)
+}
+
+/// The measurement itself, inside the namespace.
+pub async fn inside(binary: &Path, p: &Params) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("server").to_string_lossy().to_string();
+    let server = Process::start(binary, &["server", "--in-memory", "--data-dir", &data])?;
+    let url = server.url.clone();
+    let log_path = dir.path().join("agent.log");
+    let agent = Command::new(binary)
+        .args(["agent", "--server", &url, "--node-name", "bench", "--runtime", "process", "--pod-network", "bridge"])
+        .arg("--data-dir")
+        .arg(dir.path().join("agent"))
+        .env("RUST_LOG", "warn,shepherd_agent::proxy=debug")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path)?)
+        .spawn()?;
+    // Killed on every way out, errors included.
+    let mut agent = KillOnDrop(agent);
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+
+    let http = reqwest::Client::new();
+    let started = Instant::now();
+    let posts = (0..p.services).flat_map(|i| {
+        let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": format!("svc-{i}")},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}});
+        [("services", svc), ("endpoints", endpoints_object(i, p.endpoints, 0))]
+    });
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(posts)
+        .map(|(plural, body)| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let r = http.post(format!("{url}/api/v1/namespaces/default/{plural}")).json(&body).send().await?;
+                anyhow::ensure!(r.status().is_success(), "creating {plural}: {}", r.status());
+                Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    while services_in_table() < p.services {
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "the agent's table never held {} Services", p.services);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!("{} Services x {} endpoints created and in the table after {:.1?}", p.services, p.endpoints, started.elapsed());
+    // Let the rebuild after the last changes pass.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let (mut event_to_rule, mut cpu) = (Vec::new(), Vec::new());
+    let rebuilds_before = logged(&read_log(), "service table rebuilt", "cpu_ms").len();
+    for k in 0..p.changes {
+        let i = (k * 7919) % p.services;
+        let before = logged(&read_log(), "service rules applied", "cpu_ms").len();
+        let body = endpoints_object(i, p.endpoints, k + 1);
+        let r = http.put(format!("{url}/api/v1/namespaces/default/endpoints/svc-{i}")).json(&body).send().await?;
+        anyhow::ensure!(r.status().is_success(), "changing endpoints svc-{i}: {}", r.status());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = read_log();
+            let applied = logged(&log, "service rules applied", "cpu_ms");
+            if applied.len() > before {
+                cpu.extend_from_slice(&applied[before..]);
+                event_to_rule.extend_from_slice(&logged(&log, "service rules applied", "event_to_rule_ms")[before..]);
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "change {k} never reached the table");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Apart, so that each change is one transaction and a resync passes between two.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+    }
+    let log = read_log();
+    let rebuild_cpu = logged(&log, "service table rebuilt", "cpu_ms");
+    let rebuilds_during_changes = rebuild_cpu.len().saturating_sub(rebuilds_before);
+    let rebuild_took = logged(&log, "service table rebuilt", "took_ms");
+    let check_cpu = logged(&log, "service table checked", "cpu_ms");
+    let _ = agent.0.kill();
+    let _ = agent.0.wait();
+    let (e50, e99, c50, c99) = (median(event_to_rule.clone()), p99(event_to_rule.clone()), median(cpu.clone()), p99(cpu.clone()));
+    let (rebuild_cpu, rebuild_took, check_cpu) = (median(rebuild_cpu), median(rebuild_took), median(check_cpu));
+    let values = json!({
+        "event_to_rule_ms": {"p50": e50, "p99": e99, "n": event_to_rule.len()},
+        "change_cpu_ms": {"p50": c50, "p99": c99, "n": cpu.len()},
+        "rebuild_cpu_ms_median": rebuild_cpu,
+        "rebuilds_during_changes": rebuilds_during_changes,
+        "rebuild_took_ms_median": rebuild_took,
+        "idle_check_cpu_ms_median": check_cpu,
+        "load_average": crate::procstat::load_average(),
+    });
+    println!(
+        "one endpoint change at {} Services x {}: event to rule p50 {e50:.1} ms p99 {e99:.1} ms; CPU (agent + nft) p50 {c50:.1} ms p99 {c99:.1} ms over {} changes",
+        p.services, p.endpoints, cpu.len()
+    );
+    println!(
+        "full rebuilds: {rebuilds_during_changes} while the changes ran; one costs median {rebuild_cpu:.1} ms CPU, {rebuild_took:.1} ms; \
+         the check of the table every second: median {check_cpu:.1} ms CPU"
+    );
+    println!("RESULT {values}");
+    drop(server);
+    // The namespace goes with the caller; the table goes now in case it lingers.
+    let _ = Command::new("nft").args(["delete", "table", "ip", "shepherd"]).status();
+    Ok(())
+}
