@@ -8,6 +8,7 @@ use serde_json::{Map, Value, json};
 use crate::kinds::ResourceInfo;
 
 mod apps;
+pub mod autoscaling;
 pub mod batch;
 
 /// Fills the defaults of an object of kind `res` in place. Shapes it does not expect (a string
@@ -67,6 +68,7 @@ pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
         "DaemonSet" => apps::default_daemon_set(obj),
         "StatefulSet" => apps::default_stateful_set(obj),
         "ReplicationController" => apps::default_replication_controller(obj),
+        "HorizontalPodAutoscaler" => autoscaling::default_horizontal_pod_autoscaler(obj),
         _ => {}
     }
 }

@@ -21,6 +21,7 @@ use crate::selector::LabelSelector;
 use crate::volume_validation;
 
 mod apps;
+mod autoscaling;
 mod batch;
 
 /// Where in an object an unsupported field sits.
@@ -343,6 +344,7 @@ fn causes_for(res: &ResourceInfo, obj: &Value, schema: Schema) -> Vec<Cause> {
         "DaemonSet" => apps::validate_daemon_set(obj, &mut c),
         "StatefulSet" => apps::validate_stateful_set(obj, &mut c),
         "ReplicationController" => apps::validate_replication_controller(obj, &mut c),
+        "HorizontalPodAutoscaler" => autoscaling::validate_horizontal_pod_autoscaler(obj, &mut c),
         _ => {}
     }
     c
@@ -574,6 +576,9 @@ fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
         "StatefulSet" => Some(round_trip::<k8s_openapi::api::apps::v1::StatefulSet>(input)),
         "ControllerRevision" => Some(round_trip::<k8s_openapi::api::apps::v1::ControllerRevision>(input)),
         "ReplicationController" => Some(round_trip::<k8s_openapi::api::core::v1::ReplicationController>(input)),
+        "HorizontalPodAutoscaler" => {
+            Some(round_trip::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>(input))
+        }
         _ => None,
     })
 }

@@ -89,6 +89,7 @@ const KIND_TYPES: &[KindType] = &[
     typed::<StatefulSet>(),
     typed::<ControllerRevision>(),
     typed::<k8s_openapi::api::core::v1::ReplicationController>(),
+    typed::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>(),
 ];
 
 /// Extensions Kubernetes puts on a field: how strategic merge patch and server-side apply treat it.
