@@ -34,6 +34,7 @@ mod sources;
 mod spdy;
 mod spdy_session;
 mod streams;
+mod usage;
 mod volumes;
 mod websocket;
 
@@ -59,6 +60,7 @@ pub use network::BRIDGE as POD_BRIDGE;
 pub use process::MINIMAL_IMAGE;
 pub use server::StreamingConfig;
 pub use simulated::SimulatedBehaviour;
+pub use usage::{SIMULATED_CPU_ANNOTATION, SIMULATED_MEMORY_ANNOTATION};
 
 /// Which runtime runs the containers.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,6 +122,9 @@ pub struct AgentConfig {
     pub pod_network: PodNetworkMode,
     /// The cluster DNS pods' resolv.conf names (kubelet's --cluster-dns); `None`: the node's.
     pub cluster_dns: Option<ClusterDns>,
+    /// How often container and node usage is sampled and reported to the `metrics.k8s.io` API
+    /// (the window of each CPU rate).
+    pub metrics_interval: Duration,
 }
 
 impl AgentConfig {
@@ -145,6 +150,7 @@ impl AgentConfig {
             streaming: None,
             pod_network: PodNetworkMode::Host,
             cluster_dns: None,
+            metrics_interval: Duration::from_secs(5),
         }
     }
 }
@@ -362,6 +368,12 @@ impl Agent {
         if let Some((listener, token)) = streaming {
             background.spawn(server::serve(listener, vec![Arc::downgrade(&pods)], token));
         }
+        let source = match config.runtime {
+            RuntimeKind::Simulated(_) => usage::Source::Synthetic,
+            RuntimeKind::Process | RuntimeKind::Oci => usage::Source::Measured(cgroup::Cgroups::detect()),
+        };
+        let node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        background.spawn(usage::report(client.clone(), pods.clone(), node_names, source, config.metrics_interval));
         let spread = config.lease_interval.as_millis().max(1) as u64;
         let count = nodes.len().max(1) as u64;
         for (i, n) in nodes.into_iter().enumerate() {

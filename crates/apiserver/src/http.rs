@@ -288,6 +288,9 @@ async fn dispatch_groups(State(app): State<AppState>, req: Request) -> Response 
             Some(r) => axum::Json(r).into_response(),
             None => error_response(&ApiError::resource_not_found()),
         },
+        [group, version, rest @ ..] if *group == crate::resource_metrics::GROUP => {
+            crate::resource_metrics::serve(&app, version, rest, req).await
+        }
         [group, version, rest @ ..] => {
             let t = resolve(group, version, rest);
             serve(app, t, req).await

@@ -14,6 +14,7 @@ mod metrics;
 mod openapi;
 mod patch;
 mod protobuf;
+mod resource_metrics;
 mod retention;
 mod serve;
 mod service;

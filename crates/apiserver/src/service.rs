@@ -158,6 +158,8 @@ impl Deleted {
 pub struct ApiService {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) metrics: Arc<Metrics>,
+    /// `metrics.k8s.io`: what node agents last reported, in memory only.
+    pub(crate) resource_metrics: Arc<crate::resource_metrics::MetricsTable>,
 }
 
 pub(crate) fn now_rfc3339() -> String {
@@ -260,7 +262,7 @@ fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
 
 impl ApiService {
     pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Self {
-        ApiService { store, metrics }
+        ApiService { store, metrics, resource_metrics: Arc::default() }
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
