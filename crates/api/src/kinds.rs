@@ -133,6 +133,12 @@ pub const HORIZONTALPODAUTOSCALER: ResourceInfo = ResourceInfo {
         .in_categories(&["all"])
 };
 
+/// `autoscaling/v1` HorizontalPodAutoscalers: a view of the stored `autoscaling/v2` objects,
+/// converted on each request (so not in [`ALL`], which lists what is stored).
+pub const HORIZONTALPODAUTOSCALER_V1: ResourceInfo = ResourceInfo { version: "v1", ..HORIZONTALPODAUTOSCALER };
+/// Versions served only by conversion to a stored one.
+pub const CONVERTED: &[ResourceInfo] = &[HORIZONTALPODAUTOSCALER_V1];
+
 /// `metrics.k8s.io/v1beta1`: read-only views of the usage node agents report, kept in memory by
 /// the API server and never in the store (so they are not in [`ALL`]).
 pub const NODE_METRICS: ResourceInfo =

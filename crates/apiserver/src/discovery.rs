@@ -24,10 +24,12 @@ pub fn version() -> Value {
     })
 }
 
-/// Every resource discovery lists: the stored kinds, then the read-only metrics resources.
+/// Every resource discovery lists: the stored kinds, the read-only metrics resources, and the
+/// versions served by conversion.
 fn discovered() -> Vec<&'static ResourceInfo> {
     let mut all = kinds::all();
     all.extend(kinds::METRICS.iter());
+    all.extend(kinds::CONVERTED.iter());
     all
 }
 

@@ -3,6 +3,7 @@
 
 mod apply;
 pub mod auth;
+mod autoscaling_v1;
 mod client;
 mod codec;
 mod crd;

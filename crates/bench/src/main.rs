@@ -2,6 +2,7 @@
 //! writes what it measured as JSON under `bench/results/` and as Markdown on stdout.
 
 mod apply_cost;
+mod autoscale;
 mod cluster;
 mod counting;
 mod dashboard;
@@ -188,6 +189,15 @@ enum Scenario {
         queries: usize,
     },
     /// (internal) One peer-comparison variant; runs until stdin closes.
+    /// HorizontalPodAutoscaler reaction: from a pod starting to burn CPU to new pods Ready, on
+    /// standalone with real processes.
+    HpaReaction {
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// The autoscaler's sync period, seconds (Kubernetes' default: 15).
+        #[arg(long, default_value_t = 15.0)]
+        sync_seconds: f64,
+    },
     #[command(hide = true)]
     PeerWorker {
         #[arg(long)]
@@ -307,6 +317,10 @@ async fn main() -> anyhow::Result<()> {
         Scenario::ClusterDns { runs, queries } => {
             let p = if cli.smoke { dns::Params { runs: 3, queries: 200 } } else { dns::Params { runs: runs.max(1), queries: queries.max(1) } };
             dns::run(&cli.shepherd, p).await?
+        }
+        Scenario::HpaReaction { runs, sync_seconds } => {
+            let p = autoscale::Params { runs: if cli.smoke { 1 } else { runs.max(1) }, sync_seconds };
+            autoscale::run(&cli.shepherd, p).await?
         }
         Scenario::PeerWorker { .. } => unreachable!("handled above"),
     };
