@@ -368,12 +368,16 @@ impl Agent {
         if let Some((listener, token)) = streaming {
             background.spawn(server::serve(listener, vec![Arc::downgrade(&pods)], token));
         }
-        let source = match config.runtime {
-            RuntimeKind::Simulated(_) => usage::Source::Synthetic,
-            RuntimeKind::Process | RuntimeKind::Oci => usage::Source::Measured(cgroup::Cgroups::detect()),
+        // Simulated nodes report at metrics-server's default resolution (15 s) at the most often:
+        // a thousand of them in one process would otherwise add hundreds of requests a second.
+        let (source, interval) = match config.runtime {
+            RuntimeKind::Simulated(_) => (usage::Source::Synthetic, config.metrics_interval.max(Duration::from_secs(15))),
+            RuntimeKind::Process | RuntimeKind::Oci => {
+                (usage::Source::Measured(cgroup::Cgroups::detect()), config.metrics_interval)
+            }
         };
         let node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-        background.spawn(usage::report(client.clone(), pods.clone(), node_names, source, config.metrics_interval));
+        background.spawn(usage::report(client.clone(), pods.clone(), node_names, source, interval));
         let spread = config.lease_interval.as_millis().max(1) as u64;
         let count = nodes.len().max(1) as u64;
         for (i, n) in nodes.into_iter().enumerate() {
