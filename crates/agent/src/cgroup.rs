@@ -20,7 +20,11 @@ enum Hierarchy {
 pub(crate) struct Cgroups {
     memory: Option<Hierarchy>,
     cpu: Option<Hierarchy>,
+    /// v1 only: where CPU time is counted (`cpuacct.usage`); v2 counts it in every cgroup's `cpu.stat`.
+    cpuacct: Option<Hierarchy>,
     pids: Option<Hierarchy>,
+    /// The unified hierarchy's mount, if any (for reading usage from a v2 path).
+    unified: Option<PathBuf>,
 }
 
 /// The cgroups made for one container instance.
@@ -86,7 +90,8 @@ impl Cgroups {
                 _ => None,
             }
         };
-        Cgroups { memory: pick("memory"), cpu: pick("cpu"), pids: pick("pids") }
+        let cpuacct = v1.iter().find(|(_, opts)| opts.iter().any(|o| o == "cpuacct")).map(|(m, _)| Hierarchy::V1(m.clone()));
+        Cgroups { memory: pick("memory"), cpu: pick("cpu"), cpuacct, pids: pick("pids"), unified: v2 }
     }
 
     pub fn has_memory(&self) -> bool {
@@ -94,23 +99,30 @@ impl Cgroups {
     }
 
     /// Creates the cgroups of `name` with `limits`. Failures are logged and that limit skipped.
+    /// Memory, cpu and cpuacct cgroups are made even without a limit: the container's usage is
+    /// read from them (`usage_of_pid`).
     pub fn create(&self, name: &str, limits: Limits) -> ContainerCgroups {
         let mut out = ContainerCgroups::default();
         let mut settings: Vec<Setting<'_>> = Vec::new();
-        if let (Some(h), Some(bytes)) = (&self.memory, limits.memory_bytes) {
-            let files = match h {
-                Hierarchy::V1(_) => vec![("memory.limit_in_bytes", bytes.to_string())],
-                Hierarchy::V2(_) => vec![("memory.max", bytes.to_string()), ("memory.swap.max", "0".into())],
+        if let Some(h) = &self.memory {
+            let files = match (h, limits.memory_bytes) {
+                (_, None) => vec![],
+                (Hierarchy::V1(_), Some(bytes)) => vec![("memory.limit_in_bytes", bytes.to_string())],
+                (Hierarchy::V2(_), Some(bytes)) => vec![("memory.max", bytes.to_string()), ("memory.swap.max", "0".into())],
             };
             settings.push((h, files, "memory"));
         }
-        if let (Some(h), Some(millis)) = (&self.cpu, limits.cpu_millis) {
-            let quota = (millis * 100).max(1000);
-            let files = match h {
-                Hierarchy::V1(_) => vec![("cpu.cfs_period_us", "100000".into()), ("cpu.cfs_quota_us", quota.to_string())],
-                Hierarchy::V2(_) => vec![("cpu.max", format!("{quota} 100000"))],
+        if let Some(h) = &self.cpu {
+            let quota = limits.cpu_millis.map(|millis| (millis * 100).max(1000));
+            let files = match (h, quota) {
+                (_, None) => vec![],
+                (Hierarchy::V1(_), Some(q)) => vec![("cpu.cfs_period_us", "100000".into()), ("cpu.cfs_quota_us", q.to_string())],
+                (Hierarchy::V2(_), Some(q)) => vec![("cpu.max", format!("{q} 100000"))],
             };
             settings.push((h, files, "cpu"));
+        }
+        if let Some(h) = &self.cpuacct {
+            settings.push((h, vec![], "cpuacct"));
         }
         if let (Some(h), Some(pids)) = (&self.pids, limits.pids) {
             settings.push((h, vec![("pids.max", pids.to_string())], "pids"));
@@ -148,6 +160,8 @@ impl Cgroups {
                     out.procs_files.push(dir.join("cgroup.procs"));
                     out.dirs.push(dir);
                 }
+                // A controller mounted with another (`cpu,cpuacct`) shares its directory.
+                Hierarchy::V1(_) if out.dirs.contains(&dir) => {}
                 Hierarchy::V1(_) => {
                     out.procs_files.push(dir.join("cgroup.procs"));
                     out.dirs.push(dir);
@@ -160,7 +174,7 @@ impl Cgroups {
     /// Removes empty container cgroups whose name `keep` rejects (left by a removal that could
     /// not finish before the previous agent stopped).
     pub fn remove_stale(&self, keep: impl Fn(&str) -> bool) {
-        for h in [&self.memory, &self.cpu, &self.pids].into_iter().flatten() {
+        for h in [&self.memory, &self.cpu, &self.cpuacct, &self.pids].into_iter().flatten() {
             let (Hierarchy::V1(m) | Hierarchy::V2(m)) = h;
             let Ok(entries) = fs::read_dir(m.join(GROUP)) else { continue };
             for e in entries.flatten() {
@@ -184,14 +198,87 @@ impl Cgroups {
 
     /// The cgroup directories `create` would make for `name` (to clean up after a restart).
     pub fn dirs_of(&self, name: &str) -> Vec<PathBuf> {
-        [&self.memory, &self.cpu, &self.pids]
-            .into_iter()
-            .flatten()
-            .map(|h| match h {
-                Hierarchy::V1(m) | Hierarchy::V2(m) => m.join(GROUP).join(name),
-            })
-            .collect()
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for h in [&self.memory, &self.cpu, &self.cpuacct, &self.pids].into_iter().flatten() {
+            let (Hierarchy::V1(m) | Hierarchy::V2(m)) = h;
+            let dir = m.join(GROUP).join(name);
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
+        dirs
     }
+
+    /// The CPU time and memory working set of the cgroups process `pid` is in, from
+    /// `/proc/<pid>/cgroup`: for v1 `cpuacct.usage` and `memory.usage_in_bytes`, for v2
+    /// `cpu.stat`'s `usage_usec` and `memory.current`, less the inactive file cache (what kubelet
+    /// and cAdvisor call the working set). `None` for a value whose cgroup is the agent's own
+    /// (the container has none of its own: its usage cannot be told apart).
+    pub fn usage_of_pid(&self, pid: u32) -> CgroupUsage {
+        let (Ok(theirs), Ok(ours)) =
+            (fs::read_to_string(format!("/proc/{pid}/cgroup")), fs::read_to_string("/proc/self/cgroup"))
+        else {
+            return CgroupUsage::default();
+        };
+        let own = |controller: Option<&str>| -> Option<String> {
+            let path = cgroup_path(&theirs, controller)?;
+            (cgroup_path(&ours, controller).as_deref() != Some(path.as_str())).then_some(path)
+        };
+        let under = |root: &Path, path: &str| root.join(path.trim_start_matches('/'));
+        let cpu_ns = match (&self.cpuacct, &self.unified) {
+            (Some(Hierarchy::V1(m)), _) => own(Some("cpuacct"))
+                .and_then(|p| fs::read_to_string(under(m, &p).join("cpuacct.usage")).ok())
+                .and_then(|s| s.trim().parse::<u64>().ok()),
+            (_, Some(root)) => own(None)
+                .and_then(|p| fs::read_to_string(under(root, &p).join("cpu.stat")).ok())
+                .and_then(|s| stat_value(&s, "usage_usec"))
+                .map(|us| us.saturating_mul(1000)),
+            _ => None,
+        };
+        let memory_bytes = match &self.memory {
+            Some(Hierarchy::V1(m)) => own(Some("memory")).and_then(|p| {
+                let dir = under(m, &p);
+                let usage = fs::read_to_string(dir.join("memory.usage_in_bytes")).ok()?.trim().parse::<u64>().ok()?;
+                let stat = fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+                Some(usage.saturating_sub(stat_value(&stat, "total_inactive_file").unwrap_or(0)))
+            }),
+            Some(Hierarchy::V2(root)) => own(None).and_then(|p| {
+                let dir = under(root, &p);
+                let usage = fs::read_to_string(dir.join("memory.current")).ok()?.trim().parse::<u64>().ok()?;
+                let stat = fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+                Some(usage.saturating_sub(stat_value(&stat, "inactive_file").unwrap_or(0)))
+            }),
+            None => None,
+        };
+        CgroupUsage { cpu_ns, memory_bytes }
+    }
+}
+
+/// What a container's cgroups say it used; a value its cgroups cannot give is `None`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CgroupUsage {
+    /// CPU time since the cgroup was made, in nanoseconds.
+    pub cpu_ns: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+/// The path of a `/proc/<pid>/cgroup` listing in the v1 hierarchy holding `controller`, or in the
+/// unified hierarchy for `None`.
+fn cgroup_path(listing: &str, controller: Option<&str>) -> Option<String> {
+    listing.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let hit = match controller {
+            Some(c) => controllers.split(',').any(|x| x == c),
+            None => id == "0" && controllers.is_empty(),
+        };
+        hit.then(|| path.to_string())
+    })
+}
+
+/// `key N` from a flat-keyed cgroup file (`memory.stat`, `cpu.stat`).
+fn stat_value(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// How many OOM kills the kernel counted in a memory cgroup (`oom_kill N` in either file format).
@@ -254,6 +341,18 @@ mod tests {
         assert!(c.memory.is_none() && c.cpu.is_none() && c.pids.is_none());
         let c = Cgroups::from_mountinfo(only_v2, |_| Some("cpu memory pids".into()));
         assert!(matches!(c.memory, Some(Hierarchy::V2(_))));
+    }
+
+    #[test]
+    fn a_process_cgroup_listing_names_each_hierarchy_s_path() {
+        let listing = "12:pids:/shepherd/u_c\n4:cpuacct:/shepherd/u_c\n3:cpu,cpuacct2:/x\n1:name=systemd:/user.slice\n0::/shepherd/u_c\n";
+        assert_eq!(cgroup_path(listing, Some("cpuacct")).as_deref(), Some("/shepherd/u_c"));
+        assert_eq!(cgroup_path(listing, Some("cpu")).as_deref(), Some("/x"));
+        assert_eq!(cgroup_path(listing, None).as_deref(), Some("/shepherd/u_c"));
+        assert_eq!(cgroup_path(listing, Some("memory")), None);
+        assert_eq!(stat_value("cache 5\ntotal_inactive_file 4096\n", "total_inactive_file"), Some(4096));
+        assert_eq!(stat_value("usage_usec 12\nuser_usec 10\n", "usage_usec"), Some(12));
+        assert_eq!(stat_value("inactive_file_x 1\n", "inactive_file"), None);
     }
 
     #[test]

@@ -33,6 +33,7 @@ mod sources;
 mod spdy;
 mod spdy_session;
 mod streams;
+mod usage;
 mod volumes;
 mod websocket;
 
@@ -58,6 +59,7 @@ pub use network::BRIDGE as POD_BRIDGE;
 pub use process::MINIMAL_IMAGE;
 pub use server::StreamingConfig;
 pub use simulated::SimulatedBehaviour;
+pub use usage::{SIMULATED_CPU_ANNOTATION, SIMULATED_MEMORY_ANNOTATION};
 
 /// Which runtime runs the containers.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,6 +121,9 @@ pub struct AgentConfig {
     pub pod_network: PodNetworkMode,
     /// The cluster DNS pods' resolv.conf names (kubelet's --cluster-dns); `None`: the node's.
     pub cluster_dns: Option<ClusterDns>,
+    /// How often container and node usage is sampled and reported to the `metrics.k8s.io` API
+    /// (the window of each CPU rate).
+    pub metrics_interval: Duration,
 }
 
 impl AgentConfig {
@@ -144,6 +149,7 @@ impl AgentConfig {
             streaming: None,
             pod_network: PodNetworkMode::Host,
             cluster_dns: None,
+            metrics_interval: Duration::from_secs(5),
         }
     }
 }
@@ -361,6 +367,16 @@ impl Agent {
         if let Some((listener, token)) = streaming {
             background.spawn(server::serve(listener, vec![Arc::downgrade(&pods)], token));
         }
+        // Simulated nodes report at metrics-server's default resolution (15 s) at the most often:
+        // a thousand of them in one process would otherwise add hundreds of requests a second.
+        let (source, interval) = match config.runtime {
+            RuntimeKind::Simulated(_) => (usage::Source::Synthetic, config.metrics_interval.max(Duration::from_secs(15))),
+            RuntimeKind::Process | RuntimeKind::Oci => {
+                (usage::Source::Measured(cgroup::Cgroups::detect()), config.metrics_interval)
+            }
+        };
+        let node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        background.spawn(usage::report(client.clone(), pods.clone(), node_names, source, interval));
         let spread = config.lease_interval.as_millis().max(1) as u64;
         let count = nodes.len().max(1) as u64;
         for (i, n) in nodes.into_iter().enumerate() {

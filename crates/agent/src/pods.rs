@@ -1155,3 +1155,22 @@ impl PodManager {
         Some((rec.uid.clone(), rec.containers.iter().map(|c| c.id.name.clone()).collect()))
     }
 }
+
+impl PodManager {
+    /// The pods of this manager's nodes with the containers now running, for usage sampling.
+    pub async fn running_containers(&self) -> Vec<(Arc<Value>, Vec<ContainerId>)> {
+        let mut out = Vec::new();
+        for pod in self.pods.list().into_iter().filter(|p| self.mine(p)) {
+            let key = format!("{}/{}", str_at(&pod, "/metadata/namespace"), str_at(&pod, "/metadata/name"));
+            let Some(rec) = self.record(&key, str_at(&pod, "/metadata/uid")) else { continue };
+            let running: Vec<ContainerId> = {
+                let rec = rec.lock().await;
+                rec.containers.iter().filter(|c| matches!(c.state, CState::Running { .. })).map(|c| c.id.clone()).collect()
+            };
+            if !running.is_empty() {
+                out.push((pod, running));
+            }
+        }
+        out
+    }
+}

@@ -8,6 +8,7 @@ use serde_json::{Map, Value, json};
 use crate::kinds::ResourceInfo;
 
 mod apps;
+pub mod autoscaling;
 pub mod batch;
 
 /// A binding subject's `apiGroup`: RBAC's for users and groups, core for ServiceAccounts.
@@ -81,6 +82,7 @@ pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
         "StatefulSet" => apps::default_stateful_set(obj),
         "ReplicationController" => apps::default_replication_controller(obj),
         "RoleBinding" | "ClusterRoleBinding" => default_subjects(obj),
+        "HorizontalPodAutoscaler" => autoscaling::default_horizontal_pod_autoscaler(obj),
         _ => {}
     }
 }

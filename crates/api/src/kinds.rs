@@ -148,17 +148,38 @@ pub const LOCALSUBJECTACCESSREVIEW: ResourceInfo = res("authorization.k8s.io", "
 pub fn is_review(res: &ResourceInfo) -> bool {
     res.group == "authorization.k8s.io"
 }
+pub const HORIZONTALPODAUTOSCALER: ResourceInfo = ResourceInfo {
+    version: "v2",
+    ..res("autoscaling", "HorizontalPodAutoscaler", "horizontalpodautoscalers", "horizontalpodautoscaler", true, &["hpa"],
+        true, false)
+        .in_categories(&["all"])
+};
+
+/// `autoscaling/v1` HorizontalPodAutoscalers: a view of the stored `autoscaling/v2` objects,
+/// converted on each request (so not in [`ALL`], which lists what is stored).
+pub const HORIZONTALPODAUTOSCALER_V1: ResourceInfo = ResourceInfo { version: "v1", ..HORIZONTALPODAUTOSCALER };
+/// Versions served only by conversion to a stored one.
+pub const CONVERTED: &[ResourceInfo] = &[HORIZONTALPODAUTOSCALER_V1];
+
+/// `metrics.k8s.io/v1beta1`: read-only views of the usage node agents report, kept in memory by
+/// the API server and never in the store (so they are not in [`ALL`]).
+pub const NODE_METRICS: ResourceInfo =
+    ResourceInfo { version: "v1beta1", ..res("metrics.k8s.io", "NodeMetrics", "nodes", "", false, &[], false, false) };
+pub const POD_METRICS: ResourceInfo =
+    ResourceInfo { version: "v1beta1", ..res("metrics.k8s.io", "PodMetrics", "pods", "", true, &[], false, false) };
+/// The metrics resources, in discovery order.
+pub const METRICS: &[ResourceInfo] = &[NODE_METRICS, POD_METRICS];
 
 /// Every resource Shepherd serves, in discovery order.
 pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT, CONFIGMAP, SECRET, SERVICEACCOUNT,
     DEPLOYMENT, REPLICASET, LEASE, ENDPOINTSLICE, PODDISRUPTIONBUDGET, CUSTOMRESOURCEDEFINITION, JOB, CRONJOB,
-    DAEMONSET, STATEFULSET, CONTROLLERREVISION, REPLICATIONCONTROLLER,
+    DAEMONSET, STATEFULSET, CONTROLLERREVISION, REPLICATIONCONTROLLER, HORIZONTALPODAUTOSCALER,
     ROLE, CLUSTERROLE, ROLEBINDING, CLUSTERROLEBINDING,
     SUBJECTACCESSREVIEW, SELFSUBJECTACCESSREVIEW, SELFSUBJECTRULESREVIEW, LOCALSUBJECTACCESSREVIEW];
 
 /// The groups Shepherd serves besides core, in discovery order.
 pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy", "apiextensions.k8s.io", "batch",
-    "rbac.authorization.k8s.io", "authorization.k8s.io"];
+    "autoscaling", "rbac.authorization.k8s.io", "authorization.k8s.io"];
 
 /// Every resource served now: the built-in ones, then the custom ones (ordered by group,
 /// version and plural).
@@ -415,7 +436,7 @@ mod tests {
             ("endpointslices", "EndpointSlice"), ("pdb", "PodDisruptionBudget"), ("cm", "ConfigMap"),
             ("secrets", "Secret"), ("sa", "ServiceAccount"), ("jobs.batch", "Job"), ("cj", "CronJob"),
             ("ds", "DaemonSet"), ("sts", "StatefulSet"),
-            ("rc", "ReplicationController")] {
+            ("rc", "ReplicationController"), ("hpa", "HorizontalPodAutoscaler")] {
             assert_eq!(resolve(typed).map(|r| r.kind), Some(kind), "{typed}");
         }
         assert!(resolve("widgets").is_none());
@@ -425,7 +446,7 @@ mod tests {
     fn the_all_category_holds_what_kubectl_get_all_shows() {
         let all: Vec<&str> = in_category("all").map(|r| r.plural).collect();
         assert_eq!(all, ["pods", "services", "deployments", "replicasets", "jobs", "cronjobs", "daemonsets", "statefulsets",
-            "replicationcontrollers"]);
+            "replicationcontrollers", "horizontalpodautoscalers"]);
     }
 
     fn gadget_definition(short: &str) -> Value {

@@ -94,6 +94,11 @@ impl Quantity {
     }
 }
 
+/// A quantity in thousandths of its unit, rounded up: `250m` CPU is 250, `1Ki` bytes is 1,024,000.
+pub fn milli_value(s: &str) -> Result<i128, String> {
+    Quantity::parse(s.trim())?.scaled_ceil(3)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,6 +21,7 @@ use crate::selector::LabelSelector;
 use crate::volume_validation;
 
 mod apps;
+mod autoscaling;
 mod batch;
 mod rbac;
 
@@ -346,6 +347,7 @@ fn causes_for(res: &ResourceInfo, obj: &Value, schema: Schema) -> Vec<Cause> {
         "ReplicationController" => apps::validate_replication_controller(obj, &mut c),
         "Role" | "ClusterRole" => rbac::validate_role(obj, res.namespaced, &mut c),
         "RoleBinding" | "ClusterRoleBinding" => rbac::validate_binding(obj, !res.namespaced, &mut c),
+        "HorizontalPodAutoscaler" => autoscaling::validate_horizontal_pod_autoscaler(obj, &mut c),
         _ => {}
     }
     c
@@ -593,6 +595,9 @@ fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
         "SelfSubjectRulesReview" => Some(round_trip::<k8s_openapi::api::authorization::v1::SelfSubjectRulesReview>(input)),
         "LocalSubjectAccessReview" => {
             Some(round_trip::<k8s_openapi::api::authorization::v1::LocalSubjectAccessReview>(input))
+        }
+        "HorizontalPodAutoscaler" => {
+            Some(round_trip::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>(input))
         }
         _ => None,
     })

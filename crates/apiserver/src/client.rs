@@ -12,6 +12,7 @@ use shepherd_api::kinds::ResourceInfo;
 use shepherd_runtime::{Client, DeleteParams, ListParams, ObjectList, Patch, WatchEvent};
 
 use crate::codec;
+use crate::resource_metrics;
 use crate::service::{ApiService, DeleteOptions, ListOptions, Part, PatchType};
 use crate::watch::WatchOptions;
 
@@ -57,10 +58,18 @@ fn registered(res: &ResourceInfo) -> Result<&'static ResourceInfo, ApiError> {
 #[async_trait]
 impl Client for LocalClient {
     async fn get(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        if resource_metrics::is_metrics(res) {
+            return self.svc.resource_metrics.get(res, namespace, name);
+        }
         codec::decode(&self.svc.get(res, namespace, name).await?)
     }
 
     async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
+        if resource_metrics::is_metrics(res) {
+            let (labels, fields) = (params.label_selector.as_deref(), params.field_selector.as_deref());
+            let items = self.svc.resource_metrics.list(res, params.namespace.as_deref(), labels, fields)?;
+            return Ok(ObjectList { items, resource_version: 0 });
+        }
         let opts = ListOptions {
             label_selector: params.label_selector.clone(),
             field_selector: params.field_selector.clone(),
@@ -102,6 +111,9 @@ impl Client for LocalClient {
     }
 
     async fn create(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+        if resource_metrics::is_metrics(res) && res.plural == "nodes" {
+            return self.svc.resource_metrics.report(obj);
+        }
         let ns = namespace_of(res, namespace, &obj).map(str::to_string);
         codec::decode(&self.svc.create(res, ns.as_deref(), obj).await?)
     }

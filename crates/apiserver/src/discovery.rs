@@ -24,10 +24,19 @@ pub fn version() -> Value {
     })
 }
 
+/// Every resource discovery lists: the stored kinds, the read-only metrics resources, and the
+/// versions served by conversion.
+fn discovered() -> Vec<&'static ResourceInfo> {
+    let mut all = kinds::all();
+    all.extend(kinds::METRICS.iter());
+    all.extend(kinds::CONVERTED.iter());
+    all
+}
+
 /// The served groups besides core, in discovery order.
 fn group_names() -> Vec<&'static str> {
     let mut names: Vec<&'static str> = Vec::new();
-    for r in kinds::all().into_iter().filter(|r| !r.group.is_empty()) {
+    for r in discovered().into_iter().filter(|r| !r.group.is_empty()) {
         if !names.contains(&r.group) {
             names.push(r.group);
         }
@@ -38,7 +47,7 @@ fn group_names() -> Vec<&'static str> {
 /// The versions a group serves (`""` is core), in discovery order; the first is preferred.
 fn versions_of(group: &str) -> Vec<&'static str> {
     let mut versions: Vec<&'static str> = Vec::new();
-    for r in kinds::all().into_iter().filter(|r| r.group == group) {
+    for r in discovered().into_iter().filter(|r| r.group == group) {
         if !versions.contains(&r.version) {
             versions.push(r.version);
         }
@@ -67,7 +76,7 @@ fn version_priority(v: &str) -> (u8, u64, u64) {
 
 /// Whether `group`/`version` is served (`""` is core); the router answers 404 otherwise.
 pub fn serves(group: &str, version: &str) -> bool {
-    kinds::all().into_iter().any(|r| r.group == group && r.version == version)
+    discovered().into_iter().any(|r| r.group == group && r.version == version)
 }
 
 pub fn core_versions() -> Value {
@@ -99,6 +108,9 @@ pub fn group(name: &str) -> Option<Value> {
 fn verbs(res: &ResourceInfo) -> Vec<&'static str> {
     if kinds::is_review(res) {
         return vec!["create"];
+    }
+    if kinds::METRICS.contains(res) {
+        return vec!["get", "list"];
     }
     ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
         .into_iter()
@@ -140,7 +152,7 @@ pub fn has_subresource(res: &ResourceInfo, name: &str) -> bool {
 
 fn members(group: &str, version: &str) -> impl Iterator<Item = &'static ResourceInfo> {
     let (group, version) = (group.to_string(), version.to_string());
-    kinds::all().into_iter().filter(move |r| r.group == group && r.version == version)
+    discovered().into_iter().filter(move |r| r.group == group && r.version == version)
 }
 
 /// `APIResourceList` for one group version (`""` is core).

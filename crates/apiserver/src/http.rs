@@ -290,12 +290,23 @@ async fn dispatch_groups(State(app): State<AppState>, req: Request) -> Response 
             Some(r) => axum::Json(r).into_response(),
             None => error_response(&ApiError::resource_not_found()),
         },
+        [group, version, rest @ ..] if *group == crate::resource_metrics::GROUP => {
+            crate::resource_metrics::serve(&app, version, rest, req).await
+        }
+        ["autoscaling", version, rest @ ..] if *version == crate::autoscaling_v1::VERSION => {
+            crate::autoscaling_v1::serve(app, rest, req).await
+        }
         [group, version, rest @ ..] => {
             let t = resolve(group, version, rest);
             serve(app, t, req).await
         }
         [] => discovery_root(false, req.headers()),
     }
+}
+
+/// Serves a request for `group`/`version` (used by versions served through another one).
+pub(crate) async fn serve_group_version(app: AppState, group: &str, version: &str, rest: &[&str], req: Request) -> Response {
+    serve(app, resolve(group, version, rest), req).await
 }
 
 fn wants_table(headers: &HeaderMap) -> bool {

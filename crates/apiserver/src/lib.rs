@@ -4,6 +4,7 @@
 mod apply;
 pub mod auth;
 pub mod authz;
+mod autoscaling_v1;
 mod client;
 mod codec;
 mod crd;
@@ -16,6 +17,7 @@ mod nodeport;
 mod openapi;
 mod patch;
 mod protobuf;
+mod resource_metrics;
 mod retention;
 mod serve;
 mod service;

@@ -160,6 +160,8 @@ pub struct ApiService {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) node_ports: Arc<NodePorts>,
+    /// `metrics.k8s.io`: what node agents last reported, in memory only.
+    pub(crate) resource_metrics: Arc<crate::resource_metrics::MetricsTable>,
 }
 
 pub(crate) fn now_rfc3339() -> String {
@@ -262,7 +264,7 @@ fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
 
 impl ApiService {
     pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Self {
-        ApiService { store, metrics, node_ports: Arc::default() }
+        ApiService { store, metrics, node_ports: Arc::default(), resource_metrics: Arc::default() }
     }
 
     /// Allocates Services' node ports from `range` (30000-32767 by default).

@@ -277,6 +277,8 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
         "Role" | "ClusterRole" => vec![name, ("Created At", "date", 0)],
         "RoleBinding" | "ClusterRoleBinding" => vec![name, ("Role", "string", 0), age, ("Users", "string", 1),
             ("Groups", "string", 1), ("ServiceAccounts", "string", 1)],
+        "HorizontalPodAutoscaler" => vec![name, ("Reference", "string", 0), ("Targets", "string", 0),
+            ("MinPods", "string", 0), ("MaxPods", "integer", 0), ("Replicas", "integer", 0), age],
         _ => vec![name, age],
     }
 }
@@ -371,8 +373,45 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
                 .unwrap_or_else(|| "<none>".into());
             vec![name, json!(controller), json!(i(o, "/revision")), created]
         }
+        "HorizontalPodAutoscaler" => {
+            let min = o.at("/spec/minReplicas").and_then(Value::as_i64).map_or("<unset>".to_string(), |m| m.to_string());
+            vec![name, json!(format!("{}/{}", s(o, "/spec/scaleTargetRef/kind"), s(o, "/spec/scaleTargetRef/name"))),
+                json!(hpa_targets(o)), json!(min), json!(i(o, "/spec/maxReplicas")), json!(i(o, "/status/currentReplicas")),
+                created]
+        }
         _ => vec![name, created],
     }
+}
+
+/// An autoscaler's metrics as kubectl shows them: `cpu: 80%/50%` (current/target), `<unknown>`
+/// before a value is known, the first two metrics and a count of the rest.
+pub fn hpa_targets(hpa: &Value) -> String {
+    let specs = hpa.at("/spec/metrics").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let statuses = hpa.at("/status/currentMetrics").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    if specs.is_empty() {
+        return "<none>".into();
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for (n, m) in specs.iter().enumerate().take(2) {
+        let resource = s(m, "/resource/name");
+        let current = statuses.get(n).filter(|c| s(c, "/resource/name") == resource);
+        let text = match s(m, "/resource/target/type") {
+            "Utilization" => {
+                let now = current.and_then(|c| c.at("/resource/current/averageUtilization")).and_then(Value::as_i64);
+                let now = now.map_or("<unknown>".to_string(), |u| format!("{u}%"));
+                format!("{now}/{}%", i(m, "/resource/target/averageUtilization"))
+            }
+            _ => {
+                let now = current.and_then(|c| c.at("/resource/current/averageValue")).and_then(Value::as_str);
+                format!("{}/{}", now.unwrap_or("<unknown>"), s(m, "/resource/target/averageValue"))
+            }
+        };
+        parts.push(if m["type"] == "Resource" { format!("{resource}: {text}") } else { text });
+    }
+    if specs.len() > 2 {
+        parts.push(format!("+ {} more...", specs.len() - 2));
+    }
+    parts.join(", ")
 }
 
 /// A DaemonSet's template `nodeSelector` as `k=v,...` in key order, `<none>` when empty.
@@ -414,6 +453,18 @@ pub(crate) fn envelope(defs: Vec<Value>, rows: Vec<Value>, resource_version: &st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn autoscaler_targets_read_as_kubectl_prints_them() {
+        let mut hpa = json!({"spec": {"metrics": [
+            {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}},
+            {"type": "Resource", "resource": {"name": "memory", "target": {"type": "AverageValue", "averageValue": "100Mi"}}}]}});
+        assert_eq!(hpa_targets(&hpa), "cpu: <unknown>/50%, memory: <unknown>/100Mi");
+        hpa["status"] = json!({"currentMetrics": [
+            {"type": "Resource", "resource": {"name": "cpu", "current": {"averageUtilization": 80, "averageValue": "160m"}}},
+            {"type": "Resource", "resource": {"name": "memory", "current": {"averageValue": "12Mi"}}}]});
+        assert_eq!(hpa_targets(&hpa), "cpu: 80%/50%, memory: 12Mi/100Mi");
+    }
 
     #[test]
     fn pod_rows_show_readiness_status_and_restarts() {

@@ -19,7 +19,7 @@ OPENAPI = sorted(glob.glob(f"{REGISTRY}/*/k8s-openapi-0.29.*"))[-1] + "/src"
 
 # Packages whose every message is included (and whatever they reference). A new API group is one line.
 PACKAGES = [
-    "api/core/v1", "api/apps/v1", "api/coordination/v1", "api/autoscaling/v1", "api/policy/v1",
+    "api/core/v1", "api/apps/v1", "api/coordination/v1", "api/autoscaling/v1", "api/autoscaling/v2", "api/policy/v1", "api/batch/v1",
     "api/discovery/v1", "apimachinery/pkg/apis/meta/v1", "apimachinery/pkg/runtime",
     "apimachinery/pkg/util/intstr", "apimachinery/pkg/api/resource",
 ]

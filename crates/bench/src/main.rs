@@ -2,6 +2,7 @@
 //! writes what it measured as JSON under `bench/results/` and as Markdown on stdout.
 
 mod apply_cost;
+mod autoscale;
 mod cluster;
 mod counting;
 mod dashboard;
@@ -203,6 +204,15 @@ enum Scenario {
         inside: bool,
     },
     /// (internal) One peer-comparison variant; runs until stdin closes.
+    /// HorizontalPodAutoscaler reaction: from a pod starting to burn CPU to new pods Ready, on
+    /// standalone with real processes.
+    HpaReaction {
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// The autoscaler's sync period, seconds (Kubernetes' default: 15).
+        #[arg(long, default_value_t = 15.0)]
+        sync_seconds: f64,
+    },
     #[command(hide = true)]
     PeerWorker {
         #[arg(long)]
@@ -334,6 +344,10 @@ async fn main() -> anyhow::Result<()> {
                 service_rules::Params { services: services.max(1), endpoints: endpoints.max(1), changes: changes.max(1) }
             };
             service_rules::run(&cli.shepherd, &cli.out, &p)?
+        }
+        Scenario::HpaReaction { runs, sync_seconds } => {
+            let p = autoscale::Params { runs: if cli.smoke { 1 } else { runs.max(1) }, sync_seconds };
+            autoscale::run(&cli.shepherd, p).await?
         }
         Scenario::PeerWorker { .. } => unreachable!("handled above"),
     };

@@ -15,6 +15,7 @@ pub mod history;
 pub mod job;
 pub mod nodeipam;
 pub mod nodelifecycle;
+pub mod podautoscaler;
 pub mod podutil;
 pub mod replicaset;
 pub mod scheduler;

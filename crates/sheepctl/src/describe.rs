@@ -161,6 +161,7 @@ pub fn describe(res: &ResourceInfo, obj: &Value, events: &[Value]) -> String {
         "CronJob" => cron_job(&mut out, obj),
         "DaemonSet" => daemon_set(&mut out, obj),
         "StatefulSet" => stateful_set(&mut out, obj),
+        "HorizontalPodAutoscaler" => autoscaler(&mut out, obj),
         _ => generic(&mut out, res, obj),
     }
     events_section(&mut out, events);
@@ -365,6 +366,49 @@ fn cron_job(out: &mut String, cj: &Value) {
     field(out, 21, "Active Jobs", &if active.is_empty() { "<none>".to_string() } else { active.join(", ") });
 }
 
+/// As kubectl describes one: each metric as `current / target`, the bounds, the target's pods and
+/// the conditions with their messages.
+fn autoscaler(out: &mut String, hpa: &Value) {
+    let w = 55;
+    common_header(out, hpa, w, true);
+    meta_maps(out, hpa, w);
+    field(out, w, "Reference", &format!("{}/{}", s(hpa, "/spec/scaleTargetRef/kind"), s(hpa, "/spec/scaleTargetRef/name")));
+    field(out, w, "Metrics", "( current / target )");
+    let current = hpa.pointer("/status/currentMetrics").and_then(Value::as_array).cloned().unwrap_or_default();
+    for m in hpa.pointer("/spec/metrics").and_then(Value::as_array).into_iter().flatten() {
+        let name = s(m, "/resource/name");
+        let now = current.iter().find(|c| s(c, "/resource/name") == name);
+        if s(m, "/resource/target/type") == "Utilization" {
+            let pct = now.and_then(|c| c.pointer("/resource/current/averageUtilization")).and_then(Value::as_i64);
+            let value = now.map(|c| s(c, "/resource/current/averageValue")).unwrap_or("");
+            let shown = pct.map_or("<unknown>".to_string(), |p| format!("{p}% ({value})"));
+            let target = hpa_int(m, "/resource/target/averageUtilization");
+            field(out, w, &format!("  resource {name} on pods  (as a percentage of request)"), &format!("{shown} / {target}%"));
+        } else {
+            let value = now.map(|c| s(c, "/resource/current/averageValue")).filter(|v| !v.is_empty()).unwrap_or("<unknown>");
+            field(out, w, &format!("  resource {name} on pods"), &format!("{value} / {}", s(m, "/resource/target/averageValue")));
+        }
+    }
+    field(out, w, "Min replicas", &hpa_int(hpa, "/spec/minReplicas"));
+    field(out, w, "Max replicas", &hpa_int(hpa, "/spec/maxReplicas"));
+    let pods = format!("{} current / {} desired", hpa_int(hpa, "/status/currentReplicas"), hpa_int(hpa, "/status/desiredReplicas"));
+    field(out, w, &format!("{} pods", s(hpa, "/spec/scaleTargetRef/kind")), &pods);
+    let Some(conds) = hpa.pointer("/status/conditions").and_then(Value::as_array).filter(|c| !c.is_empty()) else { return };
+    let mut t = printer::TextTable { header: ["Type", "Status", "Reason", "Message"].map(String::from).to_vec(), rows: Vec::new() };
+    t.rows.push(t.header.iter().map(|h| "-".repeat(h.len())).collect());
+    for c in conds {
+        t.rows.push(["/type", "/status", "/reason", "/message"].iter().map(|p| s(c, p).to_string()).collect());
+    }
+    out.push_str("Conditions:\n");
+    for line in printer::render(&t).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+}
+
+fn hpa_int(v: &Value, ptr: &str) -> String {
+    v.pointer(ptr).and_then(Value::as_i64).map_or_else(|| "<unset>".to_string(), |n| n.to_string())
+}
+
 fn daemon_set(out: &mut String, ds: &Value) {
     let w = 16;
     field(out, w, "Name", s(ds, "/metadata/name"));
@@ -520,5 +564,27 @@ fn nested(out: &mut String, key: &str, v: &Value, depth: usize) {
         other => {
             let _ = writeln!(out, "{pad}{key}:  {other}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn an_autoscaler_is_described_with_current_and_target_metrics_and_its_conditions() {
+        let hpa = json!({"metadata": {"name": "web", "namespace": "default"},
+            "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "web"}, "minReplicas": 1, "maxReplicas": 5,
+                "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}}]},
+            "status": {"currentReplicas": 2, "desiredReplicas": 4,
+                "currentMetrics": [{"type": "Resource", "resource": {"name": "cpu", "current": {"averageUtilization": 95, "averageValue": "190m"}}}],
+                "conditions": [{"type": "ScalingActive", "status": "True", "reason": "ValidMetricFound", "message": "ok"}]}});
+        let text = describe(&shepherd_api::kinds::HORIZONTALPODAUTOSCALER, &hpa, &[]);
+        assert!(text.contains("Reference:") && text.contains("Deployment/web"), "{text}");
+        assert!(text.contains("resource cpu on pods  (as a percentage of request):  95% (190m) / 50%"), "{text}");
+        assert!(text.contains("Deployment pods:") && text.contains("2 current / 4 desired"), "{text}");
+        assert!(text.contains("ScalingActive") && text.contains("ValidMetricFound"), "{text}");
     }
 }

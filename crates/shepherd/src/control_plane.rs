@@ -19,7 +19,7 @@ use shepherd_runtime::{Client, Manager, TriggerMode};
 /// Every controller `shepherd` runs, by the name used in flags.
 pub const CONTROLLERS: &[&str] = &["deployment", "replicaset", "endpoints", "endpointslice", "clusterip", "nodelifecycle",
     "nodeipam", "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount", "job", "cronjob",
-    "daemonset", "statefulset", "replicationcontroller"];
+    "daemonset", "statefulset", "replicationcontroller", "horizontalpodautoscaler"];
 
 /// The scheduler's default workers, after kube-scheduler's default parallelism of 16.
 const SCHEDULER_WORKERS: usize = 16;
@@ -28,7 +28,8 @@ const SCHEDULER_WORKERS: usize = 16;
 pub struct ControllerArgs {
     /// Controllers to run: `all`, `none`, or a comma-separated list of deployment, replicaset,
     /// endpoints, endpointslice, clusterip, nodelifecycle, nodeipam, taint-eviction, disruption,
-    /// garbagecollector, scheduler, job, cronjob, daemonset, statefulset, replicationcontroller.
+    /// garbagecollector, scheduler, job, cronjob, daemonset, statefulset, replicationcontroller,
+    /// horizontalpodautoscaler.
     #[arg(long, default_value = "all")]
     pub controllers: String,
     /// Default trigger mode: `hybrid` (events plus periodic resync), `level` (re-list on a
@@ -71,6 +72,10 @@ pub struct ControllerArgs {
     /// failure up to six minutes (seconds).
     #[arg(long, default_value_t = 10.0)]
     pub job_backoff_seconds: f64,
+    /// How often each HorizontalPodAutoscaler is evaluated (seconds; kube-controller-manager's
+    /// --horizontal-pod-autoscaler-sync-period).
+    #[arg(long, default_value_t = 15.0)]
+    pub hpa_sync_seconds: f64,
     /// Fault injection for experiments: drop this fraction (0..1) of watch events before they
     /// reach the controllers' caches.
     #[arg(long, default_value_t = 0.0)]
@@ -220,6 +225,17 @@ impl ControllerArgs {
                         ..Default::default()
                     };
                     manager.add(shepherd_controllers::job::job_controller(client.clone(), manager, &cfg, job));
+                }
+                "horizontalpodautoscaler" => {
+                    let config = shepherd_controllers::podautoscaler::AutoscalerConfig {
+                        run: cfg,
+                        sync_period: Duration::from_secs_f64(self.hpa_sync_seconds.clamp(0.1, 3600.0)),
+                    };
+                    manager.add(shepherd_controllers::podautoscaler::horizontal_pod_autoscaler_controller(
+                        client.clone(),
+                        manager,
+                        config,
+                    ));
                 }
                 "cronjob" => {
                     manager.add(shepherd_controllers::cronjob::cronjob_controller(client.clone(), manager, &cfg));

@@ -310,6 +310,132 @@ pub(super) static MESSAGES: &[Message] = &[
         one(1, "replicas", I32),
         one(2, "selector", Str),
     ] },
+    Message { name: "k8s.io.api.autoscaling.v2.ContainerResourceMetricSource", fields: &[
+        one(1, "name", Str),
+        one(2, "target", Msg("k8s.io.api.autoscaling.v2.MetricTarget")),
+        one(3, "container", Str),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.ContainerResourceMetricStatus", fields: &[
+        one(1, "name", Str),
+        one(2, "current", Msg("k8s.io.api.autoscaling.v2.MetricValueStatus")),
+        one(3, "container", Str),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.CrossVersionObjectReference", fields: &[
+        one(1, "kind", Str),
+        one(2, "name", Str),
+        one(3, "apiVersion", Str),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.ExternalMetricSource", fields: &[
+        one(1, "metric", Msg("k8s.io.api.autoscaling.v2.MetricIdentifier")),
+        one(2, "target", Msg("k8s.io.api.autoscaling.v2.MetricTarget")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.ExternalMetricStatus", fields: &[
+        one(1, "metric", Msg("k8s.io.api.autoscaling.v2.MetricIdentifier")),
+        one(2, "current", Msg("k8s.io.api.autoscaling.v2.MetricValueStatus")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.HorizontalPodAutoscaler", fields: &[
+        one(1, "metadata", Msg("k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta")),
+        one(2, "spec", Msg("k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerSpec")),
+        one(3, "status", Msg("k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerStatus")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerBehavior", fields: &[
+        one(1, "scaleUp", Msg("k8s.io.api.autoscaling.v2.HpaScalingRules")),
+        one(2, "scaleDown", Msg("k8s.io.api.autoscaling.v2.HpaScalingRules")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerCondition", fields: &[
+        one(1, "type", Str),
+        one(2, "status", Str),
+        one(3, "lastTransitionTime", Msg("k8s.io.apimachinery.pkg.apis.meta.v1.Time")),
+        one(4, "reason", Str),
+        one(5, "message", Str),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerList", fields: &[
+        one(1, "metadata", Msg("k8s.io.apimachinery.pkg.apis.meta.v1.ListMeta")),
+        rep(2, "items", Msg("k8s.io.api.autoscaling.v2.HorizontalPodAutoscaler")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerSpec", fields: &[
+        one(1, "scaleTargetRef", Msg("k8s.io.api.autoscaling.v2.CrossVersionObjectReference")),
+        one(2, "minReplicas", I32),
+        one(3, "maxReplicas", I32),
+        rep(4, "metrics", Msg("k8s.io.api.autoscaling.v2.MetricSpec")),
+        one(5, "behavior", Msg("k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerBehavior")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerStatus", fields: &[
+        one(1, "observedGeneration", I64),
+        one(2, "lastScaleTime", Msg("k8s.io.apimachinery.pkg.apis.meta.v1.Time")),
+        one(3, "currentReplicas", I32),
+        one(4, "desiredReplicas", I32),
+        rep(5, "currentMetrics", Msg("k8s.io.api.autoscaling.v2.MetricStatus")),
+        rep(6, "conditions", Msg("k8s.io.api.autoscaling.v2.HorizontalPodAutoscalerCondition")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.HpaScalingPolicy", fields: &[
+        one(1, "type", Str),
+        one(2, "value", I32),
+        one(3, "periodSeconds", I32),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.HpaScalingRules", fields: &[
+        one(3, "stabilizationWindowSeconds", I32),
+        one(1, "selectPolicy", Str),
+        rep(2, "policies", Msg("k8s.io.api.autoscaling.v2.HpaScalingPolicy")),
+        one(4, "tolerance", Msg("k8s.io.apimachinery.pkg.api.resource.Quantity")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.MetricIdentifier", fields: &[
+        one(1, "name", Str),
+        one(2, "selector", Msg("k8s.io.apimachinery.pkg.apis.meta.v1.LabelSelector")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.MetricSpec", fields: &[
+        one(1, "type", Str),
+        one(2, "object", Msg("k8s.io.api.autoscaling.v2.ObjectMetricSource")),
+        one(3, "pods", Msg("k8s.io.api.autoscaling.v2.PodsMetricSource")),
+        one(4, "resource", Msg("k8s.io.api.autoscaling.v2.ResourceMetricSource")),
+        one(7, "containerResource", Msg("k8s.io.api.autoscaling.v2.ContainerResourceMetricSource")),
+        one(5, "external", Msg("k8s.io.api.autoscaling.v2.ExternalMetricSource")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.MetricStatus", fields: &[
+        one(1, "type", Str),
+        one(2, "object", Msg("k8s.io.api.autoscaling.v2.ObjectMetricStatus")),
+        one(3, "pods", Msg("k8s.io.api.autoscaling.v2.PodsMetricStatus")),
+        one(4, "resource", Msg("k8s.io.api.autoscaling.v2.ResourceMetricStatus")),
+        one(7, "containerResource", Msg("k8s.io.api.autoscaling.v2.ContainerResourceMetricStatus")),
+        one(5, "external", Msg("k8s.io.api.autoscaling.v2.ExternalMetricStatus")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.MetricTarget", fields: &[
+        one(1, "type", Str),
+        one(2, "value", Msg("k8s.io.apimachinery.pkg.api.resource.Quantity")),
+        one(3, "averageValue", Msg("k8s.io.apimachinery.pkg.api.resource.Quantity")),
+        one(4, "averageUtilization", I32),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.MetricValueStatus", fields: &[
+        one(1, "value", Msg("k8s.io.apimachinery.pkg.api.resource.Quantity")),
+        one(2, "averageValue", Msg("k8s.io.apimachinery.pkg.api.resource.Quantity")),
+        one(3, "averageUtilization", I32),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.ObjectMetricSource", fields: &[
+        one(1, "describedObject", Msg("k8s.io.api.autoscaling.v2.CrossVersionObjectReference")),
+        one(2, "target", Msg("k8s.io.api.autoscaling.v2.MetricTarget")),
+        one(3, "metric", Msg("k8s.io.api.autoscaling.v2.MetricIdentifier")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.ObjectMetricStatus", fields: &[
+        one(1, "metric", Msg("k8s.io.api.autoscaling.v2.MetricIdentifier")),
+        one(2, "current", Msg("k8s.io.api.autoscaling.v2.MetricValueStatus")),
+        one(3, "describedObject", Msg("k8s.io.api.autoscaling.v2.CrossVersionObjectReference")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.PodsMetricSource", fields: &[
+        one(1, "metric", Msg("k8s.io.api.autoscaling.v2.MetricIdentifier")),
+        one(2, "target", Msg("k8s.io.api.autoscaling.v2.MetricTarget")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.PodsMetricStatus", fields: &[
+        one(1, "metric", Msg("k8s.io.api.autoscaling.v2.MetricIdentifier")),
+        one(2, "current", Msg("k8s.io.api.autoscaling.v2.MetricValueStatus")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.ResourceMetricSource", fields: &[
+        one(1, "name", Str),
+        one(2, "target", Msg("k8s.io.api.autoscaling.v2.MetricTarget")),
+    ] },
+    Message { name: "k8s.io.api.autoscaling.v2.ResourceMetricStatus", fields: &[
+        one(1, "name", Str),
+        one(2, "current", Msg("k8s.io.api.autoscaling.v2.MetricValueStatus")),
+    ] },
     Message { name: "k8s.io.api.batch.v1.CronJob", fields: &[
         one(1, "metadata", Msg("k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta")),
         one(2, "spec", Msg("k8s.io.api.batch.v1.CronJobSpec")),
@@ -414,7 +540,6 @@ pub(super) static MESSAGES: &[Message] = &[
         rep(1, "succeeded", Str),
         rep(2, "failed", Str),
     ] },
-
     Message { name: "k8s.io.api.coordination.v1.Lease", fields: &[
         one(1, "metadata", Msg("k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta")),
         one(2, "spec", Msg("k8s.io.api.coordination.v1.LeaseSpec")),

@@ -1,0 +1,274 @@
+//! `metrics.k8s.io/v1beta1` (NodeMetrics, PodMetrics): the latest usage each node agent reported,
+//! held in memory and never written to the store, as metrics-server holds its last scrape.
+//!
+//! Each agent POSTs a NodeMetrics of its node to `/apis/metrics.k8s.io/v1beta1/nodes` with a
+//! Shepherd-only field `pods`, the PodMetrics of the pods it runs; a report replaces the node's
+//! previous one whole, so a pod that is gone disappears with the next report. Reads are get and
+//! list (all namespaces, one namespace, label and `metadata.name` field selectors), as
+//! metrics-server serves them to `kubectl top` and the autoscaler.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{Method, StatusCode, header};
+use axum::response::Response;
+use serde_json::{Value, json};
+use shepherd_api::kinds::{self, ResourceInfo};
+use shepherd_api::{ApiError, FieldSelector, JsonPath, LabelSelector};
+
+use crate::http::AppState;
+
+pub(crate) const GROUP: &str = "metrics.k8s.io";
+const VERSION: &str = "v1beta1";
+/// A node whose agent stopped reporting for this long has no metrics any more (its agent is
+/// gone or cut off; serving hour-old usage would mislead the autoscaler).
+const STALE_AFTER: Duration = Duration::from_secs(60);
+/// Largest report accepted: a node's pods at about 500 bytes each, for far more pods than a node runs.
+const MAX_REPORT_BYTES: usize = 4 * 1024 * 1024;
+
+struct Report {
+    received: Instant,
+    node: Value,
+    pods: Vec<Value>,
+}
+
+/// The latest report of every node.
+#[derive(Default)]
+pub struct MetricsTable {
+    /// By node name; replaced whole by each report of that node.
+    nodes: RwLock<HashMap<String, Report>>,
+}
+
+fn name_of(v: &Value) -> &str {
+    v.at("/metadata/name").and_then(Value::as_str).unwrap_or("")
+}
+
+fn namespace_of(v: &Value) -> &str {
+    v.at("/metadata/namespace").and_then(Value::as_str).unwrap_or("")
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::BadRequest(message.into())
+}
+
+/// Whether `res` is one of the metrics resources (served from the table, not the store).
+pub(crate) fn is_metrics(res: &ResourceInfo) -> bool {
+    res.group == GROUP
+}
+
+impl MetricsTable {
+    /// Takes a node's report; answers the NodeMetrics as it will be served.
+    pub(crate) fn report(&self, mut body: Value) -> Result<Value, ApiError> {
+        let node = name_of(&body).to_string();
+        if node.is_empty() {
+            return Err(bad("a metrics report needs metadata.name, the node's name"));
+        }
+        let pods = match body.as_object_mut().and_then(|m| m.remove("pods")) {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(pods)) => pods,
+            Some(_) => return Err(bad("pods of a metrics report must be a list of PodMetrics")),
+        };
+        for (i, p) in pods.iter().enumerate() {
+            if name_of(p).is_empty() || namespace_of(p).is_empty() || !p["containers"].is_array() {
+                return Err(bad(format!("pods[{i}] of the report of node {node} needs metadata.name, metadata.namespace and containers")));
+            }
+        }
+        let node_metrics = finish(&kinds::NODE_METRICS, body);
+        let pods = pods.into_iter().map(|p| finish(&kinds::POD_METRICS, p)).collect();
+        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+        nodes.insert(node, Report { received: Instant::now(), node: node_metrics.clone(), pods });
+        Ok(node_metrics)
+    }
+
+    fn fresh<T>(&self, f: impl FnOnce(&mut dyn Iterator<Item = &Report>) -> T) -> T {
+        let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        let mut fresh = nodes.values().filter(|r| r.received.elapsed() < STALE_AFTER);
+        f(&mut fresh)
+    }
+
+    /// NodeMetrics, sorted by name.
+    pub(crate) fn nodes(&self, labels: &LabelSelector, fields: &FieldSelector) -> Vec<Value> {
+        let mut out: Vec<Value> = self.fresh(|reports| {
+            reports.map(|r| &r.node).filter(|n| labels.matches_object(n) && fields.matches(n)).cloned().collect()
+        });
+        out.sort_by(|a, b| name_of(a).cmp(name_of(b)));
+        out
+    }
+
+    /// PodMetrics of one namespace or all, sorted by namespace and name.
+    pub(crate) fn pods(&self, namespace: Option<&str>, labels: &LabelSelector, fields: &FieldSelector) -> Vec<Value> {
+        let mut out: Vec<Value> = self.fresh(|reports| {
+            reports
+                .flat_map(|r| r.pods.iter())
+                .filter(|p| namespace.is_none_or(|ns| namespace_of(p) == ns))
+                .filter(|p| labels.matches_object(p) && fields.matches(p))
+                .cloned()
+                .collect()
+        });
+        out.sort_by(|a, b| (namespace_of(a), name_of(a)).cmp(&(namespace_of(b), name_of(b))));
+        out
+    }
+
+    pub(crate) fn node(&self, name: &str) -> Result<Value, ApiError> {
+        self.fresh(|reports| reports.map(|r| &r.node).find(|n| name_of(n) == name).cloned())
+            .ok_or_else(|| ApiError::not_found("nodemetrics.metrics.k8s.io", name))
+    }
+
+    pub(crate) fn pod(&self, namespace: &str, name: &str) -> Result<Value, ApiError> {
+        self.fresh(|reports| {
+            reports.flat_map(|r| r.pods.iter()).find(|p| namespace_of(p) == namespace && name_of(p) == name).cloned()
+        })
+        .ok_or_else(|| ApiError::not_found("podmetrics.metrics.k8s.io", name))
+    }
+
+    /// A list as the in-process client and the HTTP layer answer it.
+    pub(crate) fn list(&self, res: &ResourceInfo, namespace: Option<&str>, labels: Option<&str>, fields: Option<&str>) -> Result<Vec<Value>, ApiError> {
+        let labels = LabelSelector::parse(labels.unwrap_or(""))?;
+        let fields = FieldSelector::parse(fields.unwrap_or(""))?;
+        Ok(if res.plural == "nodes" { self.nodes(&labels, &fields) } else { self.pods(namespace, &labels, &fields) })
+    }
+
+    pub(crate) fn get(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        match (res.plural, namespace) {
+            ("nodes", _) => self.node(name),
+            (_, Some(ns)) => self.pod(ns, name),
+            (_, None) => Err(bad("podmetrics are namespaced: a namespace is required")),
+        }
+    }
+}
+
+/// The served form: apiVersion and kind, and the metadata metrics-server sets.
+fn finish(res: &ResourceInfo, mut v: Value) -> Value {
+    if let Some(m) = v.as_object_mut() {
+        m.insert("apiVersion".into(), json!(res.api_version()));
+        m.insert("kind".into(), json!(res.kind));
+    }
+    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.entry("creationTimestamp").or_insert_with(|| json!(crate::service::now_rfc3339()));
+    }
+    v
+}
+
+fn list_body(res: &ResourceInfo, items: Vec<Value>) -> Value {
+    json!({"kind": res.list_kind(), "apiVersion": res.api_version(), "metadata": {}, "items": items})
+}
+
+fn respond(code: StatusCode, body: &Value) -> Response {
+    let mut r = Response::new(Body::from(body.to_string()));
+    *r.status_mut() = code;
+    r.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    r
+}
+
+/// `/apis/metrics.k8s.io/{version}/{rest}`.
+pub(crate) async fn serve(app: &AppState, version: &str, rest: &[&str], req: Request) -> Response {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let (verb, resource, result) = handle(app, version, rest, req).await;
+    let response = match result {
+        Ok((code, body)) => respond(code, &body),
+        Err(e) => crate::http::error_response(&e),
+    };
+    if method != Method::OPTIONS {
+        app.svc.metrics.observe_request(verb, resource, response.status().as_u16(), started);
+    }
+    response
+}
+
+async fn handle(
+    app: &AppState,
+    version: &str,
+    rest: &[&str],
+    req: Request,
+) -> (&'static str, &'static str, Result<(StatusCode, Value), ApiError>) {
+    let table = &app.svc.resource_metrics;
+    if version != VERSION {
+        return ("GET", "unknown", Err(ApiError::resource_not_found()));
+    }
+    let query: HashMap<String, String> =
+        axum::extract::Query::<HashMap<String, String>>::try_from_uri(req.uri()).map(|q| q.0).unwrap_or_default();
+    let (labels, fields) = (query.get("labelSelector").map(String::as_str), query.get("fieldSelector").map(String::as_str));
+    let get = req.method() == Method::GET;
+    match rest {
+        ["nodes"] if req.method() == Method::POST => {
+            let body = match axum::body::to_bytes(req.into_body(), MAX_REPORT_BYTES).await {
+                Ok(b) => b,
+                Err(_) => return ("POST", "nodes", Err(ApiError::RequestEntityTooLarge("metrics report too large".into()))),
+            };
+            let parsed = serde_json::from_slice::<Value>(&body).map_err(|e| bad(format!("malformed metrics report: {e}")));
+            ("POST", "nodes", parsed.and_then(|v| table.report(v)).map(|n| (StatusCode::CREATED, n)))
+        }
+        ["nodes"] if get => {
+            let r = table.list(&kinds::NODE_METRICS, None, labels, fields);
+            ("LIST", "nodes", r.map(|items| (StatusCode::OK, list_body(&kinds::NODE_METRICS, items))))
+        }
+        ["nodes", name] if get => ("GET", "nodes", table.node(name).map(|n| (StatusCode::OK, n))),
+        ["pods"] if get => {
+            let r = table.list(&kinds::POD_METRICS, None, labels, fields);
+            ("LIST", "pods", r.map(|items| (StatusCode::OK, list_body(&kinds::POD_METRICS, items))))
+        }
+        ["namespaces", ns, "pods"] if get => {
+            let r = table.list(&kinds::POD_METRICS, Some(ns), labels, fields);
+            ("LIST", "pods", r.map(|items| (StatusCode::OK, list_body(&kinds::POD_METRICS, items))))
+        }
+        ["namespaces", ns, "pods", name] if get => ("GET", "pods", table.pod(ns, name).map(|p| (StatusCode::OK, p))),
+        ["nodes" | "pods", ..] | ["namespaces", _, "pods", ..] => (
+            "OTHER",
+            "unknown",
+            Err(ApiError::MethodNotAllowed(format!("the server does not allow this method on the requested resource ({} metrics are read-only)", GROUP))),
+        ),
+        _ => ("GET", "unknown", Err(ApiError::resource_not_found())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(node: &str, pods: &[(&str, &str, &str)]) -> Value {
+        let pods: Vec<Value> = pods
+            .iter()
+            .map(|(ns, name, app)| {
+                json!({"metadata": {"name": name, "namespace": ns, "labels": {"app": app}}, "timestamp": "2026-01-01T00:00:00Z",
+                    "window": "5s", "containers": [{"name": "c", "usage": {"cpu": "10m", "memory": "1Mi"}}]})
+            })
+            .collect();
+        json!({"metadata": {"name": node}, "timestamp": "2026-01-01T00:00:00Z", "window": "5s",
+            "usage": {"cpu": "100m", "memory": "10Mi"}, "pods": pods})
+    }
+
+    fn names(items: &[Value]) -> Vec<&str> {
+        items.iter().map(name_of).collect()
+    }
+
+    #[test]
+    fn a_report_replaces_its_nodes_pods_and_lists_filter_by_namespace_and_labels() {
+        let t = MetricsTable::default();
+        t.report(report("n1", &[("default", "web-1", "web"), ("kube-system", "dns", "dns")])).expect("report");
+        t.report(report("n2", &[("default", "web-2", "web"), ("default", "db", "db")])).expect("report");
+        let all = t.list(&kinds::POD_METRICS, None, None, None).expect("list");
+        assert_eq!(names(&all), ["db", "web-1", "web-2", "dns"]);
+        assert_eq!(all[0]["kind"], "PodMetrics");
+        let web = t.list(&kinds::POD_METRICS, Some("default"), Some("app=web"), None).expect("list");
+        assert_eq!(names(&web), ["web-1", "web-2"]);
+        t.report(report("n1", &[])).expect("report");
+        let all = t.list(&kinds::POD_METRICS, None, None, None).expect("list");
+        assert_eq!(names(&all), ["db", "web-2"]);
+        assert!(t.pod("default", "web-1").unwrap_err().is_not_found());
+        assert_eq!(t.node("n1").expect("node")["usage"]["cpu"], "100m");
+        assert!(t.node("n1").expect("node").get("pods").is_none(), "the pods are served as PodMetrics only");
+    }
+
+    #[test]
+    fn a_report_without_a_node_name_or_with_a_nameless_pod_is_refused() {
+        let t = MetricsTable::default();
+        assert_eq!(t.report(json!({"metadata": {}})).unwrap_err().code(), 400);
+        let mut r = report("n1", &[("default", "web", "web")]);
+        r["pods"][0]["metadata"]["name"] = json!("");
+        assert_eq!(t.report(r).unwrap_err().code(), 400);
+        assert!(t.list(&kinds::NODE_METRICS, None, None, None).expect("list").is_empty(), "a refused report stores nothing");
+    }
+}

@@ -1,0 +1,197 @@
+//! Metrics and autoscaling end to end with the real kubectl against `shepherd standalone` on the
+//! process runtime: `kubectl top` reads a busy container's CPU from its cgroup, and a
+//! HorizontalPodAutoscaler scales a busy Deployment up and an idle one down.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Daemon, kubectls_under_test};
+use serde_json::Value;
+
+struct Kubectl {
+    bin: PathBuf,
+    url: String,
+}
+
+impl Kubectl {
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+        let (status, out, err) = common::run_with_stdin(common::kubectl_command(&self.bin, &self.url).args(args), stdin);
+        (status.success(), out, err)
+    }
+
+    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let (ok, out, err) = self.run(args, stdin);
+        assert!(ok, "kubectl {args:?}: {err}{out}");
+        out
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&all, None)).expect("kubectl -o json")
+    }
+
+    /// Polls `f` until it returns `Some`; panics with `what` and the last output after `limit`.
+    fn wait_for<T>(&self, what: &str, limit: Duration, mut f: impl FnMut(&Kubectl) -> Result<T, String>) -> T {
+        let started = Instant::now();
+        loop {
+            match f(self) {
+                Ok(t) => return t,
+                Err(last) if started.elapsed() > limit => panic!("timed out after {limit:?} waiting for {what}; last: {last}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(500)),
+            }
+        }
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").map(|u| u.split_whitespace().next() == Some("0"))))
+        .unwrap_or(false)
+}
+
+fn deployment(name: &str, replicas: u32, command: &str, cpu_request: &str, cpu_limit: Option<&str>) -> String {
+    let limit = cpu_limit.map(|l| format!(", limits: {{cpu: {l}}}")).unwrap_or_default();
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}}}\nspec:\n  replicas: {replicas}\n  \
+         selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec:\n      \
+         terminationGracePeriodSeconds: 0\n      containers:\n      - name: main\n        image: minimal\n        \
+         command: [\"sh\", \"-c\", \"{command}\"]\n        resources: {{requests: {{cpu: {cpu_request}}}{limit}}}\n"
+    )
+}
+
+/// Millicores of a `kubectl top` CPU column (`1234m`, `1`).
+fn millicores(cell: &str) -> Option<u64> {
+    match cell.strip_suffix('m') {
+        Some(m) => m.parse().ok(),
+        None => cell.parse::<u64>().ok().map(|c| c * 1000),
+    }
+}
+
+/// The tests load the CPU on purpose; one at a time, so neither starves the other's pods.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn standalone(dir: &Path) -> Daemon {
+    Daemon::start("standalone", &dir.join("data"), &["--hpa-sync-seconds", "2"])
+}
+
+#[test]
+fn kubectl_top_shows_a_busy_container_near_its_real_use() {
+    assert!(is_root(), "this test measures containers through their cgroups, which the agent makes only as root");
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = standalone(dir.path());
+    let (_, first) = &kubectls_under_test()[0];
+    let k = Kubectl { bin: first.clone(), url: daemon.url.clone() };
+    // Six busy loops: on two cores shared with other work they still get well over half a core.
+    let spin = "for i in 1 2 3 4 5; do (while :; do :; done) & done; while :; do :; done";
+    k.ok(&["apply", "-f", "-"], Some(&deployment("spin", 1, spin, "100m", None)));
+    k.ok(&["create", "deployment", "quiet", "--image=minimal", "--", "sleep", "3600"], None);
+
+    for (label, bin) in kubectls_under_test() {
+        let k = Kubectl { bin, url: daemon.url.clone() };
+        let busy = k.wait_for(&format!("kubectl {label} top to show the busy pod above 500m"), Duration::from_secs(120), |k| {
+            let (ok, out, err) = k.run(&["top", "pods", "-l", "app=spin", "--no-headers"], None);
+            let cpu = out.split_whitespace().nth(1).and_then(millicores);
+            match cpu {
+                Some(m) if ok && m > 500 => Ok(m),
+                _ => Err(format!("{out}{err}")),
+            }
+        });
+        eprintln!("kubectl {label} top pods: the busy container at {busy}m");
+        let all = k.ok(&["top", "pods", "-A", "--containers"], None);
+        assert!(all.contains("spin-") && all.contains("main") && all.contains("quiet-"), "kubectl {label} top pods -A --containers:\n{all}");
+        let quiet = k.ok(&["top", "pods", "-l", "app=quiet", "--no-headers"], None);
+        let quiet_cpu = quiet.split_whitespace().nth(1).and_then(millicores).expect("quiet pod's CPU");
+        assert!(quiet_cpu < 50, "a sleeping container uses next to nothing: {quiet}");
+        let nodes = k.ok(&["top", "nodes", "--no-headers"], None);
+        let node_cpu = nodes.split_whitespace().nth(1).and_then(millicores).expect("node CPU");
+        assert!(node_cpu >= busy / 2, "the node's usage includes its busy pod: {nodes}");
+    }
+    let raw: Value = serde_json::from_str(&k.ok(&["get", "--raw", "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods"], None))
+        .expect("PodMetricsList");
+    assert_eq!(raw["kind"], "PodMetricsList");
+    let (ok, _, err) = k.run(&["get", "--raw", "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/nonexistent"], None);
+    assert!(!ok && err.contains("NotFound"), "{err}");
+}
+
+#[test]
+fn an_autoscaler_scales_a_busy_deployment_up_and_an_idle_one_down_after_its_stabilization_window() {
+    assert!(is_root(), "this test measures containers through their cgroups, which the agent makes only as root");
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = standalone(dir.path());
+    let (label, bin) = kubectls_under_test().remove(0);
+    let k = Kubectl { bin, url: daemon.url.clone() };
+
+    // Each busy pod is held to 200m by its limit: 200% of its 100m request, four times the 50% target.
+    k.ok(&["apply", "-f", "-"], Some(&deployment("busy", 1, "while :; do :; done", "100m", Some("200m"))));
+    k.ok(&["autoscale", "deployment", "busy", "--cpu-percent=50", "--min=1", "--max=3"], None);
+    // Busy for its first 30 s, then idle: the autoscaler sees it fall from 200% to nothing.
+    let settling = "timeout 30 sh -c 'while :; do :; done'; exec sleep 3600";
+    k.ok(&["apply", "-f", "-"], Some(&deployment("idle", 3, settling, "100m", Some("200m"))));
+    let window = 6;
+    let idle_hpa = format!(
+        "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {{name: idle}}\nspec:\n  \
+         scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: idle}}\n  minReplicas: 1\n  maxReplicas: 3\n  \
+         metrics: [{{type: Resource, resource: {{name: cpu, target: {{type: Utilization, averageUtilization: 50}}}}}}]\n  \
+         behavior: {{scaleDown: {{stabilizationWindowSeconds: {window}}}}}\n"
+    );
+    k.ok(&["apply", "-f", "-"], Some(&idle_hpa));
+
+    // Both at once: the idle Deployment's busy phase ends while the busy one is still scaling.
+    // Once idle, its recommendation drops to 1 but the higher ones of the last `window` seconds
+    // hold it at 3 (AbleToScale: ScaleDownStabilized) until they age out.
+    let started = Instant::now();
+    let (mut busy_at, mut held_since, mut idle_down): (Option<Duration>, Option<Instant>, Option<Duration>) = (None, None, None);
+    let (busy_at, held_for) = k.wait_for("busy at 3 ready replicas and idle held, then down to 1", Duration::from_secs(240), |k| {
+        if busy_at.is_none() {
+            let d = k.json(&["get", "deployment", "busy"]);
+            if (d["spec"]["replicas"].as_i64(), d["status"]["readyReplicas"].as_i64()) == (Some(3), Some(3)) {
+                busy_at = Some(started.elapsed());
+            }
+        }
+        if idle_down.is_none() {
+            let replicas = k.json(&["get", "deployment", "idle"])["spec"]["replicas"].as_i64();
+            let hpa = k.json(&["get", "hpa", "idle"]);
+            let able = hpa["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "AbleToScale").cloned());
+            if replicas == Some(3) && able.as_ref().is_some_and(|c| c["reason"] == "ScaleDownStabilized") {
+                held_since.get_or_insert_with(Instant::now);
+            }
+            if replicas == Some(1) {
+                let held = held_since.expect("the idle Deployment was scaled down without being held by its window");
+                idle_down = Some(held.elapsed());
+            }
+        }
+        match (busy_at, idle_down) {
+            (Some(b), Some(i)) => Ok((b, i)),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    eprintln!("busy Deployment at 3 ready replicas {busy_at:?} after its autoscaler was created");
+    let row = k.ok(&["get", "hpa", "busy", "--no-headers"], None);
+    assert!(row.contains("Deployment/busy") && row.contains("%/50%") && row.contains("cpu: "), "kubectl {label} get hpa: {row}");
+    let hpa = k.json(&["get", "hpa", "busy"]);
+    let conds = hpa["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let cond = |t: &str| conds.iter().find(|c| c["type"] == t).cloned().unwrap_or(Value::Null);
+    assert_eq!(cond("ScalingActive")["reason"], "ValidMetricFound", "{conds:?}");
+    assert_eq!(cond("AbleToScale")["status"], "True", "{conds:?}");
+    assert_eq!(hpa["status"]["currentMetrics"][0]["resource"]["name"], "cpu");
+    assert!(hpa["status"]["currentMetrics"][0]["resource"]["current"]["averageUtilization"].as_i64().is_some_and(|u| u > 55));
+    let events = k.ok(&["get", "events", "--field-selector", "involvedObject.name=busy"], None);
+    assert!(events.contains("SuccessfulRescale") && events.contains("New size: "), "{events}");
+    eprintln!("idle Deployment held by its {window} s window, scaled down {held_for:?} after the hold was first seen");
+    let idle = k.json(&["get", "hpa", "idle"]);
+    assert_eq!(idle["status"]["desiredReplicas"], 1);
+    assert!(idle["status"]["lastScaleTime"].is_string());
+
+    // Bad input is refused naming the field, and nothing is written.
+    let bad = idle_hpa.replace("name: idle}\nspec", "name: bad}\nspec").replace("minReplicas: 1", "minReplicas: 0");
+    let (ok, _, err) = k.run(&["apply", "-f", "-"], Some(&bad));
+    assert!(!ok && err.contains("spec.minReplicas"), "{err}");
+    let (ok, _, err) = k.run(&["get", "hpa", "bad"], None);
+    assert!(!ok && err.contains("NotFound"), "{err}");
+}
