@@ -3,6 +3,7 @@
 
 mod apply;
 pub mod auth;
+pub mod authn;
 mod client;
 mod codec;
 mod crd;
@@ -13,6 +14,7 @@ mod http;
 mod metrics;
 mod openapi;
 mod patch;
+pub mod pki;
 mod protobuf;
 mod retention;
 mod serve;
@@ -32,7 +34,7 @@ pub use client::LocalClient;
 pub use http::{HttpConfig, LogSource};
 pub use metrics::Metrics;
 pub use retention::register_retention;
-pub use serve::{ConnectionLimits, ConnectionMetrics, serve};
+pub use serve::{ConnectionLimits, ConnectionMetrics, serve, serve_tls};
 pub use service::{
     ApiService, DeleteOptions, Deleted, ListOptions, Part, PatchType, RevisionMatch, SYSTEM_NAMESPACES, Written,
 };
@@ -52,7 +54,14 @@ pub struct ApiServer {
 
 impl ApiServer {
     /// Builds a server over `store`, creating the system namespaces if they are missing.
-    pub async fn new(store: Arc<dyn Store>, config: HttpConfig) -> Result<Self, shepherd_api::ApiError> {
+    pub async fn new(store: Arc<dyn Store>, mut config: HttpConfig) -> Result<Self, shepherd_api::ApiError> {
+        if config.authenticator.is_none()
+            && let Some(token) = &config.token
+        {
+            let authn = authn::Authenticator::new(&[], vec![authn::admin_token(token)])
+                .map_err(|e| shepherd_api::ApiError::Internal(e.to_string()))?;
+            config.authenticator = Some(Arc::new(authn));
+        }
         let metrics = Arc::new(Metrics::default());
         let mut registry = Registry::default();
         metrics.register(&mut registry);
