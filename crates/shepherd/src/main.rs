@@ -39,11 +39,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the API server over a durable store.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Run everything in one process: API server, controllers, scheduler and a local node.
     Standalone(Box<StandaloneArgs>),
     /// Run a node agent against an API server: registers the node and runs its pods.
-    Agent(AgentCommand),
+    Agent(Box<AgentCommand>),
     /// Write a consistent snapshot of the store (from a running server or an idle data dir).
     Backup(backup::BackupArgs),
     /// Create a data directory's store from a backup file.
@@ -187,7 +187,7 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         match cli.command {
-            Command::Server(args) => run_server(args, None).await,
+            Command::Server(args) => run_server(*args, None).await,
             Command::Standalone(args) => {
                 registry::start_beside(&args.registry, &args.server.data_dir).await?;
                 let StandaloneArgs { server, agent: mut agent_args, keep_pods, .. } = *args;
@@ -195,7 +195,7 @@ fn main() -> anyhow::Result<()> {
                 let local = LocalAgent { args: agent_args, keep_pods, runtime_note };
                 run_server(server, Some(local)).await
             }
-            Command::Agent(args) => run_agent(args).await,
+            Command::Agent(args) => run_agent(*args).await,
             Command::Backup(args) => backup::backup(args).await,
             Command::Restore(args) => backup::restore(args),
             Command::Store(command) => store_check::run(command),

@@ -259,3 +259,25 @@ fn a_remote_agent_joins_over_tls_with_a_kubeconfig_from_shepherd_kubeconfig() {
     let _ = agent.wait();
     assert!(registered, "the agent did not register its node over TLS");
 }
+
+#[test]
+fn a_backup_is_taken_over_tls_with_the_cluster_ca_and_a_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = secure_server(dir.path(), &["--token", "backup-t0ken"]);
+    let to = dir.path().join("cluster.backup");
+    let backup = |token: &str| {
+        Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .args(["backup", "--server", &server.url, "--token", token, "--certificate-authority"])
+            .arg(dir.path().join("pki/ca.crt"))
+            .arg("--to")
+            .arg(&to)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("shepherd backup")
+    };
+    let refused = backup("wrong");
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("401"), "{refused:?}");
+    let out = backup("backup-t0ken");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::metadata(&to).expect("backup file").len() > 0);
+}
