@@ -16,6 +16,9 @@ const DEFAULT_DATA_DIR: &str = "shepherd-data";
 
 const START_HINT: &str = "start Shepherd with: cargo run --release --bin shepherd -- standalone";
 
+const CREDENTIALS_HINT: &str =
+    "use the kubeconfig the server wrote (--kubeconfig <data-dir>/admin.kubeconfig, found by itself in ./shepherd-data) or a valid --token";
+
 /// `Accept` header asking the server to print a `Table` (server-side printing, as kubectl does).
 pub const TABLE_ACCEPT: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
 
@@ -65,6 +68,9 @@ impl std::error::Error for RequestError {}
 /// The line a user sees for a server rejection: the server's own message (which names the
 /// object and, for `Invalid`, each field), with the reason added when the message lacks it.
 fn status_message(s: &kube::core::Status) -> String {
+    if s.code == 401 {
+        return format!("the server did not accept the credentials ({}); {CREDENTIALS_HINT}", s.reason);
+    }
     let message = s.message.trim();
     let self_explaining = matches!(s.reason.as_str(), "NotFound" | "AlreadyExists" | "Invalid" | "Conflict");
     match (message.is_empty(), self_explaining || s.reason.is_empty()) {
@@ -147,6 +153,8 @@ impl Cluster {
         }
         if refused {
             anyhow!("cannot connect to the Shepherd API at {} (connection refused); {START_HINT}", self.server)
+        } else if root.to_string().contains("certificate") {
+            anyhow!("cannot verify the TLS certificate of the Shepherd API at {}: {root}; {CREDENTIALS_HINT}", self.server)
         } else {
             anyhow!("cannot talk to the Shepherd API at {}: {root}; is Shepherd running there? {START_HINT}", self.server)
         }

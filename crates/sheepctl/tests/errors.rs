@@ -127,6 +127,6 @@ fn a_wrong_token_is_refused_and_the_right_one_accepted() {
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(denied.code, 1);
-    assert!(denied.stderr.starts_with("Error: "), "{}", denied.stderr);
+    assert!(denied.stderr.starts_with("Error: the server did not accept the credentials"), "{}", denied.stderr);
     assert!(allowed.stdout.contains("namespace/default"), "{allowed:?}");
 }
