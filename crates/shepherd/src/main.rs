@@ -79,8 +79,9 @@ struct AgentCommand {
     /// Bearer token for the API server.
     #[arg(long, env = "SHEPHERD_TOKEN")]
     token: Option<String>,
-    /// A kubeconfig naming the server, its CA and the node's credentials.
-    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    /// A kubeconfig naming the server, its CA and the node's credentials (not read from
+    /// $KUBECONFIG: an agent started from a user's shell must not join the user's cluster).
+    #[arg(long, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
     /// The CA certificate (PEM) that signed the server's certificate (the server's
     /// <data-dir>/pki/ca.crt).
