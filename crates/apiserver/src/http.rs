@@ -36,14 +36,22 @@ use crate::write_options::{
 pub struct HttpConfig {
     /// Largest accepted request body, in bytes (Kubernetes: 3 MiB).
     pub max_body_bytes: usize,
-    /// When set, every request must carry `Authorization: Bearer <token>`.
+    /// When set (and `authenticator` is not), every request must carry `Authorization: Bearer
+    /// <token>`, which authenticates as an administrator.
     pub token: Option<String>,
     pub bookmark_interval: Duration,
+    /// Who may make requests. None: nobody is asked (an `--insecure-loopback` listener).
+    pub authenticator: Option<Arc<crate::authn::Authenticator>>,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { max_body_bytes: 3 * 1024 * 1024, token: None, bookmark_interval: Duration::from_secs(10) }
+        HttpConfig {
+            max_body_bytes: 3 * 1024 * 1024,
+            token: None,
+            bookmark_interval: Duration::from_secs(10),
+            authenticator: None,
+        }
     }
 }
 
@@ -151,31 +159,73 @@ fn discovery_root(core: bool, headers: &HeaderMap) -> Response {
     r
 }
 
-async fn authenticate(State(app): State<AppState>, req: Request, next: axum::middleware::Next) -> Response {
-    if let Some(token) = &app.config.token {
-        let ok = match req.headers().get(header::AUTHORIZATION) {
-            Some(v) => v.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).is_some_and(|t| t == token),
-            // A browser's WebSocket cannot set headers; Kubernetes takes its token from a subprotocol.
-            None if crate::watch_socket::requested(req.headers()) => {
-                crate::watch_socket::bearer_token(req.headers()).is_some_and(|t| &t == token)
-            }
-            None => false,
-        };
-        // The dashboard's assets hold no cluster data; the calls the page makes for data do.
-        let open = req.uri().path() == "/healthz" || req.uri().path().starts_with("/dashboard");
-        if !ok && !open {
-            let mut r = json_response(
-                StatusCode::UNAUTHORIZED,
-                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                    "message": "Unauthorized: a valid bearer token is required", "reason": "Unauthorized", "code": 401})
-                .to_string()
-                .into_bytes(),
-            );
-            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return r;
+async fn authenticate(State(app): State<AppState>, mut req: Request, next: axum::middleware::Next) -> Response {
+    // No authenticator: an `--insecure-loopback` listener, whose requests carry no user.
+    let Some(authn) = &app.config.authenticator else { return next.run(req).await };
+    match identify(authn, &req) {
+        Ok(Some(user)) => {
+            req.extensions_mut().insert(user);
+            next.run(req).await
+        }
+        // Health, version and the dashboard's assets hold no cluster data; the calls the page
+        // makes for data do. These go on without a user.
+        Ok(None) if is_public(req.uri().path()) => next.run(req).await,
+        Ok(None) => unauthorized("Unauthorized"),
+        Err(why) => {
+            tracing::debug!(path = %req.uri().path(), reason = %why, "request not authenticated");
+            unauthorized("Unauthorized")
         }
     }
-    next.run(req).await
+}
+
+/// Paths anonymous clients may read, as Kubernetes' `system:public-info-viewer` role allows.
+fn is_public(path: &str) -> bool {
+    let under = |p: &str| path == p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/'));
+    under("/healthz") || under("/readyz") || under("/livez") || under("/version") || under("/dashboard")
+}
+
+/// The user of a request: a client certificate the cluster CA signed, else a bearer token (from
+/// the `Authorization` header, or for a browser's WebSocket, which cannot set headers, from its
+/// subprotocol as Kubernetes takes it). `Ok(None)`: no credentials at all.
+fn identify(authn: &crate::authn::Authenticator, req: &Request) -> Result<Option<crate::auth::UserInfo>, String> {
+    let certificate = req
+        .extensions()
+        .get::<Arc<crate::authn::PeerCertificates>>()
+        .filter(|p| p.presented())
+        .map(|p| authn.certificate_user(p));
+    if let Some(Ok(user)) = certificate {
+        return Ok(Some(user));
+    }
+    let token = match req.headers().get(header::AUTHORIZATION) {
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+                .map(|t| t.trim().to_string())
+                .ok_or("the Authorization header is not a bearer token")?,
+        ),
+        None if crate::watch_socket::requested(req.headers()) => crate::watch_socket::bearer_token(req.headers()),
+        None => None,
+    };
+    match (token, certificate) {
+        (Some(t), _) => authn.token_user(&t).map(Some).ok_or_else(|| "unknown bearer token".to_string()),
+        (None, Some(Err(why))) => Err(why),
+        (None, _) => Ok(None),
+    }
+}
+
+/// Kubernetes' 401: a `Status` with reason `Unauthorized`, which kubectl reports as "You must be
+/// logged in to the server".
+fn unauthorized(message: &str) -> Response {
+    let mut r = json_response(
+        StatusCode::UNAUTHORIZED,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": "Unauthorized", "code": 401})
+        .to_string()
+        .into_bytes(),
+    );
+    r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
 }
 
 /// `/readyz` (and `/healthz`): ready while the store can write. The process stays live (`/livez`)

@@ -3,6 +3,7 @@
 
 mod apply;
 pub mod auth;
+pub mod authn;
 pub mod authz;
 mod autoscaling_v1;
 mod client;
@@ -16,6 +17,7 @@ mod metrics;
 mod nodeport;
 mod openapi;
 mod patch;
+pub mod pki;
 mod protobuf;
 mod resource_metrics;
 mod retention;
@@ -37,7 +39,7 @@ pub use http::{HttpConfig, LogSource};
 pub use metrics::Metrics;
 pub use nodeport::{InvalidNodePortRange, NodePortRange};
 pub use retention::register_retention;
-pub use serve::{ConnectionLimits, ConnectionMetrics, serve};
+pub use serve::{ConnectionLimits, ConnectionMetrics, serve, serve_tls};
 pub use service::{
     ApiService, DeleteOptions, Deleted, ListOptions, Part, PatchType, RevisionMatch, SYSTEM_NAMESPACES, Written,
 };
@@ -59,7 +61,14 @@ pub struct ApiServer {
 impl ApiServer {
     /// Builds a server over `store`, creating the system namespaces and the default RBAC roles if they
     /// are missing.
-    pub async fn new(store: Arc<dyn Store>, config: HttpConfig) -> Result<Self, shepherd_api::ApiError> {
+    pub async fn new(store: Arc<dyn Store>, mut config: HttpConfig) -> Result<Self, shepherd_api::ApiError> {
+        if config.authenticator.is_none()
+            && let Some(token) = &config.token
+        {
+            let authn = authn::Authenticator::new(&[], vec![authn::admin_token(token)])
+                .map_err(|e| shepherd_api::ApiError::Internal(e.to_string()))?;
+            config.authenticator = Some(Arc::new(authn));
+        }
         let metrics = Arc::new(Metrics::default());
         let mut registry = Registry::default();
         metrics.register(&mut registry);

@@ -7,13 +7,22 @@
 //! idle and is never cut. Past the cap, new connections are accepted and closed at once (a quick
 //! error for the client instead of a hang in the kernel's backlog), so the descriptors the store
 //! and the node agent need are never taken by a flood.
+//!
+//! Over TLS the handshake runs in the connection's own task, bounded by the same header time-out,
+//! and the client's certificates travel with each of its requests as an extension.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::http::Request;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+use crate::authn::PeerCertificates;
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -92,13 +101,37 @@ impl RejectionLog {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` completes, then lets open requests finish
-/// (watches end at once: they are told to stop by the same shutdown elsewhere).
+/// Serves `router` in plain HTTP on `listener` until `shutdown` completes, then lets open
+/// requests finish (watches end at once: they are told to stop by the same shutdown elsewhere).
 pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
     limits: ConnectionLimits,
     metrics: ConnectionMetrics,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    serve_with(listener, router, limits, metrics, None, shutdown).await
+}
+
+/// As [`serve`], over TLS with `tls`: each request carries the client's certificates (an
+/// `Arc<PeerCertificates>` extension) for authentication.
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: ConnectionLimits,
+    metrics: ConnectionMetrics,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    serve_with(listener, router, limits, metrics, Some(TlsAcceptor::from(tls)), shutdown).await
+}
+
+async fn serve_with(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: ConnectionLimits,
+    metrics: ConnectionMetrics,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
@@ -130,21 +163,24 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
-        let (builder, metrics, mut stop) = (builder.clone(), metrics.clone(), stop_rx.clone());
+        let (builder, metrics, stop) = (builder.clone(), metrics.clone(), stop_rx.clone());
+        let (router, tls, handshake_timeout) = (router.clone(), tls.clone(), limits.header_timeout);
         metrics.open.inc();
         tokio::spawn(async move {
-            let conn = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = async { let _ = stop.wait_for(|s| *s).await; } => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.as_mut().await
-                }
-            };
-            if let Err(e) = result {
-                debug!(%peer, error = %e, "connection ended with an error");
+            match tls {
+                None => serve_connection(&builder, stream, TowerToHyperService::new(router), stop, peer).await,
+                Some(acceptor) => match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let certificates = PeerCertificates::new(stream.get_ref().1.peer_certificates().unwrap_or_default().to_vec());
+                        let service = router.map_request(move |mut req: Request<Incoming>| {
+                            req.extensions_mut().insert(certificates.clone());
+                            req
+                        });
+                        serve_connection(&builder, stream, TowerToHyperService::new(service), stop, peer).await
+                    }
+                    Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => debug!(%peer, "TLS handshake timed out"),
+                },
             }
             metrics.open.dec();
             drop(permit);
@@ -159,4 +195,33 @@ pub async fn serve(
         warn!(open = limits.max_connections - permits.available_permits(), "connections still open at shutdown are dropped");
     }
     Ok(())
+}
+
+/// Serves one connection's requests until it ends, or until `stop` asks it to finish gracefully.
+async fn serve_connection<I, S>(
+    builder: &hyper::server::conn::http1::Builder,
+    io: I,
+    service: S,
+    mut stop: watch::Receiver<bool>,
+    peer: std::net::SocketAddr,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming> + Send,
+    S::Future: Send + 'static,
+    S::ResBody: Send + 'static,
+    <S::ResBody as hyper::body::Body>::Data: Send,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = builder.serve_connection(TokioIo::new(io), service).with_upgrades();
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = async { let _ = stop.wait_for(|s| *s).await; } => {
+            conn.as_mut().graceful_shutdown();
+            conn.as_mut().await
+        }
+    };
+    if let Err(e) = result {
+        debug!(%peer, error = %e, "connection ended with an error");
+    }
 }

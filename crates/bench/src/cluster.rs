@@ -10,11 +10,14 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `shepherd <args> --listen 127.0.0.1:0` and reads the address it prints.
+    /// Starts `shepherd <args> --listen 127.0.0.1:0` and reads the address it prints; a server
+    /// or standalone serves plain HTTP (`--insecure-loopback`): the benchmarks measure the rest.
     pub fn start(binary: &Path, args: &[&str]) -> anyhow::Result<Process> {
+        let insecure: &[&str] = if matches!(args.first(), Some(&"server" | &"standalone")) { &["--insecure-loopback"] } else { &[] };
         let mut child = Command::new(binary)
             .args(args)
             .args(["--listen", "127.0.0.1:0"])
+            .args(insecure)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

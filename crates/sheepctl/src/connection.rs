@@ -8,9 +8,16 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::Value;
 
 /// The address used when nothing else names a server: what `shepherd standalone` listens on.
-pub const DEFAULT_SERVER: &str = "http://127.0.0.1:9876";
+pub const DEFAULT_SERVER: &str = "https://127.0.0.1:9876";
+
+/// The kubeconfig `shepherd standalone` and `server` write in their default data dir, relative
+/// to where they were started.
+const DEFAULT_DATA_DIR: &str = "shepherd-data";
 
 const START_HINT: &str = "start Shepherd with: cargo run --release --bin shepherd -- standalone";
+
+const CREDENTIALS_HINT: &str =
+    "use the kubeconfig the server wrote (--kubeconfig <data-dir>/admin.kubeconfig, found by itself in ./shepherd-data) or a valid --token";
 
 /// `Accept` header asking the server to print a `Table` (server-side printing, as kubectl does).
 pub const TABLE_ACCEPT: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
@@ -19,6 +26,7 @@ pub const TABLE_ACCEPT: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,app
 #[derive(Debug, Clone, Default)]
 pub struct ConnectionFlags {
     pub server: Option<String>,
+    pub kubeconfig: Option<std::path::PathBuf>,
     pub token: Option<String>,
     pub namespace: Option<String>,
 }
@@ -60,6 +68,9 @@ impl std::error::Error for RequestError {}
 /// The line a user sees for a server rejection: the server's own message (which names the
 /// object and, for `Invalid`, each field), with the reason added when the message lacks it.
 fn status_message(s: &kube::core::Status) -> String {
+    if s.code == 401 {
+        return format!("the server did not accept the credentials ({}); {CREDENTIALS_HINT}", s.reason);
+    }
     let message = s.message.trim();
     let self_explaining = matches!(s.reason.as_str(), "NotFound" | "AlreadyExists" | "Invalid" | "Conflict");
     match (message.is_empty(), self_explaining || s.reason.is_empty()) {
@@ -71,15 +82,24 @@ fn status_message(s: &kube::core::Status) -> String {
 
 impl Cluster {
     /// Resolves the server: `--server`, else `SHEPHERD_API`, else the kubeconfig's current
-    /// context, else [`DEFAULT_SERVER`].
+    /// context, else [`DEFAULT_SERVER`]. The kubeconfig is `--kubeconfig`, else `$KUBECONFIG`,
+    /// else `~/.kube/config`, else the admin kubeconfig of `./shepherd-data`; an https server
+    /// named by flag or environment is reached with its CA and credentials.
     pub async fn connect(flags: &ConnectionFlags) -> anyhow::Result<Cluster> {
         let from_flag_or_env = flags
             .server
             .clone()
             .or_else(|| std::env::var("SHEPHERD_API").ok().filter(|s| !s.trim().is_empty()));
         let (mut config, server) = match from_flag_or_env {
+            Some(url) if url.starts_with("https:") => match kubeconfig_config(flags.kubeconfig.as_deref()).await? {
+                Some(mut config) => {
+                    config.cluster_url = plain_config(&url)?.cluster_url;
+                    (config, url)
+                }
+                None => (plain_config(&url)?, url),
+            },
             Some(url) => (plain_config(&url)?, url),
-            None => match kubeconfig_config().await {
+            None => match kubeconfig_config(flags.kubeconfig.as_deref()).await? {
                 Some(config) => {
                     let url = config.cluster_url.to_string().trim_end_matches('/').to_string();
                     (config, url)
@@ -133,6 +153,8 @@ impl Cluster {
         }
         if refused {
             anyhow!("cannot connect to the Shepherd API at {} (connection refused); {START_HINT}", self.server)
+        } else if root.to_string().contains("certificate") {
+            anyhow!("cannot verify the TLS certificate of the Shepherd API at {}: {root}; {CREDENTIALS_HINT}", self.server)
         } else {
             anyhow!("cannot talk to the Shepherd API at {}: {root}; is Shepherd running there? {START_HINT}", self.server)
         }
@@ -208,8 +230,32 @@ fn plain_config(url: &str) -> anyhow::Result<kube::Config> {
     Ok(kube::Config::new(uri))
 }
 
-/// The current context of `KUBECONFIG` or `~/.kube/config`, when there is one.
-async fn kubeconfig_config() -> Option<kube::Config> {
-    let kubeconfig = Kubeconfig::read().ok()?;
-    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.ok()
+/// The current context of the first kubeconfig there is: `path` (which must exist), the files
+/// of `KUBECONFIG`, `~/.kube/config`, `./shepherd-data/admin.kubeconfig` (the data dir of
+/// `$SHEPHERD_DATA_DIR` when set).
+async fn kubeconfig_config(path: Option<&std::path::Path>) -> anyhow::Result<Option<kube::Config>> {
+    use std::path::PathBuf;
+    let read = |p: &std::path::Path| Kubeconfig::read_from(p).with_context(|| format!("reading the kubeconfig {}", p.display()));
+    let kubeconfig = if let Some(p) = path {
+        Some(read(p)?)
+    } else if std::env::var_os("KUBECONFIG")
+        .is_some_and(|v| std::env::split_paths(&v).any(|p| !p.as_os_str().is_empty() && p.is_file()))
+    {
+        Some(Kubeconfig::from_env().context("reading the kubeconfigs of $KUBECONFIG")?.unwrap_or_default())
+    } else {
+        let home = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".kube").join("config"));
+        let data_dir = std::env::var_os("SHEPHERD_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| DEFAULT_DATA_DIR.into());
+        match [home, Some(data_dir.join("admin.kubeconfig"))].into_iter().flatten().find(|p| p.is_file()) {
+            Some(p) => Some(read(&p)?),
+            None => None,
+        }
+    };
+    let Some(kubeconfig) = kubeconfig else { return Ok(None) };
+    if kubeconfig.current_context.is_none() && kubeconfig.clusters.is_empty() {
+        return Ok(None);
+    }
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .context("the kubeconfig's current context cannot be used")?;
+    Ok(Some(config))
 }

@@ -31,9 +31,13 @@ use connection::{Cluster, ConnectionFlags};
 #[derive(Parser)]
 #[command(name = "sheepctl", version, about = "Drive a Shepherd cluster from the terminal, the way kubectl drives Kubernetes")]
 struct Cli {
-    /// API server URL (default: $SHEPHERD_API, else the kubeconfig's current context, else http://127.0.0.1:9876).
+    /// API server URL (default: $SHEPHERD_API, else the kubeconfig's current context, else https://127.0.0.1:9876).
     #[arg(long, global = true)]
     server: Option<String>,
+    /// The kubeconfig to use (default: $KUBECONFIG, else ~/.kube/config, else
+    /// ./shepherd-data/admin.kubeconfig, which `shepherd standalone` writes).
+    #[arg(long, global = true, value_name = "FILE")]
+    kubeconfig: Option<std::path::PathBuf>,
     /// Bearer token sent with every request.
     #[arg(long, global = true)]
     token: Option<String>,
@@ -298,7 +302,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         clap_complete::generate(shell, &mut Cli::command(), "sheepctl", &mut std::io::stdout());
         return Ok(true);
     }
-    let flags = ConnectionFlags { server: cli.server, token: cli.token, namespace: cli.namespace };
+    let flags = ConnectionFlags { server: cli.server, kubeconfig: cli.kubeconfig, token: cli.token, namespace: cli.namespace };
     let cluster = Cluster::connect(&flags).await?;
     cluster.learn_custom_resources().await;
     match cli.command {

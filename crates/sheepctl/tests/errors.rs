@@ -28,7 +28,7 @@ fn without_any_configuration_the_default_address_is_tried() {
     // Something may listen on 9876 on a developer machine; only check when nothing does.
     if std::net::TcpStream::connect("127.0.0.1:9876").is_err() {
         assert_eq!(out.status.code(), Some(1));
-        assert!(stderr.contains("http://127.0.0.1:9876"), "{stderr}");
+        assert!(stderr.contains("https://127.0.0.1:9876"), "{stderr}");
     }
 }
 
@@ -114,7 +114,7 @@ fn logs_without_a_node_agent_explain_why() {
 fn a_wrong_token_is_refused_and_the_right_one_accepted() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut child = std::process::Command::new(common::shepherd_bin())
-        .args(["server", "--listen", "127.0.0.1:0", "--token", "s3cret", "--data-dir"])
+        .args(["server", "--insecure-loopback", "--listen", "127.0.0.1:0", "--token", "s3cret", "--data-dir"])
         .arg(dir.path())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -127,6 +127,6 @@ fn a_wrong_token_is_refused_and_the_right_one_accepted() {
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(denied.code, 1);
-    assert!(denied.stderr.starts_with("Error: "), "{}", denied.stderr);
+    assert!(denied.stderr.starts_with("Error: the server did not accept the credentials"), "{}", denied.stderr);
     assert!(allowed.stdout.contains("namespace/default"), "{allowed:?}");
 }

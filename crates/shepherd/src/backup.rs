@@ -31,6 +31,9 @@ pub struct BackupArgs {
     /// Bearer token for the API server.
     #[arg(long, env = "SHEPHERD_TOKEN")]
     token: Option<String>,
+    /// The CA (PEM) that signed an https server's certificate (its <data-dir>/pki/ca.crt).
+    #[arg(long, value_name = "FILE")]
+    certificate_authority: Option<PathBuf>,
     /// Take the backup from this data directory (no server may be running on it).
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -72,7 +75,7 @@ pub async fn serve(store: LocalStore) -> Response {
 
 pub async fn backup(args: BackupArgs) -> anyhow::Result<()> {
     let bytes = match (&args.server, &args.data_dir) {
-        (Some(server), _) => fetch(server, args.token.as_deref()).await?,
+        (Some(server), _) => fetch(server, args.token.as_deref(), args.certificate_authority.as_deref()).await?,
         (None, Some(dir)) => {
             let path = store_file(dir);
             LocalStore::read_redb_snapshot(&path).with_context(|| format!("reading {}", path.display()))?.encode()
@@ -91,9 +94,15 @@ pub async fn backup(args: BackupArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn fetch(server: &str, token: Option<&str>) -> anyhow::Result<Vec<u8>> {
+async fn fetch(server: &str, token: Option<&str>, ca: Option<&Path>) -> anyhow::Result<Vec<u8>> {
     let url = format!("{}/backup", server.trim_end_matches('/'));
-    let mut req = reqwest::Client::new().get(&url);
+    let mut client = reqwest::Client::builder();
+    if let Some(path) = ca {
+        let pem = std::fs::read(path).with_context(|| format!("reading --certificate-authority {}", path.display()))?;
+        let cert = reqwest::Certificate::from_pem(&pem).with_context(|| format!("--certificate-authority {}", path.display()))?;
+        client = client.tls_built_in_root_certs(false).add_root_certificate(cert);
+    }
+    let mut req = client.build().context("building the HTTP client")?.get(&url);
     if let Some(t) = token {
         req = req.bearer_auth(t);
     }

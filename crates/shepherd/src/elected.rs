@@ -39,12 +39,20 @@ impl Role {
 
 #[derive(Args, Clone)]
 pub struct ElectedArgs {
-    /// The API server (any of several sharing one store).
-    #[arg(long, env = "SHEPHERD_API", default_value = "http://127.0.0.1:9876")]
+    /// The API server (any of several sharing one store; ignored with --kubeconfig).
+    #[arg(long, env = "SHEPHERD_API", default_value = "https://127.0.0.1:9876")]
     server: String,
     /// Bearer token for the API server.
     #[arg(long, env = "SHEPHERD_TOKEN")]
     token: Option<String>,
+    /// A kubeconfig naming the server, its CA and this component's credentials (not read from
+    /// $KUBECONFIG, as for the node agent).
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// The CA certificate (PEM) that signed the server's certificate (the server's
+    /// <data-dir>/pki/ca.crt).
+    #[arg(long, value_name = "FILE")]
+    certificate_authority: Option<std::path::PathBuf>,
     #[command(flatten)]
     election: ElectionArgs,
     #[command(flatten)]
@@ -98,12 +106,19 @@ pub async fn run(role: Role, mut args: ElectedArgs, shutdown: impl Future<Output
     if let Err(why) = config.check() {
         bail!("leader election: {why}");
     }
-    let client: Arc<dyn Client> = Arc::new(
-        shepherd_client::RemoteClient::connect(&args.server, args.token.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?,
-    );
+    let kube_config = crate::credentials::agent_client_config(
+        &args.server,
+        args.kubeconfig.as_deref(),
+        args.token.as_deref(),
+        args.certificate_authority.as_deref(),
+    )
+    .await?;
+    let server = kube_config.cluster_url.to_string();
+    let kube = kube::Client::try_from(kube_config).map_err(|e| anyhow::anyhow!("building a client for {server}: {e}"))?;
+    let client: Arc<dyn Client> = Arc::new(shepherd_client::RemoteClient::new(kube));
     let elector = LeaderElector::new(client.clone(), config);
     // The first line on stdout names this candidate, for scripts and tests.
-    println!("shepherd {} candidate {identity} against {}", role.command(), args.server);
+    println!("shepherd {} candidate {identity} against {server}", role.command());
     tokio::pin!(shutdown);
     if args.election.leader_elect {
         tokio::select! {

@@ -3,6 +3,7 @@
 mod backup;
 mod control_plane;
 mod controllers_view;
+mod credentials;
 mod dns;
 mod elected;
 mod node_agent;
@@ -39,11 +40,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the API server over a durable store.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Run everything in one process: API server, controllers, scheduler and a local node.
     Standalone(Box<StandaloneArgs>),
     /// Run a node agent against an API server: registers the node and runs its pods.
-    Agent(AgentCommand),
+    Agent(Box<AgentCommand>),
     /// Write a consistent snapshot of the store (from a running server or an idle data dir).
     Backup(backup::BackupArgs),
     /// Create a data directory's store from a backup file.
@@ -59,6 +60,8 @@ enum Command {
     /// Run the scheduler against an API server, acting while holding the kube-system/kube-scheduler
     /// Lease (several may run; one acts).
     Scheduler(Box<elected::ElectedArgs>),
+    /// Print a kubeconfig for a user, with a client certificate signed by the cluster CA.
+    Kubeconfig(credentials::KubeconfigArgs),
 }
 
 #[derive(Args, Clone)]
@@ -77,12 +80,20 @@ struct StandaloneArgs {
 
 #[derive(Args, Clone)]
 struct AgentCommand {
-    /// The API server.
-    #[arg(long, env = "SHEPHERD_API", default_value = "http://127.0.0.1:9876")]
+    /// The API server (ignored with --kubeconfig).
+    #[arg(long, env = "SHEPHERD_API", default_value = "https://127.0.0.1:9876")]
     server: String,
     /// Bearer token for the API server.
     #[arg(long, env = "SHEPHERD_TOKEN")]
     token: Option<String>,
+    /// A kubeconfig naming the server, its CA and the node's credentials (not read from
+    /// $KUBECONFIG: an agent started from a user's shell must not join the user's cluster).
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// The CA certificate (PEM) that signed the server's certificate (the server's
+    /// <data-dir>/pki/ca.crt).
+    #[arg(long, value_name = "FILE")]
+    certificate_authority: Option<PathBuf>,
     /// Directory for container state and logs; must survive restarts for re-adoption.
     #[arg(long, env = "SHEPHERD_AGENT_DATA_DIR", default_value = "shepherd-agent-data")]
     data_dir: PathBuf,
@@ -107,9 +118,12 @@ struct ServerArgs {
     /// Address to serve the API on.
     #[arg(long, env = "SHEPHERD_LISTEN", default_value = "127.0.0.1:9876")]
     listen: SocketAddr,
-    /// Require this bearer token on every request.
+    /// A bearer token that authenticates as the administrator (user shepherd-admin, group
+    /// system:masters); with --insecure-loopback, required on every request.
     #[arg(long, env = "SHEPHERD_TOKEN")]
     token: Option<String>,
+    #[command(flatten)]
+    tls: credentials::TlsArgs,
     /// The secret node agents' streaming endpoints require (their --streaming-token); without
     /// it, exec, attach and port-forward are refused. Standalone generates one when unset.
     #[arg(long, env = "SHEPHERD_STREAMING_TOKEN", hide_env_values = true)]
@@ -181,7 +195,7 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         match cli.command {
-            Command::Server(args) => run_server(args, None).await,
+            Command::Server(args) => run_server(*args, None).await,
             Command::Standalone(args) => {
                 registry::start_beside(&args.registry, &args.server.data_dir).await?;
                 let StandaloneArgs { server, agent: mut agent_args, keep_pods, .. } = *args;
@@ -189,13 +203,14 @@ fn main() -> anyhow::Result<()> {
                 let local = LocalAgent { args: agent_args, keep_pods, runtime_note };
                 run_server(server, Some(local)).await
             }
-            Command::Agent(args) => run_agent(args).await,
+            Command::Agent(args) => run_agent(*args).await,
             Command::Backup(args) => backup::backup(args).await,
             Command::Restore(args) => backup::restore(args),
             Command::Store(command) => store_check::run(command),
             Command::Registry(args) => registry::run(args).await,
             Command::ControllerManager(args) => elected::run(elected::Role::ControllerManager, *args, shutdown_signal()).await,
             Command::Scheduler(args) => elected::run(elected::Role::Scheduler, *args, shutdown_signal()).await,
+            Command::Kubeconfig(args) => credentials::print_kubeconfig(args),
         }
     })
 }
@@ -238,9 +253,16 @@ fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
 const MAX_SIMULATED_AGENT_WORKERS: usize = 64;
 
 async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
-    let client: Arc<dyn Client> = Arc::new(
-        shepherd_client::RemoteClient::connect(&args.server, args.token.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?,
-    );
+    let kube_config = credentials::agent_client_config(
+        &args.server,
+        args.kubeconfig.as_deref(),
+        args.token.as_deref(),
+        args.certificate_authority.as_deref(),
+    )
+    .await?;
+    let server_url = kube_config.cluster_url.to_string();
+    let kube = kube::Client::try_from(kube_config).map_err(|e| anyhow::anyhow!("building a client for {server_url}: {e}"))?;
+    let client: Arc<dyn Client> = Arc::new(shepherd_client::RemoteClient::new(kube));
     private_dir::secure(&args.data_dir)?;
     let mut config = args.agent.config(&args.data_dir)?;
     if let Some(dns) = config.cluster_dns.as_mut() {
@@ -258,7 +280,7 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
             let agent = shepherd_agent::Agent::simulated(client, config, n, &args.node_name_prefix)
                 .await
                 .map_err(node_agent::context)?;
-            println!("shepherd agent running {n} simulated nodes ({}0..) against {}", args.node_name_prefix, args.server);
+            println!("shepherd agent running {n} simulated nodes ({}0..) against {server_url}", args.node_name_prefix);
             agent.run(shutdown_signal()).await.map_err(node_agent::context)
         }
         None => {
@@ -267,7 +289,7 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
                 tracing::warn!("no --streaming-token: this node serves no exec, attach or port-forward");
             }
             let agent = shepherd_agent::Agent::new(client, config).await.map_err(node_agent::context)?;
-            println!("shepherd agent running node {name} against {}", args.server);
+            println!("shepherd agent running node {name} against {server_url}");
             agent.run(shutdown_signal()).await.map_err(node_agent::context)
         }
     }
@@ -283,12 +305,18 @@ struct LocalAgent {
 
 async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow::Result<()> {
     let standalone = local_agent.is_some();
+    credentials::check_insecure_listen(&args.tls, args.listen)?;
     let local_store = open_store(&args)?;
     let store: Arc<dyn Store> = Arc::new(local_store.clone());
+    let secured = match args.tls.insecure_loopback {
+        true => None,
+        false => Some(credentials::secure(&args.tls, &args.data_dir, args.listen, args.token.as_deref())?),
+    };
     let config = HttpConfig {
         max_body_bytes: args.max_body_bytes,
         token: args.token.clone(),
         bookmark_interval: Duration::from_secs(args.bookmark_seconds.max(1)),
+        authenticator: secured.as_ref().map(|s| s.authenticator.clone()),
     };
     let server = ApiServer::new(store.clone(), config).await.map_err(|e| anyhow::anyhow!("starting API server: {e}"))?;
     let server = server.with_node_port_range(args.controllers.service_node_port_range.parse()?);
@@ -382,8 +410,18 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
     let mode = if standalone { "standalone" } else { "server" };
+    let scheme = if secured.is_some() { "https" } else { "http" };
+    let url = credentials::client_url(scheme, addr);
+    let kubeconfig = match &secured {
+        Some(s) => Some(credentials::write_admin_kubeconfig(&args.data_dir, s, &url)?),
+        None => None,
+    };
     // The first line on stdout is the address, so scripts and tests can read it.
-    println!("shepherd {mode} listening on http://{addr}");
+    println!("shepherd {mode} listening on {scheme}://{addr}");
+    if let Some(path) = &kubeconfig {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "admin kubeconfig: {} (kubectl --kubeconfig {0} get pods)", path.display());
+    }
     if let Some(note) = local_agent.as_ref().and_then(|l| l.runtime_note.as_ref()) {
         // On stderr: scripts read the address from stdout and may close it after that line.
         use std::io::Write;
@@ -410,8 +448,17 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
             args.snapshot_keep,
         ))
     });
-    let serving = shepherd_apiserver::serve(listener, router, limits, connection_metrics, stopped(stop_rx.clone()));
-    let serving = tokio::spawn(serving);
+    let serving = match secured {
+        Some(s) => tokio::spawn(shepherd_apiserver::serve_tls(
+            listener,
+            router,
+            limits,
+            connection_metrics,
+            s.tls,
+            stopped(stop_rx.clone()),
+        )),
+        None => tokio::spawn(shepherd_apiserver::serve(listener, router, limits, connection_metrics, stopped(stop_rx.clone()))),
+    };
     shutdown_signal().await;
     stop_tx.send_replace(true);
     if let Some(s) = snapshotter {

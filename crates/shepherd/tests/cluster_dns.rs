@@ -280,7 +280,7 @@ fn a_cluster_dns_port_in_use_fails_the_start_with_the_address_named() {
     let addr = taken.local_addr().expect("addr").to_string();
     let dir = tempfile::tempdir().expect("tempdir");
     let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .args(["server", "--in-memory", "--listen", "127.0.0.1:0", "--cluster-dns-listen", &addr])
+        .args(["server", "--in-memory", "--insecure-loopback", "--listen", "127.0.0.1:0", "--cluster-dns-listen", &addr])
         .arg("--data-dir")
         .arg(dir.path())
         .output()

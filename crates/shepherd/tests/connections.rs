@@ -37,7 +37,7 @@ async fn metric(url: &str, name: &str) -> Option<f64> {
 /// `shepherd server --in-memory` started with a soft open-file limit of 1024, the usual default.
 fn server_with_default_open_file_limit(dir: &std::path::Path, extra: &[&str]) -> Daemon {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
-    cmd.args(["server", "--in-memory", "--listen", "127.0.0.1:0", "--data-dir"]).arg(dir).args(extra);
+    cmd.args(["server", "--in-memory", "--insecure-loopback", "--listen", "127.0.0.1:0", "--data-dir"]).arg(dir).args(extra);
     cmd.env("RUST_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::inherit());
     // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
     unsafe {

@@ -102,7 +102,7 @@ fn free_port() -> u16 {
 /// `shepherd server` over `dir` at a fixed address, so that its agent finds it again after a restart.
 fn server_at(dir: &Path, listen: &str) -> Daemon {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .args(["server", "--listen", listen, "--data-dir"])
+        .args(["server", "--insecure-loopback", "--listen", listen, "--data-dir"])
         .arg(dir)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 fn logs_written_to_a_pipe_carry_no_colour_codes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .args(["server", "--in-memory", "--listen", "127.0.0.1:0", "--data-dir"])
+        .args(["server", "--in-memory", "--insecure-loopback", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir.path())
         .env("RUST_LOG", "info")
         .env_remove("NO_COLOR")

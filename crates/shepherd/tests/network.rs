@@ -15,6 +15,8 @@ use common::Daemon;
 use serde_json::{Value, json};
 
 /// The underlay's addresses: the server's, then one per node.
+/// The administrator token the server takes (`--token`) and the agents and curl present.
+const TOKEN: &str = "network-test-token";
 const SERVER_IP: &str = "172.31.250.1";
 const NODE_IPS: [&str; 2] = ["172.31.250.11", "172.31.250.12"];
 
@@ -155,7 +157,7 @@ impl Cluster {
             .arg("server")
             .arg("--data-dir")
             .arg(dir.path().join("server"))
-            .args(["--listen", &format!("{SERVER_IP}:0")])
+            .args(["--listen", &format!("{SERVER_IP}:0"), "--token", TOKEN])
             .args(server_flags)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -181,6 +183,11 @@ impl Cluster {
         self.server.as_ref().map(|s| s.url.clone()).unwrap_or_default()
     }
 
+    /// The cluster CA, which signed the server's certificate: the server is off loopback, so TLS.
+    fn ca(&self) -> PathBuf {
+        self.dir.path().join("server/pki/ca.crt")
+    }
+
     fn agent_dir(&self, node: usize) -> PathBuf {
         self.dir.path().join(format!("agent-{node}"))
     }
@@ -189,6 +196,8 @@ impl Cluster {
         let child = self.nodes[node]
             .command(env!("CARGO_BIN_EXE_shepherd"))
             .args(["agent", "--server", &self.url(), "--node-name", &format!("node-{node}"), "--node-ip", NODE_IPS[node]])
+            .args(["--token", TOKEN, "--certificate-authority"])
+            .arg(self.ca())
             .args(["--runtime", self.runtime, "--pod-network", "bridge", "--lease-seconds", "1", "--data-dir"])
             .arg(self.agent_dir(node))
             .args(self.agent_flags)
@@ -233,13 +242,20 @@ impl Cluster {
 
     /// GET `path` from the server (from inside the server's namespace).
     fn get(&self, path: &str) -> Value {
-        let out = self.server_ns.command("curl").args(["-s", "-m", "10", &format!("{}{path}", self.url())]).output().expect("curl");
+        let out = self
+            .server_ns
+            .command("curl")
+            .args(["-s", "-m", "10", "-H", &format!("Authorization: Bearer {TOKEN}"), "--cacert"])
+            .arg(self.ca())
+            .arg(format!("{}{path}", self.url()))
+            .output()
+            .expect("curl");
         serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
     }
 
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
         let mut cmd = self.server_ns.command(common::installed_kubectl());
-        cmd.arg("--server").arg(self.url()).env("KUBECONFIG", "/dev/null").args(args);
+        cmd.arg("--kubeconfig").arg(self.dir.path().join("server/admin.kubeconfig")).args(args);
         let (status, out, err) = common::run_with_stdin(&mut cmd, stdin);
         assert!(status.success(), "kubectl {args:?} failed: {err}");
         out

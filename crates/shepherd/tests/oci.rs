@@ -61,7 +61,7 @@ impl Cluster {
             .arg("standalone")
             .arg("--data-dir")
             .arg(dir)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", "127.0.0.1:0", "--insecure-loopback"])
             .args(flags)
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())

@@ -75,7 +75,7 @@ impl Shepherd {
             .arg(mode)
             .arg("--data-dir")
             .arg(dir.path())
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", "127.0.0.1:0", "--insecure-loopback"])
             .args(default_runtime)
             .args(extra)
             .env("RUST_LOG", "warn")
