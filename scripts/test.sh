@@ -17,6 +17,7 @@ command -v tmux >/dev/null 2>&1 || need+=(tmux)                        # drives 
 command -v ip >/dev/null 2>&1 || need+=(iproute2)                    # test-made network namespaces (`ip netns`)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)               # runs a node agent inside one
 command -v curl >/dev/null 2>&1 || need+=(curl)                        # requests from inside them
+wget --version 2>/dev/null | grep -q 'GNU Wget' || need+=(wget)         # a client pod's wget by Service name
 command -v nft >/dev/null 2>&1 || need+=(nftables)                     # the agent's Service data plane
 command -v dig >/dev/null 2>&1 || need+=(bind9-dnsutils)               # queries the cluster DNS
 [ -x /usr/bin/chromium ] || need+=(chromium)                            # the dashboard's browser tests
