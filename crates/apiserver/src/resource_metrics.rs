@@ -194,11 +194,20 @@ async fn handle(
     let get = req.method() == Method::GET;
     match rest {
         ["nodes"] if req.method() == Method::POST => {
+            // A node agent reports for its own node only (others are authorized by RBAC alone).
+            let reporter = req.extensions().get::<crate::auth::UserInfo>().and_then(|u| u.node_name().map(str::to_string));
             let body = match axum::body::to_bytes(req.into_body(), MAX_REPORT_BYTES).await {
                 Ok(b) => b,
                 Err(_) => return ("POST", "nodes", Err(ApiError::RequestEntityTooLarge("metrics report too large".into()))),
             };
             let parsed = serde_json::from_slice::<Value>(&body).map_err(|e| bad(format!("malformed metrics report: {e}")));
+            let parsed = parsed.and_then(|v| match &reporter {
+                Some(node) if name_of(&v) != node => Err(ApiError::Forbidden(format!(
+                    "nodes.metrics.k8s.io {:?} is forbidden: node {node:?} can only report its own usage",
+                    name_of(&v)
+                ))),
+                _ => Ok(v),
+            });
             ("POST", "nodes", parsed.and_then(|v| table.report(v)).map(|n| (StatusCode::CREATED, n)))
         }
         ["nodes"] if get => {

@@ -31,6 +31,20 @@ async fn serve() -> Served {
         Arc::new(LocalStore::open_redb(&dir.path().join("s.redb"), HistoryLimits::default()).expect("store"));
     let config = HttpConfig { authenticator: Some(authn), ..HttpConfig::default() };
     let server = ApiServer::new(store, config).await.expect("server");
+    // Authenticated users may ask who they are, and bob may read (authorization follows RBAC).
+    let grants = [
+        (&shepherd_api::kinds::CLUSTERROLE, json!({"metadata": {"name": "whoami"},
+            "rules": [{"nonResourceURLs": ["/whoami"], "verbs": ["get"]}]})),
+        (&shepherd_api::kinds::CLUSTERROLEBINDING, json!({"metadata": {"name": "whoami"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "whoami"},
+            "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "system:authenticated"}]})),
+        (&shepherd_api::kinds::CLUSTERROLEBINDING, json!({"metadata": {"name": "bob-view"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+            "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "bob"}]})),
+    ];
+    for (res, obj) in grants {
+        server.service().create(res, None, obj).await.expect("grant");
+    }
     let whoami = axum::Router::new().route(
         "/whoami",
         axum::routing::get(|req: Request| async move {
@@ -60,8 +74,17 @@ async fn a_client_certificate_names_the_user_and_groups_handlers_see() {
     let s = serve().await;
     let cert = s.ca.client_cert("alice", &["dev".into(), "ops".into()]).expect("cert");
     let identity = reqwest::Identity::from_pem(format!("{}{}", cert.cert_pem, cert.key_pem).as_bytes()).expect("identity");
-    let who: serde_json::Value =
-        client(&s.ca, Some(identity)).get(format!("{}/whoami", s.url)).send().await.expect("get").json().await.expect("json");
+    let alice = client(&s.ca, Some(identity));
+    let mut reply = alice.get(format!("{}/whoami", s.url)).send().await.expect("get");
+    // The authorizer follows RBAC objects through the store's watch: a moment after they are written.
+    for _ in 0..100 {
+        if reply.status() != 403 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        reply = alice.get(format!("{}/whoami", s.url)).send().await.expect("get");
+    }
+    let who: serde_json::Value = reply.json().await.expect("json");
     assert_eq!(who, json!({"name": "alice", "groups": ["dev", "ops", "system:authenticated"]}));
     let anonymous = client(&s.ca, None).get(format!("{}/whoami", s.url)).send().await.expect("get");
     assert_eq!(anonymous.status(), 401);
@@ -84,6 +107,14 @@ async fn a_websocket_watch_authenticates_with_the_bearer_subprotocol_of_a_token_
             .header("Sec-WebSocket-Protocol", protocol)
             .send()
     };
-    assert_eq!(watch("bob-token").await.expect("upgrade").status(), 101);
+    let mut upgraded = watch("bob-token").await.expect("upgrade").status();
+    for _ in 0..100 {
+        if upgraded != 403 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        upgraded = watch("bob-token").await.expect("upgrade").status();
+    }
+    assert_eq!(upgraded, 101);
     assert_eq!(watch("not-a-token").await.expect("refused").status(), 401);
 }

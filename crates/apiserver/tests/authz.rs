@@ -288,6 +288,14 @@ async fn a_node_writes_only_its_own_node_lease_and_pods_and_reads_only_its_pods_
     let r = n1.patch("/api/v1/nodes/n1/status", &json!({"status": {"phase": "Running"}}), MERGE).await;
     assert_eq!(r.code, StatusCode::OK, "{}", r.body);
 
+    // Usage reports for its own node only.
+    let usage = |name: &str| json!({"apiVersion": "metrics.k8s.io/v1beta1", "kind": "NodeMetrics", "metadata": {"name": name},
+        "timestamp": "2026-01-01T00:00:00Z", "window": "5s", "usage": {"cpu": "10m", "memory": "1Mi"}, "pods": []});
+    let r = n1.post("/apis/metrics.k8s.io/v1beta1/nodes", &usage("n1")).await;
+    assert_eq!(r.code, StatusCode::CREATED, "{}", r.body);
+    let r = n1.post("/apis/metrics.k8s.io/v1beta1/nodes", &usage("n2")).await;
+    assert_eq!(r.code, StatusCode::FORBIDDEN, "{}", r.body);
+
     // Its own Lease only.
     let lease = |name: &str| json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name},
         "spec": {"holderIdentity": name}});

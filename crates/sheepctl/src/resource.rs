@@ -135,8 +135,10 @@ mod tests {
     #[test]
     fn comma_separated_kinds_and_categories_select_several_kinds_in_order() {
         assert_eq!(kinds_of("deploy,rs,pods"), ["Deployment", "ReplicaSet", "Pod"]);
-        assert_eq!(kinds_of("all"), ["Pod", "Service", "Deployment", "ReplicaSet", "Job", "CronJob", "DaemonSet", "StatefulSet", "ReplicationController"]);
-        assert_eq!(kinds_of("all,nodes,po"), ["Pod", "Service", "Deployment", "ReplicaSet", "Job", "CronJob", "DaemonSet", "StatefulSet", "ReplicationController", "Node"]);
+        assert_eq!(kinds_of("all"), ["Pod", "Service", "Deployment", "ReplicaSet", "Job", "CronJob", "DaemonSet", "StatefulSet", "ReplicationController",
+            "HorizontalPodAutoscaler"]);
+        assert_eq!(kinds_of("all,nodes,po"), ["Pod", "Service", "Deployment", "ReplicaSet", "Job", "CronJob", "DaemonSet", "StatefulSet", "ReplicationController",
+            "HorizontalPodAutoscaler", "Node"]);
         assert!(!selection(&["pods".to_string()]).unwrap().show_kind);
         assert!(selection(&["all".to_string()]).unwrap().show_kind);
         let err = selection(&["pods,widgets".to_string()]).err().unwrap().to_string();

@@ -134,7 +134,33 @@ async fn requests_without_valid_credentials_get_kubernetes_401_except_health_and
         assert_eq!(status["code"], 401);
     }
     assert_eq!(get("/api/v1/namespaces", Some("admin-t0ken")).await.status(), 200, "--token");
-    assert_eq!(get("/api/v1/namespaces", Some("t0ken-of-bob")).await.status(), 200, "a token of --token-auth-file");
+    // bob is authenticated by the token file, and may do nothing until RBAC says so.
+    let refused = get("/api/v1/namespaces", Some("t0ken-of-bob")).await;
+    assert_eq!(refused.status(), 403, "a token of --token-auth-file, without a role");
+    let status: serde_json::Value = refused.json().await.expect("Status body");
+    assert_eq!(
+        status["message"],
+        "namespaces is forbidden: User \"bob\" cannot list resource \"namespaces\" in API group \"\" at the cluster scope"
+    );
+    let binding = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "bob-view"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "bob"}]});
+    let bound = http
+        .post(format!("{}/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", server.url))
+        .bearer_auth("admin-t0ken")
+        .json(&binding)
+        .send()
+        .await
+        .expect("bind");
+    assert_eq!(bound.status(), 201);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while get("/api/v1/namespaces", Some("t0ken-of-bob")).await.status() != 200 {
+        assert!(std::time::Instant::now() < deadline, "bob bound to view still cannot list namespaces");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let delete = http.delete(format!("{}/api/v1/namespaces/default", server.url)).bearer_auth("t0ken-of-bob").send().await.expect("delete");
+    assert_eq!(delete.status(), 403, "view does not delete");
     // Nothing was written by the refused requests.
     let refused = http
         .post(format!("{}/api/v1/namespaces", server.url))
