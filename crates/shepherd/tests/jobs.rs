@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, kubectl_command, kubectls_under_test, run_with_stdin};
+use common::{Daemon, free_port, kubectl_command, kubectls_under_test, run_with_stdin};
 use serde_json::{Value, json};
 
 const JOBS: &str = "/apis/batch/v1/namespaces/default/jobs";
@@ -94,10 +94,6 @@ async fn a_job_whose_first_pods_fail_backs_off_and_completes_with_exactly_five_s
     drop(daemon);
 }
 
-/// A free loopback port, for a server that must come back at the same address.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
-}
 
 /// `shepherd server` over `dir` at a fixed address, so that its agent finds it again after a restart.
 fn server_at(dir: &Path, listen: &str) -> Daemon {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{Daemon, free_port, processes_with};
 use serde_json::{Value, json};
 use shepherd_registry::testimage::ImageBuilder;
 
@@ -698,7 +698,7 @@ async fn on_oci_attach_it_drives_the_containers_own_terminal_follows_resizes_and
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_oci_attach_i_feeds_a_container_started_with_stdin_and_run_i_ends_a_stdin_once_one() {
-    use common::interactive::attach_typing;
+    use common::interactive::check_attach_stdin;
     let cluster = Cluster::start(&[]);
     cluster.push(&interactive_image(), "busybox", "1").await;
     let image = format!("{}/busybox:1", cluster.registry);
@@ -707,42 +707,11 @@ async fn on_oci_attach_i_feeds_a_container_started_with_stdin_and_run_i_ends_a_s
         {"name": "deaf", "image": image, "command": ["sleep", "100000"]}]})).await;
     let url = cluster.url();
     for (label, bin) in common::kubectls_under_test() {
-        let word = format!("hello-{}", label.replace('.', "-"));
-        let out = attach_typing(&bin, &url, "reader", "r", &word);
-        assert!(out.contains(&format!("got:{word}")), "kubectl {label}: the container read what was typed: {out:?}");
-
-        let (status, _, err) =
-            common::run_with_stdin(common::kubectl_command(&bin, &url).args(["attach", "-i", "reader", "-c", "deaf"]), Some("x\n"));
-        assert!(!status.success(), "kubectl {label}: attaching stdin to a container without one fails");
-        assert!(err.contains("container deaf in pod reader has no stdin") && err.contains("stdin: true"), "kubectl {label}: {err}");
-
-        // `kubectl run -i` makes a stdinOnce container: its stdin ends with kubectl's, so `cat`
-        // ends, and so does the pod (deleted by --rm).
-        let name = format!("once-{}", label.replace('.', "-"));
-        let image_flag = format!("--image={image}");
-        let args = ["run", "-i", "--rm", "--restart=Never", &name, &image_flag, "--", "sh", "-c", "cat; echo done-reading"];
-        let (status, out, err) = common::run_with_stdin(common::kubectl_command(&bin, &url).args(args), Some("piped-in\n"));
-        assert!(status.success(), "kubectl {label}: run -i: {err}");
-        assert!(out.contains("piped-in\ndone-reading"), "kubectl {label}: run -i printed {out:?}; stderr {err}");
+        check_attach_stdin(&bin, &url, &label, &[&format!("--image={image}"), "--", "sh"]);
     }
 }
 
-/// The processes (kubectl aside) whose command line contains `needle`.
-fn processes_with(needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(line) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let text = String::from_utf8_lossy(&line).replace('\0', " ");
-        if text.contains(needle) && !text.contains("kubectl") {
-            out.push(format!("{}: {text}", entry.file_name().to_string_lossy()));
-        }
-    }
-    out
-}
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_oci_exec_keeps_exit_codes_exec_it_gets_a_terminal_cp_round_trips_10_mib_and_port_forward_and_attach_work() {

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::interactive::{Terminal, attach_typing};
-use common::{Daemon, kubectl_command, kubectls_under_test, newest_kubectl, run_with_stdin};
+use common::interactive::{Terminal, attach_typing, check_attach_stdin};
+use common::{Daemon, free_port, kubectl_command, kubectls_under_test, newest_kubectl, processes_with, run_with_stdin};
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `secs`.
 fn eventually<T>(secs: u64, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
@@ -117,9 +117,6 @@ fn cp_round_trips_a_10_mib_file_byte_exact_in_both_directions() {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
 
 fn http_get(port: u16, path: &str) -> Option<String> {
     use std::io::{Read, Write};
@@ -288,37 +285,10 @@ fn attach_with_stdin_feeds_a_container_started_with_stdin() {
         {"name": "r", "image": "busybox", "command": READER, "stdin": true},
         {"name": "deaf", "image": "busybox", "command": IDLE}]}));
     for (label, bin) in kubectls_under_test() {
-        let word = format!("hello-{}", label.replace('.', "-"));
-        let out = attach_typing(&bin, &d.url, "reader", "r", &word);
-        assert!(out.contains(&format!("got:{word}")), "kubectl {label}: the container read what was typed: {out:?}");
-
-        let (status, _, err) = run_with_stdin(kubectl_command(&bin, &d.url).args(["attach", "-i", "reader", "-c", "deaf"]), Some("x\n"));
-        assert!(!status.success(), "kubectl {label}: attaching stdin to a container without one fails");
-        assert!(err.contains("container deaf in pod reader has no stdin") && err.contains("stdin: true"), "kubectl {label}: {err}");
-
-        // `kubectl run -i` makes a stdinOnce container: its stdin ends with kubectl's, so `cat`
-        // ends, and so does the pod (deleted by --rm).
-        let name = format!("once-{}", label.replace('.', "-"));
-        let cat = "cat; echo done-reading";
-        let args = ["run", "-i", "--rm", "--restart=Never", &name, "--image=busybox", "--", "/usr/bin/busybox", "sh", "-c", cat];
-        let (status, out, err) = run_with_stdin(kubectl_command(&bin, &d.url).args(args), Some("piped-in\n"));
-        assert!(status.success(), "kubectl {label}: run -i: {err}");
-        assert!(out.contains("piped-in\ndone-reading"), "kubectl {label}: run -i printed {out:?}; stderr {err}");
+        check_attach_stdin(&bin, &d.url, &label, &["--image=busybox", "--", "/usr/bin/busybox", "sh"]);
     }
 }
 
-/// The pids of processes whose command line contains `needle`.
-fn processes_with(needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if text.contains(needle) && !text.contains("kubectl") {
-            out.push(format!("{}: {text}", entry.file_name().to_string_lossy()));
-        }
-    }
-    out
-}
 
 #[test]
 fn a_dropped_exec_connection_leaves_no_process_behind() {

@@ -111,3 +111,29 @@ pub fn attach_typing(bin: &Path, url: &str, pod: &str, container: &str, word: &s
     reader.join().expect("reader")
 }
 
+
+/// What `kubectl attach -i` and `kubectl run -i` must do with kubectl `label` (`bin`) against a
+/// pod `reader` whose container `r` echoes `got:<line>` for each line it reads and whose container
+/// `deaf` has no stdin: typed lines reach `r`, attaching to `deaf` fails naming it, and `run -i
+/// --rm` with `run_image` (the image flag and the shell command before `-c`) feeds a stdinOnce
+/// container whose stdin ends with kubectl's.
+pub fn check_attach_stdin(bin: &Path, url: &str, label: &str, run_image: &[&str]) {
+    let word = format!("hello-{}", label.replace('.', "-"));
+    let out = attach_typing(bin, url, "reader", "r", &word);
+    assert!(out.contains(&format!("got:{word}")), "kubectl {label}: the container read what was typed: {out:?}");
+
+    let (status, _, err) =
+        super::run_with_stdin(kubectl_command(bin, url).args(["attach", "-i", "reader", "-c", "deaf"]), Some("x\n"));
+    assert!(!status.success(), "kubectl {label}: attaching stdin to a container without one fails");
+    assert!(err.contains("container deaf in pod reader has no stdin") && err.contains("stdin: true"), "kubectl {label}: {err}");
+
+    // `kubectl run -i` makes a stdinOnce container: its stdin ends with kubectl's, so `cat`
+    // ends, and so does the pod (deleted by --rm).
+    let name = format!("once-{}", label.replace('.', "-"));
+    let mut args = vec!["run", "-i", "--rm", "--restart=Never", name.as_str()];
+    args.extend_from_slice(run_image);
+    args.extend_from_slice(&["-c", "cat; echo done-reading"]);
+    let (status, out, err) = super::run_with_stdin(kubectl_command(bin, url).args(&args), Some("piped-in\n"));
+    assert!(status.success(), "kubectl {label}: run -i: {err}");
+    assert!(out.contains("piped-in\ndone-reading"), "kubectl {label}: run -i printed {out:?}; stderr {err}");
+}

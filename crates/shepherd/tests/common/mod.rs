@@ -88,6 +88,24 @@ impl Drop for Daemon {
     }
 }
 
+/// The processes (kubectl aside) whose command line contains `needle`, as `pid: command line`.
+pub fn processes_with(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if text.contains(needle) && !text.contains("kubectl") {
+            out.push(format!("{}: {text}", entry.file_name().to_string_lossy()));
+        }
+    }
+    out
+}
+
+/// A TCP port on loopback that nothing listens on (at the moment of asking).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
 /// The `kubectl` on PATH (on the test machines, a dispatcher that picks a version).
 pub fn installed_kubectl() -> PathBuf {
     std::env::var_os("PATH")
