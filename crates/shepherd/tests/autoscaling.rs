@@ -4,35 +4,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, kubectls_under_test};
+use common::{Daemon, Kubectl, kubectls_under_test};
 use serde_json::Value;
 
-struct Kubectl {
-    bin: PathBuf,
-    url: String,
-}
-
 impl Kubectl {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-        let (status, out, err) = common::run_with_stdin(common::kubectl_command(&self.bin, &self.url).args(args), stdin);
-        (status.success(), out, err)
-    }
-
-    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let (ok, out, err) = self.run(args, stdin);
-        assert!(ok, "kubectl {args:?}: {err}{out}");
-        out
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let mut all = args.to_vec();
-        all.extend(["-o", "json"]);
-        serde_json::from_str(&self.ok(&all, None)).expect("kubectl -o json")
-    }
-
     /// Polls `f` until it returns `Some`; panics with `what` and the last output after `limit`.
     fn wait_for<T>(&self, what: &str, limit: Duration, mut f: impl FnMut(&Kubectl) -> Result<T, String>) -> T {
         let started = Instant::now();

@@ -4,11 +4,10 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Daemon, kubectls_under_test};
+use common::{Daemon, Kubectl, kubectls_under_test};
 use serde_json::Value;
 
 struct Agent(Child);
@@ -36,29 +35,7 @@ impl Drop for Agent {
     }
 }
 
-struct Kubectl {
-    bin: PathBuf,
-    url: String,
-}
-
 impl Kubectl {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-        let (status, out, err) = common::run_with_stdin(common::kubectl_command(&self.bin, &self.url).args(args), stdin);
-        (status.success(), out, err)
-    }
-
-    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let (ok, out, err) = self.run(args, stdin);
-        assert!(ok, "kubectl {args:?}: {err}{out}");
-        out
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let mut all = args.to_vec();
-        all.extend(["-o", "json"]);
-        serde_json::from_str(&self.ok(&all, None)).expect("kubectl -o json")
-    }
-
     /// Polls until `done` holds for `kubectl get pods -o json`'s items; panics after `limit`.
     fn wait_for_pods(&self, what: &str, limit: Duration, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
         let started = Instant::now();

@@ -6,11 +6,10 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{Daemon, Kubectl};
 
 struct Agent(Child);
 
@@ -35,17 +34,7 @@ impl Drop for Agent {
     }
 }
 
-struct Kubectl {
-    bin: PathBuf,
-    url: String,
-}
-
 impl Kubectl {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-        let (status, out, err) = common::run_with_stdin(common::kubectl_command(&self.bin, &self.url).args(args), stdin);
-        (status.success(), out, err)
-    }
-
     fn get(&self, args: &[&str]) -> String {
         let (ok, out, err) = self.run(args, None);
         assert!(ok, "kubectl {args:?}: {err}");

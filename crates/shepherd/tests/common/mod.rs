@@ -106,6 +106,34 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
+/// One kubectl binary against one server.
+pub struct Kubectl {
+    pub bin: PathBuf,
+    pub url: String,
+}
+
+impl Kubectl {
+    /// Runs `args` with `stdin`: whether it succeeded, stdout, stderr.
+    pub fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+        let (status, out, err) = run_with_stdin(kubectl_command(&self.bin, &self.url).args(args), stdin);
+        (status.success(), out, err)
+    }
+
+    /// Runs `args`; the test fails if kubectl does.
+    pub fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let (ok, out, err) = self.run(args, stdin);
+        assert!(ok, "kubectl {args:?}: {err}{out}");
+        out
+    }
+
+    /// Runs `args` with `-o json` and parses what it prints.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&all, None)).expect("kubectl -o json")
+    }
+}
+
 /// The `kubectl` on PATH (on the test machines, a dispatcher that picks a version).
 pub fn installed_kubectl() -> PathBuf {
     std::env::var_os("PATH")
