@@ -4,35 +4,25 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Daemon, Kubectl, kubectls_under_test};
 use serde_json::Value;
 
-struct Agent(Child);
-
-impl Agent {
-    /// `nodes` simulated nodes named `<prefix>0..`, or one node named `prefix` when `nodes` is 0.
-    fn start(server: &str, prefix: &str, nodes: usize, dir: &std::path::Path) -> Agent {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
-        cmd.args(["agent", "--server", server, "--runtime", "simulated", "--simulated-ready-ms", "50", "--data-dir"]);
-        cmd.arg(dir.join(prefix));
-        if nodes == 0 {
-            cmd.args(["--node-name", prefix]);
-        } else {
-            cmd.args(["--simulate-nodes", &nodes.to_string(), "--node-name-prefix", prefix]);
-        }
-        let child = cmd.env("RUST_LOG", "warn").stdout(Stdio::null()).spawn().expect("start agent");
-        Agent(child)
+/// Starts a node agent process, killed with the test.
+/// `nodes` simulated nodes named `<prefix>0..`, or one node named `prefix` when `nodes` is 0.
+fn start_agent(server: &str, prefix: &str, nodes: usize, dir: &std::path::Path) -> common::KillOnDrop {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
+    cmd.args(["agent", "--server", server, "--runtime", "simulated", "--simulated-ready-ms", "50", "--data-dir"]);
+    cmd.arg(dir.join(prefix));
+    if nodes == 0 {
+        cmd.args(["--node-name", prefix]);
+    } else {
+        cmd.args(["--simulate-nodes", &nodes.to_string(), "--node-name-prefix", prefix]);
     }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    let child = cmd.env("RUST_LOG", "warn").stdout(Stdio::null()).spawn().expect("start agent");
+    common::KillOnDrop(child)
 }
 
 impl Kubectl {
@@ -119,7 +109,7 @@ spec:
 async fn kubectl_runs_a_daemon_set_on_every_node_and_rolls_it_out() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Daemon::start("server", dir.path(), &["--in-memory"]);
-    let _sims = Agent::start(&server.url, "sim-", 3, dir.path());
+    let _sims = start_agent(&server.url, "sim-", 3, dir.path());
     let (version, bin) = common::newest_kubectl();
     let k = Kubectl { bin, url: server.url.clone() };
     k.wait_for_pods("three nodes", Duration::from_secs(30), |_| {
@@ -141,7 +131,7 @@ async fn kubectl_runs_a_daemon_set_on_every_node_and_rolls_it_out() {
     }
 
     // A fourth node joins: its pod follows at once.
-    let _joining = Agent::start(&server.url, "late", 0, dir.path());
+    let _joining = start_agent(&server.url, "late", 0, dir.path());
     let started = Instant::now();
     k.wait_for_pods("the joining node to register", Duration::from_secs(30), |_| {
         k.run(&["get", "node", "late"], None).0
@@ -183,7 +173,7 @@ async fn kubectl_runs_a_daemon_set_on_every_node_and_rolls_it_out() {
 async fn kubectl_runs_a_stateful_set_in_order_with_stable_names() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Daemon::start("server", dir.path(), &["--in-memory"]);
-    let _sims = Agent::start(&server.url, "sim-", 2, dir.path());
+    let _sims = start_agent(&server.url, "sim-", 2, dir.path());
     let (version, bin) = common::newest_kubectl();
     let k = Kubectl { bin, url: server.url.clone() };
 
@@ -262,7 +252,7 @@ spec:
 async fn kubectl_scales_a_replication_controller_and_its_delete_cascades() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Daemon::start("server", dir.path(), &["--in-memory"]);
-    let _sims = Agent::start(&server.url, "sim-", 2, dir.path());
+    let _sims = start_agent(&server.url, "sim-", 2, dir.path());
     let (version, bin) = common::newest_kubectl();
     let k = Kubectl { bin, url: server.url.clone() };
 

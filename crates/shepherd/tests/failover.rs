@@ -3,33 +3,23 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Daemon;
 use serde_json::{Value, json};
 
-struct Agent(Child);
-
-impl Agent {
-    fn start(server: &str, name: &str, dir: &std::path::Path) -> Agent {
-        let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-            .args(["agent", "--server", server, "--node-name", name, "--runtime", "simulated", "--lease-seconds", "0.3",
-                "--simulated-ready-ms", "20", "--data-dir"])
-            .arg(dir.join(name))
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start agent");
-        Agent(child)
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// Starts a node agent process, killed with the test.
+fn start_agent(server: &str, name: &str, dir: &std::path::Path) -> common::KillOnDrop {
+    let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(["agent", "--server", server, "--node-name", name, "--runtime", "simulated", "--lease-seconds", "0.3",
+            "--simulated-ready-ms", "20", "--data-dir"])
+        .arg(dir.join(name))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start agent");
+    common::KillOnDrop(child)
 }
 
 async fn pods(http: &reqwest::Client, url: &str) -> Vec<Value> {
@@ -63,8 +53,8 @@ async fn pods_of_a_stopped_agent_move_to_the_other_node() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Daemon::start("server", &dir.path().join("server"), &["--node-grace-seconds", "1.5", "--pod-eviction-seconds", "1"]);
     let url = server.url.clone();
-    let a = Agent::start(&url, "node-a", dir.path());
-    let _b = Agent::start(&url, "node-b", dir.path());
+    let a = start_agent(&url, "node-a", dir.path());
+    let _b = start_agent(&url, "node-b", dir.path());
     let http = reqwest::Client::new();
 
     let deploy = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},

@@ -6,32 +6,22 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Daemon, Kubectl};
 
-struct Agent(Child);
-
-impl Agent {
-    fn start(server: &str, name: &str, dir: &std::path::Path) -> Agent {
-        let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-            .args(["agent", "--server", server, "--node-name", name, "--runtime", "simulated", "--simulated-ready-ms", "20",
-                "--data-dir"])
-            .arg(dir.join(name))
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start agent");
-        Agent(child)
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// Starts a node agent process, killed with the test.
+fn start_agent(server: &str, name: &str, dir: &std::path::Path) -> common::KillOnDrop {
+    let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(["agent", "--server", server, "--node-name", name, "--runtime", "simulated", "--simulated-ready-ms", "20",
+            "--data-dir"])
+        .arg(dir.join(name))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start agent");
+    common::KillOnDrop(child)
 }
 
 impl Kubectl {
@@ -124,7 +114,7 @@ fn drain_and_taint(minor: u32) {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Daemon::start("server", dir.path(), &[]);
     let k = Kubectl { bin, url: server.url.clone() };
-    let _agents = [Agent::start(&server.url, "n1", dir.path()), Agent::start(&server.url, "n2", dir.path())];
+    let _agents = [start_agent(&server.url, "n1", dir.path()), start_agent(&server.url, "n2", dir.path())];
     k.wait_for(&["get", "nodes", "--no-headers"], MINUTE, |out| out.lines().filter(|l| l.contains(" Ready")).count() == 2);
 
     let (ok, _, err) = k.run(&["apply", "--validate=false", "-f", "-"], Some(APP));

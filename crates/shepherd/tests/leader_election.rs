@@ -127,13 +127,14 @@ async fn one_leader_acts_and_a_killed_or_frozen_one_is_replaced_within_the_lease
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Daemon::start("server", &dir.path().join("server"), &["--controllers", "none"]);
     let url = server.url.clone();
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+    let agent = Command::new(env!("CARGO_BIN_EXE_shepherd"))
         .args(["agent", "--server", &url, "--simulate-nodes", "2", "--simulated-ready-ms", "20", "--data-dir"])
         .arg(dir.path().join("agent"))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
         .expect("start agent");
+    let _agent = common::KillOnDrop(agent);
     let mut cms = [Candidate::start("controller-manager", &url), Candidate::start("controller-manager", &url)];
     let schedulers = [Candidate::start("scheduler", &url), Candidate::start("scheduler", &url)];
     let http = reqwest::Client::new();
@@ -200,6 +201,4 @@ async fn one_leader_acts_and_a_killed_or_frozen_one_is_replaced_within_the_lease
     assert!(status.success(), "clean stop: {status} {}", fresh.stderr());
     wait_for_holder(&http, &url, "kube-controller-manager", &_standby.identity, LEASE).await;
     eprintln!("a released Lease was taken {:?} after SIGTERM", stopped.elapsed());
-    let _ = agent.kill();
-    let _ = agent.wait();
 }
