@@ -135,11 +135,8 @@ impl LeaderElector {
             let attempt = tokio::time::timeout(self.config.retry_period, self.try_acquire_or_renew()).await;
             match attempt {
                 Ok(Ok(true)) => continue,
-                Ok(Ok(false)) => {
-                    // Someone else holds it: we must have been away past the lease duration.
-                    self.step_down();
-                    break;
-                }
+                // Someone else holds it: we must have been away past the lease duration.
+                Ok(Ok(false)) => break,
                 Ok(Err(e)) => tracing::warn!(lease = %self.config.name, error = %e, "renewing the lease failed"),
                 Err(_) => tracing::warn!(lease = %self.config.name, "renewing the lease timed out"),
             }
