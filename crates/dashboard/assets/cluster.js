@@ -2,7 +2,7 @@
 // and node, Services with their endpoints, and the Events feed, all kept live by informers.
 
 import { Informer, call } from './api.js';
-import { h, fill, age, throttled } from './dom.js';
+import { h, fill, age, throttled, order } from './dom.js';
 
 const PATHS = {
   nodes: '/api/v1/nodes',
@@ -73,7 +73,7 @@ function renderDeployments(inf) {
       cards.delete(key);
     }
   }
-  for (const d of deployments) {
+  const shown = deployments.map((d) => {
     const key = Informer.key(d);
     let c = cards.get(key);
     if (!c) {
@@ -81,8 +81,9 @@ function renderDeployments(inf) {
       cards.set(key, c);
     }
     updateCard(c, d);
-    box.append(c.card); // keeps sorted order; moving an element keeps its focus and inputs
-  }
+    return c.card;
+  });
+  order(box, shown);
   box.querySelector('.more')?.remove();
   if (!deployments.length && inf.deployments.synced) fill(box, h('p', { class: 'empty' }, 'No Deployments yet.'));
   else box.querySelector('.empty')?.remove();

@@ -23,6 +23,19 @@ function append(el, children) {
   }
 }
 
+/**
+ * Makes `els` the first children of `box`, in order, moving only the ones out of place: moving a
+ * node takes the focus from a field inside it, so a live re-render must not move what a person
+ * is typing in.
+ */
+export function order(box, els) {
+  let at = box.firstChild;
+  for (const el of els) {
+    if (el === at) at = at.nextSibling;
+    else box.insertBefore(el, at);
+  }
+}
+
 /** Replaces an element's children. */
 export function fill(el, ...children) {
   el.replaceChildren();

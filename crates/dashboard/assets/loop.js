@@ -3,7 +3,7 @@
 // `/debug/controllers?watch=true`.
 
 import { call, follow } from './api.js';
-import { h, fill, age, duration, throttled } from './dom.js';
+import { h, fill, age, duration, throttled, order } from './dom.js';
 
 const WINDOW_MS = 5 * 60 * 1000;
 const RATE_MS = 3000;
@@ -51,7 +51,7 @@ function render() {
     return;
   }
   box.querySelector('.empty')?.remove();
-  for (const c of controllers) {
+  order(box, controllers.map((c) => {
     let entry = cards.get(c.name);
     if (!entry) {
       entry = { card: h('article', { class: 'card', 'data-controller': c.name }), body: h('div'), demo: null };
@@ -66,8 +66,8 @@ function render() {
       entry.card.append(entry.demo.form);
     }
     entry.demo?.update(c);
-    box.append(entry.card);
-  }
+    return entry.card;
+  }));
 }
 
 function cardBody(c) {

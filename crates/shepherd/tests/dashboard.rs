@@ -176,6 +176,12 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     let card = "[data-controller=\"replicaset\"]";
     client.find(Locator::Css("nav a[data-view=\"loop\"]")).await.expect("loop link").click().await.expect("open the loop view");
     wait_for(&browser, "the demo banner", "return !document.getElementById('demo-banner').hidden;").await;
+    // The view redraws every second; a person typing in its form keeps the focus through that.
+    let period = client.find(Locator::Css(&format!("{card} input[name=\"periodSeconds\"]"))).await.expect("period field");
+    period.click().await.expect("focus the period field");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let focused = js(&client, "return document.activeElement?.name || document.activeElement?.tagName;").await;
+    assert_eq!(focused, json!("periodSeconds"), "a redraw took the focus from the field being typed in");
     tune_from_page(&client, card, "edge", "", "150").await;
     let refused = wait_for(&browser, "the demo form's error", &format!("return document.querySelector('{card} form.demo .field-error')?.textContent;")).await;
     assert!(refused.as_str().is_some_and(|m| m.contains("eventLoss")), "{refused}");
