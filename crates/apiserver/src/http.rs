@@ -42,6 +42,10 @@ pub struct HttpConfig {
     pub bookmark_interval: Duration,
     /// Who may make requests. None: nobody is asked (an `--insecure-loopback` listener).
     pub authenticator: Option<Arc<crate::authn::Authenticator>>,
+    /// Where authenticated requests are recorded, if anywhere.
+    pub audit: Option<Arc<crate::audit::AuditLog>>,
+    /// Limits on each authenticated user's writes, if any.
+    pub rate_limiter: Option<Arc<crate::ratelimit::UserRateLimiter>>,
 }
 
 impl Default for HttpConfig {
@@ -51,6 +55,8 @@ impl Default for HttpConfig {
             token: None,
             bookmark_interval: Duration::from_secs(10),
             authenticator: None,
+            audit: None,
+            rate_limiter: None,
         }
     }
 }
@@ -109,6 +115,8 @@ pub(crate) fn router(state: AppState, extra: Router) -> Router {
         .with_state(state.clone())
         .merge(extra)
         .layer(axum::middleware::from_fn_with_state(state.clone(), crate::authz::authorize))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::ratelimit::limit))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::audit::audit))
         .layer(axum::middleware::from_fn_with_state(state, authenticate))
         .layer(axum::middleware::from_fn(catch_panic))
 }

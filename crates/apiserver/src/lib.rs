@@ -2,6 +2,7 @@
 //! Status errors, metrics; and the in-process client that controllers use.
 
 mod apply;
+mod audit;
 pub mod auth;
 pub mod authn;
 pub mod authz;
@@ -19,6 +20,7 @@ mod openapi;
 mod patch;
 pub mod pki;
 mod protobuf;
+mod ratelimit;
 mod resource_metrics;
 mod retention;
 mod serve;
@@ -34,10 +36,12 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::registry::Registry;
 use shepherd_store::Store;
 
+pub use audit::{AuditConfig, AuditLog, Level as AuditLevel, PeerAddr, Policy as AuditPolicy};
 pub use client::LocalClient;
 pub use http::{HttpConfig, LogSource};
 pub use metrics::Metrics;
 pub use nodeport::{InvalidNodePortRange, NodePortRange};
+pub use ratelimit::{RateLimit, UserRateLimiter};
 pub use retention::register_retention;
 pub use serve::{ConnectionLimits, ConnectionMetrics, serve, serve_tls};
 pub use service::{
@@ -72,6 +76,12 @@ impl ApiServer {
         let metrics = Arc::new(Metrics::default());
         let mut registry = Registry::default();
         metrics.register(&mut registry);
+        if let Some(audit) = &config.audit {
+            audit.register(&mut registry);
+        }
+        if let Some(limiter) = &config.rate_limiter {
+            limiter.register(&mut registry);
+        }
         let service = ApiService::new(store, metrics);
         service.ensure_system_namespaces().await?;
         crd::load(&service).await?;

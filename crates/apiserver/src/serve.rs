@@ -22,6 +22,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
+use crate::audit::PeerAddr;
 use crate::authn::PeerCertificates;
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::metrics::counter::Counter;
@@ -168,12 +169,19 @@ async fn serve_with(
         metrics.open.inc();
         tokio::spawn(async move {
             match tls {
-                None => serve_connection(&builder, stream, TowerToHyperService::new(router), stop, peer).await,
+                None => {
+                    let service = router.map_request(move |mut req: Request<Incoming>| {
+                        req.extensions_mut().insert(PeerAddr(peer));
+                        req
+                    });
+                    serve_connection(&builder, stream, TowerToHyperService::new(service), stop, peer).await
+                }
                 Some(acceptor) => match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                     Ok(Ok(stream)) => {
                         let certificates = PeerCertificates::new(stream.get_ref().1.peer_certificates().unwrap_or_default().to_vec());
                         let service = router.map_request(move |mut req: Request<Incoming>| {
                             req.extensions_mut().insert(certificates.clone());
+                            req.extensions_mut().insert(PeerAddr(peer));
                             req
                         });
                         serve_connection(&builder, stream, TowerToHyperService::new(service), stop, peer).await

@@ -174,6 +174,27 @@ struct ServerArgs {
     /// Benchmarks view shows when it is there.
     #[arg(long, default_value = "bench/results")]
     bench_results: PathBuf,
+    /// Record authenticated requests as audit.k8s.io/v1 Events, one JSON line each, in this
+    /// file (`-`: standard output).
+    #[arg(long)]
+    audit_log_path: Option<PathBuf>,
+    /// An audit.k8s.io/v1 Policy (YAML or JSON) choosing how much of each request is recorded;
+    /// without one, every authenticated request is recorded at the Metadata level.
+    #[arg(long, requires = "audit_log_path")]
+    audit_policy_file: Option<PathBuf>,
+    /// Start a new audit log file once it reaches this many megabytes (0: never).
+    #[arg(long, default_value_t = 100)]
+    audit_log_maxsize: u64,
+    /// Rotated audit log files kept; older ones are removed (0: keep all).
+    #[arg(long, default_value_t = 10)]
+    audit_log_maxbackup: usize,
+    /// Writes (create, update, patch, delete) per second each authenticated user may make,
+    /// members of system:masters excepted; beyond it, 429 with Retry-After. 0 turns it off.
+    #[arg(long, default_value_t = 100.0)]
+    user_write_rate: f64,
+    /// Writes a user may make at once after a quiet spell.
+    #[arg(long, default_value_t = 200)]
+    user_write_burst: u32,
     #[command(flatten)]
     controllers: ControllerArgs,
     #[command(flatten)]
@@ -295,6 +316,33 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
     }
 }
 
+fn audit_log(args: &ServerArgs) -> anyhow::Result<Option<Arc<shepherd_apiserver::AuditLog>>> {
+    let Some(path) = &args.audit_log_path else { return Ok(None) };
+    let policy = match &args.audit_policy_file {
+        Some(file) => shepherd_apiserver::AuditPolicy::load(file).map_err(|e| anyhow::anyhow!(e))?,
+        None => shepherd_apiserver::AuditPolicy::metadata_for_everything(),
+    };
+    let config = shepherd_apiserver::AuditConfig {
+        path: path.clone(),
+        policy,
+        max_bytes: args.audit_log_maxsize.saturating_mul(1024 * 1024),
+        max_backups: args.audit_log_maxbackup,
+    };
+    shepherd_apiserver::AuditLog::start(config).map(Some).map_err(|e| anyhow::anyhow!(e))
+}
+
+fn user_rate_limiter(args: &ServerArgs) -> anyhow::Result<Option<Arc<shepherd_apiserver::UserRateLimiter>>> {
+    let per_second = args.user_write_rate;
+    if !per_second.is_finite() || per_second < 0.0 {
+        anyhow::bail!("--user-write-rate must be a number of writes per second, 0 or more, not {per_second}");
+    }
+    if per_second == 0.0 {
+        return Ok(None);
+    }
+    let limit = shepherd_apiserver::RateLimit { per_second, burst: args.user_write_burst.max(1) };
+    Ok(Some(Arc::new(shepherd_apiserver::UserRateLimiter::new(limit))))
+}
+
 /// The node agent `standalone` runs in its own process.
 struct LocalAgent {
     args: AgentArgs,
@@ -317,6 +365,8 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         token: args.token.clone(),
         bookmark_interval: Duration::from_secs(args.bookmark_seconds.max(1)),
         authenticator: secured.as_ref().map(|s| s.authenticator.clone()),
+        audit: audit_log(&args)?,
+        rate_limiter: user_rate_limiter(&args)?,
     };
     let server = ApiServer::new(store.clone(), config).await.map_err(|e| anyhow::anyhow!("starting API server: {e}"))?;
     let server = server.with_node_port_range(args.controllers.service_node_port_range.parse()?);

@@ -8,36 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Daemon, kubectls_under_test, run_with_stdin};
+use common::{Daemon, ca_pem, https_client, kubectls_under_test, run_with_stdin, secure_server};
 use shepherd_apiserver::pki::ClusterCa;
-
-/// A `shepherd server` started without `--insecure-loopback`.
-fn secure_server(dir: &Path, extra: &[&str]) -> Daemon {
-    let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .arg("server")
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--listen", "127.0.0.1:0", "--controllers", "none"])
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start shepherd");
-    let daemon = Daemon::from_child(child);
-    assert!(daemon.url.starts_with("https://"), "served without TLS: {}", daemon.url);
-    daemon
-}
-
-fn ca_pem(dir: &Path) -> String {
-    std::fs::read_to_string(dir.join("pki/ca.crt")).expect("the cluster CA is in the data dir")
-}
-
-/// A client that trusts the cluster CA only.
-fn https_client(dir: &Path) -> reqwest::Client {
-    let ca = reqwest::Certificate::from_pem(ca_pem(dir).as_bytes()).expect("CA");
-    reqwest::Client::builder().tls_built_in_root_certs(false).add_root_certificate(ca).build().expect("client")
-}
 
 /// Writes a kubeconfig for `server` with a client certificate, trusting `dir`'s cluster CA.
 fn kubeconfig_with_cert(path: &Path, dir: &Path, server: &str, cert: &shepherd_apiserver::pki::CertifiedKey) -> PathBuf {

@@ -213,3 +213,31 @@ pub fn run_with_stdin(cmd: &mut Command, stdin: Option<&str>) -> (std::process::
 }
 
 pub mod interactive;
+
+/// A `shepherd server` started without `--insecure-loopback`.
+pub fn secure_server(dir: &Path, extra: &[&str]) -> Daemon {
+    let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("server")
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--listen", "127.0.0.1:0", "--controllers", "none"])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start shepherd");
+    let daemon = Daemon::from_child(child);
+    assert!(daemon.url.starts_with("https://"), "served without TLS: {}", daemon.url);
+    daemon
+}
+
+pub fn ca_pem(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("pki/ca.crt")).expect("the cluster CA is in the data dir")
+}
+
+/// A client that trusts the cluster CA only.
+pub fn https_client(dir: &Path) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(ca_pem(dir).as_bytes()).expect("CA");
+    reqwest::Client::builder().tls_built_in_root_certs(false).add_root_certificate(ca).build().expect("client")
+}
