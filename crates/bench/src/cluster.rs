@@ -14,6 +14,15 @@ impl Process {
     /// or standalone serves plain HTTP (`--insecure-loopback`): the benchmarks measure the rest.
     pub fn start(binary: &Path, args: &[&str]) -> anyhow::Result<Process> {
         let insecure: &[&str] = if matches!(args.first(), Some(&"server" | &"standalone")) { &["--insecure-loopback"] } else { &[] };
+        Process::spawn(binary, args, insecure)
+    }
+
+    /// Starts `shepherd <args>` as a user would: TLS, and every request authenticated.
+    pub fn start_secure(binary: &Path, args: &[&str]) -> anyhow::Result<Process> {
+        Process::spawn(binary, args, &[])
+    }
+
+    fn spawn(binary: &Path, args: &[&str], insecure: &[&str]) -> anyhow::Result<Process> {
         let mut child = Command::new(binary)
             .args(args)
             .args(["--listen", "127.0.0.1:0"])
@@ -27,7 +36,7 @@ impl Process {
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
         let url = line.split_whitespace().last().unwrap_or("").to_string();
-        anyhow::ensure!(url.starts_with("http://"), "unexpected first line from shepherd: {line:?}");
+        anyhow::ensure!(url.starts_with("http://") || url.starts_with("https://"), "unexpected first line from shepherd: {line:?}");
         Ok(Process { child, url })
     }
 

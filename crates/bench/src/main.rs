@@ -2,6 +2,7 @@
 //! writes what it measured as JSON under `bench/results/` and as Markdown on stdout.
 
 mod apply_cost;
+mod auth_cost;
 mod autoscale;
 mod cluster;
 mod counting;
@@ -169,6 +170,17 @@ enum Scenario {
         #[arg(long, default_value_t = 2_000)]
         requests: usize,
     },
+    /// `shepherd server` three ways: plain HTTP without authentication, TLS with token
+    /// authentication and RBAC over 1,000 RoleBindings, and that with an audit log: server CPU and
+    /// latency per read and write.
+    AuthCost {
+        #[arg(long, default_value_t = 4_000)]
+        requests: usize,
+        #[arg(long, default_value_t = 8)]
+        rounds: usize,
+        #[arg(long, default_value_t = 1_000)]
+        bindings: usize,
+    },
     /// `shepherd standalone` (process runtime, root): `kubectl exec -- true` round trip, `kubectl
     /// cp` both ways, `kubectl port-forward` download, ConfigMap change to file in the pod.
     PodIo {
@@ -325,6 +337,10 @@ async fn main() -> anyhow::Result<()> {
             soak::run(&cli.shepherd, p).await?
         }
         Scenario::ApplyCost { requests } => apply_cost::run(&cli.shepherd, if cli.smoke { 50 } else { requests }).await?,
+        Scenario::AuthCost { requests, rounds, bindings } => {
+            let (requests, rounds, bindings) = if cli.smoke { (40, 2, 50) } else { (requests, rounds, bindings) };
+            auth_cost::run(&cli.shepherd, requests, rounds, bindings).await?
+        }
         Scenario::PodIo { exec_runs, cp_mib, forward_mib, config_changes } => {
             let p = if cli.smoke {
                 pod_io::Params::smoke()
