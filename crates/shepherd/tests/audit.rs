@@ -59,12 +59,12 @@ async fn requests_are_audited_at_the_policys_level_and_fast_writers_are_held_to_
     let http = https_client(dir.path());
     let url = |path: &str| format!("{}{path}", server.url);
 
-    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "bob-edit"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+    let bob_as = |role: &str| json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": format!("bob-{role}")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
         "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "bob"}]});
     let bound = http.post(url("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings")).bearer_auth("admin-t0ken")
-        .json(&binding).send().await.expect("bind");
+        .json(&bob_as("edit")).send().await.expect("bind");
     assert_eq!(bound.status(), 201);
     let deadline = Instant::now() + Duration::from_secs(10);
     while http.get(url("/api/v1/namespaces/default/configmaps")).bearer_auth("t0ken-of-bob").send().await.expect("get").status() != 200 {
@@ -86,12 +86,8 @@ async fn requests_are_audited_at_the_policys_level_and_fast_writers_are_held_to_
         .send().await.expect("create secret");
     assert_eq!(stored.status(), 201);
     // Refused by RBAC: recorded with its 403.
-    let escalate = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "bob-admin"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "bob"}]});
     let refused = http.post(url("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings")).bearer_auth("t0ken-of-bob")
-        .json(&escalate).send().await.expect("escalate");
+        .json(&bob_as("cluster-admin")).send().await.expect("escalate");
     assert_eq!(refused.status(), 403);
     // A watch: started, and complete when it ends.
     let watched = http.get(url("/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds=1"))

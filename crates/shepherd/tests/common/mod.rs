@@ -21,13 +21,19 @@ impl Daemon {
     /// Starts `shepherd <mode>`. A `standalone` without `--runtime` runs the process runtime (the
     /// suite's default: fast, and what most tests inspect); `tests/oci.rs` runs the oci runtime.
     pub fn start(mode: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
+        Daemon::spawn(mode, data_dir, &["--insecure-loopback"], extra)
+    }
+
+    /// Starts `shepherd <mode>` with `flags` before `extra`, on a port of its choosing.
+    fn spawn(mode: &str, data_dir: &Path, flags: &[&str], extra: &[&str]) -> Daemon {
         let default_runtime: &[&str] =
             if mode == "standalone" && !extra.contains(&"--runtime") { &["--runtime", "process"] } else { &[] };
         let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
             .arg(mode)
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0", "--insecure-loopback"])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(flags)
             .args(default_runtime)
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -216,18 +222,7 @@ pub mod interactive;
 
 /// A `shepherd server` started without `--insecure-loopback`.
 pub fn secure_server(dir: &Path, extra: &[&str]) -> Daemon {
-    let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .arg("server")
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--listen", "127.0.0.1:0", "--controllers", "none"])
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start shepherd");
-    let daemon = Daemon::from_child(child);
+    let daemon = Daemon::spawn("server", dir, &["--controllers", "none"], extra);
     assert!(daemon.url.starts_with("https://"), "served without TLS: {}", daemon.url);
     daemon
 }
