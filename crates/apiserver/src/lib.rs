@@ -1,6 +1,7 @@
 //! Kubernetes-shaped HTTP API over the Shepherd store: REST paths, verbs, watch, discovery,
 //! Status errors, metrics; and the in-process client that controllers use.
 
+mod acting_client;
 mod apply;
 mod audit;
 pub mod auth;
@@ -37,6 +38,7 @@ use prometheus_client::registry::Registry;
 use shepherd_store::Store;
 
 pub use audit::{AuditConfig, AuditLog, Level as AuditLevel, PeerAddr, Policy as AuditPolicy};
+pub use acting_client::ActingClient;
 pub use client::LocalClient;
 pub use http::{HttpConfig, LogSource};
 pub use metrics::Metrics;
@@ -115,6 +117,12 @@ impl ApiServer {
     /// A client that calls the service directly, with the same validation as HTTP.
     pub fn client(&self) -> LocalClient {
         LocalClient::new(self.service.clone())
+    }
+
+    /// A client that calls the service directly as `user`: authorized and admitted like that
+    /// user's requests over HTTP.
+    pub async fn client_as(&self, user: auth::UserInfo) -> ActingClient {
+        ActingClient::new(self.client(), user, self.authz.clone()).await
     }
 
     /// The metrics registry, for other components to register theirs into `/metrics`.

@@ -163,8 +163,14 @@ impl ControllerArgs {
         Ok(out)
     }
 
-    /// Adds the enabled controllers to `manager`.
-    pub fn install(&self, client: Arc<dyn Client>, manager: &Manager) -> anyhow::Result<Vec<&'static str>> {
+    /// Adds the enabled controllers to `manager`; the scheduler writes through `scheduler_client`,
+    /// the others through `client`.
+    pub fn install(
+        &self,
+        client: Arc<dyn Client>,
+        scheduler_client: Arc<dyn Client>,
+        manager: &Manager,
+    ) -> anyhow::Result<Vec<&'static str>> {
         let enabled = self.enabled()?;
         let configs = self.configs()?;
         let range: ServiceIpRange = self.service_cluster_ip_range.parse()?;
@@ -256,7 +262,7 @@ impl ControllerArgs {
                 }
                 "scheduler" => {
                     let config = SchedulerConfig { run: cfg, ..SchedulerConfig::default() };
-                    manager.add(scheduler(client.clone(), manager, config));
+                    manager.add(scheduler(scheduler_client.clone(), manager, config));
                 }
                 _ => {}
             }

@@ -403,8 +403,13 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         Some(t) => server.with_node_streaming(t),
         None => server,
     };
-    let manager = Arc::new(Manager::new(client.clone()));
-    let enabled = args.controllers.install(client.clone(), &manager)?;
+    // The controllers and the scheduler act as themselves, held to their default roles as they
+    // would be in processes of their own.
+    let as_user = |name: &str| shepherd_apiserver::auth::UserInfo::new(name, Vec::<String>::new());
+    let controllers: Arc<dyn Client> = Arc::new(server.client_as(as_user("system:kube-controller-manager")).await);
+    let scheduler: Arc<dyn Client> = Arc::new(server.client_as(as_user("system:kube-scheduler")).await);
+    let manager = Arc::new(Manager::new(controllers.clone()));
+    let enabled = args.controllers.install(controllers, scheduler, &manager)?;
     // Event expiry is the API server's duty in Kubernetes (--event-ttl), so it runs whatever
     // --controllers says.
     let ttl = shepherd_controllers::eventttl::event_ttl_controller(client.clone(), &manager, args.event_ttl, Default::default());

@@ -42,6 +42,7 @@ const WORKLOADS: &[(&str, &[&str])] = &[
         ],
     ),
     ("batch", &["jobs", "cronjobs"]),
+    ("autoscaling", &["horizontalpodautoscalers"]),
     ("policy", &["poddisruptionbudgets"]),
     ("discovery.k8s.io", &["endpointslices"]),
 ];
@@ -62,6 +63,7 @@ fn view_rules() -> Vec<PolicyRule> {
         READ,
     ));
     rules.push(PolicyRule::resources(&["batch"], &["jobs/status", "cronjobs/status"], READ));
+    rules.push(PolicyRule::resources(&["autoscaling"], &["horizontalpodautoscalers/status"], READ));
     rules
 }
 
@@ -90,7 +92,9 @@ fn admin_rules() -> Vec<PolicyRule> {
     rules
 }
 
-/// What the in-process controllers read and write: every object they manage, but not RBAC.
+/// What the controllers read and write: every object of the groups they manage; and of any kind
+/// (custom resources, RBAC objects), what the garbage collector and the namespace controller do
+/// to owned objects, which creates nothing and grants nothing.
 fn controller_rules() -> Vec<PolicyRule> {
     vec![
         PolicyRule::resources(
@@ -98,15 +102,19 @@ fn controller_rules() -> Vec<PolicyRule> {
                 "",
                 "apps",
                 "batch",
+                "autoscaling",
                 "policy",
                 "discovery.k8s.io",
                 "coordination.k8s.io",
                 "events.k8s.io",
                 "apiextensions.k8s.io",
+                "certificates.k8s.io",
+                "metrics.k8s.io",
             ],
             &["*"],
             &["*"],
         ),
+        PolicyRule::resources(&["*"], &["*"], &["get", "list", "watch", "patch", "update", "delete", "deletecollection"]),
         PolicyRule::resources(&["authorization.k8s.io"], &["subjectaccessreviews"], &["create"]),
     ]
 }

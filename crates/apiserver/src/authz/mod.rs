@@ -172,6 +172,18 @@ impl Authorizer {
         Err(reason)
     }
 
+    /// [`Authorizer::authorize`] with the refusal as the API's 403 error, for in-process clients.
+    pub(crate) fn check(&self, user: &UserInfo, a: &Attributes) -> Result<(), ApiError> {
+        self.authorize(user, a).map_err(|reason| {
+            let mut why = forbidden_message(&user.name, a);
+            if !reason.is_empty() {
+                why = format!("{why}: {reason}");
+            }
+            let status = forbidden_status(&a.api_group, &a.resource, &a.name, &why);
+            ApiError::Forbidden(status["message"].as_str().unwrap_or("forbidden").to_string())
+        })
+    }
+
     /// Every rule `user` holds in `namespace`: what `kubectl auth can-i --list` shows.
     pub fn rules_for(&self, user: &UserInfo, namespace: &str) -> Vec<PolicyRule> {
         if user.in_group(MASTERS_GROUP) {
@@ -252,6 +264,12 @@ struct Requester {
 
 tokio::task_local! {
     static REQUESTER: Requester;
+}
+
+/// Runs `call` as `user`: the admission checks inside the object service apply to its writes, as
+/// they do to an HTTP request of that user.
+pub(crate) async fn acting_as<F: Future>(user: UserInfo, authz: Authorizer, call: F) -> F::Output {
+    REQUESTER.scope(Requester { user, authz }, call).await
 }
 
 /// The middleware: impersonation, then the decision, then the access reviews (answered here, never
