@@ -38,17 +38,15 @@ impl ActingClient {
     }
 
     fn check(&self, verb: &str, res: &ResourceInfo, namespace: Option<&str>, name: &str, sub: &str) -> Result<(), ApiError> {
-        let a = Attributes {
-            verb: verb.into(),
-            resource_request: true,
-            path: String::new(),
-            api_group: res.group.into(),
-            api_version: res.version.into(),
-            namespace: if res.namespaced { namespace.unwrap_or_default().into() } else { String::new() },
-            resource: res.plural.into(),
-            subresource: sub.into(),
-            name: name.into(),
-        };
+        let mut a = Attributes::of_collection(verb, res, namespace, None);
+        a.name = name.into();
+        a.subresource = sub.into();
+        self.authz.check(&self.user, &a)
+    }
+
+    /// A list, watch or digest: narrowed to one object when the field selector names it.
+    fn check_collection(&self, verb: &str, res: &ResourceInfo, params: &ListParams) -> Result<(), ApiError> {
+        let a = Attributes::of_collection(verb, res, params.namespace.as_deref(), params.field_selector.as_deref());
         self.authz.check(&self.user, &a)
     }
 
@@ -74,7 +72,7 @@ impl Client for ActingClient {
     }
 
     async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
-        self.check("list", res, params.namespace.as_deref(), "", "")?;
+        self.check_collection("list", res, params)?;
         self.inner.list(res, params).await
     }
 
@@ -84,7 +82,7 @@ impl Client for ActingClient {
         params: &ListParams,
         resource_version: u64,
     ) -> Result<BoxStream<'static, Result<WatchEvent, ApiError>>, ApiError> {
-        self.check("watch", res, params.namespace.as_deref(), "", "")?;
+        self.check_collection("watch", res, params)?;
         self.inner.watch(res, params, resource_version).await
     }
 
@@ -124,7 +122,7 @@ impl Client for ActingClient {
     }
 
     async fn digest(&self, res: &ResourceInfo, params: &ListParams, revision: u64, detail: DigestDetail) -> Result<ListDigest, ApiError> {
-        self.check("list", res, params.namespace.as_deref(), "", "")?;
+        self.check_collection("list", res, params)?;
         self.inner.digest(res, params, revision, detail).await
     }
 }

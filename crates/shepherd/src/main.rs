@@ -388,7 +388,10 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
             if let Some(dns) = config.cluster_dns.as_mut() {
                 dns.domain = args.dns.cluster_domain.clone();
             }
-            let agent = shepherd_agent::Agent::new(client.clone(), config)
+            // The node agent acts as its node, restricted as a remote agent's node identity is.
+            let node = shepherd_apiserver::auth::UserInfo::new(format!("system:node:{}", config.node_name), ["system:nodes"]);
+            let agent_client: Arc<dyn Client> = Arc::new(server.client_as(node).await);
+            let agent = shepherd_agent::Agent::new(agent_client, config)
                 .await
                 .map_err(node_agent::context)?;
             Some(agent)

@@ -87,15 +87,34 @@ impl Attributes {
             // A list or watch narrowed to one name is authorized as that name.
             if matches!(verb.as_str(), "list" | "watch")
                 && let Some(selector) = param("fieldSelector")
-                && let Some(name) = selector.split(',').find_map(|term| {
-                    term.strip_prefix("metadata.name==").or_else(|| term.strip_prefix("metadata.name="))
-                })
+                && let Some(name) = named_by(&selector)
             {
                 attrs.name = name.to_string();
             }
         }
         attrs.verb = verb;
         attrs
+    }
+
+    /// The list or watch of `resource` as `verb`, narrowed to one object when `field_selector`
+    /// names it (`metadata.name=NAME`), as a request with that query is.
+    pub fn of_collection(
+        verb: &str,
+        res: &shepherd_api::kinds::ResourceInfo,
+        namespace: Option<&str>,
+        field_selector: Option<&str>,
+    ) -> Attributes {
+        Attributes {
+            verb: verb.into(),
+            resource_request: true,
+            path: String::new(),
+            api_group: res.group.into(),
+            api_version: res.version.into(),
+            namespace: if res.namespaced { namespace.unwrap_or_default().into() } else { String::new() },
+            resource: res.plural.into(),
+            subresource: String::new(),
+            name: field_selector.and_then(named_by).unwrap_or_default().into(),
+        }
     }
 
     /// `pods` or `pods/log`, as rules name a resource.
@@ -143,6 +162,11 @@ fn decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The object a field selector names with `metadata.name=NAME` (or `==`), if it names one.
+fn named_by(selector: &str) -> Option<&str> {
+    selector.split(',').find_map(|term| term.strip_prefix("metadata.name==").or_else(|| term.strip_prefix("metadata.name=")))
 }
 
 #[cfg(test)]
