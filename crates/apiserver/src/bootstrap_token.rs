@@ -150,6 +150,42 @@ fn is_expired(secret: &Value, now: jiff::Timestamp) -> bool {
     }
 }
 
+/// Where a joining node finds the cluster's CA before it trusts the server (kubeadm's discovery):
+/// a kubeconfig without credentials in ConfigMap `kube-public/cluster-info`, readable by anyone.
+pub const CLUSTER_INFO_NAMESPACE: &str = "kube-public";
+pub const CLUSTER_INFO: &str = "cluster-info";
+
+/// The path anonymous clients may GET to read `cluster-info`.
+pub fn cluster_info_path() -> String {
+    format!("/api/v1/namespaces/{CLUSTER_INFO_NAMESPACE}/configmaps/{CLUSTER_INFO}")
+}
+
+/// Writes `cluster-info` for a server reached at `server` whose certificate `ca_pem` signed.
+pub async fn publish_cluster_info(svc: &ApiService, server: &str, ca_pem: &str) -> Result<(), ApiError> {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    server: {server}\n    \
+         certificate-authority-data: {b64}\ncontexts: []\nusers: []\npreferences: {{}}\n"
+    );
+    let res = &kinds::CONFIGMAP;
+    let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": CLUSTER_INFO, "namespace": CLUSTER_INFO_NAMESPACE}, "data": {"kubeconfig": kubeconfig}});
+    match svc.create(res, Some(CLUSTER_INFO_NAMESPACE), obj).await {
+        Ok(_) => Ok(()),
+        Err(ApiError::AlreadyExists { .. }) => {
+            let opts = crate::write_options::WriteOptions::default();
+            svc.mutate(res, Some(CLUSTER_INFO_NAMESPACE), CLUSTER_INFO, None, "", &opts, |old| {
+                let mut new = old.clone();
+                new["data"]["kubeconfig"] = json!(kubeconfig);
+                Ok(new)
+            })
+            .await
+            .map(|_| ())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Deletes the bootstrap token Secrets whose expiration has passed (kube-controller-manager's
 /// tokencleaner); returns how many.
 pub async fn remove_expired(svc: &ApiService) -> Result<usize, ApiError> {

@@ -87,11 +87,21 @@ async fn create(args: TokenCreateArgs) -> anyhow::Result<()> {
     let ca = args.client.data_dir.join("pki").join("ca.crt");
     println!("{}", token.token());
     let until = expiration.map(|e| format!(" (valid until {e})")).unwrap_or_default();
-    eprintln!(
-        "join a node{until} with:\n  shepherd agent --server {url} --join-token {} --certificate-authority {}",
-        token.token(),
-        ca.display()
-    );
+    let hash = std::fs::read_to_string(&ca).ok().and_then(|pem| ca_cert_hash(&pem).ok());
+    match hash {
+        Some(hash) => eprintln!(
+            "join a node{until} with:\n  shepherd agent --server {url} --join-token {} --discovery-token-ca-cert-hash {hash}\n\
+             or, with the CA file copied to the node:\n  shepherd agent --server {url} --join-token {} --certificate-authority {}",
+            token.token(),
+            token.token(),
+            ca.display()
+        ),
+        None => eprintln!(
+            "join a node{until} with:\n  shepherd agent --server {url} --join-token {} --certificate-authority {}",
+            token.token(),
+            ca.display()
+        ),
+    }
     Ok(())
 }
 
@@ -114,6 +124,52 @@ async fn list(args: TokenClientArgs) -> anyhow::Result<()> {
         println!("{:<8} {:<26} {}", field("token-id"), expires, field("description"));
     }
     Ok(())
+}
+
+/// kubeadm's pin of a CA: `sha256:` and the hex SHA-256 of the CA certificate's
+/// SubjectPublicKeyInfo, so that a pin survives the CA being re-issued with the same key.
+pub fn ca_cert_hash(ca_pem: &str) -> anyhow::Result<String> {
+    use sha2::Digest;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(ca_pem.as_bytes()).map_err(|e| anyhow::anyhow!("the CA is not PEM: {e}"))?;
+    let cert = pem.parse_x509().map_err(|e| anyhow::anyhow!("the CA certificate cannot be read: {e}"))?;
+    let digest = sha2::Sha256::digest(cert.tbs_certificate.subject_pki.raw);
+    Ok(format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+}
+
+/// kubeadm's token discovery: reads `kube-public/cluster-info` from `server` before trusting
+/// it, and keeps the CA there only if its public key matches `pin` (`sha256:<hex>`, as
+/// `shepherd token create` prints it). Writes the CA to `<data_dir>/ca.crt` and returns that path.
+pub async fn discover_ca(server: &str, pin: &str, data_dir: &Path) -> anyhow::Result<PathBuf> {
+    let want = pin.trim().to_ascii_lowercase();
+    if want.strip_prefix("sha256:").is_none_or(|h| h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit())) {
+        bail!("--discovery-token-ca-cert-hash must be sha256: and 64 hex digits, as `shepherd token create` prints it");
+    }
+    let uri: http::Uri = server.parse().with_context(|| format!("--server {server:?} is not a URL"))?;
+    let mut config = kube::Config::new(uri);
+    // Nothing read here is trusted until the pin matches; the token is not sent.
+    config.accept_invalid_certs = true;
+    let client = kube::Client::try_from(config).map_err(|e| anyhow::anyhow!("building a client for {server}: {e}"))?;
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client, bootstrap_token::CLUSTER_INFO_NAMESPACE, &resource("", "ConfigMap", "configmaps"));
+    let info = api.get(bootstrap_token::CLUSTER_INFO).await.with_context(|| {
+        format!("reading {}/{} from {server}", bootstrap_token::CLUSTER_INFO_NAMESPACE, bootstrap_token::CLUSTER_INFO)
+    })?;
+    let text = info.data.pointer("/data/kubeconfig").and_then(Value::as_str).context("cluster-info has no kubeconfig")?;
+    let kubeconfig: Value = serde_saphyr::from_str(text).context("cluster-info's kubeconfig is not YAML")?;
+    let ca_pem = kubeconfig
+        .pointer("/clusters/0/cluster/certificate-authority-data")
+        .and_then(Value::as_str)
+        .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
+        .and_then(|b| String::from_utf8(b).ok())
+        .context("cluster-info's kubeconfig names no CA")?;
+    let got = ca_cert_hash(&ca_pem)?;
+    if got != want {
+        bail!("the CA that {server} presents does not match --discovery-token-ca-cert-hash: it is {got}; refusing to join");
+    }
+    let path = data_dir.join("ca.crt");
+    crate::credentials::write_private(&path, &ca_pem)?;
+    tracing::info!(server, "the cluster CA matches the pinned hash");
+    Ok(path)
 }
 
 /// Where a joined agent keeps its identity.

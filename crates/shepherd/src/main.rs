@@ -102,8 +102,13 @@ struct AgentCommand {
     /// node's client certificate, and once it is signed keeps key, certificate and a kubeconfig in
     /// its data dir, which later starts use instead of the token. Needs --certificate-authority.
     #[arg(long, env = "SHEPHERD_JOIN_TOKEN", hide_env_values = true, value_name = "ID.SECRET",
-        conflicts_with_all = ["kubeconfig", "token", "simulate_nodes"], requires = "certificate_authority")]
+        conflicts_with_all = ["kubeconfig", "token", "simulate_nodes"])]
     join_token: Option<String>,
+    /// With --join-token instead of --certificate-authority: the pin of the cluster CA's public
+    /// key (`sha256:<hex>`, printed by `shepherd token create`); the CA is read from the
+    /// server's public `kube-public/cluster-info` and used only if it matches.
+    #[arg(long, value_name = "sha256:HEX", requires = "join_token", conflicts_with = "certificate_authority")]
+    discovery_token_ca_cert_hash: Option<String>,
     /// How long to wait for the join request to be approved and signed.
     #[arg(long, default_value = "5m", value_parser = shepherd_api::duration::parse)]
     join_timeout: Duration,
@@ -271,10 +276,17 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
     let mut config = args.agent.config(&args.data_dir)?;
     // A joined agent is its node from then on: the token is needed only until the first certificate.
     let joined = join::node_kubeconfig_path(&args.data_dir);
-    let node_kubeconfig = match (&args.join_token, &args.certificate_authority) {
+    let node_kubeconfig = match (&args.join_token, &args.certificate_authority, &args.discovery_token_ca_cert_hash) {
         _ if joined.exists() && args.kubeconfig.is_none() && args.token.is_none() => Some(joined),
-        (Some(token), Some(ca)) => {
-            Some(join::bootstrap(&args.server, token, ca, &args.data_dir, &config.node_name, args.join_timeout).await?)
+        (Some(token), ca, pin) => {
+            let ca = match (ca, pin) {
+                (Some(ca), _) => ca.clone(),
+                (None, Some(pin)) => join::discover_ca(&args.server, pin, &args.data_dir).await?,
+                (None, None) => anyhow::bail!(
+                    "--join-token needs --certificate-authority FILE or --discovery-token-ca-cert-hash sha256:... to trust the server"
+                ),
+            };
+            Some(join::bootstrap(&args.server, token, &ca, &args.data_dir, &config.node_name, args.join_timeout).await?)
         }
         _ => None,
     };
@@ -439,6 +451,11 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         Some(s) => Some(credentials::write_admin_kubeconfig(&args.data_dir, s, &url)?),
         None => None,
     };
+    if let Some(s) = secured.as_ref().filter(|s| s.serving_by_cluster_ca) {
+        shepherd_apiserver::bootstrap_token::publish_cluster_info(server.service(), &url, s.ca.cert_pem())
+            .await
+            .map_err(|e| anyhow::anyhow!("writing kube-public/cluster-info: {e}"))?;
+    }
     // The first line on stdout is the address, so scripts and tests can read it.
     println!("shepherd {mode} listening on {scheme}://{addr}");
     if let Some(path) = &kubeconfig {

@@ -289,3 +289,49 @@ fn kubectl_approves_and_denies_user_certificate_requests_and_bad_requests_are_re
     let (_, out, _) = kubectl(&bin, &admin, &["get", "csr", "-o", "name"], None);
     assert!(!out.contains("bad-") && !out.contains("not-pem"), "a refused request was written: {out}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_trusts_the_server_by_the_pinned_ca_hash_and_refuses_a_wrong_pin() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = secure_server(dir.path());
+    let (token, join_hint) = create_token(dir.path(), "10m");
+    let pin = join_hint
+        .split_whitespace()
+        .skip_while(|w| *w != "--discovery-token-ca-cert-hash")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no pin in the join command: {join_hint}"))
+        .to_string();
+    assert!(pin.starts_with("sha256:") && pin.len() == 7 + 64, "{pin}");
+
+    // cluster-info is the one thing an anonymous client may read, and only read.
+    let anonymous = reqwest::Client::builder().danger_accept_invalid_certs(true).build().expect("client");
+    let path = format!("{}/api/v1/namespaces/kube-public/configmaps/cluster-info", server.url);
+    let info: Value = anonymous.get(&path).send().await.expect("get").json().await.expect("json");
+    assert!(info["data"]["kubeconfig"].as_str().is_some_and(|k| k.contains(&server.url)), "{info}");
+    assert_eq!(anonymous.delete(&path).send().await.expect("delete").status(), 401);
+    let other = format!("{}/api/v1/namespaces/kube-public/configmaps", server.url);
+    assert_eq!(anonymous.get(&other).send().await.expect("list").status(), 401);
+
+    let wrong_dir = tempfile::tempdir().expect("tempdir");
+    let wrong_pin = format!("sha256:{}", "0".repeat(64));
+    let refused = agent(wrong_dir.path(), &server.url, &["--join-token", &token, "--discovery-token-ca-cert-hash", &wrong_pin])
+        .output()
+        .expect("agent with a wrong pin");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("does not match"), "{err}");
+    assert!(!wrong_dir.path().join("node.kubeconfig").exists());
+    let csrs = admin_ok(dir.path(), &["get", "csr", "-o", "name"], None);
+    assert!(csrs.trim().is_empty(), "an agent that did not trust the server filed a request: {csrs}");
+
+    let agent_dir = tempfile::tempdir().expect("tempdir");
+    let _child = KillOnDrop(
+        agent(agent_dir.path(), &server.url, &["--join-token", &token, "--discovery-token-ca-cert-hash", &pin])
+            .spawn()
+            .expect("start agent"),
+    );
+    wait_for("the node joined by the pinned hash to register", 90, || {
+        let (_, bin) = common::newest_kubectl();
+        let (ok, out, _) = kubectl(&bin, &dir.path().join("admin.kubeconfig"), &["get", "node", NODE, "-o", "name"], None);
+        (ok && out.trim() == format!("node/{NODE}")).then_some(())
+    });
+}
