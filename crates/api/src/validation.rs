@@ -290,10 +290,8 @@ pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: 
         "DaemonSet" => apps::validate_daemon_set_update(old, new, &mut c),
         "StatefulSet" => apps::validate_stateful_set_update(old, new, &mut c),
         "RoleBinding" | "ClusterRoleBinding" => rbac::validate_binding_update(old, new, &mut c),
-        "CertificateSigningRequest" => {
-            if at(old, "spec") != at(new, "spec") {
-                c.push(Cause::forbidden("spec", "a CertificateSigningRequest's spec is immutable"));
-            }
+        "CertificateSigningRequest" if at(old, "spec") != at(new, "spec") => {
+            c.push(Cause::forbidden("spec", "a CertificateSigningRequest's spec is immutable"));
         }
         "Service" => {
             let stored = str_at(old, "spec.clusterIP").unwrap_or("");

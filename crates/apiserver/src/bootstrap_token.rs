@@ -57,7 +57,8 @@ impl BootstrapToken {
         use rand::Rng;
         const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
         let mut rng = rand::rng();
-        let mut part = |n: usize| (0..n).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect::<String>();
+        let mut part =
+            |n: usize| (0..n).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect::<String>();
         BootstrapToken { id: part(ID_LEN), secret: part(SECRET_LEN) }
     }
 
@@ -105,7 +106,9 @@ impl BootstrapToken {
         }
         let field = |k: &str| data_field(secret, k);
         let stored = field("token-secret").unwrap_or_default();
-        if field("token-id").as_deref() != Some(self.id.as_str()) || !constant_time_eq(stored.as_bytes(), self.secret.as_bytes()) {
+        if field("token-id").as_deref() != Some(self.id.as_str())
+            || !constant_time_eq(stored.as_bytes(), self.secret.as_bytes())
+        {
             return Err(format!("bootstrap token {:?}: the secret does not match", self.id));
         }
         if is_expired(secret, now) {
@@ -118,7 +121,10 @@ impl BootstrapToken {
         for g in field("auth-extra-groups").unwrap_or_default().split(',').map(str::trim).filter(|g| !g.is_empty()) {
             // As in Kubernetes: a token may only name further bootstrapper groups, never, say, system:masters.
             if !g.starts_with("system:bootstrappers:") {
-                return Err(format!("bootstrap token {:?}: extra group {g:?} is not a system:bootstrappers: group", self.id));
+                return Err(format!(
+                    "bootstrap token {:?}: extra group {g:?} is not a system:bootstrappers: group",
+                    self.id
+                ));
             }
             groups.push(g.to_string());
         }
@@ -245,7 +251,13 @@ mod tests {
     #[test]
     fn only_the_bootstrap_token_shape_is_taken_for_one() {
         assert!(BootstrapToken::parse("abcdef.0123456789abcdef").is_some());
-        for bad in ["abcdef0123456789abcdef", "ABCDEF.0123456789abcdef", "abcde.0123456789abcdef", "abcdef.0123456789abcde!", ""] {
+        for bad in [
+            "abcdef0123456789abcdef",
+            "ABCDEF.0123456789abcdef",
+            "abcde.0123456789abcdef",
+            "abcdef.0123456789abcde!",
+            "",
+        ] {
             assert!(BootstrapToken::parse(bad).is_none(), "{bad}");
         }
         let t = BootstrapToken::generate();

@@ -110,24 +110,34 @@ fn kubelet_client_problem(subject: &RequestSubject, usages: &[String]) -> Option
     if subject.organizations != [NODES_GROUP] {
         return Some(Cause::invalid(
             "spec.request",
-            format!("subject organization must be exactly \"{NODES_GROUP}\" for signer {KUBELET_CLIENT_SIGNER}, not {:?}",
-                subject.organizations),
+            format!(
+                "subject organization must be exactly \"{NODES_GROUP}\" for signer {KUBELET_CLIENT_SIGNER}, not {:?}",
+                subject.organizations
+            ),
         ));
     }
-    if !subject.common_name.strip_prefix("system:node:").is_some_and(|n| !n.is_empty()) {
+    if subject.common_name.strip_prefix("system:node:").is_none_or(str::is_empty) {
         return Some(Cause::invalid(
             "spec.request",
-            format!("subject common name must be \"system:node:NAME\" for signer {KUBELET_CLIENT_SIGNER}, not {:?}",
-                subject.common_name),
+            format!(
+                "subject common name must be \"system:node:NAME\" for signer {KUBELET_CLIENT_SIGNER}, not {:?}",
+                subject.common_name
+            ),
         ));
     }
     if subject.has_alt_names {
-        return Some(Cause::invalid("spec.request", format!("signer {KUBELET_CLIENT_SIGNER} signs no subject alternative names")));
+        return Some(Cause::invalid(
+            "spec.request",
+            format!("signer {KUBELET_CLIENT_SIGNER} signs no subject alternative names"),
+        ));
     }
     if let Some(bad) = usages.iter().find(|u| !KUBELET_CLIENT_USAGES.contains(&u.as_str())) {
         return Some(Cause::not_supported(
             "spec.usages",
-            format!("usage {bad:?} is not allowed for signer {KUBELET_CLIENT_SIGNER}; allowed: {}", KUBELET_CLIENT_USAGES.join(", ")),
+            format!(
+                "usage {bad:?} is not allowed for signer {KUBELET_CLIENT_SIGNER}; allowed: {}",
+                KUBELET_CLIENT_USAGES.join(", ")
+            ),
         ));
     }
     if !usages.iter().any(|u| u == "client auth") {
@@ -149,8 +159,14 @@ pub(crate) fn prepare_create(obj: &mut Value, user: Option<&UserInfo>) -> Result
     let signer = str_at(obj, "/spec/signerName").to_string();
     if signer.is_empty() {
         causes.push(Cause::required("spec.signerName"));
-    } else if signer.split_once('/').is_none_or(|(domain, path)| domain.is_empty() || path.is_empty() || !domain.contains('.')) {
-        causes.push(Cause::invalid("spec.signerName", format!("Invalid value: {signer:?}: must be a fully qualified domain and path of the form 'example.com/signer-name'")));
+    } else if signer
+        .split_once('/')
+        .is_none_or(|(domain, path)| domain.is_empty() || path.is_empty() || !domain.contains('.'))
+    {
+        causes.push(Cause::invalid(
+            "spec.signerName",
+            format!("Invalid value: {signer:?}: must be a fully qualified domain and path of the form 'example.com/signer-name'"),
+        ));
     }
     let usages = strings(obj, "/spec/usages");
     if usages.is_empty() {
@@ -161,10 +177,13 @@ pub(crate) fn prepare_create(obj: &mut Value, user: Option<&UserInfo>) -> Result
             causes.push(Cause::not_supported("spec.usages", format!("Unsupported value: {u:?}")));
         }
     }
-    if let Some(secs) = obj.at("/spec/expirationSeconds") {
-        if secs.as_i64().is_none_or(|s| s < MIN_EXPIRATION_SECONDS) {
-            causes.push(Cause::invalid("spec.expirationSeconds", format!("Invalid value: {secs}: may not specify a duration less than 600 seconds (10 minutes)")));
-        }
+    if let Some(secs) = obj.at("/spec/expirationSeconds")
+        && secs.as_i64().is_none_or(|s| s < MIN_EXPIRATION_SECONDS)
+    {
+        causes.push(Cause::invalid(
+            "spec.expirationSeconds",
+            format!("Invalid value: {secs}: may not specify a duration less than 600 seconds (10 minutes)"),
+        ));
     }
     match request_pem(obj).and_then(|pem| parse_request(&pem)) {
         Err(_) if obj.at("/spec/request").is_none() => causes.push(Cause::required("spec.request")),
@@ -204,7 +223,8 @@ fn has_condition(csr: &Value, type_: &str) -> bool {
 /// Denied exclude each other and, once given, stay, as in Kubernetes.
 pub(crate) fn approval_update(old: &Value, body: &Value) -> Result<Value, ApiError> {
     let name = str_at(old, "/metadata/name");
-    let mut conditions: Vec<Value> = body.at("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut conditions: Vec<Value> =
+        body.at("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
     let mut causes = Vec::new();
     for (i, c) in conditions.iter_mut().enumerate() {
         let type_ = str_at(c, "/type").to_string();
@@ -212,7 +232,10 @@ pub(crate) fn approval_update(old: &Value, body: &Value) -> Result<Value, ApiErr
             causes.push(Cause::required(format!("status.conditions[{i}].type")));
         }
         if matches!(type_.as_str(), "Approved" | "Denied") && str_at(c, "/status") != "True" {
-            causes.push(Cause::not_supported(format!("status.conditions[{i}].status"), "Unsupported value: only \"True\" is allowed for Approved and Denied"));
+            causes.push(Cause::not_supported(
+                format!("status.conditions[{i}].status"),
+                "Unsupported value: only \"True\" is allowed for Approved and Denied",
+            ));
         }
         if c.get("status").is_none_or(Value::is_null) {
             c["status"] = json!("True");
@@ -230,7 +253,10 @@ pub(crate) fn approval_update(old: &Value, body: &Value) -> Result<Value, ApiErr
     }
     for kept in ["Approved", "Denied"] {
         if has_condition(old, kept) && !has_condition(&new_status, kept) {
-            causes.push(Cause::forbidden("status.conditions", format!("updates may not remove a condition of type {kept:?}")));
+            causes.push(Cause::forbidden(
+                "status.conditions",
+                format!("updates may not remove a condition of type {kept:?}"),
+            ));
         }
     }
     if !causes.is_empty() {
@@ -302,11 +328,17 @@ fn sign_request(csr: &Value, ca: &ClusterCa, signer: &str) -> Result<String, Str
         if subject.common_name.is_empty() {
             return Err("a client certificate needs a subject common name (the user)".into());
         }
-        if !usages.iter().any(|u| u == "client auth") || usages.iter().any(|u| matches!(u.as_str(), "server auth" | "cert sign" | "any")) {
+        if !usages.iter().any(|u| u == "client auth")
+            || usages.iter().any(|u| matches!(u.as_str(), "server auth" | "cert sign" | "any"))
+        {
             return Err(format!("signer {CLIENT_SIGNER} signs client auth certificates only; usages were {usages:?}"));
         }
     }
-    let requested = csr.at("/spec/expirationSeconds").and_then(Value::as_i64).filter(|s| *s > 0).map(|s| Duration::from_secs(s as u64));
+    let requested = csr
+        .at("/spec/expirationSeconds")
+        .and_then(Value::as_i64)
+        .filter(|s| *s > 0)
+        .map(|s| Duration::from_secs(s as u64));
     let validity = requested.map_or(MAX_VALIDITY, |r| r.min(MAX_VALIDITY));
     let text = std::str::from_utf8(&pem).map_err(|_| "the request is not PEM text".to_string())?;
     ca.sign_client_request(text, validity).map_err(|e| e.to_string())
@@ -366,8 +398,10 @@ async fn reconcile(svc: &ApiService, ca: &ClusterCa, csr: &Value, name: &str) ->
         let kv = svc
             .mutate(res, None, name, None, "approval", &opts, |old| {
                 let mut body = old.clone();
-                let mut conditions = old.at("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
-                conditions.push(json!({"type": "Approved", "status": "True", "reason": "AutoApproved", "message": message}));
+                let mut conditions =
+                    old.at("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+                conditions
+                    .push(json!({"type": "Approved", "status": "True", "reason": "AutoApproved", "message": message}));
                 body["status"] = json!({"conditions": conditions});
                 approval_update(old, &body)
             })
@@ -390,7 +424,8 @@ async fn reconcile(svc: &ApiService, ca: &ClusterCa, csr: &Value, name: &str) ->
         Some(Err(why)) => {
             svc.mutate(res, None, name, None, "status", &opts, |old| {
                 let mut new = old.clone();
-                let mut conditions = old.at("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+                let mut conditions =
+                    old.at("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
                 let now = now_rfc3339();
                 conditions.push(json!({"type": "Failed", "status": "True", "reason": "SignerValidationFailure",
                     "message": why, "lastUpdateTime": now, "lastTransitionTime": now}));
@@ -431,16 +466,25 @@ mod tests {
 
     #[test]
     fn a_node_request_from_a_bootstrapper_is_filled_in_approved_and_signed_for_the_node() {
-        let mut obj = csr(&request("system:node:n1", &[NODES_GROUP]), KUBELET_CLIENT_SIGNER,
-            &["digital signature", "client auth"]);
+        let mut obj = csr(
+            &request("system:node:n1", &[NODES_GROUP]),
+            KUBELET_CLIENT_SIGNER,
+            &["digital signature", "client auth"],
+        );
         prepare_create(&mut obj, Some(&bootstrapper())).unwrap();
         assert_eq!(obj["spec"]["username"], "system:bootstrap:abcdef");
-        assert_eq!(auto_approval(&obj), Approval::Approve("Auto approving kubelet client certificate after SubjectAccessReview."));
-        let body = json!({"status": {"conditions": [{"type": "Approved", "status": "True", "reason": "AutoApproved"}]}});
+        assert_eq!(
+            auto_approval(&obj),
+            Approval::Approve("Auto approving kubelet client certificate after SubjectAccessReview.")
+        );
+        let body =
+            json!({"status": {"conditions": [{"type": "Approved", "status": "True", "reason": "AutoApproved"}]}});
         let approved = approval_update(&obj, &body).unwrap();
         let ca = ClusterCa::generate().unwrap();
         let cert = sign(&approved, &ca).unwrap().unwrap();
-        let der = rustls::pki_types::pem::PemObject::from_pem_slice(cert.as_bytes()).map(|c: rustls::pki_types::CertificateDer| c.to_vec()).unwrap();
+        let der = rustls::pki_types::pem::PemObject::from_pem_slice(cert.as_bytes())
+            .map(|c: rustls::pki_types::CertificateDer| c.to_vec())
+            .unwrap();
         let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
         assert_eq!(parsed.subject().iter_common_name().next().unwrap().as_str().unwrap(), "system:node:n1");
         let days = (parsed.validity().not_after.timestamp() - parsed.validity().not_before.timestamp()) / 86400;
@@ -459,8 +503,11 @@ mod tests {
             assert_eq!(err.code(), 422);
             assert!(err.to_string().contains(field), "{err}");
         }
-        let mut garbage = csr("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
-            KUBELET_CLIENT_SIGNER, &["client auth"]);
+        let mut garbage = csr(
+            "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
+            KUBELET_CLIENT_SIGNER,
+            &["client auth"],
+        );
         let err = prepare_create(&mut garbage, Some(&bootstrapper())).unwrap_err();
         assert!(err.to_string().contains("spec.request"), "{err}");
     }
@@ -472,9 +519,13 @@ mod tests {
         assert_eq!(auto_approval(&obj), Approval::Leave);
         let ca = ClusterCa::generate().unwrap();
         assert!(sign(&obj, &ca).is_none());
-        let approved = approval_update(&obj, &json!({"status": {"conditions": [{"type": "Approved", "status": "True"}]}})).unwrap();
+        let approved =
+            approval_update(&obj, &json!({"status": {"conditions": [{"type": "Approved", "status": "True"}]}}))
+                .unwrap();
         assert!(sign(&approved, &ca).unwrap().is_ok());
-        let err = approval_update(&approved, &json!({"status": {"conditions": [{"type": "Denied", "status": "True"}]}})).unwrap_err();
+        let err =
+            approval_update(&approved, &json!({"status": {"conditions": [{"type": "Denied", "status": "True"}]}}))
+                .unwrap_err();
         assert!(err.to_string().contains("may not remove"), "{err}");
     }
 }

@@ -110,7 +110,9 @@ async fn list(args: TokenClientArgs) -> anyhow::Result<()> {
     let api: Api<DynamicObject> = Api::namespaced_with(client, bootstrap_token::NAMESPACE, &secrets());
     let list = api.list(&ListParams::default()).await.context("listing bootstrap tokens")?;
     println!("{:<8} {:<26} DESCRIPTION", "ID", "EXPIRES");
-    for s in list.items.iter().filter(|s| s.data.get("type").and_then(Value::as_str) == Some(bootstrap_token::SECRET_TYPE)) {
+    for s in
+        list.items.iter().filter(|s| s.data.get("type").and_then(Value::as_str) == Some(bootstrap_token::SECRET_TYPE))
+    {
         let field = |k: &str| {
             s.data
                 .pointer(&format!("/data/{k}"))
@@ -130,7 +132,8 @@ async fn list(args: TokenClientArgs) -> anyhow::Result<()> {
 /// SubjectPublicKeyInfo, so that a pin survives the CA being re-issued with the same key.
 pub fn ca_cert_hash(ca_pem: &str) -> anyhow::Result<String> {
     use sha2::Digest;
-    let (_, pem) = x509_parser::pem::parse_x509_pem(ca_pem.as_bytes()).map_err(|e| anyhow::anyhow!("the CA is not PEM: {e}"))?;
+    let (_, pem) =
+        x509_parser::pem::parse_x509_pem(ca_pem.as_bytes()).map_err(|e| anyhow::anyhow!("the CA is not PEM: {e}"))?;
     let cert = pem.parse_x509().map_err(|e| anyhow::anyhow!("the CA certificate cannot be read: {e}"))?;
     let digest = sha2::Sha256::digest(cert.tbs_certificate.subject_pki.raw);
     Ok(format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>()))
@@ -154,7 +157,8 @@ pub async fn discover_ca(server: &str, pin: &str, data_dir: &Path) -> anyhow::Re
     let info = api.get(bootstrap_token::CLUSTER_INFO).await.with_context(|| {
         format!("reading {}/{} from {server}", bootstrap_token::CLUSTER_INFO_NAMESPACE, bootstrap_token::CLUSTER_INFO)
     })?;
-    let text = info.data.pointer("/data/kubeconfig").and_then(Value::as_str).context("cluster-info has no kubeconfig")?;
+    let text =
+        info.data.pointer("/data/kubeconfig").and_then(Value::as_str).context("cluster-info has no kubeconfig")?;
     let kubeconfig: Value = serde_saphyr::from_str(text).context("cluster-info's kubeconfig is not YAML")?;
     let ca_pem = kubeconfig
         .pointer("/clusters/0/cluster/certificate-authority-data")
@@ -164,7 +168,9 @@ pub async fn discover_ca(server: &str, pin: &str, data_dir: &Path) -> anyhow::Re
         .context("cluster-info's kubeconfig names no CA")?;
     let got = ca_cert_hash(&ca_pem)?;
     if got != want {
-        bail!("the CA that {server} presents does not match --discovery-token-ca-cert-hash: it is {got}; refusing to join");
+        bail!(
+            "the CA that {server} presents does not match --discovery-token-ca-cert-hash: it is {got}; refusing to join"
+        );
     }
     let path = data_dir.join("ca.crt");
     crate::credentials::write_private(&path, &ca_pem)?;
@@ -193,7 +199,8 @@ pub async fn bootstrap(
     }
     let ca_pem = std::fs::read_to_string(certificate_authority)
         .with_context(|| format!("reading --certificate-authority {}", certificate_authority.display()))?;
-    let config = crate::credentials::agent_client_config(server, None, Some(token), Some(certificate_authority)).await?;
+    let config =
+        crate::credentials::agent_client_config(server, None, Some(token), Some(certificate_authority)).await?;
     let client = kube::Client::try_from(config).map_err(|e| anyhow::anyhow!("building a client for {server}: {e}"))?;
 
     let key = rcgen::KeyPair::generate()?;
@@ -212,7 +219,10 @@ pub async fn bootstrap(
     let api: Api<DynamicObject> = Api::all_with(client, &csrs());
     let created = api.create(&PostParams::default(), &csr).await.map_err(|e| match e {
         kube::Error::Api(s) if s.code == 401 => {
-            anyhow::anyhow!("the server refused the join token (401): it is unknown or has expired; create a new one with `shepherd token create`")
+            anyhow::anyhow!(
+                "the server refused the join token (401): it is unknown or has expired; \
+                 create a new one with `shepherd token create`"
+            )
         }
         e => anyhow::anyhow!("filing the certificate signing request: {e}"),
     })?;
@@ -239,7 +249,9 @@ pub async fn bootstrap(
             break pem;
         }
         if tokio::time::Instant::now() >= deadline {
-            bail!("certificate signing request {name} was not signed within {wait:?}; is it approved? (kubectl get csr)");
+            bail!(
+                "certificate signing request {name} was not signed within {wait:?}; is it approved? (kubectl get csr)"
+            );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
@@ -254,7 +266,10 @@ pub async fn bootstrap(
     crate::credentials::write_private(&data_dir.join("node.key"), &key.serialize_pem())?;
     crate::credentials::write_private(&data_dir.join("node.crt"), &certificate)?;
     let path = node_kubeconfig_path(data_dir);
-    crate::credentials::write_private(&path, &serde_saphyr::to_string(&kubeconfig).context("writing the node kubeconfig")?)?;
+    crate::credentials::write_private(
+        &path,
+        &serde_saphyr::to_string(&kubeconfig).context("writing the node kubeconfig")?,
+    )?;
     tracing::info!(csr = %name, kubeconfig = %path.display(), "joined: the node's certificate is signed");
     Ok(path)
 }

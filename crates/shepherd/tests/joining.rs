@@ -173,7 +173,8 @@ async fn an_agent_joined_with_a_bootstrap_token_acts_only_as_its_own_node() {
     wait_for("the agent's node kubeconfig", 90, || node_kubeconfig.exists().then_some(()));
     wait_for("the joined node to register", 90, || {
         let (_, bin) = common::newest_kubectl();
-        let (ok, out, _) = kubectl(&bin, &dir.path().join("admin.kubeconfig"), &["get", "node", NODE, "-o", "name"], None);
+        let (ok, out, _) =
+            kubectl(&bin, &dir.path().join("admin.kubeconfig"), &["get", "node", NODE, "-o", "name"], None);
         (ok && out.trim() == format!("node/{NODE}")).then_some(())
     });
 
@@ -181,8 +182,12 @@ async fn an_agent_joined_with_a_bootstrap_token_acts_only_as_its_own_node() {
     for (version, bin) in kubectls_under_test() {
         let (ok, out, err) = kubectl(&bin, &dir.path().join("admin.kubeconfig"), &["get", "csr"], None);
         assert!(ok, "kubectl {version} get csr: {err}");
-        let row = out.lines().find(|l| l.contains(&format!("system:bootstrap:{id}"))).unwrap_or_else(|| panic!("{out}"));
-        assert!(row.contains("Approved,Issued") && row.contains("kubernetes.io/kube-apiserver-client-kubelet"), "{out}");
+        let row =
+            out.lines().find(|l| l.contains(&format!("system:bootstrap:{id}"))).unwrap_or_else(|| panic!("{out}"));
+        assert!(
+            row.contains("Approved,Issued") && row.contains("kubernetes.io/kube-apiserver-client-kubelet"),
+            "{out}"
+        );
     }
     let csrs = admin_ok(dir.path(), &["get", "csr", "-o", "json"], None);
     let csrs: Value = serde_json::from_str(&csrs).expect("json");
@@ -199,21 +204,40 @@ async fn an_agent_joined_with_a_bootstrap_token_acts_only_as_its_own_node() {
     let allowed = [
         ("PATCH", format!("/api/v1/nodes/{NODE}"), Some(json!({"metadata": {"annotations": {"joined": "yes"}}}))),
         ("PATCH", format!("/api/v1/nodes/{NODE}/status"), Some(json!({"status": {"capacity": {"pods": "110"}}}))),
-        ("PATCH", format!("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{NODE}"),
-            Some(json!({"metadata": {"annotations": {"joined": "yes"}}}))),
-        ("PATCH", "/api/v1/namespaces/default/pods/mine/status".to_string(), Some(json!({"status": {"message": "mine"}}))),
+        (
+            "PATCH",
+            format!("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{NODE}"),
+            Some(json!({"metadata": {"annotations": {"joined": "yes"}}})),
+        ),
+        (
+            "PATCH",
+            "/api/v1/namespaces/default/pods/mine/status".to_string(),
+            Some(json!({"status": {"message": "mine"}})),
+        ),
     ];
     for (method, path, body) in allowed {
         assert_eq!(status_of(&node, method, &path, body).await, 200, "{method} {path} as the joined node");
     }
     let forbidden = [
-        ("PATCH", "/api/v1/namespaces/default/pods/theirs/status".to_string(), Some(json!({"status": {"message": "x"}}))),
-        ("POST", "/api/v1/namespaces/default/pods/theirs/binding".to_string(),
-            Some(json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "theirs"}, "target": {"kind": "Node", "name": NODE}}))),
-        ("POST", "/apis/apps/v1/namespaces/default/deployments".to_string(),
+        (
+            "PATCH",
+            "/api/v1/namespaces/default/pods/theirs/status".to_string(),
+            Some(json!({"status": {"message": "x"}})),
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/default/pods/theirs/binding".to_string(),
+            Some(
+                json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "theirs"}, "target": {"kind": "Node", "name": NODE}}),
+            ),
+        ),
+        (
+            "POST",
+            "/apis/apps/v1/namespaces/default/deployments".to_string(),
             Some(json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": {
                 "selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}},
-                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}}))),
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}})),
+        ),
         ("PATCH", "/api/v1/nodes/other-node".to_string(), Some(json!({"metadata": {"annotations": {"x": "y"}}}))),
     ];
     for (method, path, body) in forbidden {
@@ -226,7 +250,9 @@ async fn an_agent_joined_with_a_bootstrap_token_acts_only_as_its_own_node() {
 
     // A restart needs no token: the agent is its node from its data dir.
     drop(child);
-    let lease_time = || admin_ok(dir.path(), &["get", "lease", NODE, "-n", "kube-node-lease", "-o", "jsonpath={.spec.renewTime}"], None);
+    let lease_time = || {
+        admin_ok(dir.path(), &["get", "lease", NODE, "-n", "kube-node-lease", "-o", "jsonpath={.spec.renewTime}"], None)
+    };
     let before = lease_time();
     child = KillOnDrop(agent(agent_dir.path(), &server.url, &[]).spawn().expect("restart agent"));
     wait_for("the restarted agent to renew its lease", 90, || (lease_time() != before).then_some(()));
@@ -245,7 +271,8 @@ fn kubectl_approves_and_denies_user_certificate_requests_and_bad_requests_are_re
         params.distinguished_name.push(rcgen::DnType::CommonName, cn);
         params.distinguished_name.push(rcgen::DnType::OrganizationName, org);
         use base64::Engine;
-        base64::engine::general_purpose::STANDARD.encode(params.serialize_request(&key).expect("csr").pem().expect("pem"))
+        base64::engine::general_purpose::STANDARD
+            .encode(params.serialize_request(&key).expect("csr").pem().expect("pem"))
     };
     let csr = |name: &str, request: &str, signer: &str, usages: &[&str]| {
         json!({"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest", "metadata": {"name": name},
@@ -265,7 +292,8 @@ fn kubectl_approves_and_denies_user_certificate_requests_and_bad_requests_are_re
         let (ok, out, err) = kubectl(&bin, &admin, &["certificate", "deny", &deny], None);
         assert!(ok && out.contains("denied"), "kubectl {version} certificate deny: {out}{err}");
         let issued = wait_for("the approved request to be signed", 30, || {
-            let (_, out, _) = kubectl(&bin, &admin, &["get", "csr", &approve, "-o", "jsonpath={.status.certificate}"], None);
+            let (_, out, _) =
+                kubectl(&bin, &admin, &["get", "csr", &approve, "-o", "jsonpath={.status.certificate}"], None);
             (!out.is_empty()).then_some(out)
         });
         use base64::Engine;
@@ -279,7 +307,10 @@ fn kubectl_approves_and_denies_user_certificate_requests_and_bad_requests_are_re
     let (_, bin) = common::newest_kubectl();
     let kubelet = "kubernetes.io/kube-apiserver-client-kubelet";
     for (body, field) in [
-        (csr("bad-usage", &request("system:node:n1", "system:nodes"), kubelet, &["client auth", "server auth"]), "spec.usages"),
+        (
+            csr("bad-usage", &request("system:node:n1", "system:nodes"), kubelet, &["client auth", "server auth"]),
+            "spec.usages",
+        ),
         (csr("bad-subject", &request("system:node:n1", "system:masters"), kubelet, &["client auth"]), "spec.request"),
         (csr("not-pem", "bm90IGEgY3Ny", kubelet, &["client auth"]), "spec.request"),
     ] {
@@ -314,9 +345,10 @@ async fn an_agent_trusts_the_server_by_the_pinned_ca_hash_and_refuses_a_wrong_pi
 
     let wrong_dir = tempfile::tempdir().expect("tempdir");
     let wrong_pin = format!("sha256:{}", "0".repeat(64));
-    let refused = agent(wrong_dir.path(), &server.url, &["--join-token", &token, "--discovery-token-ca-cert-hash", &wrong_pin])
-        .output()
-        .expect("agent with a wrong pin");
+    let refused =
+        agent(wrong_dir.path(), &server.url, &["--join-token", &token, "--discovery-token-ca-cert-hash", &wrong_pin])
+            .output()
+            .expect("agent with a wrong pin");
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && err.contains("does not match"), "{err}");
     assert!(!wrong_dir.path().join("node.kubeconfig").exists());
@@ -331,7 +363,8 @@ async fn an_agent_trusts_the_server_by_the_pinned_ca_hash_and_refuses_a_wrong_pi
     );
     wait_for("the node joined by the pinned hash to register", 90, || {
         let (_, bin) = common::newest_kubectl();
-        let (ok, out, _) = kubectl(&bin, &dir.path().join("admin.kubeconfig"), &["get", "node", NODE, "-o", "name"], None);
+        let (ok, out, _) =
+            kubectl(&bin, &dir.path().join("admin.kubeconfig"), &["get", "node", NODE, "-o", "name"], None);
         (ok && out.trim() == format!("node/{NODE}")).then_some(())
     });
 }
