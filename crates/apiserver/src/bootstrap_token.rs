@@ -248,6 +248,27 @@ mod tests {
         s
     }
 
+    #[tokio::test]
+    async fn the_cleaner_removes_expired_bootstrap_tokens_and_keeps_the_rest() {
+        let store = std::sync::Arc::new(shepherd_store::LocalStore::in_memory(Default::default()));
+        let svc = ApiService::new(store, std::sync::Arc::new(crate::Metrics::default()));
+        svc.ensure_system_namespaces().await.unwrap();
+        let (old, fresh, forever) = (BootstrapToken::generate(), BootstrapToken::generate(), BootstrapToken::generate());
+        svc.create(&kinds::SECRET, Some(NAMESPACE), old.secret_object(Some("2001-01-01T00:00:00Z"), "")).await.unwrap();
+        svc.create(&kinds::SECRET, Some(NAMESPACE), fresh.secret_object(Some("2999-01-01T00:00:00Z"), "")).await.unwrap();
+        svc.create(&kinds::SECRET, Some(NAMESPACE), forever.secret_object(None, "")).await.unwrap();
+        let opaque = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "other"},
+            "stringData": {"expiration": "2001-01-01T00:00:00Z"}});
+        svc.create(&kinds::SECRET, Some(NAMESPACE), opaque).await.unwrap();
+        assert_eq!(remove_expired(&svc).await.unwrap(), 1);
+        let gone = svc.get(&kinds::SECRET, Some(NAMESPACE), &format!("{NAME_PREFIX}{}", old.id)).await.unwrap_err();
+        assert!(gone.is_not_found());
+        assert!(old.authenticate(&svc).await.is_err());
+        assert_eq!(fresh.authenticate(&svc).await.unwrap().name, format!("system:bootstrap:{}", fresh.id));
+        assert!(forever.authenticate(&svc).await.is_ok());
+        assert!(svc.get(&kinds::SECRET, Some(NAMESPACE), "other").await.is_ok(), "only bootstrap tokens are cleaned");
+    }
+
     #[test]
     fn only_the_bootstrap_token_shape_is_taken_for_one() {
         assert!(BootstrapToken::parse("abcdef.0123456789abcdef").is_some());

@@ -333,6 +333,16 @@ async fn an_agent_trusts_the_server_by_the_pinned_ca_hash_and_refuses_a_wrong_pi
         .unwrap_or_else(|| panic!("no pin in the join command: {join_hint}"))
         .to_string();
     assert!(pin.starts_with("sha256:") && pin.len() == 7 + 64, "{pin}");
+    let listed = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(["token", "list", "--data-dir"])
+        .arg(dir.path())
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("shepherd token list");
+    let listed = String::from_utf8_lossy(&listed.stdout).to_string();
+    let (id, secret) = token.split_once('.').expect("id.secret");
+    assert!(listed.lines().any(|l| l.starts_with(id) && !l.contains("<never>")), "token list: {listed}");
+    assert!(!listed.contains(secret), "token list shows a token's secret: {listed}");
 
     // cluster-info is the one thing an anonymous client may read, and only read.
     let anonymous = reqwest::Client::builder().danger_accept_invalid_certs(true).build().expect("client");
