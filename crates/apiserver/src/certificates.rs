@@ -270,6 +270,28 @@ pub(crate) fn approval_update(old: &Value, body: &Value) -> Result<Value, ApiErr
     Ok(new)
 }
 
+/// The Approved and Denied conditions of a request.
+fn decision(csr: &Value) -> Vec<&str> {
+    let mut out: Vec<&str> = ["Approved", "Denied"].into_iter().filter(|t| has_condition(csr, t)).collect();
+    out.sort_unstable();
+    out
+}
+
+/// Approving or denying is the signer's business: as in Kubernetes, a write that changes the
+/// decision takes the `approve` verb on `certificates.k8s.io/signers` named after the signer (or
+/// `<domain>/*`), whichever subresource it came through. `may_approve` answers for the requester.
+pub(crate) fn admit_decision(old: Option<&Value>, new: &Value, may_approve: impl Fn(&str) -> bool) -> Result<(), String> {
+    if old.map(decision).unwrap_or_default() == decision(new) {
+        return Ok(());
+    }
+    let signer = str_at(new, "/spec/signerName");
+    let wildcard = signer.split_once('/').map(|(domain, _)| format!("{domain}/*"));
+    if may_approve(signer) || wildcard.is_some_and(|w| may_approve(&w)) {
+        return Ok(());
+    }
+    Err(format!("user not permitted to approve requests with signerName {signer:?}"))
+}
+
 /// What the approver does with a pending request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Approval {
