@@ -100,7 +100,8 @@ struct AgentCommand {
     certificate_authority: Option<PathBuf>,
     /// A bootstrap token (`shepherd token create`) to join with: the agent files a request for its
     /// node's client certificate, and once it is signed keeps key, certificate and a kubeconfig in
-    /// its data dir, which later starts use instead of the token. Needs --certificate-authority.
+    /// its data dir, which later starts use instead of the token. Needs --certificate-authority or
+    /// --discovery-token-ca-cert-hash to trust the server.
     #[arg(long, env = "SHEPHERD_JOIN_TOKEN", hide_env_values = true, value_name = "ID.SECRET",
         conflicts_with_all = ["kubeconfig", "token", "simulate_nodes"])]
     join_token: Option<String>,
