@@ -270,6 +270,22 @@ pub(crate) fn approval_update(old: &Value, body: &Value) -> Result<Value, ApiErr
     Ok(new)
 }
 
+/// A new request must name its requester as the server filled it in: a create that did not go
+/// through [`prepare_create`] (server-side apply, a PUT that creates) cannot claim another user.
+pub(crate) fn admit_requester(new: &Value, user: &UserInfo) -> Result<(), String> {
+    let mut claimed = strings(new, "/spec/groups");
+    let mut actual = user.groups.clone();
+    claimed.sort();
+    actual.sort();
+    if str_at(new, "/spec/username") != user.name || claimed != actual {
+        return Err(format!(
+            "spec.username and spec.groups must be those of the requester ({:?}); create the request with POST",
+            user.name
+        ));
+    }
+    Ok(())
+}
+
 /// The Approved and Denied conditions of a request.
 fn decision(csr: &Value) -> Vec<&str> {
     let mut out: Vec<&str> = ["Approved", "Denied"].into_iter().filter(|t| has_condition(csr, t)).collect();

@@ -118,3 +118,33 @@ async fn approving_takes_the_approve_verb_on_the_signer_not_only_the_approval_su
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn a_request_created_by_server_side_apply_cannot_claim_to_be_a_bootstrapper() {
+    let s = start().await;
+    let mallory = s.user("mallory", &["dev"]);
+    let kubelet = "kubernetes.io/kube-apiserver-client-kubelet";
+    let mut spoofed = csr("spoofed", "system:node:n1", "system:nodes", kubelet);
+    spoofed["spec"]["username"] = json!("system:bootstrap:abcdef");
+    spoofed["spec"]["groups"] = json!(["system:bootstrappers", "system:authenticated"]);
+    cluster_role(
+        &s,
+        "csr-writer",
+        json!([{"apiGroups": ["certificates.k8s.io"],
+        "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "patch", "update"]}]),
+        "mallory",
+    )
+    .await;
+    let path = format!("{CSRS}/spoofed?fieldManager=mallory");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let r = loop {
+        let r = mallory.patch(&path, &spoofed, "application/apply-patch+yaml").await;
+        if r.body["message"].as_str().is_some_and(|m| m.contains("spec.username")) || r.code != StatusCode::FORBIDDEN {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "mallory's role never took effect: {}", r.body);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(r.code, StatusCode::FORBIDDEN, "{}", r.body);
+    assert_eq!(s.get(&format!("{CSRS}/spoofed")).await.code, StatusCode::NOT_FOUND, "the spoofed request was written");
+}

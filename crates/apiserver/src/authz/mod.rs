@@ -366,6 +366,9 @@ pub(crate) fn admit(res: &shepherd_api::ResourceInfo, old: Option<&Value>, new: 
         node::admit(node, res.kind, old, new).map_err(refused)?;
     }
     if res.group == "certificates.k8s.io" {
+        if old.is_none() {
+            crate::certificates::admit_requester(new, user).map_err(refused)?;
+        }
         return crate::certificates::admit_decision(old, new, |signer| {
             let a = Attributes {
                 verb: "approve".into(),
