@@ -145,6 +145,11 @@ pub const LOCALSUBJECTACCESSREVIEW: ResourceInfo = res("authorization.k8s.io", "
     "localsubjectaccessreviews", "localsubjectaccessreview", true, &[], false, false);
 
 /// Whether `res` is a review: answered from the request, created only, never stored.
+/// `certificates.k8s.io/v1`: a request for a certificate signed by the cluster CA; its conditions are
+/// written through `/approval`, its certificate through `/status`.
+pub const CERTIFICATESIGNINGREQUEST: ResourceInfo = res("certificates.k8s.io", "CertificateSigningRequest",
+    "certificatesigningrequests", "certificatesigningrequest", false, &["csr"], true, false);
+
 pub fn is_review(res: &ResourceInfo) -> bool {
     res.group == "authorization.k8s.io"
 }
@@ -175,11 +180,12 @@ pub const ALL: &[ResourceInfo] = &[NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVE
     DEPLOYMENT, REPLICASET, LEASE, ENDPOINTSLICE, PODDISRUPTIONBUDGET, CUSTOMRESOURCEDEFINITION, JOB, CRONJOB,
     DAEMONSET, STATEFULSET, CONTROLLERREVISION, REPLICATIONCONTROLLER, HORIZONTALPODAUTOSCALER,
     ROLE, CLUSTERROLE, ROLEBINDING, CLUSTERROLEBINDING,
-    SUBJECTACCESSREVIEW, SELFSUBJECTACCESSREVIEW, SELFSUBJECTRULESREVIEW, LOCALSUBJECTACCESSREVIEW];
+    SUBJECTACCESSREVIEW, SELFSUBJECTACCESSREVIEW, SELFSUBJECTRULESREVIEW, LOCALSUBJECTACCESSREVIEW,
+    CERTIFICATESIGNINGREQUEST];
 
 /// The groups Shepherd serves besides core, in discovery order.
 pub const GROUPS: &[&str] = &["apps", "coordination.k8s.io", "discovery.k8s.io", "policy", "apiextensions.k8s.io", "batch",
-    "autoscaling", "rbac.authorization.k8s.io", "authorization.k8s.io"];
+    "autoscaling", "rbac.authorization.k8s.io", "authorization.k8s.io", "certificates.k8s.io"];
 
 /// Every resource served now: the built-in ones, then the custom ones (ordered by group,
 /// version and plural).

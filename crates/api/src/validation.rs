@@ -290,6 +290,9 @@ pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: 
         "DaemonSet" => apps::validate_daemon_set_update(old, new, &mut c),
         "StatefulSet" => apps::validate_stateful_set_update(old, new, &mut c),
         "RoleBinding" | "ClusterRoleBinding" => rbac::validate_binding_update(old, new, &mut c),
+        "CertificateSigningRequest" if at(old, "spec") != at(new, "spec") => {
+            c.push(Cause::forbidden("spec", "a CertificateSigningRequest's spec is immutable"));
+        }
         "Service" => {
             let stored = str_at(old, "spec.clusterIP").unwrap_or("");
             let sent = str_at(new, "spec.clusterIP").unwrap_or("");
@@ -595,6 +598,9 @@ fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
         "SelfSubjectRulesReview" => Some(round_trip::<k8s_openapi::api::authorization::v1::SelfSubjectRulesReview>(input)),
         "LocalSubjectAccessReview" => {
             Some(round_trip::<k8s_openapi::api::authorization::v1::LocalSubjectAccessReview>(input))
+        }
+        "CertificateSigningRequest" => {
+            Some(round_trip::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>(input))
         }
         "HorizontalPodAutoscaler" => {
             Some(round_trip::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>(input))

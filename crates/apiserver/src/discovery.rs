@@ -134,6 +134,9 @@ fn subresources(res: &ResourceInfo) -> Vec<Subresource> {
     if res.has_scale {
         subs.push(Subresource { name: "scale", response: ("autoscaling", "v1", "Scale"), verbs: &["get", "patch", "update"] });
     }
+    if res.kind == "CertificateSigningRequest" {
+        subs.push(Subresource { name: "approval", response: (res.group, res.version, res.kind), verbs: &["get", "patch", "update"] });
+    }
     if res.kind == "Pod" {
         subs.push(Subresource { name: "binding", response: ("", "v1", "Binding"), verbs: &["create"] });
         subs.push(Subresource { name: "eviction", response: ("policy", "v1", "Eviction"), verbs: &["create"] });

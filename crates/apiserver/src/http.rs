@@ -170,7 +170,14 @@ fn discovery_root(core: bool, headers: &HeaderMap) -> Response {
 async fn authenticate(State(app): State<AppState>, mut req: Request, next: axum::middleware::Next) -> Response {
     // No authenticator: an `--insecure-loopback` listener, whose requests carry no user.
     let Some(authn) = &app.config.authenticator else { return next.run(req).await };
-    match identify(authn, &req) {
+    let identified = match crate::bootstrap_token::of_request(req.headers()) {
+        Some(token) => match token.authenticate(&app.svc).await {
+            Ok(user) => Ok(Some(user)),
+            Err(why) => identify(authn, &req).map_err(|_| why),
+        },
+        None => identify(authn, &req),
+    };
+    match identified {
         Ok(Some(user)) => {
             req.extensions_mut().insert(user);
             next.run(req).await
@@ -178,6 +185,10 @@ async fn authenticate(State(app): State<AppState>, mut req: Request, next: axum:
         // Health, version and the dashboard's assets hold no cluster data; the calls the page
         // makes for data do. These go on without a user.
         Ok(None) if is_public(req.uri().path()) => next.run(req).await,
+        // kubeadm's discovery: a joining node reads the cluster CA before it can trust the server.
+        Ok(None) if req.method() == Method::GET && req.uri().path() == crate::bootstrap_token::cluster_info_path() => {
+            next.run(req).await
+        }
         Ok(None) => unauthorized("Unauthorized"),
         Err(why) => {
             tracing::debug!(path = %req.uri().path(), reason = %why, "request not authenticated");
@@ -760,7 +771,11 @@ async fn handle(
             check_json_body(&headers)?;
             let opts = manager_options(OptionsKind::Create, query, &headers, false)?;
             let mut warnings = Vec::new();
-            let body = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
+            let user = req.extensions().get::<crate::auth::UserInfo>().cloned();
+            let mut body = parse_write_body(&read_body(req, app.config.max_body_bytes).await?, res, &opts, &mut warnings)?;
+            if res.kind == kinds::CERTIFICATESIGNINGREQUEST.kind && !kinds::is_custom(res) {
+                crate::certificates::prepare_create(&mut body, user.as_ref())?;
+            }
             let w = svc.create_with(res, ns, body, &opts).await?;
             Ok(written_response(StatusCode::CREATED, &w, &warnings))
         }
@@ -792,6 +807,13 @@ async fn handle(
                 Some("status") if res.has_status => {
                     let w = svc.update_with(res, ns, name, body, Part::Status, &opts).await?;
                     Ok(written_response(StatusCode::OK, &w, &warnings))
+                }
+                Some("approval") if res.kind == kinds::CERTIFICATESIGNINGREQUEST.kind && !kinds::is_custom(res) => {
+                    let rv = parse_resource_version(body.at("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or(""))?;
+                    let kv = svc.mutate(res, ns, name, rv, "approval", &opts, |old| {
+                        crate::certificates::approval_update(old, &body)
+                    }).await?;
+                    Ok(object_response(StatusCode::OK, &kv))
                 }
                 Some("scale") if res.has_scale => {
                     let replicas = scale_replicas(&body, name)?;

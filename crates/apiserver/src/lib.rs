@@ -8,6 +8,8 @@ pub mod auth;
 pub mod authn;
 pub mod authz;
 mod autoscaling_v1;
+pub mod bootstrap_token;
+pub mod certificates;
 mod client;
 mod codec;
 mod crd;

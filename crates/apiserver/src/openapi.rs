@@ -98,6 +98,7 @@ const KIND_TYPES: &[KindType] = &[
     typed::<k8s_openapi::api::authorization::v1::SelfSubjectRulesReview>(),
     typed::<k8s_openapi::api::authorization::v1::LocalSubjectAccessReview>(),
     typed::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>(),
+    typed::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>(),
 ];
 
 /// Extensions Kubernetes puts on a field: how strategic merge patch and server-side apply treat it.
@@ -1037,7 +1038,7 @@ mod tests {
     fn each_v3_document_resolves_its_references_and_names_its_kinds() {
         let docs = build();
         assert_eq!(docs.v3.keys().collect::<Vec<_>>(), ["api/v1", "apis/apiextensions.k8s.io/v1", "apis/apps/v1", "apis/authorization.k8s.io/v1",
-            "apis/autoscaling/v2", "apis/batch/v1", "apis/coordination.k8s.io/v1", "apis/discovery.k8s.io/v1", "apis/policy/v1",
+            "apis/autoscaling/v2", "apis/batch/v1", "apis/certificates.k8s.io/v1", "apis/coordination.k8s.io/v1", "apis/discovery.k8s.io/v1", "apis/policy/v1",
             "apis/rbac.authorization.k8s.io/v1"]);
         for gv in docs.v3.keys() {
             let doc = v3(&docs, gv);

@@ -138,6 +138,23 @@ impl ClusterCa {
         self.client_cert_valid(user, groups, not_before(), OffsetDateTime::now_utc() + LEAF_VALIDITY)
     }
 
+    /// A client certificate for the subject of the PEM certificate request `csr_pem`, valid for
+    /// `validity`. Only the subject and key come from the request: what the certificate may do
+    /// (client auth, no CA, no alternative names) is the signer's decision.
+    pub fn sign_client_request(&self, csr_pem: &str, validity: std::time::Duration) -> Result<String, PkiError> {
+        let mut request = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| PkiError::Invalid(format!("the certificate request cannot be signed: {e}")))?;
+        let params = &mut request.params;
+        params.subject_alt_names.clear();
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = not_before();
+        let validity = Duration::try_from(validity).map_err(|e| PkiError::Invalid(format!("validity: {e}")))?;
+        params.not_after = OffsetDateTime::now_utc() + validity;
+        Ok(request.signed_by(&self.issuer)?.pem())
+    }
+
     fn sign(&self, params: &CertificateParams) -> Result<CertifiedKey, PkiError> {
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;

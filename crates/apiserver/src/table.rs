@@ -224,6 +224,34 @@ fn job_duration(job: &Value) -> String {
 }
 
 /// Entries of the map at `ptr` (a ConfigMap's or Secret's data).
+/// `10m` for `spec.expirationSeconds: 600`, `<none>` without one, as kubectl prints it.
+fn csr_requested_duration(csr: &Value) -> String {
+    match csr.at("/spec/expirationSeconds").and_then(Value::as_i64) {
+        Some(secs) => human_age(secs),
+        None => "<none>".into(),
+    }
+}
+
+/// `Approved,Issued`, `Denied`, `Pending`: the CSR's decision and whether it has a certificate.
+fn csr_condition(csr: &Value) -> String {
+    let mut parts: Vec<&str> = csr
+        .at("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|c| s(c, "/status") == "True")
+        .map(|c| s(c, "/type"))
+        .filter(|t| !t.is_empty())
+        .collect();
+    if parts.is_empty() {
+        parts.push("Pending");
+    }
+    if csr.at("/status/certificate").and_then(Value::as_str).is_some_and(|c| !c.is_empty()) {
+        parts.push("Issued");
+    }
+    parts.join(",")
+}
+
 fn entries(obj: &Value, ptr: &str) -> usize {
     obj.at(ptr).and_then(Value::as_object).map_or(0, serde_json::Map::len)
 }
@@ -257,6 +285,8 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
         "Event" => vec![("Last Seen", "string", 0), ("Type", "string", 0), ("Reason", "string", 0),
             ("Object", "string", 0), ("Message", "string", 0)],
         "Lease" => vec![name, ("Holder", "string", 0), age],
+        "CertificateSigningRequest" => vec![name, age, ("SignerName", "string", 0), ("Requestor", "string", 0),
+            ("RequestedDuration", "string", 0), ("Condition", "string", 0)],
         "EndpointSlice" => vec![name, ("AddressType", "string", 0), ("Ports", "string", 0), ("Endpoints", "string", 0), age],
         "PodDisruptionBudget" => vec![name, ("Min Available", "string", 0), ("Max Unavailable", "string", 0),
             ("Allowed Disruptions", "integer", 0), age],
@@ -316,6 +346,8 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
                 json!(s(o, "/message"))]
         }
         "Lease" => vec![name, json!(or_none(s(o, "/spec/holderIdentity"))), created],
+        "CertificateSigningRequest" => vec![name, created, json!(s(o, "/spec/signerName")),
+            json!(s(o, "/spec/username")), json!(csr_requested_duration(o)), json!(csr_condition(o))],
         "EndpointSlice" => vec![name, json!(s(o, "/addressType")), json!(slice_ports(o)), json!(slice_endpoints(o)), created],
         "PodDisruptionBudget" => vec![name, json!(int_or_percent(o, "/spec/minAvailable")),
             json!(int_or_percent(o, "/spec/maxUnavailable")), json!(i(o, "/status/disruptionsAllowed")), created],

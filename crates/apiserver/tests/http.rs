@@ -411,8 +411,11 @@ async fn discovery_names_resources_with_short_names_and_subresources() {
     assert!(names.contains(&"deployments/scale") && names.contains(&"replicasets/status"), "{names:?}");
     let (_, groups) = s.get("/apis").await;
     let group_names: Vec<&str> = groups["groups"].as_array().expect("groups").iter().filter_map(|g| g["name"].as_str()).collect();
-    assert_eq!(group_names.len(), 10, "{group_names:?}");
-    assert!(group_names.contains(&"autoscaling") && group_names.contains(&"metrics.k8s.io"), "{group_names:?}");
+    assert_eq!(group_names.len(), 11, "{group_names:?}");
+    assert!(
+        ["autoscaling", "metrics.k8s.io", "certificates.k8s.io"].iter().all(|g| group_names.contains(g)),
+        "{group_names:?}"
+    );
     let (_, lease) = s.get("/apis/coordination.k8s.io/v1").await;
     assert_eq!(lease["resources"][0]["name"], "leases");
     let (code, v) = s.get("/version").await;

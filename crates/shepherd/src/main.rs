@@ -6,6 +6,7 @@ mod controllers_view;
 mod credentials;
 mod dns;
 mod elected;
+mod join;
 mod node_agent;
 mod private_dir;
 mod registry;
@@ -62,6 +63,9 @@ enum Command {
     Scheduler(Box<elected::ElectedArgs>),
     /// Print a kubeconfig for a user, with a client certificate signed by the cluster CA.
     Kubeconfig(credentials::KubeconfigArgs),
+    /// Bootstrap tokens with which agents join: `token create`, `token list`.
+    #[command(subcommand)]
+    Token(join::TokenCommand),
 }
 
 #[derive(Args, Clone)]
@@ -94,6 +98,21 @@ struct AgentCommand {
     /// <data-dir>/pki/ca.crt).
     #[arg(long, value_name = "FILE")]
     certificate_authority: Option<PathBuf>,
+    /// A bootstrap token (`shepherd token create`) to join with: the agent files a request for its
+    /// node's client certificate, and once it is signed keeps key, certificate and a kubeconfig in
+    /// its data dir, which later starts use instead of the token. Needs --certificate-authority or
+    /// --discovery-token-ca-cert-hash to trust the server.
+    #[arg(long, env = "SHEPHERD_JOIN_TOKEN", hide_env_values = true, value_name = "ID.SECRET",
+        conflicts_with_all = ["kubeconfig", "token", "simulate_nodes"])]
+    join_token: Option<String>,
+    /// With --join-token instead of --certificate-authority: the pin of the cluster CA's public
+    /// key (`sha256:<hex>`, printed by `shepherd token create`); the CA is read from the
+    /// server's public `kube-public/cluster-info` and used only if it matches.
+    #[arg(long, value_name = "sha256:HEX", requires = "join_token", conflicts_with = "certificate_authority")]
+    discovery_token_ca_cert_hash: Option<String>,
+    /// How long to wait for the join request to be approved and signed.
+    #[arg(long, default_value = "5m", value_parser = shepherd_api::duration::parse)]
+    join_timeout: Duration,
     /// Directory for container state and logs; must survive restarts for re-adoption.
     #[arg(long, env = "SHEPHERD_AGENT_DATA_DIR", default_value = "shepherd-agent-data")]
     data_dir: PathBuf,
@@ -232,6 +251,7 @@ fn main() -> anyhow::Result<()> {
             Command::ControllerManager(args) => elected::run(elected::Role::ControllerManager, *args, shutdown_signal()).await,
             Command::Scheduler(args) => elected::run(elected::Role::Scheduler, *args, shutdown_signal()).await,
             Command::Kubeconfig(args) => credentials::print_kubeconfig(args),
+            Command::Token(command) => join::run(command).await,
         }
     })
 }
@@ -274,18 +294,34 @@ fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
 const MAX_SIMULATED_AGENT_WORKERS: usize = 64;
 
 async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
-    let kube_config = credentials::agent_client_config(
-        &args.server,
-        args.kubeconfig.as_deref(),
-        args.token.as_deref(),
-        args.certificate_authority.as_deref(),
-    )
-    .await?;
+    private_dir::secure(&args.data_dir)?;
+    let mut config = args.agent.config(&args.data_dir)?;
+    // A joined agent is its node from then on: the token is needed only until the first certificate.
+    let joined = join::node_kubeconfig_path(&args.data_dir);
+    let node_kubeconfig = match (&args.join_token, &args.certificate_authority, &args.discovery_token_ca_cert_hash) {
+        _ if joined.exists() && args.kubeconfig.is_none() && args.token.is_none() => Some(joined),
+        (Some(token), ca, pin) => {
+            let ca = match (ca, pin) {
+                (Some(ca), _) => ca.clone(),
+                (None, Some(pin)) => join::discover_ca(&args.server, pin, &args.data_dir).await?,
+                (None, None) => anyhow::bail!(
+                    "--join-token needs --certificate-authority FILE or --discovery-token-ca-cert-hash sha256:... to trust the server"
+                ),
+            };
+            Some(join::bootstrap(&args.server, token, &ca, &args.data_dir, &config.node_name, args.join_timeout).await?)
+        }
+        _ => None,
+    };
+    let (token, ca) = match &node_kubeconfig {
+        Some(_) => (None, None),
+        None => (args.token.as_deref(), args.certificate_authority.as_deref()),
+    };
+    let kube_config =
+        credentials::agent_client_config(&args.server, args.kubeconfig.as_deref().or(node_kubeconfig.as_deref()), token, ca)
+            .await?;
     let server_url = kube_config.cluster_url.to_string();
     let kube = kube::Client::try_from(kube_config).map_err(|e| anyhow::anyhow!("building a client for {server_url}: {e}"))?;
     let client: Arc<dyn Client> = Arc::new(shepherd_client::RemoteClient::new(kube));
-    private_dir::secure(&args.data_dir)?;
-    let mut config = args.agent.config(&args.data_dir)?;
     if let Some(dns) = config.cluster_dns.as_mut() {
         dns.domain = args.cluster_domain.clone();
     }
@@ -474,6 +510,11 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         Some(s) => Some(credentials::write_admin_kubeconfig(&args.data_dir, s, &url)?),
         None => None,
     };
+    if let Some(s) = secured.as_ref().filter(|s| s.serving_by_cluster_ca) {
+        shepherd_apiserver::bootstrap_token::publish_cluster_info(server.service(), &url, s.ca.cert_pem())
+            .await
+            .map_err(|e| anyhow::anyhow!("writing kube-public/cluster-info: {e}"))?;
+    }
     // The first line on stdout is the address, so scripts and tests can read it.
     println!("shepherd {mode} listening on {scheme}://{addr}");
     if let Some(path) = &kubeconfig {
@@ -493,6 +534,17 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move { manager.run(stop).await })
     };
+    // Joining nodes: the CSR approver and signer hold the cluster CA's key, and expired bootstrap
+    // tokens are removed; only a TLS server has either.
+    if !args.tls.insecure_loopback {
+        let ca = Arc::new(credentials::cluster_ca(&args.data_dir)?);
+        tokio::spawn(shepherd_apiserver::certificates::run_controller(server.service().clone(), ca, stopped(stop_rx.clone())));
+        tokio::spawn(shepherd_apiserver::bootstrap_token::run_cleaner(
+            server.service().clone(),
+            Duration::from_secs(60),
+            stopped(stop_rx.clone()),
+        ));
+    }
     let agent_task = agent.map(|a| {
         tracing::info!(nodes = ?node_names, "local node agent starting");
         let stop = stopped(stop_rx.clone());

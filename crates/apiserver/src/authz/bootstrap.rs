@@ -173,6 +173,15 @@ fn cluster_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
         // The dashboard's assets hold no cluster data; its calls for data are authorized one by one.
         ("system:shepherd-dashboard-assets", vec![PolicyRule::urls(&["/dashboard", "/dashboard/*"], &["get"])]),
         ("system:node", node_rules()),
+        // What a bootstrap token may do: ask for a node's client certificate, and see the answer.
+        (
+            "system:node-bootstrapper",
+            vec![PolicyRule::resources(
+                &["certificates.k8s.io"],
+                &["certificatesigningrequests"],
+                &["create", "get", "list", "watch"],
+            )],
+        ),
         ("system:kube-scheduler", scheduler_rules()),
         ("system:kube-controller-manager", controller_rules()),
     ]
@@ -198,6 +207,7 @@ fn cluster_role_bindings() -> Vec<DefaultBinding> {
             "system:shepherd-dashboard-assets",
             vec![("Group", "system:authenticated")],
         ),
+        ("system:node-bootstrapper", "system:node-bootstrapper", vec![("Group", "system:bootstrappers")]),
         ("system:kube-scheduler", "system:kube-scheduler", vec![("User", "system:kube-scheduler")]),
         (
             "system:kube-controller-manager",

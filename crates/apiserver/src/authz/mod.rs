@@ -383,6 +383,23 @@ pub(crate) fn admit(res: &shepherd_api::ResourceInfo, old: Option<&Value>, new: 
     if let Some(node) = user.node_name() {
         node::admit(node, res.kind, old, new).map_err(refused)?;
     }
+    if res.group == "certificates.k8s.io" {
+        if old.is_none() {
+            crate::certificates::admit_requester(new, user).map_err(refused)?;
+        }
+        return crate::certificates::admit_decision(old, new, |signer| {
+            let a = Attributes {
+                verb: "approve".into(),
+                resource_request: true,
+                api_group: "certificates.k8s.io".into(),
+                resource: "signers".into(),
+                name: signer.into(),
+                ..Attributes::default()
+            };
+            requester.authz.authorize(user, &a).is_ok()
+        })
+        .map_err(refused);
+    }
     if res.group != "rbac.authorization.k8s.io" {
         return Ok(());
     }

@@ -30,6 +30,8 @@ pub fn node_rules() -> Vec<PolicyRule> {
         PolicyRule::resources(&[""], &["configmaps", "secrets", "serviceaccounts"], &["get", "list", "watch"]),
         PolicyRule::resources(&[""], &["serviceaccounts/token"], &["create"]),
         PolicyRule::resources(&["coordination.k8s.io"], &["leases"], &["get", "create", "update", "patch", "delete"]),
+        // A node renews its own client certificate.
+        PolicyRule::resources(&["certificates.k8s.io"], &["certificatesigningrequests"], &["create", "get", "list", "watch"]),
         // Each agent reports its node's and pods' usage (kubelet's summary API, pushed).
         PolicyRule::resources(&["metrics.k8s.io"], &["nodes"], &["create"]),
         PolicyRule::resources(

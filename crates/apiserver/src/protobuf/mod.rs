@@ -12,6 +12,7 @@
 
 mod negotiate;
 mod schema;
+mod schema_certificates;
 mod schema_rbac;
 
 pub(crate) use negotiate::{Accept, respond};
@@ -42,6 +43,7 @@ const GROUP_PACKAGES: &[(&str, &str)] = &[
     ("discovery.k8s.io", "k8s.io.api.discovery"),
     ("rbac.authorization.k8s.io", "k8s.io.api.rbac"),
     ("authorization.k8s.io", "k8s.io.api.authorization"),
+    ("certificates.k8s.io", "k8s.io.api.certificates"),
 ];
 
 /// Kinds of `meta.k8s.io/v1` that every group version also serves (`apps/v1` DeleteOptions).
@@ -163,7 +165,7 @@ pub(crate) const fn inline(num: u32, json: &'static str, ty: Ty) -> Field {
 }
 
 static BY_NAME: LazyLock<HashMap<&'static str, &'static Message>> =
-    LazyLock::new(|| schema::MESSAGES.iter().chain(schema_rbac::MESSAGES).map(|m| (m.name, m)).collect());
+    LazyLock::new(|| schema::MESSAGES.iter().chain(schema_rbac::MESSAGES).chain(schema_certificates::MESSAGES).map(|m| (m.name, m)).collect());
 
 fn message(name: &str) -> Result<&'static Message> {
     BY_NAME.get(name).copied().ok_or_else(|| ProtobufError::Unencodable(format!("no protobuf layout for {name}")))
