@@ -55,11 +55,15 @@ struct Inner {
     /// The revision up to which etcd has compacted, as far as this process has heard.
     compacted: Arc<std::sync::atomic::AtomicU64>,
     follower: JoinHandle<()>,
+    compactor: Option<JoinHandle<()>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.follower.abort();
+        if let Some(c) = &self.compactor {
+            c.abort();
+        }
     }
 }
 
@@ -117,8 +121,18 @@ impl EtcdStore {
             compacted: compacted.clone(),
         };
         let follower = tokio::spawn(follower.run());
+        let compactor = (!config.compaction_interval.is_zero()).then(|| {
+            let compactor = Compactor {
+                kv: kv.clone(),
+                key: format!("{}{COMPACTION_KEY}", config.prefix),
+                compacted: compacted.clone(),
+            };
+            tokio::spawn(compactor.run(config.compaction_interval))
+        });
         tracing::info!(endpoints, prefix = config.prefix, revision, "etcd store connected");
-        Ok(EtcdStore { inner: Arc::new(Inner { kv, prefix: config.prefix, cache, seen, health, compacted, follower }) })
+        Ok(EtcdStore {
+            inner: Arc::new(Inner { kv, prefix: config.prefix, cache, seen, health, compacted, follower, compactor }),
+        })
     }
 
     /// Compacts etcd's history up to `revision`: lists at older revisions are `Expired` after it.
@@ -387,6 +401,58 @@ fn classify(e: etcd_client::Error, requested: Option<Revision>, compacted: Revis
         StoreError::Unavailable(format!("etcd: {message}"))
     } else {
         StoreError::Backend(format!("etcd: {message}"))
+    }
+}
+
+/// The key (after the prefix, outside the watched `PREFIX/` range) whose version counts the
+/// compaction intervals that API servers sharing the etcd have claimed.
+const COMPACTION_KEY: &str = "-compaction";
+
+/// Compacts etcd's history as Kubernetes' API servers do: every interval, each server tries to
+/// bump the compaction key's version from the one it saw last; the one whose compare succeeds
+/// compacts to the revision it saw one interval earlier, the others learn the new version. So
+/// however many servers share the etcd, it is compacted once an interval.
+struct Compactor {
+    kv: KvClient,
+    key: String,
+    compacted: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Compactor {
+    async fn run(mut self, interval: Duration) {
+        let mut version = 0;
+        let mut revision = 0;
+        loop {
+            tokio::time::sleep(interval).await;
+            match self.claim(version, revision).await {
+                Ok((v, r)) => (version, revision) = (v, r),
+                Err(e) => tracing::warn!(error = %e, "etcd compaction"),
+            }
+        }
+    }
+
+    /// One interval: claims it if the key is still at `version`, compacting to `revision` (the
+    /// revision claimed one interval ago). Returns the key's version and the revision now.
+    async fn claim(&mut self, version: i64, revision: i64) -> Result<(i64, i64), etcd_client::Error> {
+        let txn = Txn::new()
+            .when([Compare::version(self.key.as_str(), CompareOp::Equal, version)])
+            .and_then([TxnOp::put(self.key.as_str(), revision.to_string(), None)])
+            .or_else([TxnOp::get(self.key.as_str(), None)]);
+        let resp = self.kv.txn(txn).await?;
+        let now = resp.header().map_or(0, |h| h.revision());
+        if !resp.succeeded() {
+            let seen = match resp.op_responses().into_iter().next() {
+                Some(TxnOpResponse::Get(g)) => g.kvs().first().map_or(0, |kv| kv.version()),
+                _ => 0,
+            };
+            return Ok((seen, now));
+        }
+        if revision > 0 {
+            self.kv.compact(revision, None).await?;
+            self.compacted.fetch_max(revision.max(0) as Revision, std::sync::atomic::Ordering::SeqCst);
+            tracing::debug!(revision, "etcd compacted");
+        }
+        Ok((version + 1, now))
     }
 }
 

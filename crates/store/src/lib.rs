@@ -156,6 +156,10 @@ pub struct EtcdConfig {
     pub limits: HistoryLimits,
     /// How long `connect` keeps trying to reach etcd before it gives up.
     pub connect_timeout: Duration,
+    /// How often etcd's history is compacted (zero: never, by this process). Whichever API
+    /// server comes first in an interval compacts to the revision of the interval before, so a
+    /// paginated list or a watch has at least one interval's history.
+    pub compaction_interval: Duration,
 }
 
 impl EtcdConfig {
@@ -165,6 +169,7 @@ impl EtcdConfig {
             prefix: prefix.trim_end_matches('/').to_string(),
             limits: HistoryLimits::default(),
             connect_timeout: Duration::from_secs(60),
+            compaction_interval: Duration::from_secs(5 * 60),
         }
     }
 }
@@ -180,8 +185,8 @@ pub async fn connect_etcd(config: EtcdConfig) -> Result<Arc<dyn Store>, StoreErr
     {
         let _ = config;
         Err(StoreError::Backend(
-            "this shepherd was built without the etcd backend: build it with `--features etcd` \
-             (which needs protoc, from Debian's protobuf-compiler)"
+            "this shepherd was built without the etcd backend: build it with \
+             `cargo build --release --bin shepherd --features etcd` (which needs protoc, from Debian's protobuf-compiler)"
                 .into(),
         ))
     }

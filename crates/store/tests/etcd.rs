@@ -263,3 +263,35 @@ async fn an_unreachable_etcd_is_a_clear_error_after_the_connect_timeout() {
     assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
     assert!(err.to_string().contains(&endpoint), "the error names the endpoint: {err}");
 }
+
+#[tokio::test]
+async fn servers_sharing_an_etcd_compact_its_history_and_old_revisions_then_expire() {
+    let etcd = etcd();
+    let connect = || {
+        let mut config = EtcdConfig::new(vec![etcd.endpoint()], "/compacted");
+        config.compaction_interval = Duration::from_millis(200);
+        EtcdStore::connect(config)
+    };
+    let (a, b_store) = (connect().await.expect("connect a"), connect().await.expect("connect b"));
+    let first = a.create("/k", b("0")).await.expect("create");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut i = 0;
+    loop {
+        i += 1;
+        b_store.update("/k", b(&i.to_string()), None).await.expect("update");
+        match a.list_at("/", None, None, first.mod_revision).await {
+            Err(StoreError::Expired { requested, .. }) => {
+                assert_eq!(requested, first.mod_revision);
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => panic!("list_at: {e}"),
+        }
+        assert!(std::time::Instant::now() < deadline, "etcd was not compacted within 20 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Compaction changes nothing current, and both caches go on following.
+    let kv = a.update("/k", b("last"), None).await.expect("update");
+    assert_eq!(b_store.get("/k").await.expect("get").expect("present"), kv);
+    assert_eq!(b_store.revision(), kv.mod_revision);
+}
