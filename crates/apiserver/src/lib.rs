@@ -19,6 +19,7 @@ mod openapi;
 mod patch;
 pub mod pki;
 mod protobuf;
+mod reservation;
 mod resource_metrics;
 mod retention;
 mod serve;
