@@ -146,6 +146,7 @@ impl State {
 
     /// Moves the revision forward without a write under this state's keys: etcd reported that
     /// every event up to `revision` has been delivered.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub(crate) fn advance(&mut self, revision: Revision) {
         self.revision = self.revision.max(revision);
     }
