@@ -29,11 +29,6 @@ use crate::{EtcdConfig, Event, EventKind, KeyValue, ListResult, Retention, Revis
 const MAX_MESSAGE_BYTES: usize = 1 << 30;
 /// Keys per range request while loading the cache.
 const LOAD_PAGE: i64 = 1000;
-/// The cache does not send etcd progress requests: etcd before 3.4.24 and 3.5.8 may answer one
-/// with a revision whose events are still on their way (etcd issue 15220), and Debian ships
-/// 3.4.23. It relies on the events of its prefix and on etcd's timed progress notifications, so
-/// `revision` stays behind writes made outside the prefix (in an etcd shared with other users)
-/// until the next notification.
 /// How long a write waits for the cache to show it before it returns anyway.
 const CACHE_WAIT: Duration = Duration::from_secs(5);
 
@@ -484,8 +479,14 @@ async fn load(kv: &mut KvClient, prefix: &str) -> Result<(Vec<KeyValue>, Revisio
 
 /// The task that keeps the cache in step with etcd: one watch on the prefix from the cache's
 /// revision; on a broken stream it watches again from where it was, and when etcd has compacted
-/// past that point it reloads the cache (its watchers end and resume with `Expired`, so their
-/// clients re-list, as Kubernetes' clients do after a 410).
+/// past that point it reloads the cache (its watchers end with `Lagged`, a 410 to their
+/// clients, which re-list as Kubernetes' clients do).
+///
+/// It sends etcd no progress requests: etcd before 3.4.24 and 3.5.8 may answer one with a
+/// revision whose events are still on their way (etcd issue 15220), and Debian ships 3.4.23. It
+/// relies on the events of its prefix and on etcd's timed progress notifications, so `revision`
+/// stays behind writes made outside the prefix (the compaction key, or other users of the etcd)
+/// until the next write under the prefix or the next notification.
 struct Follower {
     watch: WatchClient,
     kv: KvClient,
