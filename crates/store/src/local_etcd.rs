@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 /// A running etcd, stopped (and its directory removed) on drop.
 pub struct LocalEtcd {
     child: Option<Child>,
+    binary: PathBuf,
     dir: PathBuf,
     client_port: u16,
+    peer_port: u16,
 }
 
 /// Where the etcd binary is looked for: `SHEPHERD_ETCD`, else Debian's path, else `PATH`.
@@ -56,13 +58,29 @@ impl LocalEtcd {
         let unique = format!("shepherd-etcd-{}-{}", std::process::id(), free_port()?);
         let dir = std::env::temp_dir().join(unique);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let (client_port, peer_port) = (free_port()?, free_port()?);
-        let client = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(dir.join("etcd.log")).map_err(|e| e.to_string())?;
-        let child = Command::new(binary)
+        let mut etcd = LocalEtcd {
+            child: None,
+            binary: binary.to_path_buf(),
+            dir,
+            client_port: free_port()?,
+            peer_port: free_port()?,
+        };
+        etcd.spawn()?;
+        Ok(etcd)
+    }
+
+    /// Runs etcd over this directory and ports and waits until it is healthy.
+    fn spawn(&mut self) -> Result<(), String> {
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("etcd.log"))
+            .map_err(|e| e.to_string())?;
+        let child = Command::new(&self.binary)
             .args(["--name", "test", "--data-dir"])
-            .arg(dir.join("data"))
+            .arg(self.dir.join("data"))
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("test={peer}")])
@@ -70,17 +88,17 @@ impl LocalEtcd {
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
             .spawn()
-            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
-        let mut etcd = LocalEtcd { child: Some(child), dir, client_port };
+            .map_err(|e| format!("starting {}: {e}", self.binary.display()))?;
+        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if etcd.http_get("/health").is_ok_and(|body| body.contains("true")) {
-                return Ok(etcd);
+            if self.http_get("/health").is_ok_and(|body| body.contains("true")) {
+                return Ok(());
             }
-            if let Some(child) = etcd.child.as_mut()
+            if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                let log = std::fs::read_to_string(etcd.dir.join("etcd.log")).unwrap_or_default();
+                let log = std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default();
                 let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join("\n");
                 return Err(format!("etcd exited with {status}:\n{tail}"));
             }
@@ -89,6 +107,20 @@ impl LocalEtcd {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// SIGKILL: etcd stops at once, its data stays.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts etcd again on the same data and ports.
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.kill9();
+        self.spawn()
     }
 
     /// The client URL (`http://127.0.0.1:PORT`).
@@ -113,10 +145,7 @@ impl LocalEtcd {
 
 impl Drop for LocalEtcd {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.kill9();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -295,3 +295,58 @@ async fn servers_sharing_an_etcd_compact_its_history_and_old_revisions_then_expi
     assert_eq!(b_store.get("/k").await.expect("get").expect("present"), kv);
     assert_eq!(b_store.revision(), kv.mod_revision);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_that_was_away_while_etcd_moved_on_catches_up_and_its_watchers_miss_nothing_silently() {
+    let mut etcd = etcd();
+    let mut config = EtcdConfig::new(vec![etcd.endpoint()], "/away");
+    config.compaction_interval = Duration::ZERO;
+    let a = EtcdStore::connect(config.clone()).await.expect("connect a");
+    a.create("/k/0", b("0")).await.expect("create");
+    let mut w = a.watch("/k/", a.revision()).expect("watch");
+    etcd.kill9();
+    // Long enough for a's watch to fail and back off for a while.
+    tokio::time::sleep(Duration::from_millis(3300)).await;
+    let mut etcd = tokio::task::spawn_blocking(move || etcd.restart().map(|()| etcd))
+        .await
+        .expect("restart task")
+        .unwrap_or_else(|e| panic!("restarting etcd: {e}"));
+    // Writes and a compaction a did not see happen.
+    let other = EtcdStore::connect(config).await.expect("connect b");
+    let mut written = Vec::new();
+    for i in 1..=5 {
+        written.push(other.create(&format!("/k/{i}"), b("v")).await.expect("create").mod_revision);
+    }
+    let last = *written.last().expect("writes");
+    other.compact(last).await.expect("compact");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while a.count("/k/") != 6 || a.revision() < last {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a's cache caught up within 30 s: {} at {}",
+            a.count("/k/"),
+            a.revision()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(a.writable().is_ok(), "a reports itself ready again");
+    let listed = a.list("/k/", None, None).await.expect("list").items;
+    assert_eq!(listed, other.list("/k/", None, None).await.expect("list").items);
+    // The watcher either saw every write in order, or is told that it lost its place (a 410 for
+    // its client, which then re-lists); never a gap.
+    let mut seen = Vec::new();
+    while seen.len() < written.len() {
+        match tokio::time::timeout(Duration::from_secs(10), w.next()).await.expect("an answer within 10 s") {
+            Some(Ok(e)) => seen.push(e.revision()),
+            Some(Err(StoreError::Lagged)) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    if seen.len() == written.len() {
+        assert_eq!(seen, written);
+    } else {
+        assert!(w.next().await.is_none(), "the stream ends after Lagged");
+    }
+    etcd.kill9();
+}
