@@ -149,4 +149,10 @@ async fn two_api_servers_on_one_etcd_serve_one_cluster_and_survive_the_loss_of_o
     assert_eq!(services["items"].as_array().map_or(0, Vec::len), 30, "nothing written through a is lost");
     let (code, _) = send(&http, reqwest::Method::GET, &format!("{}/readyz", b.url), None).await;
     assert_eq!(code, 200, "b stays ready");
+    // kubectl against the survivor agrees.
+    let kubectl = common::Kubectl { bin: common::installed_kubectl(), url: b.url.clone() };
+    let listed = tokio::task::spawn_blocking(move || kubectl.json(&["get", "configmaps,services"])).await.expect("kubectl");
+    let names: BTreeSet<&str> =
+        listed["items"].as_array().into_iter().flatten().filter_map(|o| o["metadata"]["name"].as_str()).collect();
+    assert!(names.contains("shared") && names.contains("after") && names.contains("svc-29"), "{names:?}");
 }
