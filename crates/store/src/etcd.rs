@@ -182,20 +182,17 @@ impl EtcdStore {
         let mut resp = self.kv().get(start, Some(options)).await.map_err(|e| self.error(e, revision))?;
         let at = revision.unwrap_or_else(|| header_revision(resp.header()));
         let mut items = Vec::new();
-        let mut more = false;
+        // Past the keys returned; with a skipped key (the compaction key) a page may be short.
+        let mut more = resp.more();
         for kv in resp.take_kvs() {
+            let Some(item) = decode(&self.inner.prefix, &kv) else { continue };
             if limit.is_some_and(|l| items.len() >= l) {
                 more = true;
                 break;
             }
-            items.push(self.decode(&kv)?);
+            items.push(item);
         }
         Ok(ListResult { items, revision: at, more })
-    }
-
-    fn decode(&self, kv: &etcd_client::KeyValue) -> Result<KeyValue, StoreError> {
-        decode(&self.inner.prefix, kv)
-            .ok_or_else(|| StoreError::Backend(format!("etcd returned a key outside {}", self.inner.prefix)))
     }
 
     fn read<T>(&self, f: impl FnOnce(&State) -> T) -> Result<T, StoreError> {
@@ -264,7 +261,7 @@ impl Store for EtcdStore {
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         let mut resp = self.kv().get(self.full(key), None).await.map_err(|e| self.error(e, None))?;
-        resp.take_kvs().first().map(|kv| self.decode(kv)).transpose()
+        Ok(resp.take_kvs().first().and_then(|kv| decode(&self.inner.prefix, kv)))
     }
 
     async fn list(
@@ -362,7 +359,8 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 }
 
 fn decode(prefix: &str, kv: &etcd_client::KeyValue) -> Option<KeyValue> {
-    let key = kv.key_str().ok()?.strip_prefix(prefix).filter(|k| k.starts_with('/'))?.to_string();
+    let key = kv.key_str().ok()?.strip_prefix(prefix).filter(|k| k.starts_with('/') && *k != COMPACTION_KEY)?;
+    let key = key.to_string();
     Some(KeyValue {
         key,
         value: Bytes::copy_from_slice(kv.value()),
@@ -399,9 +397,10 @@ fn classify(e: etcd_client::Error, requested: Option<Revision>, compacted: Revis
     }
 }
 
-/// The key (after the prefix, outside the watched `PREFIX/` range) whose version counts the
-/// compaction intervals that API servers sharing the etcd have claimed.
-const COMPACTION_KEY: &str = "-compaction";
+/// The key (after the prefix) whose version counts the compaction intervals that API servers
+/// sharing the etcd have claimed. Not a store key; it is inside the watched range so that its
+/// writes move the caches' revision too, which then stays equal to the revision lists report.
+const COMPACTION_KEY: &str = "/.compaction";
 
 /// Compacts etcd's history as Kubernetes' API servers do: every interval, each server tries to
 /// bump the compaction key's version from the one it saw last; the one whose compare succeeds
@@ -485,8 +484,8 @@ async fn load(kv: &mut KvClient, prefix: &str) -> Result<(Vec<KeyValue>, Revisio
 /// It sends etcd no progress requests: etcd before 3.4.24 and 3.5.8 may answer one with a
 /// revision whose events are still on their way (etcd issue 15220), and Debian ships 3.4.23. It
 /// relies on the events of its prefix and on etcd's timed progress notifications, so `revision`
-/// stays behind writes made outside the prefix (the compaction key, or other users of the etcd)
-/// until the next write under the prefix or the next notification.
+/// stays behind writes made outside the prefix (by other users of the etcd) until the next write
+/// under the prefix or the next notification.
 struct Follower {
     watch: WatchClient,
     kv: KvClient,
@@ -593,7 +592,13 @@ impl Follower {
             }
         }
         for e in resp.events() {
-            let Some(kv) = e.kv().and_then(|kv| decode(&self.prefix, kv)) else { continue };
+            let Some(kv) = e.kv().and_then(|kv| decode(&self.prefix, kv)) else {
+                // The compaction key: a revision with nothing for watchers.
+                if let Some(kv) = e.kv() {
+                    cache.advance(kv.mod_revision().max(0) as Revision);
+                }
+                continue;
+            };
             if kv.mod_revision <= cache.revision {
                 continue;
             }
