@@ -22,6 +22,8 @@ command -v nft >/dev/null 2>&1 || need+=(nftables)                     # the age
 command -v dig >/dev/null 2>&1 || need+=(bind9-dnsutils)               # queries the cluster DNS
 [ -x /usr/bin/chromium ] || need+=(chromium)                            # the dashboard's browser tests
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)                 # ... driven over WebDriver
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)          # builds etcd-client (the store's etcd tests)
+[ -x /usr/bin/etcd ] || need+=(etcd-server)                             # the etcd backend's tests run a real etcd
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "scripts/test.sh: missing ${need[*]}; run as root (or install them) first" >&2

@@ -24,6 +24,7 @@ mod patch;
 pub mod pki;
 mod protobuf;
 mod ratelimit;
+mod reservation;
 mod resource_metrics;
 mod retention;
 mod serve;

@@ -1,9 +1,12 @@
 //! NodePort allocation: Services of type NodePort (and LoadBalancer) get a `nodePort` per port
-//! from `--service-node-port-range`, unique across the cluster.
+//! from `--service-node-port-range`, unique across the cluster; and a Service's cluster IP is
+//! checked to be its own.
 //!
 //! The stored Services are the record of what is allocated, so an allocation survives a restart
-//! with nothing else to keep in step; writes that may take a node port hold one lock from reading
-//! the ports in use until their store write is done, so two Services never get the same port.
+//! with nothing else to keep in step; Service writes hold one lock from reading the ports in use
+//! until their store write is done, so two Services of one API server never get the same port.
+//! Against other API servers on the same store, every newly taken port or address is first
+//! reserved in the store (see `reservation`).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -12,6 +15,8 @@ use shepherd_api::kinds::{self, ResourceInfo};
 use shepherd_api::{ApiError, Cause};
 use shepherd_store::Store;
 use tokio::sync::{Mutex, MutexGuard};
+
+use crate::reservation::{self, CLUSTER_IPS, NODE_PORTS, Reserved};
 
 /// A range of node ports, both ends included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +94,30 @@ fn same_port<'a>(old: &'a [Value], port: &Value) -> Option<&'a Value> {
     old.iter().find(|o| o.get("port") == port.get("port") && proto(o) == proto(port))
 }
 
+/// What `assign` took for a Service write: the allocation lock, held until the write is stored,
+/// and the reservations that the write confirms.
+#[derive(Default)]
+pub(crate) struct Assigned<'a> {
+    _guard: Option<MutexGuard<'a, ()>>,
+    reserved: Vec<Reserved>,
+}
+
+impl Assigned<'_> {
+    /// The Service was stored: its reservations are held.
+    pub(crate) async fn written(self, store: &dyn Store) {
+        for r in &self.reserved {
+            r.confirm(store).await;
+        }
+    }
+
+    /// The Service was not stored: its new reservations go back.
+    pub(crate) async fn not_written(self, store: &dyn Store) {
+        for r in &self.reserved {
+            r.release(store).await;
+        }
+    }
+}
+
 /// The allocator of one API server.
 #[derive(Debug, Default)]
 pub(crate) struct NodePorts {
@@ -96,6 +125,9 @@ pub(crate) struct NodePorts {
     /// Held from reading the ports in use until the write that takes one is stored.
     lock: Mutex<()>,
 }
+
+/// Attempts at a free port when other API servers keep taking the ones picked.
+const PICK_ATTEMPTS: usize = 16;
 
 impl NodePorts {
     pub(crate) fn new(range: NodePortRange) -> Self {
@@ -105,17 +137,50 @@ impl NodePorts {
     /// Gives `new` (a Service being created, or replacing `old`) its node ports: an old
     /// Service's ports are kept, explicit ones checked against the range and the other
     /// Services, missing ones allocated. A Service that no longer has node ports drops the ones
-    /// it had. The guard, when there is one, must be held until the write is stored.
+    /// it had. A cluster IP the Service newly holds must not be another's. With `reserve`
+    /// (every write but a dry run) the new ports and address are reserved in the store; the
+    /// caller tells the result whether the write was stored.
     pub(crate) async fn assign(
         &self,
         store: &dyn Store,
         res: &ResourceInfo,
         old: Option<&Value>,
         new: &mut Value,
-    ) -> Result<Option<MutexGuard<'_, ()>>, ApiError> {
+        reserve: bool,
+    ) -> Result<Assigned<'_>, ApiError> {
         if res.kind != "Service" || !res.group.is_empty() {
-            return Ok(None);
+            return Ok(Assigned::default());
         }
+        let guard = self.lock.lock().await;
+        let name = new.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+        let namespace = new.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
+        let own_key = res.key(Some(namespace), &name);
+        let mut reserved = Vec::new();
+        let mut outcome = self.node_ports(store, res, &own_key, &name, old, new, reserve, &mut reserved).await;
+        if outcome.is_ok() {
+            outcome = own_cluster_ip(store, res, &own_key, &name, old, new, reserve, &mut reserved).await;
+        }
+        if let Err(e) = outcome {
+            for r in &reserved {
+                r.release(store).await;
+            }
+            return Err(e);
+        }
+        Ok(Assigned { _guard: Some(guard), reserved })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn node_ports(
+        &self,
+        store: &dyn Store,
+        res: &ResourceInfo,
+        own_key: &str,
+        name: &str,
+        old: Option<&Value>,
+        new: &mut Value,
+        reserve: bool,
+        reserved: &mut Vec<Reserved>,
+    ) -> Result<(), ApiError> {
         let old_ports: Vec<Value> = old.filter(|o| wants_node_ports(o)).map(|o| ports(o).to_vec()).unwrap_or_default();
         if !wants_node_ports(new) {
             // Kubernetes drops the node ports of a Service whose type no longer has them, unless
@@ -130,12 +195,8 @@ impl NodePorts {
                     }
                 }
             }
-            return Ok(None);
+            return Ok(());
         }
-        let guard = self.lock.lock().await;
-        let name = new.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
-        let namespace = new.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
-        let own_key = res.key(Some(namespace), &name);
         let mut used = BTreeSet::new();
         let listed = store.list(&res.key_prefix(), None, None).await.map_err(|e| ApiError::Internal(e.to_string()))?;
         for kv in listed.items.iter().filter(|kv| kv.key != own_key) {
@@ -146,12 +207,13 @@ impl NodePorts {
         // Ports this Service takes, by number, with the protocols taking it: TCP and UDP of one
         // Service may share a number.
         let mut own: HashMap<i64, usize> = HashMap::new();
-        let Some(list) = new.pointer_mut("/spec/ports").and_then(Value::as_array_mut) else { return Ok(Some(guard)) };
+        let Some(list) = new.pointer_mut("/spec/ports").and_then(Value::as_array_mut) else { return Ok(()) };
         for (i, port) in list.iter_mut().enumerate() {
             let field = format!("spec.ports[{i}].nodePort");
-            let requested = node_port(port).or_else(|| same_port(&old_ports, port).and_then(node_port));
+            let kept = same_port(&old_ports, port).and_then(node_port);
+            let requested = node_port(port).or(kept);
             let chosen = match requested {
-                Some(p) if same_port(&old_ports, port).and_then(node_port) == Some(p) => p,
+                Some(p) if kept == Some(p) || own.contains_key(&p) => p,
                 Some(p) if !self.range.contains(p) => {
                     causes.push(Cause::invalid(&field, format!(
                         "Invalid value: {p}: provided port is not in the valid range. The range of valid ports is {}",
@@ -163,11 +225,27 @@ impl NodePorts {
                     causes.push(Cause::invalid(&field, format!("Invalid value: {p}: provided port is already allocated")));
                     continue;
                 }
-                Some(p) => p,
+                Some(p) => {
+                    if reserve && !reserve_port(store, own_key, p, reserved).await? {
+                        causes.push(Cause::invalid(&field, format!("Invalid value: {p}: provided port is already allocated")));
+                        continue;
+                    }
+                    p
+                }
                 None => {
                     let mut taken = used.clone();
                     taken.extend(own.keys());
-                    match self.range.pick(&taken) {
+                    let mut chosen = None;
+                    for _ in 0..PICK_ATTEMPTS {
+                        let Some(p) = self.range.pick(&taken) else { break };
+                        if !reserve || reserve_port(store, own_key, p, reserved).await? {
+                            chosen = Some(p);
+                            break;
+                        }
+                        // Another API server's Service has it.
+                        taken.insert(p);
+                    }
+                    match chosen {
                         Some(p) => p,
                         None => {
                             causes.push(Cause::invalid(&field, format!(
@@ -185,9 +263,65 @@ impl NodePorts {
             }
         }
         if !causes.is_empty() {
-            return Err(ApiError::invalid(kinds::SERVICE.kind, &name, causes));
+            return Err(ApiError::invalid(kinds::SERVICE.kind, name, causes));
         }
-        Ok(Some(guard))
+        Ok(())
+    }
+}
+
+/// Reserves node port `port` for the Service at `own_key`; false when another Service has it.
+async fn reserve_port(store: &dyn Store, own_key: &str, port: i64, reserved: &mut Vec<Reserved>) -> Result<bool, ApiError> {
+    let holds = move |svc: &Value| wants_node_ports(svc) && ports(svc).iter().filter_map(node_port).any(|p| p == port);
+    match reservation::reserve(store, NODE_PORTS, &port.to_string(), own_key, &holds).await? {
+        Some(r) => {
+            reserved.push(r);
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// Refuses a cluster IP that `new` newly holds and another Service has (stored, or reserved
+/// through another API server), and reserves it otherwise.
+#[allow(clippy::too_many_arguments)]
+async fn own_cluster_ip(
+    store: &dyn Store,
+    res: &ResourceInfo,
+    own_key: &str,
+    name: &str,
+    old: Option<&Value>,
+    new: &Value,
+    reserve: bool,
+    reserved: &mut Vec<Reserved>,
+) -> Result<(), ApiError> {
+    let Some(ip) = reservation::cluster_ip(new) else { return Ok(()) };
+    if old.and_then(reservation::cluster_ip) == Some(ip) {
+        return Ok(());
+    }
+    let refuse = || {
+        let cause = Cause::invalid(
+            "spec.clusterIPs",
+            format!("Invalid value: [\"{ip}\"]: failed to allocate IP {ip}: provided IP is already allocated"),
+        );
+        ApiError::invalid(kinds::SERVICE.kind, name, vec![cause])
+    };
+    // Services stored before reservations existed hold theirs without one.
+    let listed = store.list(&res.key_prefix(), None, None).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    let stored = listed.items.iter().filter(|kv| kv.key != own_key).filter_map(|kv| crate::codec::decode(kv).ok());
+    if stored.into_iter().any(|svc| reservation::cluster_ip(&svc) == Some(ip)) {
+        return Err(refuse());
+    }
+    if !reserve {
+        return Ok(());
+    }
+    let owned = ip.to_string();
+    let holds = move |svc: &Value| reservation::cluster_ip(svc) == Some(owned.as_str());
+    match reservation::reserve(store, CLUSTER_IPS, ip, own_key, &holds).await? {
+        Some(r) => {
+            reserved.push(r);
+            Ok(())
+        }
+        None => Err(refuse()),
     }
 }
 

@@ -582,7 +582,7 @@ impl ApiService {
         validation::validate_as(res, &obj, schema)?;
         self.namespace_must_exist(res, ns.as_deref()).await?;
         self.service_account_must_exist(res, ns.as_deref(), &obj).await?;
-        let _node_ports = self.node_ports.assign(self.store.as_ref(), res, None, &mut obj).await?;
+        let assigned = self.node_ports.assign(self.store.as_ref(), res, None, &mut obj, !opts.dry_run).await?;
         let key = Self::key(res, ns.as_deref(), &name);
         if opts.dry_run {
             if self.store.get(&key).await.map_err(|e| store_err(res, &name, e))?.is_some() {
@@ -594,6 +594,10 @@ impl ApiService {
         let started = Instant::now();
         let r = self.store.create(&key, bytes).await;
         self.metrics.observe_store_write(started);
+        match &r {
+            Ok(_) => assigned.written(self.store.as_ref()).await,
+            Err(_) => assigned.not_written(self.store.as_ref()).await,
+        }
         let kv = r.map_err(|e| store_err(res, &name, e))?;
         crate::crd::written(self, res, &obj, false);
         Ok(Written { kv, warnings })
@@ -812,7 +816,8 @@ impl ApiService {
             defaults::apply_defaults(res, &mut new);
             crate::crd::admit(res, Some(&old), &mut new)?;
             crate::authz::admit(res, Some(&old), &new)?;
-            let node_ports = self.node_ports.assign(self.store.as_ref(), res, Some(&old), &mut new).await?;
+            let node_ports =
+                self.node_ports.assign(self.store.as_ref(), res, Some(&old), &mut new, !opts.dry_run).await?;
             if let Track::Update(subresource) = track {
                 apply::record_update(res, Some(&old), &mut new, Writer { manager: opts.manager(), subresource });
             }
@@ -844,7 +849,10 @@ impl ApiService {
                 self.store.update(&key, codec::encode(&new)?, Some(current.mod_revision)).await
             };
             self.metrics.observe_store_write(started);
-            drop(node_ports);
+            match &result {
+                Ok(_) => node_ports.written(self.store.as_ref()).await,
+                Err(_) => node_ports.not_written(self.store.as_ref()).await,
+            }
             match result {
                 Ok(kv) => {
                     crate::crd::written(self, res, &new, deleting && !graceful_pod);

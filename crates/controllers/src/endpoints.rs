@@ -372,7 +372,12 @@ impl ClusterIpAllocator {
                 Ok(Action::Done)
             }
             Err(e) if e.is_not_found() => Ok(Action::Done),
-            Err(e) => Err(format!("assigning cluster IP {address} to service {key}: {e}").into()),
+            Err(e) => {
+                // The API refuses an address another Service holds, perhaps one this cache does not
+                // show yet (allocated through another API server): the retry starts after it.
+                alloc.cursor = self.range.offset(ip) + 1;
+                Err(format!("assigning cluster IP {address} to service {key}: {e}").into())
+            }
         }
     }
 }

@@ -55,6 +55,12 @@ pub struct RestoreArgs {
     force: bool,
 }
 
+/// `GET /backup` of a server whose objects are in etcd: etcd's own snapshot is the backup.
+pub fn not_embedded() -> Response {
+    let message = "this server keeps its objects in etcd: back them up with `etcdctl snapshot save FILE`";
+    (StatusCode::NOT_IMPLEMENTED, message).into_response()
+}
+
 /// `GET /backup`: the store's objects at one revision, in the snapshot format. Encoded off the
 /// async workers: it is a pass over every object.
 pub async fn serve(store: LocalStore) -> Response {

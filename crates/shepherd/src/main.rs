@@ -24,7 +24,7 @@ use control_plane::ControllerArgs;
 use node_agent::AgentArgs;
 use shepherd_apiserver::{ApiServer, ConnectionLimits, ConnectionMetrics, HttpConfig};
 use shepherd_runtime::{Client, Manager};
-use shepherd_store::{HistoryLimits, LocalStore, Store};
+use shepherd_store::{EtcdConfig, HistoryLimits, LocalStore, Store};
 
 // The daemon allocates and frees many small JSON values per request; jemalloc spends less CPU on
 // that than the system allocator and fragments less (scale-out: 43.6 -> 25.7 CPU s, see BENCHMARKS.md).
@@ -150,6 +150,22 @@ struct ServerArgs {
     /// Keep an in-memory store only (nothing written to disk).
     #[arg(long)]
     in_memory: bool,
+    /// Where the objects live: `embedded` (a redb file under --data-dir, one server) or `etcd`
+    /// (etcd at --etcd-endpoints, which several API servers may share).
+    #[arg(long, value_enum, default_value_t = StoreKind::Embedded)]
+    store: StoreKind,
+    /// etcd client URLs, comma-separated (with --store etcd).
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    etcd_endpoints: Vec<String>,
+    /// The prefix of every key in etcd (with --store etcd): API servers with one prefix serve one
+    /// cluster; another prefix is another cluster in the same etcd.
+    #[arg(long, default_value = "/shepherd")]
+    etcd_prefix: String,
+    /// How often etcd's history is compacted (with --store etcd; 0 leaves it to etcd's own
+    /// --auto-compaction-retention): one of the API servers sharing it compacts to the revision
+    /// one interval old, as kube-apiserver's --etcd-compaction-interval.
+    #[arg(long, default_value = "5m", value_parser = shepherd_api::duration::parse)]
+    etcd_compaction_interval: Duration,
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 3 * 1024 * 1024)]
     max_body_bytes: usize,
@@ -256,13 +272,47 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
-fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
-    let limits = HistoryLimits {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum StoreKind {
+    Embedded,
+    Etcd,
+}
+
+fn history_limits(args: &ServerArgs) -> HistoryLimits {
+    HistoryLimits {
         max_events: args.history_events,
         max_age: Duration::from_secs(args.history_seconds),
         max_bytes: args.history_mib.saturating_mul(1024 * 1024),
         ..HistoryLimits::default()
-    };
+    }
+}
+
+/// The server's store: the embedded one (which backups and snapshots read directly), or etcd.
+async fn open_any_store(args: &ServerArgs) -> anyhow::Result<(Arc<dyn Store>, Option<LocalStore>)> {
+    match args.store {
+        StoreKind::Embedded => {
+            let local = open_store(args)?;
+            Ok((Arc::new(local.clone()), Some(local)))
+        }
+        StoreKind::Etcd => {
+            if args.in_memory {
+                anyhow::bail!("--in-memory and --store etcd exclude each other: the objects are in etcd");
+            }
+            // The data directory still holds this server's credentials (pki/).
+            private_dir::secure(&args.data_dir)?;
+            let mut config = EtcdConfig::new(args.etcd_endpoints.clone(), &args.etcd_prefix);
+            config.limits = history_limits(args);
+            config.compaction_interval = args.etcd_compaction_interval;
+            let store = shepherd_store::connect_etcd(config)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot open the etcd store: {e}"))?;
+            Ok((store, None))
+        }
+    }
+}
+
+fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
+    let limits = history_limits(args);
     if args.in_memory {
         return Ok(LocalStore::in_memory(limits));
     }
@@ -390,8 +440,7 @@ struct LocalAgent {
 async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow::Result<()> {
     let standalone = local_agent.is_some();
     credentials::check_insecure_listen(&args.tls, args.listen)?;
-    let local_store = open_store(&args)?;
-    let store: Arc<dyn Store> = Arc::new(local_store.clone());
+    let (store, local_store) = open_any_store(&args).await?;
     let secured = match args.tls.insecure_loopback {
         true => None,
         false => Some(credentials::secure(&args.tls, &args.data_dir, args.listen, args.token.as_deref())?),
@@ -463,7 +512,18 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
     let router = server.router_with(
         axum::Router::new()
             .merge(controllers_view::routes(debug_manager, args.dashboard_demo))
-            .route("/backup", axum::routing::get(move || backup::serve(backup_store.clone())))
+            .route(
+                "/backup",
+                axum::routing::get(move || {
+                    let store = backup_store.clone();
+                    async move {
+                        match store {
+                            Some(store) => backup::serve(store).await,
+                            None => backup::not_embedded(),
+                        }
+                    }
+                }),
+            )
             .merge(shepherd_dashboard::router(Some(args.bench_results.clone()))),
     );
 
@@ -550,9 +610,9 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move { a.run(stop).await })
     });
-    let snapshotter = (!args.in_memory && !args.snapshot_interval.is_zero()).then(|| {
+    let snapshotter = local_store.filter(|_| !args.in_memory && !args.snapshot_interval.is_zero()).map(|local| {
         tokio::spawn(snapshots::run_periodic(
-            local_store.clone(),
+            local,
             args.data_dir.clone(),
             args.snapshot_interval,
             args.snapshot_keep,

@@ -3,18 +3,30 @@
 //! One global revision counts every write; each value remembers the revision that created it and
 //! the one that last modified it (`resourceVersion` in the API). Reads are served from memory;
 //! the durable backend writes every change to redb and acknowledges only after the commit is
-//! fsync'd, with concurrent writers sharing one commit.
+//! fsync'd, with concurrent writers sharing one commit. The etcd backend (feature `etcd`) keeps
+//! the objects in etcd, shared by several API servers, and serves watches from a cache.
 
 mod durable;
 mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(feature = "etcd")]
+mod local_etcd;
 mod local;
 mod snapshot;
 mod state;
 mod watch;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdStore;
+#[cfg(feature = "etcd")]
+pub use local_etcd::LocalEtcd;
 pub use error::StoreError;
 pub use local::LocalStore;
 pub use snapshot::{Snapshot, SnapshotError};
@@ -131,4 +143,51 @@ pub struct Retention {
     /// Events held in the live buffer for the slowest watcher.
     pub live_buffer_events: usize,
     pub limits: HistoryLimits,
+}
+
+/// Where the store lives in etcd, and how the cache is bounded.
+#[derive(Debug, Clone)]
+pub struct EtcdConfig {
+    /// Client URLs of the etcd members (`http://127.0.0.1:2379`).
+    pub endpoints: Vec<String>,
+    /// Prepended to every key, so several clusters (or tests) can share one etcd. No trailing
+    /// slash: a store key `/registry/pods/a` is the etcd key `PREFIX/registry/pods/a`.
+    pub prefix: String,
+    pub limits: HistoryLimits,
+    /// How long `connect` keeps trying to reach etcd before it gives up.
+    pub connect_timeout: Duration,
+    /// How often etcd's history is compacted (zero: never, by this process). Whichever API
+    /// server comes first in an interval compacts to the revision of the interval before, so a
+    /// paginated list or a watch has at least one interval's history.
+    pub compaction_interval: Duration,
+}
+
+impl EtcdConfig {
+    pub fn new(endpoints: Vec<String>, prefix: &str) -> Self {
+        EtcdConfig {
+            endpoints,
+            prefix: prefix.trim_end_matches('/').to_string(),
+            limits: HistoryLimits::default(),
+            connect_timeout: Duration::from_secs(60),
+            compaction_interval: Duration::from_secs(5 * 60),
+        }
+    }
+}
+
+/// Connects to the etcd store `config` names (see `EtcdStore`). A build without the `etcd` feature
+/// refuses, saying how to get one.
+pub async fn connect_etcd(config: EtcdConfig) -> Result<Arc<dyn Store>, StoreError> {
+    #[cfg(feature = "etcd")]
+    {
+        Ok(Arc::new(EtcdStore::connect(config).await?))
+    }
+    #[cfg(not(feature = "etcd"))]
+    {
+        let _ = config;
+        Err(StoreError::Backend(
+            "this shepherd was built without the etcd backend: build it with \
+             `cargo build --release --bin shepherd --features etcd` (which needs protoc, from Debian's protobuf-compiler)"
+                .into(),
+        ))
+    }
 }

@@ -57,7 +57,9 @@ impl WatchStream {
                         s.last = e.revision();
                         return Some((Ok(e), s));
                     }
-                    Err(RecvError::Lagged(_)) => match (s.resume)(s.last) {
+                    // Closed: the events' state was replaced (an etcd cache reloaded after a
+                    // compaction); the new one has them if nothing fell between the two.
+                    Err(RecvError::Lagged(_) | RecvError::Closed) => match (s.resume)(s.last) {
                         Ok((replay, rx)) => {
                             s.replay = replay.into();
                             s.rx = rx;
@@ -66,15 +68,15 @@ impl WatchStream {
                                 return Some((Ok(e), s));
                             }
                         }
+                        Err(StoreError::Closed) => {
+                            s.done = true;
+                            return Some((Err(StoreError::Closed), s));
+                        }
                         Err(_) => {
                             s.done = true;
                             return Some((Err(StoreError::Lagged), s));
                         }
                     },
-                    Err(RecvError::Closed) => {
-                        s.done = true;
-                        return Some((Err(StoreError::Closed), s));
-                    }
                 }
             }
         });
