@@ -21,6 +21,7 @@ pub mod pki;
 mod protobuf;
 mod resource_metrics;
 mod retention;
+mod scale;
 mod serve;
 mod service;
 mod stream_proxy;

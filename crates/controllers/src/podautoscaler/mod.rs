@@ -1,8 +1,9 @@
 //! The HorizontalPodAutoscaler controller (`autoscaling/v2`): every sync period it reads the
 //! target's scale, its pods and their `metrics.k8s.io` PodMetrics, asks each Resource metric for a
 //! replica count (`replicas`), takes the largest, passes it through the behavior (`behavior`) and
-//! the bounds, and writes `spec.replicas` of the Deployment, StatefulSet, ReplicaSet or
-//! ReplicationController; status, conditions and Events as Kubernetes reports them.
+//! the bounds, and writes the replicas through the target's `scale` subresource, so any kind that
+//! serves one (Deployment, StatefulSet, ReplicaSet, ReplicationController, a custom resource with
+//! `subresources.scale`) is a target; status, conditions and Events as Kubernetes reports them.
 
 pub mod behavior;
 pub mod replicas;
@@ -108,33 +109,35 @@ impl Conditions {
     }
 }
 
-/// The target's scale: replicas asked for and running, and its pod selector.
+/// The target's `autoscaling/v1` Scale as read through its `scale` subresource: replicas asked
+/// for and running, and its pod selector (`status.selector`, in the string syntax).
 struct Scale {
     res: &'static kinds::ResourceInfo,
+    /// The Scale as read, written back with the new replicas (its resourceVersion a precondition).
+    read: Value,
     spec: i64,
     status: i64,
     selector: Result<LabelSelector, String>,
 }
 
-fn read_scale(res: &'static kinds::ResourceInfo, target: &Value) -> Scale {
-    let sel = target.at("/spec/selector").cloned().unwrap_or(Value::Null);
-    // A ReplicationController's selector is a plain map of labels.
-    let sel = if sel.get("matchLabels").is_some() || sel.get("matchExpressions").is_some() || sel.is_null() {
-        sel
-    } else {
-        json!({"matchLabels": sel})
-    };
-    let selector = match LabelSelector::from_k8s(&sel) {
-        Ok(s) if !s.is_empty() => Ok(s),
-        Ok(_) => Err("the target's selector is empty".to_string()),
-        Err(e) => Err(e.to_string()),
+fn read_scale(res: &'static kinds::ResourceInfo, scale: Value) -> Scale {
+    let selector = match scale.at("/status/selector").and_then(Value::as_str).map(LabelSelector::parse) {
+        Some(Ok(s)) if !s.is_empty() => Ok(s),
+        Some(Ok(_)) | None => Err("the target's scale has no selector".to_string()),
+        Some(Err(e)) => Err(e.to_string()),
     };
     Scale {
         res,
-        spec: target.at("/spec/replicas").and_then(Value::as_i64).unwrap_or(1),
-        status: target.at("/status/replicas").and_then(Value::as_i64).unwrap_or(0),
+        spec: scale.at("/spec/replicas").and_then(Value::as_i64).unwrap_or(0),
+        status: scale.at("/status/replicas").and_then(Value::as_i64).unwrap_or(0),
         selector,
+        read: scale,
     }
+}
+
+/// The group of an `apiVersion` (`apps/v1`: `apps`; `v1`: the core group, empty).
+fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(g, _)| g)
 }
 
 fn quantity_text(v: &Value) -> Option<String> {
@@ -269,16 +272,18 @@ impl Autoscaler {
             status["lastScaleTime"] = t.clone();
         }
 
-        let res = kinds::by_api_version_kind(api_version, kind).or_else(|| kinds::by_kind(kind)).filter(|r| r.has_scale);
+        // Any kind that serves `scale` is a target; the API server refuses the others, and that
+        // refusal is the condition's message, as in Kubernetes.
+        let res = kinds::by_api_version_kind(api_version, kind).or_else(|| kinds::by_kind(kind));
         let target = match res {
-            None => Err(format!("no matches for kind \"{kind}\" in group \"{}\" with a scale subresource", api_version.split('/').next().unwrap_or(""))),
-            Some(r) => match self.client.get(r, Some(ns), target_name).await {
-                Ok(t) => Ok((r, t)),
+            None => Err(format!("no matches for kind \"{kind}\" in group \"{}\"", group_of(api_version))),
+            Some(r) => match self.client.get_scale(r, Some(ns), target_name).await {
+                Ok(scale) => Ok((r, scale)),
                 Err(e) => Err(e.to_string()),
             },
         };
         let scale = match target {
-            Ok((r, t)) => read_scale(r, &t),
+            Ok((r, scale)) => read_scale(r, scale),
             Err(why) => {
                 let message = format!("the HPA controller was unable to get the target's current scale: {why}");
                 conds.set("AbleToScale", false, "FailedGetScale", message.clone());
@@ -347,8 +352,9 @@ impl Autoscaler {
         };
 
         if desired != current && !(current == 0 && min != 0) {
-            let patch = Patch::Merge(json!({"spec": {"replicas": desired}}));
-            match self.client.patch(scale.res, Some(ns), target_name, patch).await {
+            let mut write = scale.read.clone();
+            write["spec"]["replicas"] = json!(desired);
+            match self.client.update_scale(scale.res, Some(ns), target_name, write).await {
                 Ok(_) => {
                     let message = format!("New size: {desired}; reason: {reason}");
                     self.events.record(hpa, EventType::Normal, "SuccessfulRescale", &message).await;
@@ -421,10 +427,15 @@ mod tests {
     }
 
     #[test]
-    fn a_replication_controller_s_plain_selector_reads_as_match_labels() {
-        let rc = json!({"spec": {"replicas": 3, "selector": {"app": "web"}}, "status": {"replicas": 2}});
-        let s = read_scale(&kinds::REPLICATIONCONTROLLER, &rc);
+    fn a_scale_s_string_selector_picks_the_target_s_pods() {
+        let scale = json!({"spec": {"replicas": 3}, "status": {"replicas": 2, "selector": "app=web,tier in (a,b)"}});
+        let s = read_scale(&kinds::STATEFULSET, scale);
         assert_eq!((s.spec, s.status), (3, 2));
-        assert!(s.selector.expect("selector").matches_object(&json!({"metadata": {"labels": {"app": "web"}}})));
+        let selector = s.selector.expect("selector");
+        assert!(selector.matches_object(&json!({"metadata": {"labels": {"app": "web", "tier": "a"}}})));
+        assert!(!selector.matches_object(&json!({"metadata": {"labels": {"app": "web"}}})));
+        let unselective = read_scale(&kinds::STATEFULSET, json!({"spec": {"replicas": 1}, "status": {"selector": ""}}));
+        assert_eq!(unselective.selector.err().as_deref(), Some("the target's scale has no selector"));
+        assert_eq!((group_of("apps/v1"), group_of("v1")), ("apps", ""));
     }
 }
