@@ -223,7 +223,10 @@ fn condition(hpa: &Value, type_: &str) -> Value {
 #[test]
 fn an_autoscaler_scales_a_statefulset_and_a_replication_controller_through_their_scale_subresource() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = Daemon::start("server", &dir.path().join("data"), &["--in-memory", "--hpa-sync-seconds", "1"]);
+    // Not every second: until a pod has been Ready for a whole metrics window (15 s on simulated
+    // nodes) each sync records a failure, and a faster sync would spend the autoscaler's Event
+    // budget (25, as client-go's spam filter) before it gets to rescale.
+    let server = Daemon::start("server", &dir.path().join("data"), &["--in-memory", "--hpa-sync-seconds", "3"]);
     let _agent = simulated_agent(&server.url, dir.path());
     let (label, bin) = common::newest_kubectl();
     let k = Kubectl { bin, url: server.url.clone() };

@@ -24,7 +24,7 @@ use crate::config::ControllerConfig;
 use crate::events::{EventRecorder, EventType};
 use crate::podutil;
 use behavior::{History, Limited, Limits, Rules};
-use replicas::{PodInfo, Target};
+use replicas::{CpuSample, Initialization, PodInfo, Target, sample_counts};
 
 /// How the autoscaler runs.
 #[derive(Debug, Clone, Copy)]
@@ -33,11 +33,13 @@ pub struct AutoscalerConfig {
     /// How often each autoscaler is evaluated (kube-controller-manager's
     /// `--horizontal-pod-autoscaler-sync-period`, 15 s).
     pub sync_period: Duration,
+    /// How long a starting pod's CPU is distrusted.
+    pub init: Initialization,
 }
 
 impl Default for AutoscalerConfig {
     fn default() -> Self {
-        AutoscalerConfig { run: ControllerConfig::default(), sync_period: Duration::from_secs(15) }
+        AutoscalerConfig { run: ControllerConfig::default(), sync_period: Duration::from_secs(15), init: Initialization::default() }
     }
 }
 
@@ -49,6 +51,7 @@ pub fn horizontal_pod_autoscaler_controller(client: Arc<dyn Client>, manager: &M
         pods: manager.informers().cache(&kinds::POD),
         histories: Mutex::default(),
         sync_period: config.sync_period,
+        init: config.init,
     };
     Controller::new("horizontalpodautoscaler", &kinds::HORIZONTALPODAUTOSCALER, reconciler)
         .workers(config.run.workers)
@@ -62,6 +65,7 @@ struct Autoscaler {
     /// Recommendations and rescales of each autoscaler (`namespace/name`), for its behavior.
     histories: Mutex<HashMap<String, History>>,
     sync_period: Duration,
+    init: Initialization,
 }
 
 #[async_trait]
@@ -148,14 +152,29 @@ fn quantity_text(v: &Value) -> Option<String> {
     }
 }
 
-/// A pod as the calculation for `resource` reads it.
-fn pod_info(pod: &Value, resource: &str) -> PodInfo {
+/// A pod as the calculation for `resource` reads it; `metrics` is its PodMetrics, if any.
+fn pod_info(pod: &Value, resource: &str, metrics: Option<&Value>, now: jiff::Timestamp, init: &Initialization) -> PodInfo {
     let name = podutil::name(pod).to_string();
     let phase = pod.at("/status/phase").and_then(Value::as_str).unwrap_or("");
-    let ready = pod
+    let condition = pod
         .at("/status/conditions")
         .and_then(Value::as_array)
-        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .map(|c| (c["status"] == "True", c["lastTransitionTime"].as_str().and_then(podutil::parse_time)));
+    // Only CPU is distrusted while a pod starts, as in Kubernetes; other resources count as measured.
+    let ready = match metrics {
+        Some(m) if resource == "cpu" => {
+            let sample = CpuSample {
+                started: pod.at("/status/startTime").and_then(Value::as_str).and_then(podutil::parse_time),
+                ready: condition.and_then(|(ready, since)| Some((ready, since?))),
+                taken: m["timestamp"].as_str().and_then(podutil::parse_time).unwrap_or(now),
+                window: m["window"].as_str().and_then(|w| shepherd_api::duration::parse(w).ok()).unwrap_or_default(),
+            };
+            sample_counts(&sample, now, init)
+        }
+        Some(_) => true,
+        None => condition.is_some_and(|(ready, _)| ready),
+    };
     let mut request: Result<i128, String> = Ok(0);
     for c in pod.at("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
         let cname = c["name"].as_str().unwrap_or("");
@@ -166,7 +185,7 @@ fn pod_info(pod: &Value, resource: &str) -> PodInfo {
             (e, _) => e,
         };
     }
-    PodInfo { name, ready, ignored: podutil::is_deleting(pod) || matches!(phase, "Failed" | "Succeeded"), request }
+    PodInfo { name, ready, ignored: podutil::is_deleting(pod) || matches!(phase, "Pending" | "Failed" | "Succeeded"), request }
 }
 
 /// A milli-unit amount of `resource` as a quantity: millicores, or bytes for memory.
@@ -235,7 +254,10 @@ impl Autoscaler {
                     continue;
                 }
             };
-            let infos: Vec<PodInfo> = pods.iter().map(|p| pod_info(p, resource)).collect();
+            let by_name: HashMap<&str, &Value> = metrics.iter().map(|m| (podutil::name(m), m)).collect();
+            let now = podutil::now();
+            let infos: Vec<PodInfo> =
+                pods.iter().map(|p| pod_info(p, resource, by_name.get(podutil::name(p)).copied(), now, &self.init)).collect();
             let usage = usage_of(metrics, resource);
             match replicas::replicas(current, &infos, &usage, target) {
                 Ok(p) => {
@@ -406,12 +428,42 @@ mod tests {
             "conditions": [{"type": "Ready", "status": "True"}]},
             "spec": {"containers": [{"name": "a", "resources": {"requests": {"cpu": "250m"}}},
                 {"name": "b", "resources": {"requests": {"cpu": "0.25", "memory": "1Mi"}}}]}});
-        let info = pod_info(&pod, "cpu");
+        let (now, init) = (podutil::now(), Initialization::default());
+        let info = pod_info(&pod, "cpu", None, now, &init);
         assert_eq!((info.ready, info.ignored, info.request), (true, false, Ok(500)));
-        assert_eq!(pod_info(&pod, "memory").request, Err("missing request for memory in container a of Pod web-1".into()));
-        let mut failed = pod.clone();
-        failed["status"]["phase"] = json!("Failed");
-        assert!(pod_info(&failed, "cpu").ignored);
+        assert_eq!(pod_info(&pod, "memory", None, now, &init).request, Err("missing request for memory in container a of Pod web-1".into()));
+        for phase in ["Failed", "Pending"] {
+            let mut other = pod.clone();
+            other["status"]["phase"] = json!(phase);
+            assert!(pod_info(&other, "cpu", None, now, &init).ignored, "{phase}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_starting_pod_s_cpu_is_distrusted_until_a_whole_window_after_ready_on_the_autoscaler_s_clock() {
+        let init = Initialization::default();
+        let t0 = podutil::parse_time(&podutil::format_time(podutil::now())).expect("time");
+        let at = |s: i64| podutil::format_time(t0.checked_add(jiff::SignedDuration::from_secs(s)).expect("time"));
+        let pod = json!({"metadata": {"name": "web-1"}, "status": {"phase": "Running", "startTime": at(0),
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": at(5)}]},
+            "spec": {"containers": [{"name": "a", "resources": {"requests": {"cpu": "100m", "memory": "1Mi"}}}]}});
+        let sample = |s: i64| json!({"metadata": {"name": "web-1"}, "timestamp": at(s), "window": "15s",
+            "containers": [{"name": "a", "usage": {"cpu": "900m", "memory": "1Mi"}}]});
+
+        tokio::time::advance(Duration::from_secs(12)).await;
+        let early = sample(11);
+        assert!(!pod_info(&pod, "cpu", Some(&early), podutil::now(), &init).ready, "its window reaches back before Ready");
+        assert!(pod_info(&pod, "memory", Some(&early), podutil::now(), &init).ready, "only CPU is distrusted");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(pod_info(&pod, "cpu", Some(&sample(21)), podutil::now(), &init).ready, "a whole window after Ready");
+
+        let mut never = pod.clone();
+        never["status"]["conditions"][0] = json!({"type": "Ready", "status": "False", "lastTransitionTime": at(10)});
+        tokio::time::advance(init.cpu_period).await;
+        let late = sample(320);
+        assert!(!pod_info(&never, "cpu", Some(&late), podutil::now(), &init).ready, "never ready since it started: left out");
+        never["status"]["conditions"][0]["lastTransitionTime"] = json!(at(200));
+        assert!(pod_info(&never, "cpu", Some(&late), podutil::now(), &init).ready, "ready once, unready later: its CPU counts");
     }
 
     #[test]
