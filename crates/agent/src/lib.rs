@@ -53,7 +53,7 @@ use tokio::sync::mpsc;
 use tracing::info;
 
 pub use logs::{LogQuery, LogStream, PodLogs};
-pub use pods::SIMULATE_FAIL_ANNOTATION;
+pub use pods::{SIMULATE_EXIT_AFTER_MS_ANNOTATION, SIMULATE_FAIL_ANNOTATION};
 pub use oci::DEFAULT_RUNC;
 pub use network::BRIDGE as POD_BRIDGE;
 pub use process::MINIMAL_IMAGE;

@@ -42,6 +42,9 @@ use shepherd_controllers::events::EventType;
 
 /// The annotation that makes the simulated runtime fail a pod's containers.
 pub const SIMULATE_FAIL_ANNOTATION: &str = "shepherd.io/simulate-fail";
+/// The annotation that makes the simulated runtime's containers exit 0 this many milliseconds
+/// after they turn Running (short pods, such as a Job's, on simulated nodes).
+pub const SIMULATE_EXIT_AFTER_MS_ANNOTATION: &str = "shepherd.io/simulate-exit-after-ms";
 
 type Error = shepherd_runtime::controller::Error;
 
@@ -786,6 +789,11 @@ impl PodManager {
             cpu_limit_millis: spec.at("/resources/limits/cpu").and_then(quantity::text).and_then(|q| quantity::millicores(&q)),
             simulate_fail: pod.at(&format!("/metadata/annotations/{}", SIMULATE_FAIL_ANNOTATION.replace('/', "~1"))).and_then(Value::as_str)
                 == Some("true"),
+            simulate_exit_after: pod
+                .at(&format!("/metadata/annotations/{}", SIMULATE_EXIT_AFTER_MS_ANNOTATION.replace('/', "~1")))
+                .and_then(Value::as_str)
+                .and_then(|ms| ms.parse().ok())
+                .map(Duration::from_millis),
             restart_count,
             mounts,
             security: security_of(pod, spec),

@@ -885,6 +885,7 @@ mod tests {
             memory_limit_bytes: None,
             cpu_limit_millis: None,
             simulate_fail: false,
+            simulate_exit_after: None,
             restart_count: 0,
             mounts,
             security: Default::default(),

@@ -30,6 +30,9 @@ pub(crate) struct ContainerSpec {
     pub cpu_limit_millis: Option<u64>,
     /// The pod asked to fail (`shepherd.io/simulate-fail: "true"`); only the simulated runtime reads it.
     pub simulate_fail: bool,
+    /// The pod asked to exit 0 this long after Running (`shepherd.io/simulate-exit-after-ms`);
+    /// only the simulated runtime reads it.
+    pub simulate_exit_after: Option<std::time::Duration>,
     pub restart_count: u32,
     /// Host paths the container sees at `destination` (volumes, and files the agent writes for it).
     pub mounts: Vec<Mount>,

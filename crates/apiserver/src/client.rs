@@ -156,6 +156,15 @@ impl Client for LocalClient {
         }
     }
 
+    async fn get_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.svc.get_scale(registered(res)?, namespace, name).await
+    }
+
+    async fn update_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, scale: Value) -> Result<Value, ApiError> {
+        let ns = namespace_of(res, namespace, &scale).map(str::to_string);
+        self.svc.update_scale(registered(res)?, ns.as_deref(), name, &scale, &crate::WriteOptions::default()).await
+    }
+
     async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError> {
         self.svc.bind(namespace, name, node_name).await.map(|_| ())
     }

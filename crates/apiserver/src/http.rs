@@ -19,7 +19,6 @@ use shepherd_api::kinds::{self, ResourceInfo};
 
 use crate::codec;
 use crate::discovery;
-use crate::patch::apply_json_patch;
 use crate::protobuf;
 use crate::service::{
     ApiService, DeleteOptions, Deleted, ListOptions, Part, PatchType, RevisionMatch, Written, parse_resource_version,
@@ -736,9 +735,9 @@ async fn handle(
         (&Method::GET, Some(name), Some("status")) if res.has_status => {
             Ok(object_response(StatusCode::OK, &svc.get(res, ns, name).await?))
         }
-        (&Method::GET, Some(name), Some("scale")) if res.has_scale => {
-            let kv = svc.get(res, ns, name).await?;
-            Ok(json_response(StatusCode::OK, scale_of(res, &codec::decode(&kv)?).to_string().into_bytes()))
+        // A kind without a Scale is answered NotFound, as an unknown subresource is.
+        (&Method::GET, Some(name), Some("scale")) => {
+            Ok(json_response(StatusCode::OK, svc.get_scale(res, ns, name).await?.to_string().into_bytes()))
         }
         (&Method::GET, Some(name), Some("log")) if res.kind == "Pod" => {
             let ns = ns.unwrap_or("default");
@@ -816,14 +815,8 @@ async fn handle(
                     Ok(object_response(StatusCode::OK, &kv))
                 }
                 Some("scale") if res.has_scale => {
-                    let replicas = scale_replicas(&body, name)?;
-                    let rv = parse_resource_version(body.at("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or(""))?;
-                    let kv = svc.mutate(res, ns, name, rv, "scale", &opts, |old| {
-                        let mut new = old.clone();
-                        set_replicas(res, &mut new, replicas)?;
-                        Ok(new)
-                    }).await?;
-                    Ok(json_response(StatusCode::OK, scale_of(res, &codec::decode(&kv)?).to_string().into_bytes()))
+                    let scale = svc.update_scale(res, ns, name, &body, &opts).await?;
+                    Ok(json_response(StatusCode::OK, scale.to_string().into_bytes()))
                 }
                 Some(s) => Err(ApiError::not_found("subresources", s)),
             }
@@ -875,29 +868,8 @@ async fn handle(
                     Ok(written_response(StatusCode::OK, &w, &warnings))
                 }
                 Some("scale") if res.has_scale => {
-                    let kv = svc.mutate(res, ns, name, None, "scale", &opts, |old| {
-                        let mut scale = scale_of(res, old);
-                        let patched = match patch_type {
-                            PatchType::Json => {
-                                apply_json_patch(&mut scale, &patch)?;
-                                scale
-                            }
-                            _ => {
-                                if !patch.is_object() {
-                                    return Err(ApiError::BadRequest("a merge patch must be a JSON object".into()));
-                                }
-                                json_patch::merge(&mut scale, &patch);
-                                scale
-                            }
-                        };
-                        if !patched.is_object() || patched.get("metadata").is_some_and(|m| !m.is_object() && !m.is_null()) {
-                            return Err(ApiError::BadRequest("the patched Scale must be an object with object metadata".into()));
-                        }
-                        let mut new = old.clone();
-                        set_replicas(res, &mut new, scale_replicas(&patched, name)?)?;
-                        Ok(new)
-                    }).await?;
-                    Ok(json_response(StatusCode::OK, scale_of(res, &codec::decode(&kv)?).to_string().into_bytes()))
+                    let scale = svc.patch_scale(res, ns, name, patch_type, &patch, &opts).await?;
+                    Ok(json_response(StatusCode::OK, scale.to_string().into_bytes()))
                 }
                 Some(s) => Err(ApiError::not_found("subresources", s)),
             }
@@ -980,41 +952,6 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<Delete
         }
     }
     Ok(opts)
-}
-
-/// Sets the replicas a Scale asks for: through the definition's path for a custom object,
-/// `spec.replicas` otherwise.
-fn set_replicas(res: &ResourceInfo, obj: &mut Value, replicas: i64) -> Result<(), ApiError> {
-    if !crate::crd::set_replicas(res, obj, replicas)? {
-        obj["spec"]["replicas"] = json!(replicas);
-    }
-    Ok(())
-}
-
-/// The `autoscaling/v1` Scale view of a Deployment, a ReplicaSet or a custom object.
-fn scale_of(res: &ResourceInfo, obj: &Value) -> Value {
-    if let Some(scale) = crate::crd::scale_view(res, obj) {
-        return scale;
-    }
-    // A ReplicationController's selector is the label map itself.
-    let labels = obj.at("/spec/selector/matchLabels").or_else(|| obj.at("/spec/selector").filter(|_| res.kind == "ReplicationController"));
-    let selector = labels.and_then(Value::as_object).map(|m| {
-        m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(",")
-    });
-    let replicas = |p: &str| obj.at(p).and_then(Value::as_i64).unwrap_or(0);
-    crate::crd::scale_body(obj, replicas("/spec/replicas"), replicas("/status/replicas"), &selector.unwrap_or_default())
-}
-
-/// The replicas a Scale asks for; the error names the scaled object, as Kubernetes' does.
-fn scale_replicas(scale: &Value, name: &str) -> Result<i64, ApiError> {
-    match scale.at("/spec/replicas") {
-        Some(Value::Number(n)) if n.as_i64().is_some_and(|r| r >= 0) => Ok(n.as_i64().unwrap_or(0)),
-        Some(v) => Err(ApiError::invalid("Scale", name, vec![shepherd_api::Cause::invalid(
-            "spec.replicas",
-            format!("Invalid value: {v}: must be a whole number greater than or equal to 0"),
-        )])),
-        None => Err(ApiError::invalid("Scale", name, vec![shepherd_api::Cause::required("spec.replicas")])),
-    }
 }
 
 async fn watch(app: &AppState, t: &Target, query: &HashMap<String, String>, headers: &HeaderMap) -> Result<Response, ApiError> {

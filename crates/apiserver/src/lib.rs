@@ -27,6 +27,7 @@ mod ratelimit;
 mod reservation;
 mod resource_metrics;
 mod retention;
+mod scale;
 mod serve;
 mod service;
 mod stream_proxy;

@@ -126,6 +126,14 @@ impl Client for CountingClient {
         self.wrote();
         self.inner.delete(res, ns, name, params).await
     }
+    async fn get_scale(&self, res: &ResourceInfo, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        self.inner.get_scale(res, ns, name).await
+    }
+    async fn update_scale(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, scale: Value) -> Result<Value, ApiError> {
+        self.wrote();
+        self.inner.update_scale(res, ns, name, scale).await
+    }
     async fn bind_pod(&self, ns: &str, name: &str, node: &str) -> Result<(), ApiError> {
         self.wrote();
         self.inner.bind_pod(ns, name, node).await

@@ -6,9 +6,11 @@ mod auth_cost;
 mod autoscale;
 mod cluster;
 mod counting;
+mod daemonset_rollout;
 mod dashboard;
 mod dns;
 mod experiment;
+mod job_throughput;
 mod peer;
 mod plot;
 mod pod_io;
@@ -225,6 +227,32 @@ enum Scenario {
         #[arg(long, default_value_t = 15.0)]
         sync_seconds: f64,
     },
+    /// N simulated nodes, one Job of C short pods at parallelism P: time to Complete and pods/s.
+    /// The defaults are a smoke size; the size is `--nodes 100 --completions 10000`.
+    JobThroughput {
+        #[arg(long, default_value_t = 5)]
+        nodes: usize,
+        #[arg(long, default_value_t = 50)]
+        completions: usize,
+        #[arg(long, default_value_t = 10)]
+        parallelism: usize,
+        /// How long each pod runs once Running (ms).
+        #[arg(long, default_value_t = 100)]
+        pod_ms: u64,
+        #[arg(long, default_value_t = 600.0)]
+        timeout_seconds: f64,
+    },
+    /// A DaemonSet over N simulated nodes: time until every node has its pod Ready, then an image
+    /// update's rolling update. The defaults are a smoke size; the size is `--nodes 1000`.
+    DaemonsetRollout {
+        #[arg(long, default_value_t = 5)]
+        nodes: usize,
+        /// The rolling update's `maxUnavailable`: a count or a percentage (`10%`).
+        #[arg(long, default_value = "1")]
+        max_unavailable: String,
+        #[arg(long, default_value_t = 600.0)]
+        timeout_seconds: f64,
+    },
     #[command(hide = true)]
     PeerWorker {
         #[arg(long)]
@@ -364,6 +392,22 @@ async fn main() -> anyhow::Result<()> {
         Scenario::HpaReaction { runs, sync_seconds } => {
             let p = autoscale::Params { runs: if cli.smoke { 1 } else { runs.max(1) }, sync_seconds };
             autoscale::run(&cli.shepherd, p).await?
+        }
+        Scenario::JobThroughput { nodes, completions, parallelism, pod_ms, timeout_seconds } => {
+            let (nodes, completions, parallelism) = if cli.smoke { (5, 50, 10) } else { (nodes, completions, parallelism) };
+            let p = job_throughput::Params {
+                nodes: nodes.max(1),
+                completions: completions.max(1),
+                parallelism: parallelism.max(1),
+                pod_ms,
+                timeout: Duration::from_secs_f64(timeout_seconds),
+            };
+            job_throughput::run(&cli.shepherd, p).await?
+        }
+        Scenario::DaemonsetRollout { nodes, max_unavailable, timeout_seconds } => {
+            let nodes = if cli.smoke { 5 } else { nodes.max(1) };
+            let p = daemonset_rollout::Params { nodes, max_unavailable, timeout: Duration::from_secs_f64(timeout_seconds) };
+            daemonset_rollout::run(&cli.shepherd, p).await?
         }
         Scenario::PeerWorker { .. } => unreachable!("handled above"),
     };

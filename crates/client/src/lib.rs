@@ -253,6 +253,15 @@ impl Client for RemoteClient {
         Ok(still_there.then_some(after))
     }
 
+    async fn get_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.call(Method::GET, format!("{}/scale", item(res, namespace, name)), None).await
+    }
+
+    async fn update_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, scale: Value) -> Result<Value, ApiError> {
+        let url = format!("{}/scale", item(res, namespace, name));
+        self.call(Method::PUT, url, Some(("application/json", json_body(&scale)?))).await
+    }
+
     async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError> {
         let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": namespace},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node_name}});

@@ -119,6 +119,19 @@ pub trait Client: Send + Sync + 'static {
     /// keep it (with `deletionTimestamp` set), `None` once it is gone.
     async fn delete(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, params: &DeleteParams)
     -> Result<Option<Value>, ApiError>;
+    /// The `autoscaling/v1` Scale of an object whose kind serves the `scale` subresource
+    /// (`spec.replicas`, `status.replicas`, `status.selector` in the string syntax).
+    async fn get_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        let _ = (namespace, name);
+        Err(ApiError::MethodNotAllowed(format!("this client cannot read the scale of {}", res.plural)))
+    }
+    /// Writes `scale.spec.replicas` through the `scale` subresource; a `metadata.resourceVersion`
+    /// in `scale` is a precondition. Returns the Scale as written.
+    async fn update_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, scale: Value)
+    -> Result<Value, ApiError> {
+        let _ = (namespace, name, scale);
+        Err(ApiError::MethodNotAllowed(format!("this client cannot write the scale of {}", res.plural)))
+    }
     /// Binds a pod to a node through `pods/{name}/binding`.
     async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError>;
     /// The digest of the (key, resourceVersion) pairs a list with `params` held at `revision`

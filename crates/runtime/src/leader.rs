@@ -338,6 +338,15 @@ impl Client for Fenced {
         self.inner.delete(res, namespace, name, params).await
     }
 
+    async fn get_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.inner.get_scale(res, namespace, name).await
+    }
+
+    async fn update_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, scale: Value) -> Result<Value, ApiError> {
+        self.allow("update", res)?;
+        self.inner.update_scale(res, namespace, name, scale).await
+    }
+
     async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError> {
         self.allow("create", &kinds::POD)?;
         self.inner.bind_pod(namespace, name, node_name).await

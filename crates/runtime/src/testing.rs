@@ -358,6 +358,36 @@ impl Client for MemoryClient {
         Ok(None)
     }
 
+    /// The server's Scale view: replicas, and the selector in the string syntax.
+    async fn get_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        if !res.has_scale {
+            return Err(ApiError::not_found(&format!("{}/scale", res.plural), name));
+        }
+        let obj = self.get(res, namespace, name).await?;
+        let mut selector = obj.at("/spec/selector").cloned().unwrap_or(Value::Null);
+        if res.kind == "ReplicationController" {
+            selector = json!({ "matchLabels": selector });
+        }
+        let selector = shepherd_api::LabelSelector::from_k8s(&selector)?.to_string();
+        Ok(json!({ "kind": "Scale", "apiVersion": "autoscaling/v1",
+            "metadata": { "name": name, "namespace": obj.at("/metadata/namespace"),
+                "resourceVersion": obj.at("/metadata/resourceVersion") },
+            "spec": { "replicas": obj.at("/spec/replicas").and_then(Value::as_i64).unwrap_or(0) },
+            "status": { "replicas": obj.at("/status/replicas").and_then(Value::as_i64).unwrap_or(0), "selector": selector } }))
+    }
+
+    async fn update_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, scale: Value)
+    -> Result<Value, ApiError> {
+        let current = self.get_scale(res, namespace, name).await?;
+        let wanted = scale.at("/metadata/resourceVersion").and_then(Value::as_str);
+        if wanted.is_some_and(|w| Some(w) != current.at("/metadata/resourceVersion").and_then(Value::as_str)) {
+            return Err(ApiError::conflict(res.plural, name, "the object has been modified"));
+        }
+        let replicas = scale.at("/spec/replicas").cloned().unwrap_or(Value::Null);
+        self.patch(res, namespace, name, Patch::Merge(json!({ "spec": { "replicas": replicas } }))).await?;
+        self.get_scale(res, namespace, name).await
+    }
+
     async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError> {
         let patch = json!({ "spec": { "nodeName": node_name } });
         self.patch(&shepherd_api::kinds::POD, Some(namespace), name, Patch::Merge(patch)).await.map(|_| ())

@@ -236,6 +236,7 @@ impl ControllerArgs {
                     let config = shepherd_controllers::podautoscaler::AutoscalerConfig {
                         run: cfg,
                         sync_period: Duration::from_secs_f64(self.hpa_sync_seconds.clamp(0.1, 3600.0)),
+                        ..Default::default()
                     };
                     manager.add(shepherd_controllers::podautoscaler::horizontal_pod_autoscaler_controller(
                         client.clone(),

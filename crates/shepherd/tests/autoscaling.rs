@@ -173,3 +173,145 @@ fn an_autoscaler_scales_a_busy_deployment_up_and_an_idle_one_down_after_its_stab
     let (ok, _, err) = k.run(&["get", "hpa", "bad"], None);
     assert!(!ok && err.contains("NotFound"), "{err}");
 }
+
+/// A one-node simulated agent for `server`: its pods report the CPU their annotation names.
+fn simulated_agent(server: &str, dir: &Path) -> common::KillOnDrop {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(["agent", "--server", server, "--runtime", "simulated", "--simulated-ready-ms", "50", "--node-name", "sim-0"])
+        .arg("--data-dir")
+        .arg(dir.join("agent"))
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start agent");
+    common::KillOnDrop(child)
+}
+
+/// A workload of `kind` with one container requesting 100m, whose simulated pods use `cpu`.
+fn scalable(kind: &str, name: &str, replicas: u32, cpu: &str) -> String {
+    let (api_version, selector) = match kind {
+        "ReplicationController" => ("v1", format!("{{app: {name}}}")),
+        _ => ("apps/v1", format!("{{matchLabels: {{app: {name}}}}}")),
+    };
+    let service = if kind == "StatefulSet" { format!("  serviceName: {name}\n") } else { String::new() };
+    format!(
+        "apiVersion: {api_version}\nkind: {kind}\nmetadata: {{name: {name}}}\nspec:\n  replicas: {replicas}\n{service}  \
+         selector: {selector}\n  template:\n    metadata:\n      labels: {{app: {name}}}\n      \
+         annotations: {{shepherd.io/simulated-cpu: {cpu}}}\n    spec:\n      terminationGracePeriodSeconds: 0\n      \
+         containers:\n      - name: main\n        image: minimal\n        resources: {{requests: {{cpu: 100m}}}}\n"
+    )
+}
+
+fn autoscaler_of(kind: &str, api_version: &str, name: &str, min: u32, max: u32) -> String {
+    format!(
+        "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {{name: {name}}}\nspec:\n  \
+         scaleTargetRef: {{apiVersion: {api_version}, kind: {kind}, name: {name}}}\n  minReplicas: {min}\n  maxReplicas: {max}\n  \
+         metrics: [{{type: Resource, resource: {{name: cpu, target: {{type: Utilization, averageUtilization: 50}}}}}}]\n"
+    )
+}
+
+/// Whether some manager wrote the object through its `scale` subresource.
+fn written_through_scale(obj: &Value) -> bool {
+    obj["metadata"]["managedFields"].as_array().is_some_and(|fs| fs.iter().any(|f| f["subresource"] == "scale"))
+}
+
+fn condition(hpa: &Value, type_: &str) -> Value {
+    let conds = hpa["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    conds.into_iter().find(|c| c["type"] == type_).unwrap_or(Value::Null)
+}
+
+#[test]
+fn an_autoscaler_scales_a_statefulset_and_a_replication_controller_through_their_scale_subresource() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Not every second: until a pod has been Ready for a whole metrics window (15 s on simulated
+    // nodes) each sync records a failure, and a faster sync would spend the autoscaler's Event
+    // budget (25, as client-go's spam filter) before it gets to rescale.
+    let server = Daemon::start("server", &dir.path().join("data"), &["--in-memory", "--hpa-sync-seconds", "3"]);
+    let _agent = simulated_agent(&server.url, dir.path());
+    let (label, bin) = common::newest_kubectl();
+    let k = Kubectl { bin, url: server.url.clone() };
+
+    // Each pod uses 200m of its 100m request: four times the 50% target, so 1 replica asks for 4, held to 3.
+    k.ok(&["apply", "-f", "-"], Some(&scalable("StatefulSet", "web", 1, "200m")));
+    k.ok(&["apply", "-f", "-"], Some(&autoscaler_of("StatefulSet", "apps/v1", "web", 1, 3)));
+    // An idle ReplicationController below its autoscaler's minimum is raised to it without metrics.
+    k.ok(&["apply", "-f", "-"], Some(&scalable("ReplicationController", "rc", 1, "1m")));
+    k.ok(&["apply", "-f", "-"], Some(&autoscaler_of("ReplicationController", "v1", "rc", 2, 4)));
+    // A DaemonSet serves no scale subresource: its autoscaler says so instead of scaling.
+    let ds = scalable("DaemonSet", "ds", 1, "1m").replace("  replicas: 1\n", "");
+    k.ok(&["apply", "-f", "-"], Some(&ds));
+    k.ok(&["apply", "-f", "-"], Some(&autoscaler_of("DaemonSet", "apps/v1", "ds", 1, 3)));
+
+    let sts = k.wait_for("the StatefulSet at 3 ready replicas", Duration::from_secs(120), |k| {
+        let sts = k.json(&["get", "statefulset", "web", "--show-managed-fields"]);
+        match (sts["spec"]["replicas"].as_i64(), sts["status"]["readyReplicas"].as_i64()) {
+            (Some(3), Some(3)) => Ok(sts),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    assert!(written_through_scale(&sts), "the autoscaler writes through statefulsets/scale: {}", sts["metadata"]["managedFields"]);
+    let hpa = k.wait_for("the autoscaler to see its 3 replicas", Duration::from_secs(30), |k| {
+        let hpa = k.json(&["get", "hpa", "web"]);
+        if hpa["status"]["currentReplicas"] == 3 { Ok(hpa) } else { Err(hpa["status"].to_string()) }
+    });
+    assert_eq!(condition(&hpa, "ScalingActive")["reason"], "ValidMetricFound", "{}", hpa["status"]);
+    let row = k.ok(&["get", "hpa", "web", "--no-headers"], None);
+    assert!(row.contains("StatefulSet/web") && row.contains("%/50%"), "kubectl {label} get hpa: {row}");
+    let events = k.ok(&["get", "events", "--field-selector", "involvedObject.name=web,involvedObject.kind=HorizontalPodAutoscaler"], None);
+    assert!(events.contains("SuccessfulRescale") && events.contains("New size: 3"), "{events}");
+
+    let rc = k.wait_for("the ReplicationController raised to its minimum", Duration::from_secs(60), |k| {
+        let rc = k.json(&["get", "rc", "rc", "--show-managed-fields"]);
+        if rc["spec"]["replicas"] == 2 { Ok(rc) } else { Err(rc["spec"].to_string()) }
+    });
+    assert!(written_through_scale(&rc), "{}", rc["metadata"]["managedFields"]);
+
+    let hpa = k.wait_for("the DaemonSet's autoscaler to report FailedGetScale", Duration::from_secs(60), |k| {
+        let hpa = k.json(&["get", "hpa", "ds"]);
+        let able = condition(&hpa, "AbleToScale");
+        if able["status"] == "False" { Ok(hpa) } else { Err(hpa["status"].to_string()) }
+    });
+    let able = condition(&hpa, "AbleToScale");
+    assert_eq!(able["reason"], "FailedGetScale", "{able}");
+    assert!(able["message"].as_str().is_some_and(|m| m.contains("unable to get the target's current scale")), "{able}");
+    let events = k.ok(&["get", "events", "--field-selector", "involvedObject.name=ds,involvedObject.kind=HorizontalPodAutoscaler"], None);
+    assert!(events.contains("FailedGetScale"), "{events}");
+    assert!(k.json(&["get", "daemonset", "ds"])["spec"].get("replicas").is_none(), "nothing was written to the DaemonSet");
+}
+
+#[test]
+fn kubectl_scale_writes_every_scalable_kind_through_its_scale_subresource() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Daemon::start("server", &dir.path().join("data"), &["--in-memory"]);
+    let kinds = [
+        ("Deployment", "deployment", "/apis/apps/v1/namespaces/default/deployments"),
+        ("ReplicaSet", "replicaset", "/apis/apps/v1/namespaces/default/replicasets"),
+        ("StatefulSet", "statefulset", "/apis/apps/v1/namespaces/default/statefulsets"),
+        ("ReplicationController", "replicationcontroller", "/api/v1/namespaces/default/replicationcontrollers"),
+    ];
+    for (label, bin) in kubectls_under_test() {
+        let k = Kubectl { bin, url: server.url.clone() };
+        for (i, (kind, resource, path)) in kinds.iter().enumerate() {
+            let name = format!("{resource}-{}", label.replace('.', "-"));
+            k.ok(&["apply", "-f", "-"], Some(&scalable(kind, &name, 1, "1m")));
+            let out = k.ok(&["scale", &format!("{resource}/{name}"), &format!("--replicas={}", i + 2)], None);
+            assert!(out.contains(&format!("{name} scaled")), "kubectl {label} scale {resource}: {out}");
+            let scale: Value = serde_json::from_str(&k.ok(&["get", "--raw", &format!("{path}/{name}/scale")], None)).expect("Scale");
+            assert_eq!((scale["kind"].as_str(), scale["apiVersion"].as_str()), (Some("Scale"), Some("autoscaling/v1")));
+            assert_eq!(scale["spec"]["replicas"], i + 2, "kubectl {label} scale {resource}: {scale}");
+            assert_eq!(scale["status"]["selector"], format!("app={name}"), "{scale}");
+            let obj = k.json(&["get", resource, &name, "--show-managed-fields"]);
+            assert_eq!(obj["spec"]["replicas"], i + 2);
+            assert!(written_through_scale(&obj), "kubectl {label} scale {resource}: {}", obj["metadata"]["managedFields"]);
+            // --current-replicas is checked against the Scale kubectl reads first.
+            let (ok, _, err) = k.run(&["scale", &format!("{resource}/{name}"), "--current-replicas=9", "--replicas=1"], None);
+            assert!(!ok && err.contains("9"), "kubectl {label}: {err}");
+        }
+        let ds = scalable("DaemonSet", "ds", 1, "1m").replace("  replicas: 1\n", "");
+        k.ok(&["apply", "-f", "-"], Some(&ds));
+        let (ok, _, err) = k.run(&["scale", "daemonset/ds", "--replicas=2"], None);
+        assert!(!ok, "a DaemonSet has no scale subresource; kubectl {label}: {err}");
+        let (ok, _, err) = k.run(&["get", "--raw", "/apis/apps/v1/namespaces/default/daemonsets/ds/scale"], None);
+        assert!(!ok && err.contains("NotFound"), "kubectl {label}: {err}");
+    }
+}

@@ -396,6 +396,7 @@ mod tests {
             memory_limit_bytes: Some(64 << 20),
             cpu_limit_millis: Some(250),
             simulate_fail: false,
+            simulate_exit_after: None,
             restart_count: 0,
             mounts: vec![BindMount { source: "/data/vol".into(), destination: "/vol".into(), read_only: true }],
             security: Security { read_only_root: true, no_new_privileges: true, ..Default::default() },

@@ -1,8 +1,9 @@
 //! The HorizontalPodAutoscaler controller (`autoscaling/v2`): every sync period it reads the
 //! target's scale, its pods and their `metrics.k8s.io` PodMetrics, asks each Resource metric for a
 //! replica count (`replicas`), takes the largest, passes it through the behavior (`behavior`) and
-//! the bounds, and writes `spec.replicas` of the Deployment, StatefulSet, ReplicaSet or
-//! ReplicationController; status, conditions and Events as Kubernetes reports them.
+//! the bounds, and writes the replicas through the target's `scale` subresource, so any kind that
+//! serves one (Deployment, StatefulSet, ReplicaSet, ReplicationController, a custom resource with
+//! `subresources.scale`) is a target; status, conditions and Events as Kubernetes reports them.
 
 pub mod behavior;
 pub mod replicas;
@@ -23,7 +24,7 @@ use crate::config::ControllerConfig;
 use crate::events::{EventRecorder, EventType};
 use crate::podutil;
 use behavior::{History, Limited, Limits, Rules};
-use replicas::{PodInfo, Target};
+use replicas::{CpuSample, Initialization, PodInfo, Target, sample_counts};
 
 /// How the autoscaler runs.
 #[derive(Debug, Clone, Copy)]
@@ -32,11 +33,13 @@ pub struct AutoscalerConfig {
     /// How often each autoscaler is evaluated (kube-controller-manager's
     /// `--horizontal-pod-autoscaler-sync-period`, 15 s).
     pub sync_period: Duration,
+    /// How long a starting pod's CPU is distrusted.
+    pub init: Initialization,
 }
 
 impl Default for AutoscalerConfig {
     fn default() -> Self {
-        AutoscalerConfig { run: ControllerConfig::default(), sync_period: Duration::from_secs(15) }
+        AutoscalerConfig { run: ControllerConfig::default(), sync_period: Duration::from_secs(15), init: Initialization::default() }
     }
 }
 
@@ -48,6 +51,7 @@ pub fn horizontal_pod_autoscaler_controller(client: Arc<dyn Client>, manager: &M
         pods: manager.informers().cache(&kinds::POD),
         histories: Mutex::default(),
         sync_period: config.sync_period,
+        init: config.init,
     };
     Controller::new("horizontalpodautoscaler", &kinds::HORIZONTALPODAUTOSCALER, reconciler)
         .workers(config.run.workers)
@@ -61,6 +65,7 @@ struct Autoscaler {
     /// Recommendations and rescales of each autoscaler (`namespace/name`), for its behavior.
     histories: Mutex<HashMap<String, History>>,
     sync_period: Duration,
+    init: Initialization,
 }
 
 #[async_trait]
@@ -108,33 +113,35 @@ impl Conditions {
     }
 }
 
-/// The target's scale: replicas asked for and running, and its pod selector.
+/// The target's `autoscaling/v1` Scale as read through its `scale` subresource: replicas asked
+/// for and running, and its pod selector (`status.selector`, in the string syntax).
 struct Scale {
     res: &'static kinds::ResourceInfo,
+    /// The Scale as read, written back with the new replicas (its resourceVersion a precondition).
+    read: Value,
     spec: i64,
     status: i64,
     selector: Result<LabelSelector, String>,
 }
 
-fn read_scale(res: &'static kinds::ResourceInfo, target: &Value) -> Scale {
-    let sel = target.at("/spec/selector").cloned().unwrap_or(Value::Null);
-    // A ReplicationController's selector is a plain map of labels.
-    let sel = if sel.get("matchLabels").is_some() || sel.get("matchExpressions").is_some() || sel.is_null() {
-        sel
-    } else {
-        json!({"matchLabels": sel})
-    };
-    let selector = match LabelSelector::from_k8s(&sel) {
-        Ok(s) if !s.is_empty() => Ok(s),
-        Ok(_) => Err("the target's selector is empty".to_string()),
-        Err(e) => Err(e.to_string()),
+fn read_scale(res: &'static kinds::ResourceInfo, scale: Value) -> Scale {
+    let selector = match scale.at("/status/selector").and_then(Value::as_str).map(LabelSelector::parse) {
+        Some(Ok(s)) if !s.is_empty() => Ok(s),
+        Some(Ok(_)) | None => Err("the target's scale has no selector".to_string()),
+        Some(Err(e)) => Err(e.to_string()),
     };
     Scale {
         res,
-        spec: target.at("/spec/replicas").and_then(Value::as_i64).unwrap_or(1),
-        status: target.at("/status/replicas").and_then(Value::as_i64).unwrap_or(0),
+        spec: scale.at("/spec/replicas").and_then(Value::as_i64).unwrap_or(0),
+        status: scale.at("/status/replicas").and_then(Value::as_i64).unwrap_or(0),
         selector,
+        read: scale,
     }
+}
+
+/// The group of an `apiVersion` (`apps/v1`: `apps`; `v1`: the core group, empty).
+fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(g, _)| g)
 }
 
 fn quantity_text(v: &Value) -> Option<String> {
@@ -145,14 +152,29 @@ fn quantity_text(v: &Value) -> Option<String> {
     }
 }
 
-/// A pod as the calculation for `resource` reads it.
-fn pod_info(pod: &Value, resource: &str) -> PodInfo {
+/// A pod as the calculation for `resource` reads it; `metrics` is its PodMetrics, if any.
+fn pod_info(pod: &Value, resource: &str, metrics: Option<&Value>, now: jiff::Timestamp, init: &Initialization) -> PodInfo {
     let name = podutil::name(pod).to_string();
     let phase = pod.at("/status/phase").and_then(Value::as_str).unwrap_or("");
-    let ready = pod
+    let condition = pod
         .at("/status/conditions")
         .and_then(Value::as_array)
-        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .map(|c| (c["status"] == "True", c["lastTransitionTime"].as_str().and_then(podutil::parse_time)));
+    // Only CPU is distrusted while a pod starts, as in Kubernetes; other resources count as measured.
+    let ready = match metrics {
+        Some(m) if resource == "cpu" => {
+            let sample = CpuSample {
+                started: pod.at("/status/startTime").and_then(Value::as_str).and_then(podutil::parse_time),
+                ready: condition.and_then(|(ready, since)| Some((ready, since?))),
+                taken: m["timestamp"].as_str().and_then(podutil::parse_time).unwrap_or(now),
+                window: m["window"].as_str().and_then(|w| shepherd_api::duration::parse(w).ok()).unwrap_or_default(),
+            };
+            sample_counts(&sample, now, init)
+        }
+        Some(_) => true,
+        None => condition.is_some_and(|(ready, _)| ready),
+    };
     let mut request: Result<i128, String> = Ok(0);
     for c in pod.at("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
         let cname = c["name"].as_str().unwrap_or("");
@@ -163,7 +185,7 @@ fn pod_info(pod: &Value, resource: &str) -> PodInfo {
             (e, _) => e,
         };
     }
-    PodInfo { name, ready, ignored: podutil::is_deleting(pod) || matches!(phase, "Failed" | "Succeeded"), request }
+    PodInfo { name, ready, ignored: podutil::is_deleting(pod) || matches!(phase, "Pending" | "Failed" | "Succeeded"), request }
 }
 
 /// A milli-unit amount of `resource` as a quantity: millicores, or bytes for memory.
@@ -232,7 +254,10 @@ impl Autoscaler {
                     continue;
                 }
             };
-            let infos: Vec<PodInfo> = pods.iter().map(|p| pod_info(p, resource)).collect();
+            let by_name: HashMap<&str, &Value> = metrics.iter().map(|m| (podutil::name(m), m)).collect();
+            let now = podutil::now();
+            let infos: Vec<PodInfo> =
+                pods.iter().map(|p| pod_info(p, resource, by_name.get(podutil::name(p)).copied(), now, &self.init)).collect();
             let usage = usage_of(metrics, resource);
             match replicas::replicas(current, &infos, &usage, target) {
                 Ok(p) => {
@@ -269,16 +294,18 @@ impl Autoscaler {
             status["lastScaleTime"] = t.clone();
         }
 
-        let res = kinds::by_api_version_kind(api_version, kind).or_else(|| kinds::by_kind(kind)).filter(|r| r.has_scale);
+        // Any kind that serves `scale` is a target; the API server refuses the others, and that
+        // refusal is the condition's message, as in Kubernetes.
+        let res = kinds::by_api_version_kind(api_version, kind).or_else(|| kinds::by_kind(kind));
         let target = match res {
-            None => Err(format!("no matches for kind \"{kind}\" in group \"{}\" with a scale subresource", api_version.split('/').next().unwrap_or(""))),
-            Some(r) => match self.client.get(r, Some(ns), target_name).await {
-                Ok(t) => Ok((r, t)),
+            None => Err(format!("no matches for kind \"{kind}\" in group \"{}\"", group_of(api_version))),
+            Some(r) => match self.client.get_scale(r, Some(ns), target_name).await {
+                Ok(scale) => Ok((r, scale)),
                 Err(e) => Err(e.to_string()),
             },
         };
         let scale = match target {
-            Ok((r, t)) => read_scale(r, &t),
+            Ok((r, scale)) => read_scale(r, scale),
             Err(why) => {
                 let message = format!("the HPA controller was unable to get the target's current scale: {why}");
                 conds.set("AbleToScale", false, "FailedGetScale", message.clone());
@@ -347,8 +374,9 @@ impl Autoscaler {
         };
 
         if desired != current && !(current == 0 && min != 0) {
-            let patch = Patch::Merge(json!({"spec": {"replicas": desired}}));
-            match self.client.patch(scale.res, Some(ns), target_name, patch).await {
+            let mut write = scale.read.clone();
+            write["spec"]["replicas"] = json!(desired);
+            match self.client.update_scale(scale.res, Some(ns), target_name, write).await {
                 Ok(_) => {
                     let message = format!("New size: {desired}; reason: {reason}");
                     self.events.record(hpa, EventType::Normal, "SuccessfulRescale", &message).await;
@@ -400,12 +428,42 @@ mod tests {
             "conditions": [{"type": "Ready", "status": "True"}]},
             "spec": {"containers": [{"name": "a", "resources": {"requests": {"cpu": "250m"}}},
                 {"name": "b", "resources": {"requests": {"cpu": "0.25", "memory": "1Mi"}}}]}});
-        let info = pod_info(&pod, "cpu");
+        let (now, init) = (podutil::now(), Initialization::default());
+        let info = pod_info(&pod, "cpu", None, now, &init);
         assert_eq!((info.ready, info.ignored, info.request), (true, false, Ok(500)));
-        assert_eq!(pod_info(&pod, "memory").request, Err("missing request for memory in container a of Pod web-1".into()));
-        let mut failed = pod.clone();
-        failed["status"]["phase"] = json!("Failed");
-        assert!(pod_info(&failed, "cpu").ignored);
+        assert_eq!(pod_info(&pod, "memory", None, now, &init).request, Err("missing request for memory in container a of Pod web-1".into()));
+        for phase in ["Failed", "Pending"] {
+            let mut other = pod.clone();
+            other["status"]["phase"] = json!(phase);
+            assert!(pod_info(&other, "cpu", None, now, &init).ignored, "{phase}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_starting_pod_s_cpu_is_distrusted_until_a_whole_window_after_ready_on_the_autoscaler_s_clock() {
+        let init = Initialization::default();
+        let t0 = podutil::parse_time(&podutil::format_time(podutil::now())).expect("time");
+        let at = |s: i64| podutil::format_time(t0.checked_add(jiff::SignedDuration::from_secs(s)).expect("time"));
+        let pod = json!({"metadata": {"name": "web-1"}, "status": {"phase": "Running", "startTime": at(0),
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": at(5)}]},
+            "spec": {"containers": [{"name": "a", "resources": {"requests": {"cpu": "100m", "memory": "1Mi"}}}]}});
+        let sample = |s: i64| json!({"metadata": {"name": "web-1"}, "timestamp": at(s), "window": "15s",
+            "containers": [{"name": "a", "usage": {"cpu": "900m", "memory": "1Mi"}}]});
+
+        tokio::time::advance(Duration::from_secs(12)).await;
+        let early = sample(11);
+        assert!(!pod_info(&pod, "cpu", Some(&early), podutil::now(), &init).ready, "its window reaches back before Ready");
+        assert!(pod_info(&pod, "memory", Some(&early), podutil::now(), &init).ready, "only CPU is distrusted");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(pod_info(&pod, "cpu", Some(&sample(21)), podutil::now(), &init).ready, "a whole window after Ready");
+
+        let mut never = pod.clone();
+        never["status"]["conditions"][0] = json!({"type": "Ready", "status": "False", "lastTransitionTime": at(10)});
+        tokio::time::advance(init.cpu_period).await;
+        let late = sample(320);
+        assert!(!pod_info(&never, "cpu", Some(&late), podutil::now(), &init).ready, "never ready since it started: left out");
+        never["status"]["conditions"][0]["lastTransitionTime"] = json!(at(200));
+        assert!(pod_info(&never, "cpu", Some(&late), podutil::now(), &init).ready, "ready once, unready later: its CPU counts");
     }
 
     #[test]
@@ -421,10 +479,15 @@ mod tests {
     }
 
     #[test]
-    fn a_replication_controller_s_plain_selector_reads_as_match_labels() {
-        let rc = json!({"spec": {"replicas": 3, "selector": {"app": "web"}}, "status": {"replicas": 2}});
-        let s = read_scale(&kinds::REPLICATIONCONTROLLER, &rc);
+    fn a_scale_s_string_selector_picks_the_target_s_pods() {
+        let scale = json!({"spec": {"replicas": 3}, "status": {"replicas": 2, "selector": "app=web,tier in (a,b)"}});
+        let s = read_scale(&kinds::STATEFULSET, scale);
         assert_eq!((s.spec, s.status), (3, 2));
-        assert!(s.selector.expect("selector").matches_object(&json!({"metadata": {"labels": {"app": "web"}}})));
+        let selector = s.selector.expect("selector");
+        assert!(selector.matches_object(&json!({"metadata": {"labels": {"app": "web", "tier": "a"}}})));
+        assert!(!selector.matches_object(&json!({"metadata": {"labels": {"app": "web"}}})));
+        let unselective = read_scale(&kinds::STATEFULSET, json!({"spec": {"replicas": 1}, "status": {"selector": ""}}));
+        assert_eq!(unselective.selector.err().as_deref(), Some("the target's scale has no selector"));
+        assert_eq!((group_of("apps/v1"), group_of("v1")), ("apps", ""));
     }
 }

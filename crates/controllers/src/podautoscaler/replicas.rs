@@ -4,6 +4,7 @@
 //! down, nothing when scaling up) and of unready pods (nothing, when scaling up).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 /// Within this ratio of the target nothing changes (kube-controller-manager's default).
 pub const TOLERANCE: f64 = 0.1;
@@ -21,9 +22,9 @@ pub enum Target {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodInfo {
     pub name: String,
-    /// Ready condition true.
+    /// Its sample counts as a ready pod's ([`sample_counts`] for CPU; always for other resources).
     pub ready: bool,
-    /// Failed, or being deleted: not counted at all.
+    /// Pending, Failed, or being deleted: not counted at all.
     pub ignored: bool,
     /// The sum of its containers' requests of the resource (milli-units); `None` when a
     /// container requests none, naming it.
@@ -49,6 +50,51 @@ pub enum CalcError {
     MissingRequest(String),
     #[error("did not receive metrics for targeted pods (pods might be unready)")]
     NoMetrics,
+}
+
+/// How long after a pod starts its CPU is not trusted (kube-controller-manager's
+/// `--horizontal-pod-autoscaler-cpu-initialization-period` and
+/// `--horizontal-pod-autoscaler-initial-readiness-delay`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Initialization {
+    /// Within this of its start a pod's CPU sample counts only if the pod is Ready and the
+    /// sample covers a whole window since it became so (5 min by default).
+    pub cpu_period: Duration,
+    /// After the period, an unready pod that has never been ready is still skipped if it turned
+    /// unready within this of its start (30 s by default).
+    pub readiness_delay: Duration,
+}
+
+impl Default for Initialization {
+    fn default() -> Self {
+        Initialization { cpu_period: Duration::from_secs(300), readiness_delay: Duration::from_secs(30) }
+    }
+}
+
+/// What a pod's CPU sample is judged by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuSample {
+    /// `status.startTime`.
+    pub started: Option<jiff::Timestamp>,
+    /// The Ready condition: its status and `lastTransitionTime`.
+    pub ready: Option<(bool, jiff::Timestamp)>,
+    /// The PodMetrics' `timestamp` and `window`: the sample covers `[timestamp - window, timestamp]`.
+    pub taken: jiff::Timestamp,
+    pub window: Duration,
+}
+
+/// Whether a pod's CPU sample counts as a ready pod's, as Kubernetes decides: a pod just started
+/// burns CPU initialising, so within `cpu_period` of its start only a Ready pod whose sample was
+/// taken a whole window after it turned Ready counts; later, only a pod that turned unready
+/// within `readiness_delay` of its start (it never became ready) is left out.
+pub fn sample_counts(sample: &CpuSample, now: jiff::Timestamp, init: &Initialization) -> bool {
+    let (Some(started), Some((ready, since))) = (sample.started, sample.ready) else { return false };
+    let plus = |t: jiff::Timestamp, d: Duration| jiff::SignedDuration::try_from(d).ok().and_then(|d| t.checked_add(d).ok()).unwrap_or(t);
+    if plus(started, init.cpu_period) > now {
+        ready && sample.taken >= plus(since, sample.window)
+    } else {
+        ready || plus(started, init.readiness_delay) <= since
+    }
 }
 
 /// The replicas `target` asks for, given the usage (milli-units) of the pods that have metrics.
@@ -194,6 +240,38 @@ mod tests {
         assert_eq!(p.replicas, 4);
         let p = replicas(2, &pods, &usage(&[("a", 60), ("b", 200)]), Target::Utilization(50)).expect("proposal");
         assert_eq!(p.replicas, 2, "a alone at 120% asks for more, but with b at 0 the average is 60%/2 = 30%: no change");
+    }
+
+    fn at(s: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(1_800_000_000 + s).expect("timestamp")
+    }
+
+    #[test]
+    fn a_starting_pod_s_cpu_counts_only_once_ready_for_a_whole_window() {
+        let init = Initialization::default();
+        // Started at 0, Ready at 10 s; 15 s samples.
+        let sample = |taken: i64| CpuSample { started: Some(at(0)), ready: Some((true, at(10))), taken: at(taken), window: Duration::from_secs(15) };
+        assert!(!sample_counts(&sample(20), at(21), &init), "the sample reaches back before the pod turned Ready");
+        assert!(sample_counts(&sample(25), at(26), &init), "a whole window after Ready");
+        let unready = CpuSample { ready: Some((false, at(10))), ..sample(60) };
+        assert!(!sample_counts(&unready, at(61), &init), "unready within the initialization period");
+        let unknown = CpuSample { started: None, ..sample(60) };
+        assert!(!sample_counts(&unknown, at(61), &init), "a pod without a start time or Ready condition is unready");
+    }
+
+    #[test]
+    fn after_the_initialization_period_only_a_pod_never_ready_is_left_out() {
+        let init = Initialization::default();
+        let window = Duration::from_secs(15);
+        // A pod that turned unready 20 s after starting never became ready: still left out at 10 min.
+        let never = CpuSample { started: Some(at(0)), ready: Some((false, at(20))), taken: at(600), window };
+        assert!(!sample_counts(&never, at(600), &init));
+        // One that fell unready long after it started was ready once: its CPU counts.
+        let fell = CpuSample { ready: Some((false, at(400))), ..never };
+        assert!(sample_counts(&fell, at(600), &init));
+        // A Ready pod counts even with a sample from just after the transition.
+        let ready = CpuSample { ready: Some((true, at(595))), ..never };
+        assert!(sample_counts(&ready, at(600), &init));
     }
 
     #[test]
