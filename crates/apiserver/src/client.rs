@@ -160,6 +160,10 @@ impl Client for LocalClient {
         self.svc.bind(namespace, name, node_name).await.map(|_| ())
     }
 
+    async fn create_token(&self, namespace: &str, name: &str, request: Value) -> Result<Value, ApiError> {
+        crate::serviceaccount::create_token(&self.svc, None, namespace, name, &request).await
+    }
+
     async fn digest(
         &self,
         res: &ResourceInfo,

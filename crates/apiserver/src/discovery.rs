@@ -134,6 +134,9 @@ fn subresources(res: &ResourceInfo) -> Vec<Subresource> {
     if res.has_scale {
         subs.push(Subresource { name: "scale", response: ("autoscaling", "v1", "Scale"), verbs: &["get", "patch", "update"] });
     }
+    if res.kind == "ServiceAccount" {
+        subs.push(Subresource { name: "token", response: ("authentication.k8s.io", "v1", "TokenRequest"), verbs: &["create"] });
+    }
     if res.kind == "Pod" {
         subs.push(Subresource { name: "binding", response: ("", "v1", "Binding"), verbs: &["create"] });
         subs.push(Subresource { name: "eviction", response: ("policy", "v1", "Eviction"), verbs: &["create"] });

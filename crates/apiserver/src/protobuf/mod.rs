@@ -42,6 +42,7 @@ const GROUP_PACKAGES: &[(&str, &str)] = &[
     ("discovery.k8s.io", "k8s.io.api.discovery"),
     ("rbac.authorization.k8s.io", "k8s.io.api.rbac"),
     ("authorization.k8s.io", "k8s.io.api.authorization"),
+    ("authentication.k8s.io", "k8s.io.api.authentication"),
 ];
 
 /// Kinds of `meta.k8s.io/v1` that every group version also serves (`apps/v1` DeleteOptions).
