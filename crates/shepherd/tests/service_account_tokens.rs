@@ -325,3 +325,56 @@ fn a_pod_calls_the_api_with_its_mounted_token_and_is_held_to_rbac() {
     let (ok, _, err) = kubectl(&["delete", "pod", "caller", "--wait=false"], None);
     assert!(ok, "{err}");
 }
+
+#[test]
+fn a_node_gets_tokens_only_for_pods_bound_to_it_and_with_their_uid() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _daemon = secure("server", dir.path(), &["--listen", "127.0.0.1:0", "--controllers", "none"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(["kubeconfig", "--user", "system:node:n1", "--group", "system:nodes", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .expect("shepherd kubeconfig");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let node_config = dir.path().join("n1.kubeconfig");
+    std::fs::write(&node_config, &out.stdout).expect("write");
+    let admin_config = dir.path().join("admin.kubeconfig");
+    let (_, bin) = common::newest_kubectl();
+    let kubectl = |config: &Path, args: &[&str], stdin: Option<&str>| {
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--kubeconfig").arg(config).args(args).env_remove("KUBECONFIG");
+        let (status, out, err) = run_with_stdin(&mut cmd, stdin);
+        (status.success(), out, err)
+    };
+    let (ok, _, err) = kubectl(&admin_config, &["create", "serviceaccount", "bot"], None);
+    assert!(ok, "{err}");
+    let mut uids = std::collections::HashMap::new();
+    for (pod, node) in [("on-n1", "n1"), ("on-n2", "n2")] {
+        let manifest = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod}, "spec": {"nodeName": node,
+            "serviceAccountName": "bot", "containers": [{"name": "c", "image": "minimal"}]}});
+        let (ok, _, err) = kubectl(&admin_config, &["create", "-f", "-", "-o", "jsonpath={.metadata.uid}"], Some(&manifest.to_string()));
+        assert!(ok, "{err}");
+        let (_, uid, _) = kubectl(&admin_config, &["get", "pod", pod, "-o", "jsonpath={.metadata.uid}"], None);
+        uids.insert(pod, uid);
+    }
+    let request = |pod: Option<(&str, &str)>| {
+        let mut args = vec!["create", "token", "bot"];
+        if let Some((name, uid)) = pod {
+            args.extend(["--bound-object-kind", "Pod", "--bound-object-name", name]);
+            if !uid.is_empty() {
+                args.extend(["--bound-object-uid", uid]);
+            }
+        }
+        kubectl(&node_config, &args, None)
+    };
+    let (ok, token, err) = request(Some(("on-n1", &uids["on-n1"])));
+    assert!(ok && token.trim().starts_with("eyJ"), "a token for its own pod: {err}");
+    for (pod, why) in [
+        (Some(("on-n2", uids["on-n2"].as_str())), "bound to a pod scheduled on a different node"),
+        (Some(("on-n1", "")), "with a pod binding without a uid"),
+        (None, "not bound to a pod"),
+    ] {
+        let (ok, _, err) = request(pod);
+        assert!(!ok && err.contains("forbidden") && err.contains(why), "{pod:?}: {err}");
+    }
+}
