@@ -58,7 +58,10 @@ fn key_of(pod: &Value, source: &Value) -> Key {
         pod_uid: str_at(pod, "/metadata/uid").to_string(),
         service_account: account.to_string(),
         audience: str_at(source, "/audience").to_string(),
-        expiration_seconds: source.get("expirationSeconds").and_then(Value::as_i64).unwrap_or(DEFAULT_EXPIRATION_SECONDS),
+        expiration_seconds: source
+            .get("expirationSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(DEFAULT_EXPIRATION_SECONDS),
     }
 }
 
@@ -123,7 +126,8 @@ impl PodTokens {
         }
         let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec});
         let namespace = str_at(pod, "/metadata/namespace");
-        let answer = self.client.create_token(namespace, &key.service_account, request).await.map_err(|e| e.to_string())?;
+        let answer =
+            self.client.create_token(namespace, &key.service_account, request).await.map_err(|e| e.to_string())?;
         let token = str_at(&answer, "/status/token");
         if token.is_empty() {
             return Err("the TokenRequest answer holds no token".into());
@@ -156,7 +160,11 @@ impl PodTokens {
     #[cfg(test)]
     pub fn insert_for_test(&self, pod: &Value, source: &Value, token: &str) {
         let now = Instant::now();
-        let issued = Issued { token: token.into(), renew_at: now + Duration::from_secs(60), expires_at: now + Duration::from_secs(90) };
+        let issued = Issued {
+            token: token.into(),
+            renew_at: now + Duration::from_secs(60),
+            expires_at: now + Duration::from_secs(90),
+        };
         self.issued.lock().unwrap_or_else(|e| e.into_inner()).insert(key_of(pod, source), issued);
     }
 

@@ -227,7 +227,10 @@ fn service_account_token(
 ) -> Option<(Arc<crate::serviceaccount::ServiceAccountTokens>, String)> {
     let tokens = app.svc.service_account_tokens.clone()?;
     let token = match req.headers().get(header::AUTHORIZATION) {
-        Some(v) => v.to_str().ok()?.strip_prefix("Bearer ").or_else(|| v.to_str().ok()?.strip_prefix("bearer "))?.trim().to_string(),
+        Some(v) => {
+            let v = v.to_str().ok()?;
+            v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))?.trim().to_string()
+        }
         None if crate::watch_socket::requested(req.headers()) => crate::watch_socket::bearer_token(req.headers())?,
         None => return None,
     };

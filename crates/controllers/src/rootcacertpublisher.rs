@@ -42,7 +42,9 @@ impl RootCaPublisher {
                 match self.client.update(&kinds::CONFIGMAP, Some(namespace), cm).await {
                     Ok(_) => Ok(Action::Done),
                     // A newer version or a deletion is on its way through the cache; it brings us back.
-                    Err(e) if e.is_not_found() || matches!(e, shepherd_api::ApiError::Conflict { .. }) => Ok(Action::Done),
+                    Err(e) if e.is_not_found() || matches!(e, shepherd_api::ApiError::Conflict { .. }) => {
+                        Ok(Action::Done)
+                    }
                     Err(e) => Err(e.into()),
                 }
             }

@@ -65,9 +65,8 @@ impl Api {
     }
 
     async fn create_account(&self, name: &str) -> String {
-        let (code, sa) = self
-            .post("/api/v1/namespaces/default/serviceaccounts", ADMIN, json!({"metadata": {"name": name}}))
-            .await;
+        let (code, sa) =
+            self.post("/api/v1/namespaces/default/serviceaccounts", ADMIN, json!({"metadata": {"name": name}})).await;
         assert_eq!(code, 201, "{sa}");
         sa["metadata"]["uid"].as_str().expect("uid").to_string()
     }
@@ -187,9 +186,8 @@ async fn tokens_for_another_audience_unsigned_forged_or_of_deleted_accounts_and_
     for token in &forgeries {
         let (code, body) = api.get("/api/v1", token).await;
         assert_eq!(code, 401, "{token}: {body}");
-        let (code, _) = api
-            .post("/api/v1/namespaces/default/configmaps", token, json!({"metadata": {"name": "intruder"}}))
-            .await;
+        let (code, _) =
+            api.post("/api/v1/namespaces/default/configmaps", token, json!({"metadata": {"name": "intruder"}})).await;
         assert_eq!(code, 401, "{token}");
     }
     assert_eq!(api.revision().await, before, "refused requests wrote nothing");
@@ -203,7 +201,10 @@ async fn tokens_for_another_audience_unsigned_forged_or_of_deleted_accounts_and_
         .token("bot", json!({"boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "web", "uid": pod["metadata"]["uid"]}}))
         .await;
     let (code, wrong) = api
-        .token_request("bot", json!({"boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "web", "uid": "other"}}))
+        .token_request(
+            "bot",
+            json!({"boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "web", "uid": "other"}}),
+        )
         .await;
     assert_eq!(code, 409, "{wrong}");
     assert_eq!(api.get("/api/v1", &bound).await.0, 200);
@@ -215,7 +216,8 @@ async fn tokens_for_another_audience_unsigned_forged_or_of_deleted_accounts_and_
     assert_eq!(api.get("/api/v1", &good).await.0, 200, "the account's own token is unaffected");
 
     // Deleting the account ends its tokens, and an account re-made under the name does not revive them.
-    let (code, _) = api.send(reqwest::Method::DELETE, "/api/v1/namespaces/default/serviceaccounts/bot", ADMIN, None).await;
+    let (code, _) =
+        api.send(reqwest::Method::DELETE, "/api/v1/namespaces/default/serviceaccounts/bot", ADMIN, None).await;
     assert_eq!(code, 200);
     assert_eq!(api.get("/api/v1", &good).await.0, 401, "the token of a deleted account");
     let again = api.create_account("bot").await;
@@ -242,7 +244,8 @@ fn kubectl_create_token_gives_a_token_for_the_account_and_audience_asked_for() {
         let account = format!("robot-{}", version.replace('.', "-"));
         kubectl(&bin, &["create", "serviceaccount", &account]);
         let token = kubectl(&bin, &["create", "token", &account, "--duration", "15m"]).trim().to_string();
-        let claims = token.split('.').nth(1).and_then(|c| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).ok());
+        let claims =
+            token.split('.').nth(1).and_then(|c| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).ok());
         let claims: Value = serde_json::from_slice(&claims.expect("a JWT")).expect("claims");
         assert_eq!(claims["sub"], format!("system:serviceaccount:default:{account}"), "kubectl {version}");
         let life = claims["exp"].as_i64().unwrap_or(0) - claims["iat"].as_i64().unwrap_or(0);
@@ -303,7 +306,10 @@ fn a_pod_calls_the_api_with_its_mounted_token_and_is_held_to_rbac() {
     let stored: Value = serde_json::from_str(&out).expect("pod");
     let volume = &stored["spec"]["volumes"][0];
     assert!(volume["name"].as_str().is_some_and(|n| n.starts_with("kube-api-access-")), "{volume}");
-    assert_eq!(stored["spec"]["containers"][0]["volumeMounts"][0]["mountPath"], "/var/run/secrets/kubernetes.io/serviceaccount");
+    assert_eq!(
+        stored["spec"]["containers"][0]["volumeMounts"][0]["mountPath"],
+        "/var/run/secrets/kubernetes.io/serviceaccount"
+    );
 
     let wait_for_line = |wanted: &str| {
         let deadline = Instant::now() + Duration::from_secs(90);
@@ -318,7 +324,10 @@ fn a_pod_calls_the_api_with_its_mounted_token_and_is_held_to_rbac() {
         }
     };
     wait_for_line("ns=default pods=403 secrets=403");
-    let (ok, _, err) = kubectl(&["create", "rolebinding", "caller-view", "--clusterrole", "view", "--serviceaccount", "default:default"], None);
+    let (ok, _, err) = kubectl(
+        &["create", "rolebinding", "caller-view", "--clusterrole", "view", "--serviceaccount", "default:default"],
+        None,
+    );
     assert!(ok, "{err}");
     // view reads pods, never secrets.
     wait_for_line("ns=default pods=200 secrets=403");
@@ -352,7 +361,11 @@ fn a_node_gets_tokens_only_for_pods_bound_to_it_and_with_their_uid() {
     for (pod, node) in [("on-n1", "n1"), ("on-n2", "n2")] {
         let manifest = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod}, "spec": {"nodeName": node,
             "serviceAccountName": "bot", "containers": [{"name": "c", "image": "minimal"}]}});
-        let (ok, _, err) = kubectl(&admin_config, &["create", "-f", "-", "-o", "jsonpath={.metadata.uid}"], Some(&manifest.to_string()));
+        let (ok, _, err) = kubectl(
+            &admin_config,
+            &["create", "-f", "-", "-o", "jsonpath={.metadata.uid}"],
+            Some(&manifest.to_string()),
+        );
         assert!(ok, "{err}");
         let (_, uid, _) = kubectl(&admin_config, &["get", "pod", pod, "-o", "jsonpath={.metadata.uid}"], None);
         uids.insert(pod, uid);

@@ -66,7 +66,10 @@ fn parse_request(name: &str, body: &Value, tokens: &ServiceAccountTokens) -> Res
             for (i, a) in list.iter().enumerate() {
                 match a.as_str() {
                     Some(a) if !a.is_empty() => audiences.push(a.to_string()),
-                    _ => causes.push(Cause::invalid(format!("spec.audiences[{i}]"), "Invalid value: must be a non-empty string")),
+                    _ => causes.push(Cause::invalid(
+                        format!("spec.audiences[{i}]"),
+                        "Invalid value: must be a non-empty string",
+                    )),
                 }
             }
         }
@@ -98,7 +101,8 @@ fn parse_request(name: &str, body: &Value, tokens: &ServiceAccountTokens) -> Res
             }
             Some(s) => s,
             None => {
-                causes.push(Cause::invalid("spec.expirationSeconds", format!("Invalid value: {v}: must be an integer")));
+                causes
+                    .push(Cause::invalid("spec.expirationSeconds", format!("Invalid value: {v}: must be an integer")));
                 0
             }
         },
@@ -183,14 +187,13 @@ pub(crate) async fn create_token(
         pod_ref = Some(ObjectRef { name: pod_name.clone(), uid: uid.to_string() });
     }
     if let Some(node) = node {
-        let refused = |why: &str| {
-            ApiError::Forbidden(format!(
-                "serviceaccounts {name:?} is forbidden: node {node:?} {why}"
-            ))
-        };
+        let refused =
+            |why: &str| ApiError::Forbidden(format!("serviceaccounts {name:?} is forbidden: node {node:?} {why}"));
         match (&request.pod, &pod_ref, &node_ref) {
             (None, _, _) => return Err(refused("requested a token not bound to a pod")),
-            (Some((_, uid)), _, _) if uid.is_empty() => return Err(refused("requested a token with a pod binding without a uid")),
+            (Some((_, uid)), _, _) if uid.is_empty() => {
+                return Err(refused("requested a token with a pod binding without a uid"));
+            }
             (_, _, Some(bound)) if bound.name == node => {}
             _ => return Err(refused("requested a token bound to a pod scheduled on a different node")),
         }
@@ -309,7 +312,10 @@ mod tests {
         assert!(name.starts_with("kube-api-access-") && name.len() == "kube-api-access-".len() + 5, "{name}");
         assert_eq!(volume["projected"]["sources"][0]["serviceAccountToken"]["path"], "token");
         assert_eq!(volume["projected"]["sources"][1]["configMap"]["name"], "kube-root-ca.crt");
-        assert_eq!(pod["spec"]["containers"][0]["volumeMounts"][0], json!({"name": name, "readOnly": true, "mountPath": MOUNT_PATH}));
+        assert_eq!(
+            pod["spec"]["containers"][0]["volumeMounts"][0],
+            json!({"name": name, "readOnly": true, "mountPath": MOUNT_PATH})
+        );
         assert_eq!(pod["spec"]["containers"][1]["volumeMounts"].as_array().unwrap().len(), 1, "its own mount is kept");
     }
 
@@ -318,7 +324,10 @@ mod tests {
         let tokens = ServiceAccountTokens::new(&generate_key_pem().unwrap(), DEFAULT_ISSUER, vec![]).unwrap();
         let body = json!({"spec": {"expirationSeconds": 60, "boundObjectRef": {"kind": "Secret", "name": "s"}}});
         let err = parse_request("bot", &body, &tokens).err().unwrap().to_string();
-        assert!(err.contains("spec.expirationSeconds: Invalid value: 60: may not specify a duration less than 10 minutes"), "{err}");
+        assert!(
+            err.contains("spec.expirationSeconds: Invalid value: 60: may not specify a duration less than 10 minutes"),
+            "{err}"
+        );
         assert!(err.contains("spec.boundObjectRef.kind: Unsupported value: \"Secret\""), "{err}");
         let ok = parse_request("bot", &json!({"spec": {}}), &tokens).ok().unwrap();
         assert_eq!((ok.audiences, ok.expiration_seconds), (vec![DEFAULT_ISSUER.to_string()], 3600));

@@ -124,7 +124,8 @@ impl ServiceAccountTokens {
         } else {
             return Err(KeyError::Unsupported(format!("{:?}", key.algorithm())));
         };
-        let key_id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(key.subject_public_key_info()));
+        let key_id = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(sha2::Sha256::digest(key.subject_public_key_info()));
         let audiences = if audiences.is_empty() { vec![issuer.to_string()] } else { audiences };
         Ok(ServiceAccountTokens {
             issuer: issuer.to_string(),
@@ -245,7 +246,12 @@ pub fn looks_like_jwt(token: &str) -> bool {
 }
 
 /// `Ok` when the object `what` names exists with that uid.
-async fn still_there(svc: &ApiService, res: &shepherd_api::ResourceInfo, ns: &str, what: &ObjectRef) -> Result<(), String> {
+async fn still_there(
+    svc: &ApiService,
+    res: &shepherd_api::ResourceInfo,
+    ns: &str,
+    what: &ObjectRef,
+) -> Result<(), String> {
     let kind = res.kind.to_ascii_lowercase();
     let kv = match svc.get(res, Some(ns), &what.name).await {
         Ok(kv) => kv,
