@@ -46,6 +46,24 @@ fn set(env: &mut Vec<(String, String)>, name: &str, value: String) {
     env.push((name.to_string(), value));
 }
 
+/// Prepends the variables kubelet gives every container for the API server's `kubernetes` Service
+/// (reached here at `host:port`), keeping any the container sets itself.
+pub(crate) fn add_kubernetes_service(vars: &mut Vec<(String, String)>, host: &str, port: u16) {
+    let url = format!("tcp://{host}:{port}");
+    let service = [
+        ("KUBERNETES_SERVICE_HOST".to_string(), host.to_string()),
+        ("KUBERNETES_SERVICE_PORT".to_string(), port.to_string()),
+        ("KUBERNETES_SERVICE_PORT_HTTPS".to_string(), port.to_string()),
+        ("KUBERNETES_PORT".to_string(), url.clone()),
+        (format!("KUBERNETES_PORT_{port}_TCP"), url),
+        (format!("KUBERNETES_PORT_{port}_TCP_PROTO"), "tcp".to_string()),
+        (format!("KUBERNETES_PORT_{port}_TCP_PORT"), port.to_string()),
+        (format!("KUBERNETES_PORT_{port}_TCP_ADDR"), host.to_string()),
+    ];
+    let missing: Vec<(String, String)> = service.into_iter().filter(|(k, _)| !vars.iter().any(|(n, _)| n == k)).collect();
+    vars.splice(0..0, missing);
+}
+
 /// The environment of `container` (an entry of the pod's `containers`) as kubelet builds it:
 /// `envFrom` sources first, then `env` in order (a later name replaces an earlier one). A
 /// ConfigMap or Secret that is missing (and not optional) is an error: the container waits.
@@ -215,6 +233,17 @@ pub(crate) fn resource_value(container: &Value, res: &Value, node: &Node) -> Str
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn containers_get_the_api_servers_address_unless_they_set_it_themselves() {
+        let mut vars = vec![("KUBERNETES_SERVICE_PORT".to_string(), "1".to_string()), ("A".to_string(), "b".to_string())];
+        add_kubernetes_service(&mut vars, "127.0.0.1", 9876);
+        let get = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("KUBERNETES_SERVICE_HOST"), Some("127.0.0.1"));
+        assert_eq!(get("KUBERNETES_SERVICE_PORT"), Some("1"), "the container's own value stays");
+        assert_eq!(get("KUBERNETES_PORT_9876_TCP"), Some("tcp://127.0.0.1:9876"));
+        assert_eq!(vars.last().map(|(k, _)| k.as_str()), Some("A"), "the pod's own variables come after");
+    }
+
     use serde_json::json;
 
     use super::*;

@@ -30,6 +30,7 @@ mod runtime;
 mod server;
 mod simulated;
 mod sources;
+mod tokens;
 mod spdy;
 mod spdy_session;
 mod streams;
@@ -124,6 +125,9 @@ pub struct AgentConfig {
     /// How often container and node usage is sampled and reported to the `metrics.k8s.io` API
     /// (the window of each CPU rate).
     pub metrics_interval: Duration,
+    /// Where containers reach the API server (host, port): the `KUBERNETES_SERVICE_HOST`/`_PORT`
+    /// variables every container gets, as kubelet gives them the `kubernetes` Service's address.
+    pub kubernetes_service: Option<(String, u16)>,
 }
 
 impl AgentConfig {
@@ -150,6 +154,7 @@ impl AgentConfig {
             pod_network: PodNetworkMode::Host,
             cluster_dns: None,
             metrics_interval: Duration::from_secs(5),
+            kubernetes_service: None,
         }
     }
 }
@@ -277,7 +282,9 @@ impl Agent {
         let sources = Arc::new(sources::Sources::new(client.clone()));
         // Runtimes that run real containers mount volumes; simulated ones have nothing to mount into.
         let mounts = matches!(config.runtime, RuntimeKind::Process | RuntimeKind::Oci);
-        let volumes = mounts.then(|| volumes::Volumes::new(&config.data_dir, sources.clone()));
+        let volumes = mounts.then(|| {
+            volumes::Volumes::new(&config.data_dir, sources.clone(), Arc::new(tokens::PodTokens::new(client.clone())))
+        });
         let network = match (&config.pod_network, &config.runtime, nodes.as_slice()) {
             (PodNetworkMode::Bridge, RuntimeKind::Process | RuntimeKind::Oci, [node]) => Some(Arc::new(
                 network::PodNetwork::new(&config.data_dir, &node.name, client.clone()).map_err(|e| AgentError::Network(e.to_string()))?,
@@ -285,7 +292,13 @@ impl Agent {
             _ => None,
         };
         let inputs =
-            pods::ConfigInputs { sources: sources.clone(), volumes, network: network.clone(), dns: config.cluster_dns.clone().unwrap_or_default() };
+            pods::ConfigInputs {
+            sources: sources.clone(),
+            volumes,
+            network: network.clone(),
+            dns: config.cluster_dns.clone().unwrap_or_default(),
+            kubernetes_service: config.kubernetes_service.clone(),
+        };
         let pods = pods::PodManager::new(client.clone(), cache.clone(), addresses, runtime, pc, rx, inputs);
         // A changed ConfigMap or Secret re-syncs the pods that read it: waiting containers start,
         // volume files follow.

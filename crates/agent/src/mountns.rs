@@ -95,11 +95,17 @@ pub(crate) fn check(mounts: &[Mount]) -> Result<Vec<(Mount, Option<Missing>)>, S
     let mut mounts = mounts.to_vec();
     mounts.sort_by_key(|m| Path::new(&m.destination).components().count());
     let mut out = Vec::new();
-    for m in mounts {
+    for mut m in mounts {
         let dest = Path::new(&m.destination);
         if !dest.is_absolute() || dest.components().any(|c| matches!(c, Component::ParentDir)) {
             return Err(format!("mount path {:?} is not an absolute path without ..", m.destination));
         }
+        // A path the host lacks below a symbolic link (`/var/run` -> `/run`) is made where the link
+        // leads, which is where the container looks for it.
+        if fs::symlink_metadata(dest).is_err() {
+            m.destination = resolve_existing_links(dest).to_string_lossy().into_owned();
+        }
+        let dest = Path::new(&m.destination);
         let source = fs::metadata(&m.source).map_err(|e| format!("volume source {}: {e}", m.source.display()))?;
         let missing = match fs::symlink_metadata(dest) {
             Ok(_) => {
@@ -119,6 +125,25 @@ pub(crate) fn check(mounts: &[Mount]) -> Result<Vec<(Mount, Option<Missing>)>, S
         out.push((m, missing));
     }
     Ok(out)
+}
+
+/// `dest` with the symbolic links of its longest existing prefix resolved on the host.
+fn resolve_existing_links(dest: &Path) -> PathBuf {
+    let mut existing = dest.to_path_buf();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(mut real) = fs::canonicalize(&existing) {
+            real.extend(rest.iter().rev());
+            return real;
+        }
+        match (existing.parent().map(Path::to_path_buf), existing.file_name().map(|n| n.to_os_string())) {
+            (Some(parent), Some(name)) => {
+                rest.push(name);
+                existing = parent;
+            }
+            _ => return dest.to_path_buf(),
+        }
+    }
 }
 
 fn missing_below(dest: &Path, shown: &str) -> Result<Missing, String> {
@@ -382,6 +407,20 @@ mod tests {
         let mut out = [0u8; 32];
         fd_path(1234, &mut out);
         assert_eq!(std::ffi::CStr::from_bytes_until_nul(&out).ok(), Some(c"/proc/self/fd/1234"));
+    }
+
+    #[test]
+    fn a_missing_mount_path_below_a_symbolic_link_is_made_where_the_link_leads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let volume = dir.path().join("vol");
+        fs::create_dir_all(dir.path().join("real")).expect("mkdir");
+        fs::create_dir(&volume).expect("mkdir");
+        std::os::unix::fs::symlink(dir.path().join("real"), dir.path().join("link")).expect("symlink");
+        let checked = check(&[mount(&volume, &dir.path().join("link/secrets/token"))]).expect("planned");
+        let (m, missing) = &checked[0];
+        let real = fs::canonicalize(dir.path().join("real")).expect("real");
+        assert_eq!(Path::new(&m.destination), real.join("secrets/token"));
+        assert_eq!(missing.as_ref().map(|m| m.overlay_at.clone()), Some(real));
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub(crate) struct ConfigInputs {
     pub network: Option<Arc<PodNetwork>>,
     /// The cluster DNS pods are pointed at (no nameservers: the node's resolver, unless dnsConfig).
     pub dns: crate::dns::ClusterDns,
+    /// The API server's address for containers' `KUBERNETES_SERVICE_*` variables.
+    pub kubernetes_service: Option<(String, u16)>,
 }
 
 #[derive(Debug, Clone)]
@@ -172,6 +174,7 @@ pub(crate) struct PodManager {
     /// Pods' own networks; `None` when pods share the node's.
     network: Option<Arc<PodNetwork>>,
     dns: crate::dns::ClusterDns,
+    kubernetes_service: Option<(String, u16)>,
     /// Pod key to its incarnations on this node, by UID.
     records: Mutex<HashMap<String, Incarnations>>,
     /// The earliest pending timer per pod key, so timers do not pile up. By key, not UID: one
@@ -259,6 +262,7 @@ impl PodManager {
             volumes: inputs.volumes,
             network: inputs.network,
             dns: inputs.dns,
+            kubernetes_service: inputs.kubernetes_service,
             records: Mutex::default(),
             timers: Mutex::default(),
             engine: std::sync::OnceLock::new(),
@@ -487,6 +491,12 @@ impl PodManager {
         let now = Instant::now();
         let mut wake: Option<Instant> = None;
         self.sources.wait_synced_for(&pod, SOURCES_SYNC_LIMIT).await;
+        if let Some(renew) = match &self.volumes {
+            Some(v) => v.tokens().refresh(&pod).await,
+            None => None,
+        } {
+            wake = Some(wake.map_or(renew, |w| w.min(renew)));
+        }
         let prepared = self.sync_volumes(&pod, &mut rec);
         let prepared = if self.sync_network(&pod, &mut rec).await { prepared } else { None };
         if prepared.is_none() {
@@ -747,10 +757,13 @@ impl PodManager {
                 .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
                 .unwrap_or_default()
         };
-        let env = match envvars::container_env(pod, spec, &self.node_of(pod, pod_ip), &self.sources) {
+        let mut env = match envvars::container_env(pod, spec, &self.node_of(pod, pod_ip), &self.sources) {
             Ok(env) => env,
             Err(e) => return self.hold(pod, c, e.to_string()),
         };
+        if let Some((host, port)) = &self.kubernetes_service {
+            envvars::add_kubernetes_service(&mut env.vars, host, *port);
+        }
         let mut mounts = match self.volumes.as_ref().map(|v| v.mounts(spec, prepared)).transpose() {
             Ok(m) => m.unwrap_or_default(),
             Err(e) => return self.hold(pod, c, e),

@@ -27,6 +27,7 @@ use crate::envvars;
 use crate::quantity;
 use crate::runtime::Mount;
 use crate::sources::{SourceKind, Sources};
+use crate::tokens::PodTokens;
 
 /// The files of one atomically written volume: relative path to (content, mode).
 type Files = BTreeMap<String, (Vec<u8>, u32)>;
@@ -37,6 +38,8 @@ pub(crate) struct Volumes {
     /// `<data-dir>/pods`.
     root: PathBuf,
     sources: Arc<Sources>,
+    /// ServiceAccount tokens of projected volumes, requested before each sync.
+    tokens: Arc<PodTokens>,
     /// Whether the agent may mount (a tmpfs for `medium: Memory`): it runs as root.
     can_mount: bool,
 }
@@ -58,10 +61,15 @@ fn mode_of(v: &Value, key: &str) -> Option<u32> {
 }
 
 impl Volumes {
-    pub fn new(data_dir: &Path, sources: Arc<Sources>) -> Self {
+    pub fn new(data_dir: &Path, sources: Arc<Sources>, tokens: Arc<PodTokens>) -> Self {
         // SAFETY: geteuid has no preconditions.
         let can_mount = unsafe { libc::geteuid() } == 0;
-        Volumes { root: data_dir.join("pods"), sources, can_mount }
+        Volumes { root: data_dir.join("pods"), sources, tokens, can_mount }
+    }
+
+    /// The ServiceAccount tokens the pods' projected volumes hold.
+    pub fn tokens(&self) -> &Arc<PodTokens> {
+        &self.tokens
     }
 
     /// Writes a file the agent gives the pod (its resolv.conf) into the pod's directory, which
@@ -224,6 +232,9 @@ impl Volumes {
                 self.object_files(SourceKind::Secret, ns, sec, "name", mode)?
             } else if let Some(d) = s.get("downwardAPI").filter(|v| v.is_object()) {
                 downward_files(pod, d, mode, node)
+            } else if let Some(t) = s.get("serviceAccountToken").filter(|v| v.is_object()) {
+                let token = self.tokens.token(pod, t)?;
+                Files::from([(str_at(t, "/path").to_string(), (token.into_bytes(), mode.unwrap_or(DEFAULT_MODE)))])
             } else {
                 continue;
             };
@@ -271,6 +282,7 @@ impl Volumes {
 
     /// Removes a pod's volume directories (a tmpfs is unmounted first). Host paths stay.
     pub fn remove(&self, uid: &str) {
+        self.tokens.forget(uid);
         let dir = self.pod_dir(uid);
         let plugins = fs::read_dir(dir.join("volumes")).into_iter().flatten().flatten();
         let volumes = plugins.flat_map(|p| fs::read_dir(p.path()).into_iter().flatten().flatten());
@@ -495,6 +507,34 @@ mod tests {
 
     const NODE: envvars::Node = envvars::Node { ip: "10.0.0.7", pod_ip: None, cpu_millis: 2000, memory_bytes: 8 << 30 };
 
+    /// Tokens from a client that issues none (TokenRequest is refused).
+    fn no_tokens() -> Arc<PodTokens> {
+        Arc::new(PodTokens::new(Arc::new(shepherd_runtime::testing::MemoryClient::new())))
+    }
+
+    #[tokio::test]
+    async fn a_projected_token_waits_for_its_token_request_and_is_written_with_the_volume_mode() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let volumes = Volumes { root: tmp.path().join("pods"), sources: Arc::new(Sources::fixed(Vec::new())), tokens: no_tokens(), can_mount: false };
+        let pod = json!({"metadata": {"uid": "u1", "namespace": "ns", "name": "p"}, "spec": {"serviceAccountName": "bot",
+            "containers": [{"name": "c", "volumeMounts": [{"name": "api", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]}],
+            "volumes": [{"name": "api", "projected": {"defaultMode": 0o640, "sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}]}});
+        let retry = volumes.tokens().refresh(&pod).await;
+        assert!(retry.is_some(), "a failed request is retried");
+        let err = volumes.sync(&pod, &NODE).expect_err("no token yet");
+        assert!(err.contains("volume \"api\"") && err.contains("failed to fetch token"), "{err}");
+        volumes.tokens().insert_for_test(&pod, &pod["spec"]["volumes"][0]["projected"]["sources"][0]["serviceAccountToken"], "eyJ.tok.en");
+        let prepared = volumes.sync(&pod, &NODE).expect("sync");
+        let dir = &volumes.mounts(&pod["spec"]["containers"][0], &prepared).expect("mounts")[0].source;
+        assert_eq!(fs::read_to_string(dir.join("token")).ok().as_deref(), Some("eyJ.tok.en"));
+        assert_eq!(fs::read_to_string(dir.join("namespace")).ok().as_deref(), Some("ns"));
+        assert_eq!(fs::metadata(dir.join("token")).map(|m| m.permissions().mode() & 0o777).ok(), Some(0o640));
+        volumes.remove("u1");
+        assert!(volumes.tokens().token(&pod, &pod["spec"]["volumes"][0]["projected"]["sources"][0]["serviceAccountToken"]).is_err());
+    }
+
     fn files(entries: &[(&str, &str, u32)]) -> Files {
         entries.iter().map(|(p, c, m)| (p.to_string(), (c.as_bytes().to_vec(), *m))).collect()
     }
@@ -522,7 +562,7 @@ mod tests {
     fn config_map_volumes_take_items_modes_and_wait_for_a_missing_map() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let sources = Arc::new(Sources::fixed(vec![(SourceKind::ConfigMap, "ns/app", json!({"data": {"a": "1", "b": "2"}}))]));
-        let volumes = Volumes::new(tmp.path(), sources);
+        let volumes = Volumes::new(tmp.path(), sources, no_tokens());
         let pod = json!({"metadata": {"uid": "u1", "namespace": "ns", "name": "p", "labels": {"x": "y"}}, "spec": {
             "containers": [{"name": "c", "volumeMounts": [{"name": "cm", "mountPath": "/etc/cm"},
                 {"name": "scratch", "mountPath": "/tmp/s", "subPath": "sub"}, {"name": "info", "mountPath": "/info", "readOnly": false}]}],
@@ -555,7 +595,7 @@ mod tests {
             (SourceKind::ConfigMap, "ns/app", json!({"data": {"a": "1"}, "binaryData": {"bin": "AAE="}})),
             (SourceKind::Secret, "ns/db", json!({"data": {"password": "czNjcmV0"}})),
         ]));
-        let volumes = Volumes { root: tmp.path().join("pods"), sources, can_mount: false };
+        let volumes = Volumes { root: tmp.path().join("pods"), sources, tokens: no_tokens(), can_mount: false };
         let pod = json!({"metadata": {"uid": "u1", "namespace": "ns", "name": "web-0", "annotations": {"b": "2", "a": "1"}},
             "spec": {"containers": [{"name": "c", "resources": {"limits": {"memory": "64Mi"}},
                 "volumeMounts": [{"name": "all", "mountPath": "/all"}]}],
@@ -585,7 +625,7 @@ mod tests {
     #[test]
     fn an_empty_dir_on_disk_over_its_size_limit_names_the_volume_and_the_limit() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let volumes = Volumes::new(tmp.path(), Arc::new(Sources::fixed(Vec::new())));
+        let volumes = Volumes::new(tmp.path(), Arc::new(Sources::fixed(Vec::new())), no_tokens());
         let pod = json!({"metadata": {"uid": "u1", "namespace": "ns", "name": "p"}, "spec": {"volumes": [
             {"name": "scratch", "emptyDir": {"sizeLimit": "64Ki"}},
             {"name": "free", "emptyDir": {}}]}});

@@ -44,7 +44,6 @@ pub(crate) const UNSUPPORTED: &[(&str, &str)] = &[
     ("io.k8s.api.core.v1.VolumeMount", "subPathExpr"),
     ("io.k8s.api.core.v1.VolumeMount", "mountPropagation"),
     ("io.k8s.api.core.v1.VolumeMount", "recursiveReadOnly"),
-    ("io.k8s.api.core.v1.VolumeProjection", "serviceAccountToken"),
     ("io.k8s.api.core.v1.VolumeProjection", "clusterTrustBundle"),
 ];
 
@@ -262,15 +261,17 @@ fn validate_source(kind: &str, v: &Value, p: &str, c: &mut Vec<Cause>) {
             let mut paths = BTreeSet::new();
             for (i, s) in v.get("sources").and_then(Value::as_array).into_iter().flatten().enumerate() {
                 let sp = format!("{p}.sources[{i}]");
-                refuse_other_fields(s, &["configMap", "secret", "downwardAPI"], &sp, c);
-                let given = objects_in(s, &["configMap", "secret", "downwardAPI"]);
+                refuse_other_fields(s, &["configMap", "secret", "downwardAPI", "serviceAccountToken"], &sp, c);
+                let given = objects_in(s, &["configMap", "secret", "downwardAPI", "serviceAccountToken"]);
                 if given.len() > 1 {
                     c.push(Cause::forbidden(&sp, "may not specify more than 1 volume type per source"));
                 }
                 for k in given {
                     let kp = join(&sp, k);
                     let src = &s[k];
-                    if k == "downwardAPI" {
+                    if k == "serviceAccountToken" {
+                        check_token_projection(src, &kp, &mut paths, c);
+                    } else if k == "downwardAPI" {
                         check_downward_items(src, &kp, c);
                     } else {
                         check_named_ref(src, "name", &kp, c);
@@ -287,6 +288,34 @@ fn validate_source(kind: &str, v: &Value, p: &str, c: &mut Vec<Cause>) {
             }
         }
         _ => {}
+    }
+}
+
+/// A projected `serviceAccountToken`: a file path, and a lifetime of 10 minutes to 2^32 seconds.
+fn check_token_projection(v: &Value, p: &str, paths: &mut BTreeSet<String>, c: &mut Vec<Cause>) {
+    match str_of(v, "path").filter(|s| !s.is_empty()) {
+        None => c.push(Cause::required(join(p, "path"))),
+        Some(path) => {
+            check_descending_path(path, &join(p, "path"), c);
+            if !paths.insert(path.to_string()) {
+                c.push(invalid(p, path, "conflicting duplicate paths"));
+            }
+        }
+    }
+    match v.get("expirationSeconds") {
+        None | Some(Value::Null) => {}
+        Some(s) => match s.as_i64() {
+            Some(n) if n < 600 => c.push(Cause::invalid(
+                join(p, "expirationSeconds"),
+                format!("Invalid value: {n}: may not specify a duration less than 10 minutes"),
+            )),
+            Some(n) if n > 1 << 32 => c.push(Cause::invalid(
+                join(p, "expirationSeconds"),
+                format!("Invalid value: {n}: may not specify a duration larger than 2^32 seconds"),
+            )),
+            Some(_) => {}
+            None => c.push(Cause::invalid(join(p, "expirationSeconds"), format!("Invalid value: {s}: must be an integer"))),
+        },
     }
 }
 
@@ -434,7 +463,8 @@ mod tests {
             {"name": "creds", "secret": {"secretName": "db", "optional": true}},
             {"name": "info", "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
                 {"path": "mem", "resourceFieldRef": {"containerName": "c", "resource": "limits.memory"}}]}},
-            {"name": "all", "projected": {"sources": [{"configMap": {"name": "app"}}, {"secret": {"name": "db"}}]}},
+            {"name": "all", "projected": {"sources": [{"configMap": {"name": "app"}}, {"secret": {"name": "db"}},
+                {"serviceAccountToken": {"path": "token", "audience": "vault", "expirationSeconds": 3607}}]}},
             {"name": "host", "hostPath": {"path": "/var/log", "type": "Directory"}},
         ], "containers": [{"name": "c", "volumeMounts": [
             {"name": "scratch", "mountPath": "/scratch"}, {"name": "conf", "mountPath": "/etc/app.conf", "subPath": "dir/a.txt", "readOnly": true}]}]});
@@ -449,7 +479,8 @@ mod tests {
             {"name": "claim", "persistentVolumeClaim": {"claimName": "c"}},
             {"name": "host", "hostPath": {"path": "/x", "type": "Pipe"}},
             {"name": "cm", "configMap": {"items": [{"key": "a", "path": "../a"}], "defaultMode": 0o1777}},
-            {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
+            {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"expirationSeconds": 60}},
+                {"clusterTrustBundle": {"path": "b"}}]}},
         ], "containers": [{"name": "c", "volumeMounts": [
             {"name": "nope", "mountPath": "/a"},
             {"name": "data", "mountPath": "relative"},
@@ -466,7 +497,10 @@ mod tests {
             "spec.volumes[4].configMap.name: Required value",
             "spec.volumes[4].configMap.items[0].path: Invalid value: \"../a\": must not contain '..'",
             "spec.volumes[4].configMap.defaultMode: Invalid value: 1023: must be a number between 0 and 0777",
-            "spec.volumes[5].projected.sources[0].serviceAccountToken: not supported by Shepherd",
+            "spec.volumes[5].projected.sources[0].serviceAccountToken.path: Required value",
+            "spec.volumes[5].projected.sources[0].serviceAccountToken.expirationSeconds: Invalid value: 60: may not \
+             specify a duration less than 10 minutes",
+            "spec.volumes[5].projected.sources[1].clusterTrustBundle: not supported by Shepherd",
             "spec.containers[0].volumeMounts[0].name: Not found: \"nope\"",
             "spec.containers[0].volumeMounts[1].mountPath: Invalid value: \"relative\": must be an absolute path",
             "spec.containers[0].volumeMounts[2].subPath: Invalid value: \"../up\": must not contain '..'",

@@ -116,6 +116,21 @@ impl Client for ActingClient {
         self.act(self.inner.delete(res, namespace, name, params)).await
     }
 
+    async fn get_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.check("get", res, namespace, name, "scale")?;
+        self.inner.get_scale(res, namespace, name).await
+    }
+
+    async fn update_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, scale: Value) -> Result<Value, ApiError> {
+        self.check("update", res, namespace, name, "scale")?;
+        self.act(self.inner.update_scale(res, namespace, name, scale)).await
+    }
+
+    async fn create_token(&self, namespace: &str, name: &str, request: Value) -> Result<Value, ApiError> {
+        self.check("create", &shepherd_api::kinds::SERVICEACCOUNT, Some(namespace), name, "token")?;
+        crate::serviceaccount::create_token(self.inner.service(), Some(&self.user), namespace, name, &request).await
+    }
+
     async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError> {
         self.check("create", &shepherd_api::kinds::POD, Some(namespace), name, "binding")?;
         self.act(self.inner.bind_pod(namespace, name, node_name)).await

@@ -25,6 +25,10 @@ impl LocalClient {
     pub fn new(svc: ApiService) -> Self {
         LocalClient { svc }
     }
+
+    pub(crate) fn service(&self) -> &ApiService {
+        &self.svc
+    }
 }
 
 fn name_of(obj: &Value) -> Result<String, ApiError> {
@@ -167,6 +171,10 @@ impl Client for LocalClient {
 
     async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError> {
         self.svc.bind(namespace, name, node_name).await.map(|_| ())
+    }
+
+    async fn create_token(&self, namespace: &str, name: &str, request: Value) -> Result<Value, ApiError> {
+        crate::serviceaccount::create_token(&self.svc, None, namespace, name, &request).await
     }
 
     async fn digest(

@@ -137,6 +137,9 @@ fn subresources(res: &ResourceInfo) -> Vec<Subresource> {
     if res.kind == "CertificateSigningRequest" {
         subs.push(Subresource { name: "approval", response: (res.group, res.version, res.kind), verbs: &["get", "patch", "update"] });
     }
+    if res.kind == "ServiceAccount" {
+        subs.push(Subresource { name: "token", response: ("authentication.k8s.io", "v1", "TokenRequest"), verbs: &["create"] });
+    }
     if res.kind == "Pod" {
         subs.push(Subresource { name: "binding", response: ("", "v1", "Binding"), verbs: &["create"] });
         subs.push(Subresource { name: "eviction", response: ("policy", "v1", "Eviction"), verbs: &["create"] });

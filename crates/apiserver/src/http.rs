@@ -169,12 +169,16 @@ fn discovery_root(core: bool, headers: &HeaderMap) -> Response {
 async fn authenticate(State(app): State<AppState>, mut req: Request, next: axum::middleware::Next) -> Response {
     // No authenticator: an `--insecure-loopback` listener, whose requests carry no user.
     let Some(authn) = &app.config.authenticator else { return next.run(req).await };
+    // A bootstrap token (`id.secret`), a ServiceAccount's JWT, else a certificate or a static token.
     let identified = match crate::bootstrap_token::of_request(req.headers()) {
         Some(token) => match token.authenticate(&app.svc).await {
             Ok(user) => Ok(Some(user)),
             Err(why) => identify(authn, &req).map_err(|_| why),
         },
-        None => identify(authn, &req),
+        None => match service_account_token(&app, authn, &req) {
+            Some((tokens, jwt)) => tokens.authenticate(&app.svc, &jwt).await.map(Some),
+            None => identify(authn, &req),
+        },
     };
     match identified {
         Ok(Some(user)) => {
@@ -230,6 +234,32 @@ fn identify(authn: &crate::authn::Authenticator, req: &Request) -> Result<Option
         (None, Some(Err(why))) => Err(why),
         (None, _) => Ok(None),
     }
+}
+
+/// A bearer token for the ServiceAccount authenticator: one shaped as a JWT that is no static token,
+/// on a request whose client certificate (if any) is not accepted, when this server signs tokens.
+fn service_account_token(
+    app: &AppState,
+    authn: &crate::authn::Authenticator,
+    req: &Request,
+) -> Option<(Arc<crate::serviceaccount::ServiceAccountTokens>, String)> {
+    let tokens = app.svc.service_account_tokens.clone()?;
+    let token = match req.headers().get(header::AUTHORIZATION) {
+        Some(v) => {
+            let v = v.to_str().ok()?;
+            v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))?.trim().to_string()
+        }
+        None if crate::watch_socket::requested(req.headers()) => crate::watch_socket::bearer_token(req.headers())?,
+        None => return None,
+    };
+    if !crate::serviceaccount::looks_like_jwt(&token) || authn.token_user(&token).is_some() {
+        return None;
+    }
+    let certificate = req.extensions().get::<Arc<crate::authn::PeerCertificates>>().filter(|p| p.presented());
+    if certificate.is_some_and(|p| authn.certificate_user(p).is_ok()) {
+        return None;
+    }
+    Some((tokens, token))
 }
 
 /// Kubernetes' 401: a `Status` with reason `Unauthorized`, which kubectl reports as "You must be
@@ -785,6 +815,14 @@ async fn handle(
             svc.bind(ns.unwrap_or("default"), name, node).await?;
             let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
             Ok(json_response(StatusCode::CREATED, ok.to_string().into_bytes()))
+        }
+        (&Method::POST, Some(name), Some("token")) if res.kind == "ServiceAccount" => {
+            check_json_body(&headers)?;
+            let requester = req.extensions().get::<crate::auth::UserInfo>().cloned();
+            let body = parse_json(&read_body(req, app.config.max_body_bytes).await?)?;
+            let ns = ns.unwrap_or("default");
+            let issued = crate::serviceaccount::create_token(svc, requester.as_ref(), ns, name, &body).await?;
+            Ok(json_response(StatusCode::CREATED, issued.to_string().into_bytes()))
         }
         (&Method::POST, Some(name), Some("eviction")) if res.kind == "Pod" => {
             check_json_body(&headers)?;

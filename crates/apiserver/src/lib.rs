@@ -30,6 +30,7 @@ mod retention;
 mod scale;
 mod serve;
 mod service;
+pub mod serviceaccount;
 mod stream_proxy;
 mod table;
 mod watch;
@@ -115,6 +116,13 @@ impl ApiServer {
     /// Allocates Services' node ports from `range` (30000-32767 by default).
     pub fn with_node_port_range(mut self, range: NodePortRange) -> Self {
         self.service.set_node_port_range(range);
+        self
+    }
+
+    /// Issues ServiceAccount tokens (TokenRequest), accepts them as credentials, and mounts them into
+    /// new pods.
+    pub fn with_service_account_tokens(mut self, tokens: serviceaccount::ServiceAccountTokens) -> Self {
+        self.service.service_account_tokens = Some(Arc::new(tokens));
         self
     }
 

@@ -162,6 +162,8 @@ pub struct ApiService {
     pub(crate) node_ports: Arc<NodePorts>,
     /// `metrics.k8s.io`: what node agents last reported, in memory only.
     pub(crate) resource_metrics: Arc<crate::resource_metrics::MetricsTable>,
+    /// Signs and checks ServiceAccount tokens; `None`: no tokens are issued nor mounted into pods.
+    pub(crate) service_account_tokens: Option<Arc<crate::serviceaccount::ServiceAccountTokens>>,
 }
 
 pub(crate) fn now_rfc3339() -> String {
@@ -238,7 +240,7 @@ fn spec_changed(old: &Value, new: &Value) -> bool {
 
 /// Random suffix for `generateName`, from the same alphabet Kubernetes uses (no vowels, no
 /// look-alike digits), so names never spell words.
-fn random_suffix() -> String {
+pub(crate) fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let id = uuid::Uuid::new_v4();
     id.as_bytes().iter().take(5).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect()
@@ -264,7 +266,13 @@ fn decode_continue(token: &str) -> Result<(Revision, String), ApiError> {
 
 impl ApiService {
     pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Self {
-        ApiService { store, metrics, node_ports: Arc::default(), resource_metrics: Arc::default() }
+        ApiService {
+            store,
+            metrics,
+            node_ports: Arc::default(),
+            resource_metrics: Arc::default(),
+            service_account_tokens: None,
+        }
     }
 
     /// Allocates Services' node ports from `range` (30000-32767 by default).
@@ -573,6 +581,9 @@ impl ApiService {
         }
         reset_status_on_create(res, &mut obj);
         defaults::apply_defaults(res, &mut obj);
+        if let (true, Some(ns)) = (res.kind == "Pod" && res.group.is_empty(), ns.as_deref()) {
+            crate::serviceaccount::mount_token(self, ns, &mut obj).await?;
+        }
         crate::crd::admit(res, None, &mut obj)?;
         crate::authz::admit(res, None, &obj)?;
         if let Track::Update(subresource) = track {

@@ -269,6 +269,11 @@ impl Client for RemoteClient {
         self.call(Method::POST, url, Some(("application/json", json_body(&binding)?))).await.map(|_| ())
     }
 
+    async fn create_token(&self, namespace: &str, name: &str, request: Value) -> Result<Value, ApiError> {
+        let url = format!("{}/token", item(&kinds::SERVICEACCOUNT, Some(namespace), name));
+        self.call(Method::POST, url, Some(("application/json", json_body(&request)?))).await
+    }
+
     async fn digest(
         &self,
         res: &ResourceInfo,

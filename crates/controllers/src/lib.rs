@@ -18,6 +18,7 @@ pub mod nodelifecycle;
 pub mod podautoscaler;
 pub mod podutil;
 pub mod replicaset;
+pub mod rootcacertpublisher;
 pub mod scheduler;
 pub mod serviceaccount;
 pub mod statefulset;

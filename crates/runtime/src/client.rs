@@ -134,6 +134,11 @@ pub trait Client: Send + Sync + 'static {
     }
     /// Binds a pod to a node through `pods/{name}/binding`.
     async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError>;
+    /// Asks for a token of ServiceAccount `name` (`serviceaccounts/{name}/token`, a TokenRequest).
+    async fn create_token(&self, namespace: &str, name: &str, request: Value) -> Result<Value, ApiError> {
+        let _ = (namespace, request);
+        Err(ApiError::MethodNotAllowed(format!("this client cannot ask for tokens of service account {name}")))
+    }
     /// The digest of the (key, resourceVersion) pairs a list with `params` held at `revision`
     /// (`shepherd_api::digest`); `ApiError::Expired` when that revision is older than the history.
     async fn digest(

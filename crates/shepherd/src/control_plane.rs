@@ -19,7 +19,7 @@ use shepherd_runtime::{Client, Manager, TriggerMode};
 /// Every controller `shepherd` runs, by the name used in flags.
 pub const CONTROLLERS: &[&str] = &["deployment", "replicaset", "endpoints", "endpointslice", "clusterip", "nodelifecycle",
     "nodeipam", "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount", "job", "cronjob",
-    "daemonset", "statefulset", "replicationcontroller", "horizontalpodautoscaler"];
+    "daemonset", "statefulset", "replicationcontroller", "horizontalpodautoscaler", "root-ca-cert-publisher"];
 
 /// The scheduler's default workers, after kube-scheduler's default parallelism of 16.
 const SCHEDULER_WORKERS: usize = 16;
@@ -29,7 +29,7 @@ pub struct ControllerArgs {
     /// Controllers to run: `all`, `none`, or a comma-separated list of deployment, replicaset,
     /// endpoints, endpointslice, clusterip, nodelifecycle, nodeipam, taint-eviction, disruption,
     /// garbagecollector, scheduler, job, cronjob, daemonset, statefulset, replicationcontroller,
-    /// horizontalpodautoscaler.
+    /// horizontalpodautoscaler, root-ca-cert-publisher.
     #[arg(long, default_value = "all")]
     pub controllers: String,
     /// Default trigger mode: `hybrid` (events plus periodic resync), `level` (re-list on a
@@ -80,6 +80,10 @@ pub struct ControllerArgs {
     /// reach the controllers' caches.
     #[arg(long, default_value_t = 0.0)]
     pub drop_watch_events: f64,
+    /// The cluster CA (PEM) the root-ca-cert-publisher publishes as `kube-root-ca.crt`; without
+    /// one (a server without TLS) that controller does not run.
+    #[arg(skip)]
+    pub root_ca_pem: Option<String>,
 }
 
 fn seconds(s: f64) -> anyhow::Result<Duration> {
@@ -209,6 +213,16 @@ impl ControllerArgs {
                 }
                 "serviceaccount" => {
                     manager.add(shepherd_controllers::serviceaccount::service_account_controller(client.clone(), manager, cfg));
+                }
+                "root-ca-cert-publisher" => {
+                    if let Some(pem) = &self.root_ca_pem {
+                        manager.add(shepherd_controllers::rootcacertpublisher::root_ca_cert_publisher(
+                            client.clone(),
+                            manager,
+                            cfg,
+                            pem.clone(),
+                        ));
+                    }
                 }
                 "clusterip" => {
                     manager.add(cluster_ip_allocator(client.clone(), manager, ClusterIpConfig { run: cfg, range }));

@@ -114,6 +114,9 @@ pub async fn run(role: Role, mut args: ElectedArgs, shutdown: impl Future<Output
     )
     .await?;
     let server = kube_config.cluster_url.to_string();
+    if let Some(roots) = &kube_config.root_cert {
+        args.controllers.root_ca_pem = Some(crate::service_accounts::pem_bundle(roots));
+    }
     let kube = kube::Client::try_from(kube_config).map_err(|e| anyhow::anyhow!("building a client for {server}: {e}"))?;
     let client: Arc<dyn Client> = Arc::new(shepherd_client::RemoteClient::new(kube));
     let elector = LeaderElector::new(client.clone(), config);

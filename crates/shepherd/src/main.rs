@@ -10,6 +10,7 @@ mod join;
 mod node_agent;
 mod private_dir;
 mod registry;
+mod service_accounts;
 mod snapshots;
 mod store_check;
 
@@ -143,6 +144,8 @@ struct ServerArgs {
     token: Option<String>,
     #[command(flatten)]
     tls: credentials::TlsArgs,
+    #[command(flatten)]
+    service_accounts: service_accounts::ServiceAccountArgs,
     /// The secret node agents' streaming endpoints require (their --streaming-token); without
     /// it, exec, attach and port-forward are refused. Standalone generates one when unset.
     #[arg(long, env = "SHEPHERD_STREAMING_TOKEN", hide_env_values = true)]
@@ -375,6 +378,9 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
     if let Some(dns) = config.cluster_dns.as_mut() {
         dns.domain = args.cluster_domain.clone();
     }
+    if let Some(host) = server_url.strip_prefix("https://").and_then(|_| kube_config_host(&server_url)) {
+        config.kubernetes_service = Some(host);
+    }
     match args.simulate_nodes {
         Some(n) => {
             if config.runtime == shepherd_agent::RuntimeKind::Process {
@@ -429,6 +435,14 @@ fn user_rate_limiter(args: &ServerArgs) -> anyhow::Result<Option<Arc<shepherd_ap
     Ok(Some(Arc::new(shepherd_apiserver::UserRateLimiter::new(limit))))
 }
 
+/// The host (without brackets) and port of an `https://HOST:PORT` URL, for containers'
+/// `KUBERNETES_SERVICE_HOST` and `_PORT`.
+fn kube_config_host(url: &str) -> Option<(String, u16)> {
+    let uri: http::Uri = url.parse().ok()?;
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']').to_string();
+    Some((host, uri.port_u16().unwrap_or(443)))
+}
+
 /// The node agent `standalone` runs in its own process.
 struct LocalAgent {
     args: AgentArgs,
@@ -437,7 +451,7 @@ struct LocalAgent {
     runtime_note: Option<String>,
 }
 
-async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow::Result<()> {
+async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow::Result<()> {
     let standalone = local_agent.is_some();
     credentials::check_insecure_listen(&args.tls, args.listen)?;
     let (store, local_store) = open_any_store(&args).await?;
@@ -455,6 +469,14 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
     };
     let server = ApiServer::new(store.clone(), config).await.map_err(|e| anyhow::anyhow!("starting API server: {e}"))?;
     let server = server.with_node_port_range(args.controllers.service_node_port_range.parse()?);
+    // Tokens are signed, accepted and mounted only where requests are authenticated at all.
+    let server = match &secured {
+        Some(s) => {
+            args.controllers.root_ca_pem = Some(s.ca.cert_pem().to_string());
+            server.with_service_account_tokens(args.service_accounts.tokens(&args.data_dir)?)
+        }
+        None => server,
+    };
     let client: Arc<dyn Client> = Arc::new(server.client());
     let mut streaming_token = args.node_streaming_token.clone();
     let agent = match &local_agent {
@@ -470,6 +492,9 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
             streaming_token = Some(token);
             let mut config = agent_args.config(&dir)?;
             config.stop_containers_on_exit = !local.keep_pods;
+            if !args.tls.insecure_loopback && args.listen.port() != 0 {
+                config.kubernetes_service = kube_config_host(&credentials::client_url("https", args.listen));
+            }
             if let Some(dns) = config.cluster_dns.as_mut() {
                 dns.domain = args.dns.cluster_domain.clone();
             }

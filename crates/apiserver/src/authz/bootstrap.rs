@@ -76,7 +76,7 @@ fn edit_rules() -> Vec<PolicyRule> {
         &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"],
     ));
     rules.push(PolicyRule::resources(&[""], &["pods/exec", "pods/attach", "pods/portforward"], &["create", "get"]));
-    rules.push(PolicyRule::resources(&[""], &["pods/eviction"], &["create"]));
+    rules.push(PolicyRule::resources(&[""], &["pods/eviction", "serviceaccounts/token"], &["create"]));
     rules.push(PolicyRule::resources(&[""], &["serviceaccounts"], &["impersonate"]));
     rules
 }

@@ -44,6 +44,7 @@ const GROUP_PACKAGES: &[(&str, &str)] = &[
     ("rbac.authorization.k8s.io", "k8s.io.api.rbac"),
     ("authorization.k8s.io", "k8s.io.api.authorization"),
     ("certificates.k8s.io", "k8s.io.api.certificates"),
+    ("authentication.k8s.io", "k8s.io.api.authentication"),
 ];
 
 /// Kinds of `meta.k8s.io/v1` that every group version also serves (`apps/v1` DeleteOptions).

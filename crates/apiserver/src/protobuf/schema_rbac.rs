@@ -1,4 +1,5 @@
-//! Layout of the protobuf messages of `rbac.authorization.k8s.io/v1` and `authorization.k8s.io/v1`: field
+//! Layout of the protobuf messages of `rbac.authorization.k8s.io/v1`, `authorization.k8s.io/v1` and
+//! `authentication.k8s.io/v1`'s TokenRequest: field
 //! numbers, JSON names and types, as Kubernetes' generated.proto files give them.
 
 use super::Ty::*;
@@ -136,5 +137,25 @@ pub(super) static MESSAGES: &[Message] = &[
         rep(2, "nonResourceRules", Msg("k8s.io.api.authorization.v1.NonResourceRule")),
         one(3, "incomplete", Bool),
         one(4, "evaluationError", Str),
+    ] },
+    Message { name: "k8s.io.api.authentication.v1.BoundObjectReference", fields: &[
+        one(1, "kind", Str),
+        one(2, "apiVersion", Str),
+        one(3, "name", Str),
+        one(4, "uid", Str),
+    ] },
+    Message { name: "k8s.io.api.authentication.v1.TokenRequest", fields: &[
+        one(1, "metadata", Msg(META)),
+        one(2, "spec", Msg("k8s.io.api.authentication.v1.TokenRequestSpec")),
+        one(3, "status", Msg("k8s.io.api.authentication.v1.TokenRequestStatus")),
+    ] },
+    Message { name: "k8s.io.api.authentication.v1.TokenRequestSpec", fields: &[
+        rep(1, "audiences", Str),
+        one(4, "expirationSeconds", I64),
+        one(3, "boundObjectRef", Msg("k8s.io.api.authentication.v1.BoundObjectReference")),
+    ] },
+    Message { name: "k8s.io.api.authentication.v1.TokenRequestStatus", fields: &[
+        one(1, "token", Str),
+        one(2, "expirationTimestamp", Msg("k8s.io.apimachinery.pkg.apis.meta.v1.Time")),
     ] },
 ];

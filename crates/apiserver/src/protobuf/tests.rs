@@ -306,3 +306,13 @@ fn a_watch_frame_is_a_length_prefixed_event_holding_a_whole_body() {
     };
     assert_eq!(decode(body).expect("object"), ns);
 }
+
+#[test]
+fn a_token_request_reads_back_as_the_json_it_was_written_from() {
+    let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "metadata": {"name": "bot", "namespace": "default", "creationTimestamp": "2026-11-30T10:00:00Z"},
+        "spec": {"audiences": ["vault"], "expirationSeconds": 900,
+            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "web", "uid": "u-1"}},
+        "status": {"token": "eyJ.a.b", "expirationTimestamp": "2026-11-30T10:15:00Z"}});
+    assert_eq!(round_trip(&request), request);
+}
