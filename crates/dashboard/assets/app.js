@@ -1,6 +1,6 @@
 // The dashboard's entry: routing between views, the connection line, and the token form.
 
-import { onConnection, setToken } from './api.js';
+import { onConnection, signIn, signOut, token } from './api.js';
 import { startCluster } from './cluster.js';
 import { startLoop } from './loop.js';
 import { showBenchmarks } from './benchmarks.js';
@@ -45,14 +45,37 @@ function route() {
 function connection() {
   const line = document.getElementById('connection');
   const login = document.getElementById('login');
-  onConnection(({ unauthorized, error }) => {
+  const field = document.getElementById('token');
+  const error = document.getElementById('token-error');
+  const out = document.getElementById('sign-out');
+  out.hidden = !token();
+  out.addEventListener('click', signOut);
+  onConnection(({ unauthorized, error: down }) => {
+    const asking = login.hidden && unauthorized;
     login.hidden = !unauthorized;
-    line.classList.toggle('down', !!error || unauthorized);
-    line.textContent = unauthorized ? 'needs a token' : error ? `reconnecting: ${error.message}` : 'live';
+    document.body.dataset.auth = unauthorized ? 'needed' : 'ok';
+    line.classList.toggle('down', !!down || unauthorized);
+    line.textContent = unauthorized ? 'signed out' : down ? `reconnecting: ${down.message}` : 'live';
+    // The form takes the focus when it appears, so a keyboard user can type the token at once.
+    if (asking && !document.activeElement?.closest('input, select, textarea')) field.focus();
   });
-  login.addEventListener('submit', (e) => {
+  login.addEventListener('submit', async (e) => {
     e.preventDefault();
-    setToken(document.getElementById('token').value);
+    error.textContent = '';
+    const button = login.querySelector('button');
+    button.disabled = true;
+    const refused = await signIn(field.value.trim());
+    button.disabled = false;
+    if (refused) {
+      error.textContent = refused;
+      field.setAttribute('aria-invalid', 'true');
+      field.select();
+      return;
+    }
+    field.removeAttribute('aria-invalid');
+    field.value = '';
+    out.hidden = false;
+    document.getElementById('main').focus();
   });
 }
 
