@@ -195,6 +195,8 @@ async function forever(once, refused = () => {}) {
   }
 }
 
+const LIST_PAGE = 500;
+
 /**
  * A kind's objects, kept current as client-go's informers do: list, then watch from the list's
  * resourceVersion; a 410 (history gone) lists again, anything else retries with back-off.
@@ -232,16 +234,26 @@ export class Informer {
   }
 
   async once() {
+    const sep = this.path.includes('?') ? '&' : '?';
     if (!this.resourceVersion) {
-      const list = await call('GET', this.path);
-      this.items = new Map((list.items || []).map((o) => [Informer.key(o), o]));
-      this.resourceVersion = list.metadata?.resourceVersion || '';
+      // In pages, as client-go lists: each is parsed in a task short enough to leave the page
+      // drawing frames, where one list of 10,000 pods would hold it for a good part of a second.
+      const items = new Map();
+      let next = '';
+      let listedAt = '';
+      do {
+        const page = await call('GET', `${this.path}${sep}limit=${LIST_PAGE}${next ? `&continue=${encodeURIComponent(next)}` : ''}`);
+        for (const o of page.items || []) items.set(Informer.key(o), o);
+        listedAt = page.metadata?.resourceVersion || '';
+        next = page.metadata?.continue || '';
+      } while (next);
+      this.items = items;
+      this.resourceVersion = listedAt;
       this.synced = true;
       this.forbidden = null;
       this.version++;
       this.onChange();
     }
-    const sep = this.path.includes('?') ? '&' : '?';
     const url = `${this.path}${sep}watch=true&allowWatchBookmarks=true&resourceVersion=${encodeURIComponent(this.resourceVersion)}`;
     try {
       for await (const event of socketEvents(url)) {

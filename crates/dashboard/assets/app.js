@@ -11,9 +11,15 @@ window.addEventListener('error', (e) => window.dashboardErrors.push(String(e.mes
 window.addEventListener('unhandledrejection', (e) => window.dashboardErrors.push(String(e.reason?.message || e.reason)));
 
 // What a benchmark reads: frames (the longest gap between two since the last reset, and how many
-// gaps passed 100 ms) and the browser's long tasks.
-const perf = { maxFrameGapMs: 0, framesOver100: 0, frames: 0, longTasks: [], watchEvents: 0 };
-perf.reset = () => Object.assign(perf, { maxFrameGapMs: 0, framesOver100: 0, frames: 0, longTasks: [], watchEvents: 0 });
+// gaps passed 100 ms), the browser's long tasks, and the page's own redraws (how many, how long).
+const fresh = () => ({ maxFrameGapMs: 0, framesOver100: 0, frames: 0, longTasks: [], watchEvents: 0, draws: 0, drawMs: 0, maxDrawMs: 0 });
+const perf = fresh();
+perf.reset = () => Object.assign(perf, fresh());
+perf.drew = (ms) => {
+  perf.draws++;
+  perf.drawMs += ms;
+  perf.maxDrawMs = Math.max(perf.maxDrawMs, ms);
+};
 window.dashboardPerf = perf;
 let lastFrame = performance.now();
 requestAnimationFrame(function frame(t) {

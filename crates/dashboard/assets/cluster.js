@@ -455,6 +455,9 @@ function eventTime(e) {
 }
 
 const eventItems = new Map();
+// The newest Events, found again only when an Event changed: a cluster of 10,000 pods keeps tens
+// of thousands of them, and most redraws come from pods.
+let newestEvents = { version: -1, events: [] };
 
 function renderEvents(inf) {
   const feed = document.getElementById('events');
@@ -463,8 +466,11 @@ function renderEvents(inf) {
     keyed(feed, eventItems, [], [h('li', { class: 'forbidden' }, denied)]);
     return;
   }
-  const newest = (a, b) => compare(eventTime(b), eventTime(a)) || byName(a, b);
-  const events = firstK(inf.events.items.values(), EVENTS_SHOWN, newest);
+  if (newestEvents.version !== inf.events.version) {
+    const newest = (a, b) => compare(eventTime(b), eventTime(a)) || byName(a, b);
+    newestEvents = { version: inf.events.version, events: firstK(inf.events.items.values(), EVENTS_SHOWN, newest) };
+  }
+  const { events } = newestEvents;
   const items = events.map((e) => {
     const o = e.involvedObject || e.regarding || {};
     const when = age(eventTime(e));

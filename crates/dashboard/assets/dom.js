@@ -113,6 +113,7 @@ export function throttled(draw, minMs = 100) {
       draw();
       last = performance.now();
       cost = last - start;
+      window.dashboardPerf?.drew(cost);
     }), wait);
   };
 }
