@@ -96,7 +96,7 @@ export function duration(seconds) {
 
 /**
  * Calls `draw` at most once per animation frame and at most every `minMs`, and leaves the page
- * at least as long idle as the last draw took: data arrives as fast as the cluster changes, the
+ * idle at least twice as long as the last draw took: data arrives as fast as the cluster changes, the
  * page redraws at a pace a person can read and a browser can keep.
  */
 export function throttled(draw, minMs = 100) {
