@@ -303,13 +303,13 @@ struct LocalAgent {
     runtime_note: Option<String>,
 }
 
-/// How a person signs in to the dashboard: a browser holds no client certificate, so a bearer token.
-fn dashboard_sign_in(secured: bool, args: &ServerArgs) -> String {
+/// How a person signs in to the dashboard of a TLS server: a browser holds no client
+/// certificate, so with a bearer token.
+fn dashboard_sign_in(args: &ServerArgs) -> String {
     match (&args.token, &args.tls.token_auth_file) {
-        _ if !secured => String::new(),
-        (Some(_), _) => " (sign in with the --token value)".into(),
-        (None, Some(file)) => format!(" (sign in with a token of {})", file.display()),
-        (None, None) => " (signing in takes a bearer token: start with --token or --token-auth-file)".into(),
+        (Some(_), _) => "sign in with the --token value".into(),
+        (None, Some(file)) => format!("sign in with a token of {}", file.display()),
+        (None, None) => "signing in takes a bearer token: start with --token or --token-auth-file".into(),
     }
 }
 
@@ -431,10 +431,7 @@ async fn run_server(args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow
     if let Some(path) = &kubeconfig {
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "admin kubeconfig: {} (kubectl --kubeconfig {0} get pods)", path.display());
-    }
-    {
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "dashboard: {url}/dashboard/{}", dashboard_sign_in(secured.is_some(), &args));
+        let _ = writeln!(std::io::stderr(), "dashboard: {url}/dashboard/ ({})", dashboard_sign_in(&args));
     }
     if let Some(note) = local_agent.as_ref().and_then(|l| l.runtime_note.as_ref()) {
         // On stderr: scripts read the address from stdout and may close it after that line.
