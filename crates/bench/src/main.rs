@@ -92,6 +92,9 @@ enum Scenario {
         change_rate: f64,
         #[arg(long, default_value_t = 20.0)]
         change_seconds: f64,
+        /// Extra argument for `shepherd server`; repeatable (e.g. `--server-arg=--cluster-cidr=10.128.0.0/9`).
+        #[arg(long, allow_hyphen_values = true)]
+        server_arg: Vec<String>,
     },
     /// `shepherd standalone`, Deployment of 3 `minimal`: delete a pod, time until its
     /// replacement is Running and Ready.
@@ -305,11 +308,11 @@ async fn main() -> anyhow::Result<()> {
             workloads::apply_to_running(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime).await?
         }
         Scenario::Images { runs } => workloads::images(&cli.shepherd, if cli.smoke { 1 } else { runs }).await?,
-        Scenario::Dashboard { nodes, pods, change_rate, change_seconds } => {
+        Scenario::Dashboard { nodes, pods, change_rate, change_seconds, server_arg } => {
             let p = if cli.smoke {
-                dashboard::DashboardParams { nodes: 5, pods: 50, change_rate: 50.0, change_seconds: 2.0 }
+                dashboard::DashboardParams { nodes: 5, pods: 50, change_rate: 50.0, change_seconds: 2.0, server_args: server_arg }
             } else {
-                dashboard::DashboardParams { nodes, pods, change_rate, change_seconds }
+                dashboard::DashboardParams { nodes, pods, change_rate, change_seconds, server_args: server_arg }
             };
             dashboard::run(&cli.shepherd, p).await?
         }

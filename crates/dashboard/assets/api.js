@@ -5,15 +5,11 @@ const TOKEN = 'shepherd-token';
 const listeners = new Set();
 let unauthorized = false;
 
-export function setToken(token) {
-  sessionStorage.setItem(TOKEN, token);
-  unauthorized = false;
-  notify();
-}
+/** The token this tab signed in with, if any. */
+export const token = () => sessionStorage.getItem(TOKEN);
 
-function headers(extra = {}) {
-  const token = sessionStorage.getItem(TOKEN);
-  return token ? { ...extra, Authorization: `Bearer ${token}` } : extra;
+function headers(extra = {}, t = token()) {
+  return t ? { ...extra, Authorization: `Bearer ${t}` } : extra;
 }
 
 /** Subscribes to connection news: {unauthorized, error}. */
@@ -25,6 +21,51 @@ function notify(error = null) {
   for (const f of listeners) f({ unauthorized, error });
 }
 
+// Loops waiting out a back-off; a sign-in ends their wait, so the page fills at once.
+const sleepers = new Set();
+
+function sleep(ms) {
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      sleepers.delete(done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    sleepers.add(done);
+  });
+}
+
+/**
+ * Tries `candidate` against the API and keeps it for this tab when the server knows it.
+ * Resolves to null, or to the server's message refusing it. What the user may do with it is
+ * authorization's business, answered call by call.
+ */
+export async function signIn(candidate) {
+  let resp;
+  try {
+    resp = await fetch('/api', { headers: headers({}, candidate) });
+  } catch (e) {
+    return `cannot reach the server: ${e.message}`;
+  }
+  if (resp.status === 401) {
+    let body = null;
+    try { body = await resp.json(); } catch { /* not a Status */ }
+    return body?.message || 'Unauthorized';
+  }
+  sessionStorage.setItem(TOKEN, candidate);
+  unauthorized = false;
+  notify();
+  for (const wake of [...sleepers]) wake();
+  return null;
+}
+
+/** Forgets the token; the page starts again with nothing of what it showed. */
+export function signOut() {
+  sessionStorage.removeItem(TOKEN);
+  location.reload();
+}
+
 /** An API error with the server's own `Status` message. */
 export class ApiError extends Error {
   constructor(status, body) {
@@ -34,8 +75,9 @@ export class ApiError extends Error {
   }
 }
 
-async function check(resp) {
-  if (resp.status === 401) {
+/** Rejects an answer that is not a success; a 401 to the tab's current token signs it out. */
+async function check(resp, used) {
+  if (resp.status === 401 && used === token()) {
     unauthorized = true;
     notify();
   }
@@ -49,9 +91,10 @@ async function check(resp) {
 
 /** One call; resolves to the decoded body, rejects with an ApiError carrying the server's message. */
 export async function call(method, path, body, contentType = 'application/json') {
-  const init = { method, headers: headers(body === undefined ? {} : { 'Content-Type': contentType }) };
+  const used = token();
+  const init = { method, headers: headers(body === undefined ? {} : { 'Content-Type': contentType }, used) };
   if (body !== undefined) init.body = typeof body === 'string' ? body : JSON.stringify(body);
-  const resp = await check(await fetch(path, init));
+  const resp = await check(await fetch(path, init), used);
   return resp.status === 204 ? null : resp.json();
 }
 
@@ -74,20 +117,22 @@ export async function* jsonLines(resp) {
   if (buffered.trim()) yield JSON.parse(buffered);
 }
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+/** A watch that never opened: the server refused the upgrade (no status reaches a page). */
+class WatchRefused extends Error {}
 
 /**
  * Yields the events of a watch carried over a WebSocket, as Kubernetes serves it. The page holds a
  * watch per kind; as HTTP/1.1 streams they would take all six connections a browser allows a host
- * and leave none for the user's actions.
+ * and leave none for the user's actions. A browser cannot set headers on a WebSocket, so the
+ * token travels as Kubernetes takes it there: in a subprotocol.
  */
 async function* socketEvents(path) {
   const url = new URL(path, location.href);
   url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
   const protocols = ['binary.k8s.io'];
-  const token = sessionStorage.getItem(TOKEN);
-  if (token) {
-    const encoded = btoa(String.fromCharCode(...new TextEncoder().encode(token)))
+  const t = token();
+  if (t) {
+    const encoded = btoa(String.fromCharCode(...new TextEncoder().encode(t)))
       .replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
     protocols.push(`base64url.bearer.authorization.k8s.io.${encoded}`);
   }
@@ -110,7 +155,7 @@ async function* socketEvents(path) {
       if (queue.length) {
         yield queue.shift();
       } else if (closed) {
-        if (!opened) throw new Error(`cannot watch ${path.split('?')[0]}`);
+        if (!opened) throw new WatchRefused(`cannot watch ${path.split('?')[0]}`);
         return;
       } else {
         await new Promise((r) => { wake = r; });
@@ -121,25 +166,41 @@ async function* socketEvents(path) {
   }
 }
 
-/** Keeps calling `once` (which streams until the server ends it), backing off after failures. */
-async function forever(once) {
+/**
+ * Keeps calling `once` (which streams until the server ends it), backing off after failures.
+ * `refused(e)` sees a 403 (the user may not read this): the caller shows it, and the loop asks
+ * again now and then, as roles change. A 401 waits for a sign-in.
+ */
+async function forever(once, refused = () => {}) {
   let delay = 250;
   for (;;) {
+    const used = token();
     try {
       await once();
       delay = 250;
       notify();
     } catch (e) {
-      notify(e);
-      await sleep(delay);
-      delay = Math.min(delay * 2, 8000);
+      if (e instanceof ApiError && e.status === 403) {
+        refused(e);
+        await sleep(30000);
+      } else if (e instanceof ApiError && e.status === 401) {
+        // Refused the token of before a sign-in: try the new one at once.
+        if (token() === used) await sleep(60000);
+      } else {
+        notify(e);
+        await sleep(delay);
+        delay = Math.min(delay * 2, 8000);
+      }
     }
   }
 }
 
+const LIST_PAGE = 500;
+
 /**
  * A kind's objects, kept current as client-go's informers do: list, then watch from the list's
  * resourceVersion; a 410 (history gone) lists again, anything else retries with back-off.
+ * `forbidden` holds the server's message while the user may not list the kind.
  */
 export class Informer {
   constructor(path, onChange) {
@@ -148,6 +209,8 @@ export class Informer {
     this.items = new Map();
     this.resourceVersion = '';
     this.synced = false;
+    this.forbidden = null;
+    this.version = 0; // counts changes, for views that cache what they derive from the items
   }
 
   static key(o) {
@@ -156,7 +219,13 @@ export class Informer {
   }
 
   start() {
-    forever(() => this.once());
+    forever(() => this.once(), (e) => {
+      this.forbidden = e.message;
+      this.items = new Map();
+      this.resourceVersion = '';
+      this.version++;
+      this.onChange();
+    });
     return this;
   }
 
@@ -165,39 +234,62 @@ export class Informer {
   }
 
   async once() {
+    const sep = this.path.includes('?') ? '&' : '?';
     if (!this.resourceVersion) {
-      const list = await call('GET', this.path);
-      this.items = new Map((list.items || []).map((o) => [Informer.key(o), o]));
-      this.resourceVersion = list.metadata?.resourceVersion || '';
+      // In pages, as client-go lists: each is parsed in a task short enough to leave the page
+      // drawing frames, where one list of 10,000 pods would hold it for a good part of a second.
+      const items = new Map();
+      let next = '';
+      let listedAt = '';
+      do {
+        const page = await call('GET', `${this.path}${sep}limit=${LIST_PAGE}${next ? `&continue=${encodeURIComponent(next)}` : ''}`);
+        for (const o of page.items || []) items.set(Informer.key(o), o);
+        listedAt = page.metadata?.resourceVersion || '';
+        next = page.metadata?.continue || '';
+      } while (next);
+      this.items = items;
+      this.resourceVersion = listedAt;
       this.synced = true;
+      this.forbidden = null;
+      this.version++;
       this.onChange();
     }
-    const sep = this.path.includes('?') ? '&' : '?';
     const url = `${this.path}${sep}watch=true&allowWatchBookmarks=true&resourceVersion=${encodeURIComponent(this.resourceVersion)}`;
-    for await (const event of socketEvents(url)) {
-      const o = event.object;
-      if (event.type === 'ERROR') {
-        if (o?.code === 410) {
-          this.resourceVersion = '';
-          return;
+    try {
+      for await (const event of socketEvents(url)) {
+        const o = event.object;
+        if (event.type === 'ERROR') {
+          if (o?.code === 410) {
+            this.resourceVersion = '';
+            return;
+          }
+          throw new ApiError(o?.code || 500, o);
         }
-        throw new ApiError(o?.code || 500, o);
+        if (o?.metadata?.resourceVersion) this.resourceVersion = o.metadata.resourceVersion;
+        if (event.type === 'BOOKMARK') continue;
+        if (window.dashboardPerf) window.dashboardPerf.watchEvents++;
+        if (event.type === 'DELETED') this.items.delete(Informer.key(o));
+        else this.items.set(Informer.key(o), o);
+        this.version++;
+        this.onChange();
       }
-      if (o?.metadata?.resourceVersion) this.resourceVersion = o.metadata.resourceVersion;
-      if (event.type === 'BOOKMARK') continue;
-      if (window.dashboardPerf) window.dashboardPerf.watchEvents++;
-      if (event.type === 'DELETED') this.items.delete(Informer.key(o));
-      else this.items.set(Informer.key(o), o);
-      this.onChange();
+    } catch (e) {
+      // A refused watch says nothing of why; listing again does (401, 403, or a server away).
+      if (e instanceof WatchRefused) this.resourceVersion = '';
+      throw e;
     }
   }
 }
 
-/** Follows a stream of JSON snapshots (`/debug/controllers?watch=true`), reconnecting as needed. */
-export function follow(path, onSnapshot) {
+/**
+ * Follows a stream of JSON snapshots (`/debug/controllers?watch=true`), reconnecting as needed;
+ * `refused(e)` sees a 403.
+ */
+export function follow(path, onSnapshot, refused) {
   forever(async () => {
-    const resp = await check(await fetch(path, { headers: headers() }));
+    const used = token();
+    const resp = await check(await fetch(path, { headers: headers({}, used) }), used);
     notify();
     for await (const snapshot of jsonLines(resp)) onSnapshot(snapshot);
-  });
+  }, refused);
 }

@@ -1,6 +1,6 @@
 // The dashboard's entry: routing between views, the connection line, and the token form.
 
-import { onConnection, setToken } from './api.js';
+import { onConnection, signIn, signOut, token } from './api.js';
 import { startCluster } from './cluster.js';
 import { startLoop } from './loop.js';
 import { showBenchmarks } from './benchmarks.js';
@@ -11,9 +11,15 @@ window.addEventListener('error', (e) => window.dashboardErrors.push(String(e.mes
 window.addEventListener('unhandledrejection', (e) => window.dashboardErrors.push(String(e.reason?.message || e.reason)));
 
 // What a benchmark reads: frames (the longest gap between two since the last reset, and how many
-// gaps passed 100 ms) and the browser's long tasks.
-const perf = { maxFrameGapMs: 0, framesOver100: 0, frames: 0, longTasks: [], watchEvents: 0 };
-perf.reset = () => Object.assign(perf, { maxFrameGapMs: 0, framesOver100: 0, frames: 0, longTasks: [], watchEvents: 0 });
+// gaps passed 100 ms), the browser's long tasks, and the page's own redraws (how many, how long).
+const fresh = () => ({ maxFrameGapMs: 0, framesOver100: 0, frames: 0, longTasks: [], watchEvents: 0, draws: 0, drawMs: 0, maxDrawMs: 0 });
+const perf = fresh();
+perf.reset = () => Object.assign(perf, fresh());
+perf.drew = (ms) => {
+  perf.draws++;
+  perf.drawMs += ms;
+  perf.maxDrawMs = Math.max(perf.maxDrawMs, ms);
+};
 window.dashboardPerf = perf;
 let lastFrame = performance.now();
 requestAnimationFrame(function frame(t) {
@@ -45,14 +51,37 @@ function route() {
 function connection() {
   const line = document.getElementById('connection');
   const login = document.getElementById('login');
-  onConnection(({ unauthorized, error }) => {
+  const field = document.getElementById('token');
+  const error = document.getElementById('token-error');
+  const out = document.getElementById('sign-out');
+  out.hidden = !token();
+  out.addEventListener('click', signOut);
+  onConnection(({ unauthorized, error: down }) => {
+    const asking = login.hidden && unauthorized;
     login.hidden = !unauthorized;
-    line.classList.toggle('down', !!error || unauthorized);
-    line.textContent = unauthorized ? 'needs a token' : error ? `reconnecting: ${error.message}` : 'live';
+    document.body.dataset.auth = unauthorized ? 'needed' : 'ok';
+    line.classList.toggle('down', !!down || unauthorized);
+    line.textContent = unauthorized ? 'signed out' : down ? `reconnecting: ${down.message}` : 'live';
+    // The form takes the focus when it appears, so a keyboard user can type the token at once.
+    if (asking && !document.activeElement?.closest('input, select, textarea')) field.focus();
   });
-  login.addEventListener('submit', (e) => {
+  login.addEventListener('submit', async (e) => {
     e.preventDefault();
-    setToken(document.getElementById('token').value);
+    error.textContent = '';
+    const button = login.querySelector('button');
+    button.disabled = true;
+    const refused = await signIn(field.value.trim());
+    button.disabled = false;
+    if (refused) {
+      error.textContent = refused;
+      field.setAttribute('aria-invalid', 'true');
+      field.select();
+      return;
+    }
+    field.removeAttribute('aria-invalid');
+    field.value = '';
+    out.hidden = false;
+    document.getElementById('main').focus();
   });
 }
 

@@ -2,7 +2,7 @@
 // and node, Services with their endpoints, and the Events feed, all kept live by informers.
 
 import { Informer, call } from './api.js';
-import { h, fill, age, throttled, order } from './dom.js';
+import { h, fill, age, throttled, order, keyed, firstK, compare } from './dom.js';
 
 const PATHS = {
   nodes: '/api/v1/nodes',
@@ -24,11 +24,14 @@ const NODES_SHOWN = 100;
 const GROUPS_SHOWN = 40;
 const PODS_SHOWN_PER_GROUP = 50;
 const SERVICES_SHOWN = 100;
+// A Deployment of more replicas than this is drawn as one bar of proportions, not a box each.
+const BOXES_SHOWN = 60;
 
 const visible = () => document.body.dataset.view === 'cluster';
 
 export function startCluster() {
-  const draw = throttled(() => visible() && render(inf), 150);
+  // At most every 50 ms: a change reaches the screen well within the 100 ms a person calls live.
+  const draw = throttled(() => visible() && render(inf), 50);
   const inf = Object.fromEntries(Object.entries(PATHS).map(([k, p]) => [k, new Informer(p, draw).start()]));
   setInterval(draw, 5000); // ages move on even when nothing changes
   window.addEventListener('hashchange', draw);
@@ -48,15 +51,20 @@ function render(inf) {
   renderPods(inf);
   renderServices(inf);
   renderEvents(inf);
-  if (!shownLive && Object.values(inf).every((i) => i.synced)) {
+  if (!shownLive && Object.values(inf).every((i) => i.synced || i.forbidden)) {
     shownLive = true;
     performance.mark('shepherd-live'); // every kind listed and drawn: what a benchmark times
     document.body.dataset.live = 'true';
   }
 }
 
-const byName = (a, b) => Informer.key(a).localeCompare(Informer.key(b));
+const byName = (a, b) => compare(Informer.key(a), Informer.key(b));
 const live = (p) => !['Succeeded', 'Failed'].includes(p.status?.phase);
+
+/** The server's 403 for a kind this user may not list, shown in place of the list. */
+function forbiddenText(informer) {
+  return informer.forbidden || null;
+}
 
 // ---- Deployments -------------------------------------------------------------------------
 
@@ -64,8 +72,15 @@ const cards = new Map(); // key -> {card, parts}
 
 function renderDeployments(inf) {
   const box = document.getElementById('deployments');
-  const all = inf.deployments.list().sort(byName);
-  const deployments = all.slice(0, DEPLOYMENTS_SHOWN);
+  const denied = forbiddenText(inf.deployments);
+  if (denied) {
+    for (const c of cards.values()) c.card.remove();
+    cards.clear();
+    fill(box, h('p', { class: 'forbidden' }, denied));
+    return;
+  }
+  const all = inf.deployments.items;
+  const deployments = firstK(all.values(), DEPLOYMENTS_SHOWN, byName);
   const keys = new Set(deployments.map(Informer.key));
   for (const [key, c] of cards) {
     if (!keys.has(key)) {
@@ -83,12 +98,13 @@ function renderDeployments(inf) {
     updateCard(c, d);
     return c.card;
   });
-  order(box, shown);
-  box.querySelector('.more')?.remove();
-  if (!deployments.length && inf.deployments.synced) fill(box, h('p', { class: 'empty' }, 'No Deployments yet.'));
-  else box.querySelector('.empty')?.remove();
-  const hidden = more(all.length - deployments.length, 'Deployments');
-  if (hidden) box.append(hidden);
+  const tail = [];
+  if (!deployments.length) tail.push(h('p', { class: 'empty' }, inf.deployments.synced ? 'No Deployments yet.' : 'Loading…'));
+  const hidden = more(all.size - deployments.length, 'Deployments');
+  if (hidden) tail.push(hidden);
+  const els = [...shown, ...tail];
+  order(box, els);
+  while (box.childNodes.length > els.length) box.lastChild.remove();
 }
 
 function deploymentCard(d) {
@@ -115,7 +131,7 @@ function deploymentCard(d) {
   const card = h('article', { class: 'card', 'data-deployment': `${ns}/${name}` },
     h('h3', {}, name, ' ', h('span', { class: 'muted' }, ns)),
     parts.summary, parts.replicas, legend(), scaleForm, parts.images);
-  return { card, parts, scaleInput, imageForms: new Map(), ns, name, id };
+  return { card, parts, scaleInput, imageForms: new Map(), ns, name, id, drawn: '' };
 }
 
 /** What the user typed, as JSON would carry it: a number when it is one, the text otherwise (for the server to judge). */
@@ -139,6 +155,20 @@ function legend() {
     item('available', 'available'), item('ready', 'ready'), item('updated', 'updated'), item('old', 'old'), item('missing', 'missing'));
 }
 
+/**
+ * How many replicas are in each state, as the boxes show them: available, then ready, updated,
+ * old (current but not updated) and missing (wanted, not there yet).
+ */
+function replicaCounts(desired, current, updated, ready, available) {
+  const order = [['available', available], ['ready', ready], ['updated', updated], ['old', current], ['missing', Math.max(desired, current)]];
+  let below = 0;
+  return order.map(([cls, upTo]) => {
+    const n = Math.max(0, upTo - below);
+    below = Math.max(below, upTo);
+    return [cls, n];
+  });
+}
+
 function updateCard(c, d) {
   const s = d.status || {};
   const desired = d.spec?.replicas ?? 1;
@@ -147,16 +177,27 @@ function updateCard(c, d) {
   const ready = s.readyReplicas || 0;
   const available = s.availableReplicas || 0;
   const text = `${ready}/${desired} ready · ${updated} updated · ${available} available`;
-  c.parts.summary.textContent = text;
-  c.card.dataset.ready = ready;
-  c.card.dataset.desired = desired;
-  c.parts.replicas.setAttribute('aria-label', text);
-  const boxes = [];
-  for (let i = 0; i < Math.max(desired, current); i++) {
-    const cls = i < available ? 'available' : i < ready ? 'ready' : i < updated ? 'updated' : i < current ? 'old' : 'missing';
-    boxes.push(h('span', { class: `replica ${cls}` }));
+  if (c.drawn !== text + current) {
+    c.drawn = text + current;
+    c.parts.summary.textContent = text;
+    c.card.dataset.ready = ready;
+    c.card.dataset.desired = desired;
+    c.parts.replicas.setAttribute('aria-label', text);
+    const counts = replicaCounts(desired, current, updated, ready, available);
+    const total = Math.max(desired, current);
+    if (total <= BOXES_SHOWN) {
+      c.parts.replicas.className = 'replicas';
+      fill(c.parts.replicas, counts.flatMap(([cls, n]) => Array.from({ length: n }, () => h('span', { class: `replica ${cls}` }))));
+    } else {
+      c.parts.replicas.className = 'bar';
+      // Widths through the CSSOM: the page's Content-Security-Policy refuses style attributes.
+      fill(c.parts.replicas, counts.filter(([, n]) => n > 0).map(([cls, n]) => {
+        const part = h('span', { class: cls, 'data-count': n });
+        part.style.width = `${(100 * n) / total}%`;
+        return part;
+      }));
+    }
   }
-  fill(c.parts.replicas, boxes);
   if (document.activeElement !== c.scaleInput && !c.parts.scaleError.textContent) c.scaleInput.value = desired;
   for (const container of d.spec?.template?.spec?.containers || []) {
     let f = c.imageForms.get(container.name);
@@ -187,79 +228,154 @@ function imageForm(c, container) {
 
 // ---- Nodes and namespaces -------------------------------------------------------------------
 
+const nodeRows = new Map();
+
 function renderNodes(inf) {
+  const tbody = document.querySelector('#nodes tbody');
+  const denied = forbiddenText(inf.nodes);
+  if (denied) {
+    keyed(tbody, nodeRows, [], [emptyRow(5, denied, 'forbidden')]);
+    return;
+  }
   const perNode = new Map();
   for (const p of inf.pods.items.values()) {
     if (live(p) && p.spec?.nodeName) perNode.set(p.spec.nodeName, (perNode.get(p.spec.nodeName) || 0) + 1);
   }
   const leases = inf.leases.items;
-  const nodes = inf.nodes.list().sort(byName);
-  const rows = nodes.slice(0, NODES_SHOWN).map((n) => {
+  const nodes = firstK(inf.nodes.items.values(), NODES_SHOWN, byName);
+  const items = nodes.map((n) => {
     const ready = (n.status?.conditions || []).find((c) => c.type === 'Ready');
     const isReady = ready?.status === 'True';
     const lease = leases.get(`kube-node-lease/${n.metadata.name}`);
     const count = perNode.get(n.metadata.name) || 0;
     const capacity = n.status?.allocatable?.pods || n.status?.capacity?.pods || '?';
     const taints = (n.spec?.taints || []).map((t) => `${t.key}${t.value ? `=${t.value}` : ''}:${t.effect}`).join(', ');
-    return h('tr', { 'data-node': n.metadata.name },
-      h('td', {}, n.metadata.name),
-      h('td', { class: isReady ? 'yes' : 'no' }, isReady ? 'Ready' : ready?.status === 'False' ? 'NotReady' : 'Unknown'),
-      h('td', {}, lease?.spec?.renewTime ? age(lease.spec.renewTime) : '–'),
-      h('td', {}, `${count}/${capacity}`),
-      h('td', {}, taints || h('span', { class: 'muted' }, 'none')));
+    const state = isReady ? 'Ready' : ready?.status === 'False' ? 'NotReady' : 'Unknown';
+    const leaseAge = lease?.spec?.renewTime ? age(lease.spec.renewTime) : '–';
+    return {
+      key: n.metadata.name,
+      sig: [state, leaseAge, count, capacity, taints].join('|'),
+      make: () => h('tr', { 'data-node': n.metadata.name },
+        h('td', {}, n.metadata.name),
+        h('td', { class: isReady ? 'yes' : 'no' }, state),
+        h('td', {}, leaseAge),
+        h('td', {}, `${count}/${capacity}`),
+        h('td', {}, taints || h('span', { class: 'muted' }, 'none'))),
+    };
   });
-  if (nodes.length > rows.length) rows.push(emptyRow(5, `and ${(nodes.length - rows.length).toLocaleString('en')} more nodes`));
-  fill(document.querySelector('#nodes tbody'), rows.length ? rows : emptyRow(5, 'No nodes have joined.'));
+  const tail = [];
+  if (inf.nodes.items.size > items.length) tail.push(emptyRow(5, `and ${(inf.nodes.items.size - items.length).toLocaleString('en')} more nodes`));
+  if (!items.length) tail.push(emptyRow(5, inf.nodes.synced ? 'No nodes have joined.' : 'Loading…'));
+  keyed(tbody, nodeRows, items, tail);
 }
+
+let namespacesShown = null;
 
 function renderNamespaces(inf) {
-  fill(document.getElementById('namespaces'),
-    inf.namespaces.list().sort(byName).map((n) => h('li', {}, n.metadata.name, n.status?.phase === 'Terminating' ? ' (terminating)' : '')));
+  const denied = forbiddenText(inf.namespaces);
+  const names = denied ? [] : inf.namespaces.list().sort(byName).map((n) => n.metadata.name + (n.status?.phase === 'Terminating' ? ' (terminating)' : ''));
+  const sig = denied || names.join('\n');
+  if (sig === namespacesShown) return;
+  namespacesShown = sig;
+  fill(document.getElementById('namespaces'), denied ? h('li', { class: 'forbidden' }, denied) : names.map((n) => h('li', {}, n)));
 }
 
-function emptyRow(span, text) {
-  return h('tr', {}, h('td', { colspan: span, class: 'empty' }, text));
+function emptyRow(span, text, cls = 'empty') {
+  return h('tr', {}, h('td', { colspan: span, class: cls }, text));
 }
 
 // ---- Pods ------------------------------------------------------------------------------------
 
+const owners = new WeakMap(); // pod object -> {version of the ReplicaSets, owner}
+
 function ownerOf(pod, replicasets) {
+  const known = owners.get(pod);
+  if (known && known.version === replicasets.version) return known.owner;
   const ref = (pod.metadata.ownerReferences || []).find((r) => r.controller) || pod.metadata.ownerReferences?.[0];
-  if (!ref) return 'No owner';
-  if (ref.kind === 'ReplicaSet') {
-    const rs = replicasets.get(`${pod.metadata.namespace}/${ref.name}`);
-    const dep = (rs?.metadata?.ownerReferences || []).find((r) => r.kind === 'Deployment');
-    if (dep) return `Deployment ${pod.metadata.namespace}/${dep.name}`;
+  let owner = 'No owner';
+  if (ref) {
+    owner = `${ref.kind} ${pod.metadata.namespace}/${ref.name}`;
+    if (ref.kind === 'ReplicaSet') {
+      const rs = replicasets.items.get(`${pod.metadata.namespace}/${ref.name}`);
+      const dep = (rs?.metadata?.ownerReferences || []).find((r) => r.kind === 'Deployment');
+      if (dep) owner = `Deployment ${pod.metadata.namespace}/${dep.name}`;
+    }
   }
-  return `${ref.kind} ${pod.metadata.namespace}/${ref.name}`;
+  owners.set(pod, { version: replicasets.version, owner });
+  return owner;
 }
+
+const byNodeThenName = (a, b) => compare(a.spec?.nodeName || '', b.spec?.nodeName || '') || byName(a, b);
+
+const groupSections = new Map(); // owner -> {section, count, tbody, more}
+const podRows = new Map(); // namespace/name -> {tr, cells, button, error, sig}
 
 function renderPods(inf) {
   const box = document.getElementById('pods');
+  const denied = forbiddenText(inf.pods);
+  document.getElementById('pods-error').textContent = denied || '';
   const groups = new Map();
   for (const p of inf.pods.items.values()) {
-    const owner = ownerOf(p, inf.replicasets.items);
-    if (!groups.has(owner)) groups.set(owner, []);
-    groups.get(owner).push(p);
+    const owner = ownerOf(p, inf.replicasets);
+    const group = groups.get(owner);
+    if (group) group.push(p);
+    else groups.set(owner, [p]);
   }
-  const sorted = [...groups.entries()].sort(([a], [b]) => a.localeCompare(b));
-  const sections = sorted.slice(0, GROUPS_SHOWN).map(([owner, pods]) => {
-    pods.sort((a, b) => (a.spec?.nodeName || '').localeCompare(b.spec?.nodeName || '') || byName(a, b));
-    const shown = pods.slice(0, PODS_SHOWN_PER_GROUP);
-    return h('section', { class: 'group' },
-      h('h3', {}, owner, ' ', h('span', { class: 'muted' }, `${pods.length} pod${pods.length === 1 ? '' : 's'}`)),
-      h('div', { class: 'scroll' }, h('table', {},
-        h('thead', {}, h('tr', {}, ['Name', 'Node', 'Phase', 'Ready', 'Restarts', 'Age', ''].map((t) => h('th', { scope: 'col' }, t)))),
-        h('tbody', {}, shown.map(podRow)))),
-      more(pods.length - shown.length, 'pods'));
+  const shownOwners = firstK(groups.keys(), GROUPS_SHOWN, compare);
+  const shownPods = new Set();
+  const sections = shownOwners.map((owner) => {
+    const pods = groups.get(owner);
+    const shown = firstK(pods, PODS_SHOWN_PER_GROUP, byNodeThenName);
+    let g = groupSections.get(owner);
+    if (!g) {
+      g = { count: h('span', { class: 'muted' }), tbody: h('tbody'), more: h('p', { class: 'muted more' }) };
+      g.section = h('section', { class: 'group', 'data-owner': owner },
+        h('h3', {}, owner, ' ', g.count),
+        h('div', { class: 'scroll' }, h('table', {},
+          h('thead', {}, h('tr', {}, ['Name', 'Node', 'Phase', 'Ready', 'Restarts', 'Age', ''].map((t) => h('th', { scope: 'col' }, t)))),
+          g.tbody)),
+        g.more);
+      groupSections.set(owner, g);
+    }
+    g.count.textContent = `${pods.length.toLocaleString('en')} pod${pods.length === 1 ? '' : 's'}`;
+    const rows = shown.map((p) => {
+      const key = Informer.key(p);
+      shownPods.add(key);
+      return podRow(key, p);
+    });
+    order(g.tbody, rows);
+    while (g.tbody.childNodes.length > rows.length) g.tbody.lastChild.remove();
+    const hidden = pods.length - shown.length;
+    g.more.hidden = hidden <= 0;
+    g.more.textContent = hidden > 0 ? `and ${hidden.toLocaleString('en')} more pods` : '';
+    return g.section;
   });
-  const hidden = more(sorted.length - sections.length, 'owners');
-  if (hidden) sections.push(hidden);
-  if (!sections.length) fill(box, h('p', { class: 'empty' }, inf.pods.synced ? 'No pods.' : 'Loading…'));
-  else fill(box, sections);
+  for (const [owner, g] of groupSections) {
+    if (!shownOwners.includes(owner)) {
+      g.section.remove();
+      groupSections.delete(owner);
+    }
+  }
+  for (const [key, r] of podRows) {
+    if (!shownPods.has(key)) {
+      r.tr.remove();
+      podRows.delete(key);
+    }
+  }
+  const tail = [];
+  const hidden = more(groups.size - sections.length, 'owners');
+  if (hidden) tail.push(hidden);
+  if (!sections.length && !denied) tail.push(h('p', { class: 'empty' }, inf.pods.synced ? 'No pods.' : 'Loading…'));
+  const els = [...sections, ...tail];
+  order(box, els);
+  while (box.childNodes.length > els.length) box.lastChild.remove();
 }
 
-function podRow(p) {
+/**
+ * A pod's row, kept from one redraw to the next and changed in place: a keyboard user's focus on
+ * its Delete button, and the server's answer beside it, stay while the cluster moves.
+ */
+function podRow(key, p) {
   const ns = p.metadata.namespace;
   const name = p.metadata.name;
   const statuses = p.status?.containerStatuses || [];
@@ -268,52 +384,105 @@ function podRow(p) {
   const phase = p.status?.phase || 'Pending';
   const deleting = !!p.metadata.deletionTimestamp;
   const waiting = statuses.map((s) => s.state?.waiting?.reason).find(Boolean);
-  return h('tr', { 'data-pod': `${ns}/${name}`, 'data-phase': phase, 'data-uid': p.metadata.uid },
-    h('td', {}, name),
-    h('td', {}, p.spec?.nodeName || h('span', { class: 'muted' }, 'unscheduled')),
-    h('td', {}, deleting ? h('span', { class: 'terminating' }, 'Terminating') : h('span', { class: `phase ${phase}` }, waiting || phase)),
-    h('td', {}, `${ready}/${(p.spec?.containers || []).length}`),
-    h('td', {}, restarts),
-    h('td', {}, age(p.metadata.creationTimestamp)),
-    h('td', {}, h('button', {
-      class: 'danger', type: 'button', 'aria-label': `Delete pod ${name}`, disabled: deleting,
-      onclick: () => act(document.getElementById('pods-error'), () => call('DELETE', `/api/v1/namespaces/${ns}/pods/${name}`)),
-    }, 'Delete')));
+  const created = age(p.metadata.creationTimestamp);
+  const node = p.spec?.nodeName || '';
+  const sig = [p.metadata.uid, node, phase, deleting, waiting, ready, (p.spec?.containers || []).length, restarts, created].join('|');
+  let r = podRows.get(key);
+  if (!r) {
+    const id = `pod-error-${key}`.replace(/[^a-zA-Z0-9-]/g, '-');
+    const error = h('p', { class: 'field-error', id, role: 'alert' });
+    const button = h('button', { class: 'danger', type: 'button', 'aria-label': `Delete pod ${name}`, 'aria-describedby': id }, 'Delete');
+    button.addEventListener('click', () => act(error, () => call('DELETE', `/api/v1/namespaces/${ns}/pods/${name}`)));
+    const cells = Array.from({ length: 6 }, () => h('td'));
+    const tr = h('tr', { 'data-pod': key }, cells, h('td', { class: 'row-action' }, button, error));
+    cells[0].textContent = name;
+    r = { tr, cells, button, error, sig: '' };
+    podRows.set(key, r);
+  }
+  if (r.sig !== sig) {
+    r.sig = sig;
+    const { tr, cells } = r;
+    tr.dataset.phase = phase;
+    tr.dataset.uid = p.metadata.uid;
+    fill(cells[1], node || h('span', { class: 'muted' }, 'unscheduled'));
+    fill(cells[2], deleting ? h('span', { class: 'terminating' }, 'Terminating') : h('span', { class: `phase ${phase}` }, waiting || phase));
+    cells[3].textContent = `${ready}/${(p.spec?.containers || []).length}`;
+    cells[4].textContent = restarts;
+    cells[5].textContent = created;
+    r.button.disabled = deleting;
+  }
+  return r.tr;
 }
 
 // ---- Services and Events ---------------------------------------------------------------------
 
+const serviceRows = new Map();
+
 function renderServices(inf) {
-  const services = inf.services.list().sort(byName);
-  const rows = services.slice(0, SERVICES_SHOWN).map((s) => {
+  const tbody = document.querySelector('#services tbody');
+  const denied = forbiddenText(inf.services);
+  if (denied) {
+    keyed(tbody, serviceRows, [], [emptyRow(5, denied, 'forbidden')]);
+    return;
+  }
+  const services = firstK(inf.services.items.values(), SERVICES_SHOWN, byName);
+  const items = services.map((s) => {
     const ep = inf.endpoints.items.get(Informer.key(s));
     const addresses = (ep?.subsets || []).flatMap((sub) =>
       (sub.addresses || []).flatMap((a) => (sub.ports || [{}]).map((port) => `${a.ip}${port.port ? `:${port.port}` : ''}`)));
     const ports = (s.spec?.ports || []).map((p) => `${p.port}${p.nodePort ? `:${p.nodePort}` : ''}/${p.protocol || 'TCP'}`).join(', ');
-    return h('tr', { 'data-service': Informer.key(s) },
-      h('td', {}, s.metadata.name, ' ', h('span', { class: 'muted' }, s.metadata.namespace)),
-      h('td', {}, s.spec?.type || 'ClusterIP'),
-      h('td', {}, s.spec?.clusterIP || '–'),
-      h('td', {}, ports),
-      h('td', {}, addresses.length ? addresses.join(', ') : h('span', { class: 'muted' }, 'none ready')));
+    const endpoints = inf.endpoints.forbidden ? inf.endpoints.forbidden : addresses.join(', ');
+    return {
+      key: Informer.key(s),
+      sig: [s.spec?.type, s.spec?.clusterIP, ports, endpoints].join('|'),
+      make: () => h('tr', { 'data-service': Informer.key(s) },
+        h('td', {}, s.metadata.name, ' ', h('span', { class: 'muted' }, s.metadata.namespace)),
+        h('td', {}, s.spec?.type || 'ClusterIP'),
+        h('td', {}, s.spec?.clusterIP || '–'),
+        h('td', {}, ports),
+        h('td', {}, endpoints || h('span', { class: 'muted' }, 'none ready'))),
+    };
   });
-  if (services.length > rows.length) rows.push(emptyRow(5, `and ${(services.length - rows.length).toLocaleString('en')} more Services`));
-  fill(document.querySelector('#services tbody'), rows.length ? rows : emptyRow(5, 'No Services.'));
+  const tail = [];
+  const size = inf.services.items.size;
+  if (size > items.length) tail.push(emptyRow(5, `and ${(size - items.length).toLocaleString('en')} more Services`));
+  if (!items.length) tail.push(emptyRow(5, inf.services.synced ? 'No Services.' : 'Loading…'));
+  keyed(tbody, serviceRows, items, tail);
 }
 
 function eventTime(e) {
   return e.lastTimestamp || e.eventTime || e.series?.lastObservedTime || e.firstTimestamp || e.metadata.creationTimestamp || '';
 }
 
+const eventItems = new Map();
+// The newest Events, found again only when an Event changed: a cluster of 10,000 pods keeps tens
+// of thousands of them, and most redraws come from pods.
+let newestEvents = { version: -1, events: [] };
+
 function renderEvents(inf) {
-  const events = inf.events.list().sort((a, b) => eventTime(b).localeCompare(eventTime(a))).slice(0, EVENTS_SHOWN);
+  const feed = document.getElementById('events');
+  const denied = forbiddenText(inf.events);
+  if (denied) {
+    keyed(feed, eventItems, [], [h('li', { class: 'forbidden' }, denied)]);
+    return;
+  }
+  if (newestEvents.version !== inf.events.version) {
+    const newest = (a, b) => compare(eventTime(b), eventTime(a)) || byName(a, b);
+    newestEvents = { version: inf.events.version, events: firstK(inf.events.items.values(), EVENTS_SHOWN, newest) };
+  }
+  const { events } = newestEvents;
   const items = events.map((e) => {
     const o = e.involvedObject || e.regarding || {};
-    return h('li', { 'data-reason': e.reason, 'data-object': `${o.kind}/${o.name}` },
-      h('span', { class: 'muted' }, age(eventTime(e)), ' '),
-      h('span', { class: e.type === 'Warning' ? 'Warning' : 'reason' }, e.reason), ' ',
-      h('span', {}, `${o.kind || ''} ${o.name || ''}: `), e.message || e.note || '',
-      (e.count || 1) > 1 ? h('span', { class: 'muted' }, ` ×${e.count}`) : null);
+    const when = age(eventTime(e));
+    return {
+      key: Informer.key(e),
+      sig: [e.metadata.resourceVersion, when].join('|'),
+      make: () => h('li', { 'data-reason': e.reason, 'data-object': `${o.kind}/${o.name}` },
+        h('span', { class: 'muted' }, when, ' '),
+        h('span', { class: e.type === 'Warning' ? 'Warning' : 'reason' }, e.reason), ' ',
+        h('span', {}, `${o.kind || ''} ${o.name || ''}: `), e.message || e.note || '',
+        (e.count || 1) > 1 ? h('span', { class: 'muted' }, ` ×${e.count}`) : null),
+    };
   });
-  fill(document.getElementById('events'), items.length ? items : h('li', { class: 'empty' }, 'No Events.'));
+  keyed(feed, eventItems, items, items.length ? [] : [h('li', { class: 'empty' }, inf.events.synced ? 'No Events.' : 'Loading…')]);
 }

@@ -9,12 +9,14 @@ const WINDOW_MS = 5 * 60 * 1000;
 const RATE_MS = 3000;
 const history = new Map(); // controller name -> [{t, depth, inFlight, adds, done}]
 let latest = null;
+let denied = null; // the server's 403 while this user may not read the controllers
 
 export function startLoop() {
   const draw = throttled(() => document.body.dataset.view === 'loop' && render(), 250);
   window.addEventListener('hashchange', draw);
   follow('/debug/controllers?watch=true', (snapshot) => {
     latest = snapshot;
+    denied = null;
     const now = Date.now();
     for (const c of snapshot.controllers || []) {
       const r = c.reconciles || {};
@@ -24,6 +26,10 @@ export function startLoop() {
       while (points.length && points[0].t < now - WINDOW_MS) points.shift();
       history.set(c.name, points);
     }
+    draw();
+  }, (e) => {
+    denied = e.message;
+    latest = null;
     draw();
   });
   setInterval(draw, 1000);
@@ -43,6 +49,11 @@ const cards = new Map(); // controller name -> {card, body, demo}
 
 function render() {
   const box = document.getElementById('controllers');
+  if (denied) {
+    cards.clear();
+    fill(box, h('p', { class: 'forbidden', role: 'alert' }, denied));
+    return;
+  }
   if (!latest) return;
   document.getElementById('demo-banner').hidden = !latest.demo;
   const controllers = (latest.controllers || []).slice().sort((a, b) => a.name.localeCompare(b.name));
@@ -50,7 +61,7 @@ function render() {
     fill(box, h('p', { class: 'empty' }, 'No controllers run in this process.'));
     return;
   }
-  box.querySelector('.empty')?.remove();
+  for (const stale of box.querySelectorAll(':scope > .empty, :scope > .forbidden')) stale.remove();
   order(box, controllers.map((c) => {
     let entry = cards.get(c.name);
     if (!entry) {

@@ -1,7 +1,9 @@
 //! Headless Chromium under chromedriver, for the dashboard's browser test and benchmark.
 //!
 //! Debian's `chromium` and `chromium-driver` packages; the flags keep the browser off the network
-//! (no background services, no component updates) and out of any profile but a fresh one.
+//! (no background services, no component updates) and out of any profile but a fresh one. The
+//! session accepts the server's certificate (WebDriver's `acceptInsecureCerts`): a cluster's CA is
+//! its own, generated at its first start.
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -60,7 +62,10 @@ impl Browser {
             format!("--user-data-dir={}", profile.path().display()),
             format!("--window-size={width},{height}"),
         ];
-        let Value::Object(caps) = json!({"goog:chromeOptions": {"binary": CHROMIUM, "args": args}}) else {
+        // A cluster serves TLS with a certificate of its own CA, made at its first start, which this
+        // fresh profile cannot know: WebDriver's acceptInsecureCerts lets the page load over it.
+        let caps = json!({"goog:chromeOptions": {"binary": CHROMIUM, "args": args}, "acceptInsecureCerts": true});
+        let Value::Object(caps) = caps else {
             return Err("capabilities are an object".into());
         };
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -1,10 +1,13 @@
 //! The dashboard in a real browser: Debian's headless Chromium, driven over WebDriver by
-//! chromedriver, against a real `shepherd standalone` running the seed's Deployment as processes.
-//! One cluster and one browser serve every step: what a person would do, in order.
+//! chromedriver, against a real `shepherd standalone` serving TLS with authentication, running the
+//! seed's Deployment as processes. One cluster and one browser serve every step: what people
+//! would do, in order: a wrong token, a user who may only look, then the administrator.
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::Daemon;
@@ -33,6 +36,8 @@ const SEEN: &str = "return {errors: window.dashboardErrors, connection: document
       + r.textContent),
     deployments: [...document.querySelectorAll('[data-deployment]')].map(d => d.textContent),
     podsError: document.getElementById('pods-error')?.textContent,
+    signIn: document.getElementById('login')?.hidden ? 'hidden' : document.getElementById('token-error')?.textContent || 'shown',
+    rowErrors: [...document.querySelectorAll('tr[data-pod] .field-error')].map(p => p.textContent).filter(Boolean),
     events: [...document.querySelectorAll('#events li')].slice(0, 12).map(li => li.textContent)};";
 
 async fn js(client: &Client, script: &str) -> Value {
@@ -84,9 +89,76 @@ async fn tune_from_page(client: &Client, card: &str, mode: &str, period: &str, l
     client.find(Locator::Css(&format!("{card} form.demo button"))).await.expect("apply").click().await.expect("click apply");
 }
 
-async fn deployment(url: &str) -> Value {
-    reqwest::get(format!("{url}/apis/apps/v1/namespaces/default/deployments/web")).await.expect("get").json().await.expect("json")
+/// The administrator's token (`--token`), which the test uses to set the cluster up and check it.
+const ADMIN: &str = "admin-t0ken-for-the-test";
+/// Users of `--token-auth-file`: alice is bound to cluster-admin, victor to view.
+const ALICE: &str = "alice-t0ken-0123456789";
+const VICTOR: &str = "victor-t0ken-0123456789";
+
+/// `shepherd standalone` over TLS with the tokens above; returns it and the line it printed on
+/// where the dashboard is (its other output goes on to the test's stderr).
+fn secure_standalone(dir: &Path, extra: &[&str]) -> (Daemon, String) {
+    let tokens = dir.join("tokens.csv");
+    std::fs::write(&tokens, format!("{ALICE},alice,1001\n{VICTOR},victor,1002\n")).expect("token file");
+    let data = dir.join("data");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("standalone")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0", "--runtime", "process", "--token", ADMIN, "--token-auth-file"])
+        .arg(&tokens)
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start shepherd");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.starts_with("dashboard: ") {
+                let _ = tx.send(line.clone());
+            }
+            eprintln!("{line}");
+        }
+    });
+    let daemon = Daemon::from_child(child);
+    assert!(daemon.url.starts_with("https://"), "served without TLS: {}", daemon.url);
+    let line = rx.recv_timeout(Duration::from_secs(30)).expect("a line saying where the dashboard is");
+    (daemon, line)
 }
+
+/// A client that trusts the cluster CA of `dir`'s standalone.
+fn https_client(dir: &Path) -> reqwest::Client {
+    let pem = std::fs::read(dir.join("data/pki/ca.crt")).expect("the cluster CA is in the data dir");
+    let ca = reqwest::Certificate::from_pem(&pem).expect("CA");
+    reqwest::Client::builder().tls_built_in_root_certs(false).add_root_certificate(ca).build().expect("client")
+}
+
+async fn deployment(http: &reqwest::Client, url: &str) -> Value {
+    let r = http.get(format!("{url}/apis/apps/v1/namespaces/default/deployments/web")).bearer_auth(ADMIN).send().await;
+    r.expect("get").json().await.expect("json")
+}
+
+/// Binds `user` to the ClusterRole `role`, as the administrator.
+async fn bind(http: &reqwest::Client, url: &str, user: &str, role: &str) {
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": format!("{user}-{role}")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": user}]});
+    let r = http.post(format!("{url}/apis/rbac.authorization.k8s.io/v1/clusterrolebindings")).bearer_auth(ADMIN).json(&binding);
+    let r = r.send().await.expect("bind");
+    assert_eq!(r.status(), 201, "binding {user} to {role}");
+}
+
+/// Signs in from the page's form, typing the token and pressing Enter as a person would.
+async fn sign_in(browser: &Browser, token: &str) {
+    wait_for(browser, "the sign-in form", "return !document.getElementById('login').hidden;").await;
+    submit(&browser.client, "#token", token).await;
+}
+
+const SIGNED_IN: &str = "return document.getElementById('login').hidden && document.body.dataset.auth === 'ok';";
 
 /// A script that is true once the Deployment's card shows `n` ready replicas.
 fn ready_is(n: u32) -> String {
@@ -101,18 +173,72 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     let dir = tempfile::tempdir().expect("tempdir");
     let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results");
     let results = results.to_str().expect("utf-8 path");
-    let daemon =
-        Daemon::start("standalone", dir.path(), &["--restart-backoff-seconds", "0.2", "--dashboard-demo", "--bench-results", results]);
+    let (daemon, printed) = secure_standalone(dir.path(), &["--restart-backoff-seconds", "0.2", "--dashboard-demo", "--bench-results", results]);
     let url = daemon.url.clone();
+    assert_eq!(printed, format!("dashboard: {url}/dashboard/ (sign in with the --token value)"));
+    let http = https_client(dir.path());
+    bind(&http, &url, "alice", "cluster-admin").await;
+    bind(&http, &url, "victor", "view").await;
     let browser = Browser::start(DESKTOP.0, DESKTOP.1).await.unwrap_or_else(|e| panic!("{e}"));
     let client = browser.client.clone();
 
     let seed = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
         "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
             "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "minimal"}]}}}});
-    let http = reqwest::Client::new();
-    let created = http.post(format!("{url}/apis/apps/v1/namespaces/default/deployments")).json(&seed).send().await.expect("create");
+    let created = http.post(format!("{url}/apis/apps/v1/namespaces/default/deployments")).bearer_auth(ADMIN).json(&seed);
+    let created = created.send().await.expect("create");
     assert!(created.status().is_success(), "create: {}", created.status());
+
+    // Signed out, the page asks for a token, with the focus in the field; a wrong one gets the
+    // server's answer beside it.
+    client.goto(&format!("{url}/dashboard/")).await.expect("open the dashboard");
+    wait_for(&browser, "the sign-in form", "return !document.getElementById('login').hidden;").await;
+    wait_for(&browser, "the focus in the token field", "return document.activeElement?.id === 'token';").await;
+    screenshots(&client, "sign-in").await;
+    sign_in(&browser, "not-a-token-of-this-server").await;
+    let refused = wait_for(&browser, "the refusal", "return document.getElementById('token-error').textContent;").await;
+    assert_eq!(refused, json!("Unauthorized"), "the server's 401 message");
+    assert_eq!(js(&client, "return document.getElementById('login').hidden;").await, json!(false));
+
+    // victor may look: he sees the Deployment and its pods, the server's 403 where he may not
+    // read (nodes, the controllers), and its 403 beside the control when he deletes a pod or
+    // scales; nothing changes.
+    sign_in(&browser, VICTOR).await;
+    wait_for(&browser, "victor signed in", SIGNED_IN).await;
+    wait_for(&browser, "3 ready replicas, as victor sees them", &ready_is(3)).await;
+    wait_for(&browser, "3 running pods", "return document.querySelectorAll('tr[data-pod^=\"default/web-\"][data-phase=\"Running\"]').length === 3;").await;
+    let nodes = wait_for(&browser, "the nodes refused", "return document.querySelector('#nodes .forbidden')?.textContent;").await;
+    assert!(nodes.as_str().is_some_and(|m| m.contains("User \"victor\" cannot list resource \"nodes\"")), "{nodes}");
+    let before = deployment(&http, &url).await;
+    let row = "document.querySelector('tr[data-pod^=\"default/web-\"]')";
+    let (key, uid) = (js(&client, &format!("return {row}.dataset.pod;")).await, js(&client, &format!("return {row}.dataset.uid;")).await);
+    let key = key.as_str().expect("a pod key").to_string();
+    let name = key.trim_start_matches("default/");
+    client.find(Locator::Css(&format!("button[aria-label=\"Delete pod {name}\"]"))).await.expect("delete button").click().await.expect("click");
+    let shown = wait_for(&browser, "the 403 beside the Delete button",
+        &format!("return document.querySelector('tr[data-pod=\"{key}\"] .field-error')?.textContent;")).await;
+    assert!(shown.as_str().is_some_and(|m| m.contains("User \"victor\" cannot delete resource \"pods\"")), "{shown}");
+    submit(&client, "input[data-deployment=\"default/web\"]", "4").await;
+    let shown = wait_for(&browser, "the 403 beside the replicas field", "return document.querySelector('[data-action=\"scale\"] .field-error')?.textContent;").await;
+    assert!(shown.as_str().is_some_and(|m| m.contains("cannot patch resource \"deployments/scale\"")), "{shown}");
+    let pod = http.get(format!("{url}/api/v1/namespaces/default/pods/{name}")).bearer_auth(ADMIN);
+    let pod: Value = pod.send().await.expect("get pod").json().await.expect("json");
+    assert_eq!(pod["metadata"]["uid"], uid, "a view-only user deleted a pod");
+    assert!(pod["metadata"]["deletionTimestamp"].is_null(), "a view-only user deleted a pod");
+    let after = deployment(&http, &url).await;
+    assert_eq!(after["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"], "a view-only user changed the Deployment");
+    screenshots(&client, "view-only").await;
+    client.find(Locator::Css("nav a[data-view=\"loop\"]")).await.expect("loop link").click().await.expect("open the loop view");
+    let loop_refused = wait_for(&browser, "the controllers refused", "return document.querySelector('#controllers .forbidden')?.textContent;").await;
+    assert!(loop_refused.as_str().is_some_and(|m| m.contains("victor") && m.contains("/debug/controllers")), "{loop_refused}");
+    client.find(Locator::Css("nav a[data-view=\"cluster\"]")).await.expect("cluster link").click().await.expect("open the cluster view");
+    assert_no_page_errors(&client, "cluster, as a view-only user").await;
+
+    // Signing out forgets the token; alice, an administrator, signs in and sees live data.
+    client.find(Locator::Css("#sign-out")).await.expect("sign-out button").click().await.expect("sign out");
+    wait_for(&browser, "the sign-in form again", "return !document.getElementById('login').hidden && !sessionStorage.getItem('shepherd-token');").await;
+    sign_in(&browser, ALICE).await;
+    wait_for(&browser, "alice signed in", SIGNED_IN).await;
 
     // The seed's Deployment appears with three ready pods.
     client.goto(&format!("{url}/dashboard/")).await.expect("open the dashboard");
@@ -145,7 +271,7 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     submit(&client, "input[data-deployment=\"default/web\"]", "5").await;
     wait_for(&browser, "5 ready replicas", &ready_is(5)).await;
     wait_for(&browser, "5 running pods", "return document.querySelectorAll('tr[data-pod^=\"default/web-\"][data-phase=\"Running\"]').length === 5;").await;
-    assert_eq!(deployment(&url).await["spec"]["replicas"], json!(5));
+    assert_eq!(deployment(&http, &url).await["spec"]["replicas"], json!(5));
     client.find(Locator::Css(loop_link)).await.expect("loop link").click().await.expect("open the loop view");
     let added = format!("const n = (() => {{ {ADDED} }})(); return n > {added_before} && n;");
     wait_for(&browser, "the replicaset queue chart to move", &added).await;
@@ -156,7 +282,7 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
 
     // Bad input from the page: the server's 422 message appears next to the field; nothing changes.
     client.find(Locator::Css("nav a[data-view=\"cluster\"]")).await.expect("cluster link").click().await.expect("open the cluster view");
-    let before = deployment(&url).await;
+    let before = deployment(&http, &url).await;
     for bad in ["-1", "five"] {
         submit(&client, "input[data-deployment=\"default/web\"]", bad).await;
         let shown = wait_for(&browser, "the scale error", "return document.querySelector('[data-action=\"scale\"] .field-error')?.textContent;").await;
@@ -167,7 +293,7 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     submit(&client, "input[data-container=\"web\"]", "bad image").await;
     let shown = wait_for(&browser, "the image error", "return document.querySelector('[data-action=\"image\"] .field-error')?.textContent;").await;
     assert!(shown.as_str().is_some_and(|s| s.contains("containers[0].image") && s.contains("whitespace")), "{shown}");
-    let after = deployment(&url).await;
+    let after = deployment(&http, &url).await;
     assert_eq!(after["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"], "bad input changed the Deployment");
     assert_no_page_errors(&client, "cluster").await;
 
