@@ -26,22 +26,6 @@ pub struct ServiceAccountArgs {
     pub service_account_min_expiration_seconds: i64,
 }
 
-fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    f.write_all(contents.as_bytes())
-        .and_then(|()| f.sync_all())
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
-}
 
 impl ServiceAccountArgs {
     /// The token signer of a server whose data dir is `data_dir` (its `pki` directory exists).
@@ -55,7 +39,7 @@ impl ServiceAccountArgs {
                     Ok(pem) => pem,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                         let pem = serviceaccount::generate_key_pem()?;
-                        write_private(&path, &pem)?;
+                        crate::credentials::write_private(&path, &pem)?;
                         tracing::info!(path = %path.display(), "generated the service account signing key");
                         pem
                     }

@@ -38,7 +38,7 @@ async fn events_until(log: &Path, what: &str, done: impl Fn(&[Value]) -> bool) -
     }
 }
 
-fn find<'a>(events: &'a [Value], f: impl Fn(&Value) -> bool) -> Option<&'a Value> {
+fn find(events: &[Value], f: impl Fn(&Value) -> bool) -> Option<&Value> {
     events.iter().find(|e| f(e))
 }
 

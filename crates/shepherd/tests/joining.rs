@@ -8,27 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Daemon, KillOnDrop, kubectls_under_test, run_with_stdin};
+use common::{KillOnDrop, kubectls_under_test, run_with_stdin, secure_server};
 use serde_json::{Value, json};
 
 const NODE: &str = "joined-1";
-
-/// A `shepherd server` with TLS and authentication, no controllers but the CSR signer.
-fn secure_server(dir: &Path) -> Daemon {
-    let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .arg("server")
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--listen", "127.0.0.1:0", "--controllers", "none"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start shepherd");
-    let daemon = Daemon::from_child(child);
-    assert!(daemon.url.starts_with("https://"), "served without TLS: {}", daemon.url);
-    daemon
-}
 
 fn kubectl(bin: &Path, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
     let mut cmd = Command::new(bin);
@@ -121,7 +104,7 @@ fn pod(name: &str, node: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_agent_joined_with_a_bootstrap_token_acts_only_as_its_own_node() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = secure_server(dir.path());
+    let server = secure_server(dir.path(), &[]);
     let (token, join_hint) = create_token(dir.path(), "1h");
     assert!(join_hint.contains(&format!("--join-token {token}")) && join_hint.contains(&server.url), "{join_hint}");
     let ca = dir.path().join("pki/ca.crt");
@@ -262,7 +245,7 @@ async fn an_agent_joined_with_a_bootstrap_token_acts_only_as_its_own_node() {
 #[test]
 fn kubectl_approves_and_denies_user_certificate_requests_and_bad_requests_are_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let _server = secure_server(dir.path());
+    let _server = secure_server(dir.path(), &[]);
     let admin = dir.path().join("admin.kubeconfig");
     let request = |cn: &str, org: &str| {
         let key = rcgen::KeyPair::generate().expect("key");
@@ -324,7 +307,7 @@ fn kubectl_approves_and_denies_user_certificate_requests_and_bad_requests_are_re
 #[tokio::test(flavor = "multi_thread")]
 async fn an_agent_trusts_the_server_by_the_pinned_ca_hash_and_refuses_a_wrong_pin() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = secure_server(dir.path());
+    let server = secure_server(dir.path(), &[]);
     let (token, join_hint) = create_token(dir.path(), "10m");
     let pin = join_hint
         .split_whitespace()

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use common::{Daemon, kubectls_under_test, run_with_stdin};
+use common::{Daemon, https_client, kubectls_under_test, run_with_stdin};
 use serde_json::{Value, json};
 
 const ADMIN: &str = "admin-t0ken";
@@ -31,13 +31,6 @@ fn secure(mode: &str, dir: &Path, extra: &[&str]) -> Daemon {
     let daemon = Daemon::from_child(child);
     assert!(daemon.url.starts_with("https://"), "served without TLS: {}", daemon.url);
     daemon
-}
-
-/// A client that trusts only the cluster CA of `dir`.
-fn https_client(dir: &Path) -> reqwest::Client {
-    let pem = std::fs::read(dir.join("pki/ca.crt")).expect("ca.crt");
-    let ca = reqwest::Certificate::from_pem(&pem).expect("CA");
-    reqwest::Client::builder().tls_built_in_root_certs(false).add_root_certificate(ca).build().expect("client")
 }
 
 struct Api {

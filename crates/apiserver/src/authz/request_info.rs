@@ -87,7 +87,7 @@ impl Attributes {
             // A list or watch narrowed to one name is authorized as that name.
             if matches!(verb.as_str(), "list" | "watch")
                 && let Some(selector) = param("fieldSelector")
-                && let Some(name) = named_by(&selector)
+                && let Some(name) = named_by(selector)
             {
                 attrs.name = name.to_string();
             }
