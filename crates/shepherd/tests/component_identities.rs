@@ -33,16 +33,27 @@ async fn in_process_controllers_and_scheduler_are_held_to_their_own_roles() {
     let http = reqwest::Client::new();
     let url = |p: &str| format!("{}{p}", d.url);
 
+    // The controllers are up once a Deployment gets its ReplicaSet: their informers have listed
+    // everything, so what follows is refused to their reconciles, not to their first lists.
+    let deployment = |name: &str, replicas: u32| json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": name, "image": "busybox", "command": ["sleep", "3600"]}]}}}});
+    let replica_sets = |app: &str| url(&format!("/apis/apps/v1/namespaces/default/replicasets?labelSelector=app%3D{app}"));
+    let r = http.post(url("/apis/apps/v1/namespaces/default/deployments")).json(&deployment("probe", 0)).send().await.expect("create");
+    assert_eq!(r.status(), 201);
+    wait_for("the probe Deployment's ReplicaSet", async || {
+        let rs = get(&http, &replica_sets("probe")).await;
+        rs["items"].as_array().filter(|items| !items.is_empty()).map(|_| rs.clone())
+    })
+    .await;
+
     // Without its binding the controller manager may not create ReplicaSets.
     let binding = get(&http, &url(&format!("{BINDINGS}/system:kube-controller-manager"))).await;
     assert_eq!(binding["subjects"][0]["name"], "system:kube-controller-manager", "{binding}");
     let r = http.delete(url(&format!("{BINDINGS}/system:kube-controller-manager"))).send().await.expect("unbind");
     assert!(r.status().is_success(), "{}", r.status());
-    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
-            "template": {"metadata": {"labels": {"app": "web"}},
-                "spec": {"containers": [{"name": "web", "image": "busybox", "command": ["sleep", "3600"]}]}}}});
-    let r = http.post(url("/apis/apps/v1/namespaces/default/deployments")).json(&deployment).send().await.expect("create");
+    let r = http.post(url("/apis/apps/v1/namespaces/default/deployments")).json(&deployment("web", 1)).send().await.expect("create");
     assert_eq!(r.status(), 201);
     let refusal = wait_for("the deployment controller's refusal", async || {
         let view = get(&http, &url("/debug/controllers")).await;
@@ -52,7 +63,7 @@ async fn in_process_controllers_and_scheduler_are_held_to_their_own_roles() {
     })
     .await;
     assert!(refusal.to_string().contains("cannot create resource \\\"replicasets\\\""), "{refusal}");
-    let rs = get(&http, &url("/apis/apps/v1/namespaces/default/replicasets")).await;
+    let rs = get(&http, &replica_sets("web")).await;
     assert_eq!(rs["items"], json!([]), "a ReplicaSet was made without the role");
 
     // The binding back (as the server writes it at start): the Deployment converges. The
@@ -66,7 +77,7 @@ async fn in_process_controllers_and_scheduler_are_held_to_their_own_roles() {
     let r = http.post(url(BINDINGS)).json(&restored).send().await.expect("rebind");
     assert_eq!(r.status(), 201);
     let pending = wait_for("a pod of the Deployment", async || {
-        let pods = get(&http, &url("/api/v1/namespaces/default/pods")).await;
+        let pods = get(&http, &url("/api/v1/namespaces/default/pods?labelSelector=app%3Dweb")).await;
         pods["items"].as_array()?.first().cloned()
     })
     .await;
