@@ -187,6 +187,22 @@ fn default_capabilities() -> HashSet<Capability> {
         .collect()
 }
 
+/// For a mount path the host lacks: the nearest directory above it that the host has, with
+/// symbolic links resolved (`/var/run/x` -> `/run`); `None` when the path exists or only `/` does.
+fn nearest_existing_dir(dest: &Path) -> Option<PathBuf> {
+    if fs::symlink_metadata(dest).is_ok() {
+        return None;
+    }
+    let mut at = dest.parent();
+    while let Some(dir) = at {
+        if let Ok(real) = fs::canonicalize(dir) {
+            return (real.is_dir() && real != Path::new("/")).then_some(real);
+        }
+        at = dir.parent();
+    }
+    None
+}
+
 fn bind(source: &Path, destination: &str, read_only: bool) -> Result<Mount, String> {
     let mut options = vec!["rbind".to_string(), "rprivate".to_string()];
     if read_only {
@@ -239,6 +255,28 @@ pub(crate) fn build(spec: &ContainerSpec, inputs: &SpecInputs<'_>, argv: Vec<Str
             .build()
             .map_err(|e| format!("mount /: {e}"))?;
         mounts.push(root);
+    }
+    if inputs.host_root {
+        // The host's root is read-only here, so runc cannot make a mount path the host lacks
+        // (`/var/run/secrets/...` for a ServiceAccount token): a tmpfs on the nearest directory the
+        // host has (never `/` itself) gives it a place to.
+        let mut scratch: Vec<PathBuf> = Vec::new();
+        for dir in spec.mounts.iter().filter_map(|m| nearest_existing_dir(Path::new(&m.destination))) {
+            if !scratch.contains(&dir) {
+                scratch.push(dir);
+            }
+        }
+        for dir in scratch {
+            let dest = dir.to_string_lossy().into_owned();
+            let tmpfs = MountBuilder::default()
+                .destination(&dest)
+                .typ("tmpfs")
+                .source("tmpfs")
+                .options(vec!["nosuid".to_string(), "nodev".to_string(), "mode=755".to_string()])
+                .build()
+                .map_err(|e| format!("mount {dest}: {e}"))?;
+            mounts.push(tmpfs);
+        }
     }
     mounts.extend(get_default_mounts().into_iter().filter(|m| !m.destination().starts_with("/sys")));
     mounts.push(bind(Path::new("/sys"), "/sys", true)?);
