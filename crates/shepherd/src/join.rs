@@ -128,6 +128,15 @@ async fn list(args: TokenClientArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The server's `--cluster-signing-duration`: a Go duration of a second or more.
+pub fn signing_duration(text: &str) -> Result<Duration, String> {
+    let duration = shepherd_api::duration::parse(text)?;
+    if duration < Duration::from_secs(1) {
+        return Err(format!("{text:?} is shorter than a second: certificates would expire as they are issued"));
+    }
+    Ok(duration)
+}
+
 /// kubeadm's pin of a CA: `sha256:` and the hex SHA-256 of the CA certificate's
 /// SubjectPublicKeyInfo, so that a pin survives the CA being re-issued with the same key.
 pub fn ca_cert_hash(ca_pem: &str) -> anyhow::Result<String> {
@@ -339,4 +348,18 @@ pub fn write_node_identity(
     let path = node_kubeconfig_path(data_dir);
     crate::credentials::write_private(&path, &kubeconfig)?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signing_duration_under_a_second_is_refused() {
+        assert_eq!(signing_duration("8760h"), Ok(Duration::from_secs(8760 * 3600)));
+        assert_eq!(signing_duration("30s"), Ok(Duration::from_secs(30)));
+        for bad in ["0", "500ms", "soon"] {
+            assert!(signing_duration(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -156,7 +156,7 @@ struct ServerArgs {
     /// The longest validity of certificates signed for CertificateSigningRequests, nodes' client
     /// certificates among them (kube-controller-manager's --cluster-signing-duration); a request
     /// may ask for less.
-    #[arg(long, default_value = "8760h", value_parser = shepherd_api::duration::parse)]
+    #[arg(long, default_value = "8760h", value_parser = join::signing_duration)]
     cluster_signing_duration: Duration,
     /// The secret node agents' streaming endpoints require (their --streaming-token); without
     /// it, exec, attach and port-forward are refused. Standalone generates one when unset.
