@@ -193,7 +193,7 @@ mod tests {
     }
 
     #[test]
-    fn the_identity_and_validity_are_read_from_the_node_kubeconfig() {
+    fn the_identity_and_validity_are_read_from_the_node_kubeconfig_and_an_expired_one_is_told() {
         let dir = tempfile::tempdir().unwrap();
         let dir = dir.path();
         let ca = shepherd_apiserver::pki::ClusterCa::generate().unwrap();
@@ -204,5 +204,12 @@ mod tests {
         assert_eq!((id.node.as_str(), id.server.as_str(), id.ca_pem.as_str()), ("n1", "https://127.0.0.1:1", ca.cert_pem()));
         assert!(id.not_after > SystemTime::now() + Duration::from_secs(300 * 86400));
         assert!(!expired(&path));
+
+        let past = time::OffsetDateTime::now_utc() - time::Duration::days(2);
+        let old = ca.client_cert_valid("system:node:n1", &["system:nodes".into()], past, past + time::Duration::days(1));
+        let old = old.unwrap();
+        let issued = join::IssuedCertificate { key_pem: old.key_pem, cert_pem: old.cert_pem, request: "r".into() };
+        let path = join::write_node_identity(dir, "https://127.0.0.1:1", ca.cert_pem(), "n1", &issued).unwrap();
+        assert!(expired(&path), "a node whose certificate expired joins again");
     }
 }
