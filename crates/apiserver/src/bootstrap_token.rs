@@ -1,5 +1,6 @@
 //! Bootstrap tokens: `<id>.<secret>` bearer tokens kept in kube-system Secrets of type
-//! `bootstrap.kubernetes.io/token`, with which a joining node asks for its client certificate.
+//! `bootstrap.kubernetes.io/token`, with which a joining node asks for its client certificate, and
+//! the signatures in `kube-public/cluster-info` with which it checks the server before trusting it.
 
 use std::time::Duration;
 
@@ -65,6 +66,12 @@ impl BootstrapToken {
     /// `<id>.<secret>`, what a node is given.
     pub fn token(&self) -> String {
         format!("{}.{}", self.id, self.secret)
+    }
+
+    /// Whether `signature` is this token's detached JWS of `content` (see [`detached_signature`]).
+    pub fn signed(&self, signature: &str, content: &str) -> bool {
+        let expected = detached_signature(content, &self.id, &self.secret);
+        constant_time_eq(expected.as_bytes(), signature.trim().as_bytes())
     }
 
     /// The Secret that makes this token valid for authentication until `expiration` (RFC 3339).
@@ -160,6 +167,162 @@ fn is_expired(secret: &Value, now: jiff::Timestamp) -> bool {
 /// a kubeconfig without credentials in ConfigMap `kube-public/cluster-info`, readable by anyone.
 pub const CLUSTER_INFO_NAMESPACE: &str = "kube-public";
 pub const CLUSTER_INFO: &str = "cluster-info";
+/// The key of cluster-info's kubeconfig.
+pub const KUBECONFIG_KEY: &str = "kubeconfig";
+/// cluster-info holds, under this prefix and a token's id, that token's signature of the kubeconfig.
+pub const JWS_KEY_PREFIX: &str = "jws-kubeconfig-";
+
+/// Kubernetes' detached JWS (RFC 7515 appendix F) of `content` for token `id`: HS256 keyed by the
+/// token's secret, the header `{"alg":"HS256","kid":ID}`, and the payload left out (`header..mac`).
+/// The header's bytes are the ones kubeadm writes, so that signatures compare equal as strings.
+pub fn detached_signature(content: &str, id: &str, secret: &str) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let header = URL_SAFE_NO_PAD.encode(json!({"alg": "HS256", "kid": id}).to_string());
+    let signing_input = format!("{header}.{}", URL_SAFE_NO_PAD.encode(content));
+    let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes());
+    // HMAC signing fails only for a key of another family, which this is not.
+    let mac = jsonwebtoken::crypto::sign(signing_input.as_bytes(), &key, jsonwebtoken::Algorithm::HS256)
+        .unwrap_or_default();
+    format!("{header}..{mac}")
+}
+
+/// Why cluster-info does not vouch for the server.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterInfoError {
+    /// No signature for the token (yet: the signer may not have seen a new token).
+    #[error(
+        "{CLUSTER_INFO_NAMESPACE}/{CLUSTER_INFO} holds no signature for token id {0:?}: the token is unknown to this \
+         server, has expired, or is not for signing (usage-bootstrap-signing)"
+    )]
+    Unsigned(String),
+    #[error(
+        "{CLUSTER_INFO_NAMESPACE}/{CLUSTER_INFO} is not signed by token {0:?}: its kubeconfig was altered on the way, or \
+         the token is not this cluster's; refusing to trust the server"
+    )]
+    BadSignature(String),
+    #[error("{CLUSTER_INFO_NAMESPACE}/{CLUSTER_INFO} has no {KUBECONFIG_KEY}")]
+    NoKubeconfig,
+}
+
+/// cluster-info's kubeconfig, once `token`'s signature of it (in `data`, the ConfigMap's data)
+/// checks out.
+pub fn verified_kubeconfig<'a>(
+    data: &'a serde_json::Map<String, Value>,
+    token: &BootstrapToken,
+) -> Result<&'a str, ClusterInfoError> {
+    let kubeconfig = data.get(KUBECONFIG_KEY).and_then(Value::as_str).ok_or(ClusterInfoError::NoKubeconfig)?;
+    let signature = data
+        .get(&format!("{JWS_KEY_PREFIX}{}", token.id))
+        .and_then(Value::as_str)
+        .ok_or_else(|| ClusterInfoError::Unsigned(token.id.clone()))?;
+    if !token.signed(signature, kubeconfig) {
+        return Err(ClusterInfoError::BadSignature(token.id.clone()));
+    }
+    Ok(kubeconfig)
+}
+
+/// The tokens that sign cluster-info, id to secret: bootstrap token Secrets named after their id,
+/// in date, with `usage-bootstrap-signing: "true"` (kube-controller-manager's bootstrapsigner rules).
+fn signing_tokens(secrets: &[Value], now: jiff::Timestamp) -> std::collections::BTreeMap<String, String> {
+    let mut tokens = std::collections::BTreeMap::new();
+    for secret in secrets {
+        let field = |k: &str| data_field(secret, k).unwrap_or_default();
+        let name = secret.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
+        let (id, token_secret) = (field("token-id"), field("token-secret"));
+        if secret.at("/type").and_then(Value::as_str) != Some(SECRET_TYPE)
+            || id.is_empty()
+            || name.strip_prefix(NAME_PREFIX) != Some(id.as_str())
+            || token_secret.is_empty()
+            || is_expired(secret, now)
+            || field("usage-bootstrap-signing") != "true"
+        {
+            continue;
+        }
+        tokens.insert(id, token_secret);
+    }
+    tokens
+}
+
+/// cluster-info's `data` with exactly the signatures of `tokens` over its kubeconfig; `None` when it
+/// has them already (or has no kubeconfig to sign).
+fn with_signatures(
+    data: &serde_json::Map<String, Value>,
+    tokens: &std::collections::BTreeMap<String, String>,
+) -> Option<serde_json::Map<String, Value>> {
+    let kubeconfig = data.get(KUBECONFIG_KEY).and_then(Value::as_str)?;
+    let mut signed: serde_json::Map<String, Value> =
+        data.iter().filter(|(k, _)| !k.starts_with(JWS_KEY_PREFIX)).map(|(k, v)| (k.clone(), v.clone())).collect();
+    for (id, secret) in tokens {
+        signed.insert(format!("{JWS_KEY_PREFIX}{id}"), json!(detached_signature(kubeconfig, id, secret)));
+    }
+    (&signed != data).then_some(signed)
+}
+
+/// Brings cluster-info's signatures up to date with the bootstrap tokens; whether it wrote.
+pub async fn sign_cluster_info(svc: &ApiService) -> Result<bool, ApiError> {
+    let res = &kinds::CONFIGMAP;
+    let info = match svc.get(res, Some(CLUSTER_INFO_NAMESPACE), CLUSTER_INFO).await {
+        Ok(kv) => crate::codec::decode(&kv)?,
+        Err(e) if e.is_not_found() => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let page = svc.list(&kinds::SECRET, Some(NAMESPACE), &ListOptions::default()).await?;
+    let secrets = page.items.iter().map(crate::codec::decode).collect::<Result<Vec<_>, _>>()?;
+    let tokens = signing_tokens(&secrets, jiff::Timestamp::now());
+    let data_of = |cm: &Value| cm.get("data").and_then(Value::as_object).cloned().unwrap_or_default();
+    if with_signatures(&data_of(&info), &tokens).is_none() {
+        return Ok(false);
+    }
+    let opts = crate::write_options::WriteOptions::default();
+    svc.mutate(res, Some(CLUSTER_INFO_NAMESPACE), CLUSTER_INFO, None, "", &opts, |old| {
+        let mut new = old.clone();
+        if let Some(data) = with_signatures(&data_of(old), &tokens) {
+            new["data"] = Value::Object(data);
+        }
+        Ok(new)
+    })
+    .await?;
+    tracing::info!(tokens = tokens.len(), "signed kube-public/cluster-info for the bootstrap tokens");
+    Ok(true)
+}
+
+/// Keeps cluster-info signed by every signing bootstrap token until `stop` (kube-controller-manager's
+/// bootstrapsigner): woken by changes to the tokens or to cluster-info, and once a minute for tokens
+/// that expired without a change.
+pub async fn run_signer(svc: ApiService, stop: impl std::future::Future<Output = ()>) {
+    use futures::StreamExt;
+    tokio::pin!(stop);
+    let tokens_prefix = kinds::SECRET.namespace_prefix(NAMESPACE);
+    let info_key = kinds::CONFIGMAP.key(Some(CLUSTER_INFO_NAMESPACE), CLUSTER_INFO);
+    loop {
+        let revision = svc.store().revision();
+        if let Err(e) = sign_cluster_info(&svc).await {
+            tracing::warn!(error = %e, "cannot sign kube-public/cluster-info");
+        }
+        let watches = [&tokens_prefix, &info_key].map(|prefix| svc.store().watch(prefix, revision));
+        let mut changes = futures::stream::select_all(watches.into_iter().filter_map(|w| match w {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster-info signer: cannot watch; checking once a minute");
+                None
+            }
+        }));
+        let next_change = async {
+            if changes.is_empty() {
+                std::future::pending::<()>().await;
+            }
+            if changes.next().await.is_none() {
+                // Every watch ended (history compacted, store closing): look again in a moment.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        };
+        tokio::select! {
+            () = &mut stop => return,
+            () = next_change => {}
+            () = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+    }
+}
 
 /// The path anonymous clients may GET to read `cluster-info`.
 pub fn cluster_info_path() -> String {
@@ -267,6 +430,99 @@ mod tests {
         assert_eq!(fresh.authenticate(&svc).await.unwrap().name, format!("system:bootstrap:{}", fresh.id));
         assert!(forever.authenticate(&svc).await.is_ok());
         assert!(svc.get(&kinds::SECRET, Some(NAMESPACE), "other").await.is_ok(), "only bootstrap tokens are cleaned");
+    }
+
+    #[test]
+    fn a_detached_signature_is_kubeadms_header_and_hmac_of_the_token_secret() {
+        let signature = detached_signature("apiVersion: v1\nkind: Config\n", "abcdef", "0123456789abcdef");
+        // Computed independently: HMAC-SHA256 keyed by the secret over base64url(header).base64url(content).
+        assert_eq!(
+            signature,
+            "eyJhbGciOiJIUzI1NiIsImtpZCI6ImFiY2RlZiJ9..vH_kT4yiol-nrAWgjfCYqvum5wsKETXe0S7OOp1VgnE"
+        );
+        let token = BootstrapToken::parse("abcdef.0123456789abcdef").unwrap();
+        assert!(token.signed(&signature, "apiVersion: v1\nkind: Config\n"));
+        assert!(!token.signed(&signature, "apiVersion: v1\nkind: Config\n "), "other content");
+        let other = BootstrapToken::parse("abcdef.0123456789abcdee").unwrap();
+        assert!(!other.signed(&signature, "apiVersion: v1\nkind: Config\n"), "another secret");
+        for forged in ["", "..", "eyJhbGciOiJub25lIn0..", &signature.replace("..", ".e30.")] {
+            assert!(!token.signed(forged, "apiVersion: v1\nkind: Config\n"), "{forged:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn cluster_info_carries_a_signature_for_each_signing_token_and_loses_it_with_the_token() {
+        let store = std::sync::Arc::new(shepherd_store::LocalStore::in_memory(Default::default()));
+        let svc = ApiService::new(store, std::sync::Arc::new(crate::Metrics::default()));
+        svc.ensure_system_namespaces().await.unwrap();
+        assert!(!sign_cluster_info(&svc).await.unwrap(), "nothing to sign before cluster-info exists");
+        publish_cluster_info(&svc, "https://10.0.0.1:6443", "-----BEGIN CERTIFICATE-----\n").await.unwrap();
+        let (signing, auth_only, expired) =
+            (BootstrapToken::generate(), BootstrapToken::generate(), BootstrapToken::generate());
+        svc.create(&kinds::SECRET, Some(NAMESPACE), signing.secret_object(None, "")).await.unwrap();
+        let mut not_for_signing = auth_only.secret_object(None, "");
+        not_for_signing["stringData"]["usage-bootstrap-signing"] = json!("false");
+        svc.create(&kinds::SECRET, Some(NAMESPACE), not_for_signing).await.unwrap();
+        svc.create(&kinds::SECRET, Some(NAMESPACE), expired.secret_object(Some("2001-01-01T00:00:00Z"), ""))
+            .await
+            .unwrap();
+
+        assert!(sign_cluster_info(&svc).await.unwrap());
+        assert!(!sign_cluster_info(&svc).await.unwrap(), "a second pass has nothing to change");
+        let data = || async {
+            let kv = svc.get(&kinds::CONFIGMAP, Some(CLUSTER_INFO_NAMESPACE), CLUSTER_INFO).await.unwrap();
+            crate::codec::decode(&kv).unwrap()["data"].as_object().cloned().unwrap()
+        };
+        let signed = data().await;
+        let kubeconfig = verified_kubeconfig(&signed, &signing).unwrap();
+        assert!(kubeconfig.contains("https://10.0.0.1:6443"), "{kubeconfig}");
+        assert_eq!(signed.keys().filter(|k| k.starts_with(JWS_KEY_PREFIX)).count(), 1, "{signed:?}");
+        for unsigned in [&auth_only, &expired] {
+            assert_eq!(verified_kubeconfig(&signed, unsigned), Err(ClusterInfoError::Unsigned(unsigned.id.clone())));
+        }
+        let mut swapped = signed.clone();
+        swapped.insert(KUBECONFIG_KEY.into(), json!(kubeconfig.replace("10.0.0.1", "10.6.6.6")));
+        assert_eq!(verified_kubeconfig(&swapped, &signing), Err(ClusterInfoError::BadSignature(signing.id.clone())));
+
+        // A new kubeconfig is signed again; a deleted token's signature goes.
+        publish_cluster_info(&svc, "https://10.0.0.2:6443", "-----BEGIN CERTIFICATE-----\n").await.unwrap();
+        assert!(sign_cluster_info(&svc).await.unwrap());
+        assert!(verified_kubeconfig(&data().await, &signing).unwrap().contains("10.0.0.2"));
+        let name = format!("{NAME_PREFIX}{}", signing.id);
+        svc.delete(&kinds::SECRET, Some(NAMESPACE), &name, &DeleteOptions::default()).await.unwrap();
+        assert!(sign_cluster_info(&svc).await.unwrap());
+        let after = data().await;
+        assert!(after.keys().all(|k| !k.starts_with(JWS_KEY_PREFIX)), "{after:?}");
+        assert!(after.contains_key(KUBECONFIG_KEY));
+    }
+
+    #[tokio::test]
+    async fn the_signer_signs_cluster_info_as_soon_as_a_token_is_created() {
+        let store = std::sync::Arc::new(shepherd_store::LocalStore::in_memory(Default::default()));
+        let svc = ApiService::new(store, std::sync::Arc::new(crate::Metrics::default()));
+        svc.ensure_system_namespaces().await.unwrap();
+        publish_cluster_info(&svc, "https://10.0.0.1:6443", "-----BEGIN CERTIFICATE-----\n").await.unwrap();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let signer = tokio::spawn(run_signer(svc.clone(), async move {
+            let _ = stop_rx.await;
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let token = BootstrapToken::generate();
+        svc.create(&kinds::SECRET, Some(NAMESPACE), token.secret_object(None, "")).await.unwrap();
+        let signed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let kv = svc.get(&kinds::CONFIGMAP, Some(CLUSTER_INFO_NAMESPACE), CLUSTER_INFO).await.unwrap();
+                let data = crate::codec::decode(&kv).unwrap()["data"].as_object().cloned().unwrap();
+                if verified_kubeconfig(&data, &token).is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(signed.is_ok(), "cluster-info was not signed for a new token within 10 s");
+        let _ = stop_tx.send(());
+        signer.await.unwrap();
     }
 
     #[test]

@@ -53,9 +53,10 @@ const KNOWN_USAGES: &[&str] = &[
 /// usages its key needs (Kubernetes allows the same set).
 const KUBELET_CLIENT_USAGES: &[&str] = &["client auth", "digital signature", "key encipherment"];
 
-/// Longest validity a signed certificate gets (kube-controller-manager's
-/// `--cluster-signing-duration` default); a request may ask for less with `spec.expirationSeconds`.
-pub const MAX_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Longest validity a signed certificate gets unless the server is told otherwise (the default of
+/// kube-controller-manager's `--cluster-signing-duration`); a request may ask for less with
+/// `spec.expirationSeconds`.
+pub const DEFAULT_SIGNING_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Shortest `spec.expirationSeconds` accepted, as in Kubernetes.
 const MIN_EXPIRATION_SECONDS: i64 = 600;
 
@@ -340,9 +341,9 @@ pub fn auto_approval(csr: &Value) -> Approval {
     Approval::Leave
 }
 
-/// The certificate for an approved request of one of our signers, or why it cannot be signed
-/// (the reason of a `Failed` condition). `None`: nothing to do.
-pub fn sign(csr: &Value, ca: &ClusterCa) -> Option<Result<String, String>> {
+/// The certificate for an approved request of one of our signers, valid for at most `duration`, or
+/// why it cannot be signed (the reason of a `Failed` condition). `None`: nothing to do.
+pub fn sign(csr: &Value, ca: &ClusterCa, duration: Duration) -> Option<Result<String, String>> {
     let signer = str_at(csr, "/spec/signerName");
     if !matches!(signer, KUBELET_CLIENT_SIGNER | CLIENT_SIGNER)
         || !has_condition(csr, "Approved")
@@ -351,10 +352,10 @@ pub fn sign(csr: &Value, ca: &ClusterCa) -> Option<Result<String, String>> {
     {
         return None;
     }
-    Some(sign_request(csr, ca, signer))
+    Some(sign_request(csr, ca, signer, duration))
 }
 
-fn sign_request(csr: &Value, ca: &ClusterCa, signer: &str) -> Result<String, String> {
+fn sign_request(csr: &Value, ca: &ClusterCa, signer: &str, duration: Duration) -> Result<String, String> {
     let pem = request_pem(csr)?;
     let subject = parse_request(&pem)?;
     let usages = strings(csr, "/spec/usages");
@@ -377,22 +378,28 @@ fn sign_request(csr: &Value, ca: &ClusterCa, signer: &str) -> Result<String, Str
         .and_then(Value::as_i64)
         .filter(|s| *s > 0)
         .map(|s| Duration::from_secs(s as u64));
-    let validity = requested.map_or(MAX_VALIDITY, |r| r.min(MAX_VALIDITY));
+    let validity = requested.map_or(duration, |r| r.min(duration));
     let text = std::str::from_utf8(&pem).map_err(|_| "the request is not PEM text".to_string())?;
     ca.sign_client_request(text, validity).map_err(|e| e.to_string())
 }
 
-/// Approves and signs CertificateSigningRequests until `stop`: woken by every change to one, and
-/// once a minute for what a missed wake-up left.
-pub async fn run_controller(svc: ApiService, ca: Arc<ClusterCa>, stop: impl std::future::Future<Output = ()>) {
+/// Approves and signs CertificateSigningRequests until `stop`, with certificates valid for at most
+/// `duration`: woken by every change to one, and once a minute for what a missed wake-up left.
+pub async fn run_controller(
+    svc: ApiService,
+    ca: Arc<ClusterCa>,
+    duration: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
     let res = &kinds::CERTIFICATESIGNINGREQUEST;
     tokio::pin!(stop);
     loop {
+        // The watch below starts after this revision: a request filed during the pass wakes the next.
         let revision = svc.store().revision();
-        if let Err(e) = reconcile_all(&svc, &ca).await {
+        if let Err(e) = reconcile_all(&svc, &ca, duration).await {
             tracing::warn!(error = %e, "certificate signing requests: a pass failed");
         }
-        let mut changes = match svc.store().watch(&res.key_prefix(), revision + 1) {
+        let mut changes = match svc.store().watch(&res.key_prefix(), revision) {
             Ok(w) => Some(w),
             Err(e) => {
                 tracing::warn!(error = %e, "certificate signing requests: cannot watch; checking once a minute");
@@ -415,20 +422,26 @@ pub async fn run_controller(svc: ApiService, ca: Arc<ClusterCa>, stop: impl std:
     }
 }
 
-async fn reconcile_all(svc: &ApiService, ca: &ClusterCa) -> Result<(), ApiError> {
+async fn reconcile_all(svc: &ApiService, ca: &ClusterCa, duration: Duration) -> Result<(), ApiError> {
     let res: &ResourceInfo = &kinds::CERTIFICATESIGNINGREQUEST;
     let page = svc.list(res, None, &ListOptions::default()).await?;
     for kv in &page.items {
         let csr = crate::codec::decode(kv)?;
         let name = str_at(&csr, "/metadata/name").to_string();
-        if let Err(e) = reconcile(svc, ca, &csr, &name).await {
+        if let Err(e) = reconcile(svc, ca, duration, &csr, &name).await {
             tracing::warn!(csr = %name, error = %e, "certificate signing request not handled");
         }
     }
     Ok(())
 }
 
-async fn reconcile(svc: &ApiService, ca: &ClusterCa, csr: &Value, name: &str) -> Result<(), ApiError> {
+async fn reconcile(
+    svc: &ApiService,
+    ca: &ClusterCa,
+    duration: Duration,
+    csr: &Value,
+    name: &str,
+) -> Result<(), ApiError> {
     let res = &kinds::CERTIFICATESIGNINGREQUEST;
     let opts = WriteOptions::default();
     let mut csr = csr.clone();
@@ -447,7 +460,7 @@ async fn reconcile(svc: &ApiService, ca: &ClusterCa, csr: &Value, name: &str) ->
         tracing::info!(csr = %name, "approved a kubelet client certificate request");
         csr = crate::codec::decode(&kv)?;
     }
-    match sign(&csr, ca) {
+    match sign(&csr, ca, duration) {
         None => {}
         Some(Ok(cert)) => {
             let encoded = base64::engine::general_purpose::STANDARD.encode(cert);
@@ -519,7 +532,7 @@ mod tests {
             json!({"status": {"conditions": [{"type": "Approved", "status": "True", "reason": "AutoApproved"}]}});
         let approved = approval_update(&obj, &body).unwrap();
         let ca = ClusterCa::generate().unwrap();
-        let cert = sign(&approved, &ca).unwrap().unwrap();
+        let cert = sign(&approved, &ca, DEFAULT_SIGNING_DURATION).unwrap().unwrap();
         let der = rustls::pki_types::pem::PemObject::from_pem_slice(cert.as_bytes())
             .map(|c: rustls::pki_types::CertificateDer| c.to_vec())
             .unwrap();
@@ -527,6 +540,82 @@ mod tests {
         assert_eq!(parsed.subject().iter_common_name().next().unwrap().as_str().unwrap(), "system:node:n1");
         let days = (parsed.validity().not_after.timestamp() - parsed.validity().not_before.timestamp()) / 86400;
         assert!(days <= 366, "validity of {days} days");
+    }
+
+    fn validity_of(pem: &str) -> (i64, i64) {
+        let der = rustls::pki_types::pem::PemObject::from_pem_slice(pem.as_bytes())
+            .map(|c: rustls::pki_types::CertificateDer| c.to_vec())
+            .unwrap();
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+        (parsed.validity().not_before.timestamp(), parsed.validity().not_after.timestamp())
+    }
+
+    #[test]
+    fn a_node_renewing_its_own_certificate_is_approved_and_no_node_is_approved_for_another() {
+        let node = |name: &str| UserInfo::new(format!("system:node:{name}"), [NODES_GROUP]);
+        let renewal = |requester: &UserInfo, cn: &str| {
+            let mut obj = csr(&request(cn, &[NODES_GROUP]), KUBELET_CLIENT_SIGNER, &["digital signature", "client auth"]);
+            prepare_create(&mut obj, Some(requester)).unwrap();
+            auto_approval(&obj)
+        };
+        assert_eq!(
+            renewal(&node("n1"), "system:node:n1"),
+            Approval::Approve("Auto approving self kubelet client certificate after SubjectAccessReview.")
+        );
+        assert_eq!(renewal(&node("n2"), "system:node:n1"), Approval::Leave, "a node asking for another's identity");
+        let not_a_node = UserInfo::new("system:node:n1", ["dev"]);
+        assert_eq!(renewal(&not_a_node, "system:node:n1"), Approval::Leave, "a user named like a node");
+    }
+
+    #[test]
+    fn the_signing_duration_bounds_a_certificate_and_a_short_one_is_backdated_by_at_most_half() {
+        let mut obj =
+            csr(&request("system:node:n1", &[NODES_GROUP]), KUBELET_CLIENT_SIGNER, &["digital signature", "client auth"]);
+        prepare_create(&mut obj, Some(&bootstrapper())).unwrap();
+        let approved =
+            approval_update(&obj, &json!({"status": {"conditions": [{"type": "Approved", "status": "True"}]}})).unwrap();
+        let ca = ClusterCa::generate().unwrap();
+        let now = jiff::Timestamp::now().as_second();
+        let (not_before, not_after) = validity_of(&sign(&approved, &ca, Duration::from_secs(30)).unwrap().unwrap());
+        assert!((now + 29..=now + 32).contains(&not_after), "{not_after} for 30 s from {now}");
+        assert!((now - 16..=now).contains(&not_before), "{not_before} backdated from {now}");
+        let mut asks_less = approved.clone();
+        asks_less["spec"]["expirationSeconds"] = json!(3600);
+        let (_, not_after) = validity_of(&sign(&asks_less, &ca, DEFAULT_SIGNING_DURATION).unwrap().unwrap());
+        assert!((now + 3599..=now + 3602).contains(&not_after), "a request asking for an hour: {not_after}");
+    }
+
+    #[tokio::test]
+    async fn the_controller_signs_a_node_request_filed_right_after_it_started() {
+        let store = Arc::new(shepherd_store::LocalStore::in_memory(Default::default()));
+        let svc = ApiService::new(store, Arc::new(crate::Metrics::default()));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let ca = Arc::new(ClusterCa::generate().unwrap());
+        let controller = tokio::spawn(run_controller(svc.clone(), ca, Duration::from_secs(3600), async move {
+            let _ = stop_rx.await;
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut obj =
+            csr(&request("system:node:n1", &[NODES_GROUP]), KUBELET_CLIENT_SIGNER, &["digital signature", "client auth"]);
+        prepare_create(&mut obj, Some(&bootstrapper())).unwrap();
+        svc.create(&kinds::CERTIFICATESIGNINGREQUEST, None, obj).await.unwrap();
+        let issued = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let kv = svc.get(&kinds::CERTIFICATESIGNINGREQUEST, None, "c1").await.unwrap();
+                let csr = crate::codec::decode(&kv).unwrap();
+                if let Some(cert) = csr.at("/status/certificate").and_then(Value::as_str) {
+                    return cert.to_string();
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the request was not signed within 10 s");
+        let pem = base64::engine::general_purpose::STANDARD.decode(issued).unwrap();
+        let (not_before, not_after) = validity_of(std::str::from_utf8(&pem).unwrap());
+        assert!((3590..=3600 + 300).contains(&(not_after - not_before)), "{}", not_after - not_before);
+        let _ = stop_tx.send(());
+        controller.await.unwrap();
     }
 
     #[test]
@@ -556,11 +645,11 @@ mod tests {
         prepare_create(&mut obj, Some(&UserInfo::new("alice", ["dev"]))).unwrap();
         assert_eq!(auto_approval(&obj), Approval::Leave);
         let ca = ClusterCa::generate().unwrap();
-        assert!(sign(&obj, &ca).is_none());
+        assert!(sign(&obj, &ca, DEFAULT_SIGNING_DURATION).is_none());
         let approved =
             approval_update(&obj, &json!({"status": {"conditions": [{"type": "Approved", "status": "True"}]}}))
                 .unwrap();
-        assert!(sign(&approved, &ca).unwrap().is_ok());
+        assert!(sign(&approved, &ca, DEFAULT_SIGNING_DURATION).unwrap().is_ok());
         let err =
             approval_update(&approved, &json!({"status": {"conditions": [{"type": "Denied", "status": "True"}]}}))
                 .unwrap_err();

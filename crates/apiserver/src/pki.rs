@@ -20,6 +20,9 @@ const CA_VALIDITY: Duration = Duration::days(3650);
 /// How long generated serving and client certificates are valid (kubeadm: one year).
 pub const LEAF_VALIDITY: Duration = Duration::days(365);
 
+/// How far back certificates signed for requests start at most (Kubernetes' signer: five minutes).
+const REQUEST_BACKDATE: Duration = Duration::minutes(5);
+
 /// A certificate and its private key, both PEM.
 #[derive(Debug, Clone)]
 pub struct CertifiedKey {
@@ -139,8 +142,12 @@ impl ClusterCa {
     }
 
     /// A client certificate for the subject of the PEM certificate request `csr_pem`, valid for
-    /// `validity`. Only the subject and key come from the request: what the certificate may do
-    /// (client auth, no CA, no alternative names) is the signer's decision.
+    /// `validity` from now. Only the subject and key come from the request: what the certificate may
+    /// do (client auth, no CA, no alternative names) is the signer's decision.
+    ///
+    /// Backdated by five minutes for clients whose clock is behind, as Kubernetes' signer does, but
+    /// by no more than half the validity: a client renews at a share of the whole span, and a short
+    /// certificate must not be mostly spent when it is issued.
     pub fn sign_client_request(&self, csr_pem: &str, validity: std::time::Duration) -> Result<String, PkiError> {
         let mut request = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|e| PkiError::Invalid(format!("the certificate request cannot be signed: {e}")))?;
@@ -149,9 +156,10 @@ impl ClusterCa {
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.not_before = not_before();
         let validity = Duration::try_from(validity).map_err(|e| PkiError::Invalid(format!("validity: {e}")))?;
-        params.not_after = OffsetDateTime::now_utc() + validity;
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - REQUEST_BACKDATE.min(validity / 2);
+        params.not_after = now + validity;
         Ok(request.signed_by(&self.issuer)?.pem())
     }
 

@@ -128,6 +128,15 @@ async fn list(args: TokenClientArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The server's `--cluster-signing-duration`: a Go duration of a second or more.
+pub fn signing_duration(text: &str) -> Result<Duration, String> {
+    let duration = shepherd_api::duration::parse(text)?;
+    if duration < Duration::from_secs(1) {
+        return Err(format!("{text:?} is shorter than a second: certificates would expire as they are issued"));
+    }
+    Ok(duration)
+}
+
 /// kubeadm's pin of a CA: `sha256:` and the hex SHA-256 of the CA certificate's
 /// SubjectPublicKeyInfo, so that a pin survives the CA being re-issued with the same key.
 pub fn ca_cert_hash(ca_pem: &str) -> anyhow::Result<String> {
@@ -139,27 +148,53 @@ pub fn ca_cert_hash(ca_pem: &str) -> anyhow::Result<String> {
     Ok(format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>()))
 }
 
-/// kubeadm's token discovery: reads `kube-public/cluster-info` from `server` before trusting
-/// it, and keeps the CA there only if its public key matches `pin` (`sha256:<hex>`, as
-/// `shepherd token create` prints it). Writes the CA to `<data_dir>/ca.crt` and returns that path.
-pub async fn discover_ca(server: &str, pin: &str, data_dir: &Path) -> anyhow::Result<PathBuf> {
-    let want = pin.trim().to_ascii_lowercase();
-    if want.strip_prefix("sha256:").is_none_or(|h| h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit())) {
+/// kubeadm's token discovery: reads `kube-public/cluster-info` from `server` before trusting it,
+/// and keeps the CA there only if the cluster signed it for `token` (the detached JWS of its
+/// kubeconfig, which only a holder of the token's secret can make) and, when `pin` is given
+/// (`sha256:<hex>`, as `shepherd token create` prints it), if the CA's public key matches it. Waits
+/// up to `wait` for the signature of a token the server has not signed yet. Writes the CA to
+/// `<data_dir>/ca.crt`, once every check passed, and returns that path.
+pub async fn discover_ca(
+    server: &str,
+    token: &str,
+    pin: Option<&str>,
+    data_dir: &Path,
+    wait: Duration,
+) -> anyhow::Result<PathBuf> {
+    let token = parse_join_token(token)?;
+    let want = pin.map(|p| p.trim().to_ascii_lowercase());
+    if want.as_deref().is_some_and(|w| {
+        w.strip_prefix("sha256:").is_none_or(|h| h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()))
+    }) {
         bail!("--discovery-token-ca-cert-hash must be sha256: and 64 hex digits, as `shepherd token create` prints it");
     }
     let uri: http::Uri = server.parse().with_context(|| format!("--server {server:?} is not a URL"))?;
     let mut config = kube::Config::new(uri);
-    // Nothing read here is trusted until the pin matches; the token is not sent.
+    // Nothing read here is trusted until the signature (and pin) check out; the token is not sent.
     config.accept_invalid_certs = true;
     let client = kube::Client::try_from(config).map_err(|e| anyhow::anyhow!("building a client for {server}: {e}"))?;
     let api: Api<DynamicObject> =
         Api::namespaced_with(client, bootstrap_token::CLUSTER_INFO_NAMESPACE, &resource("", "ConfigMap", "configmaps"));
-    let info = api.get(bootstrap_token::CLUSTER_INFO).await.with_context(|| {
-        format!("reading {}/{} from {server}", bootstrap_token::CLUSTER_INFO_NAMESPACE, bootstrap_token::CLUSTER_INFO)
-    })?;
-    let text =
-        info.data.pointer("/data/kubeconfig").and_then(Value::as_str).context("cluster-info has no kubeconfig")?;
-    let kubeconfig: Value = serde_saphyr::from_str(text).context("cluster-info's kubeconfig is not YAML")?;
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut told = false;
+    let kubeconfig = loop {
+        let info = api.get(bootstrap_token::CLUSTER_INFO).await.with_context(|| {
+            format!("reading {}/{} from {server}", bootstrap_token::CLUSTER_INFO_NAMESPACE, bootstrap_token::CLUSTER_INFO)
+        })?;
+        let data = info.data.get("data").and_then(Value::as_object).cloned().unwrap_or_default();
+        match bootstrap_token::verified_kubeconfig(&data, &token) {
+            Ok(kubeconfig) => break kubeconfig.to_string(),
+            Err(e @ bootstrap_token::ClusterInfoError::Unsigned(_)) if tokio::time::Instant::now() < deadline => {
+                if !told {
+                    tracing::warn!(server, "{e}; waiting for the server to sign it");
+                    told = true;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => bail!("{e} (server {server})"),
+        }
+    };
+    let kubeconfig: Value = serde_saphyr::from_str(&kubeconfig).context("cluster-info's kubeconfig is not YAML")?;
     let ca_pem = kubeconfig
         .pointer("/clusters/0/cluster/certificate-authority-data")
         .and_then(Value::as_str)
@@ -167,15 +202,27 @@ pub async fn discover_ca(server: &str, pin: &str, data_dir: &Path) -> anyhow::Re
         .and_then(|b| String::from_utf8(b).ok())
         .context("cluster-info's kubeconfig names no CA")?;
     let got = ca_cert_hash(&ca_pem)?;
-    if got != want {
-        bail!(
+    match &want {
+        Some(want) if got != *want => bail!(
             "the CA that {server} presents does not match --discovery-token-ca-cert-hash: it is {got}; refusing to join"
-        );
+        ),
+        Some(_) => tracing::info!(server, "cluster-info is signed by the join token and its CA matches the pinned hash"),
+        None => tracing::warn!(
+            server,
+            ca = %got,
+            "cluster-info is signed by the join token; its CA is trusted without a pin \
+             (--discovery-token-unsafe-skip-ca-verification)"
+        ),
     }
     let path = data_dir.join("ca.crt");
     crate::credentials::write_private(&path, &ca_pem)?;
-    tracing::info!(server, "the cluster CA matches the pinned hash");
     Ok(path)
+}
+
+fn parse_join_token(token: &str) -> anyhow::Result<BootstrapToken> {
+    BootstrapToken::parse(token).context(
+        "--join-token must look like abcdef.0123456789abcdef (6 and 16 lower-case letters or digits)",
+    )
 }
 
 /// Where a joined agent keeps its identity.
@@ -194,42 +241,60 @@ pub async fn bootstrap(
     node: &str,
     wait: Duration,
 ) -> anyhow::Result<PathBuf> {
-    if BootstrapToken::parse(token).is_none() {
-        bail!("--join-token must look like abcdef.0123456789abcdef (6 and 16 lower-case letters or digits)");
-    }
+    parse_join_token(token)?;
     let ca_pem = std::fs::read_to_string(certificate_authority)
         .with_context(|| format!("reading --certificate-authority {}", certificate_authority.display()))?;
     let config =
         crate::credentials::agent_client_config(server, None, Some(token), Some(certificate_authority)).await?;
     let client = kube::Client::try_from(config).map_err(|e| anyhow::anyhow!("building a client for {server}: {e}"))?;
+    let issued = request_node_certificate(client, node, wait).await.map_err(|e| match e.downcast_ref() {
+        Some(kube::Error::Api(s)) if s.code == 401 => anyhow::anyhow!(
+            "the server refused the join token (401): it is unknown or has expired; \
+             create a new one with `shepherd token create`"
+        ),
+        _ => e,
+    })?;
+    let path = write_node_identity(data_dir, server, &ca_pem, node, &issued)?;
+    tracing::info!(csr = %issued.request, kubeconfig = %path.display(), "joined: the node's certificate is signed");
+    Ok(path)
+}
 
-    let key = rcgen::KeyPair::generate()?;
+/// A node's key and the certificate signed for it.
+pub struct IssuedCertificate {
+    pub key_pem: String,
+    pub cert_pem: String,
+    /// The CertificateSigningRequest it came from.
+    pub request: String,
+}
+
+/// Files a CertificateSigningRequest for `system:node:<node>` (group `system:nodes`) with a key made
+/// here, as `client` (a bootstrap token at join, the node itself when it renews), and waits up to
+/// `wait` for it to be signed.
+pub async fn request_node_certificate(
+    client: kube::Client,
+    node: &str,
+    wait: Duration,
+) -> anyhow::Result<IssuedCertificate> {
+    let key = rcgen::KeyPair::generate().context("making the node's key")?;
     let mut params = rcgen::CertificateParams::default();
     params.distinguished_name = rcgen::DistinguishedName::new();
     params.distinguished_name.push(rcgen::DnType::OrganizationName, shepherd_apiserver::auth::NODES_GROUP);
     params.distinguished_name.push(rcgen::DnType::CommonName, format!("system:node:{node}"));
-    let request = params.serialize_request(&key)?.pem()?;
+    let request = params.serialize_request(&key).and_then(|r| r.pem()).context("making the certificate request")?;
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let csr: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
         "metadata": {"generateName": "node-csr-"},
         "spec": {"request": b64(&request), "signerName": KUBELET_CLIENT_SIGNER,
             "usages": ["digital signature", "client auth"]},
-    }))?;
+    }))
+    .context("the certificate signing request")?;
     let api: Api<DynamicObject> = Api::all_with(client, &csrs());
-    let created = api.create(&PostParams::default(), &csr).await.map_err(|e| match e {
-        kube::Error::Api(s) if s.code == 401 => {
-            anyhow::anyhow!(
-                "the server refused the join token (401): it is unknown or has expired; \
-                 create a new one with `shepherd token create`"
-            )
-        }
-        e => anyhow::anyhow!("filing the certificate signing request: {e}"),
-    })?;
+    let created = api.create(&PostParams::default(), &csr).await.context("filing the certificate signing request")?;
     let name = created.metadata.name.clone().unwrap_or_default();
     tracing::info!(csr = %name, node, "filed a certificate signing request; waiting for it to be signed");
     let deadline = tokio::time::Instant::now() + wait;
-    let certificate = loop {
+    let cert_pem = loop {
         let csr = api.get(&name).await.with_context(|| format!("reading certificate signing request {name}"))?;
         let status = csr.data.get("status").cloned().unwrap_or(Value::Null);
         let conditions = status.get("conditions").and_then(Value::as_array).cloned().unwrap_or_default();
@@ -255,21 +320,46 @@ pub async fn bootstrap(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
+    Ok(IssuedCertificate { key_pem: key.serialize_pem(), cert_pem, request: name })
+}
+
+/// Writes `issued` as the node's identity in `data_dir`: `node.key`, `node.crt`, and the kubeconfig
+/// that carries both, which is what the agent reads; each file is replaced whole (written beside and
+/// renamed), the kubeconfig last. Returns the kubeconfig's path.
+pub fn write_node_identity(
+    data_dir: &Path,
+    server: &str,
+    ca_pem: &str,
+    node: &str,
+    issued: &IssuedCertificate,
+) -> anyhow::Result<PathBuf> {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let kubeconfig = json!({
         "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "shepherd", "cluster": {"server": server, "certificate-authority-data": b64(&ca_pem)}}],
+        "clusters": [{"name": "shepherd", "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)}}],
         "users": [{"name": format!("system:node:{node}"), "user": {
-            "client-certificate-data": b64(&certificate), "client-key-data": b64(&key.serialize_pem())}}],
+            "client-certificate-data": b64(&issued.cert_pem), "client-key-data": b64(&issued.key_pem)}}],
         "contexts": [{"name": "node", "context": {"cluster": "shepherd", "user": format!("system:node:{node}")}}],
         "current-context": "node",
     });
-    crate::credentials::write_private(&data_dir.join("node.key"), &key.serialize_pem())?;
-    crate::credentials::write_private(&data_dir.join("node.crt"), &certificate)?;
+    let kubeconfig = serde_saphyr::to_string(&kubeconfig).context("writing the node kubeconfig")?;
+    crate::credentials::write_private(&data_dir.join("node.key"), &issued.key_pem)?;
+    crate::credentials::write_private(&data_dir.join("node.crt"), &issued.cert_pem)?;
     let path = node_kubeconfig_path(data_dir);
-    crate::credentials::write_private(
-        &path,
-        &serde_saphyr::to_string(&kubeconfig).context("writing the node kubeconfig")?,
-    )?;
-    tracing::info!(csr = %name, kubeconfig = %path.display(), "joined: the node's certificate is signed");
+    crate::credentials::write_private(&path, &kubeconfig)?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signing_duration_under_a_second_is_refused() {
+        assert_eq!(signing_duration("8760h"), Ok(Duration::from_secs(8760 * 3600)));
+        assert_eq!(signing_duration("30s"), Ok(Duration::from_secs(30)));
+        for bad in ["0", "500ms", "soon"] {
+            assert!(signing_duration(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -8,6 +8,7 @@ mod dns;
 mod elected;
 mod join;
 mod node_agent;
+mod node_certificate;
 mod private_dir;
 mod registry;
 mod service_accounts;
@@ -101,16 +102,22 @@ struct AgentCommand {
     certificate_authority: Option<PathBuf>,
     /// A bootstrap token (`shepherd token create`) to join with: the agent files a request for its
     /// node's client certificate, and once it is signed keeps key, certificate and a kubeconfig in
-    /// its data dir, which later starts use instead of the token. Needs --certificate-authority or
-    /// --discovery-token-ca-cert-hash to trust the server.
+    /// its data dir, which later starts use instead of the token (and renews the certificate before
+    /// it expires). Needs --certificate-authority, --discovery-token-ca-cert-hash or
+    /// --discovery-token-unsafe-skip-ca-verification to trust the server.
     #[arg(long, env = "SHEPHERD_JOIN_TOKEN", hide_env_values = true, value_name = "ID.SECRET",
         conflicts_with_all = ["kubeconfig", "token", "simulate_nodes"])]
     join_token: Option<String>,
     /// With --join-token instead of --certificate-authority: the pin of the cluster CA's public
     /// key (`sha256:<hex>`, printed by `shepherd token create`); the CA is read from the
-    /// server's public `kube-public/cluster-info` and used only if it matches.
+    /// server's public `kube-public/cluster-info` and used only if the cluster signed it for the
+    /// join token and it matches the pin.
     #[arg(long, value_name = "sha256:HEX", requires = "join_token", conflicts_with = "certificate_authority")]
     discovery_token_ca_cert_hash: Option<String>,
+    /// With --join-token: trust the CA in `kube-public/cluster-info` on the join token's signature
+    /// alone, without --discovery-token-ca-cert-hash (as kubeadm's flag of the same name).
+    #[arg(long, requires = "join_token", conflicts_with_all = ["certificate_authority", "discovery_token_ca_cert_hash"])]
+    discovery_token_unsafe_skip_ca_verification: bool,
     /// How long to wait for the join request to be approved and signed.
     #[arg(long, default_value = "5m", value_parser = shepherd_api::duration::parse)]
     join_timeout: Duration,
@@ -146,6 +153,11 @@ struct ServerArgs {
     tls: credentials::TlsArgs,
     #[command(flatten)]
     service_accounts: service_accounts::ServiceAccountArgs,
+    /// The longest validity of certificates signed for CertificateSigningRequests, nodes' client
+    /// certificates among them (kube-controller-manager's --cluster-signing-duration); a request
+    /// may ask for less.
+    #[arg(long, default_value = "8760h", value_parser = join::signing_duration)]
+    cluster_signing_duration: Duration,
     /// The secret node agents' streaming endpoints require (their --streaming-token); without
     /// it, exec, attach and port-forward are refused. Standalone generates one when unset.
     #[arg(long, env = "SHEPHERD_STREAMING_TOKEN", hide_env_values = true)]
@@ -351,14 +363,18 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
     let mut config = args.agent.config(&args.data_dir)?;
     // A joined agent is its node from then on: the token is needed only until the first certificate.
     let joined = join::node_kubeconfig_path(&args.data_dir);
+    let rejoin = args.join_token.is_some() && node_certificate::expired(&joined);
     let node_kubeconfig = match (&args.join_token, &args.certificate_authority, &args.discovery_token_ca_cert_hash) {
-        _ if joined.exists() && args.kubeconfig.is_none() && args.token.is_none() => Some(joined),
+        _ if joined.exists() && !rejoin && args.kubeconfig.is_none() && args.token.is_none() => Some(joined),
         (Some(token), ca, pin) => {
             let ca = match (ca, pin) {
                 (Some(ca), _) => ca.clone(),
-                (None, Some(pin)) => join::discover_ca(&args.server, pin, &args.data_dir).await?,
-                (None, None) => anyhow::bail!(
-                    "--join-token needs --certificate-authority FILE or --discovery-token-ca-cert-hash sha256:... to trust the server"
+                (None, pin) if pin.is_some() || args.discovery_token_unsafe_skip_ca_verification => {
+                    join::discover_ca(&args.server, token, pin.as_deref(), &args.data_dir, args.join_timeout).await?
+                }
+                (None, _) => anyhow::bail!(
+                    "--join-token needs --certificate-authority FILE or --discovery-token-ca-cert-hash sha256:... to trust \
+                     the server (or --discovery-token-unsafe-skip-ca-verification to trust cluster-info's signature alone)"
                 ),
             };
             Some(join::bootstrap(&args.server, token, &ca, &args.data_dir, &config.node_name, args.join_timeout).await?)
@@ -373,7 +389,10 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
         credentials::agent_client_config(&args.server, args.kubeconfig.as_deref().or(node_kubeconfig.as_deref()), token, ca)
             .await?;
     let server_url = kube_config.cluster_url.to_string();
-    let kube = kube::Client::try_from(kube_config).map_err(|e| anyhow::anyhow!("building a client for {server_url}: {e}"))?;
+    let mut kube = kube::Client::try_from(kube_config).map_err(|e| anyhow::anyhow!("building a client for {server_url}: {e}"))?;
+    if let (None, Some(path)) = (&args.kubeconfig, &node_kubeconfig) {
+        kube = node_certificate::keep_renewed(path.clone(), kube, args.join_timeout);
+    }
     let client: Arc<dyn Client> = Arc::new(shepherd_client::RemoteClient::new(kube));
     if let Some(dns) = config.cluster_dns.as_mut() {
         dns.domain = args.cluster_domain.clone();
@@ -630,11 +649,13 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move { manager.run(stop).await })
     };
-    // Joining nodes: the CSR approver and signer hold the cluster CA's key, and expired bootstrap
-    // tokens are removed; only a TLS server has either.
+    // Joining nodes: the CSR approver and signer hold the cluster CA's key, cluster-info is signed
+    // for each bootstrap token, and expired tokens are removed; only a TLS server has any of it.
     if !args.tls.insecure_loopback {
         let ca = Arc::new(credentials::cluster_ca(&args.data_dir)?);
-        tokio::spawn(shepherd_apiserver::certificates::run_controller(server.service().clone(), ca, stopped(stop_rx.clone())));
+        let duration = args.cluster_signing_duration;
+        tokio::spawn(shepherd_apiserver::certificates::run_controller(server.service().clone(), ca, duration, stopped(stop_rx.clone())));
+        tokio::spawn(shepherd_apiserver::bootstrap_token::run_signer(server.service().clone(), stopped(stop_rx.clone())));
         tokio::spawn(shepherd_apiserver::bootstrap_token::run_cleaner(
             server.service().clone(),
             Duration::from_secs(60),

@@ -1,5 +1,6 @@
 //! The ServiceAccount token settings of `server` and `standalone`: the signing key (generated into
-//! `<data-dir>/pki/sa.key` on first start, or `--service-account-key-file`), the issuer and audiences.
+//! `<data-dir>/pki/sa.key` on first start, or `--service-account-key-file`, ECDSA or RSA), the issuer
+//! and audiences.
 
 use std::path::{Path, PathBuf};
 
@@ -10,9 +11,11 @@ use shepherd_apiserver::serviceaccount::{self, ServiceAccountTokens};
 
 #[derive(Args, Clone, Debug)]
 pub struct ServiceAccountArgs {
-    /// The private key (ECDSA P-256 or P-384, PKCS#8 PEM) that signs ServiceAccount tokens; by
-    /// default one generated into <data-dir>/pki/sa.key on first start.
-    #[arg(long, value_name = "FILE")]
+    /// The private key that signs ServiceAccount tokens (PEM: ECDSA P-256 or P-384 in PKCS#8, signing
+    /// ES256/ES384; RSA in PKCS#8 or PKCS#1, signing RS256); by default an ECDSA P-256 key generated
+    /// into <data-dir>/pki/sa.key on first start. Also spelled as kube-apiserver's
+    /// --service-account-signing-key-file.
+    #[arg(long, visible_alias = "service-account-signing-key-file", value_name = "FILE")]
     pub service_account_key_file: Option<PathBuf>,
     /// The issuer (`iss`) of ServiceAccount tokens, and the audience a token gets when none is asked for.
     #[arg(long, default_value = serviceaccount::DEFAULT_ISSUER)]

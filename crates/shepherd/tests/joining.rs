@@ -361,3 +361,202 @@ async fn an_agent_trusts_the_server_by_the_pinned_ca_hash_and_refuses_a_wrong_pi
         (ok && out.trim() == format!("node/{NODE}")).then_some(())
     });
 }
+
+/// The pin `shepherd token create` printed in its join command.
+fn pin_of(join_hint: &str) -> String {
+    join_hint
+        .split_whitespace()
+        .skip_while(|w| *w != "--discovery-token-ca-cert-hash")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no pin in the join command: {join_hint}"))
+        .to_string()
+}
+
+/// A server that answers every request with `cluster_info`, as a man in the middle would: the
+/// cluster's own ConfigMap, with what the test changed in it. Its address.
+async fn impostor(cluster_info: Value) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let app = axum::Router::new().fallback(move || {
+        let body = cluster_info.clone();
+        async move { axum::Json(body) }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// A CA certificate of nobody's cluster, PEM.
+fn another_ca() -> String {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::default();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.self_signed(&key).expect("CA").pem()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_join_trusts_cluster_info_only_as_signed_for_its_token_and_a_swapped_ca_fails_it() {
+    use shepherd_apiserver::bootstrap_token::{BootstrapToken, verified_kubeconfig};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = secure_server(dir.path(), &[]);
+    let (token, join_hint) = create_token(dir.path(), "10m");
+    let pin = pin_of(&join_hint);
+    let (id, _) = token.split_once('.').expect("id.secret");
+
+    // The server signs cluster-info for the new token, as kube-controller-manager's bootstrapsigner.
+    let anonymous = reqwest::Client::builder().danger_accept_invalid_certs(true).build().expect("client");
+    let path = format!("{}/api/v1/namespaces/kube-public/configmaps/cluster-info", server.url);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let info: Value = loop {
+        let info: Value = anonymous.get(&path).send().await.expect("get").json().await.expect("json");
+        if info["data"].get(format!("jws-kubeconfig-{id}")).is_some() {
+            break info;
+        }
+        assert!(Instant::now() < deadline, "cluster-info was not signed for token {id}: {info}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let data = info["data"].as_object().expect("data").clone();
+    let parsed = BootstrapToken::parse(&token).expect("token");
+    assert!(verified_kubeconfig(&data, &parsed).is_ok(), "the signature does not check out: {info}");
+
+    // A man in the middle serves cluster-info with its own CA and the cluster's signature.
+    let kubeconfig = data["kubeconfig"].as_str().expect("kubeconfig");
+    let real_ca = kubeconfig.lines().find_map(|l| l.trim().strip_prefix("certificate-authority-data: ")).expect("CA");
+    use base64::Engine;
+    let fake_ca = base64::engine::general_purpose::STANDARD.encode(another_ca());
+    let mut tampered = info.clone();
+    tampered["data"]["kubeconfig"] = json!(kubeconfig.replace(real_ca, &fake_ca));
+    let fake = impostor(tampered).await;
+    for trust in [vec!["--discovery-token-unsafe-skip-ca-verification"], vec!["--discovery-token-ca-cert-hash", &pin]] {
+        let agent_dir = tempfile::tempdir().expect("tempdir");
+        let mut args = vec!["--join-token", &token];
+        args.extend(&trust);
+        let out = agent(agent_dir.path(), &fake, &args).output().expect("agent against the impostor");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(&format!("is not signed by token \"{id}\"")), "{trust:?}: {err}");
+        let left: Vec<_> = std::fs::read_dir(agent_dir.path()).expect("dir").flatten().map(|e| e.file_name()).collect();
+        assert!(!left.iter().any(|f| f == "ca.crt" || f == "node.kubeconfig"), "written after a refused join: {left:?}");
+    }
+
+    // A token the cluster does not sign with is refused once the wait is over.
+    let unsigning = json!({"apiVersion": "v1", "kind": "Secret", "type": "bootstrap.kubernetes.io/token",
+        "metadata": {"name": "bootstrap-token-nosign", "namespace": "kube-system"},
+        "stringData": {"token-id": "nosign", "token-secret": "0123456789abcdef", "usage-bootstrap-authentication": "true"}});
+    admin_ok(dir.path(), &["apply", "-f", "-"], Some(&unsigning.to_string()));
+    let agent_dir = tempfile::tempdir().expect("tempdir");
+    let args = ["--join-token", "nosign.0123456789abcdef", "--discovery-token-unsafe-skip-ca-verification"];
+    let out = agent(agent_dir.path(), &server.url, &[&args[..], &["--join-timeout", "2s"]].concat())
+        .output()
+        .expect("agent with a token not for signing");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("holds no signature for token id \"nosign\""), "{err}");
+    let csrs = admin_ok(dir.path(), &["get", "csr", "-o", "name"], None);
+    assert!(csrs.trim().is_empty(), "an agent that did not trust the server filed a request: {csrs}");
+
+    // The genuine cluster-info, trusted on its signature alone, is enough to join.
+    let agent_dir = tempfile::tempdir().expect("tempdir");
+    let _child = KillOnDrop(
+        agent(agent_dir.path(), &server.url, &["--join-token", &token, "--discovery-token-unsafe-skip-ca-verification"])
+            .spawn()
+            .expect("start agent"),
+    );
+    wait_for("the node joined on cluster-info's signature to register", 90, || {
+        let (_, bin) = common::newest_kubectl();
+        let (ok, out, _) =
+            kubectl(&bin, &dir.path().join("admin.kubeconfig"), &["get", "node", NODE, "-o", "name"], None);
+        (ok && out.trim() == format!("node/{NODE}")).then_some(())
+    });
+    assert_eq!(std::fs::read_to_string(agent_dir.path().join("ca.crt")).ok(), Some(common::ca_pem(dir.path())));
+}
+
+/// The serial, subject and expiry of the PEM certificate in `path`.
+fn certificate_at(path: &Path) -> (Vec<u8>, String, i64) {
+    let pem = std::fs::read_to_string(path).expect("certificate");
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("PEM");
+    let cert = pem.parse_x509().expect("certificate");
+    (cert.raw_serial().to_vec(), cert.subject().to_string(), cert.validity().not_after.timestamp())
+}
+
+/// `shepherd server` over TLS on `port`, signing certificates for 30 s.
+fn short_signing_server(dir: &Path, port: u16) -> common::Daemon {
+    let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(["server", "--controllers", "none", "--cluster-signing-duration", "30s", "--data-dir"])
+        .arg(dir)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start shepherd");
+    common::Daemon::from_child(child)
+}
+
+#[test]
+fn a_joined_node_renews_its_certificate_before_it_expires_and_keeps_working_past_the_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = common::free_port();
+    let mut server = short_signing_server(dir.path(), port);
+    let (token, _) = create_token(dir.path(), "10m");
+    let ca = dir.path().join("pki/ca.crt");
+    let agent_dir = tempfile::tempdir().expect("tempdir");
+    let _child = KillOnDrop(
+        agent(agent_dir.path(), &server.url, &["--join-token", &token, "--certificate-authority", ca.to_str().expect("path")])
+            .args(["--lease-seconds", "1"])
+            .spawn()
+            .expect("start agent"),
+    );
+    let node_crt = agent_dir.path().join("node.crt");
+    wait_for("the agent's first certificate", 90, || node_crt.exists().then_some(()));
+    let (first_serial, subject, first_expiry) = certificate_at(&node_crt);
+    assert!(subject.contains("CN=system:node:joined-1") && subject.contains("O=system:nodes"), "{subject}");
+    let now = jiff::Timestamp::now().as_second();
+    assert!(first_expiry <= now + 31, "the first certificate is valid until {first_expiry}, now is {now}");
+
+    // Renewed before it expires, by a request of the node itself that the approver took as its own.
+    let (serial, renewed_subject, expiry) = wait_for("a renewed certificate", 60, || {
+        let c = certificate_at(&node_crt);
+        (c.0 != first_serial).then_some(c)
+    });
+    assert!(jiff::Timestamp::now().as_second() < first_expiry, "renewed only after the first certificate expired");
+    assert_eq!(renewed_subject, subject);
+    assert!(expiry > first_expiry && serial != first_serial);
+    let csrs: Value = serde_json::from_str(&admin_ok(dir.path(), &["get", "csr", "-o", "json"], None)).expect("json");
+    let renewals: Vec<&Value> = csrs["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|c| c["spec"]["username"] == "system:node:joined-1")
+        .collect();
+    assert!(!renewals.is_empty(), "no request from the node itself: {csrs}");
+    let approved = &renewals[0]["status"]["conditions"][0];
+    assert_eq!(approved["type"], "Approved", "{csrs}");
+    assert!(approved["message"].as_str().is_some_and(|m| m.contains("self kubelet client certificate")), "{csrs}");
+    let kubeconfig = std::fs::read_to_string(agent_dir.path().join("node.kubeconfig")).expect("kubeconfig");
+    let on_disk = std::fs::read_to_string(&node_crt).expect("certificate");
+    use base64::Engine;
+    assert!(kubeconfig.contains(&base64::engine::general_purpose::STANDARD.encode(&on_disk)), "the kubeconfig lags");
+
+    // Past the first certificate's expiry, a server restart closes every connection: the node's new
+    // ones must present a certificate still valid.
+    wait_for("the first certificate to expire", 60, || (jiff::Timestamp::now().as_second() > first_expiry + 1).then_some(()));
+    server.terminate();
+    // Dropped before the restart: a Daemon's drop ends every process with its command line.
+    drop(server);
+    let restarted_at = jiff::Timestamp::now();
+    let server = short_signing_server(dir.path(), port);
+    let renew_time = || {
+        let out = admin_ok(
+            dir.path(),
+            &["get", "lease", NODE, "-n", "kube-node-lease", "-o", "jsonpath={.spec.renewTime}"],
+            None,
+        );
+        out.parse::<jiff::Timestamp>().ok()
+    };
+    wait_for("the node to renew its lease through the restarted server", 60, || {
+        renew_time().filter(|t| *t > restarted_at).map(|_| ())
+    });
+    let (_, bin) = common::newest_kubectl();
+    let (ok, out, err) =
+        kubectl(&bin, &agent_dir.path().join("node.kubeconfig"), &["get", "node", NODE, "-o", "name"], None);
+    assert!(ok && out.trim() == format!("node/{NODE}"), "the node kubeconfig on disk: {out}{err}");
+    drop(server);
+}

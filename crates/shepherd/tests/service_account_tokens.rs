@@ -1,7 +1,7 @@
 //! ServiceAccount tokens over real TLS: TokenRequest issues signed, audience-bound, expiring tokens
 //! that authenticate as `system:serviceaccount:NS:NAME` until they expire or what they are bound to is
 //! gone; `kubectl create token` gets one; and a pod reads its mounted token, namespace and CA and calls
-//! the API with them, held to RBAC like any user.
+//! the API with them, held to RBAC like any user. A user-supplied RSA key signs RS256 tokens.
 
 mod common;
 
@@ -383,4 +383,57 @@ fn a_node_gets_tokens_only_for_pods_bound_to_it_and_with_their_uid() {
         let (ok, _, err) = request(pod);
         assert!(!ok && err.contains("forbidden") && err.contains(why), "{pod:?}: {err}");
     }
+}
+
+/// `openssl args...`, which must succeed.
+fn openssl(args: &[&str]) {
+    let out = Command::new("openssl").args(args).output().expect("run openssl");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test]
+async fn an_rsa_key_made_by_openssl_signs_rs256_tokens_in_either_form_and_other_algorithms_get_401() {
+    let keys = tempfile::tempdir().expect("tempdir");
+    let pkcs1 = keys.path().join("sa-pkcs1.key");
+    let pkcs8 = keys.path().join("sa-pkcs8.key");
+    let path = |p: &Path| p.to_str().expect("path").to_string();
+    openssl(&["genrsa", "-traditional", "-out", &path(&pkcs1), "2048"]);
+    openssl(&["pkcs8", "-topk8", "-nocrypt", "-in", &path(&pkcs1), "-out", &path(&pkcs8)]);
+    assert!(std::fs::read_to_string(&pkcs1).expect("key").starts_with("-----BEGIN RSA PRIVATE KEY-----"));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let flags = |key: &Path| {
+        ["--listen", "127.0.0.1:0", "--controllers", "none", "--service-account-signing-key-file", &path(key)]
+            .map(str::to_string)
+    };
+    let first = flags(&pkcs1);
+    let mut daemon = secure("server", dir.path(), &first.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut client = api(dir.path(), &daemon);
+    client.create_account("bot").await;
+    let token = client.token("bot", json!({})).await;
+    let header: Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token.split('.').next().expect("header")).expect("b64"),
+    )
+    .expect("json");
+    assert_eq!(header["alg"], "RS256", "{header}");
+    assert_eq!(client.get("/api/v1", &token).await.0, 200);
+
+    let before = client.revision().await;
+    let signature = token.rsplit('.').next().expect("signature").to_string();
+    for alg in ["none", "HS256", "RS512", "ES256"] {
+        let forged = forged(&token, json!({"alg": alg, "typ": "JWT", "kid": header["kid"]}), &signature);
+        assert_eq!(client.get("/api/v1", &forged).await.0, 401, "alg {alg}");
+        let (code, _) =
+            client.post("/api/v1/namespaces/default/configmaps", &forged, json!({"metadata": {"name": "intruder"}})).await;
+        assert_eq!(code, 401, "alg {alg}");
+    }
+    assert_eq!(client.revision().await, before, "refused requests wrote nothing");
+
+    // The same key in PKCS#8 is the same signer: tokens issued before the restart still work.
+    daemon.terminate();
+    drop(daemon);
+    let second = flags(&pkcs8);
+    let daemon = secure("server", dir.path(), &second.iter().map(String::as_str).collect::<Vec<_>>());
+    client = api(dir.path(), &daemon);
+    assert_eq!(client.get("/api/v1", &token).await.0, 200, "a token of the same key read in PKCS#8");
 }

@@ -1,7 +1,9 @@
 //! ServiceAccount tokens: JWTs signed with the server's key, and the authenticator that accepts them.
 //!
-//! A token is trusted only as far as what it names still exists: verification checks the signature with
-//! the server's own algorithm (any other `alg`, `none` included, is refused before a key is used), the
+//! The key is ECDSA (ES256, what the server generates; or ES384) or RSA (RS256, as kube-apiserver
+//! signs with a user's RSA key). A token is trusted only as far as what it names still exists:
+//! verification checks the signature with the key's own algorithm (any other `alg`, `none` and HS256
+//! included, is refused before a key is used), the
 //! issuer, that one of its audiences is one this server accepts, `exp`/`nbf` on the server's clock, and
 //! then that the ServiceAccount and (for a pod-bound token) the pod are still in the store with the uids
 //! the token was issued for. A deleted and re-created account does not inherit its predecessor's tokens.
@@ -34,7 +36,8 @@ pub enum KeyError {
     #[error("the service account signing key cannot be read: {0}")]
     Unreadable(String),
     #[error(
-        "the service account signing key is {0}; Shepherd signs tokens with ECDSA keys (P-256 or P-384, PKCS#8 PEM)"
+        "the service account signing key is {0}; Shepherd signs tokens with ECDSA keys (P-256 or P-384, PKCS#8 PEM) \
+         or RSA keys of 2048 to 8192 bits (PKCS#8 or PKCS#1 PEM)"
     )]
     Unsupported(String),
 }
@@ -113,26 +116,18 @@ pub fn generate_key_pem() -> Result<String, KeyError> {
 }
 
 impl ServiceAccountTokens {
-    /// Tokens signed with `key_pem` (an ECDSA private key, PKCS#8 PEM) by `issuer`, accepted for
-    /// `audiences` (none: the issuer).
+    /// Tokens signed with `key_pem` (a private key, PEM: ECDSA in PKCS#8, RSA in PKCS#8 or PKCS#1)
+    /// by `issuer`, accepted for `audiences` (none: the issuer).
     pub fn new(key_pem: &str, issuer: &str, audiences: Vec<String>) -> Result<Self, KeyError> {
-        let key = rcgen::KeyPair::from_pem(key_pem).map_err(|e| KeyError::Unreadable(e.to_string()))?;
-        let algorithm = if key.algorithm() == &rcgen::PKCS_ECDSA_P256_SHA256 {
-            Algorithm::ES256
-        } else if key.algorithm() == &rcgen::PKCS_ECDSA_P384_SHA384 {
-            Algorithm::ES384
-        } else {
-            return Err(KeyError::Unsupported(format!("{:?}", key.algorithm())));
-        };
-        let key_id = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .encode(sha2::Sha256::digest(key.subject_public_key_info()));
+        let key = SigningKey::from_pem(key_pem)?;
+        let key_id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(&key.public_key_info));
         let audiences = if audiences.is_empty() { vec![issuer.to_string()] } else { audiences };
         Ok(ServiceAccountTokens {
             issuer: issuer.to_string(),
             audiences,
-            algorithm,
-            encoding: EncodingKey::from_ec_der(&key.serialize_der()),
-            decoding: DecodingKey::from_ec_der(key.public_key_raw()),
+            algorithm: key.algorithm,
+            encoding: key.encoding,
+            decoding: key.decoding,
             key_id,
             min_expiration_seconds: MIN_EXPIRATION_SECONDS,
         })
@@ -229,6 +224,94 @@ impl ServiceAccountTokens {
         user.extra = extra;
         Ok(user)
     }
+}
+
+/// A private key read for signing: the one algorithm its tokens are signed and verified with.
+struct SigningKey {
+    algorithm: Algorithm,
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    /// The public key's DER SubjectPublicKeyInfo, of which the key id is the digest.
+    public_key_info: Vec<u8>,
+}
+
+/// rsaEncryption, the algorithm of RSA keys in PKCS#8 and SubjectPublicKeyInfo.
+const RSA_ENCRYPTION: &[u64] = &[1, 2, 840, 113549, 1, 1, 1];
+
+impl SigningKey {
+    fn from_pem(pem: &str) -> Result<SigningKey, KeyError> {
+        use rustls::pki_types::PrivateKeyDer;
+        use rustls::pki_types::pem::PemObject;
+        let der = PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|e| KeyError::Unreadable(e.to_string()))?;
+        // The signer needs RSA keys as PKCS#1, the key reader as PKCS#8: each form is made from the other.
+        let (pkcs8, rsa_pkcs1) = match &der {
+            PrivateKeyDer::Pkcs8(k) => {
+                let pkcs8 = k.secret_pkcs8_der().to_vec();
+                let rsa = rsa_pkcs1_of_pkcs8(&pkcs8);
+                (pkcs8, rsa)
+            }
+            PrivateKeyDer::Pkcs1(k) => (pkcs8_of_rsa_pkcs1(k.secret_pkcs1_der()), Some(k.secret_pkcs1_der().to_vec())),
+            PrivateKeyDer::Sec1(_) => {
+                return Err(KeyError::Unsupported(
+                    "an EC key in SEC1 form (EC PRIVATE KEY); convert it with `openssl pkcs8 -topk8 -nocrypt`".into(),
+                ));
+            }
+            _ => return Err(KeyError::Unsupported("a private key of an unknown form".into())),
+        };
+        let key = rcgen::KeyPair::try_from(pkcs8.as_slice()).map_err(|e| match rsa_pkcs1 {
+            Some(_) => KeyError::Unsupported(format!("an RSA key that cannot sign here ({e}): fewer than 2048 bits?")),
+            None => KeyError::Unreadable(e.to_string()),
+        })?;
+        let (algorithm, encoding, decoding) = match (key.algorithm(), rsa_pkcs1) {
+            (a, _) if a == &rcgen::PKCS_ECDSA_P256_SHA256 => {
+                (Algorithm::ES256, EncodingKey::from_ec_der(&pkcs8), DecodingKey::from_ec_der(key.public_key_raw()))
+            }
+            (a, _) if a == &rcgen::PKCS_ECDSA_P384_SHA384 => {
+                (Algorithm::ES384, EncodingKey::from_ec_der(&pkcs8), DecodingKey::from_ec_der(key.public_key_raw()))
+            }
+            (a, Some(pkcs1)) if a == &rcgen::PKCS_RSA_SHA256 => {
+                (Algorithm::RS256, EncodingKey::from_rsa_der(&pkcs1), DecodingKey::from_rsa_der(key.public_key_raw()))
+            }
+            (a, _) => return Err(KeyError::Unsupported(format!("{a:?}"))),
+        };
+        Ok(SigningKey { algorithm, encoding, decoding, public_key_info: key.subject_public_key_info() })
+    }
+}
+
+/// The PKCS#1 RSAPrivateKey inside a PKCS#8 PrivateKeyInfo, if it holds an RSA key.
+fn rsa_pkcs1_of_pkcs8(pkcs8: &[u8]) -> Option<Vec<u8>> {
+    yasna::parse_der(pkcs8, |r| {
+        r.read_sequence(|r| {
+            r.next().read_u8()?;
+            let oid = r.next().read_sequence(|r| {
+                let oid = r.next().read_oid()?;
+                r.read_optional(|r| r.read_der())?;
+                Ok(oid)
+            })?;
+            let key = r.next().read_bytes()?;
+            // PKCS#8 v2's optional attributes and public key.
+            r.read_optional(|r| r.read_der())?;
+            r.read_optional(|r| r.read_der())?;
+            Ok((oid, key))
+        })
+    })
+    .ok()
+    .filter(|(oid, _)| oid.components().as_slice() == RSA_ENCRYPTION)
+    .map(|(_, key)| key)
+}
+
+/// A PKCS#8 PrivateKeyInfo holding the PKCS#1 RSAPrivateKey `pkcs1`.
+fn pkcs8_of_rsa_pkcs1(pkcs1: &[u8]) -> Vec<u8> {
+    yasna::construct_der(|w| {
+        w.write_sequence(|w| {
+            w.next().write_u8(0);
+            w.next().write_sequence(|w| {
+                w.next().write_oid(&yasna::models::ObjectIdentifier::from_slice(RSA_ENCRYPTION));
+                w.next().write_null();
+            });
+            w.next().write_bytes(pkcs1);
+        })
+    })
 }
 
 /// `system:serviceaccount:NS:NAME`.
@@ -336,10 +419,50 @@ mod tests {
     }
 
     #[test]
-    fn a_signing_key_that_is_not_ecdsa_is_refused_by_name() {
+    fn a_signing_key_that_is_neither_ecdsa_nor_rsa_is_refused_by_name() {
         assert!(ServiceAccountTokens::new("not a key", DEFAULT_ISSUER, vec![]).is_err());
         let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap().serialize_pem();
         let err = ServiceAccountTokens::new(&ed, DEFAULT_ISSUER, vec![]).unwrap_err().to_string();
-        assert!(err.contains("ECDSA"), "{err}");
+        assert!(err.contains("ECDSA") && err.contains("RSA"), "{err}");
+        let short = include_str!("testdata/test-only-rsa-1024.pem");
+        let err = ServiceAccountTokens::new(short, DEFAULT_ISSUER, vec![]).unwrap_err().to_string();
+        assert!(err.contains("2048"), "{err}");
+    }
+
+    // Made with `openssl genrsa 2048` and `openssl rsa -traditional`: one key, PKCS#8 and PKCS#1.
+    const RSA_PKCS8: &str = include_str!("testdata/test-only-rsa-2048.pem");
+    const RSA_PKCS1: &str = include_str!("testdata/test-only-rsa-2048-pkcs1.pem");
+
+    #[test]
+    fn an_rsa_key_in_either_form_signs_rs256_tokens_under_one_key_id() {
+        let pkcs8 = ServiceAccountTokens::new(RSA_PKCS8, DEFAULT_ISSUER, vec![]).unwrap();
+        let pkcs1 = ServiceAccountTokens::new(RSA_PKCS1, DEFAULT_ISSUER, vec![]).unwrap();
+        assert_eq!(pkcs8.key_id, pkcs1.key_id, "the same key, whatever its file form");
+        let (token, _) = pkcs1.issue(&spec(&[DEFAULT_ISSUER], 600)).unwrap();
+        let header = jsonwebtoken::decode_header(&token).unwrap();
+        assert_eq!((header.alg, header.kid.as_deref()), (Algorithm::RS256, Some(pkcs8.key_id.as_str())));
+        assert_eq!(pkcs8.verified_claims(&token).unwrap().sub, "system:serviceaccount:default:bot");
+        let (foreign, _) = tokens().issue(&spec(&[DEFAULT_ISSUER], 600)).unwrap();
+        assert!(pkcs8.verified_claims(&foreign).is_err(), "an ES256 token of another key");
+    }
+
+    #[test]
+    fn an_rsa_keyed_server_refuses_tokens_of_any_other_algorithm_or_keyed_with_its_public_key() {
+        let t = ServiceAccountTokens::new(RSA_PKCS8, DEFAULT_ISSUER, vec![]).unwrap();
+        let (token, _) = t.issue(&spec(&[DEFAULT_ISSUER], 600)).unwrap();
+        let claims = t.verified_claims(&token).unwrap();
+        let key = rcgen::KeyPair::from_pem(RSA_PKCS8).unwrap();
+        // The confusion attack: HS256 keyed with what a verifier might take for a secret, the public key.
+        for public in [key.public_key_raw().to_vec(), key.public_key_pem().into_bytes()] {
+            let forged =
+                jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(&public)).unwrap();
+            assert!(t.verified_claims(&forged).unwrap_err().contains("InvalidAlgorithm"), "HS256 accepted");
+        }
+        let payload = token.split('.').nth(1).unwrap();
+        let signature = token.split('.').nth(2).unwrap();
+        for alg in ["none", "RS384", "RS512", "PS256", "ES256"] {
+            let forged = format!("{}.{payload}.{signature}", b64(&serde_json::json!({"alg": alg, "typ": "JWT"})));
+            assert!(t.verified_claims(&forged).is_err(), "alg {alg} accepted");
+        }
     }
 }
