@@ -79,7 +79,10 @@ pub async fn connect(
         match shepherd_store::connect_etcd(once.clone()).await {
             Ok(store) => break store,
             Err(StoreError::Unavailable(e)) => {
-                tracing::warn!(endpoints, attempts, error = %e, "cannot reach etcd yet; retrying");
+                // Every attempt is on /readyz; the log hears of every tenth.
+                if attempts.is_multiple_of(10) {
+                    tracing::warn!(endpoints, attempts, error = %e, "cannot reach etcd yet; retrying");
+                }
                 if let Ok(mut s) = status.write() {
                     *s = e;
                 }
