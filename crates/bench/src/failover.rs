@@ -1,12 +1,14 @@
 //! Scenario `failover`: two `shepherd controller-manager` candidates against one `shepherd server`;
 //! `kill -9` the leader N times and time, from the kill, the Lease taken by the other candidate and
 //! the first reconcile by it (a Deployment scaled right after the kill gets its ReplicaSet resized).
+//! Each kill comes at a random moment of the renew cycle, as a crash would.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use rand::Rng;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -103,6 +105,10 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
     anyhow::ensure!(r.status().is_success(), "creating the Deployment: {}", r.status());
     let mut candidates = vec![Candidate::start(binary, &url, &p)?, Candidate::start(binary, &url, &p)?];
     let lease: Duration = shepherd_api::duration::parse(&p.lease_duration).map_err(|e| anyhow::anyhow!(e))?;
+    let retry: Duration = shepherd_api::duration::parse(&p.retry_period).map_err(|e| anyhow::anyhow!(e))?;
+    // A crash comes at any moment of the leader's renew cycle, and a standby polls at its own
+    // phase: both drawn at random, or every kill would land at the same point of the cycle.
+    let random_phase = || retry.mul_f64(rand::rng().random_range(0.0..1.0));
     let limit = lease * 3 + Duration::from_secs(30);
 
     let (mut takeovers, mut reconciles) = (Vec::new(), Vec::new());
@@ -119,6 +125,7 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
             anyhow::ensure!(start.elapsed() < limit, "no settled leader after {limit:?} (kill {kill})");
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
+        tokio::time::sleep(random_phase()).await;
         let i = candidates.iter().position(|c| c.identity == leader).unwrap_or(0);
         let mut dead = candidates.remove(i);
         let killed = Instant::now();
@@ -145,6 +152,7 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
         takeovers.push(took);
         reconciles.push(reconciled);
         // Back to two candidates for the next kill.
+        tokio::time::sleep(random_phase()).await;
         candidates.push(Candidate::start(binary, &url, &p)?);
     }
     let (takeover, reconcile) = (summarize(&takeovers), summarize(&reconciles));
