@@ -276,7 +276,7 @@ async fn a_control_plane_on_three_etcd_members_survives_the_loss_of_a_leader_a_m
     let mut a = ha_server(&dir.path().join("a"), &endpoints);
     let b = ha_server(&dir.path().join("b"), &endpoints);
     let http = reqwest::Client::new();
-    // The node agent and every candidate talk to b; users write through a.
+    // One candidate of each on each server; the node agent talks to b; users write through a.
     let agent = std::process::Command::new(env!("CARGO_BIN_EXE_shepherd"))
         .args(["agent", "--server", &b.url, "--simulate-nodes", "2", "--simulated-ready-ms", "20", "--data-dir"])
         .arg(dir.path().join("agent"))
@@ -285,8 +285,8 @@ async fn a_control_plane_on_three_etcd_members_survives_the_loss_of_a_leader_a_m
         .spawn()
         .expect("start agent");
     let _agent = common::KillOnDrop(agent);
-    let cms = [Candidate::start("controller-manager", &b.url), Candidate::start("controller-manager", &b.url)];
-    let _schedulers = [Candidate::start("scheduler", &b.url), Candidate::start("scheduler", &b.url)];
+    let cms = [Candidate::start("controller-manager", &a.url), Candidate::start("controller-manager", &b.url)];
+    let _schedulers = [Candidate::start("scheduler", &a.url), Candidate::start("scheduler", &b.url)];
     let cm_ids: Vec<&str> = cms.iter().map(|c| c.identity.as_str()).collect();
     let leader = wait_for_holder(&http, &b.url, "kube-controller-manager", &cm_ids, Duration::from_secs(60)).await;
 
@@ -310,6 +310,8 @@ async fn a_control_plane_on_three_etcd_members_survives_the_loss_of_a_leader_a_m
         .await;
     eprintln!("the controller manager's Lease was taken over {:?} after the kill", killed.elapsed());
     scale_and_converge(&http, &a.url, &b.url, 5).await;
+    // Two candidates again, the new one on b: whichever leads when a dies below, one is left.
+    let _standby = Candidate::start("controller-manager", &b.url);
 
     // kill -9 one etcd member while a writer goes on: every acknowledged write stays, and writes
     // continue on the two left.
@@ -348,7 +350,8 @@ async fn a_control_plane_on_three_etcd_members_survives_the_loss_of_a_leader_a_m
     }
     scale_and_converge(&http, &a.url, &b.url, 4).await;
 
-    // kill -9 API server a: b's clients see everything written through a, and the cluster goes on.
+    // kill -9 API server a: b's clients see everything written through a, and the cluster goes on
+    // (the candidates on b take over if those on a led).
     let mut watch = http
         .get(format!("{}{CONFIGMAPS}?watch=true&resourceVersion=0", b.url))
         .send()
@@ -362,7 +365,7 @@ async fn a_control_plane_on_three_etcd_members_survives_the_loss_of_a_leader_a_m
             .await;
     assert_eq!(code, 201, "{body}");
     watch_until(&mut watch, |e| e["object"]["metadata"]["name"] == "ha-last").await;
-    scale_and_converge(&http, &b.url, &b.url, 2).await;
+    scale_and_converge(&http, &b.url, &b.url, 6).await;
     let (code, _) = send(&http, reqwest::Method::GET, &format!("{}/readyz", b.url), None).await;
     assert_eq!(code, 200, "b stays ready");
 }
