@@ -1,6 +1,7 @@
-//! How `shepherd server --store etcd` reaches its etcd: started before etcd it listens, says why it
-//! is not ready and becomes ready once etcd answers; and it talks TLS with client certificates to
-//! an etcd that requires them (--etcd-cafile, --etcd-certfile, --etcd-keyfile).
+//! How `shepherd server --store etcd` reaches its etcd: started before etcd, or losing it while
+//! serving, it listens, says why it is not ready and becomes ready once etcd answers; and it talks
+//! TLS with client certificates to an etcd that requires them (--etcd-cafile, --etcd-certfile,
+//! --etcd-keyfile).
 
 mod common;
 
@@ -85,9 +86,26 @@ async fn a_server_started_before_its_etcd_is_not_ready_until_etcd_answers() {
     let (code, _) = get(&http, &format!("{}/readyz", s.url)).await;
     assert_eq!(code, 503, "still not ready while etcd is down");
     let started = tokio::task::spawn_blocking(move || etcd.restart().map(|()| etcd)).await.expect("join");
-    let _etcd = started.unwrap_or_else(|e| panic!("starting etcd: {e}"));
+    let mut etcd = started.unwrap_or_else(|e| panic!("starting etcd: {e}"));
     wait_ready(&http, &s.url, Duration::from_secs(60)).await;
     create_configmap(&http, &s.url, "after-etcd").await;
+
+    // etcd gone while serving: not ready again, naming the store, until etcd is back.
+    etcd.kill9();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, body) = get(&http, &format!("{}/readyz?verbose", s.url)).await;
+        if code == 503 {
+            assert!(body.contains("[-]store failed"), "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "still ready 30 s after etcd died: {code} {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let restarted = tokio::task::spawn_blocking(move || etcd.restart().map(|()| etcd)).await.expect("join");
+    let _etcd = restarted.unwrap_or_else(|e| panic!("restarting etcd: {e}"));
+    wait_ready(&http, &s.url, Duration::from_secs(60)).await;
+    create_configmap(&http, &s.url, "after-restart").await;
 }
 
 /// A CA, and certificates it signed for etcd (serving 127.0.0.1) and for a client, as PEM files
