@@ -10,6 +10,7 @@ mod daemonset_rollout;
 mod dashboard;
 mod dns;
 mod experiment;
+mod failover;
 mod job_throughput;
 mod peer;
 mod plot;
@@ -256,6 +257,18 @@ enum Scenario {
         #[arg(long, default_value_t = 600.0)]
         timeout_seconds: f64,
     },
+    /// Two `shepherd controller-manager` candidates: `kill -9` the leader N times; time from each
+    /// kill to the Lease taken over and to the first reconcile by the new leader.
+    Failover {
+        #[arg(long, default_value_t = 10)]
+        kills: usize,
+        #[arg(long, default_value = "15s")]
+        lease_duration: String,
+        #[arg(long, default_value = "10s")]
+        renew_deadline: String,
+        #[arg(long, default_value = "2s")]
+        retry_period: String,
+    },
     #[command(hide = true)]
     PeerWorker {
         #[arg(long)]
@@ -411,6 +424,14 @@ async fn main() -> anyhow::Result<()> {
             let nodes = if cli.smoke { 5 } else { nodes.max(1) };
             let p = daemonset_rollout::Params { nodes, max_unavailable, timeout: Duration::from_secs_f64(timeout_seconds) };
             daemonset_rollout::run(&cli.shepherd, p).await?
+        }
+        Scenario::Failover { kills, lease_duration, renew_deadline, retry_period } => {
+            let p = if cli.smoke {
+                failover::Params::smoke()
+            } else {
+                failover::Params { kills: kills.max(1), lease_duration, renew_deadline, retry_period }
+            };
+            failover::run(&cli.shepherd, p).await?
         }
         Scenario::PeerWorker { .. } => unreachable!("handled above"),
     };

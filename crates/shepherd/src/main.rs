@@ -6,6 +6,7 @@ mod controllers_view;
 mod credentials;
 mod dns;
 mod elected;
+mod etcd_wait;
 mod join;
 mod node_agent;
 mod node_certificate;
@@ -181,6 +182,16 @@ struct ServerArgs {
     /// one interval old, as kube-apiserver's --etcd-compaction-interval.
     #[arg(long, default_value = "5m", value_parser = shepherd_api::duration::parse)]
     etcd_compaction_interval: Duration,
+    /// The CA certificate (PEM) that verifies etcd's serving certificate: talk to etcd over TLS
+    /// (with https:// endpoints).
+    #[arg(long, value_name = "FILE")]
+    etcd_cafile: Option<PathBuf>,
+    /// This server's client certificate (PEM) for an etcd that requires one (--client-cert-auth).
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_cafile", "etcd_keyfile"])]
+    etcd_certfile: Option<PathBuf>,
+    /// The private key (PEM) of --etcd-certfile.
+    #[arg(long, value_name = "FILE", requires = "etcd_certfile")]
+    etcd_keyfile: Option<PathBuf>,
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 3 * 1024 * 1024)]
     max_body_bytes: usize,
@@ -302,12 +313,16 @@ fn history_limits(args: &ServerArgs) -> HistoryLimits {
     }
 }
 
-/// The server's store: the embedded one (which backups and snapshots read directly), or etcd.
-async fn open_any_store(args: &ServerArgs) -> anyhow::Result<(Arc<dyn Store>, Option<LocalStore>)> {
+/// The server's store: the embedded one (which backups and snapshots read directly), or etcd;
+/// with the listener already serving readiness if etcd was not there at first.
+async fn open_any_store(
+    args: &ServerArgs,
+    mode: &str,
+) -> anyhow::Result<(Arc<dyn Store>, Option<LocalStore>, Option<etcd_wait::Bound>)> {
     match args.store {
         StoreKind::Embedded => {
             let local = open_store(args)?;
-            Ok((Arc::new(local.clone()), Some(local)))
+            Ok((Arc::new(local.clone()), Some(local), None))
         }
         StoreKind::Etcd => {
             if args.in_memory {
@@ -318,10 +333,9 @@ async fn open_any_store(args: &ServerArgs) -> anyhow::Result<(Arc<dyn Store>, Op
             let mut config = EtcdConfig::new(args.etcd_endpoints.clone(), &args.etcd_prefix);
             config.limits = history_limits(args);
             config.compaction_interval = args.etcd_compaction_interval;
-            let store = shepherd_store::connect_etcd(config)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot open the etcd store: {e}"))?;
-            Ok((store, None))
+            config.tls = etcd_wait::tls(args)?;
+            let (store, bound) = etcd_wait::connect(args, config, mode).await?;
+            Ok((store, None, bound))
         }
     }
 }
@@ -483,10 +497,16 @@ fn dashboard_sign_in(args: &ServerArgs) -> String {
 async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow::Result<()> {
     let standalone = local_agent.is_some();
     credentials::check_insecure_listen(&args.tls, args.listen)?;
-    let (store, local_store) = open_any_store(&args).await?;
-    let secured = match args.tls.insecure_loopback {
-        true => None,
-        false => Some(credentials::secure(&args.tls, &args.data_dir, args.listen, args.token.as_deref())?),
+    let mode = if standalone { "standalone" } else { "server" };
+    let (store, local_store, bound) = open_any_store(&args, mode).await?;
+    let (bound_listener, bound_secured) = match bound {
+        Some(b) => (Some(b.listener), Some(b.secured)),
+        None => (None, None),
+    };
+    let secured = match (bound_secured, args.tls.insecure_loopback) {
+        (Some(secured), _) => secured,
+        (None, true) => None,
+        (None, false) => Some(credentials::secure(&args.tls, &args.data_dir, args.listen, args.token.as_deref())?),
     };
     let config = HttpConfig {
         max_body_bytes: args.max_body_bytes,
@@ -613,11 +633,14 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
             }
         });
     }
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
+    let printed = bound_listener.is_some();
+    let listener = match bound_listener {
+        Some(l) => tokio::net::TcpListener::from_std(l)?,
+        None => tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?,
+    };
     let addr = listener.local_addr()?;
-    let mode = if standalone { "standalone" } else { "server" };
     let scheme = if secured.is_some() { "https" } else { "http" };
     let url = credentials::client_url(scheme, addr);
     let kubeconfig = match &secured {
@@ -630,7 +653,9 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
             .map_err(|e| anyhow::anyhow!("writing kube-public/cluster-info: {e}"))?;
     }
     // The first line on stdout is the address, so scripts and tests can read it.
-    println!("shepherd {mode} listening on {scheme}://{addr}");
+    if !printed {
+        println!("shepherd {mode} listening on {scheme}://{addr}");
+    }
     if let Some(path) = &kubeconfig {
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "admin kubeconfig: {} (kubectl --kubeconfig {0} get pods)", path.display());

@@ -9,14 +9,15 @@
 //! so N watchers cost etcd one watch. A write returns once the cache has seen it, so a client of
 //! this process reads its own writes in a watch and in `revision`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use etcd_client::{
-    Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KvClient, PutOptions, Txn, TxnOp,
-    TxnOpResponse, WatchClient, WatchOptions, WatchResponse,
+    Certificate, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Identity, KvClient,
+    PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchClient, WatchOptions, WatchResponse,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -39,7 +40,7 @@ pub struct EtcdStore {
 }
 
 struct Inner {
-    kv: KvClient,
+    members: Arc<Members>,
     /// The etcd key prefix, without a trailing slash.
     prefix: String,
     cache: Arc<RwLock<State>>,
@@ -74,19 +75,31 @@ impl EtcdStore {
             .with_connect_timeout(Duration::from_secs(2))
             .with_timeout(Duration::from_secs(10))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        let options = match &config.tls {
+            Some(tls) => {
+                let mut t = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+                if let Some((cert, key)) = &tls.identity {
+                    t = t.identity(Identity::from_pem(cert, key));
+                }
+                options.with_tls(t)
+            }
+            None => options,
+        };
         let deadline = tokio::time::Instant::now() + config.connect_timeout;
-        let (client, loaded) = loop {
+        let (members, loaded) = loop {
             let attempt = async {
-                let client = etcd_client::Client::connect(&config.endpoints, Some(options.clone())).await?;
-                let mut kv = client.kv_client().max_decoding_message_size(MAX_MESSAGE_BYTES);
-                let loaded = load(&mut kv, &config.prefix).await?;
-                Ok::<_, etcd_client::Error>((client, loaded))
+                let members = Members::connect(&config.endpoints, &options).await?;
+                let loaded = load(&members, &config.prefix).await?;
+                Ok::<_, etcd_client::Error>((members, loaded))
             };
             match attempt.await {
                 Ok(done) => break done,
                 Err(e) if tokio::time::Instant::now() < deadline => {
                     tracing::warn!(endpoints, error = %e, "cannot reach etcd yet; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(e) if config.connect_timeout.is_zero() => {
+                    return Err(StoreError::Unavailable(format!("cannot reach etcd at {endpoints}: {e}")));
                 }
                 Err(e) => {
                     return Err(StoreError::Unavailable(format!(
@@ -105,10 +118,9 @@ impl EtcdStore {
         let (seen_tx, seen) = watch::channel(revision);
         let health = Arc::new(RwLock::new(None));
         let compacted = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let kv = client.kv_client().max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let members = Arc::new(members);
         let follower = Follower {
-            watch: client.watch_client().max_decoding_message_size(MAX_MESSAGE_BYTES),
-            kv: kv.clone(),
+            members: members.clone(),
             prefix: config.prefix.clone(),
             cache: cache.clone(),
             seen: seen_tx,
@@ -118,7 +130,7 @@ impl EtcdStore {
         let follower = tokio::spawn(follower.run());
         let compactor = (!config.compaction_interval.is_zero()).then(|| {
             let compactor = Compactor {
-                kv: kv.clone(),
+                members: members.clone(),
                 key: format!("{}{COMPACTION_KEY}", config.prefix),
                 compacted: compacted.clone(),
             };
@@ -126,19 +138,58 @@ impl EtcdStore {
         });
         tracing::info!(endpoints, prefix = config.prefix, revision, "etcd store connected");
         Ok(EtcdStore {
-            inner: Arc::new(Inner { kv, prefix: config.prefix, cache, seen, health, compacted, follower, compactor }),
+            inner: Arc::new(Inner {
+                members,
+                prefix: config.prefix,
+                cache,
+                seen,
+                health,
+                compacted,
+                follower,
+                compactor,
+            }),
         })
     }
 
     /// Compacts etcd's history up to `revision`: lists at older revisions are `Expired` after it.
     pub async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
-        self.kv().compact(rev_i64(revision), None).await.map_err(|e| self.error(e, None))?;
+        let members = &self.inner.members;
+        members
+            .run(true, |mut kv| async move { kv.compact(rev_i64(revision), None).await })
+            .await
+            .map_err(|e| self.error(e, None))?;
         self.inner.compacted.fetch_max(revision, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 
-    fn kv(&self) -> KvClient {
-        self.inner.kv.clone()
+    /// Runs a transaction on the current member, and on the next ones while a member cannot be
+    /// reached before the transaction was sent.
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
+        let members = &self.inner.members;
+        members
+            .run(false, |mut kv| {
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await
+            .map_err(|e| self.error(e, None))
+    }
+
+    /// A range read on the current member, and on the next ones while one cannot be reached.
+    async fn get_range(
+        &self,
+        key: String,
+        options: Option<GetOptions>,
+        requested: Option<Revision>,
+    ) -> Result<etcd_client::GetResponse, StoreError> {
+        let members = &self.inner.members;
+        members
+            .run(true, |mut kv| {
+                let (key, options) = (key.clone(), options.clone());
+                async move { kv.get(key, options).await }
+            })
+            .await
+            .map_err(|e| self.error(e, requested))
     }
 
     fn full(&self, key: &str) -> String {
@@ -179,7 +230,7 @@ impl EtcdStore {
         if let Some(r) = revision {
             options = options.with_revision(rev_i64(r));
         }
-        let mut resp = self.kv().get(start, Some(options)).await.map_err(|e| self.error(e, revision))?;
+        let mut resp = self.get_range(start, Some(options), revision).await?;
         let at = revision.unwrap_or_else(|| header_revision(resp.header()));
         let mut items = Vec::new();
         // Past the keys returned; with a skipped key (the compaction key) a page may be short.
@@ -209,7 +260,7 @@ impl Store for EtcdStore {
             value.to_vec(),
             None,
         )]);
-        let resp = self.kv().txn(txn).await.map_err(|e| self.error(e, None))?;
+        let resp = self.txn(txn).await?;
         if !resp.succeeded() {
             return Err(StoreError::AlreadyExists { key: key.to_string() });
         }
@@ -224,7 +275,7 @@ impl Store for EtcdStore {
             .when([precondition(&k, expected)])
             .and_then([TxnOp::put(k.as_str(), value.to_vec(), Some(PutOptions::new().with_prev_key()))])
             .or_else([TxnOp::get(k.as_str(), None)]);
-        let resp = self.kv().txn(txn).await.map_err(|e| self.error(e, None))?;
+        let resp = self.txn(txn).await?;
         let rev = header_revision(resp.header());
         let first = resp.op_responses().into_iter().next();
         if !resp.succeeded() {
@@ -244,7 +295,7 @@ impl Store for EtcdStore {
             .when([precondition(&k, expected)])
             .and_then([TxnOp::delete(k.as_str(), Some(DeleteOptions::new().with_prev_key()))])
             .or_else([TxnOp::get(k.as_str(), None)]);
-        let resp = self.kv().txn(txn).await.map_err(|e| self.error(e, None))?;
+        let resp = self.txn(txn).await?;
         let rev = header_revision(resp.header());
         let first = resp.op_responses().into_iter().next();
         if !resp.succeeded() {
@@ -260,7 +311,7 @@ impl Store for EtcdStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        let mut resp = self.kv().get(self.full(key), None).await.map_err(|e| self.error(e, None))?;
+        let mut resp = self.get_range(self.full(key), None, None).await?;
         Ok(resp.take_kvs().first().and_then(|kv| decode(&self.inner.prefix, kv)))
     }
 
@@ -407,7 +458,7 @@ const COMPACTION_KEY: &str = "/.compaction";
 /// compacts to the revision it saw one interval earlier, the others learn the new version. So
 /// however many servers share the etcd, it is compacted once an interval.
 struct Compactor {
-    kv: KvClient,
+    members: Arc<Members>,
     key: String,
     compacted: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -432,7 +483,13 @@ impl Compactor {
             .when([Compare::version(self.key.as_str(), CompareOp::Equal, version)])
             .and_then([TxnOp::put(self.key.as_str(), revision.to_string(), None)])
             .or_else([TxnOp::get(self.key.as_str(), None)]);
-        let resp = self.kv.txn(txn).await?;
+        let resp = self
+            .members
+            .run(false, |mut kv| {
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await?;
         let now = resp.header().map_or(0, |h| h.revision());
         if !resp.succeeded() {
             let seen = match resp.op_responses().into_iter().next() {
@@ -442,7 +499,7 @@ impl Compactor {
             return Ok((seen, now));
         }
         if revision > 0 {
-            self.kv.compact(revision, None).await?;
+            self.members.run(true, |mut kv| async move { kv.compact(revision, None).await }).await?;
             self.compacted.fetch_max(revision.max(0) as Revision, std::sync::atomic::Ordering::SeqCst);
             tracing::debug!(revision, "etcd compacted");
         }
@@ -450,8 +507,87 @@ impl Compactor {
     }
 }
 
+/// One client per etcd member, used one at a time as etcd's own client does: requests go to the
+/// current member, and a member that cannot be reached makes the next one current. (A client
+/// balanced over every endpoint keeps sending a share of its requests to a dead member.)
+struct Members {
+    kv: Vec<KvClient>,
+    watch: Vec<WatchClient>,
+    current: AtomicUsize,
+}
+
+impl Members {
+    /// Connects lazily: a member that is down now is tried when its turn comes.
+    async fn connect(endpoints: &[String], options: &ConnectOptions) -> Result<Members, etcd_client::Error> {
+        let (mut kv, mut watch) = (Vec::new(), Vec::new());
+        for endpoint in endpoints {
+            let client = etcd_client::Client::connect([endpoint.as_str()], Some(options.clone())).await?;
+            kv.push(client.kv_client().max_decoding_message_size(MAX_MESSAGE_BYTES));
+            watch.push(client.watch_client().max_decoding_message_size(MAX_MESSAGE_BYTES));
+        }
+        Ok(Members { kv, watch, current: AtomicUsize::new(0) })
+    }
+
+    fn kv_client(&self) -> (usize, KvClient) {
+        let at = self.current.load(Ordering::SeqCst) % self.kv.len();
+        (at, self.kv[at].clone())
+    }
+
+    fn watch_client(&self) -> (usize, WatchClient) {
+        let at = self.current.load(Ordering::SeqCst) % self.watch.len();
+        (at, self.watch[at].clone())
+    }
+
+    /// Member `at` failed: the next one becomes current (unless another request moved on already).
+    fn failed(&self, at: usize) {
+        let next = (at + 1) % self.kv.len();
+        if self.current.compare_exchange(at, next, Ordering::SeqCst, Ordering::SeqCst).is_ok() && self.kv.len() > 1 {
+            tracing::warn!(member = at, next, "etcd member unreachable; using the next one");
+        }
+    }
+
+    /// Runs `op` on the current member; while a member cannot be reached, on the next one, each
+    /// member once. A request that may have reached etcd is only sent again if it is `idempotent`
+    /// (a read): a write that failed on the way back is the caller's to judge.
+    async fn run<T, F, Fut>(&self, idempotent: bool, mut op: F) -> Result<T, etcd_client::Error>
+    where
+        F: FnMut(KvClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut tried = 0;
+        loop {
+            let (at, kv) = self.kv_client();
+            let e = match op(kv).await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let (unreachable, unsent) = reachability(&e);
+            if unreachable {
+                self.failed(at);
+            }
+            tried += 1;
+            if !(unsent || (unreachable && idempotent)) || tried >= self.kv.len() {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Whether an error means the member could not be reached, and whether the request surely never
+/// got to it (the connection could not be made).
+fn reachability(e: &etcd_client::Error) -> (bool, bool) {
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => (true, false),
+        etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::Unavailable => {
+            let unsent = s.message().contains("connect") || format!("{s:?}").contains("ConnectError");
+            (true, unsent)
+        }
+        _ => (false, false),
+    }
+}
+
 /// Every object under `prefix`, read page by page at one revision, and that revision.
-async fn load(kv: &mut KvClient, prefix: &str) -> Result<(Vec<KeyValue>, Revision), etcd_client::Error> {
+async fn load(members: &Members, prefix: &str) -> Result<(Vec<KeyValue>, Revision), etcd_client::Error> {
     let end = prefix_end(format!("{prefix}/").as_bytes());
     let mut start = format!("{prefix}/").into_bytes();
     let mut revision = None;
@@ -461,7 +597,12 @@ async fn load(kv: &mut KvClient, prefix: &str) -> Result<(Vec<KeyValue>, Revisio
         if let Some(r) = revision {
             options = options.with_revision(r);
         }
-        let mut resp = kv.get(start.clone(), Some(options)).await?;
+        let mut resp = members
+            .run(true, |mut kv| {
+                let (start, options) = (start.clone(), options.clone());
+                async move { kv.get(start, Some(options)).await }
+            })
+            .await?;
         let at = *revision.get_or_insert_with(|| resp.header().map_or(0, |h| h.revision()));
         let more = resp.more();
         let kvs = resp.take_kvs();
@@ -487,8 +628,7 @@ async fn load(kv: &mut KvClient, prefix: &str) -> Result<(Vec<KeyValue>, Revisio
 /// stays behind writes made outside the prefix (by other users of the etcd) until the next write
 /// under the prefix or the next notification.
 struct Follower {
-    watch: WatchClient,
-    kv: KvClient,
+    members: Arc<Members>,
     prefix: String,
     cache: Arc<RwLock<State>>,
     seen: watch::Sender<Revision>,
@@ -542,7 +682,7 @@ impl Follower {
     }
 
     async fn reload(&mut self) -> Result<(), etcd_client::Error> {
-        let (objects, revision) = load(&mut self.kv, &self.prefix).await?;
+        let (objects, revision) = load(&self.members, &self.prefix).await?;
         let Ok(mut cache) = self.cache.write() else { return Ok(()) };
         let limits = cache.retention().limits;
         // The old state's event sender goes with it, ending its watchers.
@@ -555,9 +695,14 @@ impl Follower {
     async fn follow(&mut self) -> Ended {
         let from = self.revision();
         let options = WatchOptions::new().with_prefix().with_start_revision(rev_i64(from + 1)).with_progress_notify();
-        let mut stream = match self.watch.watch(format!("{}/", self.prefix), Some(options)).await {
+        // A watch that breaks is taken up on the next member: the one it was on may be gone.
+        let (at, mut client) = self.members.watch_client();
+        let mut stream = match client.watch(format!("{}/", self.prefix), Some(options)).await {
             Ok(s) => s,
-            Err(e) => return Ended::Failed(e.to_string()),
+            Err(e) => {
+                self.members.failed(at);
+                return Ended::Failed(e.to_string());
+            }
         };
         loop {
             match stream.message().await {
@@ -574,8 +719,14 @@ impl Follower {
                     }
                     self.apply(resp);
                 }
-                Ok(None) => return Ended::Failed("etcd closed the watch stream".into()),
-                Err(e) => return Ended::Failed(e.to_string()),
+                Ok(None) => {
+                    self.members.failed(at);
+                    return Ended::Failed("etcd closed the watch stream".into());
+                }
+                Err(e) => {
+                    self.members.failed(at);
+                    return Ended::Failed(e.to_string());
+                }
             }
         }
     }

@@ -26,7 +26,7 @@ use bytes::Bytes;
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdStore;
 #[cfg(feature = "etcd")]
-pub use local_etcd::LocalEtcd;
+pub use local_etcd::{LocalEtcd, LocalEtcdTls};
 pub use error::StoreError;
 pub use local::LocalStore;
 pub use snapshot::{Snapshot, SnapshotError};
@@ -160,6 +160,25 @@ pub struct EtcdConfig {
     /// server comes first in an interval compacts to the revision of the interval before, so a
     /// paginated list or a watch has at least one interval's history.
     pub compaction_interval: Duration,
+    /// TLS to etcd (endpoints `https://`); `None`: plain gRPC.
+    pub tls: Option<EtcdTls>,
+}
+
+/// How this process proves itself to etcd and checks etcd's certificate, in PEM (kube-apiserver's
+/// --etcd-cafile, --etcd-certfile and --etcd-keyfile).
+#[derive(Clone, Default)]
+pub struct EtcdTls {
+    /// The CA that signed etcd's serving certificate.
+    pub ca_pem: Vec<u8>,
+    /// This client's certificate and private key, for an etcd that asks for one (--client-cert-auth).
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the private key.
+        f.debug_struct("EtcdTls").field("client_certificate", &self.identity.is_some()).finish_non_exhaustive()
+    }
 }
 
 impl EtcdConfig {
@@ -170,6 +189,7 @@ impl EtcdConfig {
             limits: HistoryLimits::default(),
             connect_timeout: Duration::from_secs(60),
             compaction_interval: Duration::from_secs(5 * 60),
+            tls: None,
         }
     }
 }

@@ -1,5 +1,6 @@
-//! `LocalEtcd`: a single-member etcd on loopback ports in a temporary directory, for tests and
-//! benchmarks of the etcd backend. It runs Debian's `etcd` (package `etcd-server`).
+//! `LocalEtcd`: an etcd on loopback ports in a temporary directory (one member, or a cluster of
+//! several), for tests and benchmarks of the etcd backend. It runs Debian's `etcd` (package
+//! `etcd-server`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -12,8 +13,22 @@ pub struct LocalEtcd {
     child: Option<Child>,
     binary: PathBuf,
     dir: PathBuf,
+    name: String,
     client_port: u16,
     peer_port: u16,
+    /// Serves `/health` and `/metrics` over plain HTTP, whatever the client port asks for.
+    metrics_port: u16,
+    /// `name=peer URL` of every member, etcd's --initial-cluster.
+    initial_cluster: String,
+    tls: Option<LocalEtcdTls>,
+}
+
+/// PEM files etcd serves its clients with; clients must present a certificate the CA signed.
+#[derive(Clone, Debug)]
+pub struct LocalEtcdTls {
+    pub ca_file: PathBuf,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 /// Where the etcd binary is looked for: `SHEPHERD_ETCD`, else Debian's path, else `PATH`.
@@ -55,41 +70,112 @@ impl LocalEtcd {
     }
 
     fn start_once(binary: &Path) -> Result<LocalEtcd, String> {
-        let unique = format!("shepherd-etcd-{}-{}", std::process::id(), free_port()?);
-        let dir = std::env::temp_dir().join(unique);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let mut etcd = LocalEtcd {
-            child: None,
-            binary: binary.to_path_buf(),
-            dir,
-            client_port: free_port()?,
-            peer_port: free_port()?,
-        };
+        let mut etcd = Self::member(binary, "test", None)?;
+        etcd.initial_cluster = format!("test={}", etcd.peer_url());
         etcd.spawn()?;
         Ok(etcd)
     }
 
+    /// An etcd whose directory and ports are chosen but which does not run yet: `restart` starts
+    /// it (a test of a server started before its etcd).
+    pub fn unstarted() -> Result<LocalEtcd, String> {
+        let mut etcd = Self::member(&etcd_binary()?, "test", None)?;
+        etcd.initial_cluster = format!("test={}", etcd.peer_url());
+        Ok(etcd)
+    }
+
+    /// A single member that serves its clients over TLS and requires their certificates.
+    pub fn start_tls(tls: LocalEtcdTls) -> Result<LocalEtcd, String> {
+        let mut etcd = Self::member(&etcd_binary()?, "test", Some(tls))?;
+        etcd.initial_cluster = format!("test={}", etcd.peer_url());
+        etcd.spawn()?;
+        Ok(etcd)
+    }
+
+    /// A cluster of `members` etcd processes that form one quorum, started together.
+    pub fn start_cluster(members: usize) -> Result<Vec<LocalEtcd>, String> {
+        let binary = etcd_binary()?;
+        let mut cluster =
+            (0..members).map(|i| Self::member(&binary, &format!("member{i}"), None)).collect::<Result<Vec<_>, _>>()?;
+        let initial: Vec<String> = cluster.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect();
+        for m in &mut cluster {
+            m.initial_cluster = initial.join(",");
+        }
+        // A member is healthy only once a quorum runs: launch all, then wait for each.
+        for m in &mut cluster {
+            m.launch()?;
+        }
+        for m in &mut cluster {
+            m.wait_healthy()?;
+        }
+        Ok(cluster)
+    }
+
+    fn member(binary: &Path, name: &str, tls: Option<LocalEtcdTls>) -> Result<LocalEtcd, String> {
+        let unique = format!("shepherd-etcd-{}-{}", std::process::id(), free_port()?);
+        let dir = std::env::temp_dir().join(unique);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        Ok(LocalEtcd {
+            child: None,
+            binary: binary.to_path_buf(),
+            dir,
+            name: name.to_string(),
+            client_port: free_port()?,
+            peer_port: free_port()?,
+            metrics_port: free_port()?,
+            initial_cluster: String::new(),
+            tls,
+        })
+    }
+
+    fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+
     /// Runs etcd over this directory and ports and waits until it is healthy.
     fn spawn(&mut self) -> Result<(), String> {
-        let client = format!("http://127.0.0.1:{}", self.client_port);
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        self.launch()?;
+        self.wait_healthy()
+    }
+
+    fn launch(&mut self) -> Result<(), String> {
+        let client = self.endpoint();
+        let peer = self.peer_url();
+        let metrics = format!("http://127.0.0.1:{}", self.metrics_port);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.join("etcd.log"))
             .map_err(|e| e.to_string())?;
-        let child = Command::new(&self.binary)
-            .args(["--name", "test", "--data-dir"])
+        let mut command = Command::new(&self.binary);
+        command
+            .args(["--name", &self.name, "--data-dir"])
             .arg(self.dir.join("data"))
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("test={peer}")])
+            .args(["--listen-metrics-urls", &metrics])
+            .args(["--initial-cluster", &self.initial_cluster]);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.cert_file)
+                .arg("--key-file")
+                .arg(&tls.key_file)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca_file)
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
             .spawn()
             .map_err(|e| format!("starting {}: {e}", self.binary.display()))?;
         self.child = Some(child);
+        Ok(())
+    }
+
+    fn wait_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if self.http_get("/health").is_ok_and(|body| body.contains("true")) {
@@ -123,9 +209,10 @@ impl LocalEtcd {
         self.spawn()
     }
 
-    /// The client URL (`http://127.0.0.1:PORT`).
+    /// The client URL (`http://127.0.0.1:PORT`, `https://` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     /// etcd's Prometheus metrics, as text.
@@ -134,7 +221,7 @@ impl LocalEtcd {
     }
 
     fn http_get(&self, path: &str) -> Result<String, String> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.client_port)).map_err(|e| e.to_string())?;
+        let mut s = TcpStream::connect(("127.0.0.1", self.metrics_port)).map_err(|e| e.to_string())?;
         s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
         write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").map_err(|e| e.to_string())?;
         let mut body = String::new();

@@ -358,3 +358,29 @@ async fn a_cache_that_was_away_while_etcd_moved_on_catches_up_and_its_watchers_m
     }
     etcd.kill9();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_on_three_members_goes_on_reading_and_writing_when_the_member_it_uses_dies() {
+    let mut members = LocalEtcd::start_cluster(3).unwrap_or_else(|e| panic!("cannot run an etcd cluster: {e}"));
+    let endpoints = members.iter().map(LocalEtcd::endpoint).collect();
+    let store = EtcdStore::connect(EtcdConfig::new(endpoints, "/members")).await.expect("connect");
+    for i in 0..10 {
+        store.create(&format!("/k/{i:02}"), b("before")).await.expect("create");
+    }
+    // The store talks to the first member until it fails.
+    members[0].kill9();
+    // The survivors may be electing a leader for a moment; after that, nothing fails.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while let Err(e) = store.create("/k/10", b("after")).await {
+        assert!(std::time::Instant::now() < deadline, "no write within 30 s of losing a member: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 11..40 {
+        let key = format!("/k/{i:02}");
+        store.create(&key, b("after")).await.unwrap_or_else(|e| panic!("create {key}: {e}"));
+        store.get(&key).await.unwrap_or_else(|e| panic!("get {key}: {e}")).expect("present");
+        let listed = store.list("/k/", None, None).await.unwrap_or_else(|e| panic!("list: {e}"));
+        assert_eq!(listed.items.len(), i + 1, "every acknowledged write is listed");
+    }
+    assert_eq!(store.count("/k/"), 40, "the watch cache follows through the survivors");
+}
