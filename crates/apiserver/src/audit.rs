@@ -6,7 +6,7 @@
 //! is done (for long-running ones: when the stream ends or the client leaves). A full queue holds
 //! the request up rather than losing its record (Kubernetes' blocking mode).
 
-use std::collections::HashSet;
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::net::SocketAddr;
@@ -20,8 +20,8 @@ use axum::response::Response;
 use futures::StreamExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::auth::UserInfo;
 use crate::authz::Attributes;
@@ -120,8 +120,24 @@ struct GroupResources {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Decision {
     level: Level,
-    omit: HashSet<Stage>,
+    omit: Stages,
     omit_managed_fields: bool,
+}
+
+/// A set of stages, as bits: deciding a request allocates nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Stages(u8);
+
+impl Stages {
+    fn contains(&self, stage: &Stage) -> bool {
+        self.0 & (1 << *stage as u8) != 0
+    }
+}
+
+impl FromIterator<Stage> for Stages {
+    fn from_iter<I: IntoIterator<Item = Stage>>(stages: I) -> Stages {
+        Stages(stages.into_iter().fold(0, |bits, s| bits | (1 << s as u8)))
+    }
 }
 
 impl Policy {
@@ -287,9 +303,7 @@ impl AuditLog {
         registry.register("apiserver_audit_error", "Audit events that could not be written", self.errors.clone());
     }
 
-    async fn emit(&self, event: &Value) {
-        let mut line = event.to_string().into_bytes();
-        line.push(b'\n');
+    async fn emit(&self, line: Vec<u8>) {
         self.events.inc();
         if self.tx.send(line).await.is_err() {
             self.errors.inc();
@@ -393,23 +407,191 @@ fn remove_old_backups(path: &Path, keep: usize) {
 #[derive(Debug, Clone, Copy)]
 pub struct PeerAddr(pub SocketAddr);
 
-/// The request's part of every Event it produces.
+/// The request's part of every Event it produces, serialized once when the request arrives: the
+/// fields before `stage` and those after it, in the order Kubernetes writes an Event. Each stage's
+/// line is these pieces with the stage's own fields between them.
 struct Record {
     log: Arc<AuditLog>,
-    base: Value,
     decision: Decision,
+    /// `{"kind":"Event",...,"auditID":"..."`: the line's opening up to `stage`.
+    head: String,
+    /// `"requestURI":...` up to `objectRef`, without braces.
+    middle: String,
+    /// `requestReceivedTimestamp`, formatted.
+    received: String,
+}
+
+/// `responseStatus`: a `metav1.Status` with the answer's code, and for an answer that is a `Status`,
+/// its status, message and reason.
+#[derive(Serialize)]
+struct ResponseStatus<'a> {
+    metadata: Empty,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a Value>,
+    code: u16,
+}
+
+#[derive(Serialize)]
+struct Empty {}
+
+impl<'a> ResponseStatus<'a> {
+    fn of(code: u16, body: Option<&'a Value>) -> ResponseStatus<'a> {
+        let status = body.filter(|b| b["kind"] == "Status");
+        let field = |k: &str| status.and_then(|b| b.get(k));
+        ResponseStatus { metadata: Empty {}, status: field("status"), message: field("message"), reason: field("reason"), code }
+    }
+}
+
+/// What one stage adds to the request's part.
+#[derive(Default)]
+struct StageFields<'a> {
+    status: Option<ResponseStatus<'a>>,
+    request_object: Option<&'a Value>,
+    response_object: Option<&'a Value>,
+}
+
+/// The Event's fields between `stage` and `responseStatus`, borrowed from the request.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Middle<'a> {
+    #[serde(rename = "requestURI")]
+    request_uri: &'a str,
+    verb: &'a str,
+    user: UserRecord<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    impersonated_user: Option<Impersonated<'a>>,
+    #[serde(rename = "sourceIPs")]
+    source_ips: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user_agent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    object_ref: Option<ObjectRef<'a>>,
+}
+
+#[derive(Serialize)]
+struct UserRecord<'a> {
+    username: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    uid: &'a str,
+    groups: &'a [String],
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    extra: &'a BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Serialize)]
+struct Impersonated<'a> {
+    username: &'a str,
+    groups: Vec<&'a str>,
+}
+
+/// `objectRef`; `apiGroup` is always there (empty for the core group), the rest when known.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ObjectRef<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    resource: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    namespace: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    name: &'a str,
+    api_group: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    api_version: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    subresource: &'a str,
 }
 
 impl Record {
-    async fn emit(&self, stage: Stage, extra: impl FnOnce(&mut Value)) {
+    fn new(
+        log: Arc<AuditLog>,
+        decision: Decision,
+        req: &Request,
+        user: &UserInfo,
+        a: &Attributes,
+        id: &str,
+        received: jiff::Timestamp,
+    ) -> Record {
+        // An audit ID is a UUID and a level a fixed word: neither needs escaping.
+        let head = format!(
+            "{{\"kind\":\"Event\",\"apiVersion\":\"audit.k8s.io/v1\",\"level\":\"{}\",\"auditID\":\"{id}\"",
+            decision.level.as_str()
+        );
+        let headers = req.headers();
+        let impersonated_user = headers.get("impersonate-user").and_then(|v| v.to_str().ok()).map(|username| Impersonated {
+            username,
+            groups: headers.get_all("impersonate-group").iter().filter_map(|v| v.to_str().ok()).collect(),
+        });
+        let middle = Middle {
+            request_uri: req.uri().path_and_query().map_or_else(|| req.uri().path(), |p| p.as_str()),
+            verb: &a.verb,
+            user: UserRecord { username: &user.name, uid: &user.uid, groups: &user.groups, extra: &user.extra },
+            impersonated_user,
+            source_ips: source_ips(req),
+            user_agent: headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()),
+            object_ref: a.resource_request.then_some(ObjectRef {
+                resource: &a.resource,
+                namespace: &a.namespace,
+                name: &a.name,
+                api_group: &a.api_group,
+                api_version: &a.api_version,
+                subresource: &a.subresource,
+            }),
+        };
+        // A struct of strings serializes into memory without fail; its braces come off so that the
+        // stage's fields can follow inside the same object.
+        let object = serde_json::to_string(&middle).unwrap_or_else(|_| "{}".into());
+        let middle = object.strip_prefix('{').and_then(|o| o.strip_suffix('}')).unwrap_or_default().to_string();
+        Record { log, decision, head, middle, received: micro(received) }
+    }
+
+    /// The Event of `stage` as one JSON line.
+    fn line(&self, stage: Stage, fields: &StageFields, at: jiff::Timestamp) -> Vec<u8> {
+        let objects = fields.request_object.is_some() || fields.response_object.is_some();
+        let mut out = Vec::with_capacity(self.head.len() + self.middle.len() + if objects { 1024 } else { 160 });
+        out.extend_from_slice(self.head.as_bytes());
+        out.extend_from_slice(b",\"stage\":\"");
+        out.extend_from_slice(stage.as_str().as_bytes());
+        out.extend_from_slice(b"\",");
+        out.extend_from_slice(self.middle.as_bytes());
+        if let Some(status) = &fields.status {
+            put_field(&mut out, "responseStatus", status);
+        }
+        if let Some(o) = fields.request_object {
+            put_field(&mut out, "requestObject", o);
+        }
+        if let Some(o) = fields.response_object {
+            put_field(&mut out, "responseObject", o);
+        }
+        out.extend_from_slice(b",\"requestReceivedTimestamp\":\"");
+        out.extend_from_slice(self.received.as_bytes());
+        out.extend_from_slice(b"\",\"stageTimestamp\":\"");
+        out.extend_from_slice(micro(at).as_bytes());
+        out.extend_from_slice(b"\"}\n");
+        out
+    }
+
+    async fn emit(&self, stage: Stage, fields: StageFields<'_>) {
         if self.decision.omit.contains(&stage) {
             return;
         }
-        let mut event = self.base.clone();
-        event["stage"] = json!(stage.as_str());
-        event["stageTimestamp"] = json!(micro(jiff::Timestamp::now()));
-        extra(&mut event);
-        self.log.emit(&event).await;
+        let line = self.line(stage, &fields, jiff::Timestamp::now());
+        self.log.emit(line).await;
+    }
+}
+
+/// Appends `,"name":value` to a line being written.
+fn put_field(out: &mut Vec<u8>, name: &str, value: &impl Serialize) {
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\":");
+    // Writing into memory fails only for maps whose keys are not strings, which JSON values and the
+    // record's structs do not have.
+    if serde_json::to_writer(&mut *out, value).is_err() {
+        out.extend_from_slice(b"null");
     }
 }
 
@@ -429,22 +611,23 @@ fn long_running(a: &Attributes, query: Option<&str>) -> bool {
 }
 
 /// The middleware: after authentication, so it knows the user; around everything after it, so it
-/// sees refusals too.
-pub(crate) async fn audit(State(app): State<AppState>, req: Request, next: axum::middleware::Next) -> Response {
+/// sees refusals too. The request's attributes go on in its extensions, for authorization.
+pub(crate) async fn audit(State(app): State<AppState>, mut req: Request, next: axum::middleware::Next) -> Response {
     let Some(log) = app.config.audit.clone() else { return next.run(req).await };
-    let Some(user) = req.extensions().get::<UserInfo>().cloned() else { return next.run(req).await };
-    let attrs = Attributes::of(req.method(), req.uri().path(), req.uri().query());
-    let decision = log.policy.decide(&user, &attrs);
+    let Some(user) = req.extensions().get::<UserInfo>() else { return next.run(req).await };
+    let attrs = Arc::new(Attributes::of(req.method(), req.uri().path(), req.uri().query()));
+    let decision = log.policy.decide(user, &attrs);
     if decision.level == Level::None {
+        req.extensions_mut().insert(attrs);
         return next.run(req).await;
     }
     let received = jiff::Timestamp::now();
     let audit_id = uuid::Uuid::new_v4().to_string();
-    let base = base_event(&req, &user, &attrs, &decision, &audit_id, received);
-    let record = Arc::new(Record { log, base, decision });
-    record.emit(Stage::RequestReceived, |_| {}).await;
+    let record = Arc::new(Record::new(log, decision, &req, user, &attrs, &audit_id, received));
+    record.emit(Stage::RequestReceived, StageFields::default()).await;
 
     let streaming = long_running(&attrs, req.uri().query());
+    req.extensions_mut().insert(attrs);
     let (req, request_object) = if record.decision.level >= Level::Request && has_body(req.method()) {
         match take_body(req, app.config.max_body_bytes).await {
             Ok(pair) => pair,
@@ -459,7 +642,8 @@ pub(crate) async fn audit(State(app): State<AppState>, req: Request, next: axum:
     }
     if streaming {
         let code = response.status().as_u16();
-        record.emit(Stage::ResponseStarted, |e| e["responseStatus"] = json!({"metadata": {}, "code": code})).await;
+        let started = StageFields { status: Some(ResponseStatus::of(code, None)), ..StageFields::default() };
+        record.emit(Stage::ResponseStarted, started).await;
         let (parts, body) = response.into_parts();
         let guard = CompleteOnDrop { record: Some(record), code, request_object };
         let stream = body.into_data_stream().map(move |chunk| {
@@ -487,19 +671,15 @@ async fn finish(record: &Record, response: Response, request_object: Option<Valu
     } else {
         (body, None)
     };
-    let status = response_status(code, response_object.as_ref());
     let strip = record.decision.omit_managed_fields;
-    record
-        .emit(Stage::ResponseComplete, |e| {
-            e["responseStatus"] = status;
-            if let Some(o) = request_object {
-                e["requestObject"] = without_managed_fields(o, strip);
-            }
-            if let Some(o) = response_object {
-                e["responseObject"] = without_managed_fields(o, strip);
-            }
-        })
-        .await;
+    let request_object = request_object.map(|o| without_managed_fields(o, strip));
+    let response_object = response_object.map(|o| without_managed_fields(o, strip));
+    let fields = StageFields {
+        status: Some(ResponseStatus::of(code, response_object.as_ref())),
+        request_object: request_object.as_ref(),
+        response_object: response_object.as_ref(),
+    };
+    record.emit(Stage::ResponseComplete, fields).await;
     Response::from_parts(parts, body)
 }
 
@@ -518,66 +698,15 @@ impl Drop for CompleteOnDrop {
         // Drop cannot wait for the queue; a task can.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                record
-                    .emit(Stage::ResponseComplete, |e| {
-                        e["responseStatus"] = json!({"metadata": {}, "code": code});
-                        if let Some(o) = request_object {
-                            e["requestObject"] = o;
-                        }
-                    })
-                    .await;
+                let fields = StageFields {
+                    status: Some(ResponseStatus::of(code, None)),
+                    request_object: request_object.as_ref(),
+                    response_object: None,
+                };
+                record.emit(Stage::ResponseComplete, fields).await;
             });
         }
     }
-}
-
-fn base_event(req: &Request, user: &UserInfo, a: &Attributes, d: &Decision, id: &str, received: jiff::Timestamp) -> Value {
-    let mut event = json!({
-        "kind": "Event",
-        "apiVersion": "audit.k8s.io/v1",
-        "level": d.level.as_str(),
-        "auditID": id,
-        "requestURI": req.uri().path_and_query().map_or_else(|| req.uri().path().to_string(), |p| p.to_string()),
-        "verb": a.verb,
-        "user": user_json(user),
-        "sourceIPs": source_ips(req),
-        "requestReceivedTimestamp": micro(received),
-    });
-    if let Some(agent) = req.headers().get(header::USER_AGENT).and_then(|v| v.to_str().ok()) {
-        event["userAgent"] = json!(agent);
-    }
-    if let Some(target) = req.headers().get("impersonate-user").and_then(|v| v.to_str().ok()) {
-        let groups: Vec<&str> = req.headers().get_all("impersonate-group").iter().filter_map(|v| v.to_str().ok()).collect();
-        event["impersonatedUser"] = json!({"username": target, "groups": groups});
-    }
-    if a.resource_request {
-        let mut object = serde_json::Map::new();
-        for (k, v) in [
-            ("resource", &a.resource),
-            ("namespace", &a.namespace),
-            ("name", &a.name),
-            ("apiGroup", &a.api_group),
-            ("apiVersion", &a.api_version),
-            ("subresource", &a.subresource),
-        ] {
-            if !v.is_empty() || k == "apiGroup" {
-                object.insert(k.into(), json!(v));
-            }
-        }
-        event["objectRef"] = Value::Object(object);
-    }
-    event
-}
-
-fn user_json(user: &UserInfo) -> Value {
-    let mut u = json!({"username": user.name, "groups": user.groups});
-    if !user.uid.is_empty() {
-        u["uid"] = json!(user.uid);
-    }
-    if !user.extra.is_empty() {
-        u["extra"] = json!(user.extra);
-    }
-    u
 }
 
 /// `X-Forwarded-For`'s addresses, then the connection's, as Kubernetes lists them.
@@ -622,18 +751,6 @@ async fn take_body(req: Request, limit: usize) -> Result<(Request, Option<Value>
     Ok((Request::from_parts(parts, Body::from(bytes)), object))
 }
 
-fn response_status(code: u16, body: Option<&Value>) -> Value {
-    let mut status = json!({"metadata": {}, "code": code});
-    if let Some(b) = body.filter(|b| b["kind"] == "Status") {
-        for k in ["status", "message", "reason"] {
-            if let Some(v) = b.get(k) {
-                status[k] = v.clone();
-            }
-        }
-    }
-    status
-}
-
 fn without_managed_fields(mut object: Value, strip: bool) -> Value {
     if strip {
         if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -653,6 +770,7 @@ fn without_managed_fields(mut object: Value, strip: bool) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn attrs(method: Method, path: &str) -> Attributes {
         Attributes::of(&method, path, None)
@@ -698,6 +816,63 @@ rules:
         let watch = Attributes::of(&Method::GET, "/api/v1/services", Some("watch=true"));
         assert_eq!(p.decide(&proxy, &watch).level, Level::None);
         assert!(p.decide(&alice, &watch).omit.contains(&Stage::RequestReceived));
+    }
+
+    /// The fields of Kubernetes' `audit.k8s.io/v1` Event, in the order its JSON has them.
+    const EVENT_FIELDS: &[&str] = &["kind", "apiVersion", "level", "auditID", "stage", "requestURI", "verb", "user",
+        "impersonatedUser", "sourceIPs", "userAgent", "objectRef", "responseStatus", "requestObject", "responseObject",
+        "requestReceivedTimestamp", "stageTimestamp", "annotations"];
+
+    #[tokio::test]
+    async fn a_record_has_the_fields_of_a_kubernetes_audit_event_in_their_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = AuditConfig { path: dir.path().join("audit.log"), policy: Policy::metadata_for_everything(),
+            max_bytes: 0, max_backups: 0 };
+        let log = AuditLog::start(config).expect("log");
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri("/api/v1/namespaces/dev/pods/web/eviction?dryRun=All")
+            .header(header::USER_AGENT, "kubectl/v1.33.0")
+            .header("x-forwarded-for", "10.0.0.7, not-an-address")
+            .header("impersonate-user", "carol")
+            .header("impersonate-group", "qa")
+            .body(Body::empty())
+            .expect("request");
+        req.extensions_mut().insert(PeerAddr("127.0.0.1:50000".parse().expect("address")));
+        let mut alice = UserInfo::new("alice", ["dev"]);
+        alice.uid = "42".into();
+        alice.extra.insert("scopes".into(), vec!["a \"quoted\" one".into()]);
+        let a = Attributes::of(req.method(), req.uri().path(), req.uri().query());
+        let decision = Policy::metadata_for_everything().decide(&alice, &a);
+        let received: jiff::Timestamp = "2026-12-01T10:00:00.000001Z".parse().expect("time");
+        let record = Record::new(log, decision, &req, &alice, &a, "6f1c2b7e-0000-4000-8000-000000000001", received);
+        let status = json!({"kind": "Status", "status": "Failure", "message": "no", "reason": "TooManyRequests", "code": 429});
+        let fields = StageFields { status: Some(ResponseStatus::of(429, Some(&status))), ..StageFields::default() };
+        let at: jiff::Timestamp = "2026-12-01T10:00:00.25Z".parse().expect("time");
+        let line = record.line(Stage::ResponseComplete, &fields, at);
+        assert_eq!(line.last(), Some(&b'\n'), "one event per line");
+        let event: Value = serde_json::from_slice(&line).expect("a JSON line");
+        assert_eq!(event, json!({
+            "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata",
+            "auditID": "6f1c2b7e-0000-4000-8000-000000000001", "stage": "ResponseComplete",
+            "requestURI": "/api/v1/namespaces/dev/pods/web/eviction?dryRun=All", "verb": "create",
+            "user": {"username": "alice", "uid": "42", "groups": ["dev", "system:authenticated"],
+                "extra": {"scopes": ["a \"quoted\" one"]}},
+            "impersonatedUser": {"username": "carol", "groups": ["qa"]},
+            "sourceIPs": ["10.0.0.7", "127.0.0.1"], "userAgent": "kubectl/v1.33.0",
+            "objectRef": {"resource": "pods", "namespace": "dev", "name": "web", "apiGroup": "",
+                "apiVersion": "v1", "subresource": "eviction"},
+            "responseStatus": {"metadata": {}, "status": "Failure", "message": "no", "reason": "TooManyRequests",
+                "code": 429},
+            "requestReceivedTimestamp": "2026-12-01T10:00:00.000001Z",
+            "stageTimestamp": "2026-12-01T10:00:00.250000Z",
+        }));
+        // Keys in the Event's own order: a reader of Kubernetes' logs finds them where it expects.
+        let text = std::str::from_utf8(&line).expect("utf-8");
+        let positions: Vec<usize> = EVENT_FIELDS.iter().filter_map(|f| text.find(&format!("\"{f}\":"))).collect();
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "fields out of the Event's order: {text}");
+        let top: Vec<&String> = event.as_object().expect("object").keys().collect();
+        assert!(top.iter().all(|k| EVENT_FIELDS.contains(&k.as_str())), "a field Kubernetes' Event lacks: {top:?}");
     }
 
     #[test]

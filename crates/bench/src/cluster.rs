@@ -4,6 +4,9 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+/// The administrator's bearer token of servers started by [`Process::start_reachable`] with TLS.
+const BENCH_TOKEN: &str = "bench-admin-token";
+
 pub struct Process {
     pub child: Child,
     pub url: String,
@@ -20,6 +23,26 @@ impl Process {
     /// Starts `shepherd <args>` as a user would: TLS, and every request authenticated.
     pub fn start_secure(binary: &Path, args: &[&str]) -> anyhow::Result<Process> {
         Process::spawn(binary, args, &[])
+    }
+
+    /// Starts a `server` or `standalone` whose data dir is `data_dir`, reached by the client
+    /// returned beside it: plain HTTP without authentication, or with `tls` as users run it, TLS
+    /// verified with the cluster CA and every request bearing an administrator's token (`--token`).
+    pub fn start_reachable(binary: &Path, args: &[&str], data_dir: &Path, tls: bool) -> anyhow::Result<(Process, reqwest::Client)> {
+        if !tls {
+            return Ok((Process::start(binary, args)?, reqwest::Client::new()));
+        }
+        let process = Process::start_secure(binary, &[args, &["--token", BENCH_TOKEN]].concat())?;
+        // The server writes its CA before it prints its address.
+        let pem = std::fs::read(data_dir.join("pki/ca.crt"))?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, reqwest::header::HeaderValue::from_str(&format!("Bearer {BENCH_TOKEN}"))?);
+        let http = reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(&pem)?)
+            .default_headers(headers)
+            .build()?;
+        Ok((process, http))
     }
 
     fn spawn(binary: &Path, args: &[&str], insecure: &[&str]) -> anyhow::Result<Process> {

@@ -53,6 +53,9 @@ enum Scenario {
         sequential: usize,
         #[arg(long, default_value_t = 100)]
         list_runs: usize,
+        /// Serve TLS and authenticate every request by an administrator's token, as users run it.
+        #[arg(long)]
+        tls: bool,
     },
     /// The seeds' experiment: level (5 s, 60 s) vs edge vs hybrid (30 s) x 0/1/10% watch events
     /// lost, with the real Deployment and ReplicaSet controllers in-process; plus level mode at
@@ -105,6 +108,9 @@ enum Scenario {
         /// The node's runtime: `process` or `oci` (runc; needs root).
         #[arg(long, default_value = "process")]
         runtime: String,
+        /// Serve TLS and authenticate every request by an administrator's token, as users run it.
+        #[arg(long)]
+        tls: bool,
     },
     /// `shepherd standalone`: apply a 3-replica Deployment, time until its 3 pods are Running
     /// and Ready.
@@ -291,9 +297,9 @@ async fn main() -> anyhow::Result<()> {
     let machine = report::Machine::read();
     println!("machine: {machine}");
     let result = match cli.scenario {
-        Scenario::Store { pods, sequential, list_runs } => {
+        Scenario::Store { pods, sequential, list_runs, tls } => {
             let (pods, sequential, list_runs) = if cli.smoke { (200, 50, 5) } else { (pods, sequential, list_runs) };
-            store::run(&cli.shepherd, pods, sequential, list_runs).await?
+            store::run(&cli.shepherd, pods, sequential, list_runs, tls).await?
         }
         Scenario::TriggerModes { deployments, change_rate, change_seconds, only } => {
             let mut params = if cli.smoke {
@@ -314,8 +320,8 @@ async fn main() -> anyhow::Result<()> {
             };
             peer::run(&cli.shepherd, p).await?
         }
-        Scenario::SelfHeal { runs, runtime } => {
-            workloads::self_heal(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime).await?
+        Scenario::SelfHeal { runs, runtime, tls } => {
+            workloads::self_heal(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime, tls).await?
         }
         Scenario::ApplyToRunning { runs, runtime } => {
             workloads::apply_to_running(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime).await?

@@ -1,4 +1,5 @@
-//! Scenario `store`: durable creates/s with 1 and 64 clients, list latency and RSS with N pods.
+//! Scenario `store`: durable creates/s with 1 and 64 clients, list latency and RSS with N pods, over
+//! plain HTTP or TLS with a token.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -38,12 +39,12 @@ async fn create_n(http: &reqwest::Client, url: &str, prefix: &str, n: usize, cli
     Ok(started.elapsed())
 }
 
-pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize) -> anyhow::Result<ScenarioResult> {
+pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize, tls: bool) -> anyhow::Result<ScenarioResult> {
     let dir = tempfile::tempdir()?;
     let data = dir.path().to_string_lossy().to_string();
-    let server = Process::start(binary, &["server", "--controllers", "none", "--data-dir", &data])?;
-    let http = reqwest::Client::new();
-    println!("scenario store: pods={pods} sequential={sequential} list_runs={list_runs}");
+    let (server, http) = Process::start_reachable(binary, &["server", "--controllers", "none", "--data-dir", &data], dir.path(), tls)?;
+    let transport = if tls { "TLS + token" } else { "plain HTTP" };
+    println!("scenario store: pods={pods} sequential={sequential} list_runs={list_runs}, {transport}");
 
     let one = create_n(&http, &server.url, "seq", sequential, 1).await?;
     let one_rate = sequential as f64 / one.as_secs_f64();
@@ -69,7 +70,7 @@ pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize
 
     Ok(ScenarioResult {
         name: "store",
-        params: json!({"pods": pods, "sequential": sequential, "list_runs": list_runs}),
+        params: json!({"pods": pods, "sequential": sequential, "list_runs": list_runs, "tls": tls}),
         values: json!({"creates_per_s_1_client": one_rate, "creates_per_s_64_clients": many_rate,
             "list": list, "listed": count, "rss_mib": rss}),
     })

@@ -56,18 +56,29 @@ async fn wait_ready(http: &reqwest::Client, url: &str, app: &str, n: usize, exce
 }
 
 fn standalone(binary: &Path, runtime: &str, extra: &[&str]) -> anyhow::Result<(tempfile::TempDir, Process)> {
+    let (dir, p, _) = standalone_reachable(binary, runtime, extra, false)?;
+    Ok((dir, p))
+}
+
+/// A standalone over plain HTTP, or with `tls` over TLS with a token, and a client that reaches it.
+fn standalone_reachable(
+    binary: &Path,
+    runtime: &str,
+    extra: &[&str],
+    tls: bool,
+) -> anyhow::Result<(tempfile::TempDir, Process, reqwest::Client)> {
     let dir = tempfile::tempdir()?;
     let data = dir.path().to_string_lossy().to_string();
     let mut args = vec!["standalone", "--data-dir", &data, "--runtime", runtime];
     args.extend_from_slice(extra);
-    let p = Process::start(binary, &args)?;
-    Ok((dir, p))
+    let (p, http) = Process::start_reachable(binary, &args, dir.path(), tls)?;
+    Ok((dir, p, http))
 }
 
-pub async fn self_heal(binary: &Path, runs: usize, runtime: &str) -> anyhow::Result<ScenarioResult> {
-    println!("scenario self-heal: standalone, {runtime} runtime, Deployment of 3 `minimal`, {runs} deletions");
-    let (_dir, mut server) = standalone(binary, runtime, &[])?;
-    let http = reqwest::Client::new();
+pub async fn self_heal(binary: &Path, runs: usize, runtime: &str, tls: bool) -> anyhow::Result<ScenarioResult> {
+    let transport = if tls { "TLS + token" } else { "plain HTTP" };
+    println!("scenario self-heal: standalone, {runtime} runtime, {transport}, Deployment of 3 `minimal`, {runs} deletions");
+    let (_dir, mut server, http) = standalone_reachable(binary, runtime, &[], tls)?;
     let r = http.post(format!("{}{DEPLOYMENTS}", server.url)).json(&deployment("heal", 3)).send().await?;
     anyhow::ensure!(r.status().is_success(), "creating the Deployment: {}", r.status());
     wait_ready(&http, &server.url, "heal", 3, None, Duration::from_secs(60)).await?;
@@ -99,7 +110,7 @@ pub async fn self_heal(binary: &Path, runs: usize, runtime: &str) -> anyhow::Res
     server.terminate(Duration::from_secs(30));
     Ok(ScenarioResult {
         name: "self-heal",
-        params: json!({"runs": runs, "replicas": 3, "image": "minimal", "runtime": runtime}),
+        params: json!({"runs": runs, "replicas": 3, "image": "minimal", "runtime": runtime, "tls": tls}),
         values: json!({"replacement_ready": s, "control_plane_rss_mib": rss}),
     })
 }

@@ -1,5 +1,6 @@
 //! Shepherd's controllers, each a reconciler on the engine in `shepherd-runtime`.
 
+pub mod clusterroleaggregation;
 pub mod config;
 pub mod cronjob;
 pub mod daemonset;

@@ -19,7 +19,8 @@ use shepherd_runtime::{Client, Manager, TriggerMode};
 /// Every controller `shepherd` runs, by the name used in flags.
 pub const CONTROLLERS: &[&str] = &["deployment", "replicaset", "endpoints", "endpointslice", "clusterip", "nodelifecycle",
     "nodeipam", "taint-eviction", "disruption", "garbagecollector", "scheduler", "serviceaccount", "job", "cronjob",
-    "daemonset", "statefulset", "replicationcontroller", "horizontalpodautoscaler", "root-ca-cert-publisher"];
+    "daemonset", "statefulset", "replicationcontroller", "horizontalpodautoscaler", "root-ca-cert-publisher",
+    "clusterrole-aggregation"];
 
 /// The scheduler's default workers, after kube-scheduler's default parallelism of 16.
 const SCHEDULER_WORKERS: usize = 16;
@@ -29,7 +30,7 @@ pub struct ControllerArgs {
     /// Controllers to run: `all`, `none`, or a comma-separated list of deployment, replicaset,
     /// endpoints, endpointslice, clusterip, nodelifecycle, nodeipam, taint-eviction, disruption,
     /// garbagecollector, scheduler, job, cronjob, daemonset, statefulset, replicationcontroller,
-    /// horizontalpodautoscaler, root-ca-cert-publisher.
+    /// horizontalpodautoscaler, root-ca-cert-publisher, clusterrole-aggregation.
     #[arg(long, default_value = "all")]
     pub controllers: String,
     /// Default trigger mode: `hybrid` (events plus periodic resync), `level` (re-list on a
@@ -223,6 +224,13 @@ impl ControllerArgs {
                             pem.clone(),
                         ));
                     }
+                }
+                "clusterrole-aggregation" => {
+                    manager.add(shepherd_controllers::clusterroleaggregation::clusterrole_aggregation_controller(
+                        client.clone(),
+                        manager,
+                        cfg,
+                    ));
                 }
                 "clusterip" => {
                     manager.add(cluster_ip_allocator(client.clone(), manager, ClusterIpConfig { run: cfg, range }));

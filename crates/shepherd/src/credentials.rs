@@ -27,6 +27,13 @@ pub struct TlsArgs {
     /// The private key of --tls-cert (PEM).
     #[arg(long, requires = "tls_cert", value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
+    /// The CA bundle (PEM) that verifies the serving certificate, published to pods as the ConfigMap
+    /// `kube-root-ca.crt` (key `ca.crt`) in every namespace, as Kubernetes' --root-ca-file. Default:
+    /// the cluster CA when the server serves the certificate it generated; with --tls-cert, the last
+    /// certificate of that chain (a warning at start says so: give the bundle when clients should
+    /// trust another root).
+    #[arg(long, value_name = "FILE")]
+    pub root_ca_file: Option<PathBuf>,
     /// More CA certificates (PEM) whose client certificates authenticate users, beside the
     /// cluster CA's.
     #[arg(long, value_name = "FILE")]
@@ -69,6 +76,8 @@ pub struct Secured {
     pub ca: ClusterCa,
     /// Whether clients verify the server with the cluster CA (false with --tls-cert).
     pub serving_by_cluster_ca: bool,
+    /// The CA bundle (PEM) pods get to verify the server with, in `kube-root-ca.crt`.
+    pub root_ca_pem: String,
 }
 
 pub(crate) fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
@@ -161,7 +170,29 @@ pub fn secure(args: &TlsArgs, data_dir: &Path, listen: SocketAddr, token: Option
         tokens.push(authn::admin_token(t));
     }
     let authenticator = Arc::new(Authenticator::new(&client_cas, tokens)?);
-    Ok(Secured { tls, authenticator, ca, serving_by_cluster_ca: by_cluster_ca })
+    let root_ca_pem = root_ca_bundle(args, &ca, &serving, by_cluster_ca)?;
+    Ok(Secured { tls, authenticator, ca, serving_by_cluster_ca: by_cluster_ca, root_ca_pem })
+}
+
+/// What verifies the serving certificate, for pods: --root-ca-file, else the cluster CA that signed
+/// the generated certificate, else the root end of the --tls-cert chain.
+fn root_ca_bundle(args: &TlsArgs, ca: &ClusterCa, serving: &CertifiedKey, by_cluster_ca: bool) -> anyhow::Result<String> {
+    if let Some(path) = &args.root_ca_file {
+        let pem = read(path)?;
+        certificates_from_pem(pem.as_bytes()).with_context(|| format!("--root-ca-file {}", path.display()))?;
+        return Ok(pem);
+    }
+    if by_cluster_ca {
+        return Ok(ca.cert_pem().to_string());
+    }
+    let chain = certificates_from_pem(serving.cert_pem.as_bytes()).context("the serving certificate (--tls-cert)")?;
+    let last = chain.last().map(|c| c.to_vec()).unwrap_or_default();
+    tracing::warn!(
+        certificates_in_chain = chain.len(),
+        "--tls-cert without --root-ca-file: pods get the last certificate of the served chain in kube-root-ca.crt; \
+         pass --root-ca-file with the CA bundle clients should trust if that is not it"
+    );
+    Ok(crate::service_accounts::pem_bundle(&[last]))
 }
 
 /// The URL clients use for a server on `addr`: a wildcard address is reached on loopback.
@@ -288,6 +319,7 @@ mod tests {
             insecure_loopback: true,
             tls_cert: None,
             tls_key: None,
+            root_ca_file: None,
             client_ca: None,
             tls_sans: vec![],
             token_auth_file: None,

@@ -521,7 +521,7 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     // Tokens are signed, accepted and mounted only where requests are authenticated at all.
     let server = match &secured {
         Some(s) => {
-            args.controllers.root_ca_pem = Some(s.ca.cert_pem().to_string());
+            args.controllers.root_ca_pem = Some(s.root_ca_pem.clone());
             server.with_service_account_tokens(args.service_accounts.tokens(&args.data_dir)?)
         }
         None => server,

@@ -11,6 +11,8 @@ use super::rbac::PolicyRule;
 use crate::service::ApiService;
 
 const AUTOUPDATE: &str = "rbac.authorization.kubernetes.io/autoupdate";
+/// The label prefix by which a ClusterRole adds its rules to `admin`, `edit` or `view`.
+const AGGREGATE_TO: &str = "rbac.authorization.k8s.io/aggregate-to-";
 
 /// Namespaced kinds users work with, by group, as `view`, `edit` and `admin` grant them.
 const WORKLOADS: &[(&str, &[&str])] = &[
@@ -116,6 +118,8 @@ fn controller_rules() -> Vec<PolicyRule> {
         ),
         PolicyRule::resources(&["*"], &["*"], &["get", "list", "watch", "patch", "update", "delete", "deletecollection"]),
         PolicyRule::resources(&["authorization.k8s.io"], &["subjectaccessreviews"], &["create"]),
+        // The clusterrole-aggregation controller writes into a role rules it need not hold.
+        PolicyRule::resources(&["rbac.authorization.k8s.io"], &["clusterroles"], &["escalate"]),
     ]
 }
 
@@ -139,6 +143,10 @@ fn cluster_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
         ("admin", admin_rules()),
         ("edit", edit_rules()),
         ("view", view_rules()),
+        // What admin, edit and view aggregate (their own rules are the aggregation controller's).
+        ("system:aggregate-to-admin", admin_rules()),
+        ("system:aggregate-to-edit", edit_rules()),
+        ("system:aggregate-to-view", view_rules()),
         (
             "system:basic-user",
             vec![PolicyRule::resources(
@@ -230,7 +238,17 @@ pub async fn reconcile_default_roles(svc: &ApiService) -> Result<(), ApiError> {
         if ["admin", "edit", "view"].contains(&name) {
             // ClusterRoles labelled so (those of custom resources) add to these.
             role["aggregationRule"] = json!({"clusterRoleSelectors": [
-                {"matchLabels": {format!("rbac.authorization.k8s.io/aggregate-to-{name}"): "true"}}]});
+                {"matchLabels": {format!("{AGGREGATE_TO}{name}"): "true"}}]});
+        }
+        // As in Kubernetes, view adds to edit and edit to admin, so what is added to view reaches all three.
+        let adds_to = match name {
+            "view" | "system:aggregate-to-edit" => Some("edit"),
+            "edit" | "system:aggregate-to-admin" => Some("admin"),
+            "system:aggregate-to-view" => Some("view"),
+            _ => None,
+        };
+        if let Some(target) = adds_to {
+            role["metadata"]["labels"][format!("{AGGREGATE_TO}{target}")] = json!("true");
         }
         reconcile(svc, &kinds::CLUSTERROLE, name, role, "rules", |current, wanted| {
             let held: Vec<PolicyRule> = current.iter().map(PolicyRule::from_json).collect();

@@ -282,7 +282,11 @@ pub(crate) async fn authorize(State(app): State<AppState>, mut req: Request, nex
     if anonymous_listener {
         return next.run(req).await;
     }
-    let attrs = Attributes::of(req.method(), req.uri().path(), req.uri().query());
+    // The audit log has read them already when it records this request.
+    let attrs = match req.extensions().get::<Arc<Attributes>>() {
+        Some(attrs) => attrs.clone(),
+        None => Arc::new(Attributes::of(req.method(), req.uri().path(), req.uri().query())),
+    };
     let user = match impersonate(&app.authz, &mut req) {
         Ok(user) => user,
         Err(r) => return *r,
