@@ -3,7 +3,9 @@
 //! TLS only asks for a client certificate and checks that the client holds its key; whether the
 //! cluster CA signed it, and whether it is still valid, is decided here, so that a certificate
 //! from another CA or an expired one gets Kubernetes' 401 instead of a failed handshake. The
-//! decision is made once per connection ([`PeerCertificates`] keeps it).
+//! chain is verified once per connection ([`PeerCertificates`] keeps the decision); that the
+//! chain has not expired since is checked on every request, so a long-lived connection stops
+//! working when its certificate does.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -35,7 +37,14 @@ pub enum AuthnError {
 #[derive(Debug)]
 pub struct PeerCertificates {
     chain: Vec<CertificateDer<'static>>,
-    user: OnceLock<Result<UserInfo, String>>,
+    user: OnceLock<Result<Verified, String>>,
+}
+
+/// A verified chain's user, and when the first of its certificates expires (Unix seconds).
+#[derive(Debug, Clone)]
+struct Verified {
+    user: UserInfo,
+    not_after: i64,
 }
 
 impl PeerCertificates {
@@ -108,16 +117,26 @@ impl Authenticator {
 
     /// The user a client certificate names, or why it is not accepted.
     pub fn certificate_user(&self, peer: &PeerCertificates) -> Result<UserInfo, String> {
-        peer.user.get_or_init(|| self.verify_certificate(&peer.chain)).clone()
+        let verified = peer.user.get_or_init(|| self.verify_certificate(&peer.chain)).as_ref()?;
+        if UnixTime::now().as_secs() as i64 > verified.not_after {
+            return Err("the client certificate is not valid: it expired during this connection".into());
+        }
+        Ok(verified.user.clone())
     }
 
-    fn verify_certificate(&self, chain: &[CertificateDer<'static>]) -> Result<UserInfo, String> {
+    fn verify_certificate(&self, chain: &[CertificateDer<'static>]) -> Result<Verified, String> {
         let [end_entity, intermediates @ ..] = chain else { return Err("no client certificate".into()) };
         let verifier = self.client_verifier.as_ref().ok_or("client certificates are not accepted by this server")?;
         verifier
             .verify_client_cert(end_entity, intermediates, UnixTime::now())
             .map_err(|e| format!("the client certificate is not valid: {e}"))?;
-        user_of_certificate(end_entity)
+        let mut not_after = i64::MAX;
+        for cert in chain {
+            let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref())
+                .map_err(|e| format!("the client certificate cannot be read: {e}"))?;
+            not_after = not_after.min(parsed.validity().not_after.timestamp());
+        }
+        Ok(Verified { user: user_of_certificate(end_entity)?, not_after })
     }
 }
 
@@ -332,5 +351,19 @@ mod tests {
         let expired = ca.client_cert_valid("alice", &[], past, past + time::Duration::days(1)).unwrap();
         let err = authn.certificate_user(&peer(&expired.cert_pem)).unwrap_err();
         assert!(err.contains("expired") || err.contains("Expired"), "{err}");
+    }
+
+    #[test]
+    fn a_connection_whose_certificate_expires_is_refused_from_then_on() {
+        let ca = ClusterCa::generate().unwrap();
+        let authn = Authenticator::new(&certificates_from_pem(ca.cert_pem().as_bytes()).unwrap(), vec![]).unwrap();
+        let now = time::OffsetDateTime::now_utc();
+        let short = ca.client_cert_valid("alice", &[], now - time::Duration::hours(1), now + time::Duration::seconds(1)).unwrap();
+        let connection = peer(&short.cert_pem);
+        assert_eq!(authn.certificate_user(&connection).unwrap().name, "alice");
+        // The same connection (the decision already kept) once the certificate's end has passed.
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        let err = authn.certificate_user(&connection).unwrap_err();
+        assert!(err.contains("expired during this connection"), "{err}");
     }
 }
