@@ -43,6 +43,9 @@ use shepherd_runtime::Manager;
 pub(crate) const TABLE: &str = "shepherd";
 /// The verdict maps: by ClusterIP . protocol . port, then by protocol . NodePort.
 const MAPS: [&str; 4] = ["service-ips", "no-endpoint-services", "service-nodeports", "no-endpoint-nodeports"];
+/// How many emptied chains and sets of endpoints gone wait, at most, for one transaction that
+/// deletes them all (else the next check that lists the table does).
+const RETIRED_BATCH: usize = 64;
 /// How often the table is listed and compared even when nobody else changed the ruleset.
 const FULL_CHECK: Duration = Duration::from_secs(60);
 /// The packet mark that asks the postrouting chain to masquerade.
@@ -151,6 +154,15 @@ fn affinity_set(endpoint_chain: &str) -> String {
     format!("affinity-{}", &endpoint_chain[3..])
 }
 
+/// Writes chain `name` of the table afresh with `rules`. The rules go in the chain's own block
+/// (`add chain ... { rule; ... }`) rather than as `add rule` commands: for those nft first
+/// loads every chain of the table, a cost that grows with the number of Services, while for a
+/// chain it loads the table alone.
+fn write_chain(out: &mut String, name: &str, rules: &[String]) {
+    let t = TABLE;
+    let _ = writeln!(out, "add chain ip {t} {name}\nflush chain ip {t} {name}\nadd chain ip {t} {name} {{ {}; }}", rules.join("; "));
+}
+
 /// The chains and rules of one Service port (not its map elements).
 fn write_service(out: &mut String, chain: &str, sp: &ServicePort) {
     let t = TABLE;
@@ -160,32 +172,46 @@ fn write_service(out: &mut String, chain: &str, sp: &ServicePort) {
     let mut picks = Vec::new();
     for (i, &ep) in sp.endpoints.iter().enumerate() {
         let epc = endpoint_chain(chain, ep);
-        let _ = writeln!(out, "add chain ip {t} {epc}\nflush chain ip {t} {epc}");
+        let mut rules = Vec::new();
         if let Some(secs) = sp.affinity_seconds {
             let set = affinity_set(&epc);
             let _ = writeln!(out, "add set ip {t} {set} {{ type ipv4_addr; flags dynamic,timeout; timeout {secs}s; }}");
-            let _ = writeln!(out, "add rule ip {t} {epc} update @{set} {{ ip saddr }}");
+            rules.push(format!("update @{set} {{ ip saddr }}"));
         }
         // A pod reaching itself through its Service: its reply must come back through here.
-        let _ = writeln!(out, "add rule ip {t} {epc} ip saddr {} meta mark set meta mark | {MASQ_MARK:#x}", ep.0);
-        let _ = writeln!(out, "add rule ip {t} {epc} meta l4proto {} dnat to {}:{}", sp.protocol, ep.0, ep.1);
+        rules.push(format!("ip saddr {} meta mark set meta mark | {MASQ_MARK:#x}", ep.0));
+        rules.push(format!("meta l4proto {} dnat to {}:{}", sp.protocol, ep.0, ep.1));
+        write_chain(out, &epc, &rules);
         picks.push(format!("{i} : goto {epc}"));
     }
-    let _ = writeln!(out, "add chain ip {t} {chain}\nflush chain ip {t} {chain}");
+    let mut rules = Vec::new();
     if sp.affinity_seconds.is_some() {
         for &ep in &sp.endpoints {
             let epc = endpoint_chain(chain, ep);
-            let _ = writeln!(out, "add rule ip {t} {chain} ip saddr @{} goto {epc}", affinity_set(&epc));
+            rules.push(format!("ip saddr @{} goto {epc}", affinity_set(&epc)));
         }
     }
-    let _ = writeln!(out, "add rule ip {t} {chain} numgen random mod {} vmap {{ {} }}", sp.endpoints.len(), picks.join(", "));
+    rules.push(format!("numgen random mod {} vmap {{ {} }}", sp.endpoints.len(), picks.join(", ")));
+    write_chain(out, chain, &rules);
     if sp.node_port.is_some() {
-        let ext = format!("ext-{}", &chain[4..]);
-        let _ = writeln!(out, "add chain ip {t} {ext}\nflush chain ip {t} {ext}");
         // Traffic from outside may go to an endpoint on another node: replies must return here.
-        let _ = writeln!(out, "add rule ip {t} {ext} meta mark set meta mark | {MASQ_MARK:#x}");
-        let _ = writeln!(out, "add rule ip {t} {ext} goto {chain}");
+        let rules = [format!("meta mark set meta mark | {MASQ_MARK:#x}"), format!("goto {chain}")];
+        write_chain(out, &format!("ext-{}", &chain[4..]), &rules);
     }
+}
+
+/// The endpoint chains (`chain NAME`) and affinity sets (`set NAME`) that `old` has and `new`,
+/// the same Service port with other endpoints, no longer uses.
+fn retired(chain: &str, old: &ServicePort, new: &ServicePort) -> Vec<String> {
+    let mut out = Vec::new();
+    for &ep in old.endpoints.iter().filter(|ep| !new.endpoints.contains(ep)) {
+        let epc = endpoint_chain(chain, ep);
+        if old.affinity_seconds.is_some() {
+            out.push(format!("set {}", affinity_set(&epc)));
+        }
+        out.push(format!("chain {epc}"));
+    }
+    out
 }
 
 /// The map elements of one Service port: where its traffic goes.
@@ -300,14 +326,13 @@ pub(crate) fn diff_script(old: &Model, new: &Model) -> Option<String> {
         match old.get(chain) {
             Some(o) if o == sp => {}
             // The map elements stay; the endpoints that remain keep their chains and the
-            // clients in their affinity sets.
+            // clients in their affinity sets. The chains of endpoints gone are emptied now and
+            // deleted later, several at once: nft loads every chain of the table to delete one.
             Some(o) if only_endpoints_differ(o, sp) => {
                 write_service(&mut out, chain, sp);
-                for &ep in o.endpoints.iter().filter(|ep| !sp.endpoints.contains(ep)) {
-                    let epc = endpoint_chain(chain, ep);
-                    let _ = writeln!(out, "delete chain ip {TABLE} {epc}");
-                    if o.affinity_seconds.is_some() {
-                        let _ = writeln!(out, "delete set ip {TABLE} {}", affinity_set(&epc));
+                for name in retired(chain, o, sp) {
+                    if let Some(epc) = name.strip_prefix("chain ") {
+                        let _ = writeln!(out, "flush chain ip {TABLE} {epc}");
                     }
                 }
             }
@@ -508,11 +533,13 @@ struct Applied {
     /// The ruleset's generation after this proxy's last transaction, while no one else's is
     /// known to have come between; `None` makes the next check list the table.
     generation: Option<u32>,
+    /// The chains (emptied) and affinity sets of endpoints gone, not yet deleted.
+    retired: BTreeSet<String>,
 }
 
 impl Applied {
     fn new() -> Applied {
-        Applied { services: Services::new(), reference: None, rewritten: BTreeSet::new(), generation: None }
+        Applied { services: Services::new(), reference: None, rewritten: BTreeSet::new(), generation: None, retired: BTreeSet::new() }
     }
 
     /// Replaces the table with `services`', keeping the clients of affinity sets that the
@@ -524,6 +551,7 @@ impl Applied {
         self.reference = None;
         self.generation = None;
         self.rewritten.clear();
+        self.retired.clear();
         apply(&full_script(&self.services, &clients))?;
         let listed = listing().map(|l| blocks(&l.rules));
         let after = generation::current();
@@ -545,9 +573,15 @@ impl Applied {
         let mut changes: Vec<(String, Model)> = changes.into_iter().collect();
         changes.sort_by_key(|(_, ports)| !ports.is_empty());
         let mut keys = Vec::new();
+        let mut retire = Vec::new();
         for (key, ports) in changes {
             let diff = diff_script(services.get(&key).unwrap_or(&Model::new()), &ports);
             let Some(diff) = diff else { continue };
+            for (chain, old) in services.get(&key).into_iter().flatten() {
+                if let Some(new) = ports.get(chain).filter(|new| only_endpoints_differ(old, new)) {
+                    retire.extend(retired(chain, old, new));
+                }
+            }
             script.push_str(&diff);
             if ports.is_empty() {
                 services.remove(&key);
@@ -574,14 +608,36 @@ impl Applied {
         self.services = services;
         let only_ours = self.generation.is_some() && self.generation == before && after == before.map(|b| b.wrapping_add(1));
         self.generation = if only_ours { after } else { None };
-        let (_, deleted) = touched(&script);
+        let (written, deleted) = touched(&script);
         if let Some(reference) = self.reference.as_mut() {
             for d in &deleted {
                 reference.remove(d);
             }
         }
         self.rewritten.extend(keys);
+        // An endpoint back before its chain was deleted has it again.
+        self.retired.extend(retire);
+        for name in written.iter().chain(&deleted) {
+            self.retired.remove(name);
+        }
         Ok(Updated::Changed)
+    }
+
+    /// The transaction that deletes the chains and sets of endpoints gone, which are then
+    /// taken as deleted.
+    fn collect_script(&mut self) -> String {
+        let mut out = String::new();
+        // Chains first: their (flushed) rules referred to the sets.
+        for kind in ["chain ", "set "] {
+            for name in self.retired.iter().filter(|n| n.starts_with(kind)) {
+                let _ = writeln!(out, "delete {}ip {TABLE} {}", kind, &name[kind.len()..]);
+                if let Some(reference) = self.reference.as_mut() {
+                    reference.remove(name);
+                }
+            }
+        }
+        self.retired.clear();
+        out
     }
 
     /// Rebuilds the table unless the kernel holds what this proxy left there. Unless `full`,
@@ -595,9 +651,19 @@ impl Applied {
             return self.rebuild(services, None).map(|()| Checked::Rebuilt);
         }
         if !full && self.generation.is_some() && generation::current() == self.generation {
+            if self.retired.len() >= RETIRED_BATCH {
+                let script = self.collect_script();
+                let before = generation::current();
+                if apply(&script).is_err() {
+                    let services = std::mem::take(&mut self.services);
+                    return self.rebuild(services, None).map(|()| Checked::Rebuilt);
+                }
+                let after = generation::current();
+                self.generation = if self.generation == before && after == before.map(|b| b.wrapping_add(1)) { after } else { None };
+            }
             return Ok(Checked::Unchanged);
         }
-        let mut again = String::new();
+        let mut again = self.collect_script();
         for key in &self.rewritten {
             for (chain, sp) in self.services.get(key).into_iter().flatten() {
                 write_service(&mut again, chain, sp);
@@ -795,7 +861,8 @@ mod tests {
         let after = model(&services, &[("web", endpoints(&["10.244.0.3"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
         let script = diff_script(&before, &after).expect("a change");
         assert!(!script.contains("api") && !script.contains("10.96.0.11"), "{script}");
-        assert!(script.contains("delete chain ip shepherd ep-default-web-tcp-80-10.244.0.2-8080"), "{script}");
+        assert!(script.contains("flush chain ip shepherd ep-default-web-tcp-80-10.244.0.2-8080"), "emptied, deleted later: {script}");
+        assert!(!script.contains("add rule"), "rules go in their chains' blocks: {script}");
         assert!(script.contains("dnat to 10.244.0.3:8080"), "{script}");
         assert_eq!(diff_script(&after, &after), None, "no change, no script");
     }
@@ -854,8 +921,11 @@ mod tests {
         let before = model(&sticky, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
         let after = model(&sticky, &[("web", endpoints(&["10.244.0.2", "10.244.0.4"], &[]))]);
         let script = diff_script(&before, &after).expect("a change");
-        assert!(script.contains("delete set ip shepherd affinity-default-web-tcp-80-10.244.0.3-8080"), "{script}");
-        assert!(!script.contains("delete set ip shepherd affinity-default-web-tcp-80-10.244.0.2-8080"), "{script}");
+        assert!(script.contains("flush chain ip shepherd ep-default-web-tcp-80-10.244.0.3-8080"), "{script}");
+        assert!(!script.contains("delete"), "what goes is deleted later: {script}");
+        let (chain, old, new) = ("svc-default-web-tcp-80", &before["svc-default-web-tcp-80"], &after["svc-default-web-tcp-80"]);
+        let gone = ["set affinity-default-web-tcp-80-10.244.0.3-8080", "chain ep-default-web-tcp-80-10.244.0.3-8080"];
+        assert_eq!(retired(chain, old, new), gone);
         assert!(!script.contains("delete element"), "the map elements stay: {script}");
     }
 
@@ -956,6 +1026,28 @@ mod tests {
         assert!(!removed.rules.contains("default-web"), "{}", removed.rules);
         assert!(removed.elements["service-nodeports"].contains("tcp . 30080 : goto ext-default-api-tcp-80"), "{:?}", removed.elements);
         assert_eq!(repaired.elements["service-ips"], *ips, "the element deleted by hand is back");
+    }
+
+    #[test]
+    fn the_chains_of_endpoints_gone_are_emptied_at_once_and_deleted_together_later() {
+        root();
+        let web = |ip: &str| services(&[service("web", "10.96.0.10", None)], &[("web", endpoints(&[ip], &[]))]);
+        let (first, second, third) = (web("10.244.0.2"), web("10.244.0.3"), web("10.244.0.4"));
+        let (emptied, checks, after) = in_private_netns(move || {
+            let mut applied = Applied::new();
+            applied.rebuild(first, None).expect("full table");
+            applied.update(second).expect("an endpoint change");
+            applied.update(third).expect("another");
+            let emptied = blocks(&listing().expect("the table").rules);
+            let checks = [applied.check(false).expect("a check"), applied.check(true).expect("a full check")];
+            (emptied, checks, blocks(&listing().expect("the table").rules))
+        });
+        for gone in ["chain ep-default-web-tcp-80-10.244.0.2-8080", "chain ep-default-web-tcp-80-10.244.0.3-8080"] {
+            assert_eq!(emptied.get(gone).map(String::as_str), Some(""), "{gone} is emptied: {emptied:?}");
+            assert!(!after.contains_key(gone), "{gone} is deleted by the check that lists: {after:?}");
+        }
+        assert_eq!(checks, [Checked::Unchanged, Checked::Listed], "deleting them is no damage to repair");
+        assert!(after["chain svc-default-web-tcp-80"].contains("goto ep-default-web-tcp-80-10.244.0.4-8080"), "{after:?}");
     }
 
     #[test]
