@@ -233,9 +233,16 @@ fn elements(chain: &str, sp: &ServicePort) -> Vec<(&'static str, String)> {
     out
 }
 
+/// The type of verdict map `map`.
+fn map_type(map: &str) -> &'static str {
+    if MAPS[..2].contains(&map) { "ipv4_addr . inet_proto . inet_service : verdict" } else { "inet_proto . inet_service : verdict" }
+}
+
+/// Adds the map elements of `sp`, in the maps' own blocks: for `add element` nft first loads
+/// every chain of the table, for `add map` the table alone.
 fn add_elements(out: &mut String, chain: &str, sp: &ServicePort) {
     for (map, e) in elements(chain, sp) {
-        let _ = writeln!(out, "add element ip {TABLE} {map} {{ {e} }}");
+        let _ = writeln!(out, "add map ip {TABLE} {map} {{ type {}; elements = {{ {e} }}; }}", map_type(map));
     }
 }
 
@@ -268,12 +275,8 @@ pub(crate) fn full_script(services: &Services, clients: &Clients) -> String {
     let t = TABLE;
     let mut out = String::new();
     let _ = writeln!(out, "add table ip {t}\ndelete table ip {t}\nadd table ip {t}");
-    let key = "ipv4_addr . inet_proto . inet_service";
-    for map in &MAPS[..2] {
-        let _ = writeln!(out, "add map ip {t} {map} {{ type {key} : verdict; }}");
-    }
-    for map in &MAPS[2..] {
-        let _ = writeln!(out, "add map ip {t} {map} {{ type inet_proto . inet_service : verdict; }}");
+    for map in MAPS {
+        let _ = writeln!(out, "add map ip {t} {map} {{ type {}; }}", map_type(map));
     }
     let _ = writeln!(out, "add chain ip {t} reject-chain");
     let _ = writeln!(out, "add rule ip {t} reject-chain meta l4proto tcp reject with tcp reset");
@@ -995,8 +998,8 @@ mod tests {
             let foreign: Vec<&str> = names.filter(|n| !n.contains("default-api-tcp-80") && !MAPS.contains(n)).collect();
             assert!(foreign.is_empty(), "{foreign:?} in\n{script}");
         }
-        assert!(added.contains("add element ip shepherd service-ips { 10.96.0.11 . tcp . 80 : goto svc-default-api-tcp-80 }"), "{added}");
-        assert!(added.contains("add element ip shepherd service-nodeports { tcp . 30080 : goto ext-default-api-tcp-80 }"), "{added}");
+        assert!(added.contains("elements = { 10.96.0.11 . tcp . 80 : goto svc-default-api-tcp-80 }"), "{added}");
+        assert!(added.contains("elements = { tcp . 30080 : goto ext-default-api-tcp-80 }"), "{added}");
         assert!(removed.contains("delete element ip shepherd service-ips { 10.96.0.11 . tcp . 80 }"), "{removed}");
         assert!(removed.contains("delete chain ip shepherd ep-default-api-tcp-80-10.244.1.3-8080"), "{removed}");
         assert!(!removed.contains("add "), "{removed}");
