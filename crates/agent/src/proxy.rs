@@ -6,7 +6,7 @@
 //! one chain per endpoint that DNATs (and marks a pod reaching itself, for masquerade). A Service
 //! port without a ready endpoint is in a second map whose verdict rejects at once (TCP reset or
 //! ICMP port unreachable). So a change of one Service's endpoints rewrites that Service's chains
-//! and map elements, nothing else.
+//! and map elements, nothing else; a Service that comes or goes adds or deletes its own.
 //!
 //! nft is driven by scripts on its stdin (`nft -f -`): a script is one kernel transaction, so a
 //! rebuild is atomic, and its syntax is nft's own documented one. The Rust crates that speak
@@ -17,13 +17,18 @@
 //! checked before the random pick. A change of a Service's endpoints keeps the sets of those
 //! that remain, and a rebuild gives every set that remains the clients the kernel had.
 //!
-//! Level-triggered: every `resync` the table's listing (less the affinity sets' clients) is
-//! compared with what this proxy left there (the listing after the last full build, with the
-//! chains and sets of the endpoint changes since listed again as they were applied); if someone
-//! changed or removed anything, or Services came or went since, it is rebuilt from the Services
-//! and Endpoints in one transaction.
+//! The model is kept per Service: an informer event recomputes and applies that Service's ports
+//! only. Level-triggered: every `resync` the kernel's ruleset generation (one netlink message) is
+//! compared with the one after this proxy's last transaction; only when someone else committed
+//! since, and every `FULL_CHECK` regardless, is the table listed and compared with what this
+//! proxy left there (the listing after the last full build, less the chains the changes since
+//! deleted; the chains they wrote are written again and taken as listed; the maps' elements
+//! against the model). If it differs, it is rebuilt from the Services and Endpoints in one
+//! transaction.
 
-use std::collections::BTreeMap;
+mod generation;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::Ipv4Addr;
@@ -36,6 +41,13 @@ use shepherd_api::{JsonPath, kinds};
 use shepherd_runtime::Manager;
 
 pub(crate) const TABLE: &str = "shepherd";
+/// The verdict maps: by ClusterIP . protocol . port, then by protocol . NodePort.
+const MAPS: [&str; 4] = ["service-ips", "no-endpoint-services", "service-nodeports", "no-endpoint-nodeports"];
+/// How many emptied chains and sets of endpoints gone wait, at most, for one transaction that
+/// deletes them all (else the next check that lists the table does).
+const RETIRED_BATCH: usize = 64;
+/// How often the table is listed and compared even when nobody else changed the ruleset.
+const FULL_CHECK: Duration = Duration::from_secs(60);
 /// The packet mark that asks the postrouting chain to masquerade.
 const MASQ_MARK: u32 = 0x4000;
 
@@ -53,8 +65,11 @@ pub(crate) struct ServicePort {
     pub endpoints: Vec<(Ipv4Addr, u16)>,
 }
 
-/// Every Service port of the cluster, by its chain name.
+/// Service ports by their chain name: one Service's, or every one's.
 pub(crate) type Model = BTreeMap<String, ServicePort>;
+
+/// The ports of every Service, by the Service's `namespace/name`.
+pub(crate) type Services = BTreeMap<String, Model>;
 
 fn protocol(p: Option<&str>) -> Option<&'static str> {
     match p.unwrap_or("TCP") {
@@ -65,50 +80,67 @@ fn protocol(p: Option<&str>) -> Option<&'static str> {
     }
 }
 
-/// The rules Services and their Endpoints (`endpoints("ns/name")`) call for. Services without a
-/// ClusterIP (headless, ExternalName) have none.
-pub(crate) fn desired(services: &[Arc<Value>], endpoints: impl Fn(&str) -> Option<Arc<Value>>) -> Model {
-    let mut model = Model::new();
+/// A Service's (or its Endpoints') `namespace/name`, the key of both in the informers' caches.
+fn key_of(obj: &Value) -> String {
+    let ns = obj.at("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
+    let name = obj.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
+    format!("{ns}/{name}")
+}
+
+/// The rules Services and their Endpoints (`endpoints("ns/name")`) call for.
+pub(crate) fn desired(services: &[Arc<Value>], endpoints: impl Fn(&str) -> Option<Arc<Value>>) -> Services {
+    let mut all = Services::new();
     for svc in services {
-        let ns = svc.at("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
-        let name = svc.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
-        let Some(cluster_ip) = svc.at("/spec/clusterIP").and_then(Value::as_str).and_then(|ip| ip.parse::<Ipv4Addr>().ok()) else {
+        let key = key_of(svc);
+        let ports = service_ports(svc, endpoints(&key).as_deref());
+        if !ports.is_empty() {
+            all.insert(key, ports);
+        }
+    }
+    all
+}
+
+/// The ports of one Service and its Endpoints. Services without a ClusterIP (headless,
+/// ExternalName) have none.
+pub(crate) fn service_ports(svc: &Value, eps: Option<&Value>) -> Model {
+    let mut model = Model::new();
+    let ns = svc.at("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
+    let name = svc.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
+    let Some(cluster_ip) = svc.at("/spec/clusterIP").and_then(Value::as_str).and_then(|ip| ip.parse::<Ipv4Addr>().ok()) else {
+        return model;
+    };
+    let affinity_seconds = (svc.at("/spec/sessionAffinity").and_then(Value::as_str) == Some("ClientIP")).then(|| {
+        let t = svc.at("/spec/sessionAffinityConfig/clientIP/timeoutSeconds").and_then(Value::as_u64);
+        t.and_then(|t| u32::try_from(t).ok()).filter(|t| *t > 0).unwrap_or(10_800)
+    });
+    for p in svc.at("/spec/ports").and_then(Value::as_array).into_iter().flatten() {
+        let Some(proto) = protocol(p.at("/protocol").and_then(Value::as_str)) else { continue };
+        let Some(port) = p.at("/port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0) else {
             continue;
         };
-        let eps = endpoints(&format!("{ns}/{name}"));
-        let affinity_seconds = (svc.at("/spec/sessionAffinity").and_then(Value::as_str) == Some("ClientIP")).then(|| {
-            let t = svc.at("/spec/sessionAffinityConfig/clientIP/timeoutSeconds").and_then(Value::as_u64);
-            t.and_then(|t| u32::try_from(t).ok()).filter(|t| *t > 0).unwrap_or(10_800)
-        });
-        for p in svc.at("/spec/ports").and_then(Value::as_array).into_iter().flatten() {
-            let Some(proto) = protocol(p.at("/protocol").and_then(Value::as_str)) else { continue };
-            let Some(port) = p.at("/port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0) else {
+        let port_name = p.at("/name").and_then(Value::as_str).unwrap_or("");
+        let node_port = p.at("/nodePort").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0);
+        let mut ready = Vec::new();
+        for subset in eps.iter().flat_map(|e| e.at("/subsets").and_then(Value::as_array)).flatten() {
+            // The Endpoints controller names each subset port after the Service port.
+            let target = subset.at("/ports").and_then(Value::as_array).into_iter().flatten().find(|sp| {
+                sp.at("/name").and_then(Value::as_str).unwrap_or("") == port_name
+                    && protocol(sp.at("/protocol").and_then(Value::as_str)) == Some(proto)
+            });
+            let Some(target) = target.and_then(|t| t.at("/port")).and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok())
+            else {
                 continue;
             };
-            let port_name = p.at("/name").and_then(Value::as_str).unwrap_or("");
-            let node_port = p.at("/nodePort").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0);
-            let mut ready = Vec::new();
-            for subset in eps.iter().flat_map(|e| e.at("/subsets").and_then(Value::as_array)).flatten() {
-                // The Endpoints controller names each subset port after the Service port.
-                let target = subset.at("/ports").and_then(Value::as_array).into_iter().flatten().find(|sp| {
-                    sp.at("/name").and_then(Value::as_str).unwrap_or("") == port_name
-                        && protocol(sp.at("/protocol").and_then(Value::as_str)) == Some(proto)
-                });
-                let Some(target) = target.and_then(|t| t.at("/port")).and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok())
-                else {
-                    continue;
-                };
-                for a in subset.at("/addresses").and_then(Value::as_array).into_iter().flatten() {
-                    if let Some(ip) = a.at("/ip").and_then(Value::as_str).and_then(|ip| ip.parse::<Ipv4Addr>().ok()) {
-                        ready.push((ip, target));
-                    }
+            for a in subset.at("/addresses").and_then(Value::as_array).into_iter().flatten() {
+                if let Some(ip) = a.at("/ip").and_then(Value::as_str).and_then(|ip| ip.parse::<Ipv4Addr>().ok()) {
+                    ready.push((ip, target));
                 }
             }
-            ready.sort();
-            ready.dedup();
-            let chain = format!("svc-{ns}-{name}-{proto}-{port}");
-            model.insert(chain, ServicePort { cluster_ip, protocol: proto, port, node_port, affinity_seconds, endpoints: ready });
         }
+        ready.sort();
+        ready.dedup();
+        let chain = format!("svc-{ns}-{name}-{proto}-{port}");
+        model.insert(chain, ServicePort { cluster_ip, protocol: proto, port, node_port, affinity_seconds, endpoints: ready });
     }
     model
 }
@@ -122,6 +154,15 @@ fn affinity_set(endpoint_chain: &str) -> String {
     format!("affinity-{}", &endpoint_chain[3..])
 }
 
+/// Writes chain `name` of the table afresh with `rules`. The rules go in the chain's own block
+/// (`add chain ... { rule; ... }`) rather than as `add rule` commands: for those nft first
+/// loads every chain of the table, a cost that grows with the number of Services, while for a
+/// chain it loads the table alone.
+fn write_chain(out: &mut String, name: &str, rules: &[String]) {
+    let t = TABLE;
+    let _ = writeln!(out, "add chain ip {t} {name}\nflush chain ip {t} {name}\nadd chain ip {t} {name} {{ {}; }}", rules.join("; "));
+}
+
 /// The chains and rules of one Service port (not its map elements).
 fn write_service(out: &mut String, chain: &str, sp: &ServicePort) {
     let t = TABLE;
@@ -131,32 +172,46 @@ fn write_service(out: &mut String, chain: &str, sp: &ServicePort) {
     let mut picks = Vec::new();
     for (i, &ep) in sp.endpoints.iter().enumerate() {
         let epc = endpoint_chain(chain, ep);
-        let _ = writeln!(out, "add chain ip {t} {epc}\nflush chain ip {t} {epc}");
+        let mut rules = Vec::new();
         if let Some(secs) = sp.affinity_seconds {
             let set = affinity_set(&epc);
             let _ = writeln!(out, "add set ip {t} {set} {{ type ipv4_addr; flags dynamic,timeout; timeout {secs}s; }}");
-            let _ = writeln!(out, "add rule ip {t} {epc} update @{set} {{ ip saddr }}");
+            rules.push(format!("update @{set} {{ ip saddr }}"));
         }
         // A pod reaching itself through its Service: its reply must come back through here.
-        let _ = writeln!(out, "add rule ip {t} {epc} ip saddr {} meta mark set meta mark | {MASQ_MARK:#x}", ep.0);
-        let _ = writeln!(out, "add rule ip {t} {epc} meta l4proto {} dnat to {}:{}", sp.protocol, ep.0, ep.1);
+        rules.push(format!("ip saddr {} meta mark set meta mark | {MASQ_MARK:#x}", ep.0));
+        rules.push(format!("meta l4proto {} dnat to {}:{}", sp.protocol, ep.0, ep.1));
+        write_chain(out, &epc, &rules);
         picks.push(format!("{i} : goto {epc}"));
     }
-    let _ = writeln!(out, "add chain ip {t} {chain}\nflush chain ip {t} {chain}");
+    let mut rules = Vec::new();
     if sp.affinity_seconds.is_some() {
         for &ep in &sp.endpoints {
             let epc = endpoint_chain(chain, ep);
-            let _ = writeln!(out, "add rule ip {t} {chain} ip saddr @{} goto {epc}", affinity_set(&epc));
+            rules.push(format!("ip saddr @{} goto {epc}", affinity_set(&epc)));
         }
     }
-    let _ = writeln!(out, "add rule ip {t} {chain} numgen random mod {} vmap {{ {} }}", sp.endpoints.len(), picks.join(", "));
+    rules.push(format!("numgen random mod {} vmap {{ {} }}", sp.endpoints.len(), picks.join(", ")));
+    write_chain(out, chain, &rules);
     if sp.node_port.is_some() {
-        let ext = format!("ext-{}", &chain[4..]);
-        let _ = writeln!(out, "add chain ip {t} {ext}\nflush chain ip {t} {ext}");
         // Traffic from outside may go to an endpoint on another node: replies must return here.
-        let _ = writeln!(out, "add rule ip {t} {ext} meta mark set meta mark | {MASQ_MARK:#x}");
-        let _ = writeln!(out, "add rule ip {t} {ext} goto {chain}");
+        let rules = [format!("meta mark set meta mark | {MASQ_MARK:#x}"), format!("goto {chain}")];
+        write_chain(out, &format!("ext-{}", &chain[4..]), &rules);
     }
+}
+
+/// The endpoint chains (`chain NAME`) and affinity sets (`set NAME`) that `old` has and `new`,
+/// the same Service port with other endpoints, no longer uses.
+fn retired(chain: &str, old: &ServicePort, new: &ServicePort) -> Vec<String> {
+    let mut out = Vec::new();
+    for &ep in old.endpoints.iter().filter(|ep| !new.endpoints.contains(ep)) {
+        let epc = endpoint_chain(chain, ep);
+        if old.affinity_seconds.is_some() {
+            out.push(format!("set {}", affinity_set(&epc)));
+        }
+        out.push(format!("chain {epc}"));
+    }
+    out
 }
 
 /// The map elements of one Service port: where its traffic goes.
@@ -178,9 +233,16 @@ fn elements(chain: &str, sp: &ServicePort) -> Vec<(&'static str, String)> {
     out
 }
 
+/// The type of verdict map `map`.
+fn map_type(map: &str) -> &'static str {
+    if MAPS[..2].contains(&map) { "ipv4_addr . inet_proto . inet_service : verdict" } else { "inet_proto . inet_service : verdict" }
+}
+
+/// Adds the map elements of `sp`, in the maps' own blocks: for `add element` nft first loads
+/// every chain of the table, for `add map` the table alone.
 fn add_elements(out: &mut String, chain: &str, sp: &ServicePort) {
     for (map, e) in elements(chain, sp) {
-        let _ = writeln!(out, "add element ip {TABLE} {map} {{ {e} }}");
+        let _ = writeln!(out, "add map ip {TABLE} {map} {{ type {}; elements = {{ {e} }}; }}", map_type(map));
     }
 }
 
@@ -207,18 +269,14 @@ fn remove_service(out: &mut String, chain: &str, sp: &ServicePort) {
     }
 }
 
-/// One transaction that replaces the whole table with `model`'s, giving the affinity sets that
+/// One transaction that replaces the whole table with `services`', giving the affinity sets that
 /// remain the `clients` they had, so a rebuild does not move clients of `sessionAffinity`.
-pub(crate) fn full_script(model: &Model, clients: &Clients) -> String {
+pub(crate) fn full_script(services: &Services, clients: &Clients) -> String {
     let t = TABLE;
     let mut out = String::new();
     let _ = writeln!(out, "add table ip {t}\ndelete table ip {t}\nadd table ip {t}");
-    let key = "ipv4_addr . inet_proto . inet_service";
-    for map in ["service-ips", "no-endpoint-services"] {
-        let _ = writeln!(out, "add map ip {t} {map} {{ type {key} : verdict; }}");
-    }
-    for map in ["service-nodeports", "no-endpoint-nodeports"] {
-        let _ = writeln!(out, "add map ip {t} {map} {{ type inet_proto . inet_service : verdict; }}");
+    for map in MAPS {
+        let _ = writeln!(out, "add map ip {t} {map} {{ type {}; }}", map_type(map));
     }
     let _ = writeln!(out, "add chain ip {t} reject-chain");
     let _ = writeln!(out, "add rule ip {t} reject-chain meta l4proto tcp reject with tcp reset");
@@ -241,7 +299,7 @@ pub(crate) fn full_script(model: &Model, clients: &Clients) -> String {
     }
     let _ = writeln!(out, "add chain ip {t} nat-postrouting {{ type nat hook postrouting priority 100; policy accept; }}");
     let _ = writeln!(out, "add rule ip {t} nat-postrouting meta mark & {MASQ_MARK:#x} != 0 masquerade");
-    for (chain, sp) in model {
+    for (chain, sp) in services.values().flatten() {
         write_service(&mut out, chain, sp);
         add_elements(&mut out, chain, sp);
         if sp.affinity_seconds.is_none() {
@@ -257,8 +315,8 @@ pub(crate) fn full_script(model: &Model, clients: &Clients) -> String {
     out
 }
 
-/// The transaction that turns `old` into `new`, touching only the Service ports that differ;
-/// `None` when nothing does.
+/// The transaction that turns `old` into `new` (one Service's ports, or several Services'),
+/// touching only the Service ports that differ; `None` when nothing does.
 pub(crate) fn diff_script(old: &Model, new: &Model) -> Option<String> {
     let mut out = String::new();
     for (chain, sp) in old {
@@ -271,14 +329,13 @@ pub(crate) fn diff_script(old: &Model, new: &Model) -> Option<String> {
         match old.get(chain) {
             Some(o) if o == sp => {}
             // The map elements stay; the endpoints that remain keep their chains and the
-            // clients in their affinity sets.
+            // clients in their affinity sets. The chains of endpoints gone are emptied now and
+            // deleted later, several at once: nft loads every chain of the table to delete one.
             Some(o) if only_endpoints_differ(o, sp) => {
                 write_service(&mut out, chain, sp);
-                for &ep in o.endpoints.iter().filter(|ep| !sp.endpoints.contains(ep)) {
-                    let epc = endpoint_chain(chain, ep);
-                    let _ = writeln!(out, "delete chain ip {TABLE} {epc}");
-                    if o.affinity_seconds.is_some() {
-                        let _ = writeln!(out, "delete set ip {TABLE} {}", affinity_set(&epc));
+                for name in retired(chain, o, sp) {
+                    if let Some(epc) = name.strip_prefix("chain ") {
+                        let _ = writeln!(out, "flush chain ip {TABLE} {epc}");
                     }
                 }
             }
@@ -329,11 +386,17 @@ pub(crate) fn apply(script: &str) -> Result<(), NftError> {
 /// expires 2h59m`), which nft takes back as an element with the time it has left.
 type Clients = BTreeMap<String, Vec<String>>;
 
+/// The elements of the verdict maps, by map, as nft lists them (`10.96.0.10 . tcp . 80 : goto
+/// svc-default-web-tcp-80`).
+type Elements = BTreeMap<String, BTreeSet<String>>;
+
 /// The kernel's copy of the table.
 struct Listing {
-    /// The listing without the affinity sets' clients, which traffic changes.
+    /// The listing without the affinity sets' clients, which traffic changes, and without the
+    /// maps' elements, which are compared with the model's instead.
     rules: String,
     clients: Clients,
+    elements: Elements,
 }
 
 /// The kernel's listing of the table, `None` when it is missing.
@@ -346,23 +409,31 @@ fn listing() -> Option<Listing> {
 }
 
 fn parse_listing(text: &str) -> Listing {
-    let (mut rules, mut clients) = (String::new(), Clients::new());
-    let (mut set, mut elements): (Option<String>, Option<String>) = (None, None);
+    let (mut rules, mut clients, mut elements) = (String::new(), Clients::new(), Elements::new());
+    // The set or map open, and whether it is a map; the elements being read.
+    let (mut set, mut open): (Option<(String, bool)>, Option<String>) = (None, None);
     for line in text.lines() {
         let l = line.trim();
         if let Some(name) = l.strip_prefix("set affinity-").and_then(|n| n.strip_suffix(" {")) {
-            set = Some(format!("affinity-{name}"));
-        } else if set.is_some() && elements.is_none() && l.starts_with("elements = {") {
-            elements = Some(String::new());
+            set = Some((format!("affinity-{name}"), false));
+        } else if let Some(name) = l.strip_prefix("map ").and_then(|n| n.strip_suffix(" {")) {
+            set = Some((name.to_string(), true));
+            elements.entry(name.to_string()).or_default();
+        } else if set.is_some() && open.is_none() && l.starts_with("elements = {") {
+            open = Some(String::new());
         }
-        if let Some(e) = elements.as_mut() {
+        if let Some(e) = open.as_mut() {
             e.push_str(l);
             e.push(' ');
             if l.ends_with('}') {
                 let inner = e.trim().trim_start_matches("elements = {").trim_end_matches('}');
                 let listed = inner.split(',').map(str::trim).filter(|c| !c.is_empty()).map(str::to_string);
-                clients.entry(set.clone().unwrap_or_default()).or_default().extend(listed);
-                elements = None;
+                match &set {
+                    Some((map, true)) => elements.entry(map.clone()).or_default().extend(listed),
+                    Some((name, false)) => clients.entry(name.clone()).or_default().extend(listed),
+                    None => {}
+                }
+                open = None;
             }
             continue;
         }
@@ -372,7 +443,19 @@ fn parse_listing(text: &str) -> Listing {
         rules.push_str(line);
         rules.push('\n');
     }
-    Listing { rules, clients }
+    Listing { rules, clients, elements }
+}
+
+/// The map elements `services` call for, as nft lists them.
+fn expected_elements(services: &Services) -> Elements {
+    let mut out: Elements =
+        MAPS.iter().map(|m| (m.to_string(), BTreeSet::new())).collect();
+    for (chain, sp) in services.values().flatten() {
+        for (map, e) in elements(chain, sp) {
+            out.entry(map.to_string()).or_default().insert(e);
+        }
+    }
+    out
 }
 
 /// A listing's chains, sets and maps by their header (`chain services`), each with its lines.
@@ -402,14 +485,13 @@ fn blocks(rules: &str) -> Blocks {
     out
 }
 
-/// The chains and sets a change script wrote and deleted (`chain NAME`, `set NAME`), or `None`
-/// when it also changed map elements.
-fn touched(script: &str) -> Option<(Vec<String>, Vec<String>)> {
+/// The chains and sets a script writes and deletes (`chain NAME`, `set NAME`). Map elements
+/// are left out: the check compares them with the model.
+fn touched(script: &str) -> (Vec<String>, Vec<String>) {
     let (mut written, mut deleted) = (Vec::new(), Vec::new());
     for line in script.lines() {
         let words: Vec<&str> = line.split_whitespace().take(5).collect();
         match words.as_slice() {
-            [_, "element", ..] => return None,
             ["add", kind @ ("chain" | "set"), "ip", TABLE, name] => written.push(format!("{kind} {name}")),
             ["delete", kind @ ("chain" | "set"), "ip", TABLE, name] => deleted.push(format!("{kind} {name}")),
             _ => {}
@@ -417,99 +499,204 @@ fn touched(script: &str) -> Option<(Vec<String>, Vec<String>)> {
     }
     written.retain(|w| !deleted.contains(w));
     written.dedup();
-    Some((written, deleted))
+    (written, deleted)
+}
+
+/// What applying changes did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Updated {
+    Nothing,
+    /// The changed Services' chains and elements were written.
+    Changed,
+    /// The table was rebuilt instead (never built, or the change was refused).
+    Rebuilt,
+}
+
+/// What a check of the table did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Checked {
+    /// Nobody else committed a transaction since this proxy's last: nothing was listed.
+    Unchanged,
+    /// The table was listed and held what this proxy left there.
+    Listed,
+    /// The table differed (or was unknown) and was rebuilt.
+    Rebuilt,
 }
 
 /// What is in the kernel, as far as this proxy knows.
 struct Applied {
-    model: Model,
-    /// The kernel's listing as this proxy left it: taken after the last full build or check,
-    /// less the chains and sets that endpoint changes deleted since. `None` when unknown (after
-    /// a change of map elements, which the next resync settles by a rebuild).
+    services: Services,
+    /// The kernel's listing as this proxy left it (without map elements and clients): taken
+    /// after the last full build or listing check, less the chains and sets that changes deleted
+    /// since. `None` when unknown, which the next check settles by a rebuild.
     reference: Option<Blocks>,
-    /// The Service ports whose endpoints changed since the last check: their chains are
-    /// written again at the check, so that what the listing then shows of them is this
-    /// proxy's own.
-    rewritten: std::collections::BTreeSet<String>,
+    /// The Services whose chains changes wrote since the last listing: a listing check writes
+    /// them again, so that what it then lists of them is this proxy's own.
+    rewritten: BTreeSet<String>,
+    /// The ruleset's generation after this proxy's last transaction, while no one else's is
+    /// known to have come between; `None` makes the next check list the table.
+    generation: Option<u32>,
+    /// The chains (emptied) and affinity sets of endpoints gone, not yet deleted.
+    retired: BTreeSet<String>,
 }
 
 impl Applied {
     fn new() -> Applied {
-        Applied { model: Model::new(), reference: None, rewritten: Default::default() }
+        Applied { services: Services::new(), reference: None, rewritten: BTreeSet::new(), generation: None, retired: BTreeSet::new() }
     }
 
-    /// Replaces the table with `model`'s, keeping the clients of affinity sets that the
+    /// Replaces the table with `services`', keeping the clients of affinity sets that the
     /// kernel's copy (`found`, else listed now) has.
-    fn rebuild(&mut self, model: Model, found: Option<Listing>) -> Result<(), NftError> {
+    fn rebuild(&mut self, services: Services, found: Option<Listing>) -> Result<(), NftError> {
         let clients = found.or_else(listing).map(|l| l.clients).unwrap_or_default();
-        apply(&full_script(&model, &clients))?;
-        self.reference = listing().map(|l| blocks(&l.rules));
+        let before = generation::current();
+        self.services = services;
+        self.reference = None;
+        self.generation = None;
         self.rewritten.clear();
-        self.model = model;
+        self.retired.clear();
+        apply(&full_script(&self.services, &clients))?;
+        let listed = listing().map(|l| blocks(&l.rules));
+        let after = generation::current();
+        // The listing is this proxy's own only if no one else's transaction came between.
+        if before.is_some_and(|b| after == Some(b.wrapping_add(1))) {
+            self.reference = listed;
+            self.generation = after;
+        }
         Ok(())
     }
 
-    /// Applies what changed; a refused change (the kernel is not what was applied) rebuilds.
-    fn update(&mut self, model: Model) -> Result<bool, NftError> {
-        let Some(script) = diff_script(&self.model, &model) else { return Ok(false) };
+    /// Applies the ports of each Service given (`namespace/name`, its ports; none: the Service
+    /// is gone) in one transaction that touches those Services' own chains and map elements
+    /// only. A table never built, or a refused change (the kernel is not what was applied), is
+    /// rebuilt instead.
+    fn update(&mut self, changes: impl IntoIterator<Item = (String, Model)>) -> Result<Updated, NftError> {
+        let (mut script, mut services) = (String::new(), std::mem::take(&mut self.services));
+        // Services that go first, so that one that comes may take over what they leave.
+        let mut changes: Vec<(String, Model)> = changes.into_iter().collect();
+        changes.sort_by_key(|(_, ports)| !ports.is_empty());
+        let mut keys = Vec::new();
+        let mut retire = Vec::new();
+        for (key, ports) in changes {
+            let diff = diff_script(services.get(&key).unwrap_or(&Model::new()), &ports);
+            let Some(diff) = diff else { continue };
+            for (chain, old) in services.get(&key).into_iter().flatten() {
+                if let Some(new) = ports.get(chain).filter(|new| only_endpoints_differ(old, new)) {
+                    retire.extend(retired(chain, old, new));
+                }
+            }
+            script.push_str(&diff);
+            if ports.is_empty() {
+                services.remove(&key);
+            } else {
+                services.insert(key.clone(), ports);
+            }
+            keys.push(key);
+        }
+        if script.is_empty() {
+            self.services = services;
+            return Ok(Updated::Nothing);
+        }
+        if self.reference.is_none() {
+            self.rebuild(services, None)?;
+            return Ok(Updated::Rebuilt);
+        }
+        let before = generation::current();
         if let Err(e) = apply(&script) {
             tracing::info!(error = %e, "nftables table differs from what was applied; rebuilding it");
-            self.rebuild(model, None)?;
-            return Ok(true);
+            self.rebuild(services, None)?;
+            return Ok(Updated::Rebuilt);
         }
-        match (self.reference.as_mut(), touched(&script)) {
-            (Some(reference), Some((_, deleted))) => {
-                for d in &deleted {
-                    reference.remove(d);
-                }
-                let changed = model.iter().filter(|(k, sp)| self.model.get(*k).is_some_and(|o| o != *sp));
-                self.rewritten.extend(changed.map(|(k, _)| k.clone()));
-            }
-            _ => {
-                self.reference = None;
-                self.rewritten.clear();
+        let after = generation::current();
+        self.services = services;
+        let only_ours = self.generation.is_some() && self.generation == before && after == before.map(|b| b.wrapping_add(1));
+        self.generation = if only_ours { after } else { None };
+        let (written, deleted) = touched(&script);
+        if let Some(reference) = self.reference.as_mut() {
+            for d in &deleted {
+                reference.remove(d);
             }
         }
-        self.model = model;
-        Ok(true)
+        self.rewritten.extend(keys);
+        // An endpoint back before its chain was deleted has it again.
+        self.retired.extend(retire);
+        for name in written.iter().chain(&deleted) {
+            self.retired.remove(name);
+        }
+        Ok(Updated::Changed)
     }
 
-    /// Rebuilds the table unless the kernel holds what this proxy left there. The chains of
-    /// endpoint changes since the last check are written again first (each is flushed and
-    /// filled, so whatever someone did to them is undone) and taken from the listing; the rest
-    /// must equal the last listing. A change of map elements may land on a table someone else
-    /// damaged (an element deleted by hand), so after one the check rebuilds rather than trust
-    /// the kernel's listing. A rebuild keeps the clients of affinity sets. True when it rebuilt.
-    fn resync(&mut self, model: Model) -> Result<bool, NftError> {
-        if model != self.model || self.reference.is_none() {
-            return self.rebuild(model, None).map(|()| true);
+    /// The transaction that deletes the chains and sets of endpoints gone, which are then
+    /// taken as deleted.
+    fn collect_script(&mut self) -> String {
+        let mut out = String::new();
+        // Chains first: their (flushed) rules referred to the sets.
+        for kind in ["chain ", "set "] {
+            for name in self.retired.iter().filter(|n| n.starts_with(kind)) {
+                let _ = writeln!(out, "delete {}ip {TABLE} {}", kind, &name[kind.len()..]);
+                if let Some(reference) = self.reference.as_mut() {
+                    reference.remove(name);
+                }
+            }
         }
-        let mut again = String::new();
-        for chain in &self.rewritten {
-            if let Some(sp) = self.model.get(chain) {
+        self.retired.clear();
+        out
+    }
+
+    /// Rebuilds the table unless the kernel holds what this proxy left there. Unless `full`,
+    /// an unchanged ruleset generation is proof enough. Otherwise the chains of changes since
+    /// the last listing are written again first (each is flushed and filled, so whatever someone
+    /// did to them is undone) and taken from the listing; the rest must equal the last listing,
+    /// and the maps must hold the model's elements. A rebuild keeps the clients of affinity sets.
+    fn check(&mut self, full: bool) -> Result<Checked, NftError> {
+        if self.reference.is_none() {
+            let services = std::mem::take(&mut self.services);
+            return self.rebuild(services, None).map(|()| Checked::Rebuilt);
+        }
+        if !full && self.generation.is_some() && generation::current() == self.generation {
+            if self.retired.len() >= RETIRED_BATCH {
+                let script = self.collect_script();
+                let before = generation::current();
+                if apply(&script).is_err() {
+                    let services = std::mem::take(&mut self.services);
+                    return self.rebuild(services, None).map(|()| Checked::Rebuilt);
+                }
+                let after = generation::current();
+                self.generation = if self.generation == before && after == before.map(|b| b.wrapping_add(1)) { after } else { None };
+            }
+            return Ok(Checked::Unchanged);
+        }
+        let mut again = self.collect_script();
+        for key in &self.rewritten {
+            for (chain, sp) in self.services.get(key).into_iter().flatten() {
                 write_service(&mut again, chain, sp);
             }
         }
-        let written = touched(&again).map(|(w, _)| w).unwrap_or_default();
+        let (written, _) = touched(&again);
         if !again.is_empty() && apply(&again).is_err() {
-            return self.rebuild(model, None).map(|()| true);
+            let services = std::mem::take(&mut self.services);
+            return self.rebuild(services, None).map(|()| Checked::Rebuilt);
         }
+        // Read before the listing: a transaction after it makes the next check list again.
+        let now = generation::current();
         let found = listing();
         let have = found.as_ref().map(|l| blocks(&l.rules));
-        let same = match (&self.reference, &have) {
-            (Some(want), Some(have)) => {
+        let same = match (&self.reference, &have, &found) {
+            (Some(want), Some(have), Some(found)) => {
                 let differs = |k: &String| !written.contains(k) && want.get(k) != have.get(k);
-                !want.keys().chain(have.keys()).any(differs)
+                !want.keys().chain(have.keys()).any(differs) && found.elements == expected_elements(&self.services)
             }
             _ => false,
         };
         if same {
             self.reference = have;
             self.rewritten.clear();
-            return Ok(false);
+            self.generation = now;
+            return Ok(Checked::Listed);
         }
         tracing::info!("nftables table {TABLE} was changed by someone else; rebuilding it");
-        self.rebuild(model, found).map(|()| true)
+        let services = std::mem::take(&mut self.services);
+        self.rebuild(services, found).map(|()| Checked::Rebuilt)
     }
 }
 
@@ -532,18 +719,22 @@ fn children_cpu() -> Duration {
     tv(u.ru_utime) + tv(u.ru_stime)
 }
 
-/// Keeps the table in step with Services and Endpoints: a change is applied as soon as an
-/// informer sees it; every `resync` the whole table is checked and rebuilt if it differs.
+/// Keeps the table in step with Services and Endpoints: a change of one is applied, for its
+/// Service alone, as soon as an informer sees it; every `resync` the table is checked (see
+/// `Applied::check`), and every `FULL_CHECK` the whole model is recomputed and the table listed.
 pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = ()> + use<> {
     let services = manager.informers().informer(&kinds::SERVICE);
     let endpoints = manager.informers().informer(&kinds::ENDPOINTS);
     let changed = Arc::new(tokio::sync::Notify::new());
-    // When the oldest change not yet applied arrived, for the event-to-rule latency.
-    let since: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+    // The Services changed since the last pass, and when the oldest of those changes arrived
+    // (for the event-to-rule latency).
+    let dirty: Arc<std::sync::Mutex<(BTreeSet<String>, Option<Instant>)>> = Arc::default();
     for informer in [&services, &endpoints] {
-        let (notify, since) = (changed.clone(), since.clone());
-        informer.subscribe(move |_| {
-            since.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Instant::now);
+        let (notify, dirty) = (changed.clone(), dirty.clone());
+        informer.subscribe(move |change| {
+            let mut d = dirty.lock().unwrap_or_else(|e| e.into_inner());
+            d.0.insert(key_of(change.object()));
+            d.1.get_or_insert_with(Instant::now);
             notify.notify_one();
         });
     }
@@ -552,38 +743,64 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
         endpoints.wait_synced().await;
         let (svc_cache, ep_cache) = (services.cache().clone(), endpoints.cache().clone());
         let mut applied = Some(Applied::new());
-        let mut next_resync = Instant::now();
+        let (mut next_resync, mut next_full) = (Instant::now(), Instant::now());
         loop {
-            let started = since.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_else(Instant::now);
-            let (cpu_before, began) = (thread_cpu(), Instant::now());
-            let model = desired(&svc_cache.list(), |key| ep_cache.get(key));
-            let desired_cpu = thread_cpu().saturating_sub(cpu_before);
+            let (keys, since) = std::mem::take(&mut *dirty.lock().unwrap_or_else(|e| e.into_inner()));
             let resync_now = Instant::now() >= next_resync;
+            let full_now = Instant::now() >= next_full;
+            let cpu_before = thread_cpu();
+            // Only the changed Services, unless it is time to recompute all of them.
+            let model: Vec<(String, Model)> = if full_now {
+                let all = desired(&svc_cache.list(), |key| ep_cache.get(key));
+                let gone = applied.iter().flat_map(|a| a.services.keys()).filter(|k| !all.contains_key(*k));
+                let gone: Vec<(String, Model)> = gone.map(|k| (k.clone(), Model::new())).collect();
+                all.into_iter().chain(gone).collect()
+            } else {
+                let ports = |k: &String| svc_cache.get(k).map(|s| service_ports(&s, ep_cache.get(k).as_deref())).unwrap_or_default();
+                keys.iter().map(|k| (k.clone(), ports(k))).collect()
+            };
+            let model_cpu = thread_cpu().saturating_sub(cpu_before);
             let Some(mut state) = applied.take() else { return };
             // nft runs off the async workers.
             let joined = tokio::task::spawn_blocking(move || {
                 let (own, children) = (thread_cpu(), children_cpu());
-                let r = if resync_now { state.resync(model) } else { state.update(model) };
-                let cpu = thread_cpu().saturating_sub(own) + children_cpu().saturating_sub(children);
-                (state, r, cpu)
+                let updated = state.update(model);
+                let event_to_rule = since.map(|s| s.elapsed());
+                let nft_cpu = children_cpu().saturating_sub(children);
+                let update_cpu = thread_cpu().saturating_sub(own) + nft_cpu;
+                let (own, children, began) = (thread_cpu(), children_cpu(), Instant::now());
+                let checked = (resync_now || full_now).then(|| state.check(full_now));
+                let check_cpu = thread_cpu().saturating_sub(own) + children_cpu().saturating_sub(children);
+                (state, (updated, event_to_rule, update_cpu, nft_cpu), checked, check_cpu, began.elapsed())
             })
             .await;
-            let Ok((state, result, apply_cpu)) = joined else { return };
-            // CPU of this process and of nft, to compute the model and apply it.
-            let cpu_ms = (desired_cpu + apply_cpu).as_secs_f64() * 1e3;
-            let took_ms = began.elapsed().as_secs_f64() * 1e3;
-            match result {
-                Ok(true) if resync_now => tracing::info!(took_ms, cpu_ms, "service table rebuilt"),
-                Ok(true) => {
-                    tracing::info!(event_to_rule_ms = started.elapsed().as_secs_f64() * 1e3, cpu_ms, "service rules applied")
+            let Ok((state, (updated, event_to_rule, update_cpu, nft_cpu), checked, check_cpu, check_took)) = joined else { return };
+            // CPU of this process and of nft, to compute the Services' ports and apply them.
+            let cpu_ms = (model_cpu + update_cpu).as_secs_f64() * 1e3;
+            let event_to_rule_ms = event_to_rule.map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0);
+            match updated {
+                Ok(Updated::Changed) => {
+                    let nft_cpu_ms = nft_cpu.as_secs_f64() * 1e3;
+                    tracing::info!(event_to_rule_ms, cpu_ms, nft_cpu_ms, services = keys.len(), "service rules applied")
                 }
-                Ok(false) if resync_now => tracing::debug!(took_ms, cpu_ms, "service table checked"),
-                Ok(false) => {}
+                Ok(Updated::Rebuilt) => tracing::info!(took_ms = event_to_rule_ms, cpu_ms, "service table rebuilt"),
+                Ok(Updated::Nothing) => {}
                 Err(e) => tracing::warn!(error = %e, "cannot apply the service rules"),
             }
+            let (cpu_ms, took_ms) = (check_cpu.as_secs_f64() * 1e3, check_took.as_secs_f64() * 1e3);
+            match checked {
+                Some(Ok(Checked::Rebuilt)) => tracing::info!(took_ms, cpu_ms, "service table rebuilt"),
+                Some(Ok(Checked::Listed)) => tracing::debug!(took_ms, cpu_ms, "service table listed and compared"),
+                Some(Ok(Checked::Unchanged)) => tracing::debug!(took_ms, cpu_ms, "service table checked"),
+                Some(Err(e)) => tracing::warn!(error = %e, "cannot check the service rules"),
+                None => {}
+            }
             applied = Some(state);
-            if resync_now {
+            if resync_now || full_now {
                 next_resync = Instant::now() + resync;
+            }
+            if full_now {
+                next_full = Instant::now() + FULL_CHECK.max(resync);
             }
             let _ = tokio::time::timeout_at(next_resync.into(), changed.notified()).await;
         }
@@ -612,9 +829,21 @@ mod tests {
             "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}]}))
     }
 
-    fn model(services: &[Arc<Value>], eps: &[(&str, Arc<Value>)]) -> Model {
+    fn services(services: &[Arc<Value>], eps: &[(&str, Arc<Value>)]) -> Services {
         let eps: HashMap<String, Arc<Value>> = eps.iter().map(|(k, v)| (format!("default/{k}"), v.clone())).collect();
         desired(services, |key| eps.get(key).cloned())
+    }
+
+    /// Every Service port, by chain.
+    fn model(svcs: &[Arc<Value>], eps: &[(&str, Arc<Value>)]) -> Model {
+        services(svcs, eps).into_values().flatten().collect()
+    }
+
+    fn root() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            panic!("this test needs root (a network namespace of its own for nft)");
+        }
     }
 
     #[test]
@@ -635,7 +864,8 @@ mod tests {
         let after = model(&services, &[("web", endpoints(&["10.244.0.3"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
         let script = diff_script(&before, &after).expect("a change");
         assert!(!script.contains("api") && !script.contains("10.96.0.11"), "{script}");
-        assert!(script.contains("delete chain ip shepherd ep-default-web-tcp-80-10.244.0.2-8080"), "{script}");
+        assert!(script.contains("flush chain ip shepherd ep-default-web-tcp-80-10.244.0.2-8080"), "emptied, deleted later: {script}");
+        assert!(!script.contains("add rule"), "rules go in their chains' blocks: {script}");
         assert!(script.contains("dnat to 10.244.0.3:8080"), "{script}");
         assert_eq!(diff_script(&after, &after), None, "no change, no script");
     }
@@ -657,17 +887,20 @@ mod tests {
         if unsafe { libc::geteuid() } != 0 {
             panic!("this test needs root (a network namespace of its own for nft)");
         }
-        let services = [service("web", "10.96.0.10", Some(30080))];
-        let before = model(&services, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
-        let after = model(&services, &[("web", endpoints(&[], &["10.244.0.2"]))]);
+        let svcs = [service("web", "10.96.0.10", Some(30080))];
+        let before = model(&svcs, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
+        let after = model(&svcs, &[("web", endpoints(&[], &["10.244.0.2"]))]);
+        let full = services(&svcs, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
         let listed = in_private_netns(move || {
-            apply(&full_script(&before, &Clients::new())).expect("full table");
+            apply(&full_script(&full, &Clients::new())).expect("full table");
             apply(&diff_script(&before, &after).expect("a change")).expect("the change");
-            listing().expect("the table").rules
+            listing().expect("the table")
         });
-        assert!(listed.contains("10.96.0.10 . tcp . 80 : goto reject-chain"), "{listed}");
-        assert!(listed.contains("tcp . 30080 : goto reject-chain"), "{listed}");
-        assert!(!listed.contains("ep-default-web"), "endpoint chains are gone:\n{listed}");
+        let (rules, elements) = (listed.rules, listed.elements);
+        assert!(elements["no-endpoint-services"].contains("10.96.0.10 . tcp . 80 : goto reject-chain"), "{elements:?}");
+        assert!(elements["no-endpoint-nodeports"].contains("tcp . 30080 : goto reject-chain"), "{elements:?}");
+        assert!(elements["service-ips"].is_empty() && elements["service-nodeports"].is_empty(), "{elements:?}");
+        assert!(!rules.contains("ep-default-web"), "endpoint chains are gone:\n{rules}");
     }
 
     #[test]
@@ -691,67 +924,158 @@ mod tests {
         let before = model(&sticky, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
         let after = model(&sticky, &[("web", endpoints(&["10.244.0.2", "10.244.0.4"], &[]))]);
         let script = diff_script(&before, &after).expect("a change");
-        assert!(script.contains("delete set ip shepherd affinity-default-web-tcp-80-10.244.0.3-8080"), "{script}");
-        assert!(!script.contains("delete set ip shepherd affinity-default-web-tcp-80-10.244.0.2-8080"), "{script}");
+        assert!(script.contains("flush chain ip shepherd ep-default-web-tcp-80-10.244.0.3-8080"), "{script}");
+        assert!(!script.contains("delete"), "what goes is deleted later: {script}");
+        let (chain, old, new) = ("svc-default-web-tcp-80", &before["svc-default-web-tcp-80"], &after["svc-default-web-tcp-80"]);
+        let gone = ["set affinity-default-web-tcp-80-10.244.0.3-8080", "chain ep-default-web-tcp-80-10.244.0.3-8080"];
+        assert_eq!(retired(chain, old, new), gone);
         assert!(!script.contains("delete element"), "the map elements stay: {script}");
     }
 
     #[test]
-    fn clients_stick_across_a_rebuild_for_an_unrelated_service_and_a_change_of_their_services_other_endpoints() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            panic!("this test needs root (a network namespace of its own for nft)");
-        }
+    fn clients_stick_across_a_service_added_a_rebuild_and_a_change_of_their_services_other_endpoints() {
+        root();
         let mut sticky = (*service("sticky", "10.96.0.12", None)).clone();
         sticky["spec"]["sessionAffinity"] = json!("ClientIP");
         let sticky = Arc::new(sticky);
-        let two = model(std::slice::from_ref(&sticky), &[("sticky", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
-        let with_other = model(
-            &[sticky.clone(), service("other", "10.96.0.13", None)],
-            &[("sticky", endpoints(&["10.244.0.2", "10.244.0.3"], &[])), ("other", endpoints(&["10.244.0.9"], &[]))],
-        );
-        let moved = model(
-            &[sticky, service("other", "10.96.0.13", None)],
-            &[("sticky", endpoints(&["10.244.0.2", "10.244.0.4"], &[])), ("other", endpoints(&["10.244.0.9"], &[]))],
-        );
-        let clients = in_private_netns(move || {
+        let two = services(std::slice::from_ref(&sticky), &[("sticky", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
+        let other = services(&[service("other", "10.96.0.13", None)], &[("other", endpoints(&["10.244.0.9"], &[]))]);
+        let moved = services(std::slice::from_ref(&sticky), &[("sticky", endpoints(&["10.244.0.2", "10.244.0.4"], &[]))]);
+        let (checks, clients) = in_private_netns(move || {
             let mut applied = Applied::new();
             applied.rebuild(two, None).expect("full table");
             let add = format!("add element ip {TABLE} affinity-default-sticky-tcp-80-10.244.0.2-8080 {{ 10.244.1.7 }}");
             apply(&add).expect("a client");
-            applied.update(with_other.clone()).expect("an unrelated Service");
-            assert!(applied.resync(with_other).expect("a resync"), "the resync after a change rebuilds");
+            applied.update(other).expect("an unrelated Service");
+            let mut checks = vec![applied.check(true).expect("a check")];
+            apply(&format!("flush chain ip {TABLE} svc-default-other-tcp-80")).expect("damage");
+            checks.push(applied.check(false).expect("a check"));
             applied.update(moved).expect("the other endpoint replaced");
-            listing().expect("the table").clients
+            (checks, listing().expect("the table").clients)
         });
+        assert_eq!(checks, [Checked::Listed, Checked::Rebuilt], "a Service added needs no rebuild; damage does");
         let kept = clients.get("affinity-default-sticky-tcp-80-10.244.0.2-8080").cloned().unwrap_or_default();
         assert!(kept.len() == 1 && kept[0].starts_with("10.244.1.7 ") && kept[0].contains("expires"), "{clients:?}");
     }
 
     #[test]
     fn an_endpoint_change_needs_no_rebuild_but_damage_anywhere_after_it_is_repaired() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            panic!("this test needs root (a network namespace of its own for nft)");
-        }
-        let services = [service("web", "10.96.0.10", Some(30080)), service("api", "10.96.0.11", None)];
-        let before = model(&services, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
-        let after = model(&services, &[("web", endpoints(&["10.244.0.2", "10.244.0.4"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
-        let rebuilt = in_private_netns(move || {
+        root();
+        let svcs = [service("web", "10.96.0.10", Some(30080)), service("api", "10.96.0.11", None)];
+        let before = services(&svcs, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
+        let after = services(&svcs, &[("web", endpoints(&["10.244.0.2", "10.244.0.4"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
+        let (checks, chains) = in_private_netns(move || {
             let mut applied = Applied::new();
             applied.rebuild(before, None).expect("full table");
-            let mut rebuilt = Vec::new();
-            applied.update(after.clone()).expect("an endpoint change");
-            rebuilt.push(applied.resync(after.clone()).expect("a resync"));
+            let mut checks = Vec::new();
+            applied.update(after).expect("an endpoint change");
+            checks.push(applied.check(false).expect("a check"));
             // Someone empties the chain the change just wrote, then one it left alone.
             for chain in ["svc-default-web-tcp-80", "svc-default-api-tcp-80"] {
                 apply(&format!("flush chain ip {TABLE} {chain}")).expect("flush");
-                rebuilt.push(applied.resync(after.clone()).expect("a resync"));
-                rebuilt.push(applied.resync(after.clone()).expect("a resync"));
+                checks.push(applied.check(false).expect("a check"));
+                checks.push(applied.check(false).expect("a check"));
             }
-            rebuilt
+            let blocks = blocks(&listing().expect("the table").rules);
+            let chain = |name: &str| blocks.get(&format!("chain {name}")).cloned().unwrap_or_default();
+            (checks, [chain("svc-default-web-tcp-80"), chain("svc-default-api-tcp-80")])
         });
-        assert_eq!(rebuilt, [false, true, false, true, false], "rebuilt only when someone else changed the table");
+        use Checked::*;
+        // The chain the change wrote is written again by the check that lists; the other one is
+        // not this proxy's to trust, so the table is rebuilt.
+        assert_eq!(checks, [Unchanged, Listed, Unchanged, Rebuilt, Unchanged], "listed only when someone else changed the table");
+        assert!(chains[0].contains("numgen random mod 2 vmap"), "{}", chains[0]);
+        assert!(chains[1].contains("numgen random mod 1 vmap"), "{}", chains[1]);
+    }
+
+    #[test]
+    fn a_service_added_or_removed_writes_or_deletes_only_its_own_chains_and_elements() {
+        let api = model(&[service("api", "10.96.0.11", Some(30080))], &[("api", endpoints(&["10.244.1.2", "10.244.1.3"], &[]))]);
+        let added = diff_script(&Model::new(), &api).expect("a Service added");
+        let removed = diff_script(&api, &Model::new()).expect("a Service removed");
+        for script in [&added, &removed] {
+            let names = script.lines().filter_map(|l| l.split_whitespace().nth(4));
+            let foreign: Vec<&str> = names.filter(|n| !n.contains("default-api-tcp-80") && !MAPS.contains(n)).collect();
+            assert!(foreign.is_empty(), "{foreign:?} in\n{script}");
+        }
+        assert!(added.contains("elements = { 10.96.0.11 . tcp . 80 : goto svc-default-api-tcp-80 }"), "{added}");
+        assert!(added.contains("elements = { tcp . 30080 : goto ext-default-api-tcp-80 }"), "{added}");
+        assert!(removed.contains("delete element ip shepherd service-ips { 10.96.0.11 . tcp . 80 }"), "{removed}");
+        assert!(removed.contains("delete chain ip shepherd ep-default-api-tcp-80-10.244.1.3-8080"), "{removed}");
+        assert!(!removed.contains("add "), "{removed}");
+    }
+
+    #[test]
+    fn services_come_and_go_without_a_rebuild_and_an_element_deleted_by_hand_comes_back() {
+        root();
+        let web = services(&[service("web", "10.96.0.10", None)], &[("web", endpoints(&["10.244.0.2"], &[]))]);
+        let api = services(&[service("api", "10.96.0.11", Some(30080))], &[("api", endpoints(&["10.244.1.2"], &[]))]);
+        let (checks, listed) = in_private_netns(move || {
+            let mut applied = Applied::new();
+            applied.rebuild(web, None).expect("full table");
+            applied.update(api).expect("a Service added");
+            let mut checks = vec![applied.check(false).expect("a check"), applied.check(true).expect("a full check")];
+            applied.update([("default/web".to_string(), Model::new())]).expect("a Service removed");
+            checks.push(applied.check(true).expect("a full check"));
+            let listed = listing().expect("the table");
+            apply(&format!("delete element ip {TABLE} service-ips {{ 10.96.0.11 . tcp . 80 }}")).expect("damage");
+            checks.push(applied.check(false).expect("a check"));
+            (checks, (listed, listing().expect("the table")))
+        });
+        assert_eq!(checks, [Checked::Unchanged, Checked::Listed, Checked::Listed, Checked::Rebuilt]);
+        let (removed, repaired) = listed;
+        let ips = &removed.elements["service-ips"];
+        assert_eq!(ips.iter().collect::<Vec<_>>(), ["10.96.0.11 . tcp . 80 : goto svc-default-api-tcp-80"]);
+        assert!(!removed.rules.contains("default-web"), "{}", removed.rules);
+        assert!(removed.elements["service-nodeports"].contains("tcp . 30080 : goto ext-default-api-tcp-80"), "{:?}", removed.elements);
+        assert_eq!(repaired.elements["service-ips"], *ips, "the element deleted by hand is back");
+    }
+
+    #[test]
+    fn the_chains_of_endpoints_gone_are_emptied_at_once_and_deleted_together_later() {
+        root();
+        let web = |ip: &str| services(&[service("web", "10.96.0.10", None)], &[("web", endpoints(&[ip], &[]))]);
+        let (first, second, third) = (web("10.244.0.2"), web("10.244.0.3"), web("10.244.0.4"));
+        let (emptied, checks, after) = in_private_netns(move || {
+            let mut applied = Applied::new();
+            applied.rebuild(first, None).expect("full table");
+            applied.update(second).expect("an endpoint change");
+            applied.update(third).expect("another");
+            let emptied = blocks(&listing().expect("the table").rules);
+            let checks = [applied.check(false).expect("a check"), applied.check(true).expect("a full check")];
+            (emptied, checks, blocks(&listing().expect("the table").rules))
+        });
+        for gone in ["chain ep-default-web-tcp-80-10.244.0.2-8080", "chain ep-default-web-tcp-80-10.244.0.3-8080"] {
+            assert_eq!(emptied.get(gone).map(String::as_str), Some(""), "{gone} is emptied: {emptied:?}");
+            assert!(!after.contains_key(gone), "{gone} is deleted by the check that lists: {after:?}");
+        }
+        assert_eq!(checks, [Checked::Unchanged, Checked::Listed], "deleting them is no damage to repair");
+        assert!(after["chain svc-default-web-tcp-80"].contains("goto ep-default-web-tcp-80-10.244.0.4-8080"), "{after:?}");
+    }
+
+    #[test]
+    fn the_table_is_listed_only_when_someone_else_committed_a_transaction() {
+        root();
+        let web = services(&[service("web", "10.96.0.10", None)], &[("web", endpoints(&["10.244.0.2"], &[]))]);
+        let moved = services(&[service("web", "10.96.0.10", None)], &[("web", endpoints(&["10.244.0.3"], &[]))]);
+        let (steps, checks) = in_private_netns(move || {
+            let g0 = generation::current().expect("the ruleset generation");
+            apply("add table ip unrelated").expect("a transaction");
+            let g1 = generation::current();
+            let _ = listing();
+            let steps = (g0, g1, generation::current());
+            let mut applied = Applied::new();
+            applied.rebuild(web, None).expect("full table");
+            applied.update(moved).expect("an endpoint change");
+            let mut checks = vec![applied.check(false).expect("a check"), applied.check(false).expect("a check")];
+            apply("add chain ip unrelated c").expect("someone else's transaction");
+            checks.push(applied.check(false).expect("a check"));
+            checks.push(applied.check(false).expect("a check"));
+            (steps, checks)
+        });
+        let (g0, g1, g2) = steps;
+        assert_eq!((g1, g2), (Some(g0.wrapping_add(1)), g1), "one per transaction, none for a listing");
+        assert_eq!(checks, [Checked::Unchanged, Checked::Unchanged, Checked::Listed, Checked::Unchanged]);
     }
 
     #[test]
@@ -763,7 +1087,7 @@ mod tests {
         let mut sticky = (*service("sticky", "10.96.0.12", None)).clone();
         sticky["spec"]["sessionAffinity"] = json!("ClientIP");
         sticky["spec"]["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": 60}});
-        let m = model(&[Arc::new(sticky)], &[("sticky", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
+        let m = services(&[Arc::new(sticky)], &[("sticky", endpoints(&["10.244.0.2", "10.244.0.3"], &[]))]);
         let (listed, without_clients) = in_private_netns(move || {
             apply(&full_script(&m, &Clients::new())).expect("full table");
             let before = listing().map(|l| l.rules);
