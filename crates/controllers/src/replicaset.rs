@@ -39,6 +39,12 @@ const EXPECTATION_TTL: Duration = Duration::from_secs(60);
 /// How often a ReplicaSet's status is recounted over all its pods, checking the tally kept from pod
 /// events (and correcting it, should it have drifted).
 const RECOUNT_EVERY: Duration = Duration::from_secs(60);
+/// Status writes one ReplicaSet may make back to back, and how many a second after that: a small
+/// ReplicaSet's status follows its pods at once, one whose thousands of pods change at once writes
+/// it ten times a second instead of once per pod (each write is a durable commit and wakes the
+/// Deployment controller).
+const STATUS_BURST: f64 = 5.0;
+const STATUS_WRITES_PER_SECOND: f64 = 10.0;
 
 /// Builds the ReplicaSet controller. It reads pods and ReplicaSets from the manager's shared caches.
 pub fn replicaset_controller(client: Arc<dyn Client>, manager: &Manager, config: &ControllerConfig) -> Controller {
@@ -74,6 +80,7 @@ fn replica_controller(
     let reconciler = ReplicaSetReconciler {
         tally,
         recounted: Mutex::default(),
+        paces: Mutex::default(),
         events: EventRecorder::new(client.clone(), format!("{name}-controller")),
         client,
         kind,
@@ -165,6 +172,37 @@ struct ReplicaSetReconciler {
     tally: Option<Arc<PodTally>>,
     /// When each key last had its status recounted over all its pods.
     recounted: Mutex<HashMap<String, Instant>>,
+    /// Status writes allowed per key, with the tally only (the recounting pass is its own pace).
+    paces: Mutex<HashMap<String, Pace>>,
+}
+
+/// A token bucket of status writes.
+struct Pace {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Pace {
+    /// Takes one write, or says how long until one is allowed.
+    fn take(&mut self) -> Result<(), Duration> {
+        let now = Instant::now();
+        let refill = now.duration_since(self.at).as_secs_f64() * STATUS_WRITES_PER_SECOND;
+        self.tokens = (self.tokens + refill).min(STATUS_BURST);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return Ok(());
+        }
+        Err(Duration::from_secs_f64((1.0 - self.tokens) / STATUS_WRITES_PER_SECOND))
+    }
+}
+
+/// The sooner of two optional waits.
+fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Which ordinals under a name prefix are in use, looked up by name in the pod cache rather than
@@ -209,6 +247,7 @@ impl Reconciler for ReplicaSetReconciler {
         let Some(rs) = self.replicasets.get(key) else {
             self.lock_expectations().remove(key);
             self.recounted.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+            self.paces.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
             return Ok(Action::Done);
         };
         self.sync(key, &rs).await
@@ -289,11 +328,11 @@ impl ReplicaSetReconciler {
             }
             self.recounted.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), Instant::now());
         }
-        self.write_status(rs, status).await?;
+        let deferred = self.write_status(key, rs, status).await?;
         if !errors.is_empty() {
             return Err(errors.join("; ").into());
         }
-        Ok(wait.map_or(Action::Done, Action::RequeueAfter))
+        Ok(sooner(wait, deferred).map_or(Action::Done, Action::RequeueAfter))
     }
 
     /// A pass that reads the tally instead of the pods, when all it has to do is create pods (or
@@ -340,11 +379,11 @@ impl ReplicaSetReconciler {
             failure = self.create_pods(key, rs, prefix, (replicas - have).min(BURST), &mut taken).await.err();
         }
         let (status, wait) = status_from_counts(rs, &counts, failure.as_deref());
-        self.write_status(rs, status).await?;
+        let deferred = self.write_status(key, rs, status).await?;
         if let Some(e) = failure {
             return Err(e.into());
         }
-        Ok(Some(wait.map_or(Action::Done, Action::RequeueAfter)))
+        Ok(Some(sooner(wait, deferred).map_or(Action::Done, Action::RequeueAfter)))
     }
 
     /// Creates or deletes pods so that active pods (plus creations the cache has not shown yet)
@@ -525,15 +564,23 @@ impl ReplicaSetReconciler {
         }
     }
 
-    async fn write_status(&self, rs: &Value, status: Value) -> Result<(), ApiError> {
+    /// Writes `status` if it changed; `Some(wait)` when the key's pace put the write off that long.
+    async fn write_status(&self, key: &str, rs: &Value, status: Value) -> Result<Option<Duration>, ApiError> {
         let current = rs.get("status").cloned().unwrap_or_else(|| json!({}));
         if same_status(&current, &status) {
-            return Ok(());
+            return Ok(None);
+        }
+        if self.tally.is_some() {
+            let mut paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
+            let pace = paces.entry(key.to_string()).or_insert_with(|| Pace { tokens: STATUS_BURST, at: Instant::now() });
+            if let Err(wait) = pace.take() {
+                return Ok(Some(wait));
+            }
         }
         let patch = json!({"status": status});
         match self.client.patch_status(self.kind, podutil::namespace(rs), podutil::name(rs), Patch::Merge(patch)).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.is_not_found() => Ok(()),
+            Ok(_) => Ok(None),
+            Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
     }

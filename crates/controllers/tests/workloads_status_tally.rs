@@ -166,3 +166,36 @@ async fn incremental_status_gives_the_statuses_pods_and_events_of_a_full_recount
     let created: i64 = incremental.events.iter().filter(|e| e.0 == "SuccessfulCreate").map(|e| e.2).sum();
     assert_eq!(created, 9, "7 pods and 2 replacements: {:?}", incremental.events);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hundred_pods_turning_ready_within_two_seconds_are_reported_in_a_few_status_writes() {
+    let client = api().await;
+    let manager = Manager::new(client.clone());
+    manager.add(shepherd_controllers::replicaset_controller(client.clone(), &manager, &config()));
+    let running = manager.spawn();
+    client.create(&kinds::REPLICASET, Some("default"), replicaset("web", 100, "web")).await.expect("ReplicaSet created");
+    active_is(&client, 100).await;
+    status_is(&client, json!({"replicas": 100, "readyReplicas": 0})).await;
+
+    let rs = get(&client, &kinds::REPLICASET, "web").await.expect("exists");
+    let from = rs["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse().ok()).expect("revision");
+    let mut writes = client.watch(&kinds::REPLICASET, &ListParams::namespace("default"), from).await.expect("watch");
+    let start = tokio::time::Instant::now();
+    for i in 0..100 {
+        mark_ready(&client, &format!("web-{i}")).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    status_is(&client, json!({"replicas": 100, "readyReplicas": 100, "availableReplicas": 100})).await;
+    let took = start.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    running.stop().await;
+
+    let mut count = 0;
+    while let Ok(Some(Ok(_))) = tokio::time::timeout(Duration::from_millis(10), futures::StreamExt::next(&mut writes)).await {
+        count += 1;
+    }
+    // 5 at once, then 10 a second.
+    let allowed = 5 + (took.as_secs_f64() * 10.0).ceil() as usize + 1;
+    assert!(count >= 1 && count <= allowed, "{count} status writes in {took:?} (at most {allowed})");
+    assert!(count < 50, "{count} status writes for 100 pods");
+}
