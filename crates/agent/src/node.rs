@@ -117,29 +117,73 @@ pub(crate) async fn ensure_node(client: &dyn Client, id: &NodeIdentity) -> Resul
     }
 }
 
-/// Renews (or creates) the node's Lease.
-pub(crate) async fn renew_lease(client: &dyn Client, id: &NodeIdentity) -> Result<(), ApiError> {
+/// Renews (or creates) the node's Lease. `last` is the Lease as the previous renewal wrote it: a
+/// renewal is one PUT of it with a new `renewTime`, conditional on its resourceVersion, with no read
+/// before it. A conflict (someone else wrote the Lease, or the server's store was replaced) re-reads
+/// it once and retries; a missing Lease is created.
+pub(crate) async fn renew_lease(client: &dyn Client, id: &NodeIdentity, last: &mut Option<Value>) -> Result<(), ApiError> {
     let renew = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S.%6fZ").to_string();
-    let patch = json!({"spec": {"holderIdentity": id.name, "leaseDurationSeconds": id.lease_duration_seconds, "renewTime": renew}});
-    match client.patch(&kinds::LEASE, Some(LEASE_NAMESPACE), &id.name, Patch::Merge(patch.clone())).await {
-        Ok(_) => Ok(()),
+    let spec = json!({"holderIdentity": id.name, "leaseDurationSeconds": id.lease_duration_seconds, "renewTime": renew});
+    let renewed = |mut lease: Value| {
+        lease["spec"] = match lease.get("spec") {
+            Some(Value::Object(have)) => {
+                let mut merged = have.clone();
+                merged.extend(spec.as_object().into_iter().flatten().map(|(k, v)| (k.clone(), v.clone())));
+                Value::Object(merged)
+            }
+            _ => spec.clone(),
+        };
+        lease
+    };
+    let known = match last.take() {
+        Some(lease) => Some(lease),
+        None => match client.get(&kinds::LEASE, Some(LEASE_NAMESPACE), &id.name).await {
+            Ok(lease) => Some(lease),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e),
+        },
+    };
+    if let Some(lease) = known {
+        match client.update(&kinds::LEASE, Some(LEASE_NAMESPACE), renewed(lease.clone())).await {
+            Ok(written) => {
+                *last = Some(written);
+                return Ok(());
+            }
+            Err(e) if e.is_conflict() => {
+                let fresh = client.get(&kinds::LEASE, Some(LEASE_NAMESPACE), &id.name).await?;
+                *last = Some(client.update(&kinds::LEASE, Some(LEASE_NAMESPACE), renewed(fresh)).await?);
+                return Ok(());
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                // Unreachable server or a passing error: the kept Lease is still the best guess.
+                *last = Some(lease);
+                return Err(e);
+            }
+        }
+    }
+    let mut lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": id.name, "namespace": LEASE_NAMESPACE}});
+    lease["spec"] = spec;
+    match client.create(&kinds::LEASE, Some(LEASE_NAMESPACE), lease.clone()).await {
+        Ok(written) => {
+            *last = Some(written);
+            Ok(())
+        }
+        // Created meanwhile by someone else: the next beat reads it.
+        Err(ApiError::AlreadyExists { .. }) => Ok(()),
         Err(e) if e.is_not_found() => {
-            let mut lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": id.name, "namespace": LEASE_NAMESPACE}});
-            lease["spec"] = patch["spec"].clone();
-            match client.create(&kinds::LEASE, Some(LEASE_NAMESPACE), lease.clone()).await {
-                Ok(_) | Err(ApiError::AlreadyExists { .. }) => Ok(()),
-                Err(e) if e.is_not_found() => {
-                    // The namespace itself is missing (a fresh cluster): create it, then the lease.
-                    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}});
-                    match client.create(&kinds::NAMESPACE, None, ns).await {
-                        Ok(_) | Err(ApiError::AlreadyExists { .. }) => {}
-                        Err(e) => return Err(e),
-                    }
-                    match client.create(&kinds::LEASE, Some(LEASE_NAMESPACE), lease).await {
-                        Ok(_) | Err(ApiError::AlreadyExists { .. }) => Ok(()),
-                        Err(e) => Err(e),
-                    }
+            // The namespace itself is missing (a fresh cluster): create it, then the lease.
+            let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}});
+            match client.create(&kinds::NAMESPACE, None, ns).await {
+                Ok(_) | Err(ApiError::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            match client.create(&kinds::LEASE, Some(LEASE_NAMESPACE), lease).await {
+                Ok(written) => {
+                    *last = Some(written);
+                    Ok(())
                 }
+                Err(ApiError::AlreadyExists { .. }) => Ok(()),
                 Err(e) => Err(e),
             }
         }
@@ -150,13 +194,180 @@ pub(crate) async fn renew_lease(client: &dyn Client, id: &NodeIdentity) -> Resul
 /// Registers the node, then beats every `interval` until the task is aborted.
 pub(crate) async fn heartbeat(client: Arc<dyn Client>, id: NodeIdentity, interval: Duration, initial_jitter: Duration) {
     tokio::time::sleep(initial_jitter).await;
+    let mut lease = None;
     loop {
         if let Err(e) = ensure_node(client.as_ref(), &id).await {
             warn!(node = %id.name, error = %e, "node registration failed; retrying next beat");
         }
-        if let Err(e) = renew_lease(client.as_ref(), &id).await {
+        if let Err(e) = renew_lease(client.as_ref(), &id, &mut lease).await {
             warn!(node = %id.name, error = %e, "lease renewal failed; retrying next beat");
         }
         tokio::time::sleep(interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+    use futures::stream::BoxStream;
+    use shepherd_api::ResourceInfo;
+    use shepherd_apiserver::{ApiServer, HttpConfig};
+    use shepherd_runtime::{DeleteParams, ListParams, ObjectList, WatchEvent};
+    use shepherd_store::{HistoryLimits, LocalStore, Store};
+
+    use super::*;
+
+    /// A client that counts the Lease reads and writes it passes on.
+    struct Counting {
+        inner: Arc<dyn Client>,
+        reads: AtomicUsize,
+        writes: AtomicUsize,
+    }
+
+    impl Counting {
+        fn new(inner: Arc<dyn Client>) -> Self {
+            Counting { inner, reads: AtomicUsize::new(0), writes: AtomicUsize::new(0) }
+        }
+
+        fn count(&self, res: &ResourceInfo, counter: &AtomicUsize) {
+            if res.kind == "Lease" {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+
+        fn take(&self) -> (usize, usize) {
+            (self.reads.swap(0, Ordering::SeqCst), self.writes.swap(0, Ordering::SeqCst))
+        }
+    }
+
+    #[async_trait]
+    impl Client for Counting {
+        async fn get(&self, res: &ResourceInfo, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
+            self.count(res, &self.reads);
+            self.inner.get(res, ns, name).await
+        }
+        async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
+            self.inner.list(res, params).await
+        }
+        async fn watch(
+            &self,
+            res: &ResourceInfo,
+            params: &ListParams,
+            rv: u64,
+        ) -> Result<BoxStream<'static, Result<WatchEvent, ApiError>>, ApiError> {
+            self.inner.watch(res, params, rv).await
+        }
+        async fn create(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+            self.count(res, &self.writes);
+            self.inner.create(res, ns, obj).await
+        }
+        async fn update(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+            self.count(res, &self.writes);
+            self.inner.update(res, ns, obj).await
+        }
+        async fn update_status(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
+            self.inner.update_status(res, ns, obj).await
+        }
+        async fn patch(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
+            self.count(res, &self.writes);
+            self.inner.patch(res, ns, name, patch).await
+        }
+        async fn patch_status(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
+            self.inner.patch_status(res, ns, name, patch).await
+        }
+        async fn delete(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, params: &DeleteParams) -> Result<Option<Value>, ApiError> {
+            self.inner.delete(res, ns, name, params).await
+        }
+        async fn bind_pod(&self, ns: &str, name: &str, node: &str) -> Result<(), ApiError> {
+            self.inner.bind_pod(ns, name, node).await
+        }
+    }
+
+    async fn server(store: Arc<dyn Store>) -> Arc<dyn Client> {
+        let server = ApiServer::new(store, HttpConfig::default()).await.expect("api server starts");
+        Arc::new(server.client())
+    }
+
+    fn identity() -> NodeIdentity {
+        NodeIdentity { name: "n1".into(), ip: "10.0.0.1".into(), cpu: "2".into(), memory: "1Gi".into(), lease_duration_seconds: 40, streaming_port: 0 }
+    }
+
+    fn renew_time(lease: &Value) -> String {
+        lease["spec"]["renewTime"].as_str().unwrap_or_default().to_string()
+    }
+
+    async fn stored_lease(client: &dyn Client) -> Value {
+        client.get(&kinds::LEASE, Some(LEASE_NAMESPACE), "n1").await.expect("the lease exists")
+    }
+
+    #[tokio::test]
+    async fn renewals_after_the_first_write_the_kept_lease_without_reading_it() {
+        let api = server(Arc::new(LocalStore::in_memory(HistoryLimits::default()))).await;
+        let client = Counting::new(api.clone());
+        let id = identity();
+        let mut last = None;
+        renew_lease(&client, &id, &mut last).await.expect("first renewal creates the lease");
+        let (_, writes) = client.take();
+        assert!(writes >= 1, "the lease was created");
+        let mut previous = renew_time(&stored_lease(api.as_ref()).await);
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            renew_lease(&client, &id, &mut last).await.expect("renewal");
+            assert_eq!(client.take(), (0, 1), "one write, no read");
+            let now = renew_time(&stored_lease(api.as_ref()).await);
+            assert!(now > previous, "renewTime moves on: {previous} -> {now}");
+            previous = now;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lease_changed_by_someone_else_is_read_again_once_and_renewed() {
+        let api = server(Arc::new(LocalStore::in_memory(HistoryLimits::default()))).await;
+        let client = Counting::new(api.clone());
+        let id = identity();
+        let mut last = None;
+        renew_lease(&client, &id, &mut last).await.expect("first renewal");
+        // Another writer (a node lifecycle controller, an operator) bumps the resourceVersion.
+        let label = Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}}));
+        api.patch(&kinds::LEASE, Some(LEASE_NAMESPACE), "n1", label).await.expect("someone else writes");
+        client.take();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let before = renew_time(&stored_lease(api.as_ref()).await);
+        renew_lease(&client, &id, &mut last).await.expect("renewal after a conflict");
+        assert_eq!(client.take(), (1, 2), "the stale write, one read, the write again");
+        let lease = stored_lease(api.as_ref()).await;
+        assert!(renew_time(&lease) > before, "renewed");
+        assert_eq!(lease["metadata"]["labels"]["touched"], "yes", "the other writer's change is kept");
+        renew_lease(&client, &id, &mut last).await.expect("next renewal");
+        assert_eq!(client.take(), (0, 1), "back to one write");
+    }
+
+    #[tokio::test]
+    async fn the_lease_keeps_renewing_across_a_server_restart_on_the_same_store_and_on_an_empty_one() {
+        let store: Arc<dyn Store> = Arc::new(LocalStore::in_memory(HistoryLimits::default()));
+        let id = identity();
+        let mut last = None;
+        let first = server(store.clone()).await;
+        renew_lease(first.as_ref(), &id, &mut last).await.expect("first renewal");
+        drop(first);
+        // A new server on the same data: the kept resourceVersion is still current.
+        let api = server(store).await;
+        let client = Counting::new(api.clone());
+        let before = renew_time(&stored_lease(api.as_ref()).await);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        renew_lease(&client, &id, &mut last).await.expect("renewal after the restart");
+        assert_eq!(client.take(), (0, 1));
+        assert!(renew_time(&stored_lease(api.as_ref()).await) > before);
+        drop((client, api));
+
+        // A server with none of it: the lease is created again.
+        let api = server(Arc::new(LocalStore::in_memory(HistoryLimits::default()))).await;
+        renew_lease(api.as_ref(), &id, &mut last).await.expect("renewal against an empty store");
+        let lease = stored_lease(api.as_ref()).await;
+        assert_eq!(lease["spec"]["holderIdentity"], "n1");
+        renew_lease(api.as_ref(), &id, &mut last).await.expect("and it keeps renewing");
+        assert_eq!(last.as_ref().map(|l| l["metadata"]["resourceVersion"].clone()), Some(stored_lease(api.as_ref()).await["metadata"]["resourceVersion"].clone()));
     }
 }

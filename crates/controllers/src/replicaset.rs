@@ -21,9 +21,11 @@ use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Reconciler};
 use tokio::time::Instant;
+use tracing::warn;
 
 use crate::config::ControllerConfig;
 use crate::events::{EventRecorder, EventType};
+use crate::podtally::{Counts, OwnerSpec, PodTally};
 use crate::podutil::{self, POD_TEMPLATE_HASH};
 
 /// Most pods created or deleted by one reconcile; the pods' own events bring the key back for more.
@@ -34,15 +36,30 @@ const MAX_BATCH: usize = 64;
 /// How long a create or delete this controller made may go unseen by the cache before it stops
 /// counting on it (the informer re-lists long before this; it only bounds a lost event).
 const EXPECTATION_TTL: Duration = Duration::from_secs(60);
+/// How often a ReplicaSet's status is recounted over all its pods, checking the tally kept from pod
+/// events (and correcting it, should it have drifted).
+const RECOUNT_EVERY: Duration = Duration::from_secs(60);
+/// Status writes one ReplicaSet may make back to back, and how many a second after that: a small
+/// ReplicaSet's status follows its pods at once, one whose thousands of pods change at once writes
+/// it ten times a second instead of once per pod (each write is a durable commit and wakes the
+/// Deployment controller).
+const STATUS_BURST: f64 = 5.0;
+const STATUS_WRITES_PER_SECOND: f64 = 10.0;
 
 /// Builds the ReplicaSet controller. It reads pods and ReplicaSets from the manager's shared caches.
 pub fn replicaset_controller(client: Arc<dyn Client>, manager: &Manager, config: &ControllerConfig) -> Controller {
-    replica_controller(client, manager, config, &kinds::REPLICASET, "replicaset")
+    replica_controller(client, manager, config, &kinds::REPLICASET, "replicaset", true)
+}
+
+/// The ReplicaSet controller recounting every pass over all pods, with no tally: the reference the
+/// incremental status is tested against.
+pub fn replicaset_controller_recounting(client: Arc<dyn Client>, manager: &Manager, config: &ControllerConfig) -> Controller {
+    replica_controller(client, manager, config, &kinds::REPLICASET, "replicaset", false)
 }
 
 /// Builds the ReplicationController controller: the ReplicaSet controller over `v1` ReplicationControllers.
 pub fn replication_controller(client: Arc<dyn Client>, manager: &Manager, config: &ControllerConfig) -> Controller {
-    replica_controller(client, manager, config, &kinds::REPLICATIONCONTROLLER, "replication")
+    replica_controller(client, manager, config, &kinds::REPLICATIONCONTROLLER, "replication", true)
 }
 
 fn replica_controller(
@@ -51,9 +68,19 @@ fn replica_controller(
     config: &ControllerConfig,
     kind: &'static ResourceInfo,
     name: &str,
+    incremental: bool,
 ) -> Controller {
     let replicasets = manager.informers().cache(kind);
+    let tally = incremental.then(|| {
+        let tally = Arc::new(PodTally::default());
+        let feed = tally.clone();
+        manager.informers().informer(&kinds::POD).subscribe(move |change| feed.apply(change));
+        tally
+    });
     let reconciler = ReplicaSetReconciler {
+        tally,
+        recounted: Mutex::default(),
+        paces: Mutex::default(),
         events: EventRecorder::new(client.clone(), format!("{name}-controller")),
         client,
         kind,
@@ -108,13 +135,23 @@ impl Expectations {
     /// Forgets what the cache now reflects (or what is too old to wait for). `observed` is the
     /// pod cache's revision: a creation at or below it was seen, even if the pod is gone again.
     fn prune(&mut self, pods: &HashMap<&str, &Value>, observed: u64) {
+        self.prune_by(|name| pods.get(name).copied(), observed)
+    }
+
+    /// `prune` with the owned pods looked up by name.
+    fn prune_by<P: std::ops::Deref<Target = Value>>(&mut self, pod: impl Fn(&str) -> Option<P>, observed: u64) {
         let fresh = |at: &Instant| at.elapsed() < EXPECTATION_TTL;
         self.creating.retain(|name, (uid, created, at)| {
-            fresh(at) && *created > observed && pods.get(name.as_str()).is_none_or(|p| podutil::uid(p) != uid)
+            fresh(at) && *created > observed && pod(name.as_str()).is_none_or(|p| podutil::uid(&p) != uid)
         });
         self.deleting.retain(|name, (uid, at)| {
-            fresh(at) && pods.get(name.as_str()).is_some_and(|p| podutil::uid(p) == uid && !podutil::is_deleting(p))
+            fresh(at) && pod(name.as_str()).is_some_and(|p| podutil::uid(&p) == uid && !podutil::is_deleting(&p))
         })
+    }
+
+    /// The deletions the cache has not shown yet, as pod keys in `namespace` with their uids.
+    fn deleting_keys(&self, namespace: &str) -> Vec<(String, String)> {
+        self.deleting.iter().map(|(name, (uid, _))| (format!("{namespace}/{name}"), uid.clone())).collect()
     }
 
     fn is_being_deleted(&self, pod: &Value) -> bool {
@@ -131,6 +168,41 @@ struct ReplicaSetReconciler {
     events: EventRecorder,
     /// By ReplicaSet key. A key is reconciled by one worker at a time, so each entry has one writer.
     expectations: Mutex<HashMap<String, Expectations>>,
+    /// Pod counts per owner kept from pod events; `None` recounts every pass.
+    tally: Option<Arc<PodTally>>,
+    /// When each key last had its status recounted over all its pods.
+    recounted: Mutex<HashMap<String, Instant>>,
+    /// Status writes allowed per key, with the tally only (the recounting pass is its own pace).
+    paces: Mutex<HashMap<String, Pace>>,
+}
+
+/// A token bucket of status writes.
+struct Pace {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Pace {
+    /// Takes one write, or says how long until one is allowed.
+    fn take(&mut self) -> Result<(), Duration> {
+        let now = Instant::now();
+        let refill = now.duration_since(self.at).as_secs_f64() * STATUS_WRITES_PER_SECOND;
+        self.tokens = (self.tokens + refill).min(STATUS_BURST);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return Ok(());
+        }
+        Err(Duration::from_secs_f64((1.0 - self.tokens) / STATUS_WRITES_PER_SECOND))
+    }
+}
+
+/// The sooner of two optional waits.
+fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Which ordinals under a name prefix are in use, looked up by name in the pod cache rather than
@@ -174,6 +246,8 @@ impl Reconciler for ReplicaSetReconciler {
     async fn reconcile(&self, key: &str) -> Result<Action, Error> {
         let Some(rs) = self.replicasets.get(key) else {
             self.lock_expectations().remove(key);
+            self.recounted.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+            self.paces.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
             return Ok(Action::Done);
         };
         self.sync(key, &rs).await
@@ -197,6 +271,19 @@ impl ReplicaSetReconciler {
         };
         let rs_uid = podutil::uid(rs);
         let prefix = pod_name_prefix(rs);
+        let min_ready = Duration::from_secs(rs.at("/spec/minReadySeconds").and_then(Value::as_u64).unwrap_or(0));
+        let replicas = rs.at("/spec/replicas").and_then(Value::as_u64).unwrap_or(1) as usize;
+        let orphans: Vec<Arc<Value>> = self
+            .pods
+            .unowned_in_namespace(ns)
+            .into_iter()
+            .filter(|pod| selector.matches_object(pod) && !podutil::is_deleting(pod))
+            .collect();
+        if orphans.is_empty()
+            && let Some(action) = self.sync_counted(key, rs, &selector, &prefix, replicas, min_ready).await?
+        {
+            return Ok(action);
+        }
         let mut errors: Vec<String> = Vec::new();
 
         // Claim: keep what is ours and matches, release what stopped matching, adopt orphans. The
@@ -210,21 +297,12 @@ impl ReplicaSetReconciler {
                 errors.push(e.to_string());
             }
         }
-        let orphans: Vec<Arc<Value>> = self
-            .pods
-            .unowned_in_namespace(ns)
-            .into_iter()
-            .filter(|pod| selector.matches_object(pod) && !podutil::is_deleting(pod))
-            .collect();
         if !orphans.is_empty() && !podutil::is_deleting(rs) {
             match self.adopt_all(rs, &orphans).await {
                 Ok(adopted) => owned.extend(adopted),
                 Err(e) => errors.push(e.to_string()),
             }
         }
-
-        let min_ready = Duration::from_secs(rs.at("/spec/minReadySeconds").and_then(Value::as_u64).unwrap_or(0));
-        let replicas = rs.at("/spec/replicas").and_then(Value::as_u64).unwrap_or(1) as usize;
 
         if !podutil::is_deleting(rs)
             && let Err(e) = self.manage_replicas(key, rs, &owned, &prefix, replicas).await
@@ -242,11 +320,70 @@ impl ReplicaSetReconciler {
                 .collect();
             compute_status(rs, &active, min_ready, errors.first().map(String::as_str))
         };
-        self.write_status(rs, status).await?;
+        if let Some(tally) = &self.tally {
+            // The safety net: this pass counted every pod; make the tally agree with its own pods.
+            tally.set_spec(rs_uid, &owner_spec(rs, &selector));
+            if tally.recount(rs_uid) {
+                warn!(replicaset = %key, "pod tally had drifted from its pods; recounted");
+            }
+            self.recounted.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), Instant::now());
+        }
+        let deferred = self.write_status(key, rs, status).await?;
         if !errors.is_empty() {
             return Err(errors.join("; ").into());
         }
-        Ok(wait.map_or(Action::Done, Action::RequeueAfter))
+        Ok(sooner(wait, deferred).map_or(Action::Done, Action::RequeueAfter))
+    }
+
+    /// A pass that reads the tally instead of the pods, when all it has to do is create pods (or
+    /// nothing) and write status: no strays to release, no failed pods, no excess to delete, and no
+    /// full recount due. `None` when a full pass is needed.
+    async fn sync_counted(
+        &self,
+        key: &str,
+        rs: &Value,
+        selector: &LabelSelector,
+        prefix: &str,
+        replicas: usize,
+        min_ready: Duration,
+    ) -> Result<Option<Action>, Error> {
+        let Some(tally) = &self.tally else { return Ok(None) };
+        let recount_due = |at: Option<&Instant>| at.is_none_or(|at| at.elapsed() >= RECOUNT_EVERY);
+        if podutil::is_deleting(rs) || recount_due(self.recounted.lock().unwrap_or_else(|e| e.into_inner()).get(key)) {
+            return Ok(None);
+        }
+        let ns = podutil::namespace(rs).unwrap_or("default");
+        let rs_uid = podutil::uid(rs);
+        tally.set_spec(rs_uid, &owner_spec(rs, selector));
+        let owned = |name: &str| {
+            self.pods.get(&format!("{ns}/{name}")).filter(|p| {
+                podutil::controller_uid(p) == Some(rs_uid) && (selector.matches_object(p) || podutil::is_deleting(p))
+            })
+        };
+        let (pending_creates, creating, excluded) = {
+            let mut all = self.lock_expectations();
+            let exp = all.entry(key.to_string()).or_default();
+            exp.prune_by(owned, self.pods.observed_revision());
+            let creating: Vec<u64> = exp.creating.keys().filter_map(|n| podutil::ordinal(n, prefix)).collect();
+            (exp.creating.len(), creating, exp.deleting_keys(ns))
+        };
+        let Some(counts) = tally.counts(rs_uid, min_ready, podutil::now(), &excluded) else { return Ok(None) };
+        let have = counts.replicas + pending_creates;
+        if counts.strays > 0 || counts.failed > 0 || have > replicas {
+            return Ok(None);
+        }
+        let mut failure = None;
+        if have < replicas {
+            let mut taken =
+                Ordinals { pods: &self.pods, namespace: ns, prefix, reserved: creating.into_iter().collect(), freed: BTreeSet::new() };
+            failure = self.create_pods(key, rs, prefix, (replicas - have).min(BURST), &mut taken).await.err();
+        }
+        let (status, wait) = status_from_counts(rs, &counts, failure.as_deref());
+        let deferred = self.write_status(key, rs, status).await?;
+        if let Some(e) = failure {
+            return Err(e.into());
+        }
+        Ok(Some(sooner(wait, deferred).map_or(Action::Done, Action::RequeueAfter)))
     }
 
     /// Creates or deletes pods so that active pods (plus creations the cache has not shown yet)
@@ -427,15 +564,23 @@ impl ReplicaSetReconciler {
         }
     }
 
-    async fn write_status(&self, rs: &Value, status: Value) -> Result<(), ApiError> {
+    /// Writes `status` if it changed; `Some(wait)` when the key's pace put the write off that long.
+    async fn write_status(&self, key: &str, rs: &Value, status: Value) -> Result<Option<Duration>, ApiError> {
         let current = rs.get("status").cloned().unwrap_or_else(|| json!({}));
         if same_status(&current, &status) {
-            return Ok(());
+            return Ok(None);
+        }
+        if self.tally.is_some() {
+            let mut paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
+            let pace = paces.entry(key.to_string()).or_insert_with(|| Pace { tokens: STATUS_BURST, at: Instant::now() });
+            if let Err(wait) = pace.take() {
+                return Ok(Some(wait));
+            }
         }
         let patch = json!({"status": status});
         match self.client.patch_status(self.kind, podutil::namespace(rs), podutil::name(rs), Patch::Merge(patch)).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.is_not_found() => Ok(()),
+            Ok(_) => Ok(None),
+            Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -473,7 +618,14 @@ fn pod_from_template(rs: &Value, kind: &ResourceInfo, name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template.get("spec").cloned().unwrap_or_else(|| json!({}))})
 }
 
-/// The status `kubectl get rs` shows, and how long until a ready pod becomes available.
+/// What `rs` counts as its pods, for the tally.
+fn owner_spec(rs: &Value, selector: &LabelSelector) -> OwnerSpec {
+    let template_labels = rs.at("/spec/template/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
+    OwnerSpec { selector: selector.clone(), template_labels }
+}
+
+/// The status `kubectl get rs` shows, and how long until a ready pod becomes available, counted
+/// over all of `active`.
 fn compute_status(rs: &Value, active: &[&Value], min_ready: Duration, failure: Option<&str>) -> (Value, Option<Duration>) {
     let no_labels = serde_json::Map::new();
     let template_labels = rs.at("/spec/template/metadata/labels").and_then(Value::as_object).unwrap_or(&no_labels);
@@ -496,11 +648,19 @@ fn compute_status(rs: &Value, active: &[&Value], min_ready: Duration, failure: O
             Err(w) => wait = Some(wait.map_or(w, |cur| cur.min(w))),
         }
     }
+    let counts = Counts { replicas: active.len(), fully_labeled, ready, available, wait, ..Counts::default() };
+    status_from_counts(rs, &counts, failure)
+}
+
+/// The status of `rs` with these counts (and the failure of this pass, if any), and how long until
+/// a ready pod becomes available.
+fn status_from_counts(rs: &Value, counts: &Counts, failure: Option<&str>) -> (Value, Option<Duration>) {
+    let now = podutil::now();
     let mut status = json!({
-        "replicas": active.len(),
-        "fullyLabeledReplicas": fully_labeled,
-        "readyReplicas": ready,
-        "availableReplicas": available,
+        "replicas": counts.replicas,
+        "fullyLabeledReplicas": counts.fully_labeled,
+        "readyReplicas": counts.ready,
+        "availableReplicas": counts.available,
         "observedGeneration": podutil::generation(rs),
     });
     let mut conditions: Vec<Value> = rs
@@ -522,7 +682,7 @@ fn compute_status(rs: &Value, active: &[&Value], min_ready: Duration, failure: O
         status["conditions"] = json!(conditions);
     }
     // Rounded up to whole seconds: timestamps have second precision.
-    let wait = wait.map(|w| Duration::from_secs(w.as_secs() + u64::from(w.subsec_nanos() > 0)));
+    let wait = counts.wait.map(|w| Duration::from_secs(w.as_secs() + u64::from(w.subsec_nanos() > 0)));
     (status, wait)
 }
 
@@ -538,6 +698,7 @@ fn same_status(current: &Value, new: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shepherd_runtime::cache::Change;
 
     #[test]
     fn a_created_pod_deleted_before_any_reconcile_saw_it_stops_being_expected() {
@@ -562,5 +723,137 @@ mod tests {
         assert_eq!(pod["metadata"]["ownerReferences"][0]["blockOwnerDeletion"], true);
         let bare = json!({"metadata": {"name": "cache", "uid": "u"}});
         assert_eq!(pod_name_prefix(&bare), "cache");
+    }
+
+    /// The recorded workload of `tally_equivalence`: pods of `rs-1` (and some not) going through
+    /// every transition the status counts.
+    struct Workload {
+        pods: std::collections::BTreeMap<String, Arc<Value>>,
+        tally: PodTally,
+        rs: Value,
+    }
+
+    fn pod(name: &str, owner: &str, labels: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "labels": labels,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": owner, "controller": true}]},
+            "spec": {"containers": [{"name": "c", "image": "x"}]}, "status": {"phase": "Pending"}})
+    }
+
+    fn ready_at(pod: &mut Value, ready: bool, ago: Option<u64>) {
+        let mut cond = json!({"type": "Ready", "status": if ready { "True" } else { "False" }});
+        if let Some(secs) = ago {
+            let at = podutil::now().checked_sub(jiff::SignedDuration::from_secs(secs as i64)).expect("in range");
+            cond["lastTransitionTime"] = json!(podutil::format_time(at));
+        }
+        pod["status"] = json!({"phase": "Running", "conditions": [cond]});
+    }
+
+    impl Workload {
+        fn new(rs: Value) -> Self {
+            Workload { pods: Default::default(), tally: PodTally::default(), rs }
+        }
+
+        fn put(&mut self, obj: Value) {
+            let key = object_key(&obj).expect("named");
+            let new = Arc::new(obj);
+            let change = match self.pods.insert(key, new.clone()) {
+                Some(old) => Change::Updated { old, new },
+                None => Change::Added(new),
+            };
+            self.tally.apply(&change);
+        }
+
+        fn edit(&mut self, name: &str, f: impl FnOnce(&mut Value)) {
+            let mut obj = self.pods[&format!("default/{name}")].as_ref().clone();
+            f(&mut obj);
+            self.put(obj);
+        }
+
+        fn delete(&mut self, name: &str) {
+            let old = self.pods.remove(&format!("default/{name}")).expect("exists");
+            self.tally.apply(&Change::Deleted(old));
+        }
+
+        /// The tally's status against a full recount over the pods, as the full pass makes it.
+        fn check(&self, step: &str, excluded: &[&str]) {
+            let selector = selector_of(&self.rs, &kinds::REPLICASET).expect("selector");
+            let min_ready = Duration::from_secs(self.rs["spec"]["minReadySeconds"].as_u64().unwrap_or(0));
+            let uid = podutil::uid(&self.rs);
+            let owned: Vec<&Value> = self
+                .pods
+                .values()
+                .map(|p| p.as_ref())
+                .filter(|p| podutil::controller_uid(p) == Some(uid) && (selector.matches_object(p) || podutil::is_deleting(p)))
+                .collect();
+            let active: Vec<&Value> = owned
+                .iter()
+                .copied()
+                .filter(|p| podutil::is_active(p) && !excluded.contains(&podutil::name(p)))
+                .collect();
+            let full = compute_status(&self.rs, &active, min_ready, None);
+
+            self.tally.set_spec(uid, &owner_spec(&self.rs, &selector));
+            let excluded: Vec<(String, String)> =
+                excluded.iter().map(|n| (format!("default/{n}"), format!("uid-{n}"))).collect();
+            let counts = self.tally.counts(uid, min_ready, podutil::now(), &excluded).expect("spec set");
+            assert_eq!(status_from_counts(&self.rs, &counts, None), full, "{step}");
+            let strays = self
+                .pods
+                .values()
+                .filter(|p| podutil::controller_uid(p) == Some(uid) && !selector.matches_object(p) && !podutil::is_deleting(p))
+                .count();
+            let failed = owned.iter().filter(|p| podutil::phase(p) == "Failed" && !podutil::is_deleting(p)).count();
+            assert_eq!((counts.strays, counts.failed), (strays, failed), "{step}: strays and failed pods");
+            assert!(!self.tally.recount(uid), "{step}: the sums agree with the pods they were built from");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tally_equivalence_the_tally_gives_the_status_a_full_recount_gives_at_every_step() {
+        let rs = json!({"metadata": {"name": "web", "namespace": "default", "uid": "rs-1", "generation": 3},
+            "spec": {"replicas": 5, "minReadySeconds": 10, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web", "tier": "front"}}}}});
+        let mut w = Workload::new(rs);
+        let labels = json!({"app": "web", "tier": "front"});
+        for i in 0..6 {
+            w.put(pod(&format!("web-{i}"), "rs-1", labels.clone()));
+        }
+        w.check("created, none ready", &[]);
+        w.edit("web-0", |p| ready_at(p, true, Some(30)));
+        w.edit("web-1", |p| ready_at(p, true, Some(4)));
+        w.edit("web-2", |p| ready_at(p, true, None));
+        w.edit("web-5", |p| ready_at(p, true, Some(4)));
+        w.check("ready: long enough, not yet available, since forever", &[]);
+        w.edit("web-3", |p| p["metadata"]["labels"] = json!({"app": "web"}));
+        w.check("a pod missing a template label", &[]);
+        w.edit("web-4", |p| p["metadata"]["labels"] = json!({"app": "other"}));
+        w.check("a pod the selector stopped matching", &[]);
+        w.edit("web-1", |p| ready_at(p, false, Some(0)));
+        w.check("a pod turned unready", &[]);
+        w.edit("web-0", |p| p["metadata"]["deletionTimestamp"] = json!(podutil::format_time(podutil::now())));
+        w.check("a pod terminating", &[]);
+        w.edit("web-2", |p| p["status"]["phase"] = json!("Failed"));
+        w.check("a pod failed", &[]);
+        w.check("a deletion the cache has not shown", &["web-5"]);
+        w.delete("web-3");
+        w.put(pod("other-0", "rs-2", labels.clone()));
+        let mut orphan = pod("stray-0", "rs-1", labels.clone());
+        orphan["metadata"]["ownerReferences"] = json!([]);
+        w.put(orphan);
+        w.check("a pod gone, another owner's and an orphan added", &[]);
+        tokio::time::advance(Duration::from_secs(7)).await;
+        w.check("minReadySeconds passed for a ready pod: available with no pod event", &[]);
+        w.edit("web-4", |p| p["metadata"]["labels"] = json!({"app": "web", "tier": "front"}));
+        w.put(pod("web-6", "rs-1", labels.clone()));
+        w.edit("web-6", |p| ready_at(p, true, Some(2)));
+        w.check("a stray matching again, a new pod ready", &[]);
+        w.rs["spec"]["template"]["metadata"]["labels"] = json!({"app": "web", "tier": "back"});
+        w.rs["spec"]["minReadySeconds"] = json!(0);
+        w.check("the template and minReadySeconds changed: recounted", &[]);
+        for name in ["web-4", "web-5", "web-6", "web-0", "web-1", "web-2"] {
+            w.delete(name);
+        }
+        w.check("all gone", &[]);
     }
 }
