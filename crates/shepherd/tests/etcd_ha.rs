@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{Candidate, Daemon, LEASE};
 use futures::future::join_all;
 use serde_json::{Value, json};
 use shepherd_store::LocalEtcd;
@@ -157,48 +157,6 @@ async fn two_api_servers_on_one_etcd_serve_one_cluster_and_survive_the_loss_of_o
     assert!(names.contains("shared") && names.contains("after") && names.contains("svc-29"), "{names:?}");
 }
 
-/// Short enough for a test, with the margins of client-go's defaults (15 s / 10 s / 2 s).
-const ELECTION: [&str; 6] = [
-    "--leader-elect-lease-duration",
-    "4s",
-    "--leader-elect-renew-deadline",
-    "3s",
-    "--leader-elect-retry-period",
-    "500ms",
-];
-const LEASE: Duration = Duration::from_secs(4);
-
-/// A `shepherd controller-manager` or `shepherd scheduler` candidate, killed on drop.
-struct Candidate {
-    child: std::process::Child,
-    identity: String,
-}
-
-impl Candidate {
-    fn start(role: &str, server: &str) -> Candidate {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_shepherd"))
-            .args([role, "--server", server])
-            .args(ELECTION)
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("start candidate");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("first line");
-        // "shepherd controller-manager candidate ID against URL"
-        let identity = line.split_whitespace().nth(3).expect("identity").to_string();
-        Candidate { child, identity }
-    }
-}
-
-impl Drop for Candidate {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn ha_server(dir: &std::path::Path, endpoints: &str) -> Daemon {
     Daemon::start(
         "server",
@@ -285,8 +243,8 @@ async fn a_control_plane_on_three_etcd_members_survives_the_loss_of_a_leader_a_m
         .spawn()
         .expect("start agent");
     let _agent = common::KillOnDrop(agent);
-    let cms = [Candidate::start("controller-manager", &a.url), Candidate::start("controller-manager", &b.url)];
-    let _schedulers = [Candidate::start("scheduler", &a.url), Candidate::start("scheduler", &b.url)];
+    let cms = [Candidate::start("controller-manager", &a.url, &[]), Candidate::start("controller-manager", &b.url, &[])];
+    let _schedulers = [Candidate::start("scheduler", &a.url, &[]), Candidate::start("scheduler", &b.url, &[])];
     let cm_ids: Vec<&str> = cms.iter().map(|c| c.identity.as_str()).collect();
     let leader = wait_for_holder(&http, &b.url, "kube-controller-manager", &cm_ids, Duration::from_secs(60)).await;
 
@@ -311,7 +269,7 @@ async fn a_control_plane_on_three_etcd_members_survives_the_loss_of_a_leader_a_m
     eprintln!("the controller manager's Lease was taken over {:?} after the kill", killed.elapsed());
     scale_and_converge(&http, &a.url, &b.url, 5).await;
     // Two candidates again, the new one on b: whichever leads when a dies below, one is left.
-    let _standby = Candidate::start("controller-manager", &b.url);
+    let _standby = Candidate::start("controller-manager", &b.url, &[]);
 
     // kill -9 one etcd member while a writer goes on: every acknowledged write stays, and writes
     // continue on the two left.

@@ -4,76 +4,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{Candidate, Daemon, LEASE};
 use serde_json::{Value, json};
-
-/// Short enough for a test, with the margins client-go's defaults keep (15 s / 10 s / 2 s).
-const ELECTION: [&str; 6] = [
-    "--leader-elect-lease-duration",
-    "4s",
-    "--leader-elect-renew-deadline",
-    "3s",
-    "--leader-elect-retry-period",
-    "500ms",
-];
-const LEASE: Duration = Duration::from_secs(4);
-
-struct Candidate {
-    child: Child,
-    identity: String,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Candidate {
-    fn start(role: &str, server: &str) -> Candidate {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-            .args([role, "--server", server])
-            .args(ELECTION)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start candidate");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("first line");
-        // "shepherd controller-manager candidate ID against URL"
-        let identity = line.split_whitespace().nth(3).expect("identity").to_string();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("stderr");
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        Candidate { child, identity, stderr }
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").arg(sig).arg(self.child.id().to_string()).status().expect("kill");
-        assert!(ok.success(), "kill {sig} failed");
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Candidate {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 async fn get(http: &reqwest::Client, url: &str) -> Value {
     http.get(url).send().await.expect("GET").json().await.expect("json")
@@ -135,8 +70,8 @@ async fn one_leader_acts_and_a_killed_or_frozen_one_is_replaced_within_the_lease
         .spawn()
         .expect("start agent");
     let _agent = common::KillOnDrop(agent);
-    let mut cms = [Candidate::start("controller-manager", &url), Candidate::start("controller-manager", &url)];
-    let schedulers = [Candidate::start("scheduler", &url), Candidate::start("scheduler", &url)];
+    let mut cms = [Candidate::start("controller-manager", &url, &[]), Candidate::start("controller-manager", &url, &[])];
+    let schedulers = [Candidate::start("scheduler", &url, &[]), Candidate::start("scheduler", &url, &[])];
     let http = reqwest::Client::new();
 
     let cm_ids: Vec<String> = cms.iter().map(|c| c.identity.clone()).collect();
@@ -171,7 +106,7 @@ async fn one_leader_acts_and_a_killed_or_frozen_one_is_replaced_within_the_lease
 
     // Freeze the active controller manager past its lease: a fresh candidate takes over and acts.
     let frozen = &cms[1 - cm_i];
-    let fresh = Candidate::start("controller-manager", &url);
+    let fresh = Candidate::start("controller-manager", &url, &[]);
     frozen.signal("-STOP");
     wait_for_holder(&http, &url, "kube-controller-manager", &fresh.identity, slack).await;
     scale_and_wait(&http, &url, 2).await;
@@ -192,7 +127,7 @@ async fn one_leader_acts_and_a_killed_or_frozen_one_is_replaced_within_the_lease
     scale_and_wait(&http, &url, 2).await;
 
     // A clean stop gives the Lease up: the other candidate takes it at once, not after the lease.
-    let _standby = Candidate::start("controller-manager", &url);
+    let _standby = Candidate::start("controller-manager", &url, &[]);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut fresh = fresh;
     let stopped = Instant::now();

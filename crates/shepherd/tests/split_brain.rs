@@ -4,59 +4,39 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{Candidate, LEASE};
 use serde_json::{Value, json};
 
-const ELECTION: [&str; 6] = [
-    "--leader-elect-lease-duration",
-    "4s",
-    "--leader-elect-renew-deadline",
-    "3s",
-    "--leader-elect-retry-period",
-    "500ms",
-];
-const LEASE: Duration = Duration::from_secs(4);
 const ADMIN: &str = "admin-token-0123456789";
 
 /// A controller-manager candidate signed in as `system:kube-controller-manager` with uid `uid`.
-struct Candidate {
-    child: Child,
-    identity: String,
+struct Signed {
+    candidate: Candidate,
     uid: String,
 }
 
-impl Candidate {
-    fn start(server: &str, ca: &Path, uid: &str) -> Candidate {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-            .args(["controller-manager", "--server", server, "--token", &format!("{uid}-token-0123456789")])
-            .arg("--certificate-authority")
-            .arg(ca)
-            .args(ELECTION)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start candidate");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("first line");
-        // "shepherd controller-manager candidate ID against URL"
-        let identity = line.split_whitespace().nth(3).expect("identity").to_string();
-        Candidate { child, identity, uid: uid.to_string() }
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").arg(sig).arg(self.child.id().to_string()).status().expect("kill");
-        assert!(ok.success(), "kill {sig} failed");
+impl Signed {
+    fn start(server: &str, ca: &Path, uid: &str) -> Signed {
+        let token = format!("{uid}-token-0123456789");
+        let ca = ca.to_str().expect("a UTF-8 path");
+        let candidate = Candidate::start("controller-manager", server, &["--token", &token, "--certificate-authority", ca]);
+        Signed { candidate, uid: uid.to_string() }
     }
 }
 
-impl Drop for Candidate {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for Signed {
+    type Target = Candidate;
+    fn deref(&self) -> &Candidate {
+        &self.candidate
+    }
+}
+
+impl std::ops::DerefMut for Signed {
+    fn deref_mut(&mut self) -> &mut Candidate {
+        &mut self.candidate
     }
 }
 
@@ -146,7 +126,7 @@ async fn a_frozen_leader_that_wakes_after_losing_its_lease_stops_without_a_singl
     let url = server.url.clone();
     let http = common::https_client(&data);
     let ca = data.join("pki/ca.crt");
-    let mut cms = vec![Candidate::start(&url, &ca, "cm-a"), Candidate::start(&url, &ca, "cm-b")];
+    let mut cms = vec![Signed::start(&url, &ca, "cm-a"), Signed::start(&url, &ca, "cm-b")];
     let ids: Vec<String> = cms.iter().map(|c| c.identity.clone()).collect();
     let leader = wait_for_holder(&http, &url, &[&ids[0], &ids[1]], Duration::from_secs(60)).await;
     let i = cms.iter().position(|c| c.identity == leader).expect("a candidate leads");

@@ -236,3 +236,71 @@ pub fn https_client(dir: &Path) -> reqwest::Client {
     let ca = reqwest::Certificate::from_pem(ca_pem(dir).as_bytes()).expect("CA");
     reqwest::Client::builder().tls_built_in_root_certs(false).add_root_certificate(ca).build().expect("client")
 }
+
+/// Leader election short enough for a test, with the margins of client-go's defaults
+/// (15 s / 10 s / 2 s).
+pub const ELECTION: [&str; 6] = [
+    "--leader-elect-lease-duration",
+    "4s",
+    "--leader-elect-renew-deadline",
+    "3s",
+    "--leader-elect-retry-period",
+    "500ms",
+];
+pub const LEASE: Duration = Duration::from_secs(4);
+
+/// A `shepherd controller-manager` or `shepherd scheduler` candidate with [`ELECTION`]'s timing,
+/// its stderr collected, killed on drop.
+pub struct Candidate {
+    pub child: Child,
+    pub identity: String,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Candidate {
+    pub fn start(role: &str, server: &str, extra: &[&str]) -> Candidate {
+        use std::io::Read;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .args([role, "--server", server])
+            .args(extra)
+            .args(ELECTION)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start candidate");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("first line");
+        // "shepherd controller-manager candidate ID against URL"
+        let identity = line.split_whitespace().nth(3).expect("identity").to_string();
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("stderr");
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Candidate { child, identity, stderr }
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").arg(sig).arg(self.child.id().to_string()).status().expect("kill");
+        assert!(ok.success(), "kill {sig} failed");
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Candidate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
