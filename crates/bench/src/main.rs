@@ -111,6 +111,10 @@ enum Scenario {
         /// Serve TLS and authenticate every request by an administrator's token, as users run it.
         #[arg(long)]
         tls: bool,
+        /// Pods without the ServiceAccount token volume (`automountServiceAccountToken: false`), which
+        /// TLS otherwise gives them: what the token request costs a replacement.
+        #[arg(long)]
+        no_token_volume: bool,
     },
     /// `shepherd standalone`: apply a 3-replica Deployment, time until its 3 pods are Running
     /// and Ready.
@@ -320,8 +324,8 @@ async fn main() -> anyhow::Result<()> {
             };
             peer::run(&cli.shepherd, p).await?
         }
-        Scenario::SelfHeal { runs, runtime, tls } => {
-            workloads::self_heal(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime, tls).await?
+        Scenario::SelfHeal { runs, runtime, tls, no_token_volume } => {
+            workloads::self_heal(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime, tls, !no_token_volume).await?
         }
         Scenario::ApplyToRunning { runs, runtime } => {
             workloads::apply_to_running(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime).await?

@@ -30,6 +30,7 @@ async fn create_n(http: &reqwest::Client, url: &str, prefix: &str, n: usize, cli
                 }
                 let r = http.post(format!("{url}/api/v1/namespaces/default/pods")).json(&pod(&format!("{prefix}-{i}"))).send().await?;
                 anyhow::ensure!(r.status().as_u16() == 201, "create failed: {}", r.status());
+                r.bytes().await?;
             }
         }));
     }

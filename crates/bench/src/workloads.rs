@@ -75,11 +75,16 @@ fn standalone_reachable(
     Ok((dir, p, http))
 }
 
-pub async fn self_heal(binary: &Path, runs: usize, runtime: &str, tls: bool) -> anyhow::Result<ScenarioResult> {
+pub async fn self_heal(binary: &Path, runs: usize, runtime: &str, tls: bool, token_volume: bool) -> anyhow::Result<ScenarioResult> {
     let transport = if tls { "TLS + token" } else { "plain HTTP" };
-    println!("scenario self-heal: standalone, {runtime} runtime, {transport}, Deployment of 3 `minimal`, {runs} deletions");
+    let mounted = if token_volume { "" } else { ", no token volume" };
+    println!("scenario self-heal: standalone, {runtime} runtime, {transport}{mounted}, Deployment of 3 `minimal`, {runs} deletions");
     let (_dir, mut server, http) = standalone_reachable(binary, runtime, &[], tls)?;
-    let r = http.post(format!("{}{DEPLOYMENTS}", server.url)).json(&deployment("heal", 3)).send().await?;
+    let mut heal = deployment("heal", 3);
+    if !token_volume {
+        heal["spec"]["template"]["spec"]["automountServiceAccountToken"] = json!(false);
+    }
+    let r = http.post(format!("{}{DEPLOYMENTS}", server.url)).json(&heal).send().await?;
     anyhow::ensure!(r.status().is_success(), "creating the Deployment: {}", r.status());
     wait_ready(&http, &server.url, "heal", 3, None, Duration::from_secs(60)).await?;
     let mut samples = Vec::new();
@@ -90,6 +95,8 @@ pub async fn self_heal(binary: &Path, runs: usize, runtime: &str, tls: bool) -> 
         let started = Instant::now();
         let r = http.delete(format!("{}{PODS}/{name}", server.url)).send().await?;
         anyhow::ensure!(r.status().is_success(), "deleting {name}: {}", r.status());
+        // Read to the end, as a client does before it reuses the connection.
+        r.bytes().await?;
         wait_ready(&http, &server.url, "heal", 3, Some(uid), Duration::from_secs(60)).await?;
         samples.push(started.elapsed());
         // Let the deleted pod finish terminating before the next round.
@@ -110,7 +117,8 @@ pub async fn self_heal(binary: &Path, runs: usize, runtime: &str, tls: bool) -> 
     server.terminate(Duration::from_secs(30));
     Ok(ScenarioResult {
         name: "self-heal",
-        params: json!({"runs": runs, "replicas": 3, "image": "minimal", "runtime": runtime, "tls": tls}),
+        params: json!({"runs": runs, "replicas": 3, "image": "minimal", "runtime": runtime, "tls": tls,
+            "token_volume": token_volume}),
         values: json!({"replacement_ready": s, "control_plane_rss_mib": rss}),
     })
 }
