@@ -197,12 +197,18 @@ impl Pace {
     }
 }
 
-/// The sooner of two optional waits.
+/// The least a key waits when a pass asks to be run again: a wait computed as (nearly) zero, from
+/// the pace's fractional tokens or an availability due this instant, must not turn into a pass
+/// run back to back that keeps the worker from ever giving way.
+const LEAST_REQUEUE: Duration = Duration::from_millis(10);
+
+/// The sooner of two optional waits, at least [`LEAST_REQUEUE`].
 fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
-    match (a, b) {
+    let wait = match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
-    }
+    };
+    wait.map(|w| w.max(LEAST_REQUEUE))
 }
 
 /// Which ordinals under a name prefix are in use, looked up by name in the pod cache rather than
