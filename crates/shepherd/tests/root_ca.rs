@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Daemon, ca_pem};
@@ -16,18 +16,7 @@ const TOKEN: &str = "adm1n-t0ken";
 
 /// A TLS server running only the root-ca-cert-publisher, with `extra` flags.
 fn server(data_dir: &Path, extra: &[&str]) -> Daemon {
-    let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .arg("server")
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["--listen", "127.0.0.1:0", "--controllers", "root-ca-cert-publisher", "--token", TOKEN])
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start shepherd");
-    Daemon::from_child(child)
+    Daemon::spawn("server", data_dir, &["--controllers", "root-ca-cert-publisher", "--token", TOKEN], extra)
 }
 
 fn client_trusting(pem: &str) -> reqwest::Client {

@@ -25,7 +25,7 @@ impl Daemon {
     }
 
     /// Starts `shepherd <mode>` with `flags` before `extra`, on a port of its choosing.
-    fn spawn(mode: &str, data_dir: &Path, flags: &[&str], extra: &[&str]) -> Daemon {
+    pub fn spawn(mode: &str, data_dir: &Path, flags: &[&str], extra: &[&str]) -> Daemon {
         let default_runtime: &[&str] =
             if mode == "standalone" && !extra.contains(&"--runtime") { &["--runtime", "process"] } else { &[] };
         let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
