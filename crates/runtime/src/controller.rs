@@ -48,6 +48,10 @@ const COOL_DOWN_PER_CPU_SECOND: u32 = 1;
 const MIN_COOL_DOWN: Duration = Duration::from_millis(2);
 /// However expensive a reconcile was, its key waits at most this long.
 const MAX_COOL_DOWN: Duration = Duration::from_secs(1);
+/// The shortest requeue: a reconciler that computes a wait of (nearly) zero, over and over, would
+/// otherwise run back to back without ever waiting, and on a current-thread runtime (or a paused
+/// test clock, which only advances when every task waits) nothing else would run.
+const MIN_REQUEUE: Duration = Duration::from_millis(1);
 
 /// What a reconcile failed with. Any error type converts into it with `?`.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -57,7 +61,8 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub enum Action {
     /// Nothing until the next event (or resync).
     Done,
-    /// Reconcile the key again after this delay (for example to re-check a timeout).
+    /// Reconcile the key again after this delay (for example to re-check a timeout); delays under
+    /// a millisecond count as one.
     RequeueAfter(Duration),
 }
 
@@ -580,7 +585,7 @@ async fn work(state: Arc<ControllerState>, reconciler: Arc<dyn Reconciler>, faul
                 state.metrics.requeue.inc();
                 q.forget(&key);
                 state.set_error(&key, None);
-                q.add_after(&key, delay);
+                q.add_after(&key, delay.max(MIN_REQUEUE));
             }
             Ok(Err(e)) => {
                 state.metrics.error.inc();
@@ -610,6 +615,9 @@ async fn work(state: Arc<ControllerState>, reconciler: Arc<dyn Reconciler>, faul
         } else {
             q.done(&key);
         }
+        // A queue full of ready keys whose reconciles never wait would otherwise hold the thread:
+        // give the runtime its turn whenever this task's cooperative budget is spent.
+        tokio::task::consume_budget().await;
     }
 }
 

@@ -654,4 +654,69 @@ mod tests {
         );
         running.stop().await;
     }
+
+    /// A controller whose reconciler asks for its key again at once, every time, on a
+    /// current-thread runtime with the paused clock: `(reconciles, the time the test's own timer saw)`.
+    async fn run_one_second_beside_an_eager_requeuer() -> (usize, Duration) {
+        let client = Arc::new(MemoryClient::new());
+        create_sources(&client, 1, "1").await;
+        let manager = Manager::new(client.clone());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        manager.add(Controller::new("eager", &SERVICE, move |_key: String| {
+            let calls = counted.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>(Action::RequeueAfter(Duration::ZERO))
+            }
+        }));
+        let running = Manager::spawn(manager);
+        let started = Instant::now();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let waited = started.elapsed();
+        running.stop().await;
+        (calls.load(Ordering::SeqCst), waited)
+    }
+
+    #[test]
+    fn a_reconciler_that_always_asks_to_be_requeued_at_once_leaves_the_runtime_to_other_tasks() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+            let _ = tx.send(rt.block_on(run_one_second_beside_an_eager_requeuer()));
+        });
+        let (calls, waited) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the test's one-second timer never fired: the requeueing worker held the runtime");
+        assert!(waited >= Duration::from_secs(1));
+        // Requeues are at least a millisecond apart: about a thousand in a second, not unbounded.
+        assert!((100..=1100).contains(&calls), "{calls} reconciles in one second");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_worker_draining_a_long_queue_of_instant_reconciles_lets_other_tasks_run_in_between() {
+        const KEYS: usize = 2000;
+        let client = Arc::new(MemoryClient::new());
+        create_sources(&client, KEYS, "1").await;
+        let manager = Manager::new(client.clone());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        manager.add(Controller::new("instant", &SERVICE, move |_key: String| {
+            let calls = counted.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>(Action::Done)
+            }
+        }));
+        let running = Manager::spawn(manager);
+        // What another task on the same thread sees of the worker's progress while it gets turns.
+        let mut seen = Vec::new();
+        while calls.load(Ordering::SeqCst) < KEYS {
+            seen.push(calls.load(Ordering::SeqCst));
+            tokio::task::yield_now().await;
+        }
+        running.stop().await;
+        let between = seen.iter().filter(|&&n| n > 0 && n < KEYS).count();
+        assert!(between >= 5, "another task ran only {between} times while {KEYS} keys were reconciled: {seen:?}");
+    }
 }
