@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::kinds;
+use shepherd_runtime::ratelimit::WholeTokens;
 use shepherd_runtime::{Client, Patch};
 use tokio::time::Instant;
 
@@ -75,45 +76,11 @@ pub struct EventRecorder {
 #[derive(Default)]
 struct Correlator {
     /// The spam filter's token bucket per object.
-    buckets: Recent<TokenBucket>,
+    buckets: Recent<WholeTokens>,
     /// Distinct messages per (object, type, reason), for aggregation.
     similar: Recent<Similar>,
     /// Event name by de-duplication key, for events this recorder created.
     written: Recent<String>,
-}
-
-/// A token bucket holding up to [`SPAM_BURST`] tokens and earning one per
-/// [`SPAM_REFILL_INTERVAL`]. Whole tokens only: an event needs one, and counting whole intervals
-/// keeps the arithmetic exact on tokio's paused clock.
-struct TokenBucket {
-    tokens: u32,
-    /// When the last token was earned, or when the bucket was last seen full.
-    refilled: Instant,
-}
-
-impl TokenBucket {
-    fn full(now: Instant) -> Self {
-        TokenBucket { tokens: SPAM_BURST, refilled: now }
-    }
-
-    /// Takes a token if there is one.
-    fn try_take(&mut self, now: Instant) -> bool {
-        let elapsed = now.saturating_duration_since(self.refilled);
-        let earned = (elapsed.as_nanos() / SPAM_REFILL_INTERVAL.as_nanos()).min(u128::from(SPAM_BURST)) as u32;
-        if self.tokens + earned >= SPAM_BURST {
-            // A full bucket earns nothing: the next token is due one interval after it is drawn.
-            self.tokens = SPAM_BURST;
-            self.refilled = now;
-        } else {
-            self.tokens += earned;
-            self.refilled += SPAM_REFILL_INTERVAL * earned;
-        }
-        if self.tokens == 0 {
-            return false;
-        }
-        self.tokens -= 1;
-        true
-    }
 }
 
 /// The distinct messages recently seen for one (object, type, reason).
@@ -302,7 +269,7 @@ impl EventRecorder {
         let similar = format!("{object}/{}/{reason}", type_.as_str());
         let mut state = self.lock();
         let combined = state.similar.get_or_insert_with(&similar, || Similar::new(now)).is_combined(message, now);
-        if !state.buckets.get_or_insert_with(object, || TokenBucket::full(now)).try_take(now) {
+        if state.buckets.get_or_insert_with(object, || WholeTokens::full(SPAM_BURST, SPAM_REFILL_INTERVAL, now)).take(now).is_err() {
             return None;
         }
         Some(if combined {
@@ -323,20 +290,6 @@ impl EventRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_bucket_allows_a_burst_then_one_event_per_interval() {
-        let start = Instant::now();
-        let mut bucket = TokenBucket::full(start);
-        assert_eq!((0..30).filter(|_| bucket.try_take(start)).count(), SPAM_BURST as usize);
-        assert!(!bucket.try_take(start + SPAM_REFILL_INTERVAL - Duration::from_secs(1)));
-        assert!(bucket.try_take(start + SPAM_REFILL_INTERVAL));
-        assert!(!bucket.try_take(start + SPAM_REFILL_INTERVAL));
-        let later = start + SPAM_REFILL_INTERVAL * 3;
-        assert_eq!((0..5).filter(|_| bucket.try_take(later)).count(), 2, "two more intervals, two more tokens");
-        let much_later = start + SPAM_REFILL_INTERVAL * 1000;
-        assert_eq!((0..30).filter(|_| bucket.try_take(much_later)).count(), SPAM_BURST as usize, "never more than a burst");
-    }
 
     #[test]
     fn the_tenth_distinct_message_is_combined_until_a_quiet_window() {

@@ -19,6 +19,7 @@ use shepherd_api::selector::LabelSelector;
 use shepherd_api::{ApiError, ResourceInfo, kinds};
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
+use shepherd_runtime::ratelimit::WholeTokens;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Reconciler};
 use tokio::time::Instant;
 use tracing::warn;
@@ -43,8 +44,8 @@ const RECOUNT_EVERY: Duration = Duration::from_secs(60);
 /// ReplicaSet's status follows its pods at once, one whose thousands of pods change at once writes
 /// it ten times a second instead of once per pod (each write is a durable commit and wakes the
 /// Deployment controller).
-const STATUS_BURST: f64 = 5.0;
-const STATUS_WRITES_PER_SECOND: f64 = 10.0;
+const STATUS_BURST: u32 = 5;
+const STATUS_WRITE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Builds the ReplicaSet controller. It reads pods and ReplicaSets from the manager's shared caches.
 pub fn replicaset_controller(client: Arc<dyn Client>, manager: &Manager, config: &ControllerConfig) -> Controller {
@@ -173,33 +174,12 @@ struct ReplicaSetReconciler {
     /// When each key last had its status recounted over all its pods.
     recounted: Mutex<HashMap<String, Instant>>,
     /// Status writes allowed per key, with the tally only (the recounting pass is its own pace).
-    paces: Mutex<HashMap<String, Pace>>,
+    paces: Mutex<HashMap<String, WholeTokens>>,
 }
 
-/// A token bucket of status writes.
-struct Pace {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Pace {
-    /// Takes one write, or says how long until one is allowed.
-    fn take(&mut self) -> Result<(), Duration> {
-        let now = Instant::now();
-        let refill = now.duration_since(self.at).as_secs_f64() * STATUS_WRITES_PER_SECOND;
-        self.tokens = (self.tokens + refill).min(STATUS_BURST);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            return Ok(());
-        }
-        Err(Duration::from_secs_f64((1.0 - self.tokens) / STATUS_WRITES_PER_SECOND))
-    }
-}
-
-/// The least a key waits when a pass asks to be run again: a wait computed as (nearly) zero, from
-/// the pace's fractional tokens or an availability due this instant, must not turn into a pass
-/// run back to back that keeps the worker from ever giving way.
+/// The least a key waits when a pass asks to be run again: a wait computed as (nearly) zero (an
+/// availability due this instant, a token due in a microsecond) is rounded up to a pause that lets
+/// the pod changes of that moment gather into one pass.
 const LEAST_REQUEUE: Duration = Duration::from_millis(10);
 
 /// The sooner of two optional waits, at least [`LEAST_REQUEUE`].
@@ -578,8 +558,9 @@ impl ReplicaSetReconciler {
         }
         if self.tally.is_some() {
             let mut paces = self.paces.lock().unwrap_or_else(|e| e.into_inner());
-            let pace = paces.entry(key.to_string()).or_insert_with(|| Pace { tokens: STATUS_BURST, at: Instant::now() });
-            if let Err(wait) = pace.take() {
+            let now = Instant::now();
+            let pace = paces.entry(key.to_string()).or_insert_with(|| WholeTokens::full(STATUS_BURST, STATUS_WRITE_INTERVAL, now));
+            if let Err(wait) = pace.take(now) {
                 return Ok(Some(wait));
             }
         }

@@ -117,6 +117,46 @@ impl RateLimiter for MaxOf {
     }
 }
 
+/// A bucket of whole tokens for one key, kept by its owner (one per object, say): up to `burst`
+/// tokens, one more earned per `interval`. Counting whole intervals keeps the arithmetic exact; a
+/// fractional bucket, asked again and again, answers with waits of almost nothing, which a caller
+/// that requeues on them turns into a busy loop (on tokio's paused clock, a hang).
+#[derive(Debug, Clone, Copy)]
+pub struct WholeTokens {
+    burst: u32,
+    interval: Duration,
+    tokens: u32,
+    /// When the last token was earned, or when the bucket was last seen full.
+    refilled: Instant,
+}
+
+impl WholeTokens {
+    /// A full bucket.
+    pub fn full(burst: u32, interval: Duration, now: Instant) -> Self {
+        let burst = burst.max(1);
+        WholeTokens { burst, interval: interval.max(Duration::from_nanos(1)), tokens: burst, refilled: now }
+    }
+
+    /// Takes a token, or says how long until the next one is earned.
+    pub fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.refilled);
+        let earned = (elapsed.as_nanos() / self.interval.as_nanos()).min(u128::from(self.burst)) as u32;
+        if self.tokens + earned >= self.burst {
+            // A full bucket earns nothing: the next token is due one interval after it is drawn.
+            self.tokens = self.burst;
+            self.refilled = now;
+        } else {
+            self.tokens += earned;
+            self.refilled += self.interval * earned;
+        }
+        if self.tokens == 0 {
+            return Err((self.refilled + self.interval).saturating_duration_since(now));
+        }
+        self.tokens -= 1;
+        Ok(())
+    }
+}
+
 /// Exponential per key (5 ms doubling to 1000 s) combined with a token bucket (10/s, burst 100).
 pub fn default_rate_limiter() -> MaxOf {
     MaxOf(vec![
@@ -167,5 +207,20 @@ mod tests {
         }
         // The bucket is empty now: 100 ms for the token beats the key's 10 ms backoff.
         assert_eq!(l.when("k"), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn whole_tokens_allow_a_burst_then_one_per_interval_and_say_how_long_to_wait() {
+        let (start, interval) = (Instant::now(), Duration::from_secs(300));
+        let mut bucket = WholeTokens::full(25, interval, start);
+        assert_eq!((0..30).filter(|_| bucket.take(start).is_ok()).count(), 25);
+        let almost = start + interval - Duration::from_secs(1);
+        assert_eq!(bucket.take(almost), Err(Duration::from_secs(1)), "the wait is until the next whole token");
+        assert!(bucket.take(start + interval).is_ok());
+        assert_eq!(bucket.take(start + interval), Err(interval));
+        let later = start + interval * 3;
+        assert_eq!((0..5).filter(|_| bucket.take(later).is_ok()).count(), 2, "two more intervals, two more tokens");
+        let much_later = start + interval * 1000;
+        assert_eq!((0..30).filter(|_| bucket.take(much_later).is_ok()).count(), 25, "never more than a burst");
     }
 }
