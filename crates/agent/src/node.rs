@@ -211,78 +211,44 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use async_trait::async_trait;
-    use futures::stream::BoxStream;
-    use shepherd_api::ResourceInfo;
     use shepherd_apiserver::{ApiServer, HttpConfig};
-    use shepherd_runtime::{DeleteParams, ListParams, ObjectList, WatchEvent};
+    use shepherd_runtime::intercept::{Call, Intercepted, Interceptor};
     use shepherd_store::{HistoryLimits, LocalStore, Store};
 
     use super::*;
 
-    /// A client that counts the Lease reads and writes it passes on.
-    struct Counting {
-        inner: Arc<dyn Client>,
+    /// Counts the Lease reads and writes a client passes on.
+    #[derive(Default)]
+    struct LeaseCalls {
         reads: AtomicUsize,
         writes: AtomicUsize,
     }
 
-    impl Counting {
-        fn new(inner: Arc<dyn Client>) -> Self {
-            Counting { inner, reads: AtomicUsize::new(0), writes: AtomicUsize::new(0) }
-        }
-
-        fn count(&self, res: &ResourceInfo, counter: &AtomicUsize) {
-            if res.kind == "Lease" {
-                counter.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-
-        fn take(&self) -> (usize, usize) {
-            (self.reads.swap(0, Ordering::SeqCst), self.writes.swap(0, Ordering::SeqCst))
+    #[async_trait]
+    impl Interceptor for LeaseCalls {
+        async fn before(&self, call: &Call<'_>) -> Result<(), ApiError> {
+            let counter = match call {
+                Call::Get { res, .. } if res.kind == "Lease" => &self.reads,
+                Call::Create { res, .. } | Call::Update { res, .. } | Call::Patch { res, .. } if res.kind == "Lease" => {
+                    &self.writes
+                }
+                _ => return Ok(()),
+            };
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(())
         }
     }
 
-    #[async_trait]
-    impl Client for Counting {
-        async fn get(&self, res: &ResourceInfo, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
-            self.count(res, &self.reads);
-            self.inner.get(res, ns, name).await
-        }
-        async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
-            self.inner.list(res, params).await
-        }
-        async fn watch(
-            &self,
-            res: &ResourceInfo,
-            params: &ListParams,
-            rv: u64,
-        ) -> Result<BoxStream<'static, Result<WatchEvent, ApiError>>, ApiError> {
-            self.inner.watch(res, params, rv).await
-        }
-        async fn create(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
-            self.count(res, &self.writes);
-            self.inner.create(res, ns, obj).await
-        }
-        async fn update(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
-            self.count(res, &self.writes);
-            self.inner.update(res, ns, obj).await
-        }
-        async fn update_status(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
-            self.inner.update_status(res, ns, obj).await
-        }
-        async fn patch(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
-            self.count(res, &self.writes);
-            self.inner.patch(res, ns, name, patch).await
-        }
-        async fn patch_status(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
-            self.inner.patch_status(res, ns, name, patch).await
-        }
-        async fn delete(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, params: &DeleteParams) -> Result<Option<Value>, ApiError> {
-            self.inner.delete(res, ns, name, params).await
-        }
-        async fn bind_pod(&self, ns: &str, name: &str, node: &str) -> Result<(), ApiError> {
-            self.inner.bind_pod(ns, name, node).await
-        }
+    type Counting = Intercepted<LeaseCalls>;
+
+    fn counting(inner: Arc<dyn Client>) -> Counting {
+        Intercepted::new(inner, LeaseCalls::default())
+    }
+
+    /// Lease (reads, writes) since the last call.
+    fn take(client: &Counting) -> (usize, usize) {
+        let calls = client.interceptor();
+        (calls.reads.swap(0, Ordering::SeqCst), calls.writes.swap(0, Ordering::SeqCst))
     }
 
     async fn server(store: Arc<dyn Store>) -> Arc<dyn Client> {
@@ -305,17 +271,17 @@ mod tests {
     #[tokio::test]
     async fn renewals_after_the_first_write_the_kept_lease_without_reading_it() {
         let api = server(Arc::new(LocalStore::in_memory(HistoryLimits::default()))).await;
-        let client = Counting::new(api.clone());
+        let client = counting(api.clone());
         let id = identity();
         let mut last = None;
         renew_lease(&client, &id, &mut last).await.expect("first renewal creates the lease");
-        let (_, writes) = client.take();
+        let (_, writes) = take(&client);
         assert!(writes >= 1, "the lease was created");
         let mut previous = renew_time(&stored_lease(api.as_ref()).await);
         for _ in 0..3 {
             tokio::time::sleep(Duration::from_millis(2)).await;
             renew_lease(&client, &id, &mut last).await.expect("renewal");
-            assert_eq!(client.take(), (0, 1), "one write, no read");
+            assert_eq!(take(&client), (0, 1), "one write, no read");
             let now = renew_time(&stored_lease(api.as_ref()).await);
             assert!(now > previous, "renewTime moves on: {previous} -> {now}");
             previous = now;
@@ -325,23 +291,23 @@ mod tests {
     #[tokio::test]
     async fn a_lease_changed_by_someone_else_is_read_again_once_and_renewed() {
         let api = server(Arc::new(LocalStore::in_memory(HistoryLimits::default()))).await;
-        let client = Counting::new(api.clone());
+        let client = counting(api.clone());
         let id = identity();
         let mut last = None;
         renew_lease(&client, &id, &mut last).await.expect("first renewal");
         // Another writer (a node lifecycle controller, an operator) bumps the resourceVersion.
         let label = Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}}));
         api.patch(&kinds::LEASE, Some(LEASE_NAMESPACE), "n1", label).await.expect("someone else writes");
-        client.take();
+        take(&client);
         tokio::time::sleep(Duration::from_millis(2)).await;
         let before = renew_time(&stored_lease(api.as_ref()).await);
         renew_lease(&client, &id, &mut last).await.expect("renewal after a conflict");
-        assert_eq!(client.take(), (1, 2), "the stale write, one read, the write again");
+        assert_eq!(take(&client), (1, 2), "the stale write, one read, the write again");
         let lease = stored_lease(api.as_ref()).await;
         assert!(renew_time(&lease) > before, "renewed");
         assert_eq!(lease["metadata"]["labels"]["touched"], "yes", "the other writer's change is kept");
         renew_lease(&client, &id, &mut last).await.expect("next renewal");
-        assert_eq!(client.take(), (0, 1), "back to one write");
+        assert_eq!(take(&client), (0, 1), "back to one write");
     }
 
     #[tokio::test]
@@ -354,11 +320,11 @@ mod tests {
         drop(first);
         // A new server on the same data: the kept resourceVersion is still current.
         let api = server(store).await;
-        let client = Counting::new(api.clone());
+        let client = counting(api.clone());
         let before = renew_time(&stored_lease(api.as_ref()).await);
         tokio::time::sleep(Duration::from_millis(2)).await;
         renew_lease(&client, &id, &mut last).await.expect("renewal after the restart");
-        assert_eq!(client.take(), (0, 1));
+        assert_eq!(take(&client), (0, 1));
         assert!(renew_time(&stored_lease(api.as_ref()).await) > before);
         drop((client, api));
 

@@ -24,7 +24,7 @@ use shepherd_store::{HistoryLimits, LocalStore};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use crate::counting::{Counts, CountingClient};
+use crate::counting::{self, Counts};
 use crate::report::{ScenarioResult, Summary, summarize};
 use crate::{plot, procstat};
 
@@ -367,7 +367,7 @@ async fn run_cell(p: &Params, c: &Cell) -> anyhow::Result<CellResult> {
     }));
     let observer = tokio::spawn(observer(raw.clone(), tracker.clone()));
 
-    let (counting, counters) = CountingClient::wrap(raw.clone());
+    let (counting, counters) = counting::wrap(raw.clone());
     let running = Running::start(counting, ControllerConfig { workers: p.workers, mode: c.mode }, c.loss);
     tokio::time::sleep(Duration::from_secs(1)).await; // informers synced, first pass done
 

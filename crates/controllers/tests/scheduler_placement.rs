@@ -7,68 +7,40 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::stream::BoxStream;
 use serde_json::{Value, json};
-use shepherd_api::{ApiError, ResourceInfo, kinds};
+use shepherd_api::{ApiError, kinds};
 use shepherd_apiserver::{ApiServer, HttpConfig};
 use shepherd_controllers::scheduler::{SchedulerConfig, scheduler};
-use shepherd_runtime::{Client, DeleteParams, ListParams, Manager, ObjectList, Patch, RunningManager, WatchEvent};
+use shepherd_runtime::intercept::{Call, Intercepted, Interceptor, Reply};
+use shepherd_runtime::{Client, DeleteParams, ListParams, Manager, Patch, RunningManager};
 use shepherd_store::{HistoryLimits, LocalStore};
 
-/// Delegates to the real client and counts `bind_pod` calls per pod.
-struct CountingBinds {
-    inner: Arc<dyn Client>,
-    binds: Mutex<HashMap<String, usize>>,
+/// Counts `bind_pod` calls per pod, and the bindings made.
+#[derive(Default)]
+struct Binds {
+    calls: Mutex<HashMap<String, usize>>,
     bound: AtomicUsize,
 }
 
 #[async_trait]
-impl Client for CountingBinds {
-    async fn get(&self, res: &ResourceInfo, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
-        self.inner.get(res, ns, name).await
+impl Interceptor for Binds {
+    async fn before(&self, call: &Call<'_>) -> Result<(), ApiError> {
+        if let Call::Bind { namespace, name, .. } = call {
+            *self.calls.lock().unwrap().entry(format!("{namespace}/{name}")).or_default() += 1;
+        }
+        Ok(())
     }
-    async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
-        self.inner.list(res, params).await
-    }
-    async fn watch(
-        &self,
-        res: &ResourceInfo,
-        params: &ListParams,
-        rv: u64,
-    ) -> Result<BoxStream<'static, Result<WatchEvent, ApiError>>, ApiError> {
-        self.inner.watch(res, params, rv).await
-    }
-    async fn create(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
-        self.inner.create(res, ns, obj).await
-    }
-    async fn update(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
-        self.inner.update(res, ns, obj).await
-    }
-    async fn update_status(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
-        self.inner.update_status(res, ns, obj).await
-    }
-    async fn patch(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
-        self.inner.patch(res, ns, name, patch).await
-    }
-    async fn patch_status(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
-        self.inner.patch_status(res, ns, name, patch).await
-    }
-    async fn delete(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, p: &DeleteParams) -> Result<Option<Value>, ApiError> {
-        self.inner.delete(res, ns, name, p).await
-    }
-    async fn bind_pod(&self, ns: &str, name: &str, node: &str) -> Result<(), ApiError> {
-        *self.binds.lock().unwrap().entry(format!("{ns}/{name}")).or_default() += 1;
-        let result = self.inner.bind_pod(ns, name, node).await;
-        if result.is_ok() {
+
+    fn after(&self, call: &Call<'_>, outcome: Result<Reply<'_>, &ApiError>) {
+        if matches!(call, Call::Bind { .. }) && outcome.is_ok() {
             self.bound.fetch_add(1, Ordering::Relaxed);
         }
-        result
     }
 }
 
 struct Cluster {
     client: Arc<dyn Client>,
-    counting: Arc<CountingBinds>,
+    counting: Arc<Intercepted<Binds>>,
     running: Option<RunningManager>,
 }
 
@@ -77,7 +49,7 @@ impl Cluster {
         let store = Arc::new(LocalStore::in_memory(HistoryLimits::default()));
         let server = ApiServer::new(store, HttpConfig::default()).await.expect("api server starts");
         let client: Arc<dyn Client> = Arc::new(server.client());
-        let counting = Arc::new(CountingBinds { inner: client.clone(), binds: Mutex::default(), bound: AtomicUsize::new(0) });
+        let counting = Arc::new(Intercepted::new(client.clone(), Binds::default()));
         Cluster { client, counting, running: None }
     }
 
@@ -300,7 +272,7 @@ async fn every_pod_is_bound_exactly_once() {
     }
     // Settle: later events (status patches, binding echoes) must not bind again.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let binds = c.counting.binds.lock().unwrap().clone();
+    let binds = c.counting.interceptor().calls.lock().unwrap().clone();
     assert_eq!(binds.len(), 300);
     let twice: Vec<_> = binds.iter().filter(|(_, n)| **n != 1).collect();
     assert!(twice.is_empty(), "pods bound more than once: {twice:?}");
@@ -361,8 +333,8 @@ async fn scheduler_binds_ten_thousand_pods_on_a_thousand_nodes() {
     }
     let started = std::time::Instant::now();
     c.start_scheduler();
-    while c.counting.bound.load(Ordering::Relaxed) < PODS {
-        assert!(started.elapsed() < Duration::from_secs(300), "only {} pods bound", c.counting.bound.load(Ordering::Relaxed));
+    while c.counting.interceptor().bound.load(Ordering::Relaxed) < PODS {
+        assert!(started.elapsed() < Duration::from_secs(300), "only {} pods bound", c.counting.interceptor().bound.load(Ordering::Relaxed));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed();
@@ -371,7 +343,7 @@ async fn scheduler_binds_ten_thousand_pods_on_a_thousand_nodes() {
         elapsed.as_secs_f64(),
         PODS as f64 / elapsed.as_secs_f64()
     );
-    let binds = c.counting.binds.lock().unwrap().clone();
+    let binds = c.counting.interceptor().calls.lock().unwrap().clone();
     assert!(binds.values().all(|n| *n == 1), "a pod was bound twice");
     c.shut_down().await;
 }

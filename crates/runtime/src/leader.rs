@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::stream::BoxStream;
 use serde_json::{Value, json};
-use shepherd_api::{ApiError, JsonPath, ResourceInfo, kinds};
+use shepherd_api::{ApiError, JsonPath, kinds};
 use tokio::time::Instant;
 
-use crate::client::{Client, DeleteParams, ListParams, ObjectList, Patch, WatchEvent};
+use crate::client::Client;
+use crate::intercept::{Call, Intercepted, Interceptor};
 
 /// client-go's defaults: lease duration 15 s, renew deadline 10 s, retry period 2 s.
 #[derive(Clone, Debug)]
@@ -250,7 +250,7 @@ impl LeaderElector {
     /// `client`, with every write refused while this process is not leading: reads pass, so
     /// caches stay warm for a quick takeover.
     pub fn fence(self: &Arc<Self>, client: Arc<dyn Client>) -> Arc<dyn Client> {
-        Arc::new(Fenced { inner: client, elector: self.clone() })
+        Arc::new(Intercepted::new(client, Fence(self.clone())))
     }
 }
 
@@ -259,107 +259,23 @@ fn micro_time(t: jiff::Timestamp) -> String {
     t.strftime("%Y-%m-%dT%H:%M:%S.%6fZ").to_string()
 }
 
-struct Fenced {
-    inner: Arc<dyn Client>,
-    elector: Arc<LeaderElector>,
-}
-
-impl Fenced {
-    fn allow(&self, verb: &str, res: &ResourceInfo) -> Result<(), ApiError> {
-        if self.elector.is_leader() {
-            return Ok(());
-        }
-        self.elector.refused_writes.fetch_add(1, Ordering::Relaxed);
-        Err(ApiError::ServiceUnavailable(format!(
-            "not leading (lease {}/{}): {verb} {} refused",
-            self.elector.config.namespace, self.elector.config.name, res.plural
-        )))
-    }
-}
+/// Refuses every write while its elector is not leading.
+struct Fence(Arc<LeaderElector>);
 
 #[async_trait]
-impl Client for Fenced {
-    async fn get(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
-        self.inner.get(res, namespace, name).await
-    }
-
-    async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
-        self.inner.list(res, params).await
-    }
-
-    async fn watch(
-        &self,
-        res: &ResourceInfo,
-        params: &ListParams,
-        resource_version: u64,
-    ) -> Result<BoxStream<'static, Result<WatchEvent, ApiError>>, ApiError> {
-        self.inner.watch(res, params, resource_version).await
-    }
-
-    async fn create(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
-        self.allow("create", res)?;
-        self.inner.create(res, namespace, obj).await
-    }
-
-    async fn update(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
-        self.allow("update", res)?;
-        self.inner.update(res, namespace, obj).await
-    }
-
-    async fn update_status(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
-        self.allow("update", res)?;
-        self.inner.update_status(res, namespace, obj).await
-    }
-
-    async fn patch(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
-        self.allow("patch", res)?;
-        self.inner.patch(res, namespace, name, patch).await
-    }
-
-    async fn patch_status(
-        &self,
-        res: &ResourceInfo,
-        namespace: Option<&str>,
-        name: &str,
-        patch: Patch,
-    ) -> Result<Value, ApiError> {
-        self.allow("patch", res)?;
-        self.inner.patch_status(res, namespace, name, patch).await
-    }
-
-    async fn delete(
-        &self,
-        res: &ResourceInfo,
-        namespace: Option<&str>,
-        name: &str,
-        params: &DeleteParams,
-    ) -> Result<Option<Value>, ApiError> {
-        self.allow("delete", res)?;
-        self.inner.delete(res, namespace, name, params).await
-    }
-
-    async fn get_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
-        self.inner.get_scale(res, namespace, name).await
-    }
-
-    async fn update_scale(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, scale: Value) -> Result<Value, ApiError> {
-        self.allow("update", res)?;
-        self.inner.update_scale(res, namespace, name, scale).await
-    }
-
-    async fn bind_pod(&self, namespace: &str, name: &str, node_name: &str) -> Result<(), ApiError> {
-        self.allow("create", &kinds::POD)?;
-        self.inner.bind_pod(namespace, name, node_name).await
-    }
-
-    async fn digest(
-        &self,
-        res: &ResourceInfo,
-        params: &ListParams,
-        revision: u64,
-        detail: shepherd_api::digest::DigestDetail,
-    ) -> Result<shepherd_api::digest::ListDigest, ApiError> {
-        self.inner.digest(res, params, revision, detail).await
+impl Interceptor for Fence {
+    async fn before(&self, call: &Call<'_>) -> Result<(), ApiError> {
+        if !call.is_write() || self.0.is_leader() {
+            return Ok(());
+        }
+        self.0.refused_writes.fetch_add(1, Ordering::Relaxed);
+        Err(ApiError::ServiceUnavailable(format!(
+            "not leading (lease {}/{}): {} {} refused",
+            self.0.config.namespace,
+            self.0.config.name,
+            call.verb(),
+            call.resource().plural
+        )))
     }
 }
 

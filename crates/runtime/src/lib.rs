@@ -7,6 +7,7 @@ mod cputime;
 pub mod debug;
 pub mod faults;
 pub mod informer;
+pub mod intercept;
 pub mod leader;
 pub mod manager;
 pub mod metrics;

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use shepherd_api::kinds;
 use shepherd_apiserver::{ApiServer, HttpConfig};
 use shepherd_controllers::{ControllerConfig, podutil};
+use shepherd_runtime::intercept::{Call, Intercepted, Interceptor};
 use shepherd_runtime::{Client, ListParams, Manager, Patch, TriggerMode, WatchEvent};
 use shepherd_store::{HistoryLimits, LocalStore};
 use tokio::time::Instant;
@@ -134,66 +135,28 @@ fn spawn_start(client: &Arc<dyn Client>, pod: &Value, startup: Duration) {
 /// A client that stops answering (hangs, as a process about to be killed does) once it has
 /// created `creates` pods or deleted `deletes` objects; everything else passes through.
 pub struct Stalling {
-    inner: Arc<dyn Client>,
     creates: std::sync::atomic::AtomicI64,
     deletes: std::sync::atomic::AtomicI64,
 }
 
 impl Stalling {
     pub fn client(inner: Arc<dyn Client>, creates: i64, deletes: i64) -> Arc<dyn Client> {
-        Arc::new(Stalling { inner, creates: creates.into(), deletes: deletes.into() })
-    }
-
-    async fn gate(counter: &std::sync::atomic::AtomicI64) {
-        if counter.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) <= 0 {
-            futures::future::pending::<()>().await;
-        }
+        Arc::new(Intercepted::new(inner, Stalling { creates: creates.into(), deletes: deletes.into() }))
     }
 }
 
-use shepherd_api::{ApiError, ResourceInfo};
-use shepherd_runtime::{DeleteParams, ObjectList};
-
 #[async_trait::async_trait]
-impl Client for Stalling {
-    async fn get(&self, res: &ResourceInfo, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
-        self.inner.get(res, ns, name).await
-    }
-    async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
-        self.inner.list(res, params).await
-    }
-    async fn watch(
-        &self,
-        res: &ResourceInfo,
-        params: &ListParams,
-        rv: u64,
-    ) -> Result<futures::stream::BoxStream<'static, Result<WatchEvent, ApiError>>, ApiError> {
-        self.inner.watch(res, params, rv).await
-    }
-    async fn create(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
-        if res.kind == "Pod" {
-            Self::gate(&self.creates).await;
+impl Interceptor for Stalling {
+    async fn before(&self, call: &Call<'_>) -> Result<(), shepherd_api::ApiError> {
+        let counter = match call {
+            Call::Create { res, .. } if res.kind == "Pod" => &self.creates,
+            Call::Delete { .. } => &self.deletes,
+            _ => return Ok(()),
+        };
+        if counter.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) <= 0 {
+            futures::future::pending::<()>().await;
         }
-        self.inner.create(res, ns, obj).await
-    }
-    async fn update(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
-        self.inner.update(res, ns, obj).await
-    }
-    async fn update_status(&self, res: &ResourceInfo, ns: Option<&str>, obj: Value) -> Result<Value, ApiError> {
-        self.inner.update_status(res, ns, obj).await
-    }
-    async fn patch(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
-        self.inner.patch(res, ns, name, patch).await
-    }
-    async fn patch_status(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
-        self.inner.patch_status(res, ns, name, patch).await
-    }
-    async fn delete(&self, res: &ResourceInfo, ns: Option<&str>, name: &str, params: &DeleteParams) -> Result<Option<Value>, ApiError> {
-        Self::gate(&self.deletes).await;
-        self.inner.delete(res, ns, name, params).await
-    }
-    async fn bind_pod(&self, ns: &str, name: &str, node: &str) -> Result<(), ApiError> {
-        self.inner.bind_pod(ns, name, node).await
+        Ok(())
     }
 }
 
