@@ -1,36 +1,16 @@
-//! Reads the resource quantities the agent needs: memory in bytes, cpu in millicores.
+//! Reads the resource quantities the agent needs (memory in bytes, cpu in millicores) with the
+//! API's own parser, so every quantity the API accepts is enforced exactly as written.
 
-/// `128Mi`, `1G`, `1e9`, `512` to bytes; `None` when unreadable.
+use shepherd_api::{milli_value, quantity_value};
+
+/// `128Mi`, `1G`, `1e9`, `512`, `1Pi` to bytes, rounded up; `None` when unreadable or negative.
 pub(crate) fn bytes(q: &str) -> Option<u64> {
-    let q = q.trim();
-    let split = q.find(|c: char| c.is_ascii_alphabetic() && c != 'e').unwrap_or(q.len());
-    let (num, suffix) = q.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let mult: f64 = match suffix {
-        "" => 1.0,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        "m" => 1e-3,
-        _ => return None,
-    };
-    let v = n * mult;
-    (v.is_finite() && v >= 0.0).then_some(v.ceil() as u64)
+    quantity_value(q).ok().and_then(|v| u64::try_from(v).ok())
 }
 
-/// `500m`, `2`, `0.5` to millicores.
+/// `500m`, `2`, `0.5`, `1k` to millicores, rounded up; `None` when unreadable or negative.
 pub(crate) fn millicores(q: &str) -> Option<u64> {
-    let q = q.trim();
-    let v = match q.strip_suffix('m') {
-        Some(m) => m.parse::<f64>().ok()?,
-        None => q.parse::<f64>().ok()? * 1000.0,
-    };
-    (v.is_finite() && v >= 0.0).then_some(v.ceil() as u64)
+    milli_value(q).ok().and_then(|v| u64::try_from(v).ok())
 }
 
 /// A quantity given as a JSON string or number.
@@ -51,14 +31,20 @@ mod tests {
         assert_eq!(bytes("128Mi"), Some(128 * 1024 * 1024));
         assert_eq!(bytes("1G"), Some(1_000_000_000));
         assert_eq!(bytes("512"), Some(512));
+        assert_eq!(bytes("1e3"), Some(1000));
+        assert_eq!(bytes("1Pi"), Some(1 << 50), "suffixes past Ti are limits too");
         assert_eq!(bytes("lots"), None);
+        assert_eq!(bytes("-1Mi"), None);
     }
 
     #[test]
-    fn cpu_quantities_read_as_millicores() {
+    fn cpu_quantities_read_as_millicores_exactly() {
         assert_eq!(millicores("500m"), Some(500));
         assert_eq!(millicores("2"), Some(2000));
         assert_eq!(millicores("0.25"), Some(250));
+        assert_eq!(millicores("1.1"), Some(1100), "1.1 CPU is 1100m, as the API counts it");
+        assert_eq!(millicores("250000u"), Some(250));
+        assert_eq!(millicores("1k"), Some(1_000_000));
         assert_eq!(millicores("x"), None);
     }
 }

@@ -19,6 +19,6 @@ pub use age::human_age;
 pub use error::{ApiError, Cause};
 pub use json::JsonPath;
 pub use kinds::ResourceInfo;
-pub use quantity::milli_value;
+pub use quantity::{milli_value, value as quantity_value};
 pub use selector::{FieldSelector, LabelSelector};
 pub use volume_validation::is_env_var_name;

@@ -99,6 +99,11 @@ pub fn milli_value(s: &str) -> Result<i128, String> {
     Quantity::parse(s.trim())?.scaled_ceil(3)
 }
 
+/// A quantity in whole units, rounded up: `128Mi` is 134,217,728, `1500m` is 2.
+pub fn value(s: &str) -> Result<i128, String> {
+    Quantity::parse(s.trim())?.scaled_ceil(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +113,17 @@ mod tests {
         let q = Quantity::parse("0.1").unwrap();
         assert_eq!(q.scaled_ceil(3), Ok(100));
         assert_eq!(Quantity::parse("1.1").unwrap().scaled_ceil(3), Ok(1100));
+    }
+
+    #[test]
+    fn whole_values_round_up_and_read_every_suffix() {
+        assert_eq!(value("128Mi"), Ok(128 << 20));
+        assert_eq!(value("1Pi"), Ok(1 << 50));
+        assert_eq!(value("2E"), Ok(2_000_000_000_000_000_000));
+        assert_eq!(value("1500m"), Ok(2));
+        assert_eq!(value("1.5e3"), Ok(1500));
+        assert_eq!(milli_value("1.1"), Ok(1100), "no float rounding: 1.1 CPU is 1100m, not 1101m");
+        assert_eq!(milli_value("500000u"), Ok(500));
     }
 
     #[test]
