@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use serde_json::Value;
-use shepherd_api::JsonPath;
+use shepherd_api::{JsonPath, str_at};
 
 use crate::quantity;
 use crate::sources::{SourceError, SourceKind, Sources};
@@ -166,9 +166,6 @@ pub(crate) fn expand(s: &str, vars: &HashMap<&str, &str>) -> String {
     out
 }
 
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.at(pointer).and_then(Value::as_str).unwrap_or("")
-}
 
 fn downward(pod: &Value, container: &Value, from: &Value, node: &Node) -> String {
     if let Some(field) = from.get("fieldRef") {

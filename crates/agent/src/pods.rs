@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
-use shepherd_api::JsonPath;
+use shepherd_api::{JsonPath, str_at};
 use shepherd_api::kinds;
 use shepherd_runtime::{Cache, Client, DeleteParams, Patch};
 use tokio::sync::{Mutex as AsyncMutex, mpsc};
@@ -194,9 +194,6 @@ pub(crate) struct PodManager {
 /// pod sync turns it.
 const ERR_IMAGE_PULL_SHOWN: Duration = Duration::from_secs(2);
 
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.at(pointer).and_then(Value::as_str).unwrap_or("")
-}
 
 /// Kubernetes `Time`: RFC 3339 in UTC, whole seconds.
 pub(crate) fn k8s_time(t: Timestamp) -> String {

@@ -13,6 +13,11 @@ pub trait JsonPath {
     fn at(&self, pointer: &str) -> Option<&Value>;
 }
 
+/// The string at `pointer` in `v`; `""` when it is absent or not a string.
+pub fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.at(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
 impl JsonPath for Value {
     fn at(&self, pointer: &str) -> Option<&Value> {
         if pointer.is_empty() {

@@ -6,6 +6,8 @@ use std::sync::{Arc, LazyLock, RwLock};
 
 use serde_json::Value;
 
+use crate::json::str_at;
+
 /// One servable resource: its kind, where it is mounted and what it supports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResourceInfo {
@@ -356,9 +358,6 @@ pub fn register_custom(definition: &str, versions: Vec<(CustomResource, CustomVe
     }
 }
 
-fn str_at<'a>(obj: &'a Value, ptr: &str) -> &'a str {
-    obj.pointer(ptr).and_then(Value::as_str).unwrap_or("")
-}
 
 fn versions(def: &Value) -> &[Value] {
     def.pointer("/spec/versions").and_then(Value::as_array).map_or(&[], Vec::as_slice)

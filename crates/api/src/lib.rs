@@ -17,7 +17,7 @@ mod volume_validation;
 
 pub use age::human_age;
 pub use error::{ApiError, Cause};
-pub use json::JsonPath;
+pub use json::{JsonPath, str_at};
 pub use kinds::ResourceInfo;
 pub use quantity::{milli_value, value as quantity_value};
 pub use selector::{FieldSelector, LabelSelector};

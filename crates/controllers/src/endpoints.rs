@@ -8,16 +8,13 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value, json};
-use shepherd_api::JsonPath;
+use shepherd_api::{JsonPath, str_at};
 use shepherd_api::{LabelSelector, kinds};
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager};
 
 use crate::config::ControllerConfig;
 
-pub(crate) fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.at(pointer).and_then(Value::as_str).unwrap_or("")
-}
 
 /// The service's selector, or `None` when it has none (its Endpoints are managed by hand).
 pub(crate) fn service_selector(svc: &Value) -> Option<LabelSelector> {

@@ -19,7 +19,8 @@ use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager}
 use tokio::time::Instant;
 
 use crate::config::ControllerConfig;
-use crate::endpoints::{PortKey, is_ready, pod_ports, service_selector, services_selecting, str_at};
+use crate::endpoints::{PortKey, is_ready, pod_ports, service_selector, services_selecting};
+use shepherd_api::str_at;
 
 /// The label naming the Service a slice belongs to.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";

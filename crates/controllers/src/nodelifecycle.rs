@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shepherd_api::JsonPath;
+use shepherd_api::{JsonPath, str_at};
 use shepherd_api::kinds;
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
@@ -70,9 +70,6 @@ fn lock(h: &Mutex<Heartbeats>) -> MutexGuard<'_, Heartbeats> {
     h.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.at(pointer).and_then(Value::as_str).unwrap_or("")
-}
 
 fn now_rfc3339() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()

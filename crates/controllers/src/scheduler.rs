@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
-use shepherd_api::JsonPath;
+use shepherd_api::{JsonPath, str_at};
 use shepherd_api::kinds;
 use shepherd_runtime::{Action, Cache, Client, Controller, Manager, Patch};
 
@@ -107,9 +107,6 @@ pub fn scheduler(client: Arc<dyn Client>, manager: &Manager, config: SchedulerCo
     .mode(config.run.mode)
 }
 
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.at(pointer).and_then(Value::as_str).unwrap_or("")
-}
 
 impl Scheduler {
     fn wants(&self, pod: &Value) -> bool {
