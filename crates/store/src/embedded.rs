@@ -86,10 +86,10 @@ pub(crate) fn open(
     let (tx, rx) = mpsc::channel();
     let (ckpt_tx, ckpt_rx) = mpsc::channel();
     let epoch = recovered.epoch;
-    let ckpt_dir = dir.clone();
+    let db_path = path.to_path_buf();
     thread::Builder::new()
         .name("store-checkpoint".into())
-        .spawn(move || checkpoint_loop(db, ckpt_rx, epoch, &ckpt_dir))
+        .spawn(move || checkpoint_loop(db, ckpt_rx, epoch, &db_path))
         .map_err(|e| StoreError::Backend(format!("starting checkpoint thread: {e}")))?;
     let committer = CommitLoop { writer, last_rotation: Instant::now(), options, health: health.clone(), ckpt: ckpt_tx };
     let committer_state = state.clone();
@@ -205,9 +205,10 @@ fn recover(db: &Database, path: &Path, limits: HistoryLimits) -> Result<Recovere
             }
             if record.revision != state.revision + 1 {
                 return Err(StoreError::Backend(format!(
-                    "the store's log {} jumps from revision {} to {}",
-                    seg.display(),
+                    "the store file is at revision {}, behind its log {}, which continues at revision {}: \
+                     writes were lost (an older copy of the file?)",
                     state.revision,
+                    seg.display(),
                     record.revision
                 )));
             }
@@ -386,21 +387,33 @@ fn remove_segments(dir: &Path, through: u64) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn checkpoint_loop(db: Database, rx: mpsc::Receiver<ToCheckpoint>, epoch: u64, dir: &Path) {
+fn checkpoint_loop(db: Database, rx: mpsc::Receiver<ToCheckpoint>, epoch: u64, path: &Path) {
+    let dir = wal::dir_of(path);
+    let mut db = Some(db);
     let mut pending: Vec<(Arc<Event>, u64)> = Vec::new();
     while let Ok(message) = rx.recv() {
         match message {
             ToCheckpoint::Written(events) => pending.extend(events),
             ToCheckpoint::Checkpoint { through, history_from } => {
+                // redb refuses every write after an I/O error until it is reopened.
+                if db.is_none() {
+                    db = open_db(path).map_err(|e| tracing::warn!(error = %e, "reopening the store file")).ok();
+                }
+                let Some(handle) = &db else { continue };
                 // Failures leave the segments in place: the next checkpoint takes all of it.
-                match checkpoint(&db, &pending, history_from, epoch) {
+                let started = Instant::now();
+                match checkpoint(handle, &pending, history_from, epoch) {
                     Ok(()) => {
+                        tracing::debug!(writes = pending.len(), took = ?started.elapsed(), "store checkpoint");
                         pending.clear();
-                        if let Err(e) = remove_segments(dir, through) {
+                        if let Err(e) = remove_segments(&dir, through) {
                             tracing::warn!(error = %e, "removing checkpointed log segments");
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, writes = pending.len(), "store checkpoint failed; retrying later"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, writes = pending.len(), "store checkpoint failed; retrying later");
+                        db = None;
+                    }
                 }
             }
         }
