@@ -117,7 +117,13 @@ pub(crate) fn fold_log(path: &Path) -> Result<(), StoreError> {
     txn.delete_table(HISTORY).map_err(backend("drop history"))?;
     txn.open_table(META).map_err(backend("open meta"))?.remove(HISTORY_FROM_KEY).map_err(backend("meta"))?;
     txn.commit().map_err(backend("commit"))?;
-    fs::remove_dir(&dir).map_err(|e| StoreError::Backend(format!("removing {}: {e}", dir.display())))
+    match fs::remove_dir(&dir) {
+        // Gone already when it belonged to another file and was set aside.
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(StoreError::Backend(format!("removing {}: {e}", dir.display())))
+        }
+        _ => Ok(()),
+    }
 }
 
 struct Recovered {
