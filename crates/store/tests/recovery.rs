@@ -109,16 +109,20 @@ async fn the_history_survives_checkpoints_and_restarts_and_expires_only_beyond_i
     // Checkpoints after every few writes: the history is spread over redb and the log.
     let options = WalOptions { segment_bytes: 200, checkpoint_interval: Duration::from_millis(1) };
     let store = LocalStore::open_embedded(&path, limits, options).expect("open");
-    for i in 0..50 {
-        store.create(&format!("/k/{i:02}"), b("v")).await.expect("create");
+    for i in 0..25 {
+        let kv = store.create(&format!("/k/{i:02}"), b("v1")).await.expect("create");
+        store.update(&kv.key, b(&format!("v2-{i}")), None).await.expect("update");
     }
     let revision = store.revision();
+    let before = events_after(&store, "/k/", revision - 10).await;
     drop(store);
     let store = reopen(&path, limits, options).await;
     assert_eq!(store.revision(), revision);
     let events = events_after(&store, "/k/", revision - 10).await;
     let revisions: Vec<Revision> = events.iter().map(|e| e.2).collect();
     assert_eq!(revisions, ((revision - 9)..=revision).collect::<Vec<_>>());
+    assert_eq!(events, before, "each event with the value before it, as it was before the restart");
+    assert!(events.iter().any(|e| e.0 == EventKind::Updated && e.3 == Some(b("v1"))));
     let e = store.watch("/k/", revision - 30).err().expect("beyond the 20 retained events");
     assert!(matches!(e, StoreError::Expired { .. }), "{e:?}");
 }
