@@ -1,5 +1,6 @@
 //! Scenario `store`: durable creates/s with 1 and 64 clients, list latency and RSS with N pods, over
-//! plain HTTP or TLS with a token.
+//! plain HTTP or TLS with a token, on the embedded store's write-ahead-log engine and on the
+//! previous redb-only engine side by side.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -40,21 +41,69 @@ async fn create_n(http: &reqwest::Client, url: &str, prefix: &str, n: usize, cli
     Ok(started.elapsed())
 }
 
+/// What one engine measured.
+struct Measured {
+    one_rate: f64,
+    one_ms: f64,
+    many_rate: f64,
+    list: Value,
+    count: usize,
+    rss: f64,
+}
+
+/// Runs the scenario on each embedded engine in turn, each on a fresh server and data directory:
+/// the default (a write-ahead log checkpointed into redb) and the previous redb-only engine
+/// (`shepherd server --store-engine redb`), side by side.
 pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize, tls: bool) -> anyhow::Result<ScenarioResult> {
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().to_string_lossy().to_string();
-    let (server, http) = Process::start_reachable(binary, &["server", "--controllers", "none", "--data-dir", &data], dir.path(), tls)?;
     let transport = if tls { "TLS + token" } else { "plain HTTP" };
     println!("scenario store: pods={pods} sequential={sequential} list_runs={list_runs}, {transport}");
+    let wal = measure(binary, "wal", pods, sequential, list_runs, tls).await?;
+    let redb = measure(binary, "redb", pods, sequential, list_runs, tls).await?;
+    println!("{:<34} {:>16} {:>16}", "", "embedded (wal)", "redb-only");
+    let row = |what: &str, a: String, b: String| println!("{what:<34} {a:>16} {b:>16}");
+    row("creates/s, 1 client", format!("{:.0}", wal.one_rate), format!("{:.0}", redb.one_rate));
+    row("ms per create, 1 client", format!("{:.3}", wal.one_ms), format!("{:.3}", redb.one_ms));
+    row("creates/s, 64 clients", format!("{:.0}", wal.many_rate), format!("{:.0}", redb.many_rate));
+    let p50 = |m: &Measured| m.list["p50_ms"].as_f64().map_or("-".into(), |v| format!("{v:.1}"));
+    row(&format!("list of {} pods p50 ms", wal.count), p50(&wal), p50(&redb));
+    row("server RSS MiB", format!("{:.1}", wal.rss), format!("{:.1}", redb.rss));
+
+    let values = |m: &Measured| {
+        json!({"creates_per_s_1_client": m.one_rate, "ms_per_create_1_client": m.one_ms,
+            "creates_per_s_64_clients": m.many_rate, "list": m.list, "listed": m.count, "rss_mib": m.rss})
+    };
+    let mut all = values(&wal);
+    all["redb_only"] = values(&redb);
+    Ok(ScenarioResult {
+        name: "store",
+        params: json!({"pods": pods, "sequential": sequential, "list_runs": list_runs, "tls": tls}),
+        values: all,
+    })
+}
+
+async fn measure(
+    binary: &Path,
+    engine: &str,
+    pods: usize,
+    sequential: usize,
+    list_runs: usize,
+    tls: bool,
+) -> anyhow::Result<Measured> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().to_string_lossy().to_string();
+    let args = ["server", "--controllers", "none", "--data-dir", &data, "--store-engine", engine];
+    let (server, http) = Process::start_reachable(binary, &args, dir.path(), tls)?;
+    println!("engine {engine}:");
 
     let one = create_n(&http, &server.url, "seq", sequential, 1).await?;
     let one_rate = sequential as f64 / one.as_secs_f64();
-    println!("durable creates, 1 client: {one_rate:.0}/s ({:.3} ms each)", one.as_secs_f64() * 1000.0 / sequential as f64);
+    let one_ms = one.as_secs_f64() * 1000.0 / sequential as f64;
+    println!("  durable creates, 1 client: {one_rate:.0}/s ({one_ms:.3} ms each)");
 
     let rest = pods.saturating_sub(sequential);
     let many = create_n(&http, &server.url, "par", rest, 64).await?;
     let many_rate = rest as f64 / many.as_secs_f64();
-    println!("durable creates, 64 clients: {many_rate:.0}/s");
+    println!("  durable creates, 64 clients: {many_rate:.0}/s");
 
     let mut samples = Vec::new();
     let mut count = 0;
@@ -65,14 +114,8 @@ pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize
         count = serde_json::from_slice::<Value>(&body)?["items"].as_array().map_or(0, Vec::len);
     }
     let list = summarize(&samples);
-    println!("list of {count} pods: {list}");
+    println!("  list of {count} pods: {list}");
     let rss = server.rss_mib();
-    println!("server RSS with {count} pods: {rss:.1} MiB");
-
-    Ok(ScenarioResult {
-        name: "store",
-        params: json!({"pods": pods, "sequential": sequential, "list_runs": list_runs, "tls": tls}),
-        values: json!({"creates_per_s_1_client": one_rate, "creates_per_s_64_clients": many_rate,
-            "list": list, "listed": count, "rss_mib": rss}),
-    })
+    println!("  server RSS with {count} pods: {rss:.1} MiB");
+    Ok(Measured { one_rate, one_ms, many_rate, list: serde_json::to_value(&list)?, count, rss })
 }

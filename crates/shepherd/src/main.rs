@@ -170,6 +170,10 @@ struct ServerArgs {
     /// (etcd at --etcd-endpoints, which several API servers may share).
     #[arg(long, value_enum, default_value_t = StoreKind::Embedded)]
     store: StoreKind,
+    /// How the embedded store writes: `wal` (a write-ahead log checkpointed into redb) or `redb`
+    /// (the previous engine, a redb commit per batch; kept for benchmarks).
+    #[arg(long, value_enum, default_value_t = StoreEngine::Wal, hide = true)]
+    store_engine: StoreEngine,
     /// etcd client URLs, comma-separated (with --store etcd).
     #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
     etcd_endpoints: Vec<String>,
@@ -299,6 +303,12 @@ fn main() -> anyhow::Result<()> {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum StoreEngine {
+    Wal,
+    Redb,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum StoreKind {
     Embedded,
     Etcd,
@@ -347,7 +357,11 @@ fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
     }
     private_dir::secure(&args.data_dir)?;
     let path = backup::store_file(&args.data_dir);
-    let store = LocalStore::open_redb(&path, limits).map_err(|e| {
+    let opened = match args.store_engine {
+        StoreEngine::Wal => LocalStore::open_redb(&path, limits),
+        StoreEngine::Redb => LocalStore::open_redb_only(&path, limits),
+    };
+    let store = opened.map_err(|e| {
         anyhow::anyhow!("cannot open the store {}: {e}; {}", path.display(), snapshots::recovery_hint(&args.data_dir))
     })?;
     // A store behind its own snapshot lost acknowledged writes: an older copy of the file, or a

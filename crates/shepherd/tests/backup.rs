@@ -378,7 +378,8 @@ async fn a_store_behind_its_newest_snapshot_refuses_to_start() {
         server_that_must_not_start(&["server", "--data-dir", data.to_str().expect("path"), "--listen", "127.0.0.1:0"]);
     let message = text(&out);
     assert!(!out.status.success(), "a store that lost writes was served: {message}");
-    assert!(message.contains("behind the snapshot") && message.contains("shepherd restore --from"), "{message}");
+    // Refused either by the snapshot check or, when the file's log continues past it, by the log.
+    assert!(message.contains("behind") && message.contains("shepherd restore --from"), "{message}");
 }
 
 async fn http_create(url: &str, name: &str) -> reqwest::Response {

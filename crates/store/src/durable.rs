@@ -1,4 +1,5 @@
-//! The durable backend: redb on disk, with group commit.
+//! The redb-only engine (the embedded store before its write-ahead log): every batch of writes
+//! is a redb commit. Kept selectable for comparison; its file format is the embedded store's.
 //!
 //! One committer thread owns every write. It takes all requests waiting in its channel as one
 //! batch, checks each against the state (and the earlier writes of the batch), writes the batch
@@ -20,11 +21,11 @@ use crate::snapshot::Snapshot;
 use crate::state::{State, Write};
 use crate::{Event, EventKind, HistoryLimits, KeyValue, Revision, StoreError};
 
-const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
-const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-const REVISION_KEY: &str = "revision";
+pub(crate) const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+pub(crate) const REVISION_KEY: &str = "revision";
 /// Upper bound on writes sharing one commit, so one batch cannot hold up its first writer forever.
-const MAX_BATCH: usize = 4096;
+pub(crate) const MAX_BATCH: usize = 4096;
 /// redb's page cache. Every read is served from the in-memory state, so redb's cache only speeds
 /// up its own commits; its 1 GiB default would grow towards a second copy of every object. At
 /// 16 MiB the scale-out benchmark's commits cost ~10% more CPU; at 64 MiB they cost the same.
@@ -41,7 +42,7 @@ pub(crate) type Health = Arc<RwLock<Option<StoreError>>>;
 
 /// How often a store that cannot write tries again on its own (reopening redb and committing an
 /// unchanged revision), so writes and readiness come back once the disk has room.
-const RECOVERY_PROBE: Duration = Duration::from_secs(1);
+pub(crate) const RECOVERY_PROBE: Duration = Duration::from_secs(1);
 /// How long a batch whose commit failed waits for the file to be reopened and read back before
 /// its writers are answered "outcome unknown".
 const RECOVERY_WAIT: Duration = Duration::from_secs(2);
@@ -78,7 +79,7 @@ fn open_with(
     Ok((state, tx, health))
 }
 
-fn open_db(path: &Path) -> Result<Database, StoreError> {
+pub(crate) fn open_db(path: &Path) -> Result<Database, StoreError> {
     Database::builder().set_cache_size(REDB_CACHE_BYTES).create(path).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(format!(
             "{} is already open in another Shepherd process; stop it or use another --data-dir",
@@ -88,7 +89,7 @@ fn open_db(path: &Path) -> Result<Database, StoreError> {
     })
 }
 
-fn backend<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> StoreError {
+pub(crate) fn backend<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> StoreError {
     move |e| StoreError::Backend(format!("{what}: {e}"))
 }
 
@@ -103,7 +104,7 @@ fn load(db: &Database) -> Result<(BTreeMap<String, KeyValue>, Revision), StoreEr
 }
 
 /// The revision a read transaction sees (0 in a file that has none yet).
-fn revision_in(r: &redb::ReadTransaction) -> Result<Revision, StoreError> {
+pub(crate) fn revision_in(r: &redb::ReadTransaction) -> Result<Revision, StoreError> {
     match r.open_table(META) {
         Ok(meta) => Ok(meta.get(REVISION_KEY).map_err(backend("read revision"))?.map(|v| v.value()).unwrap_or(0)),
         Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
@@ -112,7 +113,7 @@ fn revision_in(r: &redb::ReadTransaction) -> Result<Revision, StoreError> {
 }
 
 /// Stored value layout: create revision (8 bytes LE), mod revision (8 bytes LE), then the value.
-fn encode(kv: &KeyValue) -> Vec<u8> {
+pub(crate) fn encode(kv: &KeyValue) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + kv.value.len());
     out.extend_from_slice(&kv.create_revision.to_le_bytes());
     out.extend_from_slice(&kv.mod_revision.to_le_bytes());
@@ -120,7 +121,7 @@ fn encode(kv: &KeyValue) -> Vec<u8> {
     out
 }
 
-fn decode(key: &str, raw: &[u8]) -> Result<KeyValue, StoreError> {
+pub(crate) fn decode(key: &str, raw: &[u8]) -> Result<KeyValue, StoreError> {
     if raw.len() < 16 {
         return Err(StoreError::Backend(format!("stored value of {key} is truncated")));
     }
@@ -201,7 +202,7 @@ impl Disk {
 }
 
 /// What a writer is told when the disk fails it: 507-style for a full disk, else 503.
-fn classify(what: &str, message: &str) -> StoreError {
+pub(crate) fn classify(what: &str, message: &str) -> StoreError {
     let no_space = message.contains("No space left on device") || message.contains("Disk quota exceeded");
     if no_space {
         StoreError::NoSpace(format!("{what}: no space left on the store's disk ({message})"))
@@ -401,16 +402,22 @@ pub(crate) fn read_snapshot(path: &Path) -> Result<Snapshot, StoreError> {
         )),
         e => StoreError::Backend(format!("opening {}: {e}", path.display())),
     };
+    // The writes in the log that a checkpoint has not moved into the file yet count too.
+    fn with_log(path: &Path, db: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
+        let mut snapshot = snapshot_of(db)?;
+        crate::embedded::overlay_log(path, db, &mut snapshot)?;
+        Ok(snapshot)
+    }
     match redb::ReadOnlyDatabase::open(path) {
-        Ok(db) => snapshot_of(&db),
+        Ok(db) => with_log(path, &db),
         // A process that was killed leaves the file needing a repair of redb's allocation state
         // (committed data is intact); only a writable open performs it, as the next start would.
-        Err(redb::DatabaseError::RepairAborted) => snapshot_of(&Database::open(path).map_err(opened)?),
+        Err(redb::DatabaseError::RepairAborted) => with_log(path, &Database::open(path).map_err(opened)?),
         Err(e) => Err(opened(e)),
     }
 }
 
-fn snapshot_of(db: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
+pub(crate) fn snapshot_of(db: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
     let r = db.begin_read().map_err(backend("begin read"))?;
     let revision = revision_in(&r)?;
     let mut items = Vec::new();

@@ -2,11 +2,13 @@
 //!
 //! One global revision counts every write; each value remembers the revision that created it and
 //! the one that last modified it (`resourceVersion` in the API). Reads are served from memory;
-//! the durable backend writes every change to redb and acknowledges only after the commit is
-//! fsync'd, with concurrent writers sharing one commit. The etcd backend (feature `etcd`) keeps
+//! the embedded backend appends every change to a write-ahead log and acknowledges only after
+//! the append is fsync'd, with concurrent writers sharing one fsync, and checkpoints the log into
+//! redb in the background; its watch history survives restarts. The etcd backend (feature `etcd`) keeps
 //! the objects in etcd, shared by several API servers, and serves watches from a cache.
 
 mod durable;
+mod embedded;
 mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
@@ -15,6 +17,7 @@ mod local_etcd;
 mod local;
 mod snapshot;
 mod state;
+mod wal;
 mod watch;
 
 use std::sync::Arc;
@@ -27,6 +30,7 @@ use bytes::Bytes;
 pub use etcd::EtcdStore;
 #[cfg(feature = "etcd")]
 pub use local_etcd::{LocalEtcd, LocalEtcdTls};
+pub use embedded::WalOptions;
 pub use error::StoreError;
 pub use local::LocalStore;
 pub use snapshot::{Snapshot, SnapshotError};

@@ -1,4 +1,4 @@
-//! `LocalStore`: the store of one process, in memory or backed by redb.
+//! `LocalStore`: the store of one process, in memory or on disk (a write-ahead log and redb).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,6 +9,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use crate::durable::{self, Committer, Health};
+use crate::embedded::{self, WalOptions};
 use crate::state::{State, Write};
 use crate::{HistoryLimits, Snapshot, KeyValue, ListResult, Retention, Revision, Store, StoreError, WatchStream};
 
@@ -28,8 +29,22 @@ impl LocalStore {
         LocalStore { state: Arc::new(RwLock::new(State::new(BTreeMap::new(), 0, limits))), committer: None, health: None }
     }
 
-    /// A durable store in the redb file at `path` (created if absent).
+    /// A durable store in the redb file at `path` (created if absent), with its write-ahead log
+    /// in the directory beside it (`store.redb` logs into `store.wal/`).
     pub fn open_redb(path: &Path, limits: HistoryLimits) -> Result<Self, StoreError> {
+        Self::open_embedded(path, limits, WalOptions::default())
+    }
+
+    /// As `open_redb`, checkpointing the log as `options` say.
+    pub fn open_embedded(path: &Path, limits: HistoryLimits, options: WalOptions) -> Result<Self, StoreError> {
+        let (state, committer, health) = embedded::open(path, limits, options)?;
+        Ok(LocalStore { state, committer: Some(committer), health: Some(health) })
+    }
+
+    /// The previous engine on the same file: every batch of writes a redb commit, no log, no
+    /// history across restarts. A log left by the default engine is folded into the file first.
+    pub fn open_redb_only(path: &Path, limits: HistoryLimits) -> Result<Self, StoreError> {
+        embedded::fold_log(path)?;
         let (state, committer, health) = durable::open(path, limits)?;
         Ok(LocalStore { state, committer: Some(committer), health: Some(health) })
     }

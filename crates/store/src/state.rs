@@ -111,7 +111,13 @@ impl State {
     /// Applies a prepared event: updates the objects and revision, records history, notifies
     /// watchers. Events must be applied in revision order; a local store's are consecutive, an
     /// etcd cache's skip the revisions of writes outside its prefix.
-    pub(crate) fn apply(&mut self, event: Event) {
+    pub(crate) fn apply(&mut self, event: Event) -> Arc<Event> {
+        self.apply_at(event, Instant::now())
+    }
+
+    /// As `apply`, for an event written at `at` (earlier than now when it is replayed from disk,
+    /// so the history's age limit counts from the original write).
+    pub(crate) fn apply_at(&mut self, event: Event, at: Instant) -> Arc<Event> {
         debug_assert!(event.revision() > self.revision);
         self.revision = event.revision();
         match event.kind {
@@ -123,9 +129,16 @@ impl State {
             }
         }
         let event = Arc::new(event);
-        let now = Instant::now();
         self.history_bytes += event.kv.value.len();
-        self.history.push_back((event.clone(), now));
+        self.history.push_back((event.clone(), at));
+        self.trim(Instant::now());
+        // No receivers is fine: nobody is watching.
+        let _ = self.events.send(event.clone());
+        event
+    }
+
+    /// Drops the oldest events beyond the limits.
+    fn trim(&mut self, now: Instant) {
         // The newest event always stays, so a watcher can follow even one huge write.
         while self.history.len() > 1
             && let Some((oldest, at)) = self.history.front()
@@ -140,8 +153,36 @@ impl State {
             self.history_bytes -= oldest.kv.value.len();
             self.history.pop_front();
         }
-        // No receivers is fine: nobody is watching.
-        let _ = self.events.send(event);
+    }
+
+    /// Puts back a history read from disk: `events` are every write after `from` up to the
+    /// current revision, oldest first, each with the time it was made. A history with a hole
+    /// keeps only what follows the hole.
+    pub(crate) fn restore_history(&mut self, from: Revision, events: Vec<(Arc<Event>, Instant)>) {
+        let mut expected = from;
+        for (event, at) in events {
+            if event.revision() != expected + 1 {
+                self.history.clear();
+                self.history_bytes = 0;
+            }
+            expected = event.revision();
+            self.history_bytes += event.kv.value.len();
+            self.history.push_back((event, at));
+        }
+        if expected != self.revision {
+            // The history does not reach the current revision: none of it can be replayed.
+            self.history.clear();
+            self.history_bytes = 0;
+            self.watchable_from = self.revision;
+            return;
+        }
+        self.watchable_from = self.history.front().map_or(self.revision, |(e, _)| e.revision() - 1);
+        self.trim(Instant::now());
+    }
+
+    /// Smallest revision a watch can start from.
+    pub(crate) fn watchable_from(&self) -> Revision {
+        self.watchable_from
     }
 
     /// Moves the revision forward without a write under this state's keys: etcd reported that

@@ -11,7 +11,13 @@ use shepherd_store::{EventKind, HistoryLimits, LocalStore, Store, StoreError};
 fn backends() -> Vec<(&'static str, LocalStore, Option<tempfile::TempDir>)> {
     let dir = tempfile::tempdir().expect("tempdir");
     let redb = LocalStore::open_redb(&dir.path().join("s.redb"), HistoryLimits::default()).expect("open");
-    vec![("memory", LocalStore::in_memory(HistoryLimits::default()), None), ("redb", redb, Some(dir))]
+    let old_dir = tempfile::tempdir().expect("tempdir");
+    let redb_only = LocalStore::open_redb_only(&old_dir.path().join("s.redb"), HistoryLimits::default()).expect("open");
+    vec![
+        ("memory", LocalStore::in_memory(HistoryLimits::default()), None),
+        ("redb", redb, Some(dir)),
+        ("redb-only", redb_only, Some(old_dir)),
+    ]
 }
 
 fn b(s: &str) -> Bytes {

@@ -1,0 +1,611 @@
+//! The embedded store: a write-ahead log in front of redb, checkpointed into it in the background.
+//!
+//! One committer thread owns every write. It takes all requests waiting in its channel as one
+//! batch, checks each against the state, appends the batch's records to the log with one fsync,
+//! and only then applies it to memory, notifies watchers and answers the callers. A small write
+//! so costs one append and one fsync, shared with every write of its batch, instead of a B-tree
+//! commit.
+//!
+//! Every second (or every few MiB of log) the committer starts a new log segment and hands the
+//! writes of the old one to the checkpointer thread, which writes them into redb in one
+//! transaction: the objects, the watch history (each event with the value before it) and the
+//! revision. Once that commit is on disk the old segments are deleted. On open, redb holds
+//! everything up to its revision and the log everything after: recovery replays the log's
+//! complete records onto redb's state and history, so neither an acknowledged write nor the
+//! history a watcher resumes from is lost to a `kill -9`, whether or not a checkpoint was running.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::sync::{Arc, RwLock, mpsc};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use redb::{Database, ReadableDatabase, TableDefinition};
+
+use crate::durable::{
+    Committer, Health, MAX_BATCH, META, OBJECTS, RECOVERY_PROBE, REVISION_KEY, Reply, backend, classify, open_db,
+    snapshot_of,
+};
+use crate::state::{State, Write};
+use crate::wal::{self, Record, Writer};
+use crate::{Event, EventKind, HistoryLimits, KeyValue, Revision, Snapshot, StoreError};
+
+/// Each retained event by revision: see `encode_event`.
+const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
+/// Identifies the log that belongs to this redb file: a file restored from a backup (which has
+/// none) never replays the log of the file it replaced.
+const EPOCH_KEY: &str = "wal_epoch";
+/// Every event after this revision, up to the file's revision, is in `HISTORY`.
+const HISTORY_FROM_KEY: &str = "history_from";
+
+/// When the log is checkpointed into redb. Tests make both small to checkpoint constantly.
+#[derive(Debug, Clone, Copy)]
+pub struct WalOptions {
+    /// A segment this large is checkpointed.
+    pub segment_bytes: u64,
+    /// A segment with records is checkpointed at least this often.
+    pub checkpoint_interval: Duration,
+}
+
+impl Default for WalOptions {
+    fn default() -> Self {
+        WalOptions { segment_bytes: 16 * 1024 * 1024, checkpoint_interval: Duration::from_secs(1) }
+    }
+}
+
+/// What the committer tells the checkpointer.
+enum ToCheckpoint {
+    /// Writes now in the log, each with the time it was made (ms since the Unix epoch).
+    Written(Vec<(Arc<Event>, u64)>),
+    /// Every write so far is in segments up to `through`, which may go once redb has them.
+    Checkpoint { through: u64, history_from: Revision },
+}
+
+/// Opens (or creates) the redb file at `path` and its log, recovers every acknowledged write,
+/// and starts the committer and checkpointer threads. A second open of the same file fails.
+pub(crate) fn open(
+    path: &Path,
+    limits: HistoryLimits,
+    options: WalOptions,
+) -> Result<(Arc<RwLock<State>>, Committer, Health), StoreError> {
+    let db = open_db(path)?;
+    let dir = wal::dir_of(path);
+    let recovered = recover(&db, path, limits)?;
+    let state = recovered.state;
+    // Fold what the log held into redb now, so its segments can go before a new one starts.
+    checkpoint(&db, &recovered.replayed, state.watchable_from(), recovered.epoch)?;
+    remove_segments(&dir, recovered.last_seq)?;
+    let writer = Writer::create(&dir, recovered.last_seq + 1, recovered.epoch)
+        .map_err(|e| classify(&format!("creating a log segment in {}", dir.display()), &e.to_string()))?;
+    tracing::info!(revision = state.revision, replayed = recovered.replayed.len(), "store opened");
+
+    let state = Arc::new(RwLock::new(state));
+    let health: Health = Arc::new(RwLock::new(None));
+    let (tx, rx) = mpsc::channel();
+    let (ckpt_tx, ckpt_rx) = mpsc::channel();
+    let epoch = recovered.epoch;
+    let db_path = path.to_path_buf();
+    thread::Builder::new()
+        .name("store-checkpoint".into())
+        .spawn(move || checkpoint_loop(db, ckpt_rx, epoch, &db_path))
+        .map_err(|e| StoreError::Backend(format!("starting checkpoint thread: {e}")))?;
+    let committer = CommitLoop { writer, last_rotation: Instant::now(), options, health: health.clone(), ckpt: ckpt_tx };
+    let committer_state = state.clone();
+    thread::Builder::new()
+        .name("store-committer".into())
+        .spawn(move || committer.run(committer_state, rx))
+        .map_err(|e| StoreError::Backend(format!("starting committer thread: {e}")))?;
+    Ok((state, tx, health))
+}
+
+/// Writes everything the log of the redb file at `path` holds into the file and removes the
+/// log, so the redb-only engine can take the file over without losing a write.
+pub(crate) fn fold_log(path: &Path) -> Result<(), StoreError> {
+    let dir = wal::dir_of(path);
+    if !dir.exists() {
+        return Ok(());
+    }
+    let db = open_db(path)?;
+    let recovered = recover(&db, path, HistoryLimits::default())?;
+    checkpoint(&db, &recovered.replayed, recovered.state.watchable_from(), recovered.epoch)?;
+    remove_segments(&dir, recovered.last_seq)?;
+    // The redb-only engine keeps no history: drop it, so a later open with the log does not
+    // resume watches across writes it never saw.
+    let txn = db.begin_write().map_err(backend("begin write"))?;
+    txn.delete_table(HISTORY).map_err(backend("drop history"))?;
+    txn.open_table(META).map_err(backend("open meta"))?.remove(HISTORY_FROM_KEY).map_err(backend("meta"))?;
+    txn.commit().map_err(backend("commit"))?;
+    match fs::remove_dir(&dir) {
+        // Gone already when it belonged to another file and was set aside.
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(StoreError::Backend(format!("removing {}: {e}", dir.display())))
+        }
+        _ => Ok(()),
+    }
+}
+
+struct Recovered {
+    state: State,
+    epoch: u64,
+    /// The log's writes after redb's revision, now in `state`.
+    replayed: Vec<(Arc<Event>, u64)>,
+    /// The newest segment read (0: none).
+    last_seq: u64,
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn meta_value(db: &Database, key: &str) -> Result<Option<u64>, StoreError> {
+    let r = db.begin_read().map_err(backend("begin read"))?;
+    match r.open_table(META) {
+        Ok(meta) => Ok(meta.get(key).map_err(backend("read meta"))?.map(|v| v.value())),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(StoreError::Backend(format!("open meta: {e}"))),
+    }
+}
+
+/// Loads redb's objects and history, then replays the log's complete records after redb's
+/// revision.
+fn recover(db: &Database, path: &Path, limits: HistoryLimits) -> Result<Recovered, StoreError> {
+    let w = db.begin_write().map_err(backend("begin write"))?;
+    w.open_table(OBJECTS).map_err(backend("open objects"))?;
+    w.open_table(META).map_err(backend("open meta"))?;
+    w.open_table(HISTORY).map_err(backend("open history"))?;
+    w.commit().map_err(backend("commit"))?;
+
+    let snapshot = snapshot_of(db)?;
+    let objects = snapshot.items.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+    let mut state = State::new(objects, snapshot.revision, limits);
+    let (now, now_ms) = (Instant::now(), unix_ms(SystemTime::now()));
+    let when = |ms: u64| now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)));
+    if let Some(from) = meta_value(db, HISTORY_FROM_KEY)? {
+        let r = db.begin_read().map_err(backend("begin read"))?;
+        let table = r.open_table(HISTORY).map_err(backend("open history"))?;
+        let mut events = Vec::new();
+        for entry in table.range(from + 1..).map_err(backend("scan history"))? {
+            let (rev, raw) = entry.map_err(backend("scan history"))?;
+            let (event, ms) = decode_event(raw.value())
+                .ok_or_else(|| StoreError::Backend(format!("history event {} is damaged", rev.value())))?;
+            // An event older than this machine's uptime is past any age limit anyway.
+            if let Some(at) = when(ms) {
+                events.push((Arc::new(event), at));
+            }
+        }
+        state.restore_history(from, events);
+    }
+
+    let dir = wal::dir_of(path);
+    let epoch = match meta_value(db, EPOCH_KEY)? {
+        Some(e) => e,
+        None => new_epoch(),
+    };
+    let segments = wal::segments(&dir).map_err(|e| StoreError::Backend(format!("reading {}: {e}", dir.display())))?;
+    let mut replayed = Vec::new();
+    let mut last_seq = 0;
+    let count = segments.len();
+    for (i, (seq, seg)) in segments.iter().enumerate() {
+        let last = i + 1 == count;
+        let scan = wal::scan(seg).map_err(|e| StoreError::Backend(format!("reading {}: {e}", seg.display())))?;
+        match scan.epoch {
+            None if last => {}
+            Some(e) if e == epoch => {}
+            None => return Err(damaged(seg, 0)),
+            Some(_) => {
+                set_aside(&dir)?;
+                return Ok(Recovered { state, epoch, replayed: Vec::new(), last_seq: 0 });
+            }
+        }
+        if scan.torn_bytes > 0 {
+            if !last {
+                return Err(damaged(seg, scan.valid_len));
+            }
+            tracing::warn!(segment = %seg.display(), bytes = scan.torn_bytes, "cutting off a torn log tail");
+        }
+        for record in scan.records {
+            if record.revision <= state.revision {
+                continue; // already in redb: the checkpoint landed but the segment was not removed
+            }
+            if record.revision != state.revision + 1 {
+                return Err(StoreError::Backend(format!(
+                    "the store file is at revision {}, behind its log {}, which continues at revision {}: \
+                     writes were lost (an older copy of the file?)",
+                    state.revision,
+                    seg.display(),
+                    record.revision
+                )));
+            }
+            let ms = record.unix_ms;
+            let event = event_of(&state.objects, record)?;
+            let event = state.apply_at(event, when(ms).unwrap_or(now));
+            replayed.push((event, ms));
+        }
+        last_seq = *seq;
+    }
+    Ok(Recovered { state, epoch, replayed, last_seq })
+}
+
+fn damaged(segment: &Path, offset: u64) -> StoreError {
+    StoreError::Backend(format!(
+        "the store's log segment {} is damaged at byte {offset}, before its newest segment: writes after it \
+         cannot be trusted; restore from a backup or snapshot",
+        segment.display()
+    ))
+}
+
+/// A log that belongs to another redb file (this one was restored from a backup): kept aside,
+/// never replayed.
+fn set_aside(dir: &Path) -> Result<(), StoreError> {
+    let secs = unix_ms(SystemTime::now()) / 1000;
+    let aside = dir.with_extension(format!("wal.orphaned-{secs}"));
+    tracing::warn!(log = %dir.display(), moved_to = %aside.display(), "the store's log belongs to another file");
+    fs::rename(dir, &aside).map_err(|e| StoreError::Backend(format!("moving {} aside: {e}", dir.display())))
+}
+
+fn new_epoch() -> u64 {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    (nanos ^ (u64::from(std::process::id()) << 32)).max(1)
+}
+
+/// The event a log record makes on `objects`, the state just before it.
+fn event_of(objects: &BTreeMap<String, KeyValue>, r: Record) -> Result<Event, StoreError> {
+    let prev = objects.get(&r.key).cloned();
+    let inconsistent = |what: &str| {
+        StoreError::Backend(format!("the store's log {what} {} at revision {}, which does not match", r.key, r.revision))
+    };
+    let kv = |prev: &Option<KeyValue>, value: Bytes| KeyValue {
+        key: r.key.clone(),
+        value,
+        create_revision: prev.as_ref().map_or(r.revision, |p| p.create_revision),
+        mod_revision: r.revision,
+    };
+    match r.kind {
+        EventKind::Created if prev.is_none() => {
+            Ok(Event { kind: EventKind::Created, kv: kv(&prev, r.value.clone()), prev: None })
+        }
+        EventKind::Updated if prev.is_some() => {
+            Ok(Event { kind: EventKind::Updated, kv: kv(&prev, r.value.clone()), prev })
+        }
+        EventKind::Deleted => match prev {
+            Some(p) => Ok(Event { kind: EventKind::Deleted, kv: KeyValue { mod_revision: r.revision, ..p.clone() }, prev: Some(p) }),
+            None => Err(inconsistent("deletes")),
+        },
+        EventKind::Created => Err(inconsistent("creates")),
+        EventKind::Updated => Err(inconsistent("updates")),
+    }
+}
+
+/// History value layout: kind, time (ms), then the value after the write (create and mod
+/// revision, key, value) and, if there was one, the value before it (create and mod revision,
+/// value). Integers little-endian; lengths u32.
+fn encode_event(e: &Event, unix_ms: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + e.kv.key.len() + e.kv.value.len() + e.prev.as_ref().map_or(0, |p| p.value.len()));
+    out.push(match e.kind {
+        EventKind::Created => 0,
+        EventKind::Updated => 1,
+        EventKind::Deleted => 2,
+    });
+    out.extend_from_slice(&unix_ms.to_le_bytes());
+    out.extend_from_slice(&e.kv.create_revision.to_le_bytes());
+    out.extend_from_slice(&e.kv.mod_revision.to_le_bytes());
+    out.extend_from_slice(&(e.kv.key.len() as u32).to_le_bytes());
+    out.extend_from_slice(e.kv.key.as_bytes());
+    out.extend_from_slice(&(e.kv.value.len() as u32).to_le_bytes());
+    out.extend_from_slice(&e.kv.value);
+    if let Some(p) = &e.prev {
+        out.push(1);
+        out.extend_from_slice(&p.create_revision.to_le_bytes());
+        out.extend_from_slice(&p.mod_revision.to_le_bytes());
+        out.extend_from_slice(&(p.value.len() as u32).to_le_bytes());
+        out.extend_from_slice(&p.value);
+    } else {
+        out.push(0);
+    }
+    out
+}
+
+fn decode_event(b: &[u8]) -> Option<(Event, u64)> {
+    struct Cur<'a>(&'a [u8]);
+    impl Cur<'_> {
+        fn take(&mut self, n: usize) -> Option<&[u8]> {
+            let (head, rest) = (self.0.get(..n)?, self.0.get(n..)?);
+            self.0 = rest;
+            Some(head)
+        }
+        fn u64(&mut self) -> Option<u64> {
+            Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+        }
+        fn bytes(&mut self) -> Option<&[u8]> {
+            let n = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
+            self.take(n)
+        }
+    }
+    let mut c = Cur(b);
+    let kind = match c.take(1)?[0] {
+        0 => EventKind::Created,
+        1 => EventKind::Updated,
+        2 => EventKind::Deleted,
+        _ => return None,
+    };
+    let ms = c.u64()?;
+    let (create_revision, mod_revision) = (c.u64()?, c.u64()?);
+    let key = std::str::from_utf8(c.bytes()?).ok()?.to_string();
+    let value = Bytes::copy_from_slice(c.bytes()?);
+    let prev = match c.take(1)?[0] {
+        1 => {
+            let (create_revision, mod_revision) = (c.u64()?, c.u64()?);
+            let value = Bytes::copy_from_slice(c.bytes()?);
+            Some(KeyValue { key: key.clone(), value, create_revision, mod_revision })
+        }
+        _ => None,
+    };
+    Some((Event { kind, kv: KeyValue { key, value, create_revision, mod_revision }, prev }, ms))
+}
+
+/// Writes `events` into redb in one transaction (objects, history, revision), drops the history
+/// at or before `history_from`, and records the log's epoch.
+fn checkpoint(db: &Database, events: &[(Arc<Event>, u64)], history_from: Revision, epoch: u64) -> Result<(), StoreError> {
+    let txn = db.begin_write().map_err(backend("begin write"))?;
+    {
+        let mut objects = txn.open_table(OBJECTS).map_err(backend("open objects"))?;
+        let mut history = txn.open_table(HISTORY).map_err(backend("open history"))?;
+        for (event, ms) in events {
+            match event.kind {
+                EventKind::Deleted => {
+                    objects.remove(event.kv.key.as_str()).map_err(backend("remove"))?;
+                }
+                _ => {
+                    let raw = crate::durable::encode(&event.kv);
+                    objects.insert(event.kv.key.as_str(), raw.as_slice()).map_err(backend("insert"))?;
+                }
+            }
+            if event.revision() > history_from {
+                history.insert(event.revision(), encode_event(event, *ms).as_slice()).map_err(backend("history"))?;
+            }
+        }
+        history.retain_in(..=history_from, |_, _| false).map_err(backend("trim history"))?;
+        let mut meta = txn.open_table(META).map_err(backend("open meta"))?;
+        if let Some((last, _)) = events.last() {
+            meta.insert(REVISION_KEY, last.revision()).map_err(backend("write revision"))?;
+        }
+        meta.insert(HISTORY_FROM_KEY, history_from).map_err(backend("write history start"))?;
+        meta.insert(EPOCH_KEY, epoch).map_err(backend("write epoch"))?;
+    }
+    txn.commit().map_err(|e| classify("checkpoint", &e.to_string()))
+}
+
+/// Deletes the segments up to `through`: redb holds their writes.
+fn remove_segments(dir: &Path, through: u64) -> Result<(), StoreError> {
+    let segments = wal::segments(dir).map_err(|e| StoreError::Backend(format!("reading {}: {e}", dir.display())))?;
+    let mut removed = false;
+    for (seq, path) in segments {
+        if seq <= through {
+            fs::remove_file(&path).map_err(|e| StoreError::Backend(format!("removing {}: {e}", path.display())))?;
+            removed = true;
+        }
+    }
+    if removed {
+        wal::sync_dir(dir).map_err(|e| StoreError::Backend(format!("syncing {}: {e}", dir.display())))?;
+    }
+    Ok(())
+}
+
+fn checkpoint_loop(db: Database, rx: mpsc::Receiver<ToCheckpoint>, epoch: u64, path: &Path) {
+    let dir = wal::dir_of(path);
+    let mut db = Some(db);
+    let mut pending: Vec<(Arc<Event>, u64)> = Vec::new();
+    while let Ok(message) = rx.recv() {
+        match message {
+            ToCheckpoint::Written(events) => pending.extend(events),
+            ToCheckpoint::Checkpoint { through, history_from } => {
+                // redb refuses every write after an I/O error until it is reopened.
+                if db.is_none() {
+                    db = open_db(path).map_err(|e| tracing::warn!(error = %e, "reopening the store file")).ok();
+                }
+                let Some(handle) = &db else { continue };
+                // Failures leave the segments in place: the next checkpoint takes all of it.
+                let started = Instant::now();
+                match checkpoint(handle, &pending, history_from, epoch) {
+                    Ok(()) => {
+                        tracing::debug!(writes = pending.len(), took = ?started.elapsed(), "store checkpoint");
+                        pending.clear();
+                        if let Err(e) = remove_segments(&dir, through) {
+                            tracing::warn!(error = %e, "removing checkpointed log segments");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, writes = pending.len(), "store checkpoint failed; retrying later");
+                        db = None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct CommitLoop {
+    writer: Writer,
+    last_rotation: Instant,
+    options: WalOptions,
+    health: Health,
+    ckpt: mpsc::Sender<ToCheckpoint>,
+}
+
+impl CommitLoop {
+    fn set_health(&self, failure: Option<StoreError>) {
+        if let Ok(mut h) = self.health.write() {
+            if failure.is_none() && h.is_some() {
+                tracing::info!("store writes again");
+            }
+            *h = failure;
+        }
+    }
+
+    /// Starts a new segment and has the old ones checkpointed.
+    fn rotate(&mut self, state: &RwLock<State>) {
+        if self.writer.is_broken() || !self.writer.has_records() {
+            return;
+        }
+        let next = match self.writer.rotate() {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "starting a new log segment failed; the current one grows");
+                return;
+            }
+        };
+        let through = std::mem::replace(&mut self.writer, next).seq;
+        self.last_rotation = Instant::now();
+        let history_from = state.read().map_or(0, |s| s.watchable_from());
+        let _ = self.ckpt.send(ToCheckpoint::Checkpoint { through, history_from });
+    }
+
+    fn run(mut self, state: Arc<RwLock<State>>, rx: mpsc::Receiver<(Write, Reply)>) {
+        loop {
+            let failing = self.health.read().map(|h| h.is_some()).unwrap_or(false);
+            let wait = if failing { RECOVERY_PROBE } else { self.options.checkpoint_interval };
+            let first = match rx.recv_timeout(wait) {
+                Ok(w) => w,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if failing {
+                        if self.writer.reset().is_ok() {
+                            self.set_health(None);
+                        }
+                    } else {
+                        self.rotate(&state);
+                    }
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    // Leave redb up to date for the next open.
+                    self.rotate(&state);
+                    return;
+                }
+            };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(w) => batch.push(w),
+                    Err(_) => break,
+                }
+            }
+
+            // Check every write against the state; rejected ones are answered at once and take
+            // no revision. Only this thread changes the state, so it cannot move under us.
+            let mut accepted = Vec::with_capacity(batch.len());
+            {
+                let Ok(s) = state.read() else { return };
+                let mut pending: BTreeMap<String, Option<KeyValue>> = BTreeMap::new();
+                let mut rev = s.revision;
+                for (w, reply) in batch {
+                    match s.prepare(w, rev + 1, &pending) {
+                        Ok(event) => {
+                            rev += 1;
+                            let after = (event.kind != EventKind::Deleted).then(|| event.kv.clone());
+                            pending.insert(event.kv.key.clone(), after);
+                            accepted.push((event, reply));
+                        }
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                        }
+                    }
+                }
+            }
+            if accepted.is_empty() {
+                continue;
+            }
+
+            let ms = unix_ms(SystemTime::now());
+            let mut records = Vec::with_capacity(accepted.iter().map(|(e, _)| 64 + e.kv.key.len() + e.kv.value.len()).sum());
+            for (event, _) in &accepted {
+                wal::encode(&mut records, event, ms);
+            }
+            if let Err(e) = self.writer.append(&records) {
+                let failure = classify("appending to the store's log", &e.to_string());
+                let answer = match self.writer.reset() {
+                    Ok(()) => failure,
+                    Err(reset) => {
+                        let message =
+                            format!("{failure}; the log cannot be cut back ({reset}), so the outcome is unknown");
+                        match failure {
+                            StoreError::NoSpace(_) => StoreError::NoSpace(message),
+                            _ => StoreError::Unavailable(message),
+                        }
+                    }
+                };
+                tracing::error!(error = %answer, "store log append failed; rejecting {} writes", accepted.len());
+                self.set_health(Some(answer.clone()));
+                for (_, reply) in accepted {
+                    let _ = reply.send(Err(answer.clone()));
+                }
+                continue;
+            }
+            if failing {
+                self.set_health(None);
+            }
+
+            let now = Instant::now();
+            let Ok(mut s) = state.write() else { return };
+            let mut replies = Vec::with_capacity(accepted.len());
+            let mut written = Vec::with_capacity(accepted.len());
+            for (event, reply) in accepted {
+                replies.push((event.kv.clone(), reply));
+                written.push((s.apply_at(event, now), ms));
+            }
+            drop(s);
+            for (kv, reply) in replies {
+                let _ = reply.send(Ok(kv));
+            }
+            let _ = self.ckpt.send(ToCheckpoint::Written(written));
+            if self.writer.len >= self.options.segment_bytes
+                || self.last_rotation.elapsed() >= self.options.checkpoint_interval
+            {
+                self.rotate(&state);
+            }
+        }
+    }
+}
+
+/// The log's writes after `snapshot`'s revision, applied to it: what a reader of a file no
+/// process holds must see. Changes nothing on disk.
+pub(crate) fn overlay_log(path: &Path, db: &impl ReadableDatabase, snapshot: &mut Snapshot) -> Result<(), StoreError> {
+    let r = db.begin_read().map_err(backend("begin read"))?;
+    let epoch = match r.open_table(META) {
+        Ok(meta) => meta.get(EPOCH_KEY).map_err(backend("read meta"))?.map(|v| v.value()),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(StoreError::Backend(format!("open meta: {e}"))),
+    };
+    let Some(epoch) = epoch else { return Ok(()) };
+    let dir = wal::dir_of(path);
+    let segments = wal::segments(&dir).map_err(|e| StoreError::Backend(format!("reading {}: {e}", dir.display())))?;
+    let mut objects: BTreeMap<String, KeyValue> =
+        std::mem::take(&mut snapshot.items).into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+    let count = segments.len();
+    for (i, (_, seg)) in segments.iter().enumerate() {
+        let scan = wal::scan(seg).map_err(|e| StoreError::Backend(format!("reading {}: {e}", seg.display())))?;
+        if scan.epoch.is_some_and(|e| e != epoch) {
+            break;
+        }
+        if scan.torn_bytes > 0 && i + 1 != count {
+            return Err(damaged(seg, scan.valid_len));
+        }
+        for record in scan.records {
+            if record.revision <= snapshot.revision {
+                continue;
+            }
+            if record.revision != snapshot.revision + 1 {
+                return Err(StoreError::Backend(format!("the store's log {} has a gap", seg.display())));
+            }
+            snapshot.revision = record.revision;
+            let event = event_of(&objects, record)?;
+            match event.kind {
+                EventKind::Deleted => objects.remove(&event.kv.key),
+                _ => objects.insert(event.kv.key.clone(), event.kv),
+            };
+        }
+    }
+    snapshot.items = objects.into_values().collect();
+    Ok(())
+}

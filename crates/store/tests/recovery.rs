@@ -1,0 +1,323 @@
+//! The embedded store after a crash: every acknowledged write and the watch history come back
+//! from redb and the write-ahead log, a torn log tail is cut off, and a process killed in the
+//! middle of a checkpoint loses nothing.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use shepherd_store::{EventKind, HistoryLimits, LocalStore, Revision, Snapshot, Store, StoreError, WalOptions};
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+/// Never checkpoints after the open: the redb file stays as the open left it, the log holds
+/// every write since.
+fn log_only() -> WalOptions {
+    WalOptions { segment_bytes: u64::MAX, checkpoint_interval: Duration::from_secs(3600) }
+}
+
+fn wal_dir(db: &Path) -> PathBuf {
+    db.with_extension("wal")
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = match fs::read_dir(dir) {
+        Ok(d) => d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "log")).collect(),
+        Err(_) => Vec::new(),
+    };
+    out.sort();
+    out
+}
+
+/// What the disk of a process killed right now would hold: its redb file (untouched since the
+/// open, as nothing checkpoints) and its log.
+fn crash_image(db: &Path, to: &Path) -> PathBuf {
+    let image = to.join("s.redb");
+    fs::copy(db, &image).expect("copy redb");
+    fs::create_dir_all(wal_dir(&image)).expect("wal dir");
+    for seg in segments(&wal_dir(db)) {
+        fs::copy(&seg, wal_dir(&image).join(seg.file_name().expect("name"))).expect("copy segment");
+    }
+    image
+}
+
+/// Writes a mix of creates, updates and deletes; returns the revision in their middle.
+async fn some_writes(store: &LocalStore) -> Revision {
+    let a = store.create("/p/a", b("a1")).await.expect("create");
+    store.create("/p/b", b("b1")).await.expect("create");
+    let middle = store.revision();
+    store.update("/p/a", b("a2"), Some(a.mod_revision)).await.expect("update");
+    store.delete("/p/b", None).await.expect("delete");
+    store.create("/p/c", b("c1")).await.expect("create");
+    store.create("/q/x", b("x1")).await.expect("create");
+    middle
+}
+
+/// The events of a watch from `from` until it has caught up with `store`'s revision.
+async fn events_after(store: &LocalStore, prefix: &str, from: Revision) -> Vec<(EventKind, String, Revision, Option<Bytes>)> {
+    let mut w = store.watch(prefix, from).expect("watch");
+    let mut out = Vec::new();
+    let last = store.revision();
+    let count = store.list(prefix, None, None).await.expect("list");
+    assert_eq!(count.revision, last);
+    while out.last().is_none_or(|(_, _, r, _)| *r < last) {
+        let next = tokio::time::timeout(Duration::from_secs(1), w.next()).await;
+        let Ok(Some(Ok(e))) = next else { break };
+        out.push((e.kind, e.kv.key.clone(), e.revision(), e.prev.as_ref().map(|p| p.value.clone())));
+    }
+    out
+}
+
+#[tokio::test]
+async fn writes_only_in_the_log_come_back_and_a_watch_resumes_from_before_the_crash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let crashed = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let store = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("open");
+    let middle = some_writes(&store).await;
+    let before = events_after(&store, "/p/", middle).await;
+    let revision = store.revision();
+    let image = crash_image(&path, crashed.path());
+    drop(store);
+
+    let store = LocalStore::open_redb(&image, HistoryLimits::default()).expect("recover");
+    assert_eq!(store.revision(), revision);
+    let keys: Vec<String> = store.list("/", None, None).await.expect("list").items.iter().map(|kv| kv.key.clone()).collect();
+    assert_eq!(keys, ["/p/a", "/p/c", "/q/x"]);
+    assert_eq!(store.get("/p/a").await.expect("get").expect("a").value, b("a2"));
+    let after = events_after(&store, "/p/", middle).await;
+    assert_eq!(after, before, "the same events, with the same previous values, after the crash");
+    assert_eq!(after.len(), 3);
+    assert_eq!(after[1].3, Some(b("b1")), "a delete carries the value it removed");
+    // The next write follows on without a gap.
+    let next = store.create("/p/d", b("d1")).await.expect("create");
+    assert_eq!(next.mod_revision, revision + 1);
+}
+
+#[tokio::test]
+async fn the_history_survives_checkpoints_and_restarts_and_expires_only_beyond_its_limits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let limits = HistoryLimits { max_events: 20, ..HistoryLimits::default() };
+    // Checkpoints after every few writes: the history is spread over redb and the log.
+    let options = WalOptions { segment_bytes: 200, checkpoint_interval: Duration::from_millis(1) };
+    let store = LocalStore::open_embedded(&path, limits, options).expect("open");
+    for i in 0..25 {
+        let kv = store.create(&format!("/k/{i:02}"), b("v1")).await.expect("create");
+        store.update(&kv.key, b(&format!("v2-{i}")), None).await.expect("update");
+    }
+    let revision = store.revision();
+    let before = events_after(&store, "/k/", revision - 10).await;
+    drop(store);
+    let store = reopen(&path, limits, options).await;
+    assert_eq!(store.revision(), revision);
+    let events = events_after(&store, "/k/", revision - 10).await;
+    let revisions: Vec<Revision> = events.iter().map(|e| e.2).collect();
+    assert_eq!(revisions, ((revision - 9)..=revision).collect::<Vec<_>>());
+    assert_eq!(events, before, "each event with the value before it, as it was before the restart");
+    assert!(events.iter().any(|e| e.0 == EventKind::Updated && e.3 == Some(b("v1"))));
+    let e = store.watch("/k/", revision - 30).err().expect("beyond the 20 retained events");
+    assert!(matches!(e, StoreError::Expired { .. }), "{e:?}");
+}
+
+/// Opens `path` once the store that held it has let go of it.
+async fn reopen(path: &Path, limits: HistoryLimits, options: WalOptions) -> LocalStore {
+    for _ in 0..100 {
+        match LocalStore::open_embedded(path, limits, options) {
+            Ok(s) => return s,
+            Err(e) if e.to_string().contains("already open") => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("reopen: {e}"),
+        }
+    }
+    panic!("the store stayed held");
+}
+
+#[tokio::test]
+async fn a_log_cut_inside_its_last_record_opens_with_every_complete_record() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let crashed = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let store = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("open");
+    for i in 0..5 {
+        store.create(&format!("/k/{i}"), b("a value long enough to cut into")).await.expect("create");
+    }
+    let image = crash_image(&path, crashed.path());
+    drop(store);
+    let last = segments(&wal_dir(&image)).pop().expect("a segment");
+    let len = fs::metadata(&last).expect("meta").len();
+    fs::OpenOptions::new().write(true).open(&last).expect("open").set_len(len - 7).expect("cut");
+
+    let store = LocalStore::open_redb(&image, HistoryLimits::default()).expect("a torn tail is no reason to refuse");
+    assert_eq!(store.revision(), 4);
+    assert_eq!(store.count("/k/"), 4);
+    assert!(store.get("/k/4").await.expect("get").is_none(), "the torn write was never acknowledged");
+    let kv = store.create("/k/5", b("v")).await.expect("writes go on");
+    assert_eq!(kv.mod_revision, 5);
+    drop(store);
+    let store = reopen(&image, HistoryLimits::default(), WalOptions::default()).await;
+    assert_eq!(store.count("/k/"), 5, "the write after the cut is there after another restart");
+}
+
+#[tokio::test]
+async fn a_file_restored_from_a_backup_never_replays_the_log_it_replaced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let crashed = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let store = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("open");
+    store.create("/a", b("1")).await.expect("create");
+    let backup = store.snapshot().expect("snapshot");
+    store.create("/b", b("2")).await.expect("create");
+    let image = crash_image(&path, crashed.path());
+    drop(store);
+    assert_eq!(LocalStore::read_redb_snapshot(&image).expect("read").items.len(), 2, "an idle file's reader sees the log");
+
+    fs::remove_file(&image).expect("remove");
+    LocalStore::write_redb_snapshot(&image, &backup).expect("restore");
+    let store = LocalStore::open_redb(&image, HistoryLimits::default()).expect("open");
+    assert_eq!(store.revision(), backup.revision);
+    assert!(store.get("/b").await.expect("get").is_none());
+    let aside: Vec<String> = fs::read_dir(crashed.path())
+        .expect("dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.contains("orphaned"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the replaced file's log is kept aside: {aside:?}");
+}
+
+#[tokio::test]
+async fn the_redb_only_engine_takes_over_a_file_with_a_log_without_losing_a_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let crashed = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let store = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("open");
+    let middle = some_writes(&store).await;
+    let image = crash_image(&path, crashed.path());
+    drop(store);
+    let old = LocalStore::open_redb_only(&image, HistoryLimits::default()).expect("open");
+    assert_eq!(old.count("/"), 3);
+    old.create("/p/z", b("z")).await.expect("create");
+    let revision = old.revision();
+    drop(old);
+    let mut store = None;
+    for _ in 0..100 {
+        if let Ok(s) = LocalStore::open_redb(&image, HistoryLimits::default()) {
+            store = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let store = store.expect("reopen");
+    assert_eq!(store.revision(), revision);
+    let e = store.watch("/p/", middle).err().expect("writes the log never saw break the history");
+    assert!(matches!(e, StoreError::Expired { .. }), "{e:?}");
+}
+
+const CHILD_DIR: &str = "SHEPHERD_TEST_WAL_CHILD_DIR";
+
+/// Run by `a_kill_9_during_a_checkpoint_loses_no_acknowledged_write` as its own process: writes
+/// as fast as it can, checkpointing constantly, printing each acknowledged write.
+#[test]
+#[ignore = "a child process of another test"]
+fn checkpointing_writer() {
+    let dir = PathBuf::from(std::env::var(CHILD_DIR).expect("run by its parent test"));
+    let options = WalOptions { segment_bytes: 16 * 1024, checkpoint_interval: Duration::from_millis(2) };
+    let store = LocalStore::open_embedded(&dir.join("s.redb"), HistoryLimits::default(), options).expect("open");
+    let round = std::env::var("ROUND").unwrap_or_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let out = Arc::new(Mutex::new(std::io::stdout()));
+    runtime.block_on(async move {
+        let mut writers = Vec::new();
+        for w in 0..8 {
+            let (store, out, round) = (store.clone(), out.clone(), round.clone());
+            writers.push(tokio::spawn(async move {
+                for i in 0.. {
+                    let key = format!("/r{round}/w{w}/{i}");
+                    let kv = store.create(&key, b(&"v".repeat(300))).await.expect("create");
+                    let mut out = out.lock().expect("stdout");
+                    writeln!(out, "{key} {}", kv.mod_revision).expect("print");
+                    out.flush().expect("flush");
+                }
+            }));
+        }
+        for w in writers {
+            w.await.expect("writer");
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_during_a_checkpoint_loses_no_acknowledged_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let mut mid_checkpoint = 0;
+    let mut acked_total = 0;
+    for round in 0..12 {
+        let start = LocalStore::read_redb_snapshot(&path).map_or(0, |s: Snapshot| s.revision);
+        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "checkpointing_writer", "--ignored", "--nocapture", "--test-threads", "1"])
+            .env(CHILD_DIR, dir.path())
+            .env("ROUND", round.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the writer");
+        let stdout = child.stdout.take().expect("stdout");
+        let acked: Arc<Mutex<Vec<(String, Revision)>>> = Arc::default();
+        let reader = {
+            let acked = acked.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if let Some((key, rev)) = line.split_once(' ')
+                        && let Ok(rev) = rev.parse()
+                    {
+                        acked.lock().expect("acked").push((key.to_string(), rev));
+                    }
+                }
+            })
+        };
+        // Once writes flow, kill the writer while a checkpoint is between its new segment and
+        // the removal of the old ones (two segments on disk), or after 10 s regardless.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while acked.lock().expect("acked").len() < 200 {
+            assert!(Instant::now() < deadline, "the writer acknowledged nothing");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while segments(&wal_dir(&path)).len() < 2 && Instant::now() < give_up {}
+        child.kill().expect("kill -9");
+        child.wait().expect("wait");
+        reader.join().expect("reader");
+        if segments(&wal_dir(&path)).len() >= 2 {
+            mid_checkpoint += 1;
+        }
+
+        let acked = acked.lock().expect("acked").clone();
+        acked_total += acked.len();
+        let store = LocalStore::open_redb(&path, HistoryLimits::default()).expect("recover");
+        for (key, rev) in &acked {
+            let kv = store.get(key).await.expect("get").unwrap_or_else(|| panic!("acknowledged {key} is lost"));
+            assert_eq!(kv.mod_revision, *rev, "{key}");
+        }
+        // The history reaches back across the kill, without a gap.
+        let events = events_after(&store, "/", start).await;
+        let revisions: Vec<Revision> = events.iter().map(|e| e.2).collect();
+        assert_eq!(revisions, ((start + 1)..=store.revision()).collect::<Vec<_>>(), "round {round}");
+        drop(store);
+        // Let the store's threads let go of the file before the next writer opens it.
+        while LocalStore::redb_is_held(&path) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if mid_checkpoint >= 3 {
+            break;
+        }
+    }
+    eprintln!("{acked_total} acknowledged writes, {mid_checkpoint} kills during a checkpoint");
+    assert!(mid_checkpoint >= 1, "no kill landed during a checkpoint");
+}
