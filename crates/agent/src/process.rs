@@ -333,7 +333,7 @@ impl Inner {
         };
         // SAFETY: the closure runs between fork and exec; `ChildSetup::run` only makes
         // async-signal-safe calls (open, write, close, unshare, fork, waitpid, mount, prctl,
-        // sethostname, sigaction, pause, _exit) on data prepared before the fork.
+        // sethostname, sigaction, sigprocmask, pause, execve, _exit) on data prepared before the fork.
         unsafe {
             cmd.pre_exec(move || child_setup.run());
         }
