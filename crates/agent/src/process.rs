@@ -11,6 +11,10 @@
 //! The shim exists because a new PID namespace only applies to the children of the process that
 //! creates it. It waits for the container process, writes its exit code to the container's `exit`
 //! file (128 + signal for a signal death, so an OOM kill reads 137) and exits with the same code.
+//! The agent's fork makes the namespaces and the container process, then execs the small
+//! `shepherd-shim` program (see `shepherd_shim`), so that a running container costs a shim of a
+//! few hundred KB rather than a copy of the agent; a container of the `minimal` image without a
+//! command idles in that program's `pause` mode.
 //! The container process dies with its shim (`PR_SET_PDEATHSIG`), and everything in the PID
 //! namespace dies with the container process. Neither depends on the agent: an agent killed with
 //! `kill -9` leaves its containers running, and the next agent re-adopts them from the
@@ -43,6 +47,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
+
+use shepherd_shim::close_from;
+pub(crate) use shepherd_shim::format_code;
 
 use crate::cgroup::{self, Cgroups, Limits};
 use crate::mountns::MountPlan;
@@ -97,6 +104,25 @@ struct Inner {
     next_instance: AtomicU64,
     live: Mutex<HashMap<ContainerId, Live>>,
     rotation: Mutex<Option<AbortHandle>>,
+    /// The `shepherd-shim` program; without it each shim stays a fork of the agent.
+    shim: Option<CString>,
+}
+
+/// The `shepherd-shim` program beside the agent's executable (or, for a test binary in cargo's
+/// `deps` directory, beside that directory); warns once per runtime when it is missing.
+pub(crate) fn shim_program() -> Option<CString> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let candidates = [Some(dir), dir.parent().filter(|_| dir.ends_with("deps"))];
+    let found = candidates.into_iter().flatten().map(|d| d.join(shepherd_shim::PROGRAM)).find(|p| p.is_file());
+    if found.is_none() {
+        warn!(
+            expected = %dir.join(shepherd_shim::PROGRAM).display(),
+            "the shepherd-shim program is missing: each container's shim stays a copy of the agent, a few MB each \
+             (cargo build -p shepherd builds it)"
+        );
+    }
+    found.and_then(|p| cstring(&p))
 }
 
 impl ProcessRuntime {
@@ -120,6 +146,7 @@ impl ProcessRuntime {
             next_instance: AtomicU64::new(1),
             live: Mutex::default(),
             rotation: Mutex::default(),
+            shim: shim_program(),
         });
         let weak = Arc::downgrade(&inner);
         let rotation = tokio::spawn(async move {
@@ -240,8 +267,11 @@ impl Inner {
                 spec.image
             ));
         }
-        if idle {
-            argv.push("/bin/true".into());
+        match (&self.shim, idle) {
+            (Some(shim), true) => argv.extend([String::from_utf8_lossy(shim.as_bytes()).into_owned(), "pause".into()]),
+            // Never run: the fork idles in place of the exec.
+            (None, true) => argv.push("/bin/true".into()),
+            _ => {}
         }
         let scratch = dir.join("mounts");
         let mounts = self.check_mounts(&spec.mounts, &scratch)?;
@@ -294,7 +324,8 @@ impl Inner {
             exit_file: cstring(&dir.join("exit")).ok_or("container directory path contains a NUL byte")?,
             hostname: CString::new(spec.hostname.clone()).map_err(|_| "hostname contains a NUL byte")?,
             isolate: self.isolate,
-            idle,
+            idle: idle && self.shim.is_none(),
+            shim: self.shim.clone(),
             working_dir: spec.working_dir.as_deref().filter(|_| !mounts.is_empty()).and_then(|w| CString::new(w).ok()),
             mounts,
             terminal: pty.as_ref().map(|(master, slave)| (master.as_raw_fd(), slave.as_raw_fd())),
@@ -302,7 +333,7 @@ impl Inner {
         };
         // SAFETY: the closure runs between fork and exec; `ChildSetup::run` only makes
         // async-signal-safe calls (open, write, close, unshare, fork, waitpid, mount, prctl,
-        // sethostname, sigaction, pause, _exit) on data prepared before the fork.
+        // sethostname, sigaction, sigprocmask, pause, execve, _exit) on data prepared before the fork.
         unsafe {
             cmd.pre_exec(move || child_setup.run());
         }
@@ -489,7 +520,11 @@ struct ChildSetup {
     exit_file: CString,
     hostname: CString,
     isolate: bool,
+    /// Idle in the fork instead of exec'ing (only without the shim program, whose `pause` mode
+    /// is exec'd otherwise).
     idle: bool,
+    /// The `shepherd-shim` program the shim execs; without it the fork runs the shim itself.
+    shim: Option<CString>,
     /// Made in the container's mount namespace (only when `isolate`).
     mounts: MountPlan,
     /// Entered again after the mounts, in case it lies on one (the spawn entered it before).
@@ -507,18 +542,6 @@ struct InteractiveIo {
     stdin: Stdio,
     keep: Option<File>,
     pty: Option<(File, File)>,
-}
-
-/// The shim's keep-alive writer on a `stdinOnce` container's stdin pipe (-1: none or closed).
-pub(crate) static STDIN_KEEP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
-
-/// The shim's SIGUSR1: the first attach has ended, so a `stdinOnce` container's stdin ends.
-pub(crate) extern "C" fn close_stdin_keep(_: libc::c_int) {
-    let fd = STDIN_KEEP.swap(-1, Ordering::SeqCst);
-    if fd >= 0 {
-        // SAFETY: close is async-signal-safe; the descriptor is the shim's own.
-        unsafe { libc::close(fd) };
-    }
 }
 
 /// The container's stdin (a named pipe in its directory for `stdin: true`) and, for `tty: true`,
@@ -556,11 +579,6 @@ pub(crate) fn stdin_pipe(spec: &ContainerSpec, dir: &Path) -> Result<(Stdio, Opt
     } else {
         Ok((Stdio::from(both), None))
     }
-}
-
-extern "C" fn exit_on_signal(_: libc::c_int) {
-    // SAFETY: _exit is async-signal-safe.
-    unsafe { libc::_exit(0) }
 }
 
 impl ChildSetup {
@@ -637,100 +655,40 @@ impl ChildSetup {
             }
             if self.idle {
                 close_from(3);
-                let mut action: libc::sigaction = std::mem::zeroed();
-                action.sa_sigaction = exit_on_signal as *const () as usize;
-                libc::sigaction(libc::SIGTERM, &action, std::ptr::null_mut());
-                libc::sigaction(libc::SIGINT, &action, std::ptr::null_mut());
-                loop {
-                    libc::pause();
-                }
+                shepherd_shim::pause();
             }
             Ok(())
         }
     }
 
-    /// The shim: wait for the container process, record how it ended, end the same way.
+    /// The shim: lays out its descriptors as `shepherd_shim::run_process` expects, then execs the
+    /// shim program, or runs the same code in this fork without one.
     unsafe fn shim(&self, child: libc::pid_t, stdout: libc::c_int, stderr: libc::c_int) -> ! {
         // SAFETY (whole function): async-signal-safe calls only.
         unsafe {
-            // Keep the two pipes as descriptors 3 and 4 (the log file is the shim's stdout).
-            // On a terminal there is no stderr, and what comes on the shim's stdin (the
-            // container's stdin pipe) is typed into the terminal.
-            let (a, b) = (libc::fcntl(stdout, libc::F_DUPFD_CLOEXEC, 100), libc::fcntl(stderr, libc::F_DUPFD_CLOEXEC, 100));
-            libc::dup2(a, 3);
-            if stderr >= 0 {
-                libc::dup2(b, 4);
+            shepherd_shim::hold_sigusr1();
+            // Out of the way first, so that placing one cannot close another. On a terminal there
+            // is no stderr, and what comes on the shim's stdin (the container's stdin pipe) is
+            // typed into the terminal.
+            let high = |fd: libc::c_int| if fd >= 0 { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100) } else { -1 };
+            let (out, err, keep) = (high(stdout), high(stderr), high(self.stdin_keep.unwrap_or(-1)));
+            libc::dup2(out, 3);
+            if err >= 0 {
+                libc::dup2(err, 4);
             } else {
                 libc::close(4);
             }
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = close_stdin_keep as *const () as usize;
-            libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut());
-            if let Some(keep) = self.stdin_keep {
+            if keep >= 0 {
                 libc::dup2(keep, 5);
-                STDIN_KEEP.store(5, Ordering::SeqCst);
                 close_from(6);
             } else {
                 close_from(5);
             }
-            libc::prctl(libc::PR_SET_NAME, c"shepherd-shim".as_ptr(), 0, 0, 0);
-            let (err, input) = if stderr >= 0 { (4, -1) } else { (-1, 0) };
-            if stderr < 0 {
-                // Typing into a terminal whose program does not read must not stall its output:
-                // what does not fit is dropped instead.
-                libc::fcntl(3, libc::F_SETFL, libc::fcntl(3, libc::F_GETFL) | libc::O_NONBLOCK);
+            let (terminal, keep) = (err < 0, keep >= 0);
+            if let Some(program) = &self.shim {
+                shepherd_shim::exec_process(program, child, &self.exit_file, terminal, keep);
             }
-            crate::crilog::copy_output(3, err, input, 1, child);
-            let mut status: libc::c_int = 0;
-            let code = loop {
-                let r = libc::waitpid(child, &mut status, 0);
-                if r == child {
-                    break if libc::WIFEXITED(status) {
-                        libc::WEXITSTATUS(status)
-                    } else if libc::WIFSIGNALED(status) {
-                        128 + libc::WTERMSIG(status)
-                    } else {
-                        continue;
-                    };
-                }
-                if r < 0 && *libc::__errno_location() != libc::EINTR {
-                    break 255;
-                }
-            };
-            let mut buf = [0u8; 12];
-            let text = format_code(code, &mut buf);
-            let fd = libc::open(self.exit_file.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644);
-            if fd >= 0 {
-                libc::write(fd, text.as_ptr().cast(), text.len());
-                libc::close(fd);
-            }
-            libc::_exit(code)
-        }
-    }
-}
-
-/// Writes a non-negative code as decimal digits into `buf` without allocating.
-pub(crate) fn format_code(code: i32, buf: &mut [u8; 12]) -> &[u8] {
-    let mut n = code.unsigned_abs();
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 || i == 0 {
-            break;
-        }
-    }
-    &buf[i..]
-}
-
-pub(crate) unsafe fn close_from(first: libc::c_int) {
-    // SAFETY: closing descriptors is async-signal-safe; close_range may be missing on old kernels.
-    unsafe {
-        if libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, 0) != 0 {
-            for fd in first..4096 {
-                libc::close(fd);
-            }
+            shepherd_shim::run_process(child, &self.exit_file, terminal, keep)
         }
     }
 }
@@ -870,6 +828,7 @@ mod tests {
             next_instance: AtomicU64::new(1),
             live: Mutex::default(),
             rotation: Mutex::default(),
+            shim: None,
         }
     }
 
@@ -904,14 +863,6 @@ mod tests {
         assert!(err.contains("need the agent to run as root"), "{err}");
         assert!(runtime_inner(true, dir.path()).check_mounts(&spec.mounts, dir.path()).is_ok());
         assert!(runtime_inner(false, dir.path()).check_mounts(&[], dir.path()).expect("none").is_empty());
-    }
-
-    #[test]
-    fn exit_codes_are_formatted_without_allocating() {
-        let mut buf = [0u8; 12];
-        assert_eq!(format_code(0, &mut buf), b"0");
-        assert_eq!(format_code(137, &mut buf), b"137");
-        assert_eq!(format_code(255, &mut buf), b"255");
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod failover;
 mod job_throughput;
 mod peer;
 mod plot;
+mod pod_density;
 mod pod_io;
 mod procstat;
 mod report;
@@ -199,6 +200,15 @@ enum Scenario {
     },
     /// `shepherd standalone` (process runtime, root): `kubectl exec -- true` round trip, `kubectl
     /// cp` both ways, `kubectl port-forward` download, ConfigMap change to file in the pod.
+    /// Running pods on one standalone with the process runtime, and the memory each costs.
+    PodDensity {
+        #[arg(long, default_value_t = 500)]
+        pods: usize,
+        #[arg(long, default_value_t = 1)]
+        clients: usize,
+        #[arg(long, default_value_t = 600.0)]
+        timeout_seconds: f64,
+    },
     PodIo {
         #[arg(long, default_value_t = 100)]
         exec_runs: usize,
@@ -394,6 +404,14 @@ async fn main() -> anyhow::Result<()> {
         Scenario::AuthCost { requests, rounds, bindings } => {
             let (requests, rounds, bindings) = if cli.smoke { (40, 2, 50) } else { (requests, rounds, bindings) };
             auth_cost::run(&cli.shepherd, requests, rounds, bindings).await?
+        }
+        Scenario::PodDensity { pods, clients, timeout_seconds } => {
+            let p = pod_density::Params {
+                pods: if cli.smoke { 10 } else { pods.max(1) },
+                clients,
+                timeout: Duration::from_secs_f64(timeout_seconds),
+            };
+            pod_density::run(&cli.shepherd, p).await?
         }
         Scenario::PodIo { exec_runs, cp_mib, forward_mib, config_changes } => {
             let p = if cli.smoke {

@@ -10,7 +10,8 @@
 //!
 //! runc in detached mode hands the container the pipes it was started with as stdio; the shim
 //! reads them and writes the container's log file in the CRI format (timestamped records, as the
-//! process runtime's shim does), so output keeps flowing to `kubectl logs` with no agent. The shim
+//! process runtime's shim does), so output keeps flowing to `kubectl logs` with no agent. As in the
+//! process runtime, the agent's fork starts runc, then execs the small `shepherd-shim` program. The shim
 //! reports runc's result on a pipe, then waits for the container's init (which the kernel reparents to it, the nearest
 //! subreaper) and writes its exit code to the container's `exit` file (128 + signal for a signal
 //! death) before ending: exit codes survive an agent `kill -9`. The next agent re-adopts running
@@ -52,10 +53,11 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
+use shepherd_shim::close_from;
+
 use crate::cgroup::{self, Cgroups};
 use crate::process::{
-    MINIMAL_IMAGE, STDIN_KEEP, close_from, close_stdin_keep, format_code, log_files, path_safe, rotate_if_larger, signal_checked, start_time,
-    wait_for_exit,
+    MINIMAL_IMAGE, log_files, path_safe, rotate_if_larger, shim_program, signal_checked, start_time, wait_for_exit,
 };
 use crate::runtime::{
     Adopted, ContainerId, ContainerSpec, EventSender, Exit, ImagePull, ImageReady, ImageUnavailable, LogFiles, Runtime, RuntimeEvent, Started,
@@ -126,6 +128,8 @@ struct Inner {
     next_instance: AtomicU64,
     live: Mutex<HashMap<ContainerId, Live>>,
     rotation: Mutex<Option<AbortHandle>>,
+    /// The `shepherd-shim` program; without it each shim stays a fork of the agent.
+    shim: Option<CString>,
 }
 
 /// Why the oci runtime cannot run here.
@@ -155,6 +159,7 @@ impl OciRuntime {
             next_instance: AtomicU64::new(1),
             live: Mutex::default(),
             rotation: Mutex::default(),
+            shim: shim_program(),
         });
         let weak = Arc::downgrade(&inner);
         let rotation = tokio::spawn(async move {
@@ -434,6 +439,7 @@ impl Inner {
             exit_file,
             pid_file,
             runc_args,
+            shim: self.shim.clone(),
             arg_area: arg_area(),
         };
         // SAFETY: `ShimSetup::run` only makes async-signal-safe calls on data prepared before the fork.
@@ -592,6 +598,9 @@ struct ShimSetup {
     pid_file: CString,
     /// runc's command line, its program first.
     runc_args: SpawnArgs,
+    /// The `shepherd-shim` program the shim execs; without it the fork runs the shim itself.
+    shim: Option<CString>,
+    /// Where the fork's inherited command line lies, rewritten when the fork stays the shim.
     arg_area: Option<(usize, usize)>,
 }
 
@@ -645,12 +654,15 @@ impl ShimSetup {
         }
     }
 
+    /// Lays out the shim's descriptors as `shepherd_shim::run_oci` expects, then execs the shim
+    /// program, or runs the same code in this fork without one.
     unsafe fn shim(&self, runc: libc::pid_t) -> ! {
         // SAFETY (whole function): async-signal-safe calls only.
         unsafe {
+            shepherd_shim::hold_sigusr1();
             // Out of the way first, so that placing one cannot close another; fds 1 and 2 are the
             // pipes' write ends (runc's stdio), which the shim must not keep open.
-            let high = |fd: RawFd| libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100);
+            let high = |fd: RawFd| if fd >= 0 { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100) } else { -1 };
             let (report, log, out, err) = (high(self.report_fd), high(self.log_fd), high(self.out_fd), high(self.err_fd));
             let (keep, console) = (high(self.stdin_keep), high(self.console_fd));
             libc::dup2(report, 3);
@@ -662,17 +674,15 @@ impl ShimSetup {
             // types into the terminal of a container on one.
             if keep >= 0 {
                 libc::dup2(keep, 6);
-                STDIN_KEEP.store(6, std::sync::atomic::Ordering::SeqCst);
             }
             if console >= 0 {
                 libc::dup2(console, 7);
             }
             close_from(8);
-            // The agent's SIGUSR1 says the first attach has ended (see `Runtime::attach_ended`).
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = close_stdin_keep as *const () as usize;
-            libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut());
-            libc::prctl(libc::PR_SET_NAME, c"shepherd-shim".as_ptr(), 0, 0, 0);
+            let (keep, console) = (keep >= 0, console >= 0);
+            if let Some(program) = &self.shim {
+                shepherd_shim::exec_oci(program, runc, &self.exit_file, &self.pid_file, keep, console);
+            }
             // `ps` shows the command line the fork inherited (the agent's): overwrite this
             // copy of it, so that the shim is not mistaken for a second agent.
             if let Some((start, end)) = self.arg_area
@@ -683,91 +693,8 @@ impl ShimSetup {
                 let n = SHIM_COMMAND_LINE.len().min(area.len().saturating_sub(1));
                 area[..n].copy_from_slice(&SHIM_COMMAND_LINE[..n]);
             }
-            // The container's output becomes CRI records, as the process runtime writes them:
-            // while runc starts it, then until its init ends (its PID namespace, and with it
-            // every writer of the pipes, ends then too).
-            crate::crilog::copy_output(4, 5, -1, 1, runc);
-            let mut container: Option<i32> = None;
-            while let Some((pid, code)) = reap_any() {
-                if pid == runc {
-                    let bytes = code.to_ne_bytes();
-                    libc::write(3, bytes.as_ptr().cast(), bytes.len());
-                    libc::close(3);
-                    break;
-                }
-                container = Some(code);
-            }
-            let terminal = if console >= 0 { receive_terminal(7) } else { -1 };
-            libc::close(7);
-            if let Some(init) = self.init_pid() {
-                if terminal >= 0 {
-                    // As in the process runtime's shim: typing into a terminal whose program does
-                    // not read must not stall its output, so what does not fit is dropped.
-                    libc::fcntl(terminal, libc::F_SETFL, libc::fcntl(terminal, libc::F_GETFL) | libc::O_NONBLOCK);
-                    crate::crilog::copy_output(terminal, -1, 0, 1, init);
-                } else {
-                    crate::crilog::copy_output(4, 5, -1, 1, init);
-                }
-            }
-            libc::close(4);
-            libc::close(5);
-            while let Some((_, code)) = reap_any() {
-                container = Some(code);
-            }
-            let Some(code) = container else { libc::_exit(255) };
-            let mut buf = [0u8; 12];
-            let text = format_code(code, &mut buf);
-            let fd = libc::open(self.exit_file.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644);
-            if fd >= 0 {
-                libc::write(fd, text.as_ptr().cast(), text.len());
-                libc::close(fd);
-            }
-            libc::_exit(code)
+            shepherd_shim::run_oci(runc, &self.exit_file, &self.pid_file, keep, console)
         }
-    }
-}
-
-/// The terminal's controlling side, which runc sent on the console socket `listener` (already
-/// connected by the time runc has ended: the connection waits in the backlog); -1 without one.
-///
-/// # Safety
-/// Async-signal-safe (accept4, recvmsg, close); no allocation.
-unsafe fn receive_terminal(listener: RawFd) -> RawFd {
-    // SAFETY (whole function): system calls on stack buffers that outlive them.
-    unsafe {
-        let conn = loop {
-            let c = libc::accept4(listener, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC);
-            if c >= 0 || *libc::__errno_location() != libc::EINTR {
-                break c;
-            }
-        };
-        if conn < 0 {
-            return -1;
-        }
-        // runc sends the terminal's name as the data and the descriptor as SCM_RIGHTS.
-        let mut name = [0u8; 256];
-        let mut iov = libc::iovec { iov_base: name.as_mut_ptr().cast(), iov_len: name.len() };
-        let mut control = [0u64; 8];
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&control) as _;
-        let n = loop {
-            let n = libc::recvmsg(conn, &mut msg, libc::MSG_CMSG_CLOEXEC);
-            if n >= 0 || *libc::__errno_location() != libc::EINTR {
-                break n;
-            }
-        };
-        libc::close(conn);
-        if n < 0 {
-            return -1;
-        }
-        let header = libc::CMSG_FIRSTHDR(&msg);
-        if header.is_null() || (*header).cmsg_level != libc::SOL_SOCKET || (*header).cmsg_type != libc::SCM_RIGHTS {
-            return -1;
-        }
-        std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>())
     }
 }
 
@@ -812,54 +739,6 @@ impl ConsoleSocket {
                 return Err(fail("listening on"));
             }
             Ok(ConsoleSocket { fd, address: format!("@{name}") })
-        }
-    }
-}
-
-/// Waits for any child to end: its pid and exit code (128 + signal for a signal death); `None`
-/// once no child is left.
-///
-/// # Safety
-/// Async-signal-safe (waitpid only).
-unsafe fn reap_any() -> Option<(libc::pid_t, i32)> {
-    let mut status: libc::c_int = 0;
-    loop {
-        // SAFETY: waitpid with a valid status pointer; reading errno.
-        let r = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if r < 0 {
-            // SAFETY: reading errno.
-            if unsafe { *libc::__errno_location() } == libc::EINTR {
-                continue;
-            }
-            return None;
-        }
-        if libc::WIFEXITED(status) {
-            return Some((r, libc::WEXITSTATUS(status)));
-        }
-        if libc::WIFSIGNALED(status) {
-            return Some((r, 128 + libc::WTERMSIG(status)));
-        }
-    }
-}
-
-impl ShimSetup {
-    /// The container init's pid from runc's pid file, once runc has ended.
-    unsafe fn init_pid(&self) -> Option<libc::pid_t> {
-        // SAFETY (whole function): open, read and close on a stack buffer.
-        unsafe {
-            let fd = libc::open(self.pid_file.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return None;
-            }
-            let mut buf = [0u8; 16];
-            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-            libc::close(fd);
-            let digits = &buf[..usize::try_from(n).ok()?];
-            let mut pid: libc::pid_t = 0;
-            for d in digits.iter().take_while(|d| d.is_ascii_digit()) {
-                pid = pid.checked_mul(10)?.checked_add(libc::pid_t::from(d - b'0'))?;
-            }
-            (pid > 0).then_some(pid)
         }
     }
 }
@@ -1059,6 +938,7 @@ impl Drop for OciRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shepherd_shim::receive_terminal;
 
     /// Connects to `address` (runc's form, `@` for the abstract namespace) and sends `fd` as
     /// runc does: the terminal's name as data, the descriptor as SCM_RIGHTS.

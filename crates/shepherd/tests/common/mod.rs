@@ -13,6 +13,8 @@ pub struct Daemon {
     /// The daemon's command line as /proc shows it: a standalone daemon's containers are forked
     /// from it and keep this command line, which is how `Drop` finds the ones a test left running.
     cmdline: Vec<u8>,
+    /// The data directory, which the command line of each of its containers' shims names.
+    data_dir: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -41,7 +43,9 @@ impl Daemon {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start shepherd");
-        Daemon::from_child(child)
+        let mut daemon = Daemon::from_child(child);
+        daemon.data_dir = Some(data_dir.to_path_buf());
+        daemon
     }
 
     /// Waits for the "listening on" line of a `shepherd` started with a piped stdout.
@@ -52,7 +56,7 @@ impl Daemon {
         let url = line.split_whitespace().last().expect("address").to_string();
         assert!(url.starts_with("http://") || url.starts_with("https://"), "unexpected first line: {line:?}");
         let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap_or_default();
-        Daemon { child, url, cmdline }
+        Daemon { child, url, cmdline, data_dir: None }
     }
 
     /// SIGKILL: no chance to flush anything.
@@ -85,7 +89,14 @@ impl Drop for Daemon {
         let Ok(procs) = std::fs::read_dir("/proc") else { return };
         for entry in procs.flatten() {
             let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else { continue };
-            if std::fs::read(entry.path().join("cmdline")).is_ok_and(|c| c == self.cmdline) {
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+            // A shim runs `shepherd-shim MODE PID <data dir>/.../exit ...`; its container dies with it.
+            let shim_of_ours = self.data_dir.as_ref().is_some_and(|d| {
+                let dir = d.as_os_str().as_encoded_bytes();
+                cmdline.split(|b| *b == 0).next().is_some_and(|argv0| argv0.ends_with(b"shepherd-shim"))
+                    && cmdline.windows(dir.len()).any(|w| w == dir)
+            });
+            if cmdline == self.cmdline || shim_of_ours {
                 // A container's first process is the init of its PID namespace: killing it ends
                 // everything inside.
                 let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
