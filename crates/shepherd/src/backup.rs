@@ -165,25 +165,29 @@ pub fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         let _ = fs::remove_file(&tmp);
         return Err(e).with_context(|| format!("writing {}", tmp.display()));
     }
-    if target.exists() {
-        // Kept rather than overwritten: it may hold writes newer than the backup.
-        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
-        let aside = args.data_dir.join(format!("store.redb.replaced-{secs}"));
-        fs::rename(&target, &aside).with_context(|| format!("moving {} aside", target.display()))?;
-        println!("the previous store was moved to {}", aside.display());
-    }
+    // Kept rather than overwritten: the store and its log may hold writes newer than the backup.
+    move_aside(&target, "store")?;
+    move_aside(&LocalStore::log_dir(&target), "store's write-ahead log")?;
     fs::rename(&tmp, &target).with_context(|| format!("replacing {}", target.display()))?;
     // The snapshots belong to the history being replaced; a later start compares against them.
-    let snapshots = crate::snapshots::dir(&args.data_dir);
-    if snapshots.exists() {
-        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
-        let aside = args.data_dir.join(format!("snapshots.replaced-{secs}"));
-        fs::rename(&snapshots, &aside).with_context(|| format!("moving {} aside", snapshots.display()))?;
-        println!("the previous snapshots were moved to {}", aside.display());
-    }
+    move_aside(&crate::snapshots::dir(&args.data_dir), "snapshots")?;
     fs::File::open(&args.data_dir)
         .and_then(|d| d.sync_all())
         .with_context(|| format!("syncing {}", args.data_dir.display()))?;
     println!("restored {} objects at revision {} into {}", snapshot.items.len(), snapshot.revision, target.display());
+    Ok(())
+}
+
+/// Renames `path`, if it exists, to `<path>.replaced-<unix seconds>` beside it, and says so.
+fn move_aside(path: &Path, what: &str) -> anyhow::Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".replaced-{secs}"));
+    let aside = path.with_file_name(name);
+    fs::rename(path, &aside).with_context(|| format!("moving {} aside", path.display()))?;
+    println!("moved the previous {what} aside to {}", aside.display());
     Ok(())
 }

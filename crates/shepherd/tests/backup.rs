@@ -349,6 +349,15 @@ async fn a_corrupted_store_refuses_to_start_and_names_the_snapshot_to_restore() 
     // The advice works: every pod is back.
     let out = shepherd(&["restore", "--from", newest, "--data-dir", data_arg, "--force"]);
     assert!(out.status.success(), "{}", text(&out));
+    // The replaced file's log goes aside with it, not left for the restored file to meet.
+    assert!(!data.join("store.wal").exists(), "{}", text(&out));
+    let moved: Vec<String> = std::fs::read_dir(&data)
+        .expect("data dir")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|n| n.starts_with("store.wal.replaced-") || n.starts_with("store.redb.replaced-"))
+        .collect();
+    assert_eq!(moved.len(), 2, "the old store and its log are kept aside: {moved:?}");
     let daemon = Daemon::start("server", &data, &args);
     let (pods, _) = stored(&http, &daemon.url).await;
     assert_eq!(pods.keys().map(String::as_str).collect::<Vec<_>>(), ["p-0", "p-1", "p-2", "p-3"]);

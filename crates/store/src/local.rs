@@ -65,6 +65,11 @@ impl LocalStore {
         durable::is_held(path)
     }
 
+    /// The write-ahead log directory of the redb file at `path` (`store.redb` logs into `store.wal/`).
+    pub fn log_dir(path: &Path) -> std::path::PathBuf {
+        crate::wal::dir_of(path)
+    }
+
     /// Writes `snapshot` into a new redb file at `path`, which must not exist yet.
     pub fn write_redb_snapshot(path: &Path, snapshot: &Snapshot) -> Result<(), StoreError> {
         durable::write_snapshot(path, snapshot)
