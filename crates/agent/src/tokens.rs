@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_runtime::Client;
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// Kubernetes' default lifetime of a projected token.
 const DEFAULT_EXPIRATION_SECONDS: i64 = 3600;
@@ -126,8 +126,10 @@ impl PodTokens {
         }
         let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec});
         let namespace = str_at(pod, "/metadata/namespace");
+        let asked = std::time::Instant::now();
         let answer =
             self.client.create_token(namespace, &key.service_account, request).await.map_err(|e| e.to_string())?;
+        debug!(pod = %str_at(pod, "/metadata/name"), took = ?asked.elapsed(), "service account token issued");
         let token = str_at(&answer, "/status/token");
         if token.is_empty() {
             return Err("the TokenRequest answer holds no token".into());

@@ -270,6 +270,9 @@ impl std::fmt::Debug for AuditLog {
 /// Events queued for the writer before requests wait for it.
 const QUEUE: usize = 10_000;
 
+/// How long the writer lets lines gather after a write: the most a line waits to be written.
+const BATCH_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
+
 impl AuditLog {
     /// Opens (or creates) the log and starts its writer.
     pub fn start(config: AuditConfig) -> Result<Arc<AuditLog>, String> {
@@ -290,6 +293,10 @@ impl AuditLog {
                         thread_errors.inc();
                         tracing::error!(error = %e, "writing the audit log failed");
                     }
+                    // Lines sent while this thread is not waiting on the queue cost the sender no
+                    // wake-up: pausing gathers a busy server's lines into one write per pause
+                    // instead of a wake-up and a write for each.
+                    std::thread::sleep(BATCH_PAUSE);
                 }
                 let _ = sink.flush();
             })

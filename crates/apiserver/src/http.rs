@@ -169,6 +169,7 @@ fn discovery_root(core: bool, headers: &HeaderMap) -> Response {
 async fn authenticate(State(app): State<AppState>, mut req: Request, next: axum::middleware::Next) -> Response {
     // No authenticator: an `--insecure-loopback` listener, whose requests carry no user.
     let Some(authn) = &app.config.authenticator else { return next.run(req).await };
+    let started = std::time::Instant::now();
     // A bootstrap token (`id.secret`), a ServiceAccount's JWT, else a certificate or a static token.
     let identified = match crate::bootstrap_token::of_request(req.headers()) {
         Some(token) => match token.authenticate(&app.svc).await {
@@ -180,6 +181,7 @@ async fn authenticate(State(app): State<AppState>, mut req: Request, next: axum:
             None => identify(authn, &req),
         },
     };
+    app.svc.metrics.authentication_duration.observe(started.elapsed().as_secs_f64());
     match identified {
         Ok(Some(user)) => {
             req.extensions_mut().insert(user);

@@ -29,6 +29,69 @@ struct Tally {
     cpu_seconds: f64,
     reads: Vec<Duration>,
     writes: Vec<Duration>,
+    /// What the server's own histograms say authentication and authorization took.
+    authn: Histogram,
+    authz: Histogram,
+}
+
+/// A Prometheus histogram as scraped: cumulative bucket counts by upper bound, sum and count.
+#[derive(Default, Clone, Debug, PartialEq)]
+struct Histogram {
+    buckets: Vec<(f64, u64)>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    /// `name`'s histogram in a text exposition; empty when the server has none.
+    fn parse(text: &str, name: &str) -> Histogram {
+        let mut h = Histogram::default();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(name) else { continue };
+            let Some((key, value)) = rest.rsplit_once(' ') else { continue };
+            if let Some(le) = key.strip_prefix("_bucket{le=\"").and_then(|k| k.strip_suffix("\"}")) {
+                let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::NAN) };
+                h.buckets.push((bound, value.parse().unwrap_or(0)));
+            } else if key == "_sum" {
+                h.sum = value.parse().unwrap_or(0.0);
+            } else if key == "_count" {
+                h.count = value.parse().unwrap_or(0);
+            }
+        }
+        h
+    }
+
+    /// Adds what happened between the scrapes `before` and `after`.
+    fn add_between(&mut self, before: &Histogram, after: &Histogram) {
+        if self.buckets.is_empty() {
+            self.buckets = after.buckets.iter().map(|(le, _)| (*le, 0)).collect();
+        }
+        for ((total, (_, a)), (_, b)) in self.buckets.iter_mut().zip(&after.buckets).zip(&before.buckets) {
+            total.1 += a.saturating_sub(*b);
+        }
+        self.sum += after.sum - before.sum;
+        self.count += after.count.saturating_sub(before.count);
+    }
+
+    fn mean_us(&self) -> f64 {
+        if self.count == 0 { 0.0 } else { self.sum * 1e6 / self.count as f64 }
+    }
+
+    /// The upper bound of the bucket holding quantile `q`, in microseconds.
+    fn quantile_us(&self, q: f64) -> f64 {
+        let want = (q * self.count as f64).ceil() as u64;
+        self.buckets.iter().find(|(_, n)| *n >= want.max(1)).map_or(0.0, |(le, _)| le * 1e6)
+    }
+}
+
+/// The server's authentication and authorization histograms, read as the administrator.
+async fn auth_histograms(t: &Target, url: &str) -> anyhow::Result<(Histogram, Histogram)> {
+    let Some(_) = t.token else { return Ok(Default::default()) };
+    let text = t.http.get(format!("{url}/metrics")).bearer_auth(ADMIN).send().await?.error_for_status()?.text().await?;
+    Ok((
+        Histogram::parse(&text, "apiserver_authentication_duration_seconds"),
+        Histogram::parse(&text, "apiserver_authorization_duration_seconds"),
+    ))
 }
 
 fn pod() -> serde_json::Value {
@@ -45,6 +108,7 @@ async fn round(server: &Process, t: &Target, url: &str, n: usize, tally: &mut Ta
         Some(token) => r.bearer_auth(token),
         None => r,
     };
+    let (authn_before, authz_before) = auth_histograms(t, url).await?;
     let cpu = procstat::cpu_seconds(&pid);
     for i in 0..n {
         let started = Instant::now();
@@ -63,6 +127,9 @@ async fn round(server: &Process, t: &Target, url: &str, n: usize, tally: &mut Ta
         tally.writes.push(started.elapsed());
     }
     tally.cpu_seconds += procstat::cpu_seconds(&pid) - cpu;
+    let (authn_after, authz_after) = auth_histograms(t, url).await?;
+    tally.authn.add_between(&authn_before, &authn_after);
+    tally.authz.add_between(&authz_before, &authz_after);
     Ok(())
 }
 
@@ -160,8 +227,30 @@ pub async fn run(binary: &Path, requests: usize, rounds: usize, bindings: usize)
         let (reads, writes): (Summary, Summary) = (summarize(&tally.reads), summarize(&tally.writes));
         let ratio = if base_cpu > 0.0 { tally.cpu_seconds / base_cpu } else { 0.0 };
         println!("{:<32} {cpu_us:>6.0} us CPU/request (x{ratio:.2}); GET {reads}; PATCH {writes}", t.name);
+        // The server's own timing of the two layers, apart from TLS and the handlers.
+        let (authn, authz) = (&tally.authn, &tally.authz);
+        let layers_us = authn.mean_us() + authz.mean_us();
+        let share = if cpu_us > 0.0 { 100.0 * layers_us / cpu_us } else { 0.0 };
+        let base_share = if base_cpu > 0.0 { 100.0 * layers_us * n as f64 / (base_cpu * 1e6) } else { 0.0 };
+        if authn.count > 0 {
+            println!(
+                "{:<32} authn mean {:.1} us (p50 <= {:.1}, p99 <= {:.1}), authz mean {:.1} us (p50 <= {:.1}, p99 <= {:.1}): \
+                 {layers_us:.1} us = {share:.2}% of this way's CPU/request, {base_share:.2}% of plain HTTP's",
+                "",
+                authn.mean_us(),
+                authn.quantile_us(0.5),
+                authn.quantile_us(0.99),
+                authz.mean_us(),
+                authz.quantile_us(0.5),
+                authz.quantile_us(0.99),
+            );
+        }
+        let layer = |h: &Histogram| json!({"n": h.count, "mean_us": h.mean_us(), "p50_us_at_most": h.quantile_us(0.5),
+            "p99_us_at_most": h.quantile_us(0.99)});
         rows.push(json!({"way": t.name, "cpu_us_per_request": cpu_us, "cpu_ratio_to_plain": ratio,
-            "get": reads, "patch": writes}));
+            "get": reads, "patch": writes, "authentication": layer(authn), "authorization": layer(authz),
+            "authn_authz_us": layers_us, "authn_authz_percent_of_cpu": share,
+            "authn_authz_percent_of_plain_cpu": base_share}));
     }
     let load = procstat::load_average();
     println!("load average: {load:.2}");
@@ -170,4 +259,31 @@ pub async fn run(binary: &Path, requests: usize, rounds: usize, bindings: usize)
         params: json!({"requests": requests, "rounds": rounds, "bindings": bindings}),
         values: json!({"ways": rows, "load_average": load}),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCRAPE: &str = "# TYPE apiserver_authentication_duration_seconds histogram\n\
+        apiserver_authentication_duration_seconds_sum 0.003\n\
+        apiserver_authentication_duration_seconds_count 4\n\
+        apiserver_authentication_duration_seconds_bucket{le=\"1.0e-6\"} 0\n\
+        apiserver_authentication_duration_seconds_bucket{le=\"0.00001\"} 3\n\
+        apiserver_authentication_duration_seconds_bucket{le=\"+Inf\"} 4\n\
+        apiserver_authorization_duration_seconds_sum 9.0\n# EOF\n";
+
+    #[test]
+    fn a_scraped_histogram_gives_the_mean_and_quantile_bounds_of_what_happened_between_scrapes() {
+        let after = Histogram::parse(SCRAPE, "apiserver_authentication_duration_seconds");
+        assert_eq!(after.count, 4);
+        assert_eq!(after.buckets.len(), 3);
+        let mut between = Histogram::default();
+        between.add_between(&Histogram { buckets: vec![(1e-6, 0), (1e-5, 1), (f64::INFINITY, 1)], sum: 0.001, count: 1 }, &after);
+        assert_eq!(between.count, 3);
+        assert!((between.mean_us() - 666.67).abs() < 0.1, "{}", between.mean_us());
+        assert!((between.quantile_us(0.5) - 10.0).abs() < 1e-9);
+        assert!(between.quantile_us(0.99).is_infinite());
+        assert_eq!(Histogram::parse(SCRAPE, "apiserver_authorization_duration_seconds").sum, 9.0);
+    }
 }

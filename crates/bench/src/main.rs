@@ -116,6 +116,10 @@ enum Scenario {
         /// TLS otherwise gives them: what the token request costs a replacement.
         #[arg(long)]
         no_token_volume: bool,
+        /// An emptyDir mounted where the token volume goes (with `--no-token-volume`): what mounting
+        /// a volume costs a replacement, apart from requesting its token.
+        #[arg(long)]
+        scratch_volume: bool,
     },
     /// `shepherd standalone`: apply a 3-replica Deployment, time until its 3 pods are Running
     /// and Ready.
@@ -334,8 +338,9 @@ async fn main() -> anyhow::Result<()> {
             };
             peer::run(&cli.shepherd, p).await?
         }
-        Scenario::SelfHeal { runs, runtime, tls, no_token_volume } => {
-            workloads::self_heal(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime, tls, !no_token_volume).await?
+        Scenario::SelfHeal { runs, runtime, tls, no_token_volume, scratch_volume } => {
+            let runs = if cli.smoke { 3 } else { runs };
+            workloads::self_heal(&cli.shepherd, runs, &runtime, tls, !no_token_volume, scratch_volume).await?
         }
         Scenario::ApplyToRunning { runs, runtime } => {
             workloads::apply_to_running(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime).await?

@@ -75,14 +75,30 @@ fn standalone_reachable(
     Ok((dir, p, http))
 }
 
-pub async fn self_heal(binary: &Path, runs: usize, runtime: &str, tls: bool, token_volume: bool) -> anyhow::Result<ScenarioResult> {
+pub async fn self_heal(
+    binary: &Path,
+    runs: usize,
+    runtime: &str,
+    tls: bool,
+    token_volume: bool,
+    scratch_volume: bool,
+) -> anyhow::Result<ScenarioResult> {
     let transport = if tls { "TLS + token" } else { "plain HTTP" };
-    let mounted = if token_volume { "" } else { ", no token volume" };
+    let mut mounted = if token_volume { String::new() } else { ", no token volume".to_string() };
+    if scratch_volume {
+        mounted.push_str(", an emptyDir at the token's path");
+    }
     println!("scenario self-heal: standalone, {runtime} runtime, {transport}{mounted}, Deployment of 3 `minimal`, {runs} deletions");
     let (_dir, mut server, http) = standalone_reachable(binary, runtime, &[], tls)?;
     let mut heal = deployment("heal", 3);
     if !token_volume {
         heal["spec"]["template"]["spec"]["automountServiceAccountToken"] = json!(false);
+    }
+    if scratch_volume {
+        // Where the token volume goes, so that the runtime sets up the same mounts for it.
+        heal["spec"]["template"]["spec"]["volumes"] = json!([{"name": "scratch", "emptyDir": {}}]);
+        heal["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] =
+            json!([{"name": "scratch", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]);
     }
     let r = http.post(format!("{}{DEPLOYMENTS}", server.url)).json(&heal).send().await?;
     anyhow::ensure!(r.status().is_success(), "creating the Deployment: {}", r.status());
@@ -118,7 +134,7 @@ pub async fn self_heal(binary: &Path, runs: usize, runtime: &str, tls: bool, tok
     Ok(ScenarioResult {
         name: "self-heal",
         params: json!({"runs": runs, "replicas": 3, "image": "minimal", "runtime": runtime, "tls": tls,
-            "token_volume": token_volume}),
+            "token_volume": token_volume, "scratch_volume": scratch_volume}),
         values: json!({"replacement_ready": s, "control_plane_rss_mib": rss}),
     })
 }

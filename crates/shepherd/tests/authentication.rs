@@ -146,6 +146,38 @@ async fn requests_without_valid_credentials_get_kubernetes_401_except_health_and
 }
 
 #[tokio::test]
+async fn metrics_count_and_time_each_request_authenticated_and_authorized() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = secure_server(dir.path(), &["--token", "admin-t0ken"]);
+    let http = https_client(dir.path());
+    let scrape = || async {
+        let text = http.get(format!("{}/metrics", server.url)).bearer_auth("admin-t0ken").send().await.expect("metrics");
+        let text = text.text().await.expect("body");
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+                .unwrap_or_else(|| panic!("{name} is not in /metrics"))
+                .parse()
+                .expect("a number")
+        };
+        [
+            value("apiserver_authentication_duration_seconds_count"),
+            value("apiserver_authorization_duration_seconds_count"),
+            value("apiserver_authorization_duration_seconds_sum"),
+        ]
+    };
+    let before = scrape().await;
+    for token in ["admin-t0ken", "admin-t0ken", "garbage"] {
+        http.get(format!("{}/api/v1/namespaces", server.url)).bearer_auth(token).send().await.expect("request");
+    }
+    let after = scrape().await;
+    // Three requests and one scrape were authenticated; the two admitted ones and the scrape authorized.
+    assert_eq!(after[0] - before[0], 4.0, "authenticated: {before:?} -> {after:?}");
+    assert_eq!(after[1] - before[1], 3.0, "authorized: {before:?} -> {after:?}");
+    assert!(after[2] > before[2], "authorizing took no time: {before:?} -> {after:?}");
+}
+
+#[tokio::test]
 async fn a_one_mebibyte_header_is_refused_and_the_server_keeps_serving() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = secure_server(dir.path(), &[]);

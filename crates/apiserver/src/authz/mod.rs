@@ -282,6 +282,7 @@ pub(crate) async fn authorize(State(app): State<AppState>, mut req: Request, nex
     if anonymous_listener {
         return next.run(req).await;
     }
+    let started = std::time::Instant::now();
     // The audit log has read them already when it records this request.
     let attrs = match req.extensions().get::<Arc<Attributes>>() {
         Some(attrs) => attrs.clone(),
@@ -294,8 +295,10 @@ pub(crate) async fn authorize(State(app): State<AppState>, mut req: Request, nex
     if user.as_ref().is_some_and(|u| u.node_name().is_some()) {
         app.authz.follow_nodes().await;
     }
+    let decision = user.as_ref().map_or(Ok(()), |user| app.authz.authorize(user, &attrs));
+    app.svc.metrics.authorization_duration.observe(started.elapsed().as_secs_f64());
     if let Some(user) = &user
-        && let Err(reason) = app.authz.authorize(user, &attrs)
+        && let Err(reason) = decision
     {
         if attrs.resource_request {
             // Counted as the handlers count what they answer (`apiserver_request_total`).

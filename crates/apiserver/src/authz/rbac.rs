@@ -74,9 +74,13 @@ impl PolicyRule {
     }
 
     pub fn allows(&self, a: &Attributes) -> bool {
+        self.allows_as(a, &combined_resource(a))
+    }
+
+    /// [`PolicyRule::allows`] with `a`'s `resource/subresource` made once by a caller that tries many rules.
+    fn allows_as(&self, a: &Attributes, combined: &str) -> bool {
         if a.resource_request {
-            let combined = a.resource_with_subresource();
-            self.allows_resource(&a.verb, &a.api_group, &combined, &a.subresource, &a.name)
+            self.allows_resource(&a.verb, &a.api_group, combined, &a.subresource, &a.name)
         } else {
             self.allows_url(&a.verb, &a.path)
         }
@@ -187,6 +191,15 @@ fn subject_of(subject: &Value, binding_namespace: Option<&str>) -> Option<Subjec
             Some(Subject::User(format!("system:serviceaccount:{ns}:{name}")))
         }
         _ => None,
+    }
+}
+
+/// `resource/subresource` as rules name it; borrowed when there is no subresource (most requests).
+fn combined_resource(a: &Attributes) -> std::borrow::Cow<'_, str> {
+    if a.subresource.is_empty() {
+        std::borrow::Cow::Borrowed(a.resource.as_str())
+    } else {
+        std::borrow::Cow::Owned(format!("{}/{}", a.resource, a.subresource))
     }
 }
 
@@ -388,7 +401,8 @@ impl RbacIndex {
 
     /// Whether a binding of `user` allows the request.
     pub fn allows(&self, user: &UserInfo, a: &Attributes) -> bool {
-        self.any_rules(user, &a.namespace, |rules| rules.iter().any(|r| r.allows(a)))
+        let combined = combined_resource(a);
+        self.any_rules(user, &a.namespace, |rules| rules.iter().any(|r| r.allows_as(a, &combined)))
     }
 
     /// Every rule `user` holds in `namespace`, cluster-wide ones included.

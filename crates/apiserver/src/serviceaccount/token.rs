@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
-use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use jsonwebtoken::{Algorithm, DecodingKey, Header, Validation};
 use rcgen::PublicKeyData;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -90,7 +90,7 @@ pub struct ServiceAccountTokens {
     /// The audiences this server accepts, and gives a token that asks for none.
     audiences: Vec<String>,
     algorithm: Algorithm,
-    encoding: EncodingKey,
+    signer: Signer,
     decoding: DecodingKey,
     /// Kubernetes' key id: the unpadded base64url SHA-256 of the public key's DER.
     key_id: String,
@@ -126,7 +126,7 @@ impl ServiceAccountTokens {
             issuer: issuer.to_string(),
             audiences,
             algorithm: key.algorithm,
-            encoding: key.encoding,
+            signer: key.signer,
             decoding: key.decoding,
             key_id,
             min_expiration_seconds: MIN_EXPIRATION_SECONDS,
@@ -173,9 +173,28 @@ impl ServiceAccountTokens {
         };
         let mut header = Header::new(self.algorithm);
         header.kid = Some(self.key_id.clone());
-        let token = jsonwebtoken::encode(&header, &claims, &self.encoding)
-            .map_err(|e| ApiError::Internal(format!("signing a service account token: {e}")))?;
+        let token =
+            self.sign(&header, &claims).map_err(|e| ApiError::Internal(format!("signing a service account token: {e}")))?;
         Ok((token, exp))
+    }
+
+    /// The compact JWS of `claims` under `header`, signed with the key parsed once at start.
+    fn sign(&self, header: &Header, claims: &impl Serialize) -> Result<String, String> {
+        let b64 = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let header = serde_json::to_vec(header).map_err(|e| e.to_string())?;
+        let claims = serde_json::to_vec(claims).map_err(|e| e.to_string())?;
+        let message = format!("{}.{}", b64.encode(header), b64.encode(claims));
+        let rng = ring::rand::SystemRandom::new();
+        let signature = match &self.signer {
+            Signer::Ecdsa(key) => key.sign(&rng, message.as_bytes()).map_err(|e| e.to_string())?.as_ref().to_vec(),
+            Signer::Rsa(key) => {
+                let mut signature = vec![0; key.public().modulus_len()];
+                key.sign(&ring::signature::RSA_PKCS1_SHA256, &rng, message.as_bytes(), &mut signature)
+                    .map_err(|e| e.to_string())?;
+                signature
+            }
+        };
+        Ok(format!("{message}.{}", b64.encode(signature)))
     }
 
     /// The claims of `token` if this server signed it for one of its audiences and it is in date.
@@ -226,10 +245,17 @@ impl ServiceAccountTokens {
     }
 }
 
+/// The private key, parsed and checked once: signing through `jsonwebtoken` would parse it for every
+/// token, which for an RSA key costs more than the signature.
+enum Signer {
+    Ecdsa(ring::signature::EcdsaKeyPair),
+    Rsa(ring::signature::RsaKeyPair),
+}
+
 /// A private key read for signing: the one algorithm its tokens are signed and verified with.
 struct SigningKey {
     algorithm: Algorithm,
-    encoding: EncodingKey,
+    signer: Signer,
     decoding: DecodingKey,
     /// The public key's DER SubjectPublicKeyInfo, of which the key id is the digest.
     public_key_info: Vec<u8>,
@@ -262,19 +288,25 @@ impl SigningKey {
             Some(_) => KeyError::Unsupported(format!("an RSA key that cannot sign here ({e}): fewer than 2048 bits?")),
             None => KeyError::Unreadable(e.to_string()),
         })?;
-        let (algorithm, encoding, decoding) = match (key.algorithm(), rsa_pkcs1) {
+        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, ECDSA_P384_SHA384_FIXED_SIGNING, EcdsaKeyPair, RsaKeyPair};
+        let rng = ring::rand::SystemRandom::new();
+        let ecdsa = |alg| {
+            EcdsaKeyPair::from_pkcs8(alg, &pkcs8, &rng).map(Signer::Ecdsa).map_err(|e| KeyError::Unreadable(e.to_string()))
+        };
+        let (algorithm, signer, decoding) = match (key.algorithm(), rsa_pkcs1) {
             (a, _) if a == &rcgen::PKCS_ECDSA_P256_SHA256 => {
-                (Algorithm::ES256, EncodingKey::from_ec_der(&pkcs8), DecodingKey::from_ec_der(key.public_key_raw()))
+                (Algorithm::ES256, ecdsa(&ECDSA_P256_SHA256_FIXED_SIGNING)?, DecodingKey::from_ec_der(key.public_key_raw()))
             }
             (a, _) if a == &rcgen::PKCS_ECDSA_P384_SHA384 => {
-                (Algorithm::ES384, EncodingKey::from_ec_der(&pkcs8), DecodingKey::from_ec_der(key.public_key_raw()))
+                (Algorithm::ES384, ecdsa(&ECDSA_P384_SHA384_FIXED_SIGNING)?, DecodingKey::from_ec_der(key.public_key_raw()))
             }
             (a, Some(pkcs1)) if a == &rcgen::PKCS_RSA_SHA256 => {
-                (Algorithm::RS256, EncodingKey::from_rsa_der(&pkcs1), DecodingKey::from_rsa_der(key.public_key_raw()))
+                let signer = RsaKeyPair::from_der(&pkcs1).map_err(|e| KeyError::Unsupported(format!("an RSA key ring refuses: {e}")))?;
+                (Algorithm::RS256, Signer::Rsa(signer), DecodingKey::from_rsa_der(key.public_key_raw()))
             }
             (a, _) => return Err(KeyError::Unsupported(format!("{a:?}"))),
         };
-        Ok(SigningKey { algorithm, encoding, decoding, public_key_info: key.subject_public_key_info() })
+        Ok(SigningKey { algorithm, signer, decoding, public_key_info: key.subject_public_key_info() })
     }
 }
 
@@ -398,7 +430,7 @@ mod tests {
         let mut claims = t.verified_claims(&expired).unwrap();
         claims.exp = now() - 1;
         claims.nbf = now() - 10;
-        expired = jsonwebtoken::encode(&Header::new(Algorithm::ES256), &claims, &t.encoding).unwrap();
+        expired = t.sign(&Header::new(Algorithm::ES256), &claims).unwrap();
         assert!(t.verified_claims(&expired).unwrap_err().contains("ExpiredSignature"));
     }
 
@@ -416,6 +448,16 @@ mod tests {
         for garbage in ["", "a.b.c", "eyJ.eyJ.x", "eyJhbGciOiJFUzI1NiJ9.!!.x", &"eyJ".repeat(10_000)] {
             assert!(t.verified_claims(garbage).is_err());
         }
+    }
+
+    #[test]
+    fn a_p384_key_signs_es384_tokens_that_verify() {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap().serialize_pem();
+        let t = ServiceAccountTokens::new(&key, DEFAULT_ISSUER, vec![]).unwrap();
+        let (token, _) = t.issue(&spec(&[DEFAULT_ISSUER], 600)).unwrap();
+        assert_eq!(jsonwebtoken::decode_header(&token).unwrap().alg, Algorithm::ES384);
+        assert_eq!(t.verified_claims(&token).unwrap().kubernetes.serviceaccount.uid, "u-1");
+        assert!(tokens().verified_claims(&token).is_err(), "verified by another key");
     }
 
     #[test]
@@ -455,7 +497,7 @@ mod tests {
         // The confusion attack: HS256 keyed with what a verifier might take for a secret, the public key.
         for public in [key.public_key_raw().to_vec(), key.public_key_pem().into_bytes()] {
             let forged =
-                jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(&public)).unwrap();
+                jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &jsonwebtoken::EncodingKey::from_secret(&public)).unwrap();
             assert!(t.verified_claims(&forged).unwrap_err().contains("InvalidAlgorithm"), "HS256 accepted");
         }
         let payload = token.split('.').nth(1).unwrap();
