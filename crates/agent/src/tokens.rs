@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shepherd_api::JsonPath;
+use shepherd_api::{JsonPath, str_at};
 use shepherd_runtime::Client;
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -45,9 +45,6 @@ pub(crate) struct PodTokens {
     failures: Mutex<HashMap<Key, String>>,
 }
 
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.at(pointer).and_then(Value::as_str).unwrap_or("")
-}
 
 fn key_of(pod: &Value, source: &Value) -> Key {
     let account = match str_at(pod, "/spec/serviceAccountName") {

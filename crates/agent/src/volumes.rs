@@ -20,7 +20,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
-use shepherd_api::JsonPath;
+use shepherd_api::{JsonPath, str_at};
 use tracing::{debug, warn};
 
 use crate::envvars;
@@ -52,9 +52,6 @@ pub(crate) struct Prepared {
     read_only: Vec<String>,
 }
 
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.at(pointer).and_then(Value::as_str).unwrap_or("")
-}
 
 fn mode_of(v: &Value, key: &str) -> Option<u32> {
     v.get(key).and_then(Value::as_u64).map(|m| m as u32 & 0o777)
