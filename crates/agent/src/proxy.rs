@@ -12,7 +12,9 @@
 //! transaction that names what it changes, so that its cost does not grow with the table, as
 //! `nft`'s does (it loads the table first). A rebuild and the check that lists the table use
 //! `nft` (`nft -f -` scripts, one transaction each, in nft's documented syntax), whose cost
-//! matters little there: they are rare, and the listing is read as nft prints it.
+//! matters little there: they are rare, and the listing is read as nft prints it. What a change
+//! still costs in proportion to the table is the kernel's: a transaction that adds a jump, goto or
+//! NAT rule or a verdict element makes the commit validate every chain the table's hooks reach.
 //!
 //! `sessionAffinity: ClientIP` is a timed set of clients per endpoint, filled as they pass and
 //! checked before the random pick. A change of a Service's endpoints keeps the sets of those
