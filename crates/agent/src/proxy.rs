@@ -8,10 +8,13 @@
 //! ICMP port unreachable). So a change of one Service's endpoints rewrites that Service's chains
 //! and map elements, nothing else; a Service that comes or goes adds or deletes its own.
 //!
-//! nft is driven by scripts on its stdin (`nft -f -`): a script is one kernel transaction, so a
-//! rebuild is atomic, and its syntax is nft's own documented one. The Rust crates that speak
-//! nftables (`rustables`, netlink; `nftables`, JSON for the same binary) would add a dependency
-//! for what a few lines of text express, and netlink would mean writing expressions by hand.
+//! A change of Services is written to the kernel as netlink messages (`netlink`): one
+//! transaction that names what it changes, so that its cost does not grow with the table, as
+//! `nft`'s does (it loads the table first). A rebuild and the check that lists the table use
+//! `nft` (`nft -f -` scripts, one transaction each, in nft's documented syntax), whose cost
+//! matters little there: they are rare, and the listing is read as nft prints it. What a change
+//! still costs in proportion to the table is the kernel's: a transaction that adds a jump, goto or
+//! NAT rule or a verdict element makes the commit validate every chain the table's hooks reach.
 //!
 //! `sessionAffinity: ClientIP` is a timed set of clients per endpoint, filled as they pass and
 //! checked before the random pick. A change of a Service's endpoints keeps the sets of those
@@ -27,6 +30,7 @@
 //! transaction.
 
 mod generation;
+mod netlink;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -39,6 +43,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use shepherd_api::{JsonPath, kinds};
 use shepherd_runtime::Manager;
+
+use netlink::{Batch, Expr, NetlinkError};
 
 pub(crate) const TABLE: &str = "shepherd";
 /// The verdict maps: by ClusterIP . protocol . port, then by protocol . NodePort.
@@ -354,6 +360,128 @@ fn only_endpoints_differ(old: &ServicePort, new: &ServicePort) -> bool {
     same(old) == same(new) && !old.endpoints.is_empty() && !new.endpoints.is_empty()
 }
 
+/// The IP protocol number of `tcp`, `udp` or `sctp`.
+fn protocol_number(p: &str) -> u8 {
+    match p {
+        "udp" => 17,
+        "sctp" => 132,
+        _ => 6,
+    }
+}
+
+/// Writes chain `name` afresh with `rules`, as netlink messages.
+fn nl_chain(b: &mut Batch, name: &str, rules: Vec<Vec<Expr>>) -> Result<(), NetlinkError> {
+    b.add_chain(name)?;
+    b.flush_chain(name)?;
+    rules.into_iter().try_for_each(|r| b.add_rule(name, r))
+}
+
+/// What `write_service` writes, as netlink messages.
+fn nl_service(b: &mut Batch, chain: &str, sp: &ServicePort) -> Result<(), NetlinkError> {
+    if sp.endpoints.is_empty() {
+        return Ok(());
+    }
+    let mut targets = Vec::new();
+    for &ep in &sp.endpoints {
+        let epc = endpoint_chain(chain, ep);
+        let mut rules = Vec::new();
+        if let Some(secs) = sp.affinity_seconds {
+            let set = affinity_set(&epc);
+            b.add_timed_address_set(&set, secs)?;
+            rules.push(vec![Expr::ip_saddr(), Expr::update_set(&set)?]);
+        }
+        let mut mark = vec![Expr::ip_saddr(), Expr::equals(&ep.0.octets())];
+        mark.extend(Expr::set_mark_bits(MASQ_MARK));
+        rules.push(mark);
+        let mut dnat = vec![Expr::l4proto(), Expr::equals(&[protocol_number(sp.protocol)])];
+        dnat.extend(Expr::dnat(ep.0, ep.1));
+        rules.push(dnat);
+        nl_chain(b, &epc, rules)?;
+        targets.push(epc);
+    }
+    b.add_chain(chain)?;
+    b.flush_chain(chain)?;
+    if sp.affinity_seconds.is_some() {
+        for epc in &targets {
+            b.add_rule(chain, [Expr::ip_saddr(), Expr::in_set(&affinity_set(epc))?, Expr::goto(epc)?])?;
+        }
+    }
+    b.add_random_pick(chain, &targets)?;
+    if sp.node_port.is_some() {
+        let rules = vec![Expr::set_mark_bits(MASQ_MARK).into(), vec![Expr::goto(chain)?]];
+        nl_chain(b, &format!("ext-{}", &chain[4..]), rules)?;
+    }
+    Ok(())
+}
+
+/// The map elements of one Service port as netlink keys: map, key, the chain it goes to.
+fn nl_elements(chain: &str, sp: &ServicePort) -> Vec<(&'static str, Vec<u8>, String)> {
+    let proto = protocol_number(sp.protocol);
+    let key = netlink::ip_proto_port_key(sp.cluster_ip, proto, sp.port);
+    let np = sp.node_port.map(|np| netlink::proto_port_key(proto, np));
+    let mut out = Vec::new();
+    if sp.endpoints.is_empty() {
+        out.push(("no-endpoint-services", key, "reject-chain".to_string()));
+        if let Some(np) = np {
+            out.push(("no-endpoint-nodeports", np, "reject-chain".to_string()));
+        }
+    } else {
+        out.push(("service-ips", key, chain.to_string()));
+        if let Some(np) = np {
+            out.push(("service-nodeports", np, format!("ext-{}", &chain[4..])));
+        }
+    }
+    out
+}
+
+/// What `diff_script` writes, as netlink messages.
+fn nl_diff(b: &mut Batch, old: &Model, new: &Model) -> Result<(), NetlinkError> {
+    for (chain, sp) in old {
+        match new.get(chain) {
+            Some(n) if n == sp || only_endpoints_differ(sp, n) => {}
+            _ => {
+                for (map, key, _) in nl_elements(chain, sp) {
+                    b.delete_map_elements(map, &[key])?;
+                }
+                if sp.endpoints.is_empty() {
+                    continue;
+                }
+                if sp.node_port.is_some() {
+                    b.delete_chain(&format!("ext-{}", &chain[4..]))?;
+                }
+                b.delete_chain(chain)?;
+                for &ep in &sp.endpoints {
+                    let epc = endpoint_chain(chain, ep);
+                    b.delete_chain(&epc)?;
+                    if sp.affinity_seconds.is_some() {
+                        b.delete_set(&affinity_set(&epc))?;
+                    }
+                }
+            }
+        }
+    }
+    for (chain, sp) in new {
+        match old.get(chain) {
+            Some(o) if o == sp => {}
+            Some(o) if only_endpoints_differ(o, sp) => {
+                nl_service(b, chain, sp)?;
+                for name in retired(chain, o, sp) {
+                    if let Some(epc) = name.strip_prefix("chain ") {
+                        b.flush_chain(epc)?;
+                    }
+                }
+            }
+            _ => {
+                nl_service(b, chain, sp)?;
+                for (map, key, to) in nl_elements(chain, sp) {
+                    b.add_map_elements(map, &[(key, to.as_str())])?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum NftError {
     #[error("running nft (package nftables): {0}")]
@@ -577,9 +705,14 @@ impl Applied {
         changes.sort_by_key(|(_, ports)| !ports.is_empty());
         let mut keys = Vec::new();
         let mut retire = Vec::new();
+        let mut batch = Batch::new(TABLE);
+        let mut encoded = Ok(());
         for (key, ports) in changes {
             let diff = diff_script(services.get(&key).unwrap_or(&Model::new()), &ports);
             let Some(diff) = diff else { continue };
+            if encoded.is_ok() {
+                encoded = nl_diff(&mut batch, services.get(&key).unwrap_or(&Model::new()), &ports);
+            }
             for (chain, old) in services.get(&key).into_iter().flatten() {
                 if let Some(new) = ports.get(chain).filter(|new| only_endpoints_differ(old, new)) {
                     retire.extend(retired(chain, old, new));
@@ -602,7 +735,7 @@ impl Applied {
             return Ok(Updated::Rebuilt);
         }
         let before = generation::current();
-        if let Err(e) = apply(&script) {
+        if let Err(e) = encoded.and_then(|()| batch.commit()) {
             tracing::info!(error = %e, "nftables table differs from what was applied; rebuilding it");
             self.rebuild(services, None)?;
             return Ok(Updated::Rebuilt);
@@ -626,21 +759,44 @@ impl Applied {
         Ok(Updated::Changed)
     }
 
-    /// The transaction that deletes the chains and sets of endpoints gone, which are then
-    /// taken as deleted.
-    fn collect_script(&mut self) -> String {
-        let mut out = String::new();
-        // Chains first: their (flushed) rules referred to the sets.
+    /// The chains and sets of endpoints gone (`chain NAME`, `set NAME`), chains first (their
+    /// flushed rules referred to the sets), which are from now on taken as deleted.
+    fn take_retired(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
         for kind in ["chain ", "set "] {
             for name in self.retired.iter().filter(|n| n.starts_with(kind)) {
-                let _ = writeln!(out, "delete {}ip {TABLE} {}", kind, &name[kind.len()..]);
                 if let Some(reference) = self.reference.as_mut() {
                     reference.remove(name);
                 }
+                out.push(name.clone());
             }
         }
         self.retired.clear();
         out
+    }
+
+    /// The script that deletes the chains and sets of endpoints gone.
+    fn collect_script(&mut self) -> String {
+        let mut out = String::new();
+        for name in self.take_retired() {
+            if let Some((kind, name)) = name.split_once(' ') {
+                let _ = writeln!(out, "delete {kind} ip {TABLE} {name}");
+            }
+        }
+        out
+    }
+
+    /// The transaction that deletes the chains and sets of endpoints gone.
+    fn collect_batch(&mut self) -> Result<Batch, NetlinkError> {
+        let mut b = Batch::new(TABLE);
+        for name in self.take_retired() {
+            match name.split_once(' ') {
+                Some(("chain", chain)) => b.delete_chain(chain)?,
+                Some(("set", set)) => b.delete_set(set)?,
+                _ => {}
+            }
+        }
+        Ok(b)
     }
 
     /// Rebuilds the table unless the kernel holds what this proxy left there. Unless `full`,
@@ -655,9 +811,9 @@ impl Applied {
         }
         if !full && self.generation.is_some() && generation::current() == self.generation {
             if self.retired.len() >= RETIRED_BATCH {
-                let script = self.collect_script();
+                let batch = self.collect_batch();
                 let before = generation::current();
-                if apply(&script).is_err() {
+                if batch.and_then(Batch::commit).is_err() {
                     let services = std::mem::take(&mut self.services);
                     return self.rebuild(services, None).map(|()| Checked::Rebuilt);
                 }
@@ -1099,5 +1255,75 @@ mod tests {
         assert!(listed.contains("ip saddr @affinity-default-sticky-tcp-80-10.244.0.2-8080 goto ep-default-sticky"), "{listed}");
         assert!(listed.contains("timeout 1m") && listed.contains("10.244.1.7 expires"), "{listed}");
         assert!(without_clients, "a remembered client does not make the table differ");
+    }
+
+    #[test]
+    fn an_endpoint_change_over_netlink_shows_in_nfts_listing_and_leaves_the_table_as_a_rebuild_would() {
+        root();
+        let mut sticky = (*service("sticky", "10.96.0.12", Some(30081))).clone();
+        sticky["spec"]["sessionAffinity"] = json!("ClientIP");
+        sticky["spec"]["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": 60}});
+        let svcs = [service("web", "10.96.0.10", Some(30080)), Arc::new(sticky)];
+        let at = |web: &[&str], sticky: &[&str]| {
+            services(&svcs, &[("web", endpoints(web, &[])), ("sticky", endpoints(sticky, &[]))])
+        };
+        let (first, second, third) =
+            (at(&["10.244.0.2"], &["10.244.0.5"]), at(&["10.244.0.2", "10.244.0.3"], &["10.244.0.6"]), at(&[], &["10.244.0.6"]));
+        let api = services(&[service("api", "10.96.0.11", None)], &[("api", endpoints(&["10.244.1.2"], &[]))]);
+        let (updates, listed, checks, emptied) = in_private_netns(move || {
+            let mut applied = Applied::new();
+            applied.rebuild(first, None).expect("full table");
+            let mut updates = vec![applied.update(second).expect("endpoints added"), applied.update(api).expect("a Service added")];
+            let out = Command::new("nft").args(["list", "table", "ip", TABLE]).output().expect("nft list");
+            let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+            let checks = [applied.check(false).expect("a check"), applied.check(true).expect("a full check")];
+            updates.push(applied.update(third).expect("every endpoint gone"));
+            (updates, listed, checks, listing().expect("the table").elements)
+        });
+        assert_eq!(updates, [Updated::Changed; 3], "changes, not rebuilds");
+        for line in [
+            "numgen random mod 2 vmap { 0 : goto ep-default-web-tcp-80-10.244.0.2-8080, 1 : goto ep-default-web-tcp-80-10.244.0.3-8080 }",
+            "ip saddr 10.244.0.3 meta mark set meta mark | 0x00004000",
+            "meta l4proto tcp dnat to 10.244.0.3:8080",
+            "update @affinity-default-sticky-tcp-80-10.244.0.6-8080 { ip saddr }",
+            "ip saddr @affinity-default-sticky-tcp-80-10.244.0.6-8080 goto ep-default-sticky-tcp-80-10.244.0.6-8080",
+            "10.96.0.11 . tcp . 80 : goto svc-default-api-tcp-80",
+        ] {
+            assert!(listed.contains(line), "{line:?} is not in\n{listed}");
+        }
+        assert!(listed.contains("set affinity-default-sticky-tcp-80-10.244.0.6-8080") && listed.contains("timeout 1m"), "{listed}");
+        assert_eq!(checks, [Checked::Unchanged, Checked::Listed], "the check that lists finds what a rebuild would leave");
+        assert!(emptied["no-endpoint-services"].contains("10.96.0.10 . tcp . 80 : goto reject-chain"), "{emptied:?}");
+        assert!(emptied["no-endpoint-nodeports"].contains("tcp . 30080 : goto reject-chain"), "{emptied:?}");
+        assert!(!emptied["service-ips"].iter().any(|e| e.contains("10.96.0.10")), "{emptied:?}");
+    }
+
+    #[test]
+    fn a_service_whose_names_the_kernel_cannot_take_is_a_clear_error_and_a_big_one_still_applies() {
+        root();
+        let name = "a".repeat(253);
+        let bad = model(&[service(&name, "10.96.0.20", None)], &[(name.as_str(), endpoints(&["10.244.0.2"], &[]))]);
+        let mut batch = Batch::new(TABLE);
+        let e = nl_diff(&mut batch, &Model::new(), &bad).expect_err("names over 255 bytes");
+        assert!(e.to_string().contains("more than the kernel's 255"), "{e}");
+        // Thousands of endpoints take several element messages and a transaction larger than a
+        // netlink socket takes by default.
+        let many: Vec<String> = (0..3000).map(|i| format!("10.244.{}.{}", i / 250, i % 250 + 2)).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let big = services(&[service("big", "10.96.0.21", None)], &[("big", endpoints(&many, &[]))]);
+        let small = services(&[service("web", "10.96.0.10", None)], &[("web", endpoints(&["10.244.0.2"], &[]))]);
+        let (updated, listed, refused) = in_private_netns(move || {
+            let mut applied = Applied::new();
+            applied.rebuild(small, None).expect("full table");
+            let updated = applied.update(big).expect("a Service of 3,000 endpoints");
+            let out = Command::new("nft").args(["list", "chain", "ip", TABLE, "svc-default-big-tcp-80"]).output().expect("nft list");
+            // A change the kernel refuses names what it refused.
+            let mut gone = Batch::new(TABLE);
+            gone.delete_chain("no-such-chain").expect("a name that fits");
+            (updated, String::from_utf8_lossy(&out.stdout).into_owned(), gone.commit().expect_err("no such chain").to_string())
+        });
+        assert_eq!(updated, Updated::Changed);
+        assert!(listed.contains("numgen random mod 3000 vmap") && listed.contains("2999 : goto ep-default-big-tcp-80-10.244.11.251-8080"), "{}", &listed[..listed.len().min(2000)]);
+        assert!(refused.contains("delete chain no-such-chain") && refused.contains("No such file"), "{refused}");
     }
 }
