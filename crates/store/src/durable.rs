@@ -36,6 +36,41 @@ pub(crate) type Reply = oneshot::Sender<Result<KeyValue, StoreError>>;
 /// Where writes go: the committer thread's queue.
 pub(crate) type Committer = mpsc::Sender<(Write, Reply)>;
 
+/// `first` and every write waiting behind it, up to [`MAX_BATCH`]: what one commit takes.
+pub(crate) fn gather(first: (Write, Reply), rx: &mpsc::Receiver<(Write, Reply)>) -> Vec<(Write, Reply)> {
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(w) => batch.push(w),
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+/// Checks each write of `batch` against `state` as the writes before it in the batch left it, and
+/// numbers the accepted ones from the next revision; a refused write is answered at once and takes
+/// no revision. Only the committer thread changes the state, so it cannot move meanwhile.
+pub(crate) fn check_batch(state: &State, batch: Vec<(Write, Reply)>) -> Vec<(Event, Reply)> {
+    let mut accepted = Vec::with_capacity(batch.len());
+    let mut pending: BTreeMap<String, Option<KeyValue>> = BTreeMap::new();
+    let mut rev = state.revision;
+    for (w, reply) in batch {
+        match state.prepare(w, rev + 1, &pending) {
+            Ok(event) => {
+                rev += 1;
+                let after = (event.kind != EventKind::Deleted).then(|| event.kv.clone());
+                pending.insert(event.kv.key.clone(), after);
+                accepted.push((event, reply));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+    accepted
+}
+
 /// Whether the store can write: `None` while commits succeed, else the failure that stops them.
 /// The committer sets and clears it; `/readyz` reads it.
 pub(crate) type Health = Arc<RwLock<Option<StoreError>>>;
@@ -260,39 +295,11 @@ fn commit_loop(mut disk: Disk, state: Arc<RwLock<State>>, rx: mpsc::Receiver<(Wr
                 Err(_) => return,
             }
         };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(w) => batch.push(w),
-                Err(_) => break,
-            }
-        }
-
-        // Check every write against the state; rejected ones are answered at once and take no
-        // revision. Only this thread changes the state, so it cannot move under us.
-        let mut accepted = Vec::with_capacity(batch.len());
-        let mut rejected = Vec::new();
-        let revision_before;
-        {
+        let batch = gather(first, &rx);
+        let (revision_before, accepted) = {
             let Ok(s) = state.read() else { return };
-            revision_before = s.revision;
-            let mut pending: BTreeMap<String, Option<KeyValue>> = BTreeMap::new();
-            let mut rev = s.revision;
-            for (w, reply) in batch {
-                match s.prepare(w, rev + 1, &pending) {
-                    Ok(event) => {
-                        rev += 1;
-                        let after = (event.kind != EventKind::Deleted).then(|| event.kv.clone());
-                        pending.insert(event.kv.key.clone(), after);
-                        accepted.push((event, reply));
-                    }
-                    Err(e) => rejected.push((reply, e)),
-                }
-            }
-        }
-        for (reply, e) in rejected {
-            let _ = reply.send(Err(e));
-        }
+            (s.revision, check_batch(&s, batch))
+        };
         if accepted.is_empty() {
             continue;
         }

@@ -25,8 +25,8 @@ use bytes::Bytes;
 use redb::{Database, ReadableDatabase, TableDefinition};
 
 use crate::durable::{
-    Committer, Health, MAX_BATCH, META, OBJECTS, RECOVERY_PROBE, REVISION_KEY, Reply, backend, classify, open_db,
-    snapshot_of,
+    Committer, Health, META, OBJECTS, RECOVERY_PROBE, REVISION_KEY, Reply, backend, check_batch, classify, gather,
+    open_db, snapshot_of,
 };
 use crate::state::{State, Write};
 use crate::wal::{self, Record, Writer};
@@ -484,35 +484,11 @@ impl CommitLoop {
                     return;
                 }
             };
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(w) => batch.push(w),
-                    Err(_) => break,
-                }
-            }
-
-            // Check every write against the state; rejected ones are answered at once and take
-            // no revision. Only this thread changes the state, so it cannot move under us.
-            let mut accepted = Vec::with_capacity(batch.len());
-            {
+            let batch = gather(first, &rx);
+            let accepted = {
                 let Ok(s) = state.read() else { return };
-                let mut pending: BTreeMap<String, Option<KeyValue>> = BTreeMap::new();
-                let mut rev = s.revision;
-                for (w, reply) in batch {
-                    match s.prepare(w, rev + 1, &pending) {
-                        Ok(event) => {
-                            rev += 1;
-                            let after = (event.kind != EventKind::Deleted).then(|| event.kv.clone());
-                            pending.insert(event.kv.key.clone(), after);
-                            accepted.push((event, reply));
-                        }
-                        Err(e) => {
-                            let _ = reply.send(Err(e));
-                        }
-                    }
-                }
-            }
+                check_batch(&s, batch)
+            };
             if accepted.is_empty() {
                 continue;
             }
