@@ -30,6 +30,10 @@ pub struct DashboardParams {
     /// Pod changes per second while the page watches.
     pub change_rate: f64,
     pub change_seconds: f64,
+    /// Pod changes in flight at most.
+    pub in_flight: usize,
+    /// Where to write the page's CPU profile while pods change.
+    pub profile: Option<std::path::PathBuf>,
     /// Extra arguments for `shepherd server`.
     pub server_args: Vec<String>,
 }
@@ -79,7 +83,8 @@ pub async fn run(binary: &Path, d: DashboardParams) -> anyhow::Result<ScenarioRe
         server_args,
     };
     let (cluster, _) = scale::start_cluster(binary, d.nodes, &p.server_args).await?;
-    let http = reqwest::Client::new();
+    // Enough idle connections kept for every change in flight: a change never waits on a handshake.
+    let http = reqwest::Client::builder().pool_max_idle_per_host(d.in_flight.max(16)).build()?;
     scale::scale_out(&cluster, &p, &http).await?;
     let url = cluster.server.url.clone();
     let load_before = load_average();
@@ -110,11 +115,25 @@ pub async fn run(binary: &Path, d: DashboardParams) -> anyhow::Result<ScenarioRe
     );
     anyhow::ensure!(!names.is_empty(), "no pods to change");
     browser.client.execute(OBSERVE, vec![]).await?;
+    if d.profile.is_some() {
+        cdp(&http, &browser, "Profiler.enable", json!({})).await?;
+        cdp(&http, &browser, "Profiler.start", json!({})).await?;
+    }
     browser.client.execute("window.dashboardPerf.reset(); return true;", vec![]).await?;
     let change_for = Duration::from_secs_f64(d.change_seconds);
     let stamps = tokio::spawn(stamp_pods(http.clone(), url.clone(), change_for));
-    let (sent, failed) = change_pods(&http, &url, names, d.change_rate, change_for).await;
+    let changing = Instant::now();
+    let (sent, failed) = change_pods(&http, &url, names, d.change_rate, d.in_flight, change_for).await;
+    let changed_for = changing.elapsed();
     let stamped = stamps.await?;
+    if let Some(path) = &d.profile {
+        let profile = cdp(&http, &browser, "Profiler.stop", json!({})).await?;
+        std::fs::write(path, serde_json::to_vec(&profile["profile"])?)?;
+        println!("the page's CPU profile while pods changed: {}; most time in:", path.display());
+        for (what, ms) in profile_top(&profile["profile"], 20) {
+            println!("  {ms:8.1} ms  {what}");
+        }
+    }
     // Let the last events arrive and one more redraw happen.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let perf = browser
@@ -130,9 +149,9 @@ pub async fn run(binary: &Path, d: DashboardParams) -> anyhow::Result<ScenarioRe
     let load_after = load_average();
     let _ = browser.client.clone().close().await;
     println!(
-        "{sent} pod changes in {:.0} s ({failed} failed): the page took in {} watch events; frames {} (longest gap {:.0} ms, {} over 100 ms), \
+        "{sent} pod changes in {:.1} s ({:.0}/s, {failed} failed, at most {} in flight): the page took in {} watch events; frames {} (longest gap {:.0} ms, {} over 100 ms), \
          long tasks {} (longest {:.0} ms); {} redraws, {:.1} ms each on average, longest {:.0} ms",
-        d.change_seconds, perf["watchEvents"], perf["frames"], perf["maxFrameGapMs"].as_f64().unwrap_or(0.0), perf["framesOver100"],
+        changed_for.as_secs_f64(), sent as f64 / changed_for.as_secs_f64(), d.in_flight, perf["watchEvents"], perf["frames"], perf["maxFrameGapMs"].as_f64().unwrap_or(0.0), perf["framesOver100"],
         perf["longTasks"], perf["longestTaskMs"].as_f64().unwrap_or(0.0), perf["draws"], perf["drawMsMean"].as_f64().unwrap_or(0.0),
         perf["maxDrawMs"].as_f64().unwrap_or(0.0)
     );
@@ -150,13 +169,15 @@ pub async fn run(binary: &Path, d: DashboardParams) -> anyhow::Result<ScenarioRe
     }
     let values = json!({
         "first_contentful_paint_ms": paint, "live_ms": live, "wall_to_live_ms": wall_to_live.as_secs_f64() * 1000.0,
-        "changes_sent": sent, "changes_failed": failed, "change_seconds": d.change_seconds, "page": page,
+        "changes_sent": sent, "changes_failed": failed, "change_seconds": d.change_seconds,
+        "changes_per_second": sent as f64 / changed_for.as_secs_f64(), "page": page,
         "change_to_screen": {"created": latency.created, "deleted": latency.deleted, "from_answer": latency.from_answer,
             "changes": latency.changes,
             "over_100ms": latency.over_100ms, "never_shown": latency.missed},
         "load_average": {"before": load_before, "after": load_after},
     });
     let params = json!({"nodes": d.nodes, "pods": d.pods, "change_rate": d.change_rate, "change_seconds": d.change_seconds,
+        "in_flight": d.in_flight,
         "stamps_per_second": STAMPS_PER_SECOND, "server_args": p.server_args});
     Ok(ScenarioResult { name: "dashboard", params, values })
 }
@@ -243,9 +264,16 @@ fn change_to_screen(stamps: &[Stamp], seen: &Value) -> Latency {
 }
 
 /// Patches an annotation of one pod after another at `rate` per second for `duration`, with up
-/// to 64 calls in flight; returns (sent, failed).
-async fn change_pods(http: &reqwest::Client, url: &str, names: Arc<Vec<String>>, rate: f64, duration: Duration) -> (usize, usize) {
-    let limit = Arc::new(tokio::sync::Semaphore::new(64));
+/// to `in_flight` calls in flight; returns (sent, failed).
+async fn change_pods(
+    http: &reqwest::Client,
+    url: &str,
+    names: Arc<Vec<String>>,
+    rate: f64,
+    in_flight: usize,
+    duration: Duration,
+) -> (usize, usize) {
+    let limit = Arc::new(tokio::sync::Semaphore::new(in_flight.max(1)));
     let failed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(0.1)));
     let start = Instant::now();
@@ -273,4 +301,49 @@ async fn change_pods(http: &reqwest::Client, url: &str, names: Arc<Vec<String>>,
     }
     while tasks.join_next().await.is_some() {}
     (sent, failed.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Sends a Chrome DevTools Protocol command to the page through chromedriver's `goog/cdp/execute`.
+async fn cdp(http: &reqwest::Client, browser: &Browser, cmd: &str, params: Value) -> anyhow::Result<Value> {
+    let session = browser.client.session_id().await?.ok_or_else(|| anyhow::anyhow!("no WebDriver session"))?;
+    let answer: Value = http
+        .post(format!("http://127.0.0.1:{}/session/{session}/goog/cdp/execute", browser.port))
+        .json(&json!({"cmd": cmd, "params": params}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    anyhow::ensure!(answer["value"].get("error").is_none(), "{cmd}: {}", answer["value"]);
+    Ok(answer["value"].clone())
+}
+
+/// The `n` functions of a Chrome CPU profile with the most self time (ms), named
+/// `function url:line`; the browser's own work shows as `(garbage collector)`, `(program)`, `(idle)`.
+fn profile_top(profile: &Value, n: usize) -> Vec<(String, f64)> {
+    let mut names = std::collections::HashMap::new();
+    for node in profile["nodes"].as_array().into_iter().flatten() {
+        let f = &node["callFrame"];
+        let url = f["url"].as_str().unwrap_or("");
+        let file = url.rsplit('/').next().unwrap_or("");
+        let name = match f["functionName"].as_str() {
+            Some("") | None => "(anonymous)",
+            Some(name) => name,
+        };
+        let line = f["lineNumber"].as_i64().unwrap_or(-1) + 1;
+        let what = if file.is_empty() { name.to_string() } else { format!("{name} {file}:{line}") };
+        names.insert(node["id"].as_i64().unwrap_or(-1), what);
+    }
+    let mut by_name = std::collections::HashMap::<String, f64>::new();
+    let samples = profile["samples"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let deltas = profile["timeDeltas"].as_array().map(Vec::as_slice).unwrap_or_default();
+    // A sample's time is the delta to the next one.
+    for (i, sample) in samples.iter().enumerate() {
+        let us = deltas.get(i + 1).and_then(Value::as_f64).unwrap_or(0.0);
+        let what = names.get(&sample.as_i64().unwrap_or(-1)).cloned().unwrap_or_else(|| "?".into());
+        *by_name.entry(what).or_default() += us / 1000.0;
+    }
+    let mut top: Vec<_> = by_name.into_iter().collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    top.truncate(n);
+    top
 }

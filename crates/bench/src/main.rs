@@ -97,6 +97,13 @@ enum Scenario {
         change_rate: f64,
         #[arg(long, default_value_t = 20.0)]
         change_seconds: f64,
+        /// Pod changes in flight at most (each on a connection of its own).
+        #[arg(long, default_value_t = 256)]
+        in_flight: usize,
+        /// Write the page's CPU profile while pods change (Chrome's `.cpuprofile`) to this file,
+        /// and print the functions that took the most time.
+        #[arg(long)]
+        profile: Option<std::path::PathBuf>,
         /// Extra argument for `shepherd server`; repeatable (e.g. `--server-arg=--cluster-cidr=10.128.0.0/9`).
         #[arg(long, allow_hyphen_values = true)]
         server_arg: Vec<String>,
@@ -346,11 +353,13 @@ async fn main() -> anyhow::Result<()> {
             workloads::apply_to_running(&cli.shepherd, if cli.smoke { 3 } else { runs }, &runtime).await?
         }
         Scenario::Images { runs } => workloads::images(&cli.shepherd, if cli.smoke { 1 } else { runs }).await?,
-        Scenario::Dashboard { nodes, pods, change_rate, change_seconds, server_arg } => {
+        Scenario::Dashboard { nodes, pods, change_rate, change_seconds, in_flight, profile, server_arg } => {
             let p = if cli.smoke {
-                dashboard::DashboardParams { nodes: 5, pods: 50, change_rate: 50.0, change_seconds: 2.0, server_args: server_arg }
+                dashboard::DashboardParams {
+                    nodes: 5, pods: 50, change_rate: 50.0, change_seconds: 2.0, in_flight, profile, server_args: server_arg,
+                }
             } else {
-                dashboard::DashboardParams { nodes, pods, change_rate, change_seconds, server_args: server_arg }
+                dashboard::DashboardParams { nodes, pods, change_rate, change_seconds, in_flight, profile, server_args: server_arg }
             };
             dashboard::run(&cli.shepherd, p).await?
         }

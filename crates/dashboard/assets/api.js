@@ -203,9 +203,15 @@ const LIST_PAGE = 500;
  * `forbidden` holds the server's message while the user may not list the kind.
  */
 export class Informer {
-  constructor(path, onChange) {
+  /**
+   * `compact(o)`: what the page keeps of each object (all of it by default): a page holding
+   * 10,000 pods keeps the few fields it shows, not megabytes of specs for the collector to walk.
+   */
+  constructor(path, onChange, compact = (o) => o) {
     this.path = path;
     this.onChange = onChange;
+    this.compact = compact;
+    this.observers = [];
     this.items = new Map();
     this.resourceVersion = '';
     this.synced = false;
@@ -224,6 +230,7 @@ export class Informer {
       this.items = new Map();
       this.resourceVersion = '';
       this.version++;
+      this.changed(null);
       this.onChange();
     });
     return this;
@@ -231,6 +238,20 @@ export class Informer {
 
   list() {
     return [...this.items.values()];
+  }
+
+  /**
+   * Calls `f(key, old, o)` for every change (`o` undefined: deleted) and `f(null)` when the items
+   * were listed again, so a view keeps its indices current at the cost of each change rather than
+   * going over every object at each redraw.
+   */
+  observe(f) {
+    this.observers.push(f);
+    return this;
+  }
+
+  changed(key, old, o) {
+    for (const f of this.observers) f(key, old, o);
   }
 
   async once() {
@@ -243,7 +264,7 @@ export class Informer {
       let listedAt = '';
       do {
         const page = await call('GET', `${this.path}${sep}limit=${LIST_PAGE}${next ? `&continue=${encodeURIComponent(next)}` : ''}`);
-        for (const o of page.items || []) items.set(Informer.key(o), o);
+        for (const o of page.items || []) items.set(Informer.key(o), this.compact(o));
         listedAt = page.metadata?.resourceVersion || '';
         next = page.metadata?.continue || '';
       } while (next);
@@ -252,6 +273,7 @@ export class Informer {
       this.synced = true;
       this.forbidden = null;
       this.version++;
+      this.changed(null);
       this.onChange();
     }
     const url = `${this.path}${sep}watch=true&allowWatchBookmarks=true&resourceVersion=${encodeURIComponent(this.resourceVersion)}`;
@@ -268,8 +290,16 @@ export class Informer {
         if (o?.metadata?.resourceVersion) this.resourceVersion = o.metadata.resourceVersion;
         if (event.type === 'BOOKMARK') continue;
         if (window.dashboardPerf) window.dashboardPerf.watchEvents++;
-        if (event.type === 'DELETED') this.items.delete(Informer.key(o));
-        else this.items.set(Informer.key(o), o);
+        const key = Informer.key(o);
+        const old = this.items.get(key);
+        if (event.type === 'DELETED') {
+          this.items.delete(key);
+          this.changed(key, old, undefined);
+        } else {
+          const kept = this.compact(o);
+          this.items.set(key, kept);
+          this.changed(key, old, kept);
+        }
         this.version++;
         this.onChange();
       }

@@ -2,7 +2,7 @@
 // and node, Services with their endpoints, and the Events feed, all kept live by informers.
 
 import { Informer, call } from './api.js';
-import { h, fill, age, throttled, order, keyed, firstK, compare } from './dom.js';
+import { h, fill, age, throttled, order, keyed, firstK, compare, TopK } from './dom.js';
 
 const PATHS = {
   nodes: '/api/v1/nodes',
@@ -32,7 +32,14 @@ const visible = () => document.body.dataset.view === 'cluster';
 export function startCluster() {
   // At most every 50 ms: a change reaches the screen well within the 100 ms a person calls live.
   const draw = throttled(() => visible() && render(inf), 50);
-  const inf = Object.fromEntries(Object.entries(PATHS).map(([k, p]) => [k, new Informer(p, draw).start()]));
+  const compact = { pods: compactPod };
+  const inf = Object.fromEntries(Object.entries(PATHS).map(([k, p]) => [k, new Informer(p, draw, compact[k])]));
+  inf.pods.observe((key, old, p) => podIndex.apply(inf.pods, key, old, p));
+  inf.events.observe((key, old, e) => {
+    if (key === null) newestEvents.invalidate();
+    else newestEvents.update(old, e, inf.events.items.size);
+  });
+  for (const informer of Object.values(inf)) informer.start();
   setInterval(draw, 5000); // ages move on even when nothing changes
   window.addEventListener('hashchange', draw);
 }
@@ -59,7 +66,7 @@ function render(inf) {
 }
 
 const byName = (a, b) => compare(Informer.key(a), Informer.key(b));
-const live = (p) => !['Succeeded', 'Failed'].includes(p.status?.phase);
+const live = (p) => p.phase !== 'Succeeded' && p.phase !== 'Failed';
 
 /** The server's 403 for a kind this user may not list, shown in place of the list. */
 function forbiddenText(informer) {
@@ -237,10 +244,7 @@ function renderNodes(inf) {
     keyed(tbody, nodeRows, [], [emptyRow(5, denied, 'forbidden')]);
     return;
   }
-  const perNode = new Map();
-  for (const p of inf.pods.items.values()) {
-    if (live(p) && p.spec?.nodeName) perNode.set(p.spec.nodeName, (perNode.get(p.spec.nodeName) || 0) + 1);
-  }
+  const { perNode } = podIndex;
   const leases = inf.leases.items;
   const nodes = firstK(inf.nodes.items.values(), NODES_SHOWN, byName);
   const items = nodes.map((n) => {
@@ -286,26 +290,87 @@ function emptyRow(span, text, cls = 'empty') {
 
 // ---- Pods ------------------------------------------------------------------------------------
 
-const owners = new WeakMap(); // pod object -> {version of the ReplicaSets, owner}
-
-function ownerOf(pod, replicasets) {
-  const known = owners.get(pod);
-  if (known && known.version === replicasets.version) return known.owner;
-  const ref = (pod.metadata.ownerReferences || []).find((r) => r.controller) || pod.metadata.ownerReferences?.[0];
-  let owner = 'No owner';
-  if (ref) {
-    owner = `${ref.kind} ${pod.metadata.namespace}/${ref.name}`;
-    if (ref.kind === 'ReplicaSet') {
-      const rs = replicasets.items.get(`${pod.metadata.namespace}/${ref.name}`);
-      const dep = (rs?.metadata?.ownerReferences || []).find((r) => r.kind === 'Deployment');
-      if (dep) owner = `Deployment ${pod.metadata.namespace}/${dep.name}`;
-    }
-  }
-  owners.set(pod, { version: replicasets.version, owner });
-  return owner;
+/**
+ * What the page keeps of a pod: the fields its row and its group show. A pod as the API serves
+ * it is a few kilobytes; 10,000 of them kept whole make a heap the collector stops the page to
+ * walk.
+ */
+function compactPod(p) {
+  const m = p.metadata || {};
+  const ref = (m.ownerReferences || []).find((r) => r.controller) || m.ownerReferences?.[0];
+  const statuses = p.status?.containerStatuses || [];
+  return {
+    metadata: { namespace: m.namespace, name: m.name },
+    key: m.namespace ? `${m.namespace}/${m.name}` : m.name,
+    uid: m.uid,
+    created: m.creationTimestamp,
+    deleting: !!m.deletionTimestamp,
+    owner: ref ? { kind: ref.kind, name: ref.name } : null,
+    node: p.spec?.nodeName || '',
+    containers: (p.spec?.containers || []).length,
+    phase: p.status?.phase || 'Pending',
+    ready: statuses.filter((s) => s.ready).length,
+    restarts: statuses.reduce((n, s) => n + (s.restartCount || 0), 0),
+    waiting: statuses.map((s) => s.state?.waiting?.reason).find(Boolean) || '',
+  };
 }
 
-const byNodeThenName = (a, b) => compare(a.spec?.nodeName || '', b.spec?.nodeName || '') || byName(a, b);
+const byNodeThenName = (a, b) => compare(a.node, b.node) || compare(a.key, b.key);
+
+/** A pod's direct owner, as its group is named before ReplicaSets are followed to their Deployment. */
+const ownerRef = (p) => (p.owner ? `${p.owner.kind} ${p.metadata.namespace}/${p.owner.name}` : 'No owner');
+
+/**
+ * The pods by direct owner (each with its first rows kept in order) and the live pods per node,
+ * kept as pods change: a redraw reads them at the cost of what it shows, where going over 10,000
+ * pods at each redraw held the page tens of milliseconds.
+ */
+const podIndex = {
+  perNode: new Map(),
+  owners: new Map(), // direct owner -> {pods: Map key -> pod, top: TopK}
+
+  apply(informer, key, old, p) {
+    if (key === null) {
+      this.perNode = new Map();
+      this.owners = new Map();
+      for (const [k, pod] of informer.items) this.apply(informer, k, undefined, pod);
+      return;
+    }
+    if (old && live(old) && old.node) {
+      const n = this.perNode.get(old.node) - 1;
+      if (n > 0) this.perNode.set(old.node, n);
+      else this.perNode.delete(old.node);
+    }
+    if (p && live(p) && p.node) this.perNode.set(p.node, (this.perNode.get(p.node) || 0) + 1);
+    const was = old && ownerRef(old);
+    const is = p && ownerRef(p);
+    if (was && was !== is) {
+      const o = this.owners.get(was);
+      if (o) {
+        o.pods.delete(key);
+        o.top.update(old, undefined, o.pods.size);
+        if (!o.pods.size) this.owners.delete(was);
+      }
+    }
+    if (is) {
+      let o = this.owners.get(is);
+      if (!o) {
+        o = { pods: new Map(), top: new TopK(PODS_SHOWN_PER_GROUP, byNodeThenName) };
+        this.owners.set(is, o);
+      }
+      o.pods.set(key, p);
+      o.top.update(was === is ? old : undefined, p, o.pods.size);
+    }
+  },
+};
+
+/** The group a direct owner's pods are shown in: a ReplicaSet's pods under its Deployment. */
+function groupOf(ref, replicasets) {
+  const [kind, id] = ref.split(' ');
+  if (kind !== 'ReplicaSet') return ref;
+  const dep = (replicasets.items.get(id)?.metadata?.ownerReferences || []).find((r) => r.kind === 'Deployment');
+  return dep ? `Deployment ${id.split('/')[0]}/${dep.name}` : ref;
+}
 
 const groupSections = new Map(); // owner -> {section, count, tbody, more}
 const podRows = new Map(); // namespace/name -> {tr, cells, button, error, sig}
@@ -314,18 +379,20 @@ function renderPods(inf) {
   const box = document.getElementById('pods');
   const denied = forbiddenText(inf.pods);
   document.getElementById('pods-error').textContent = denied || '';
-  const groups = new Map();
-  for (const p of inf.pods.items.values()) {
-    const owner = ownerOf(p, inf.replicasets);
-    const group = groups.get(owner);
-    if (group) group.push(p);
-    else groups.set(owner, [p]);
+  const groups = new Map(); // group -> direct owners
+  for (const ref of podIndex.owners.keys()) {
+    const group = groupOf(ref, inf.replicasets);
+    const refs = groups.get(group);
+    if (refs) refs.push(ref);
+    else groups.set(group, [ref]);
   }
   const shownOwners = firstK(groups.keys(), GROUPS_SHOWN, compare);
   const shownPods = new Set();
   const sections = shownOwners.map((owner) => {
-    const pods = groups.get(owner);
-    const shown = firstK(pods, PODS_SHOWN_PER_GROUP, byNodeThenName);
+    const refs = groups.get(owner).map((ref) => podIndex.owners.get(ref));
+    const count = refs.reduce((n, o) => n + o.pods.size, 0);
+    const firsts = refs.flatMap((o) => o.top.get(() => o.pods.values()));
+    const shown = refs.length === 1 ? firsts : firstK(firsts, PODS_SHOWN_PER_GROUP, byNodeThenName);
     let g = groupSections.get(owner);
     if (!g) {
       g = { count: h('span', { class: 'muted' }), tbody: h('tbody'), more: h('p', { class: 'muted more' }) };
@@ -337,15 +404,14 @@ function renderPods(inf) {
         g.more);
       groupSections.set(owner, g);
     }
-    g.count.textContent = `${pods.length.toLocaleString('en')} pod${pods.length === 1 ? '' : 's'}`;
+    g.count.textContent = `${count.toLocaleString('en')} pod${count === 1 ? '' : 's'}`;
     const rows = shown.map((p) => {
-      const key = Informer.key(p);
-      shownPods.add(key);
-      return podRow(key, p);
+      shownPods.add(p.key);
+      return podRow(p.key, p);
     });
     order(g.tbody, rows);
     while (g.tbody.childNodes.length > rows.length) g.tbody.lastChild.remove();
-    const hidden = pods.length - shown.length;
+    const hidden = count - shown.length;
     g.more.hidden = hidden <= 0;
     g.more.textContent = hidden > 0 ? `and ${hidden.toLocaleString('en')} more pods` : '';
     return g.section;
@@ -378,15 +444,9 @@ function renderPods(inf) {
 function podRow(key, p) {
   const ns = p.metadata.namespace;
   const name = p.metadata.name;
-  const statuses = p.status?.containerStatuses || [];
-  const ready = statuses.filter((s) => s.ready).length;
-  const restarts = statuses.reduce((n, s) => n + (s.restartCount || 0), 0);
-  const phase = p.status?.phase || 'Pending';
-  const deleting = !!p.metadata.deletionTimestamp;
-  const waiting = statuses.map((s) => s.state?.waiting?.reason).find(Boolean);
-  const created = age(p.metadata.creationTimestamp);
-  const node = p.spec?.nodeName || '';
-  const sig = [p.metadata.uid, node, phase, deleting, waiting, ready, (p.spec?.containers || []).length, restarts, created].join('|');
+  const { ready, restarts, phase, deleting, waiting, node } = p;
+  const created = age(p.created);
+  const sig = [p.uid, node, phase, deleting, waiting, ready, p.containers, restarts, created].join('|');
   let r = podRows.get(key);
   if (!r) {
     const id = `pod-error-${key}`.replace(/[^a-zA-Z0-9-]/g, '-');
@@ -403,10 +463,10 @@ function podRow(key, p) {
     r.sig = sig;
     const { tr, cells } = r;
     tr.dataset.phase = phase;
-    tr.dataset.uid = p.metadata.uid;
+    tr.dataset.uid = p.uid;
     fill(cells[1], node || h('span', { class: 'muted' }, 'unscheduled'));
     fill(cells[2], deleting ? h('span', { class: 'terminating' }, 'Terminating') : h('span', { class: `phase ${phase}` }, waiting || phase));
-    cells[3].textContent = `${ready}/${(p.spec?.containers || []).length}`;
+    cells[3].textContent = `${ready}/${p.containers}`;
     cells[4].textContent = restarts;
     cells[5].textContent = created;
     r.button.disabled = deleting;
@@ -457,7 +517,7 @@ function eventTime(e) {
 const eventItems = new Map();
 // The newest Events, found again only when an Event changed: a cluster of 10,000 pods keeps tens
 // of thousands of them, and most redraws come from pods.
-let newestEvents = { version: -1, events: [] };
+const newestEvents = new TopK(EVENTS_SHOWN, (a, b) => compare(eventTime(b), eventTime(a)) || byName(a, b));
 
 function renderEvents(inf) {
   const feed = document.getElementById('events');
@@ -466,11 +526,7 @@ function renderEvents(inf) {
     keyed(feed, eventItems, [], [h('li', { class: 'forbidden' }, denied)]);
     return;
   }
-  if (newestEvents.version !== inf.events.version) {
-    const newest = (a, b) => compare(eventTime(b), eventTime(a)) || byName(a, b);
-    newestEvents = { version: inf.events.version, events: firstK(inf.events.items.values(), EVENTS_SHOWN, newest) };
-  }
-  const { events } = newestEvents;
+  const events = newestEvents.get(() => inf.events.items.values());
   const items = events.map((e) => {
     const o = e.involvedObject || e.regarding || {};
     const when = age(eventTime(e));

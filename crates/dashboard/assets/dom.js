@@ -143,3 +143,75 @@ export function firstK(items, k, cmp) {
 export function compare(a, b) {
   return a < b ? -1 : a > b ? 1 : 0;
 }
+
+/** Puts `item` into the sorted `items` where `cmp` says. */
+function insertSorted(items, item, cmp) {
+  let lo = 0;
+  let hi = items.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (cmp(item, items[mid]) < 0) hi = mid;
+    else lo = mid + 1;
+  }
+  items.splice(lo, 0, item);
+}
+
+/**
+ * The first `k` of a changing collection in `cmp` order, kept as its objects change: most changes
+ * touch an object that is not among the first, or change one in place, and cost a comparison or
+ * two; the few others (one of the first goes, or moves) leave it to be found again over all
+ * objects at the next redraw. It holds the collection's own objects (compared by identity).
+ */
+export class TopK {
+  constructor(k, cmp) {
+    this.k = k;
+    this.cmp = cmp;
+    this.items = [];
+    this.stale = true;
+  }
+
+  invalidate() {
+    this.stale = true;
+  }
+
+  /** `old` became `o` (either may be absent); `size`: how many objects the collection holds now. */
+  update(old, o, size) {
+    if (this.stale) return;
+    const { items, k, cmp } = this;
+    const at = old ? items.indexOf(old) : -1;
+    if (at >= 0) {
+      if (o && cmp(o, old) === 0) {
+        items[at] = o;
+        return;
+      }
+      items.splice(at, 1);
+      // Moved forward, it stays among the first; moved back or gone, the one that takes its
+      // place is known only when every other object is among the first.
+      if (o && cmp(o, old) < 0) {
+        insertSorted(items, o, cmp);
+        return;
+      }
+      if (items.length < size - (o ? 1 : 0)) {
+        this.stale = true;
+        return;
+      }
+      if (o) insertSorted(items, o, cmp);
+      return;
+    }
+    if (!o) return;
+    if (items.length < k) insertSorted(items, o, cmp);
+    else if (cmp(o, items[k - 1]) < 0) {
+      insertSorted(items, o, cmp);
+      items.pop();
+    }
+  }
+
+  /** The first k; `all()` gives every object when they must be found again. */
+  get(all) {
+    if (this.stale) {
+      this.items = firstK(all(), this.k, this.cmp);
+      this.stale = false;
+    }
+    return this.items;
+  }
+}

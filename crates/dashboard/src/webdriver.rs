@@ -19,6 +19,8 @@ pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 /// A browser session; chromedriver, the browser and its profile go when it is dropped.
 pub struct Browser {
     pub client: Client,
+    /// chromedriver's port on loopback.
+    pub port: u16,
     driver: Child,
     _profile: tempfile::TempDir,
 }
@@ -72,7 +74,7 @@ impl Browser {
         loop {
             let connector = hyper_util::client::legacy::connect::HttpConnector::new();
             match ClientBuilder::new(connector).capabilities(caps.clone()).connect(&format!("http://127.0.0.1:{port}")).await {
-                Ok(client) => return Ok(Browser { client, driver, _profile: profile }),
+                Ok(client) => return Ok(Browser { client, port, driver, _profile: profile }),
                 Err(e) if Instant::now() >= deadline => {
                     let mut driver = driver;
                     let _ = driver.kill();
