@@ -289,6 +289,11 @@ impl Watches {
     }
 }
 
+/// How long a follow waits before it lists again after its first failed list.
+const FIRST_RETRY: Duration = Duration::from_millis(5);
+/// How long it waits before listing again after a watch ended.
+const RELIST_AFTER_WATCH: Duration = Duration::from_millis(100);
+
 /// Lists and watches one object (by name, in its namespace) until aborted, listing again after
 /// a watch ends or fails.
 async fn follow(watches: std::sync::Weak<Watches>, key: Key, tx: watch::Sender<Known>) {
@@ -296,7 +301,10 @@ async fn follow(watches: std::sync::Weak<Watches>, key: Key, tx: watch::Sender<K
     let Some((ns, name)) = full.split_once('/') else { return };
     let params = ListParams::namespace(ns).fields(format!("metadata.name={name}"));
     let res = kind.resource();
-    let mut pause = Duration::from_millis(100);
+    // A list refused at first is usually a race, not a rule: the node authorizer learns that the
+    // pod naming the object is bound here a moment after this agent does. So the first retry comes
+    // soon, then each waits twice as long.
+    let mut pause = FIRST_RETRY;
     loop {
         let Some(client) = watches.upgrade().map(|w| w.client.clone()) else { return };
         match client.list(res, &params).await {
@@ -309,7 +317,7 @@ async fn follow(watches: std::sync::Weak<Watches>, key: Key, tx: watch::Sender<K
                 w.record(&key, obj.map_or(Known::Absent, |o| Known::Present(Arc::new(o))), &tx);
                 drop(w);
                 if let Ok(mut events) = client.watch(res, &params, list.resource_version).await {
-                    pause = Duration::from_millis(100);
+                    pause = RELIST_AFTER_WATCH;
                     while let Some(Ok(event)) = events.next().await {
                         let Some(w) = watches.upgrade() else { return };
                         if let WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) = &event {
