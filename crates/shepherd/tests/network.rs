@@ -70,11 +70,13 @@ impl Drop for Netns {
     }
 }
 
-/// An agent process; dropping it kills it and the containers it left (their shims keep its
-/// command line, which a restarted agent shares: only the last one of a node sweeps).
+/// An agent process; dropping it kills it and the containers it left: the shims, which name its
+/// data directory in their command line (a restarted agent shares it: only the last one of a node
+/// sweeps).
 struct Agent {
     child: Child,
     cmdline: Vec<u8>,
+    data_dir: PathBuf,
 }
 
 impl Agent {
@@ -90,11 +92,19 @@ impl Drop for Agent {
         if self.cmdline.is_empty() {
             return;
         }
+        let mut dir = self.data_dir.as_os_str().as_encoded_bytes().to_vec();
+        dir.push(b'/');
         let Ok(procs) = std::fs::read_dir("/proc") else { return };
         for entry in procs.flatten() {
-            if entry.file_name().to_str().is_some_and(|p| p.parse::<i32>().is_ok())
-                && std::fs::read(entry.path().join("cmdline")).is_ok_and(|c| c == self.cmdline)
-            {
+            if !entry.file_name().to_str().is_some_and(|p| p.parse::<i32>().is_ok()) {
+                continue;
+            }
+            let Ok(c) = std::fs::read(entry.path().join("cmdline")) else { continue };
+            let shim = c.split(|b| *b == 0).next().is_some_and(|argv0| argv0.ends_with(b"shepherd-shim"))
+                && c.windows(dir.len()).any(|w| w == dir.as_slice());
+            if c == self.cmdline || shim {
+                // A container's first process is the init of its PID namespace: killing it (with
+                // its shim) ends everything inside.
                 let _ = Command::new("kill").arg("-KILL").arg(entry.file_name()).status();
             }
         }
@@ -217,7 +227,7 @@ impl Cluster {
             assert!(Instant::now() < deadline, "the agent of node-{node} did not start: {:?}", String::from_utf8_lossy(&c));
             std::thread::sleep(Duration::from_millis(10));
         };
-        Agent { child, cmdline }
+        Agent { child, cmdline, data_dir: self.agent_dir(node) }
     }
 
     /// Where agent `node`'s log goes (appended across restarts), shown when a wait times out.
