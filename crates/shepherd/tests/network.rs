@@ -96,7 +96,7 @@ impl Drop for Agent {
         dir.push(b'/');
         let Ok(procs) = std::fs::read_dir("/proc") else { return };
         for entry in procs.flatten() {
-            if !entry.file_name().to_str().is_some_and(|p| p.parse::<i32>().is_ok()) {
+            if entry.file_name().to_str().is_none_or(|p| p.parse::<i32>().is_err()) {
                 continue;
             }
             let Ok(c) = std::fs::read(entry.path().join("cmdline")) else { continue };
