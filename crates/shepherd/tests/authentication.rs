@@ -222,7 +222,7 @@ fn the_seed_session_works_with_no_flags_from_the_directory_standalone_ran_in() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start standalone");
-    let _daemon = Daemon::from_child(child);
+    let mut daemon = Daemon::from_child(child);
     let sheepctl = |args: &[&str], stdin: Option<&str>| {
         // Built by `cargo build -p sheepctl` (scripts/test.sh builds the workspace first).
         let mut cmd = Command::new(Path::new(env!("CARGO_BIN_EXE_shepherd")).with_file_name("sheepctl"));
@@ -245,6 +245,13 @@ fn the_seed_session_works_with_no_flags_from_the_directory_standalone_ran_in() {
         }
         assert!(Instant::now() < deadline, "three web pods are not Running: {out} {err}");
         std::thread::sleep(Duration::from_millis(200));
+    }
+    // Stopped as a person stops it (Ctrl-C): standalone then stops its pods' containers, which the
+    // SIGKILL of the daemon's drop would leave running (their shims name a relative data dir).
+    let _ = Command::new("kill").arg("-TERM").arg(daemon.child.id().to_string()).status();
+    let stop_by = Instant::now() + Duration::from_secs(30);
+    while daemon.child.try_wait().ok().flatten().is_none() && Instant::now() < stop_by {
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
