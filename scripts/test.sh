@@ -23,6 +23,7 @@ command -v dig >/dev/null 2>&1 || need+=(bind9-dnsutils)               # queries
 [ -x /usr/bin/chromium ] || need+=(chromium)                            # the dashboard's browser tests
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)                 # ... driven over WebDriver
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)          # builds etcd-client (the store's etcd tests)
+[ -f /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev) # ... with protobuf's own .proto files
 [ -x /usr/bin/etcd ] || need+=(etcd-server)                             # the etcd backend's tests run a real etcd
 command -v openssl >/dev/null 2>&1 || need+=(openssl)                  # makes an RSA ServiceAccount signing key
 if [ ${#need[@]} -gt 0 ]; then
