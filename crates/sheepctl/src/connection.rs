@@ -14,7 +14,7 @@ pub const DEFAULT_SERVER: &str = "https://127.0.0.1:9876";
 /// to where they were started.
 const DEFAULT_DATA_DIR: &str = "shepherd-data";
 
-const START_HINT: &str = "start Shepherd with: cargo run --release --bin shepherd -- standalone";
+const START_HINT: &str = "start Shepherd with: cargo build --release -p shepherd && target/release/shepherd standalone";
 
 const CREDENTIALS_HINT: &str =
     "use the kubeconfig the server wrote (--kubeconfig <data-dir>/admin.kubeconfig, found by itself in ./shepherd-data) or a valid --token";

@@ -17,7 +17,7 @@ fn no_server_names_the_address_and_how_to_start_shepherd() {
     let url = format!("http://127.0.0.1:{port}");
     let run = sheepctl(Some(&url), &["get", "pods"], None);
     assert!(run.stderr.contains(&url), "{}", run.stderr);
-    insta::assert_snapshot!(report(&run), @"Error: cannot connect to the Shepherd API at http://127.0.0.1:PORT (connection refused); start Shepherd with: cargo run --release --bin shepherd -- standalone");
+    insta::assert_snapshot!(report(&run), @"Error: cannot connect to the Shepherd API at http://127.0.0.1:PORT (connection refused); start Shepherd with: cargo build --release -p shepherd && target/release/shepherd standalone");
 }
 
 #[test]

@@ -107,13 +107,31 @@ fn server_at(dir: &Path, listen: &str) -> Daemon {
     Daemon::from_child(child)
 }
 
-/// A node agent process, killed on drop.
-struct Agent(std::process::Child);
+/// A node agent process over `data_dir`; dropping it kills it and the containers it left.
+struct Agent {
+    child: std::process::Child,
+    cmdline: Vec<u8>,
+    data_dir: std::path::PathBuf,
+}
+
+impl Agent {
+    fn start(server: &str, node: &str, data_dir: &Path) -> Agent {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .args(["agent", "--server", server, "--node-name", node, "--data-dir"])
+            .arg(data_dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start agent");
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap_or_default();
+        Agent { child, cmdline, data_dir: data_dir.to_path_buf() }
+    }
+}
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        common::kill_leftovers(&self.cmdline, Some(&self.data_dir));
     }
 }
 
@@ -125,12 +143,7 @@ async fn an_indexed_job_runs_each_index_once_across_a_control_plane_kill_and_res
     let out = work.path().join("indexes");
     let listen = format!("127.0.0.1:{}", free_port());
     let mut server = server_at(dir.path(), &listen);
-    let agent = Agent(std::process::Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .args(["agent", "--server", &server.url, "--node-name", "n1", "--data-dir"])
-        .arg(agent_dir.path())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("start agent"));
+    let agent = Agent::start(&server.url, "n1", agent_dir.path());
     let http = reqwest::Client::new();
     // An index is written only as the pod's last act, so a line means that index succeeded.
     let script = format!("sleep 1; echo $JOB_COMPLETION_INDEX $(hostname) >> {}", out.display());

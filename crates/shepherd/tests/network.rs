@@ -89,24 +89,10 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill9();
-        if self.cmdline.is_empty() {
-            return;
-        }
-        let mut dir = self.data_dir.as_os_str().as_encoded_bytes().to_vec();
-        dir.push(b'/');
-        let Ok(procs) = std::fs::read_dir("/proc") else { return };
-        for entry in procs.flatten() {
-            if entry.file_name().to_str().is_none_or(|p| p.parse::<i32>().is_err()) {
-                continue;
-            }
-            let Ok(c) = std::fs::read(entry.path().join("cmdline")) else { continue };
-            let shim = c.split(|b| *b == 0).next().is_some_and(|argv0| argv0.ends_with(b"shepherd-shim"))
-                && c.windows(dir.len()).any(|w| w == dir.as_slice());
-            if c == self.cmdline || shim {
-                // A container's first process is the init of its PID namespace: killing it (with
-                // its shim) ends everything inside.
-                let _ = Command::new("kill").arg("-KILL").arg(entry.file_name()).status();
-            }
+        // An agent replaced by a restart has its command line cleared: its containers are the
+        // new agent's now.
+        if !self.cmdline.is_empty() {
+            common::kill_leftovers(&self.cmdline, Some(&self.data_dir));
         }
     }
 }

@@ -83,24 +83,33 @@ impl Drop for Daemon {
     /// Kills the daemon and every container it left running, so no test outlives its run.
     fn drop(&mut self) {
         self.kill9();
-        if self.cmdline.is_empty() {
-            return;
-        }
-        let Ok(procs) = std::fs::read_dir("/proc") else { return };
-        for entry in procs.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else { continue };
-            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-            // A shim runs `shepherd-shim MODE PID <data dir>/.../exit ...`; its container dies with it.
-            let shim_of_ours = self.data_dir.as_ref().is_some_and(|d| {
-                let dir = d.as_os_str().as_encoded_bytes();
-                cmdline.split(|b| *b == 0).next().is_some_and(|argv0| argv0.ends_with(b"shepherd-shim"))
-                    && cmdline.windows(dir.len()).any(|w| w == dir)
-            });
-            if cmdline == self.cmdline || shim_of_ours {
-                // A container's first process is the init of its PID namespace: killing it ends
-                // everything inside.
-                let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
-            }
+        kill_leftovers(&self.cmdline, self.data_dir.as_deref());
+    }
+}
+
+/// Kills what a `shepherd` process (already killed) left running: the processes with its exact
+/// command line (a standalone's containers forked without a `shepherd-shim` keep it) and the
+/// `shepherd-shim` processes whose command line names a path inside `data_dir`
+/// (`shepherd-shim MODE PID <data dir>/.../exit ...`). A container's first process is the init of
+/// its PID namespace, so killing it (and its shim) ends everything inside.
+pub fn kill_leftovers(cmdline: &[u8], data_dir: Option<&Path>) {
+    let inside = data_dir.map(|d| {
+        let mut dir = d.as_os_str().as_encoded_bytes().to_vec();
+        dir.push(b'/');
+        dir
+    });
+    let Ok(procs) = std::fs::read_dir("/proc") else { return };
+    for entry in procs.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else { continue };
+        let Ok(c) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let shim = inside.as_ref().is_some_and(|dir| {
+            c.split(|b| *b == 0).next().is_some_and(|argv0| argv0.ends_with(b"shepherd-shim"))
+                && c.windows(dir.len()).any(|w| w == dir.as_slice())
+        });
+        // An empty command line (the process was gone when it was read) matches nobody's: kernel
+        // threads have one too.
+        if (!cmdline.is_empty() && c == cmdline) || shim {
+            let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
         }
     }
 }
