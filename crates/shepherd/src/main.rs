@@ -740,7 +740,13 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     {
         tracing::warn!(error = %e, "node agent stopped with an error");
     }
-    serving.await??;
+    let served = serving.await;
+    // Every writer has stopped: the store finishes what it took, checkpoints, and lets go of its
+    // files (or of etcd), so the next start replays nothing.
+    if let Err(e) = store.close().await {
+        tracing::warn!(error = %e, "closing the store");
+    }
+    served??;
     tracing::info!("shut down cleanly");
     Ok(())
 }
