@@ -313,7 +313,8 @@ impl State {
     }
 
     pub(crate) fn count(&self, prefix: &str) -> usize {
-        self.objects.range(prefix.to_string()..).take_while(|(k, _)| k.starts_with(prefix)).count()
+        let from: (Bound<&str>, Bound<&str>) = (Bound::Included(prefix), Bound::Unbounded);
+        self.objects.range::<str, _>(from).take_while(|(k, _)| k.starts_with(prefix)).count()
     }
 
     /// The retained events after `from` under `prefix`, and a live subscription that continues

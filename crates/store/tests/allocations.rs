@@ -1,5 +1,6 @@
-//! `Store::revision` of a store that answers from memory allocates nothing, through `dyn Store`
-//! as the API server calls it: it runs on every read that waits for a revision.
+//! `Store::revision` and `Store::count` of a store that answers from memory allocate nothing,
+//! through `dyn Store` as the API server calls them: on every read that waits for a revision, and
+//! for every kind on every metrics scrape.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -29,7 +30,7 @@ unsafe impl GlobalAlloc for Counting {
 static COUNTING: Counting = Counting;
 
 #[test]
-fn asking_a_local_store_for_its_revision_allocates_nothing() {
+fn asking_a_local_store_for_its_revision_or_a_count_allocates_nothing() {
     let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
     rt.block_on(async {
@@ -45,8 +46,9 @@ fn asking_a_local_store_for_its_revision_allocates_nothing() {
             let before = ALLOCATIONS.with(Cell::get);
             for _ in 0..1000 {
                 assert_eq!(store.revision().await.expect("revision"), 1, "{name}");
+                assert_eq!(store.count("/").await.expect("count"), 1, "{name}");
             }
-            assert_eq!(ALLOCATIONS.with(Cell::get) - before, 0, "{name}: allocations for 1000 revisions");
+            assert_eq!(ALLOCATIONS.with(Cell::get) - before, 0, "{name}: allocations for 1000 revisions and counts");
             store.close().await.expect("close");
         }
     });
