@@ -295,11 +295,17 @@ pub async fn run_signer(svc: ApiService, stop: impl std::future::Future<Output =
     let tokens_prefix = kinds::SECRET.namespace_prefix(NAMESPACE);
     let info_key = kinds::CONFIGMAP.key(Some(CLUSTER_INFO_NAMESPACE), CLUSTER_INFO);
     loop {
-        let revision = svc.store().revision();
+        let revision = svc.store().revision().await;
         if let Err(e) = sign_cluster_info(&svc).await {
             tracing::warn!(error = %e, "cannot sign kube-public/cluster-info");
         }
-        let watches = [&tokens_prefix, &info_key].map(|prefix| svc.store().watch(prefix, revision));
+        let mut watches = Vec::new();
+        for prefix in [&tokens_prefix, &info_key] {
+            watches.push(match &revision {
+                Ok(revision) => svc.store().watch(prefix, *revision).await,
+                Err(e) => Err(e.clone()),
+            });
+        }
         let mut changes = futures::stream::select_all(watches.into_iter().filter_map(|w| match w {
             Ok(w) => Some(w),
             Err(e) => {

@@ -395,11 +395,15 @@ pub async fn run_controller(
     tokio::pin!(stop);
     loop {
         // The watch below starts after this revision: a request filed during the pass wakes the next.
-        let revision = svc.store().revision();
+        let revision = svc.store().revision().await;
         if let Err(e) = reconcile_all(&svc, &ca, duration).await {
             tracing::warn!(error = %e, "certificate signing requests: a pass failed");
         }
-        let mut changes = match svc.store().watch(&res.key_prefix(), revision) {
+        let watched = match revision {
+            Ok(revision) => svc.store().watch(&res.key_prefix(), revision).await,
+            Err(e) => Err(e),
+        };
+        let mut changes = match watched {
             Ok(w) => Some(w),
             Err(e) => {
                 tracing::warn!(error = %e, "certificate signing requests: cannot watch; checking once a minute");

@@ -85,7 +85,7 @@ impl ApiService {
         if at < now {
             // The writes after `at` are all in the history (the list above saw them), so each
             // is ready at once; the first that is not, or is past `now`, ends the walk.
-            let mut stream = self.store.watch(&prefix, at).map_err(|e| store_err(res, "", e))?;
+            let mut stream = self.store.watch(&prefix, at).await.map_err(|e| store_err(res, "", e))?;
             let mut undo = Vec::new();
             while let Some(Some(next)) = stream.next().now_or_never() {
                 let event = next.map_err(|e| store_err(res, "", e))?;

@@ -299,7 +299,8 @@ async fn readiness(State(app): State<AppState>, Query(q): Query<HashMap<String, 
 
 async fn metrics(State(app): State<AppState>) -> Response {
     for res in kinds::all() {
-        let n = app.svc.store.count(&res.key_prefix()) as i64;
+        let Ok(n) = app.svc.store.count(&res.key_prefix()).await else { continue };
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
         app.svc.metrics.objects.get_or_create(&crate::metrics::ResourceLabel { resource: res.plural.into() }).set(n);
     }
     let mut out = String::new();
@@ -937,8 +938,9 @@ async fn handle(
                     Err(e) => return Err(e),
                 }
             }
+            let revision = svc.store.revision().await.map_err(crate::service::store_failure)?;
             let list = json!({"kind": res.list_kind(), "apiVersion": res.api_version(),
-                "metadata": {"resourceVersion": svc.store.revision().to_string()}, "items": deleted});
+                "metadata": {"resourceVersion": revision.to_string()}, "items": deleted});
             Ok(json_response(StatusCode::OK, list.to_string().into_bytes()))
         }
         _ => Err(ApiError::MethodNotAllowed(format!(

@@ -179,6 +179,13 @@ pub(crate) fn store_err(res: &ResourceInfo, name: &str, e: StoreError) -> ApiErr
             name,
             "the object has been modified; please apply your changes to the latest version and try again",
         ),
+        e => store_failure(e),
+    }
+}
+
+/// A store failure that is about no one object (the store's state, its disk, its history).
+pub(crate) fn store_failure(e: StoreError) -> ApiError {
+    match e {
         StoreError::Expired { requested, oldest } => ApiError::Expired(format!(
             "too old resource version: {requested} ({oldest})"
         )),
@@ -187,6 +194,10 @@ pub(crate) fn store_err(res: &ResourceInfo, name: &str, e: StoreError) -> ApiErr
         StoreError::Backend(m) => ApiError::Internal(m),
         StoreError::NoSpace(m) => ApiError::InsufficientStorage(m),
         StoreError::Unavailable(m) => ApiError::ServiceUnavailable(m),
+        StoreError::FutureRevision { requested, current } => ApiError::ResourceVersionTooLarge { requested, current },
+        e @ (StoreError::NotFound { .. } | StoreError::AlreadyExists { .. } | StoreError::Conflict { .. }) => {
+            ApiError::Internal(e.to_string())
+        }
     }
 }
 
@@ -321,13 +332,16 @@ impl ApiService {
     /// another server may be ahead of this one (Kubernetes' watch cache waits the same way).
     pub(crate) async fn wait_for_revision(&self, revision: Revision) -> Result<(), ApiError> {
         let deadline = Instant::now() + FUTURE_REVISION_WAIT;
-        while self.store.revision() < revision {
+        loop {
+            let current = self.store.revision().await.map_err(store_failure)?;
+            if current >= revision {
+                return Ok(());
+            }
             if Instant::now() >= deadline {
-                return Err(ApiError::ResourceVersionTooLarge { requested: revision, current: self.store.revision() });
+                return Err(ApiError::ResourceVersionTooLarge { requested: revision, current });
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        Ok(())
     }
 
     pub async fn list(&self, res: &ResourceInfo, ns: Option<&str>, opts: &ListOptions) -> Result<ListPage, ApiError> {

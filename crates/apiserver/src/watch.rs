@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use shepherd_api::ApiError;
 use shepherd_api::kinds::ResourceInfo;
 use shepherd_api::selector::{FieldSelector, LabelSelector};
-use shepherd_store::{EventKind, Revision};
+use shepherd_store::{EventKind, Revision, StoreError};
 use tokio::time::Instant;
 
 use crate::codec;
@@ -124,10 +124,14 @@ impl ApiService {
         } else {
             opts.resource_version.unwrap_or(0)
         };
-        let events = match store.watch(&prefix, from) {
+        let events = match store.watch(&prefix, from).await {
             Ok(w) => w,
             Err(e) => {
-                let err = ApiError::Expired(e.to_string());
+                // A 410 for a revision gone from the history; a 503 for a store shutting down.
+                let err = match e {
+                    StoreError::Closed | StoreError::Unavailable(_) => crate::service::store_failure(e),
+                    e => ApiError::Expired(e.to_string()),
+                };
                 return Ok(futures::stream::iter(vec![WireEvent::error(&err)]).boxed());
             }
         };
@@ -162,7 +166,9 @@ impl ApiService {
                     }
                 };
                 let event = match next {
-                    None => return None,
+                    // The store closed (the server is stopping): the watch ends as at its timeout, and
+                    // the client watches again from its last revision, here after a restart or elsewhere.
+                    None | Some(Err(StoreError::Closed)) => return None,
                     Some(Err(e)) => {
                         st.done = true;
                         let err = ApiError::Expired(format!("{e}"));

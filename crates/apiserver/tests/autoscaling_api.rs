@@ -17,7 +17,7 @@ fn names(list: &Value) -> Vec<&str> {
 #[tokio::test]
 async fn a_node_report_is_served_as_node_and_pod_metrics_without_touching_the_store() {
     let s = start().await;
-    let before = s.store.revision();
+    let before = s.store.revision().await.expect("revision");
     let pod = |name: &str, app: &str| {
         json!({"metadata": {"name": name, "namespace": "default", "labels": {"app": app}}, "timestamp": "2026-01-01T00:00:00Z",
             "window": "5s", "containers": [{"name": "main", "usage": {"cpu": "250000000n", "memory": "2048Ki"}}]})
@@ -41,7 +41,7 @@ async fn a_node_report_is_served_as_node_and_pod_metrics_without_touching_the_st
     assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED, "{st}");
     let Reply { code, body: st, .. } = s.post(&format!("{METRICS}/nodes"), &json!({"metadata": {}})).await;
     assert_eq!(code, StatusCode::BAD_REQUEST, "{st}");
-    assert_eq!(s.store.revision(), before, "metrics are never written to the store");
+    assert_eq!(s.store.revision().await.expect("revision"), before, "metrics are never written to the store");
 
     let Reply { body: discovery, .. } = s.get(METRICS).await;
     let served: Vec<&str> = discovery["resources"].as_array().into_iter().flatten().filter_map(|r| r["name"].as_str()).collect();

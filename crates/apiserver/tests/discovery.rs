@@ -82,7 +82,7 @@ async fn discovery_paths_answer_with_or_without_a_trailing_slash() {
 #[tokio::test]
 async fn what_is_not_served_answers_404_not_found_and_writes_nothing() {
     let s = start().await;
-    let before = s.store.revision();
+    let before = s.store.revision().await.expect("revision");
     let pvc = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c"}, "spec": {}});
     let (code, body) = s.post("/api/v1/namespaces/default/persistentvolumeclaims", &pvc).await;
     assert_kubernetes_404(code, &body, "an unserved core resource in a namespace");
@@ -102,7 +102,7 @@ async fn what_is_not_served_answers_404_not_found_and_writes_nothing() {
         let (code, body) = s.get(path).await;
         assert_kubernetes_404(code, &body, path);
     }
-    assert_eq!(s.store.revision(), before, "nothing was written");
+    assert_eq!(s.store.revision().await.expect("revision"), before, "nothing was written");
     // The namespace's own subresource is still the namespace's, not a resource called `status`.
     let (code, ns) = s.get("/api/v1/namespaces/default/status").await;
     assert_eq!((code, &ns["kind"]), (StatusCode::OK, &json!("Namespace")), "{ns}");

@@ -359,7 +359,7 @@ impl Fuzz {
                 }
                 None => apply_edits(base, &c.edits).to_string(),
             };
-            let before = self.server.store.revision();
+            let before = self.server.store.revision().await.expect("revision");
             let request = self.server.http.request(c.method.clone(), self.server.url(&path))
                 .header("content-type", c.content_type)
                 .body(body.clone());
@@ -371,7 +371,7 @@ impl Fuzz {
                 *codes.entry(code.as_u16()).or_default() += 1;
             }
             let text = resp.text().await.map_err(|e| TestCaseError::fail(format!("reading the response: {e}")))?;
-            let after = self.server.store.revision();
+            let after = self.server.store.revision().await.expect("revision");
             if code.is_server_error() {
                 return Err(TestCaseError::fail(format!("{} {path} -> {code} {text}; body {body}", c.method)));
             }

@@ -14,7 +14,7 @@ use shepherd_apiserver::HttpConfig;
 async fn a_json_patch_on_the_document_root_is_refused_and_writes_nothing() {
     let s = start().await;
     s.create(DEPLOYMENTS, &deployment("web")).await;
-    let before = s.store.revision();
+    let before = s.store.revision().await.expect("revision");
     let path = format!("{DEPLOYMENTS}/web");
     for ops in [
         json!([{"op": "add", "path": "", "value": ""}]),
@@ -45,7 +45,7 @@ async fn a_json_patch_on_the_document_root_is_refused_and_writes_nothing() {
     let r = s.patch(&path, &json!([{"op": "add", "path": "/", "value": 1}]), JSON_PATCH).await;
     assert_eq!(r.code, StatusCode::OK, "{}", r.body);
     assert_eq!(r.warnings(), [r#"299 - "unknown field \"\"""#]);
-    assert_eq!(s.store.revision(), before, "no refused patch wrote anything");
+    assert_eq!(s.store.revision().await.expect("revision"), before, "no refused patch wrote anything");
     assert_eq!(s.get(&path).await.body["spec"]["replicas"], 2, "the server still serves the object");
 }
 
@@ -85,7 +85,7 @@ async fn kind_and_api_version_cannot_be_changed_by_a_patch_or_an_update() {
     let s = start().await;
     let created = s.create(DEPLOYMENTS, &deployment("web")).await;
     let path = format!("{DEPLOYMENTS}/web");
-    let before = s.store.revision();
+    let before = s.store.revision().await.expect("revision");
 
     let r = s.patch(&path, &json!({"apiVersion": "v9", "kind": null}), MERGE).await;
     assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
@@ -106,7 +106,7 @@ async fn kind_and_api_version_cannot_be_changed_by_a_patch_or_an_update() {
     assert_eq!(r.code, StatusCode::BAD_REQUEST, "{}", r.body);
     assert!(r.body["message"].as_str().is_some_and(|m| m.contains("apps/v9")), "{}", r.body);
 
-    assert_eq!(s.store.revision(), before, "nothing was written");
+    assert_eq!(s.store.revision().await.expect("revision"), before, "nothing was written");
     let got = s.get(&path).await.body;
     assert_eq!((got["apiVersion"].as_str(), got["kind"].as_str()), (Some("apps/v1"), Some("Deployment")));
 }
@@ -117,7 +117,7 @@ async fn a_uid_in_a_patch_or_an_update_is_a_precondition() {
     let created = s.create(DEPLOYMENTS, &deployment("web")).await;
     let path = format!("{DEPLOYMENTS}/web");
     let uid = created["metadata"]["uid"].as_str().expect("uid").to_string();
-    let before = s.store.revision();
+    let before = s.store.revision().await.expect("revision");
 
     let r = s.patch(&path, &json!({"metadata": {"uid": "not-this-one"}, "spec": {"replicas": 5}}), MERGE).await;
     assert_eq!(r.code, StatusCode::CONFLICT, "{}", r.body);
@@ -128,7 +128,7 @@ async fn a_uid_in_a_patch_or_an_update_is_a_precondition() {
     other["metadata"].as_object_mut().expect("meta").remove("resourceVersion");
     let r = s.put(&path, &other).await;
     assert_eq!(r.code, StatusCode::CONFLICT, "{}", r.body);
-    assert_eq!(s.store.revision(), before, "nothing was written");
+    assert_eq!(s.store.revision().await.expect("revision"), before, "nothing was written");
 
     let r = s.patch(&path, &json!({"metadata": {"uid": uid}, "spec": {"replicas": 5}}), MERGE).await;
     assert_eq!(r.code, StatusCode::OK, "the right uid applies: {}", r.body);
@@ -228,7 +228,7 @@ async fn lists_and_gets_honour_resource_version_and_its_match() {
     for i in 0..3 {
         s.create(PODS, &pod(&format!("p{i}"))).await;
     }
-    let now = s.store.revision();
+    let now = s.store.revision().await.expect("revision");
 
     for q in ["", "?resourceVersion=0", &format!("?resourceVersion={now}"),
         &format!("?resourceVersion={now}&resourceVersionMatch=NotOlderThan"),
@@ -259,7 +259,7 @@ async fn lists_and_gets_honour_resource_version_and_its_match() {
     }
 
     // A revision that arrives while the list waits is served.
-    let next = s.store.revision() + 1;
+    let next = s.store.revision().await.expect("revision") + 1;
     let writer = {
         let s = s.clone();
         tokio::spawn(async move {
@@ -307,7 +307,7 @@ async fn unknown_fields_follow_the_field_validation_parameter() {
         p["spec"]["foo"] = json!({"bar": 1});
         p
     };
-    let before = s.store.revision();
+    let before = s.store.revision().await.expect("revision");
     let r = s.post(&format!("{PODS}?fieldValidation=Strict"), &with_unknown("strict")).await;
     assert_eq!(r.code, StatusCode::BAD_REQUEST, "{}", r.body);
     assert_eq!(r.body["reason"], "BadRequest");
@@ -320,7 +320,7 @@ async fn unknown_fields_follow_the_field_validation_parameter() {
     let r = s.raw(Method::POST, &format!("{PODS}?fieldValidation=Strict"), Some(dup.into()), "application/json").await;
     assert_eq!(r.code, StatusCode::BAD_REQUEST, "{}", r.body);
     assert!(r.body["message"].as_str().is_some_and(|m| m.ends_with("strict decoding error: duplicate field \"metadata.name\"")), "{}", r.body);
-    assert_eq!(s.store.revision(), before, "Strict wrote nothing");
+    assert_eq!(s.store.revision().await.expect("revision"), before, "Strict wrote nothing");
 
     // Warn (the default, as in Kubernetes): dropped, each named in a Warning header.
     for q in ["?fieldValidation=Warn", ""] {
@@ -373,7 +373,7 @@ async fn a_dry_run_validates_in_full_and_writes_nothing() {
     let mut bound = pod("bound");
     bound["spec"]["nodeName"] = json!("node-1");
     s.create(PODS, &bound).await;
-    let before = s.store.revision();
+    let before = s.store.revision().await.expect("revision");
     let dry = "dryRun=All";
 
     // Create: defaulted, with a uid and creation time, and no resourceVersion.
@@ -424,7 +424,7 @@ async fn a_dry_run_validates_in_full_and_writes_nothing() {
     let r = s.send(Method::DELETE, &format!("{PODS}/bound"), Some(&json!({"dryRun": ["All"]})), "application/json").await;
     assert_eq!(r.code, StatusCode::ACCEPTED, "dryRun in the DeleteOptions body: {}", r.body);
 
-    assert_eq!(s.store.revision(), before, "no dry run wrote anything");
+    assert_eq!(s.store.revision().await.expect("revision"), before, "no dry run wrote anything");
     let got = s.get(&format!("{PODS}/bound")).await.body;
     assert!(got["metadata"].get("deletionTimestamp").is_none());
     assert_eq!(s.get(&path).await.body["spec"]["replicas"], 2);
@@ -433,7 +433,7 @@ async fn a_dry_run_validates_in_full_and_writes_nothing() {
     assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
     assert_eq!(r.body["details"]["causes"][0]["field"], "dryRun");
     assert_eq!(s.delete(&format!("{PODS}/bound?dryRun=yes")).await.code, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(s.store.revision(), before);
+    assert_eq!(s.store.revision().await.expect("revision"), before);
 }
 
 /// A paginated list reads every page at the first page's revision: each object exactly once, as

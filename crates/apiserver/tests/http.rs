@@ -323,10 +323,32 @@ async fn a_watch_from_before_the_history_gets_410_expired() {
 }
 
 #[tokio::test]
+async fn after_the_store_compacts_a_watch_or_exact_list_from_before_it_gets_410_expired() {
+    let s = start().await;
+    s.post(PODS, &pod("a", json!({}))).await;
+    let (_, list) = s.get(PODS).await;
+    let old: u64 = list["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse().ok()).expect("rv");
+    s.post(PODS, &pod("b", json!({}))).await;
+    let now = s.store.revision().await.expect("revision");
+    let (code, _) = s.get(&format!("{PODS}?resourceVersion={old}&resourceVersionMatch=Exact")).await;
+    assert_eq!(code, StatusCode::OK, "before the compaction the old revision reads");
+    s.store.compact(now).await.expect("compact");
+    let events = watch_lines(&s, &format!("{PODS}?watch=true&resourceVersion={old}"), 1).await;
+    assert_eq!(events[0]["type"], "ERROR");
+    assert_eq!(events[0]["object"]["code"], 410);
+    let (code, body) = s.get(&format!("{PODS}?resourceVersion={old}&resourceVersionMatch=Exact")).await;
+    assert_eq!(code, StatusCode::GONE, "{body}");
+    assert_eq!(body["reason"], "Expired");
+    let (code, list) = s.get(&format!("{PODS}?resourceVersion={now}&resourceVersionMatch=Exact")).await;
+    assert_eq!(code, StatusCode::OK, "the compacted revision itself still reads");
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(2));
+}
+
+#[tokio::test]
 async fn every_rejection_says_why_and_writes_nothing() {
     let s = start_with(HistoryLimits::default(), HttpConfig { max_body_bytes: 4096, ..HttpConfig::default() }).await;
     s.post(PODS, &pod("exists", json!({}))).await;
-    let before = s.store.revision();
+    let before = s.store.revision().await.expect("revision");
     let raw = |body: &str| {
         let req = s.http.post(s.url(PODS)).header("content-type", "application/json").body(body.to_string());
         async move {
@@ -396,7 +418,7 @@ async fn every_rejection_says_why_and_writes_nothing() {
     let (code, _) = s.delete(&format!("{PODS}/exists?propagationPolicy=Sideways")).await;
     assert_eq!(code, StatusCode::BAD_REQUEST);
 
-    assert_eq!(s.store.revision(), before, "no rejected request wrote anything");
+    assert_eq!(s.store.revision().await.expect("revision"), before, "no rejected request wrote anything");
 }
 
 #[tokio::test]

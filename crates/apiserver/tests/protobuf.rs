@@ -178,7 +178,7 @@ async fn a_protobuf_delete_options_body_is_honoured() {
 #[tokio::test]
 async fn truncated_foreign_and_garbage_protobuf_bodies_are_bad_requests_that_write_nothing() {
     let s = start().await;
-    let before = s.store.revision();
+    let before = s.store.revision().await.expect("revision");
     let good = namespace("y");
     let pod_raw = field(1, &field(1, b"p"));
     let cases: Vec<(&str, &str, Vec<u8>, &str)> = vec![
@@ -199,7 +199,7 @@ async fn truncated_foreign_and_garbage_protobuf_bodies_are_bad_requests_that_wri
         assert!(ct.starts_with("application/json") || ct == PROTOBUF, "{ct}");
         assert!(text.contains(expected), "{method} {path}: {text:?} should mention {expected:?}");
     }
-    assert_eq!(s.store.revision(), before, "a refused body wrote nothing");
+    assert_eq!(s.store.revision().await.expect("revision"), before, "a refused body wrote nothing");
     let (_, _, ns) = s.get_json("/api/v1/namespaces/default", None).await;
     assert!(ns["metadata"].get("deletionTimestamp").is_none());
 }

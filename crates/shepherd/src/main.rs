@@ -331,7 +331,7 @@ async fn open_any_store(
 ) -> anyhow::Result<(Arc<dyn Store>, Option<LocalStore>, Option<etcd_wait::Bound>)> {
     match args.store {
         StoreKind::Embedded => {
-            let local = open_store(args)?;
+            let local = open_store(args).await?;
             Ok((Arc::new(local.clone()), Some(local), None))
         }
         StoreKind::Etcd => {
@@ -350,7 +350,7 @@ async fn open_any_store(
     }
 }
 
-fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
+async fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
     let limits = history_limits(args);
     if args.in_memory {
         return Ok(LocalStore::in_memory(limits));
@@ -367,14 +367,14 @@ fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
     // A store behind its own snapshot lost acknowledged writes: an older copy of the file, or a
     // damaged newest commit that redb skipped for the one before it. Serving it would hand out
     // resourceVersions again that clients already saw for other objects.
+    let current = store.revision().await?;
     if let Some((snapshot, revision)) = snapshots::newest_good(&args.data_dir)
-        && revision > store.revision()
+        && revision > current
     {
         anyhow::bail!(
-            "the store {} is at revision {}, behind the snapshot {} at revision {revision}: writes were lost; \
+            "the store {} is at revision {current}, behind the snapshot {} at revision {revision}: writes were lost; \
              restore the snapshot with: shepherd restore --from {} --data-dir {} --force",
             path.display(),
-            store.revision(),
             snapshot.display(),
             snapshot.display(),
             args.data_dir.display()
@@ -680,7 +680,8 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "{note}");
     }
-    tracing::info!(%addr, data_dir = %args.data_dir.display(), revision = store.revision(), controllers = ?enabled,
+    let revision = store.revision().await?;
+    tracing::info!(%addr, data_dir = %args.data_dir.display(), revision, controllers = ?enabled,
         open_files, max_connections = limits.max_connections, "shepherd {mode} ready");
 
     let controllers = {
@@ -739,7 +740,13 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     {
         tracing::warn!(error = %e, "node agent stopped with an error");
     }
-    serving.await??;
+    let served = serving.await;
+    // Every writer has stopped: the store finishes what it took, checkpoints, and lets go of its
+    // files (or of etcd), so the next start replays nothing.
+    if let Err(e) = store.close().await {
+        tracing::warn!(error = %e, "closing the store");
+    }
+    served??;
     tracing::info!("shut down cleanly");
     Ok(())
 }

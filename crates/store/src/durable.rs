@@ -71,6 +71,15 @@ pub(crate) fn check_batch(state: &State, batch: Vec<(Write, Reply)>) -> Vec<(Eve
     accepted
 }
 
+/// An open on-disk store: the state its reads are served from, the queue to its committer, its
+/// health, and its threads, which stop once every sender of the queue is gone.
+pub(crate) struct Opened {
+    pub(crate) state: Arc<RwLock<State>>,
+    pub(crate) committer: Committer,
+    pub(crate) health: Health,
+    pub(crate) threads: Vec<thread::JoinHandle<()>>,
+}
+
 /// Whether the store can write: `None` while commits succeed, else the failure that stops them.
 /// The committer sets and clears it; `/readyz` reads it.
 pub(crate) type Health = Arc<RwLock<Option<StoreError>>>;
@@ -84,10 +93,7 @@ const RECOVERY_WAIT: Duration = Duration::from_secs(2);
 
 /// Opens (or creates) the redb file at `path`, loads it, and starts the committer thread that
 /// will own every write. A second open of the same file fails with a clear error.
-pub(crate) fn open(
-    path: &Path,
-    limits: HistoryLimits,
-) -> Result<(Arc<RwLock<State>>, Committer, Health), StoreError> {
+pub(crate) fn open(path: &Path, limits: HistoryLimits) -> Result<Opened, StoreError> {
     let owned = path.to_path_buf();
     open_with(Box::new(move || open_db(&owned)), limits, RECOVERY_WAIT)
 }
@@ -95,11 +101,7 @@ pub(crate) fn open(
 /// Opens the redb file anew; called again after every failed commit.
 type Opener = Box<dyn Fn() -> Result<Database, StoreError> + Send>;
 
-fn open_with(
-    opener: Opener,
-    limits: HistoryLimits,
-    recovery_wait: Duration,
-) -> Result<(Arc<RwLock<State>>, Committer, Health), StoreError> {
+fn open_with(opener: Opener, limits: HistoryLimits, recovery_wait: Duration) -> Result<Opened, StoreError> {
     let db = opener()?;
     let (objects, revision) = load(&db)?;
     let state = Arc::new(RwLock::new(State::new(objects, revision, limits)));
@@ -107,11 +109,11 @@ fn open_with(
     let (tx, rx) = mpsc::channel();
     let disk = Disk { opener, db: Some(db), unresolved: None, health: health.clone(), recovery_wait };
     let committer_state = state.clone();
-    thread::Builder::new()
+    let committer = thread::Builder::new()
         .name("store-committer".into())
         .spawn(move || commit_loop(disk, committer_state, rx))
         .map_err(|e| StoreError::Backend(format!("starting committer thread: {e}")))?;
-    Ok((state, tx, health))
+    Ok(Opened { state, committer: tx, health, threads: vec![committer] })
 }
 
 pub(crate) fn open_db(path: &Path) -> Result<Database, StoreError> {
@@ -536,7 +538,8 @@ mod tests {
                 .create_with_backend(Flaky { file, faults: faults.clone() })
                 .map_err(|e| StoreError::Backend(e.to_string()))
         });
-        open_with(opener, HistoryLimits::default(), Duration::from_millis(200)).expect("open")
+        let opened = open_with(opener, HistoryLimits::default(), Duration::from_millis(200)).expect("open");
+        (opened.state, opened.committer, opened.health)
     }
 
     fn create(c: &Committer, key: &str) -> Result<KeyValue, StoreError> {

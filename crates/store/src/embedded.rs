@@ -25,7 +25,7 @@ use bytes::Bytes;
 use redb::{Database, ReadableDatabase, TableDefinition};
 
 use crate::durable::{
-    Committer, Health, META, OBJECTS, RECOVERY_PROBE, REVISION_KEY, Reply, backend, check_batch, classify, gather,
+    Health, META, OBJECTS, Opened, RECOVERY_PROBE, REVISION_KEY, Reply, backend, check_batch, classify, gather,
     open_db, snapshot_of,
 };
 use crate::state::{State, Write};
@@ -65,11 +65,9 @@ enum ToCheckpoint {
 
 /// Opens (or creates) the redb file at `path` and its log, recovers every acknowledged write,
 /// and starts the committer and checkpointer threads. A second open of the same file fails.
-pub(crate) fn open(
-    path: &Path,
-    limits: HistoryLimits,
-    options: WalOptions,
-) -> Result<(Arc<RwLock<State>>, Committer, Health), StoreError> {
+/// Once every sender of the committer's queue is gone, the committer answers the writes still
+/// queued, has the log checkpointed and stops; the checkpointer stops after that checkpoint.
+pub(crate) fn open(path: &Path, limits: HistoryLimits, options: WalOptions) -> Result<Opened, StoreError> {
     let db = open_db(path)?;
     let dir = wal::dir_of(path);
     let recovered = recover(&db, path, limits)?;
@@ -87,17 +85,17 @@ pub(crate) fn open(
     let (ckpt_tx, ckpt_rx) = mpsc::channel();
     let epoch = recovered.epoch;
     let db_path = path.to_path_buf();
-    thread::Builder::new()
+    let checkpointer = thread::Builder::new()
         .name("store-checkpoint".into())
         .spawn(move || checkpoint_loop(db, ckpt_rx, epoch, &db_path))
         .map_err(|e| StoreError::Backend(format!("starting checkpoint thread: {e}")))?;
     let committer = CommitLoop { writer, last_rotation: Instant::now(), options, health: health.clone(), ckpt: ckpt_tx };
     let committer_state = state.clone();
-    thread::Builder::new()
+    let committer = thread::Builder::new()
         .name("store-committer".into())
         .spawn(move || committer.run(committer_state, rx))
         .map_err(|e| StoreError::Backend(format!("starting committer thread: {e}")))?;
-    Ok((state, tx, health))
+    Ok(Opened { state, committer: tx, health, threads: vec![committer, checkpointer] })
 }
 
 /// Writes everything the log of the redb file at `path` holds into the file and removes the

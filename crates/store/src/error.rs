@@ -12,8 +12,12 @@ pub enum StoreError {
     Expired { requested: Revision, oldest: Revision },
     #[error("watcher fell too far behind and was dropped; re-list and watch again")]
     Lagged,
-    #[error("store is closed")]
+    /// The store was closed (its server is shutting down): it takes no more writes or watches.
+    #[error("the store is closed and takes no more writes or watches (its server is shutting down)")]
     Closed,
+    /// A revision the store has not reached yet, where only a past one makes sense (compaction).
+    #[error("revision {requested} is newer than the store's revision {current}")]
+    FutureRevision { requested: Revision, current: Revision },
     #[error("storage backend: {0}")]
     Backend(String),
     /// The store's disk is full: writes fail until it has room again (reads keep working).

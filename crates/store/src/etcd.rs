@@ -8,9 +8,12 @@
 //! notifications, applied to the same in-memory state and bounded history the local store keeps,
 //! so N watchers cost etcd one watch. A write returns once the cache has seen it, so a client of
 //! this process reads its own writes in a watch and in `revision`.
+//!
+//! `compact` is etcd's compaction (and the cache's history follows it); `close` stops the
+//! cache's watch and the compactor, ends the watches it serves, and lets go of the connections.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,11 +22,16 @@ use etcd_client::{
     Certificate, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Identity, KvClient,
     PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchClient, WatchOptions, WatchResponse,
 };
+use futures::FutureExt;
+use futures::future::ready;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::state::State;
-use crate::{EtcdConfig, Event, EventKind, KeyValue, ListResult, Retention, Revision, Store, StoreError, WatchStream};
+use crate::{
+    EtcdConfig, Event, EventKind, KeyValue, ListResult, Retention, Revision, Store, StoreError, StoreFuture,
+    WatchStream,
+};
 
 /// Responses this large are a list of many objects; tonic's 4 MiB default refuses a list of a
 /// few thousand pods.
@@ -40,7 +48,9 @@ pub struct EtcdStore {
 }
 
 struct Inner {
-    members: Arc<Members>,
+    /// `None` once closed: every request then fails with `Closed`, and the connections go when
+    /// the requests in flight are done.
+    members: RwLock<Option<Arc<Members>>>,
     /// The etcd key prefix, without a trailing slash.
     prefix: String,
     cache: Arc<RwLock<State>>,
@@ -50,15 +60,14 @@ struct Inner {
     health: Arc<RwLock<Option<StoreError>>>,
     /// The revision up to which etcd has compacted, as far as this process has heard.
     compacted: Arc<std::sync::atomic::AtomicU64>,
-    follower: JoinHandle<()>,
-    compactor: Option<JoinHandle<()>>,
+    /// The follower and the compactor, until `close`.
+    tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.follower.abort();
-        if let Some(c) = &self.compactor {
-            c.abort();
+        if let Ok(tasks) = self.tasks.get_mut() {
+            tasks.iter().for_each(JoinHandle::abort);
         }
     }
 }
@@ -127,46 +136,38 @@ impl EtcdStore {
             health: health.clone(),
             compacted: compacted.clone(),
         };
-        let follower = tokio::spawn(follower.run());
-        let compactor = (!config.compaction_interval.is_zero()).then(|| {
+        let mut tasks = vec![tokio::spawn(follower.run())];
+        tasks.extend((!config.compaction_interval.is_zero()).then(|| {
             let compactor = Compactor {
                 members: members.clone(),
                 key: format!("{}{COMPACTION_KEY}", config.prefix),
                 compacted: compacted.clone(),
             };
             tokio::spawn(compactor.run(config.compaction_interval))
-        });
+        }));
         tracing::info!(endpoints, prefix = config.prefix, revision, "etcd store connected");
         Ok(EtcdStore {
             inner: Arc::new(Inner {
-                members,
+                members: RwLock::new(Some(members)),
                 prefix: config.prefix,
                 cache,
                 seen,
                 health,
                 compacted,
-                follower,
-                compactor,
+                tasks: Mutex::new(tasks),
             }),
         })
     }
 
-    /// Compacts etcd's history up to `revision`: lists at older revisions are `Expired` after it.
-    pub async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
-        let members = &self.inner.members;
-        members
-            .run(true, |mut kv| async move { kv.compact(rev_i64(revision), None).await })
-            .await
-            .map_err(|e| self.error(e, None))?;
-        self.inner.compacted.fetch_max(revision, std::sync::atomic::Ordering::SeqCst);
-        Ok(())
+    /// The members' clients, or `Closed`.
+    fn members(&self) -> Result<Arc<Members>, StoreError> {
+        self.inner.members.read().map_err(|_| StoreError::Closed)?.clone().ok_or(StoreError::Closed)
     }
 
     /// Runs a transaction on the current member, and on the next ones while a member cannot be
     /// reached before the transaction was sent.
     async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
-        let members = &self.inner.members;
-        members
+        self.members()?
             .run(false, |mut kv| {
                 let txn = txn.clone();
                 async move { kv.txn(txn).await }
@@ -182,8 +183,7 @@ impl EtcdStore {
         options: Option<GetOptions>,
         requested: Option<Revision>,
     ) -> Result<etcd_client::GetResponse, StoreError> {
-        let members = &self.inner.members;
-        members
+        self.members()?
             .run(true, |mut kv| {
                 let (key, options) = (key.clone(), options.clone());
                 async move { kv.get(key, options).await }
@@ -338,23 +338,55 @@ impl Store for EtcdStore {
         }
     }
 
-    fn count(&self, prefix: &str) -> usize {
-        self.read(|s| s.count(prefix)).unwrap_or(0)
+    fn count<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, Result<usize, StoreError>> {
+        ready(self.read(|s| s.count(prefix))).left_future()
     }
 
-    fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream, StoreError> {
-        let (replay, rx) = self.read(|s| s.start_watch(prefix, from))??;
-        let cache = self.inner.cache.clone();
-        let owned_prefix = prefix.to_string();
-        let resume = move |after: Revision| match cache.read() {
-            Ok(s) => s.start_watch(&owned_prefix, after),
-            Err(_) => Err(StoreError::Closed),
-        };
-        Ok(WatchStream::new(prefix.to_string(), from, replay, rx, Box::new(resume)))
+    fn watch<'a>(&'a self, prefix: &'a str, from: Revision) -> StoreFuture<'a, Result<WatchStream, StoreError>> {
+        ready(WatchStream::following(&self.inner.cache, prefix, from)).left_future()
     }
 
-    fn revision(&self) -> Revision {
-        self.read(|s| s.revision).unwrap_or(0)
+    fn revision(&self) -> StoreFuture<'_, Result<Revision, StoreError>> {
+        ready(self.read(|s| s.revision)).left_future()
+    }
+
+    /// etcd's compaction, which every API server sharing the etcd sees (lists there at older
+    /// revisions are `Expired` too); this cache's history follows it, the others' keep their own.
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
+        let compacted =
+            self.members()?.run(true, |mut kv| async move { kv.compact(rev_i64(revision), None).await }).await;
+        match compacted {
+            Ok(_) => {}
+            Err(e) if e.to_string().contains("future revision") => {
+                let current = self.read(|s| s.revision)?;
+                return Err(StoreError::FutureRevision { requested: revision, current });
+            }
+            // Compacted that far already (by this process's compactor or another server's).
+            Err(e) if e.to_string().contains("has been compacted") => {}
+            Err(e) => return Err(self.error(e, None)),
+        }
+        self.inner.compacted.fetch_max(revision, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(mut cache) = self.inner.cache.write() {
+            cache.compact(revision);
+        }
+        Ok(())
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        let members = self.inner.members.write().map_err(|_| StoreError::Closed)?.take();
+        let tasks = std::mem::take(&mut *self.inner.tasks.lock().map_err(|_| StoreError::Closed)?);
+        for task in tasks {
+            task.abort();
+            // Cancelled: it stopped at its next await, dropping its etcd watch stream.
+            let _ = task.await;
+        }
+        if let Ok(mut cache) = self.inner.cache.write() {
+            cache.close();
+        }
+        if members.is_some() {
+            tracing::info!(prefix = self.inner.prefix, "etcd store closed");
+        }
+        Ok(())
     }
 
     fn retention(&self) -> Option<Retention> {
@@ -362,6 +394,7 @@ impl Store for EtcdStore {
     }
 
     fn writable(&self) -> Result<(), StoreError> {
+        self.members()?;
         self.inner.health.read().map_err(|_| StoreError::Closed)?.clone().map_or(Ok(()), Err)
     }
 }

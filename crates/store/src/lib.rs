@@ -6,6 +6,10 @@
 //! the append is fsync'd, with concurrent writers sharing one fsync, and checkpoints the log into
 //! redb in the background; its watch history survives restarts. The etcd backend (feature `etcd`) keeps
 //! the objects in etcd, shared by several API servers, and serves watches from a cache.
+//!
+//! Callers hold a `dyn Store` and never learn which backend they got: each answers the trait the
+//! same way, including reads at a past revision (`list_at`) within the history, `compact` (after
+//! which older ones are `Expired`), and `close` (after which writes and watches are refused).
 
 mod durable;
 mod embedded;
@@ -25,6 +29,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::future::{BoxFuture, Either, Ready};
 
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdStore;
@@ -83,8 +88,16 @@ pub struct ListResult {
     pub more: bool,
 }
 
+/// What `count`, `revision` and `watch` return. A backend that answers from memory returns
+/// `futures::future::ready(answer).left_future()`, which costs no allocation (an `async fn` of this
+/// trait boxes its future on every call, and these three run on every list, every watch and every
+/// read that waits for a revision); one that must ask a server returns
+/// `async move { .. }.boxed().right_future()`.
+pub type StoreFuture<'a, T> = Either<Ready<T>, BoxFuture<'a, T>>;
+
 /// The store's operations. Every write is atomic; a write that returns `Ok` is durable (for
-/// durable backends) and visible to every later read and watch.
+/// durable backends) and visible to every later read and watch. Callers hold a `dyn Store` and
+/// do not know which backend they got: every backend answers these the same way.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Creates `key`; fails with `AlreadyExists` if it is present.
@@ -101,7 +114,8 @@ pub trait Store: Send + Sync + 'static {
     async fn list(&self, prefix: &str, start_after: Option<&str>, limit: Option<usize>)
     -> Result<ListResult, StoreError>;
     /// As `list`, read as the store stood at `revision` (for a paginated list's later pages, and
-    /// lists at an exact revision). `Expired` once writes after `revision` have left the history.
+    /// lists at an exact revision). `Expired` once writes after `revision` have left the history
+    /// (by the history's limits or by `compact`). A revision the store has not reached reads as now.
     async fn list_at(
         &self,
         prefix: &str,
@@ -109,18 +123,29 @@ pub trait Store: Send + Sync + 'static {
         limit: Option<usize>,
         revision: Revision,
     ) -> Result<ListResult, StoreError> {
-        if revision == self.revision() {
+        let now = self.revision().await?;
+        if revision >= now {
             return self.list(prefix, start_after, limit).await;
         }
-        Err(StoreError::Expired { requested: revision, oldest: self.revision() })
+        Err(StoreError::Expired { requested: revision, oldest: now })
     }
     /// Number of keys starting with `prefix`.
-    fn count(&self, prefix: &str) -> usize;
+    fn count<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, Result<usize, StoreError>>;
     /// Every change to keys under `prefix` after `from_revision`, in order, with no gap and no
     /// duplicate. `Expired` if that revision is older than the retained history.
-    fn watch(&self, prefix: &str, from_revision: Revision) -> Result<WatchStream, StoreError>;
+    fn watch<'a>(&'a self, prefix: &'a str, from_revision: Revision)
+    -> StoreFuture<'a, Result<WatchStream, StoreError>>;
     /// The revision of the last write.
-    fn revision(&self) -> Revision;
+    fn revision(&self) -> StoreFuture<'_, Result<Revision, StoreError>>;
+    /// Drops the history up to `revision`: afterwards a `list_at` or `watch` from a revision
+    /// before it is `Expired`, while both still work from `revision` itself. The store's own
+    /// limits may have dropped more already. `FutureRevision` if the store has not reached it.
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError>;
+    /// Stops the store: writes already taken are finished and made durable, later ones fail with
+    /// `Closed`, open watches end with `Closed` after the events written before, and the
+    /// backend's threads, tasks and connections stop. Reads of what the store held may still
+    /// answer. Closing twice is fine.
+    async fn close(&self) -> Result<(), StoreError>;
     /// What the store holds in memory and the bounds of it, for metrics. `None` for stores that
     /// keep nothing of their own (clients of another store).
     fn retention(&self) -> Option<Retention> {

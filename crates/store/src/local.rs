@@ -3,15 +3,20 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::ready;
 use tokio::sync::oneshot;
 
-use crate::durable::{self, Committer, Health};
+use crate::durable::{self, Committer, Health, Opened};
 use crate::embedded::{self, WalOptions};
 use crate::state::{State, Write};
-use crate::{HistoryLimits, Snapshot, KeyValue, ListResult, Retention, Revision, Store, StoreError, WatchStream};
+use crate::{
+    HistoryLimits, KeyValue, ListResult, Retention, Revision, Snapshot, Store, StoreError, StoreFuture, WatchStream,
+};
 
 /// Reads are served from memory in both backends. Writes either apply at once under the lock
 /// (in-memory: nothing to wait for, so tests on tokio's paused clock see them immediately) or go
@@ -19,14 +24,37 @@ use crate::{HistoryLimits, Snapshot, KeyValue, ListResult, Retention, Revision, 
 #[derive(Clone)]
 pub struct LocalStore {
     state: Arc<RwLock<State>>,
-    committer: Option<Committer>,
+    /// Where writes go; `None` once the store is closed. Shared by every clone, so closing one
+    /// closes them all.
+    engine: Arc<RwLock<Option<Engine>>>,
     health: Option<Health>,
+}
+
+enum Engine {
+    /// Writes apply at once under the state's lock.
+    Memory,
+    /// Writes go to the committer thread. Once every sender of its queue is gone it answers the
+    /// writes still queued, checkpoints the log and stops, and the threads behind it follow.
+    Disk { committer: Committer, threads: Vec<JoinHandle<()>> },
 }
 
 impl LocalStore {
     /// A store that lives as long as the process.
     pub fn in_memory(limits: HistoryLimits) -> Self {
-        LocalStore { state: Arc::new(RwLock::new(State::new(BTreeMap::new(), 0, limits))), committer: None, health: None }
+        LocalStore {
+            state: Arc::new(RwLock::new(State::new(BTreeMap::new(), 0, limits))),
+            engine: Arc::new(RwLock::new(Some(Engine::Memory))),
+            health: None,
+        }
+    }
+
+    fn on_disk(opened: Opened) -> Self {
+        let Opened { state, committer, health, threads } = opened;
+        LocalStore {
+            state,
+            engine: Arc::new(RwLock::new(Some(Engine::Disk { committer, threads }))),
+            health: Some(health),
+        }
     }
 
     /// A durable store in the redb file at `path` (created if absent), with its write-ahead log
@@ -37,16 +65,14 @@ impl LocalStore {
 
     /// As `open_redb`, checkpointing the log as `options` say.
     pub fn open_embedded(path: &Path, limits: HistoryLimits, options: WalOptions) -> Result<Self, StoreError> {
-        let (state, committer, health) = embedded::open(path, limits, options)?;
-        Ok(LocalStore { state, committer: Some(committer), health: Some(health) })
+        Ok(Self::on_disk(embedded::open(path, limits, options)?))
     }
 
     /// The previous engine on the same file: every batch of writes a redb commit, no log, no
     /// history across restarts. A log left by the default engine is folded into the file first.
     pub fn open_redb_only(path: &Path, limits: HistoryLimits) -> Result<Self, StoreError> {
         embedded::fold_log(path)?;
-        let (state, committer, health) = durable::open(path, limits)?;
-        Ok(LocalStore { state, committer: Some(committer), health: Some(health) })
+        Ok(Self::on_disk(durable::open(path, limits)?))
     }
 
     /// Every object at the current revision: a consistent cut, since writes reach memory only
@@ -76,20 +102,25 @@ impl LocalStore {
     }
 
     async fn write(&self, w: Write) -> Result<KeyValue, StoreError> {
-        match &self.committer {
-            Some(committer) => {
-                let (tx, rx) = oneshot::channel();
-                committer.send((w, tx)).map_err(|_| StoreError::Closed)?;
-                rx.await.map_err(|_| StoreError::Closed)?
+        let answer = {
+            let engine = self.engine.read().map_err(|_| StoreError::Closed)?;
+            match engine.as_ref() {
+                None => return Err(StoreError::Closed),
+                Some(Engine::Memory) => {
+                    let mut state = self.state.write().map_err(|_| StoreError::Closed)?;
+                    let event = state.prepare(w, state.revision + 1, &BTreeMap::new())?;
+                    let kv = event.kv.clone();
+                    state.apply(event);
+                    return Ok(kv);
+                }
+                Some(Engine::Disk { committer, .. }) => {
+                    let (tx, rx) = oneshot::channel();
+                    committer.send((w, tx)).map_err(|_| StoreError::Closed)?;
+                    rx
+                }
             }
-            None => {
-                let mut state = self.state.write().map_err(|_| StoreError::Closed)?;
-                let event = state.prepare(w, state.revision + 1, &BTreeMap::new())?;
-                let kv = event.kv.clone();
-                state.apply(event);
-                Ok(kv)
-            }
-        }
+        };
+        answer.await.map_err(|_| StoreError::Closed)?
     }
 
     fn read<T>(&self, f: impl FnOnce(&State) -> T) -> Result<T, StoreError> {
@@ -123,27 +154,58 @@ impl Store for LocalStore {
     ) -> Result<ListResult, StoreError> {
         self.read(|s| s.list_at(prefix, start_after, limit, revision))?
     }
-    fn count(&self, prefix: &str) -> usize {
-        self.read(|s| s.count(prefix)).unwrap_or(0)
+    fn count<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, Result<usize, StoreError>> {
+        ready(self.read(|s| s.count(prefix))).left_future()
     }
-    fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream, StoreError> {
-        let (replay, rx) = self.read(|s| s.start_watch(prefix, from))??;
-        // A watcher dropped from the live buffer resumes from the history when it still can.
-        let state = self.state.clone();
-        let owned_prefix = prefix.to_string();
-        let resume = move |after: Revision| match state.read() {
-            Ok(s) => s.start_watch(&owned_prefix, after),
-            Err(_) => Err(StoreError::Closed),
+    fn watch<'a>(&'a self, prefix: &'a str, from: Revision) -> StoreFuture<'a, Result<WatchStream, StoreError>> {
+        ready(WatchStream::following(&self.state, prefix, from)).left_future()
+    }
+    fn revision(&self) -> StoreFuture<'_, Result<Revision, StoreError>> {
+        ready(self.read(|s| s.revision)).left_future()
+    }
+    /// The history in memory goes at once; the embedded store's history on disk goes with its
+    /// next checkpoint (within a second of the next write), so a restart before that brings the
+    /// compacted events back for watches to resume from.
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
+        if self.engine.read().map_err(|_| StoreError::Closed)?.is_none() {
+            return Err(StoreError::Closed);
+        }
+        let mut state = self.state.write().map_err(|_| StoreError::Closed)?;
+        if revision > state.revision {
+            return Err(StoreError::FutureRevision { requested: revision, current: state.revision });
+        }
+        state.compact(revision);
+        Ok(())
+    }
+    async fn close(&self) -> Result<(), StoreError> {
+        // Writes racing this one either got into the queue before it goes (and are answered) or
+        // find no engine (and are refused).
+        let engine = self.engine.write().map_err(|_| StoreError::Closed)?.take();
+        let stopped = match engine {
+            Some(Engine::Disk { committer, threads }) => {
+                drop(committer);
+                let joined = tokio::task::spawn_blocking(move || threads.into_iter().all(|t| t.join().is_ok()));
+                match joined.await {
+                    Ok(true) => Ok(()),
+                    _ => Err(StoreError::Backend(
+                        "a store thread panicked while closing; the next open recovers what is on disk".into(),
+                    )),
+                }
+            }
+            Some(Engine::Memory) | None => Ok(()),
         };
-        Ok(WatchStream::new(prefix.to_string(), from, replay, rx, Box::new(resume)))
-    }
-    fn revision(&self) -> Revision {
-        self.read(|s| s.revision).unwrap_or(0)
+        if let Ok(mut state) = self.state.write() {
+            state.close();
+        }
+        stopped
     }
     fn retention(&self) -> Option<Retention> {
         self.read(State::retention).ok()
     }
     fn writable(&self) -> Result<(), StoreError> {
+        if self.engine.read().map_err(|_| StoreError::Closed)?.is_none() {
+            return Err(StoreError::Closed);
+        }
         match &self.health {
             Some(h) => h.read().map_err(|_| StoreError::Closed)?.clone().map_or(Ok(()), Err),
             None => Ok(()),

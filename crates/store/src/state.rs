@@ -57,12 +57,23 @@ pub(crate) struct State {
     watchable_from: Revision,
     limits: HistoryLimits,
     pub(crate) events: broadcast::Sender<Arc<Event>>,
+    /// Set by `close`: no watch starts or resumes after it.
+    closed: bool,
 }
 
 impl State {
     pub(crate) fn new(objects: BTreeMap<String, KeyValue>, revision: Revision, limits: HistoryLimits) -> Self {
         let (events, _) = broadcast::channel(limits.watcher_buffer.max(1));
-        State { objects, revision, history: VecDeque::new(), history_bytes: 0, watchable_from: revision, limits, events }
+        State {
+            objects,
+            revision,
+            history: VecDeque::new(),
+            history_bytes: 0,
+            watchable_from: revision,
+            limits,
+            events,
+            closed: false,
+        }
     }
 
     /// Checks `write` against the current state plus `pending` (writes earlier in the same batch,
@@ -180,6 +191,28 @@ impl State {
         self.trim(Instant::now());
     }
 
+    /// Drops the history up to `through` (at most the current revision): lists and watches from
+    /// a revision before it are `Expired` from now on.
+    pub(crate) fn compact(&mut self, through: Revision) {
+        let through = through.min(self.revision);
+        while let Some((oldest, _)) = self.history.front()
+            && oldest.revision() <= through
+        {
+            self.history_bytes -= oldest.kv.value.len();
+            self.history.pop_front();
+        }
+        self.watchable_from = self.watchable_from.max(through);
+    }
+
+    /// Ends every watch once it has the events applied so far (their live subscription closes and
+    /// cannot be taken up again), and refuses new ones.
+    pub(crate) fn close(&mut self) {
+        self.closed = true;
+        // Dropping the only sender closes every receiver after its buffered events.
+        let (closed, _) = broadcast::channel(1);
+        self.events = closed;
+    }
+
     /// Smallest revision a watch can start from.
     pub(crate) fn watchable_from(&self) -> Revision {
         self.watchable_from
@@ -280,7 +313,8 @@ impl State {
     }
 
     pub(crate) fn count(&self, prefix: &str) -> usize {
-        self.objects.range(prefix.to_string()..).take_while(|(k, _)| k.starts_with(prefix)).count()
+        let from: (Bound<&str>, Bound<&str>) = (Bound::Included(prefix), Bound::Unbounded);
+        self.objects.range::<str, _>(from).take_while(|(k, _)| k.starts_with(prefix)).count()
     }
 
     /// The retained events after `from` under `prefix`, and a live subscription that continues
@@ -290,6 +324,9 @@ impl State {
         prefix: &str,
         from: Revision,
     ) -> Result<(Vec<Arc<Event>>, LiveEvents), StoreError> {
+        if self.closed {
+            return Err(StoreError::Closed);
+        }
         if from < self.watchable_from {
             return Err(StoreError::Expired { requested: from, oldest: self.watchable_from });
         }

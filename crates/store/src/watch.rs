@@ -2,18 +2,15 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
-use futures::Stream;
 use futures::stream::BoxStream;
-use tokio::sync::broadcast::{self, error::RecvError};
+use futures::{Stream, StreamExt};
+use tokio::sync::broadcast::error::RecvError;
 
+use crate::state::{LiveEvents, State};
 use crate::{Event, Revision, StoreError};
-
-/// Re-subscribes after a revision: the history after it, and a receiver of the live events.
-pub(crate) type Resume =
-    Box<dyn Fn(Revision) -> Result<(Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>), StoreError> + Send + Sync>;
 
 /// A stream of events under one prefix. A consumer that falls further behind than the store's
 /// watcher buffer loses its place in the live events; the stream then picks up again from the
@@ -24,26 +21,49 @@ pub struct WatchStream {
 }
 
 impl WatchStream {
-    pub(crate) fn new(
-        prefix: String,
-        from: Revision,
-        replay: Vec<Arc<Event>>,
-        rx: broadcast::Receiver<Arc<Event>>,
-        resume: Resume,
-    ) -> Self {
+    /// A watch stream of `events`, for a backend that makes its events itself, a wrapper around
+    /// another store's watch, or a test. `events` must keep the promise of `Store::watch`: the
+    /// changes under the watched prefix after the watch's revision, in revision order, with no gap
+    /// and no duplicate. The stream ends after its first error, whatever `events` does next:
+    /// `Expired` or `Lagged` (the consumer lists and watches again), or `Closed` (the store closed).
+    pub fn from_stream<S>(events: S) -> Self
+    where
+        S: Stream<Item = Result<Arc<Event>, StoreError>> + Send + 'static,
+    {
+        let inner = events.scan(false, |failed, item| {
+            if *failed {
+                return futures::future::ready(None);
+            }
+            *failed = item.is_err();
+            futures::future::ready(Some(item))
+        });
+        WatchStream { inner: Box::pin(inner) }
+    }
+
+    /// The watch every in-memory state serves (the local store's, the etcd cache's): the events
+    /// after `from` retained in `state`'s history, then its live events. A watcher dropped from
+    /// the live buffer resumes from the history when it still can.
+    pub(crate) fn following(state: &Arc<RwLock<State>>, prefix: &str, from: Revision) -> Result<Self, StoreError> {
+        let (replay, rx) = state.read().map_err(|_| StoreError::Closed)?.start_watch(prefix, from)?;
+        let state = state.clone();
+        let prefix = prefix.to_string();
         struct S {
+            state: Arc<RwLock<State>>,
             prefix: String,
             last: Revision,
             replay: VecDeque<Arc<Event>>,
-            rx: broadcast::Receiver<Arc<Event>>,
-            resume: Resume,
-            done: bool,
+            rx: LiveEvents,
         }
-        let state = S { prefix, last: from, replay: replay.into(), rx, resume, done: false };
-        let inner = futures::stream::unfold(state, |mut s| async move {
-            if s.done {
-                return None;
+        impl S {
+            fn resume(&self) -> Result<(Vec<Arc<Event>>, LiveEvents), StoreError> {
+                match self.state.read() {
+                    Ok(s) => s.start_watch(&self.prefix, self.last),
+                    Err(_) => Err(StoreError::Closed),
+                }
             }
+        }
+        let state = S { state, prefix, last: from, replay: replay.into(), rx };
+        let events = futures::stream::unfold(state, |mut s| async move {
             if let Some(e) = s.replay.pop_front() {
                 s.last = e.revision();
                 return Some((Ok(e), s));
@@ -58,8 +78,8 @@ impl WatchStream {
                         return Some((Ok(e), s));
                     }
                     // Closed: the events' state was replaced (an etcd cache reloaded after a
-                    // compaction); the new one has them if nothing fell between the two.
-                    Err(RecvError::Lagged(_) | RecvError::Closed) => match (s.resume)(s.last) {
+                    // compaction) or closed; a replaced one has them if nothing fell between the two.
+                    Err(RecvError::Lagged(_) | RecvError::Closed) => match s.resume() {
                         Ok((replay, rx)) => {
                             s.replay = replay.into();
                             s.rx = rx;
@@ -68,19 +88,13 @@ impl WatchStream {
                                 return Some((Ok(e), s));
                             }
                         }
-                        Err(StoreError::Closed) => {
-                            s.done = true;
-                            return Some((Err(StoreError::Closed), s));
-                        }
-                        Err(_) => {
-                            s.done = true;
-                            return Some((Err(StoreError::Lagged), s));
-                        }
+                        Err(StoreError::Closed) => return Some((Err(StoreError::Closed), s)),
+                        Err(_) => return Some((Err(StoreError::Lagged), s)),
                     },
                 }
             }
         });
-        WatchStream { inner: Box::pin(inner) }
+        Ok(WatchStream::from_stream(events))
     }
 }
 
@@ -88,5 +102,31 @@ impl Stream for WatchStream {
     type Item = Result<Arc<Event>, StoreError>;
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.inner.as_mut().poll_next(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::{EventKind, KeyValue};
+
+    fn created(revision: Revision) -> Result<Arc<Event>, StoreError> {
+        let kv = KeyValue {
+            key: format!("/k{revision}"),
+            value: Bytes::new(),
+            create_revision: revision,
+            mod_revision: revision,
+        };
+        Ok(Arc::new(Event { kind: EventKind::Created, kv, prev: None }))
+    }
+
+    #[tokio::test]
+    async fn a_watch_stream_from_another_stream_passes_its_events_and_ends_after_its_first_error() {
+        let source = futures::stream::iter([created(1), created(2), Err(StoreError::Lagged), created(3)]);
+        let got: Vec<_> = WatchStream::from_stream(source).collect().await;
+        let revisions: Vec<_> = got.into_iter().map(|e| e.map(|e| e.revision())).collect();
+        assert_eq!(revisions, [Ok(1), Ok(2), Err(StoreError::Lagged)]);
     }
 }

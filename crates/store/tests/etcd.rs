@@ -42,7 +42,7 @@ async fn a_stale_revision_is_a_conflict_and_changes_nothing_in_etcd() {
     let err = store.delete("/a", Some(kv.mod_revision)).await.expect_err("stale delete");
     assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
     assert_eq!(store.get("/a").await.expect("get").expect("present").value, b("2"));
-    assert_eq!(store.revision(), kv2.mod_revision, "rejected writes take no revision");
+    assert_eq!(store.revision().await.expect("revision"), kv2.mod_revision, "rejected writes take no revision");
     let err = store.create("/a", b("x")).await.expect_err("duplicate create");
     assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err}");
     let err = store.update("/missing", b("x"), None).await.expect_err("update missing");
@@ -66,17 +66,17 @@ async fn etcd_lists_page_by_prefix_in_key_order_and_count_follows_writes() {
     let keys: Vec<_> = page.items.iter().map(|kv| kv.key.as_str()).collect();
     assert_eq!(keys, ["/p/a", "/p/b"]);
     assert!(page.more);
-    assert_eq!(page.revision, store.revision());
+    assert_eq!(page.revision, store.revision().await.expect("revision"));
     let rest = store.list("/p/", Some("/p/b"), Some(2)).await.expect("list");
     assert_eq!(rest.items.len(), 1);
     assert!(!rest.more);
-    assert_eq!(store.count("/p/"), 3);
+    assert_eq!(store.count("/p/").await.expect("count"), 3);
     store.delete("/p/a", None).await.expect("delete");
-    assert_eq!(store.count("/p/"), 2, "the cache has the delete when it returns");
+    assert_eq!(store.count("/p/").await.expect("count"), 2, "the cache has the delete when it returns");
     // Another prefix in the same etcd is another store.
     let other = store_with_objects(&etcd).await;
-    assert_eq!(other.count("/"), 1);
-    assert_eq!(store.count("/"), 4);
+    assert_eq!(other.count("/").await.expect("count"), 1);
+    assert_eq!(store.count("/").await.expect("count"), 4);
 }
 
 async fn store_with_objects(etcd: &LocalEtcd) -> EtcdStore {
@@ -89,8 +89,8 @@ async fn store_with_objects(etcd: &LocalEtcd) -> EtcdStore {
 async fn concurrent_writers_give_a_gapless_history_that_watches_replay() {
     let etcd = etcd();
     let store = store(&etcd, "/w").await;
-    let start = store.revision();
-    let mut all = store.watch("/k/", start).expect("watch");
+    let start = store.revision().await.expect("revision");
+    let mut all = store.watch("/k/", start).await.expect("watch");
     let mut tasks = Vec::new();
     for client in 0..4u64 {
         let store = store.clone();
@@ -115,7 +115,7 @@ async fn concurrent_writers_give_a_gapless_history_that_watches_replay() {
     for t in tasks {
         ok += t.await.expect("client");
     }
-    let last = store.revision();
+    let last = store.revision().await.expect("revision");
     assert_eq!(last - start, ok, "every successful write takes exactly one revision");
     let mut events = Vec::new();
     while (events.len() as u64) < ok {
@@ -125,7 +125,7 @@ async fn concurrent_writers_give_a_gapless_history_that_watches_replay() {
     assert_eq!(revisions, (start + 1..=last).collect::<Vec<_>>(), "in order, no gap, no duplicate");
 
     let from = start + ok / 2;
-    let mut w = store.watch("/k/", from).expect("watch from the middle");
+    let mut w = store.watch("/k/", from).await.expect("watch from the middle");
     let mut replay = Vec::new();
     while replay.len() < (last - from) as usize {
         replay.push(next_event(&mut w).await.revision());
@@ -160,7 +160,10 @@ async fn a_list_at_a_past_revision_reads_etcd_as_it_was_until_compacted() {
             _ => store.create(&key, b(&format!("c{i}"))).await,
         };
         if r.is_ok() {
-            states.push((store.revision(), store.list("/k/", None, None).await.expect("list").items));
+            states.push((
+                store.revision().await.expect("revision"),
+                store.list("/k/", None, None).await.expect("list").items,
+            ));
         }
     }
     assert!(states.len() >= 8, "most writes succeed: {}", states.len());
@@ -191,17 +194,83 @@ async fn a_list_at_a_past_revision_reads_etcd_as_it_was_until_compacted() {
 async fn many_watchers_cost_etcd_one_watch() {
     let etcd = etcd();
     let store = store(&etcd, "/m").await;
-    let mut watchers: Vec<_> = (0..20).map(|_| store.watch("/", store.revision()).expect("watch")).collect();
+    let now = store.revision().await.expect("revision");
+    let mut watchers = Vec::new();
+    for _ in 0..20 {
+        watchers.push(store.watch("/", now).await.expect("watch"));
+    }
     let kv = store.create("/x", b("1")).await.expect("create");
     for w in &mut watchers {
         assert_eq!(next_event(w).await.revision(), kv.mod_revision);
     }
+    assert_eq!(etcd_watches(&etcd), "1", "twenty watchers of the store, one etcd watch");
+}
+
+/// etcd's count of the watches open on it.
+fn etcd_watches(etcd: &LocalEtcd) -> String {
     let metrics = etcd.metrics().expect("etcd metrics");
-    let watching = metrics
+    metrics
         .lines()
         .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
-        .unwrap_or_else(|| panic!("etcd reports its watchers: {metrics}"));
-    assert_eq!(watching.trim(), "1", "twenty watchers of the store, one etcd watch");
+        .unwrap_or_else(|| panic!("etcd reports its watchers: {metrics}"))
+        .trim()
+        .to_string()
+}
+
+#[tokio::test]
+async fn after_a_compaction_lists_and_watches_from_before_it_are_expired() {
+    let etcd = etcd();
+    let compacting = store(&etcd, "/compacting").await;
+    let mut revisions = Vec::new();
+    for i in 0..6 {
+        revisions.push(compacting.create(&format!("/k/{i}"), b("v")).await.expect("create").mod_revision);
+    }
+    let at = revisions[2];
+    compacting.compact(at).await.expect("compact");
+    assert!(matches!(compacting.list_at("/k/", None, None, at - 1).await, Err(StoreError::Expired { .. })));
+    match compacting.watch("/k/", at - 1).await {
+        Err(StoreError::Expired { .. }) => {}
+        other => panic!("expected Expired, got {:?}", other.map(|_| ())),
+    }
+    let page = compacting.list_at("/k/", None, None, at).await.expect("the compacted revision itself");
+    assert_eq!(page.items.len(), 3);
+    let mut w = compacting.watch("/k/", at).await.expect("a watch from the compacted revision");
+    for r in &revisions[3..] {
+        assert_eq!(next_event(&mut w).await.revision(), *r);
+    }
+    // Another server on the same etcd reads etcd's history: compacted for it too.
+    let other = store(&etcd, "/compacting").await;
+    assert!(matches!(other.list_at("/k/", None, None, at - 1).await, Err(StoreError::Expired { .. })));
+    match compacting.compact(revisions[5] + 100).await {
+        Err(StoreError::FutureRevision { requested, .. }) => assert_eq!(requested, revisions[5] + 100),
+        other => panic!("expected FutureRevision, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_closed_etcd_store_ends_its_watches_refuses_writes_and_stops_watching_etcd() {
+    let etcd = etcd();
+    let closing = store(&etcd, "/closing").await;
+    let mut w = closing.watch("/", closing.revision().await.expect("revision")).await.expect("watch");
+    let kv = closing.create("/a", b("1")).await.expect("create");
+    assert_eq!(etcd_watches(&etcd), "1", "the store's cache watches etcd");
+    closing.close().await.expect("close");
+
+    assert_eq!(next_event(&mut w).await.revision(), kv.mod_revision, "the events before the close");
+    let end = tokio::time::timeout(Duration::from_secs(10), w.next()).await.expect("the watch ends");
+    assert!(matches!(end, Some(Err(StoreError::Closed))), "{end:?}");
+    let err = closing.create("/b", b("2")).await.expect_err("a write after close");
+    assert!(matches!(err, StoreError::Closed), "{err:?}");
+    assert!(matches!(closing.writable(), Err(StoreError::Closed)));
+    // etcd counts a watch as gone once its gRPC stream is: give it a moment to notice.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while etcd_watches(&etcd) != "0" {
+        assert!(std::time::Instant::now() < deadline, "etcd still has {} watches", etcd_watches(&etcd));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let next = store(&etcd, "/closing").await;
+    assert_eq!(next.get("/a").await.expect("get"), Some(kv), "the next server has the write");
+    assert!(next.get("/b").await.expect("get").is_none(), "the refused write is nowhere");
 }
 
 #[tokio::test]
@@ -209,7 +278,7 @@ async fn two_stores_on_one_etcd_see_each_others_writes_and_conflict_on_stale_one
     let etcd = etcd();
     let a = store(&etcd, "/shared").await;
     let b_store = store(&etcd, "/shared").await;
-    let mut watch_b = b_store.watch("/pods/", b_store.revision()).expect("watch on b");
+    let mut watch_b = b_store.watch("/pods/", b_store.revision().await.expect("revision")).await.expect("watch on b");
     let created = a.create("/pods/p", b("v1")).await.expect("create through a");
     let seen = next_event(&mut watch_b).await;
     assert_eq!((seen.kind, seen.kv.clone()), (EventKind::Created, created.clone()), "b's watch shows a's write");
@@ -217,7 +286,7 @@ async fn two_stores_on_one_etcd_see_each_others_writes_and_conflict_on_stale_one
     let err = a.update("/pods/p", b("v3"), Some(created.mod_revision)).await.expect_err("stale through a");
     assert!(matches!(err, StoreError::Conflict { actual, .. } if actual == updated.mod_revision), "{err}");
     // The update through b reached a's cache too.
-    let mut watch_a = a.watch("/pods/", created.mod_revision).expect("watch on a");
+    let mut watch_a = a.watch("/pods/", created.mod_revision).await.expect("watch on a");
     assert_eq!(next_event(&mut watch_a).await.kv, updated);
 }
 
@@ -228,12 +297,12 @@ async fn a_watch_from_before_the_cache_started_is_expired() {
     first.create("/a", b("1")).await.expect("create");
     let kv = first.create("/b", b("2")).await.expect("create");
     let late = store(&etcd, "/e").await;
-    match late.watch("/", kv.mod_revision - 1) {
+    match late.watch("/", kv.mod_revision - 1).await {
         Err(StoreError::Expired { .. }) => {}
         other => panic!("expected Expired, got {:?}", other.map(|_| ())),
     }
-    assert_eq!(late.count("/"), 2, "the cache starts with every object");
-    late.watch("/", kv.mod_revision).expect("a watch from the cache's start");
+    assert_eq!(late.count("/").await.expect("count"), 2, "the cache starts with every object");
+    late.watch("/", kv.mod_revision).await.expect("a watch from the cache's start");
 }
 
 #[tokio::test]
@@ -246,8 +315,8 @@ async fn the_cache_history_is_bounded_as_the_local_stores_is() {
     for i in 0..6 {
         revs.push(store.create(&format!("/k{i}"), b("v")).await.expect("create").mod_revision);
     }
-    assert!(matches!(store.watch("/", revs[1]), Err(StoreError::Expired { .. })));
-    let mut w = store.watch("/", revs[2]).expect("the oldest retained");
+    assert!(matches!(store.watch("/", revs[1]).await, Err(StoreError::Expired { .. })));
+    let mut w = store.watch("/", revs[2]).await.expect("the oldest retained");
     for r in &revs[3..] {
         assert_eq!(next_event(&mut w).await.revision(), *r);
     }
@@ -294,14 +363,16 @@ async fn servers_sharing_an_etcd_compact_its_history_and_old_revisions_then_expi
     let listed = a.list("/", None, None).await.expect("list");
     assert_eq!(listed.items.len(), 1, "the compaction key is not an object: {:?}", listed.items);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while a.revision() < listed.revision || b_store.revision() < listed.revision {
+    while a.revision().await.expect("revision") < listed.revision
+        || b_store.revision().await.expect("revision") < listed.revision
+    {
         assert!(std::time::Instant::now() < deadline, "the caches reach revision {} within 10 s", listed.revision);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Compaction changes nothing current, and both caches go on following.
     let kv = a.update("/k", b("last"), None).await.expect("update");
     assert_eq!(b_store.get("/k").await.expect("get").expect("present"), kv);
-    assert!(b_store.revision() >= kv.mod_revision);
+    assert!(b_store.revision().await.expect("revision") >= kv.mod_revision);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,7 +382,7 @@ async fn a_cache_that_was_away_while_etcd_moved_on_catches_up_and_its_watchers_m
     config.compaction_interval = Duration::ZERO;
     let a = EtcdStore::connect(config.clone()).await.expect("connect a");
     a.create("/k/0", b("0")).await.expect("create");
-    let mut w = a.watch("/k/", a.revision()).expect("watch");
+    let mut w = a.watch("/k/", a.revision().await.expect("revision")).await.expect("watch");
     etcd.kill9();
     // Long enough for a's watch to fail and back off for a while.
     tokio::time::sleep(Duration::from_millis(3300)).await;
@@ -329,12 +400,12 @@ async fn a_cache_that_was_away_while_etcd_moved_on_catches_up_and_its_watchers_m
     other.compact(last).await.expect("compact");
 
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while a.count("/k/") != 6 || a.revision() < last {
+    while a.count("/k/").await.expect("count") != 6 || a.revision().await.expect("revision") < last {
         assert!(
             std::time::Instant::now() < deadline,
             "a's cache caught up within 30 s: {} at {}",
-            a.count("/k/"),
-            a.revision()
+            a.count("/k/").await.expect("count"),
+            a.revision().await.expect("revision")
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -382,5 +453,5 @@ async fn a_store_on_three_members_goes_on_reading_and_writing_when_the_member_it
         let listed = store.list("/k/", None, None).await.unwrap_or_else(|e| panic!("list: {e}"));
         assert_eq!(listed.items.len(), i + 1, "every acknowledged write is listed");
     }
-    assert_eq!(store.count("/k/"), 40, "the watch cache follows through the survivors");
+    assert_eq!(store.count("/k/").await.expect("count"), 40, "the watch cache follows through the survivors");
 }

@@ -52,7 +52,7 @@ fn crash_image(db: &Path, to: &Path) -> PathBuf {
 async fn some_writes(store: &LocalStore) -> Revision {
     let a = store.create("/p/a", b("a1")).await.expect("create");
     store.create("/p/b", b("b1")).await.expect("create");
-    let middle = store.revision();
+    let middle = store.revision().await.expect("revision");
     store.update("/p/a", b("a2"), Some(a.mod_revision)).await.expect("update");
     store.delete("/p/b", None).await.expect("delete");
     store.create("/p/c", b("c1")).await.expect("create");
@@ -62,9 +62,9 @@ async fn some_writes(store: &LocalStore) -> Revision {
 
 /// The events of a watch from `from` until it has caught up with `store`'s revision.
 async fn events_after(store: &LocalStore, prefix: &str, from: Revision) -> Vec<(EventKind, String, Revision, Option<Bytes>)> {
-    let mut w = store.watch(prefix, from).expect("watch");
+    let mut w = store.watch(prefix, from).await.expect("watch");
     let mut out = Vec::new();
-    let last = store.revision();
+    let last = store.revision().await.expect("revision");
     let count = store.list(prefix, None, None).await.expect("list");
     assert_eq!(count.revision, last);
     while out.last().is_none_or(|(_, _, r, _)| *r < last) {
@@ -83,12 +83,12 @@ async fn writes_only_in_the_log_come_back_and_a_watch_resumes_from_before_the_cr
     let store = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("open");
     let middle = some_writes(&store).await;
     let before = events_after(&store, "/p/", middle).await;
-    let revision = store.revision();
+    let revision = store.revision().await.expect("revision");
     let image = crash_image(&path, crashed.path());
     drop(store);
 
     let store = LocalStore::open_redb(&image, HistoryLimits::default()).expect("recover");
-    assert_eq!(store.revision(), revision);
+    assert_eq!(store.revision().await.expect("revision"), revision);
     let keys: Vec<String> = store.list("/", None, None).await.expect("list").items.iter().map(|kv| kv.key.clone()).collect();
     assert_eq!(keys, ["/p/a", "/p/c", "/q/x"]);
     assert_eq!(store.get("/p/a").await.expect("get").expect("a").value, b("a2"));
@@ -99,6 +99,60 @@ async fn writes_only_in_the_log_come_back_and_a_watch_resumes_from_before_the_cr
     // The next write follows on without a gap.
     let next = store.create("/p/d", b("d1")).await.expect("create");
     assert_eq!(next.mod_revision, revision + 1);
+}
+
+/// The objects of the redb file at `path` opened alone, without its log (a copy in `to`).
+async fn keys_in_the_file_alone(path: &Path, to: &Path) -> (Revision, Vec<String>) {
+    let alone = to.join("s.redb");
+    fs::copy(path, &alone).expect("copy the redb file");
+    let store = LocalStore::open_redb(&alone, HistoryLimits::default()).expect("open the copy");
+    let keys = store.list("/", None, None).await.expect("list").items.into_iter().map(|kv| kv.key).collect();
+    let revision = store.revision().await.expect("revision");
+    store.close().await.expect("close the copy");
+    (revision, keys)
+}
+
+#[tokio::test]
+async fn after_close_the_redb_file_alone_holds_every_write_and_the_log_nothing_more() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let store = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("open");
+    some_writes(&store).await;
+    let revision = store.revision().await.expect("revision");
+    let expected = ["/p/a", "/p/c", "/q/x"].map(String::from).to_vec();
+
+    // Before the close every write is only in the log (nothing checkpoints): the file alone lacks them.
+    let before = tempfile::tempdir().expect("tempdir");
+    assert_eq!(keys_in_the_file_alone(&path, before.path()).await, (0, Vec::new()));
+
+    store.close().await.expect("close");
+    let after = tempfile::tempdir().expect("tempdir");
+    assert_eq!(keys_in_the_file_alone(&path, after.path()).await, (revision, expected.clone()));
+    // So the next open has nothing to replay, and serves the same objects and history.
+    let reopened = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("reopen at once");
+    let listed = reopened.list("/", None, None).await.expect("list");
+    let keys: Vec<String> = listed.items.into_iter().map(|kv| kv.key).collect();
+    assert_eq!(keys, expected);
+    assert_eq!(events_after(&reopened, "/", 0).await.len() as u64, revision, "the whole history is retained");
+}
+
+#[tokio::test]
+async fn a_compaction_reaches_the_disk_with_the_next_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let store = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("open");
+    let middle = some_writes(&store).await;
+    store.compact(middle).await.expect("compact");
+    store.close().await.expect("close");
+
+    let store = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("reopen");
+    match store.watch("/", middle - 1).await {
+        Err(StoreError::Expired { requested, oldest }) => assert_eq!((requested, oldest), (middle - 1, middle)),
+        other => panic!("expected Expired, got {:?}", other.map(|_| ())),
+    }
+    let events = events_after(&store, "/", middle).await;
+    let last = store.revision().await.expect("revision");
+    assert_eq!(events.iter().map(|e| e.2).collect::<Vec<_>>(), ((middle + 1)..=last).collect::<Vec<_>>());
 }
 
 #[tokio::test]
@@ -113,17 +167,17 @@ async fn the_history_survives_checkpoints_and_restarts_and_expires_only_beyond_i
         let kv = store.create(&format!("/k/{i:02}"), b("v1")).await.expect("create");
         store.update(&kv.key, b(&format!("v2-{i}")), None).await.expect("update");
     }
-    let revision = store.revision();
+    let revision = store.revision().await.expect("revision");
     let before = events_after(&store, "/k/", revision - 10).await;
     drop(store);
     let store = reopen(&path, limits, options).await;
-    assert_eq!(store.revision(), revision);
+    assert_eq!(store.revision().await.expect("revision"), revision);
     let events = events_after(&store, "/k/", revision - 10).await;
     let revisions: Vec<Revision> = events.iter().map(|e| e.2).collect();
     assert_eq!(revisions, ((revision - 9)..=revision).collect::<Vec<_>>());
     assert_eq!(events, before, "each event with the value before it, as it was before the restart");
     assert!(events.iter().any(|e| e.0 == EventKind::Updated && e.3 == Some(b("v1"))));
-    let e = store.watch("/k/", revision - 30).err().expect("beyond the 20 retained events");
+    let e = store.watch("/k/", revision - 30).await.err().expect("beyond the 20 retained events");
     assert!(matches!(e, StoreError::Expired { .. }), "{e:?}");
 }
 
@@ -155,14 +209,14 @@ async fn a_log_cut_inside_its_last_record_opens_with_every_complete_record() {
     fs::OpenOptions::new().write(true).open(&last).expect("open").set_len(len - 7).expect("cut");
 
     let store = LocalStore::open_redb(&image, HistoryLimits::default()).expect("a torn tail is no reason to refuse");
-    assert_eq!(store.revision(), 4);
-    assert_eq!(store.count("/k/"), 4);
+    assert_eq!(store.revision().await.expect("revision"), 4);
+    assert_eq!(store.count("/k/").await.expect("count"), 4);
     assert!(store.get("/k/4").await.expect("get").is_none(), "the torn write was never acknowledged");
     let kv = store.create("/k/5", b("v")).await.expect("writes go on");
     assert_eq!(kv.mod_revision, 5);
     drop(store);
     let store = reopen(&image, HistoryLimits::default(), WalOptions::default()).await;
-    assert_eq!(store.count("/k/"), 5, "the write after the cut is there after another restart");
+    assert_eq!(store.count("/k/").await.expect("count"), 5, "the write after the cut is there after another restart");
 }
 
 #[tokio::test]
@@ -181,7 +235,7 @@ async fn a_file_restored_from_a_backup_never_replays_the_log_it_replaced() {
     fs::remove_file(&image).expect("remove");
     LocalStore::write_redb_snapshot(&image, &backup).expect("restore");
     let store = LocalStore::open_redb(&image, HistoryLimits::default()).expect("open");
-    assert_eq!(store.revision(), backup.revision);
+    assert_eq!(store.revision().await.expect("revision"), backup.revision);
     assert!(store.get("/b").await.expect("get").is_none());
     let aside: Vec<String> = fs::read_dir(crashed.path())
         .expect("dir")
@@ -201,9 +255,9 @@ async fn the_redb_only_engine_takes_over_a_file_with_a_log_without_losing_a_writ
     let image = crash_image(&path, crashed.path());
     drop(store);
     let old = LocalStore::open_redb_only(&image, HistoryLimits::default()).expect("open");
-    assert_eq!(old.count("/"), 3);
+    assert_eq!(old.count("/").await.expect("count"), 3);
     old.create("/p/z", b("z")).await.expect("create");
-    let revision = old.revision();
+    let revision = old.revision().await.expect("revision");
     drop(old);
     let mut store = None;
     for _ in 0..100 {
@@ -214,8 +268,8 @@ async fn the_redb_only_engine_takes_over_a_file_with_a_log_without_losing_a_writ
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let store = store.expect("reopen");
-    assert_eq!(store.revision(), revision);
-    let e = store.watch("/p/", middle).err().expect("writes the log never saw break the history");
+    assert_eq!(store.revision().await.expect("revision"), revision);
+    let e = store.watch("/p/", middle).await.err().expect("writes the log never saw break the history");
     assert!(matches!(e, StoreError::Expired { .. }), "{e:?}");
 }
 
@@ -308,7 +362,8 @@ async fn a_kill_9_during_a_checkpoint_loses_no_acknowledged_write() {
         // The history reaches back across the kill, without a gap.
         let events = events_after(&store, "/", start).await;
         let revisions: Vec<Revision> = events.iter().map(|e| e.2).collect();
-        assert_eq!(revisions, ((start + 1)..=store.revision()).collect::<Vec<_>>(), "round {round}");
+        let last = store.revision().await.expect("revision");
+        assert_eq!(revisions, ((start + 1)..=last).collect::<Vec<_>>(), "round {round}");
         drop(store);
         // Let the store's threads let go of the file before the next writer opens it.
         while LocalStore::redb_is_held(&path) {

@@ -36,7 +36,11 @@ async fn stale_revision_is_a_conflict_and_changes_nothing() {
         let err = store.delete("/a", Some(kv.mod_revision)).await.expect_err("stale delete");
         assert!(matches!(err, StoreError::Conflict { .. }), "{name}: {err}");
         assert_eq!(store.get("/a").await.expect("get").expect("present").value, b("2"));
-        assert_eq!(store.revision(), kv2.mod_revision, "{name}: rejected writes take no revision");
+        assert_eq!(
+            store.revision().await.expect("revision"),
+            kv2.mod_revision,
+            "{name}: rejected writes take no revision"
+        );
         let err = store.create("/a", b("x")).await.expect_err("duplicate create");
         assert!(matches!(err, StoreError::AlreadyExists { .. }), "{name}");
         let err = store.update("/missing", b("x"), None).await.expect_err("update missing");
@@ -54,11 +58,122 @@ async fn list_pages_by_prefix_in_key_order() {
         let keys: Vec<_> = page.items.iter().map(|kv| kv.key.as_str()).collect();
         assert_eq!(keys, ["/p/a", "/p/b"], "{name}");
         assert!(page.more);
-        assert_eq!(page.revision, store.revision());
+        assert_eq!(page.revision, store.revision().await.expect("revision"));
         let rest = store.list("/p/", Some("/p/b"), Some(2)).await.expect("list");
         assert_eq!(rest.items.len(), 1);
         assert!(!rest.more, "{name}");
-        assert_eq!(store.count("/p/"), 3);
+        assert_eq!(store.count("/p/").await.expect("count"), 3);
+    }
+}
+
+/// The next item of `w` within 5 s (a watch that should end or answer never hangs the test).
+async fn next_item(w: &mut shepherd_store::WatchStream) -> Option<Result<Arc<shepherd_store::Event>, StoreError>> {
+    tokio::time::timeout(Duration::from_secs(5), w.next()).await.expect("the watch answers within 5 s")
+}
+
+#[tokio::test]
+async fn after_compaction_lists_and_watches_from_before_it_are_expired_and_from_it_still_work() {
+    for (name, store, _dir) in backends() {
+        let mut revisions = Vec::new();
+        for i in 0..10 {
+            let key = format!("/k/{}", i % 4);
+            let kv = match store.get(&key).await.expect("get") {
+                Some(kv) => store.update(&key, b(&format!("v{i}")), Some(kv.mod_revision)).await,
+                None => store.create(&key, b(&format!("v{i}"))).await,
+            };
+            revisions.push(kv.expect("write").mod_revision);
+        }
+        let at = revisions[4];
+        let then = store.list_at("/k/", None, None, at).await.expect("a list at the revision to compact to");
+        let older = store.list_at("/k/", None, None, at - 1).await.expect("a list before it, not yet compacted");
+        assert_ne!(older.items, then.items, "{name}: the two revisions hold different values");
+
+        store.compact(at).await.expect("compact");
+        match store.list_at("/k/", None, None, at - 1).await {
+            Err(StoreError::Expired { requested, oldest }) => assert_eq!((requested, oldest), (at - 1, at), "{name}"),
+            other => panic!("{name}: expected Expired, got {other:?}"),
+        }
+        match store.watch("/k/", at - 1).await {
+            Err(StoreError::Expired { .. }) => {}
+            other => panic!("{name}: expected Expired, got {:?}", other.map(|_| ())),
+        }
+        let page = store.list_at("/k/", None, None, at).await.expect("the compacted revision itself");
+        assert_eq!(page.items, then.items, "{name}");
+        let mut w = store.watch("/k/", at).await.expect("a watch from the compacted revision");
+        for r in &revisions[5..] {
+            assert_eq!(next_item(&mut w).await.expect("an event").expect("not an error").revision(), *r, "{name}");
+        }
+        let now = store.revision().await.expect("revision");
+        match store.compact(now + 1).await {
+            Err(StoreError::FutureRevision { requested, current }) => assert_eq!((requested, current), (now + 1, now)),
+            other => panic!("{name}: expected FutureRevision, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_watch_open_at_close_gets_every_event_before_it_then_ends_with_closed() {
+    for (name, store, _dir) in backends() {
+        let mut w = store.watch("/", 0).await.expect("watch");
+        let kv = store.create("/a", b("1")).await.expect("create");
+        store.close().await.expect("close");
+        let e = next_item(&mut w).await.expect("the event written before the close").expect("not an error");
+        assert_eq!(e.revision(), kv.mod_revision, "{name}");
+        assert!(matches!(next_item(&mut w).await, Some(Err(StoreError::Closed))), "{name}");
+        assert!(next_item(&mut w).await.is_none(), "{name}: nothing after Closed");
+        assert!(matches!(store.watch("/", kv.mod_revision).await, Err(StoreError::Closed)), "{name}");
+
+        let err = store.create("/b", b("2")).await.expect_err("a write after close");
+        assert!(matches!(err, StoreError::Closed), "{name}: {err:?}");
+        assert!(err.to_string().contains("closed"), "{name}: the error says why: {err}");
+        assert!(matches!(store.writable(), Err(StoreError::Closed)), "{name}: readiness reports it");
+        assert_eq!(store.get("/a").await.expect("reads still answer"), Some(kv), "{name}");
+        store.close().await.expect("closing twice is fine");
+    }
+}
+
+/// Writes racing `close` are either acknowledged, and then on disk, or refused with `Closed`;
+/// and the file is free for the next open as soon as `close` returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_acknowledged_before_close_are_there_after_reopening() {
+    for redb_only in [false, true] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.redb");
+        let open = |path: &std::path::Path| match redb_only {
+            false => LocalStore::open_redb(path, HistoryLimits::default()),
+            true => LocalStore::open_redb_only(path, HistoryLimits::default()),
+        };
+        let store = open(&path).expect("open");
+        for i in 0..10 {
+            store.create(&format!("/k/{i:03}"), b("v")).await.expect("create");
+        }
+        let writers: Vec<_> = (10..200)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move { (i, store.create(&format!("/k/{i:03}"), b("v")).await) })
+            })
+            .collect();
+        store.close().await.expect("close");
+        let mut acknowledged = (0..10).map(|i| format!("/k/{i:03}")).collect::<Vec<_>>();
+        for w in writers {
+            match w.await.expect("writer") {
+                (i, Ok(kv)) => {
+                    assert_eq!(kv.key, format!("/k/{i:03}"));
+                    acknowledged.push(kv.key);
+                }
+                (_, Err(StoreError::Closed)) => {}
+                (i, Err(e)) => panic!("redb_only={redb_only}: write {i} failed otherwise: {e}"),
+            }
+        }
+        acknowledged.sort();
+        let err = store.create("/late", b("v")).await.expect_err("a write after close");
+        assert!(matches!(err, StoreError::Closed), "{err:?}");
+
+        let reopened = open(&path).expect("the file is free as soon as close returns");
+        let keys: Vec<String> =
+            reopened.list("/", None, None).await.expect("list").items.into_iter().map(|kv| kv.key).collect();
+        assert_eq!(keys, acknowledged, "redb_only={redb_only}: exactly the acknowledged writes");
+        reopened.close().await.expect("close");
     }
 }
 
@@ -69,11 +184,11 @@ async fn watch_older_than_history_is_expired() {
     for i in 0..10 {
         store.create(&format!("/k{i}"), b("v")).await.expect("create");
     }
-    match store.watch("/", 2) {
+    match store.watch("/", 2).await {
         Err(StoreError::Expired { requested: 2, oldest }) => assert_eq!(oldest, 7),
         other => panic!("expected Expired, got {:?}", other.map(|_| ())),
     }
-    let mut w = store.watch("/", 7).expect("watch from the oldest retained");
+    let mut w = store.watch("/", 7).await.expect("watch from the oldest retained");
     let revs: Vec<u64> = (0..3).map(|_| 0).collect::<Vec<_>>();
     let mut got = Vec::new();
     for _ in revs {
@@ -90,11 +205,11 @@ async fn history_is_bounded_by_the_bytes_of_its_objects() {
     for i in 0..10 {
         store.create(&format!("/k{i}"), Bytes::from(vec![b'x'; 100])).await.expect("create");
     }
-    match store.watch("/", 6) {
+    match store.watch("/", 6).await {
         Err(StoreError::Expired { requested: 6, oldest }) => assert_eq!(oldest, 7),
         other => panic!("expected Expired, got {:?}", other.map(|_| ())),
     }
-    let mut w = store.watch("/", 7).expect("watch from the oldest retained");
+    let mut w = store.watch("/", 7).await.expect("watch from the oldest retained");
     let mut got = Vec::new();
     for _ in 0..3 {
         got.push(w.next().await.expect("event").expect("ok").revision());
@@ -102,7 +217,7 @@ async fn history_is_bounded_by_the_bytes_of_its_objects() {
     assert_eq!(got, [8, 9, 10]);
     // One object larger than the whole budget is still watchable.
     store.create("/big", Bytes::from(vec![b'x'; 1000])).await.expect("create big");
-    let mut w = store.watch("/", 10).expect("watch from before the big write");
+    let mut w = store.watch("/", 10).await.expect("watch from before the big write");
     assert_eq!(w.next().await.expect("event").expect("ok").revision(), 11);
 }
 
@@ -111,7 +226,7 @@ async fn a_watcher_that_falls_behind_is_dropped_and_writers_go_on() {
     // The watcher falls 20 events behind a live buffer of 4 and a history of 8: it cannot resume.
     let limits = HistoryLimits { watcher_buffer: 4, max_events: 8, ..HistoryLimits::default() };
     let store = LocalStore::in_memory(limits);
-    let mut w = store.watch("/", 0).expect("watch");
+    let mut w = store.watch("/", 0).await.expect("watch");
     for i in 0..20 {
         store.create(&format!("/k{i}"), b("v")).await.expect("writers are never blocked by a watcher");
     }
@@ -130,7 +245,7 @@ async fn a_watcher_that_falls_behind_is_dropped_and_writers_go_on() {
 async fn a_watcher_behind_its_live_buffer_resumes_from_the_history_without_a_gap() {
     let limits = HistoryLimits { watcher_buffer: 4, ..HistoryLimits::default() };
     let store = LocalStore::in_memory(limits);
-    let mut w = store.watch("/a/", 0).expect("watch");
+    let mut w = store.watch("/a/", 0).await.expect("watch");
     for i in 0..50 {
         store.create(&format!("/a/k{i}"), b("v")).await.expect("create");
         store.create(&format!("/b/k{i}"), b("v")).await.expect("create");
@@ -157,7 +272,7 @@ async fn redb_store_keeps_every_write_across_reopen_and_refuses_a_second_open() 
         store.create("/a", b("1")).await.expect("create");
         let kv = store.create("/b", b("2")).await.expect("create");
         store.delete("/a", None).await.expect("delete");
-        rev = store.revision();
+        rev = store.revision().await.expect("revision");
         assert!(rev > kv.mod_revision);
         let second = LocalStore::open_redb(&path, HistoryLimits::default());
         let err = second.err().expect("second open must fail");
@@ -175,7 +290,7 @@ async fn redb_store_keeps_every_write_across_reopen_and_refuses_a_second_open() 
         }
     }
     let store = reopened.expect("reopen");
-    assert_eq!(store.revision(), rev);
+    assert_eq!(store.revision().await.expect("revision"), rev);
     assert!(store.get("/a").await.expect("get").is_none());
     let bkv = store.get("/b").await.expect("get").expect("present");
     assert_eq!(bkv.value, b("2"));
@@ -241,9 +356,9 @@ proptest! {
             } else {
                 LocalStore::in_memory(HistoryLimits::default())
             };
-            let mut all = store.watch("/k/", 0).expect("watch");
+            let mut all = store.watch("/k/", 0).await.expect("watch");
             let ok = run_concurrently(&store, clients).await;
-            let last = store.revision();
+            let last = store.revision().await.expect("revision");
             prop_assert_eq!(last as usize, ok, "every successful write takes exactly one revision");
 
             let mut events = Vec::new();
@@ -258,7 +373,7 @@ proptest! {
 
             // Replaying from a middle revision yields exactly the suffix.
             let from = (last as f64 * from_frac) as u64;
-            let mut w = store.watch("/k/", from).expect("watch from retained revision");
+            let mut w = store.watch("/k/", from).await.expect("watch from retained revision");
             let mut replay = Vec::new();
             while (replay.len() as u64) < last - from {
                 replay.push(w.next().await.expect("open").expect("ok"));
@@ -295,7 +410,7 @@ proptest! {
         rt.block_on(async {
             let store = LocalStore::in_memory(HistoryLimits::default());
             store.create("/j/outside", b("x")).await.expect("create");
-            let mut states = vec![(store.revision(), Vec::new())];
+            let mut states = vec![(store.revision().await.expect("revision"), Vec::new())];
             for (i, op) in ops.iter().enumerate() {
                 let r = match op {
                     Op::Create(k) => store.create(&format!("/k/{k}"), b(&format!("c{i}"))).await,
@@ -304,7 +419,7 @@ proptest! {
                 };
                 if r.is_ok() {
                     let now = store.list("/k/", None, None).await.expect("list").items;
-                    states.push((store.revision(), now));
+                    states.push((store.revision().await.expect("revision"), now));
                 }
             }
             let (at, expected) = &states[((states.len() - 1) as f64 * at_frac) as usize];

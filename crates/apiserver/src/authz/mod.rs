@@ -101,7 +101,7 @@ impl Authorizer {
     /// longer reaches back to the last change applied.
     async fn follow(self, store: Arc<dyn Store>, prefix: &'static str, mut revision: u64) {
         loop {
-            let mut events = match store.watch(prefix, revision) {
+            let mut events = match store.watch(prefix, revision).await {
                 Ok(events) => events,
                 Err(shepherd_store::StoreError::Closed) => return,
                 Err(e) => {
