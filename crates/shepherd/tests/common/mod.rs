@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -43,9 +44,7 @@ impl Daemon {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start shepherd");
-        let mut daemon = Daemon::from_child(child);
-        daemon.data_dir = Some(data_dir.to_path_buf());
-        daemon
+        Daemon::from_child(child)
     }
 
     /// Waits for the "listening on" line of a `shepherd` started with a piped stdout.
@@ -56,7 +55,8 @@ impl Daemon {
         let url = line.split_whitespace().last().expect("address").to_string();
         assert!(url.starts_with("http://") || url.starts_with("https://"), "unexpected first line: {line:?}");
         let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap_or_default();
-        Daemon { child, url, cmdline, data_dir: None }
+        let data_dir = data_dir_of(child.id(), &cmdline);
+        Daemon { child, url, cmdline, data_dir }
     }
 
     /// SIGKILL: no chance to flush anything.
@@ -85,6 +85,22 @@ impl Drop for Daemon {
         self.kill9();
         kill_leftovers(&self.cmdline, self.data_dir.as_deref());
     }
+}
+
+/// The `--data-dir` that process `pid` was started with (its command line `cmdline`), made
+/// absolute against its working directory.
+fn data_dir_of(pid: u32, cmdline: &[u8]) -> Option<PathBuf> {
+    let mut args = cmdline.split(|b| *b == 0).map(std::ffi::OsStr::from_bytes);
+    let dir = loop {
+        let arg = args.next()?;
+        if arg == "--data-dir" {
+            break PathBuf::from(args.next()?);
+        }
+        if let Some(d) = arg.as_bytes().strip_prefix(b"--data-dir=") {
+            break PathBuf::from(std::ffi::OsStr::from_bytes(d));
+        }
+    };
+    if dir.is_absolute() { Some(dir) } else { std::fs::read_link(format!("/proc/{pid}/cwd")).ok().map(|cwd| cwd.join(dir)) }
 }
 
 /// Kills what a `shepherd` process (already killed) left running: the processes with its exact
