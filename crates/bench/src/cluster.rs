@@ -7,6 +7,11 @@ use std::process::{Child, Command, Stdio};
 /// The administrator's bearer token of servers started by [`Process::start_reachable`] with TLS.
 const BENCH_TOKEN: &str = "bench-admin-token";
 
+/// A server or standalone serves plain HTTP (`--insecure-loopback`) unless started secure.
+fn insecure_for(args: &[&str]) -> &'static [&'static str] {
+    if matches!(args.first(), Some(&"server" | &"standalone")) { &["--insecure-loopback"] } else { &[] }
+}
+
 pub struct Process {
     pub child: Child,
     pub url: String,
@@ -16,23 +21,38 @@ impl Process {
     /// Starts `shepherd <args> --listen 127.0.0.1:0` and reads the address it prints; a server
     /// or standalone serves plain HTTP (`--insecure-loopback`): the benchmarks measure the rest.
     pub fn start(binary: &Path, args: &[&str]) -> anyhow::Result<Process> {
-        let insecure: &[&str] = if matches!(args.first(), Some(&"server" | &"standalone")) { &["--insecure-loopback"] } else { &[] };
-        Process::spawn(binary, args, insecure)
+        Process::spawn(binary, args, insecure_for(args), Stdio::inherit())
     }
 
     /// Starts `shepherd <args>` as a user would: TLS, and every request authenticated.
     pub fn start_secure(binary: &Path, args: &[&str]) -> anyhow::Result<Process> {
-        Process::spawn(binary, args, &[])
+        Process::spawn(binary, args, &[], Stdio::inherit())
     }
 
     /// Starts a `server` or `standalone` whose data dir is `data_dir`, reached by the client
     /// returned beside it: plain HTTP without authentication, or with `tls` as users run it, TLS
     /// verified with the cluster CA and every request bearing an administrator's token (`--token`).
     pub fn start_reachable(binary: &Path, args: &[&str], data_dir: &Path, tls: bool) -> anyhow::Result<(Process, reqwest::Client)> {
+        Process::start_reachable_logged(binary, args, data_dir, tls, None)
+    }
+
+    /// [`Process::start_reachable`] with the process's stderr written to `log` (when given) rather
+    /// than the harness's, for a caller that reads why a start failed.
+    pub fn start_reachable_logged(
+        binary: &Path,
+        args: &[&str],
+        data_dir: &Path,
+        tls: bool,
+        log: Option<&Path>,
+    ) -> anyhow::Result<(Process, reqwest::Client)> {
+        let stderr = match log {
+            Some(path) => Stdio::from(std::fs::File::create(path)?),
+            None => Stdio::inherit(),
+        };
         if !tls {
-            return Ok((Process::start(binary, args)?, reqwest::Client::new()));
+            return Ok((Process::spawn(binary, args, insecure_for(args), stderr)?, reqwest::Client::new()));
         }
-        let process = Process::start_secure(binary, &[args, &["--token", BENCH_TOKEN]].concat())?;
+        let process = Process::spawn(binary, &[args, &["--token", BENCH_TOKEN]].concat(), &[], stderr)?;
         // The server writes its CA before it prints its address.
         let pem = std::fs::read(data_dir.join("pki/ca.crt"))?;
         let mut headers = reqwest::header::HeaderMap::new();
@@ -45,14 +65,14 @@ impl Process {
         Ok((process, http))
     }
 
-    fn spawn(binary: &Path, args: &[&str], insecure: &[&str]) -> anyhow::Result<Process> {
+    fn spawn(binary: &Path, args: &[&str], insecure: &[&str], stderr: Stdio) -> anyhow::Result<Process> {
         let mut child = Command::new(binary)
             .args(args)
             .args(["--listen", "127.0.0.1:0"])
             .args(insecure)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .map_err(|e| anyhow::anyhow!("starting {}: {e} (build it with cargo build --release)", binary.display()))?;
         let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;

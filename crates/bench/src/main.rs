@@ -46,7 +46,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Scenario {
-    /// Durable creates/s with 1 and 64 clients; list of N pods p50/p99; server RSS with N pods.
+    /// Durable creates/s with 1 and 64 clients; list of N pods p50/p99; server RSS with N pods; on the
+    /// embedded store (write-ahead log), the previous redb-only engine and etcd, side by side.
     Store {
         #[arg(long, default_value_t = 10_000)]
         pods: usize,

@@ -1,6 +1,6 @@
 //! Scenario `store`: durable creates/s with 1 and 64 clients, list latency and RSS with N pods, over
-//! plain HTTP or TLS with a token, on the embedded store's write-ahead-log engine and on the
-//! previous redb-only engine side by side.
+//! plain HTTP or TLS with a token, side by side on the embedded store's write-ahead-log engine, the
+//! previous redb-only engine and etcd (a real one-member etcd on loopback, Debian's `etcd`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use shepherd_store::{ETCD_NOT_BUILT, LocalEtcd};
+
 use crate::cluster::Process;
+use crate::procstat;
 use crate::report::{ScenarioResult, summarize};
 
 fn pod(name: &str) -> Value {
@@ -41,6 +44,27 @@ async fn create_n(http: &reqwest::Client, url: &str, prefix: &str, n: usize, cli
     Ok(started.elapsed())
 }
 
+/// The store behind one column.
+#[derive(Clone, Copy)]
+enum Engine {
+    /// The embedded store's default engine: a write-ahead log checkpointed into redb.
+    Wal,
+    /// The previous embedded engine, a redb commit per batch (`--store-engine redb`).
+    RedbOnly,
+    /// `--store etcd` on an etcd this scenario starts.
+    Etcd,
+}
+
+impl Engine {
+    fn label(self) -> &'static str {
+        match self {
+            Engine::Wal => "embedded (wal)",
+            Engine::RedbOnly => "redb-only",
+            Engine::Etcd => "etcd",
+        }
+    }
+}
+
 /// What one engine measured.
 struct Measured {
     one_rate: f64,
@@ -49,31 +73,63 @@ struct Measured {
     list: Value,
     count: usize,
     rss: f64,
+    /// etcd's own RSS beside the server's (etcd column only).
+    etcd_rss: Option<f64>,
 }
 
-/// Runs the scenario on each embedded engine in turn, each on a fresh server and data directory:
-/// the default (a write-ahead log checkpointed into redb) and the previous redb-only engine
-/// (`shepherd server --store-engine redb`), side by side.
+/// One column: its figures, or why the binary under test cannot run that store.
+enum Column {
+    Measured(Measured),
+    NotBuilt(String),
+}
+
+/// Runs the scenario on each store in turn, each on a fresh server and data directory, side by
+/// side: the embedded default (a write-ahead log checkpointed into redb), the previous redb-only
+/// engine (`shepherd server --store-engine redb`) and etcd (`--store etcd` on a one-member etcd
+/// started here, which a binary built without the `etcd` feature cannot run: its column says so).
 pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize, tls: bool) -> anyhow::Result<ScenarioResult> {
     let transport = if tls { "TLS + token" } else { "plain HTTP" };
     println!("scenario store: pods={pods} sequential={sequential} list_runs={list_runs}, {transport}");
-    let wal = measure(binary, "wal", pods, sequential, list_runs, tls).await?;
-    let redb = measure(binary, "redb", pods, sequential, list_runs, tls).await?;
-    println!("{:<34} {:>16} {:>16}", "", "embedded (wal)", "redb-only");
-    let row = |what: &str, a: String, b: String| println!("{what:<34} {a:>16} {b:>16}");
-    row("creates/s, 1 client", format!("{:.0}", wal.one_rate), format!("{:.0}", redb.one_rate));
-    row("ms per create, 1 client", format!("{:.3}", wal.one_ms), format!("{:.3}", redb.one_ms));
-    row("creates/s, 64 clients", format!("{:.0}", wal.many_rate), format!("{:.0}", redb.many_rate));
-    let p50 = |m: &Measured| m.list["p50_ms"].as_f64().map_or("-".into(), |v| format!("{v:.1}"));
-    row(&format!("list of {} pods p50 ms", wal.count), p50(&wal), p50(&redb));
-    row("server RSS MiB", format!("{:.1}", wal.rss), format!("{:.1}", redb.rss));
+    let engines = [Engine::Wal, Engine::RedbOnly, Engine::Etcd];
+    let mut columns = Vec::new();
+    for engine in engines {
+        columns.push(measure(binary, engine, pods, sequential, list_runs, tls).await?);
+    }
 
-    let values = |m: &Measured| {
-        json!({"creates_per_s_1_client": m.one_rate, "ms_per_create_1_client": m.one_ms,
-            "creates_per_s_64_clients": m.many_rate, "list": m.list, "listed": m.count, "rss_mib": m.rss})
+    let header: Vec<String> = engines.iter().map(|e| format!("{:>16}", e.label())).collect();
+    println!("{:<34} {}", "", header.join(" "));
+    let row = |what: &str, cell: &dyn Fn(&Measured) -> String| {
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|c| match c {
+                Column::Measured(m) => format!("{:>16}", cell(m)),
+                Column::NotBuilt(_) => format!("{:>16}", "not built"),
+            })
+            .collect();
+        println!("{what:<34} {}", cells.join(" "));
     };
-    let mut all = values(&wal);
-    all["redb_only"] = values(&redb);
+    row("creates/s, 1 client", &|m| format!("{:.0}", m.one_rate));
+    row("ms per create, 1 client", &|m| format!("{:.3}", m.one_ms));
+    row("creates/s, 64 clients", &|m| format!("{:.0}", m.many_rate));
+    let listed = columns.iter().find_map(|c| if let Column::Measured(m) = c { Some(m.count) } else { None }).unwrap_or(0);
+    row(&format!("list of {listed} pods p50 ms"), &|m| m.list["p50_ms"].as_f64().map_or("-".into(), |v| format!("{v:.1}")));
+    row("server RSS MiB", &|m| format!("{:.1}", m.rss));
+    row("etcd RSS MiB", &|m| m.etcd_rss.map_or("-".into(), |v| format!("{v:.1}")));
+    for (engine, column) in engines.iter().zip(&columns) {
+        if let Column::NotBuilt(why) = column {
+            println!("{}: not measured: {why}", engine.label());
+        }
+    }
+
+    let values = |c: &Column| match c {
+        Column::Measured(m) => json!({"creates_per_s_1_client": m.one_rate, "ms_per_create_1_client": m.one_ms,
+            "creates_per_s_64_clients": m.many_rate, "list": m.list, "listed": m.count, "rss_mib": m.rss,
+            "etcd_rss_mib": m.etcd_rss}),
+        Column::NotBuilt(why) => json!({"not_built": why}),
+    };
+    let mut all = values(&columns[0]);
+    all["redb_only"] = values(&columns[1]);
+    all["etcd"] = values(&columns[2]);
     Ok(ScenarioResult {
         name: "store",
         params: json!({"pods": pods, "sequential": sequential, "list_runs": list_runs, "tls": tls}),
@@ -83,17 +139,39 @@ pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize
 
 async fn measure(
     binary: &Path,
-    engine: &str,
+    engine: Engine,
     pods: usize,
     sequential: usize,
     list_runs: usize,
     tls: bool,
-) -> anyhow::Result<Measured> {
+) -> anyhow::Result<Column> {
+    // The server's data and log, and etcd's, in one directory removed at the end.
     let dir = tempfile::tempdir()?;
-    let data = dir.path().to_string_lossy().to_string();
-    let args = ["server", "--controllers", "none", "--data-dir", &data, "--store-engine", engine];
-    let (server, http) = Process::start_reachable(binary, &args, dir.path(), tls)?;
-    println!("engine {engine}:");
+    let etcd = match engine {
+        Engine::Etcd => Some(LocalEtcd::start_in(dir.path()).map_err(|e| anyhow::anyhow!("the etcd column runs a real etcd: {e}"))?),
+        Engine::Wal | Engine::RedbOnly => None,
+    };
+    let endpoint = etcd.as_ref().map(LocalEtcd::endpoint).unwrap_or_default();
+    let data_dir = dir.path().join("server");
+    let data = data_dir.to_string_lossy().to_string();
+    let mut args = vec!["server", "--controllers", "none", "--data-dir", &data];
+    match engine {
+        Engine::Wal => args.extend(["--store-engine", "wal"]),
+        Engine::RedbOnly => args.extend(["--store-engine", "redb"]),
+        Engine::Etcd => args.extend(["--store", "etcd", "--etcd-endpoints", &endpoint]),
+    }
+    let log = dir.path().join("server.log");
+    let (server, http) = match Process::start_reachable_logged(binary, &args, &data_dir, tls, Some(&log)) {
+        Ok(started) => started,
+        Err(e) => {
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(line) = said.lines().find(|l| l.contains(ETCD_NOT_BUILT)) {
+                return Ok(Column::NotBuilt(format!("{}: {}", binary.display(), line.trim_start_matches("Error: "))));
+            }
+            anyhow::bail!("starting the server for {}: {e}; its stderr:\n{said}", engine.label());
+        }
+    };
+    println!("engine {}:", engine.label());
 
     let one = create_n(&http, &server.url, "seq", sequential, 1).await?;
     let one_rate = sequential as f64 / one.as_secs_f64();
@@ -113,9 +191,18 @@ async fn measure(
         samples.push(t.elapsed());
         count = serde_json::from_slice::<Value>(&body)?["items"].as_array().map_or(0, Vec::len);
     }
+    let created = pods.max(sequential);
+    anyhow::ensure!(count == created, "{}: listed {count} pods of the {created} created", engine.label());
     let list = summarize(&samples);
     println!("  list of {count} pods: {list}");
     let rss = server.rss_mib();
-    println!("  server RSS with {count} pods: {rss:.1} MiB");
-    Ok(Measured { one_rate, one_ms, many_rate, list: serde_json::to_value(&list)?, count, rss })
+    let etcd_rss = etcd.as_ref().and_then(LocalEtcd::pid).map(|pid| procstat::rss_mib(&pid.to_string()));
+    match etcd_rss {
+        Some(e) => println!("  server RSS with {count} pods: {rss:.1} MiB (etcd: {e:.1} MiB)"),
+        None => println!("  server RSS with {count} pods: {rss:.1} MiB"),
+    }
+    // The server first, then its etcd.
+    drop(server);
+    drop(etcd);
+    Ok(Column::Measured(Measured { one_rate, one_ms, many_rate, list: serde_json::to_value(&list)?, count, rss, etcd_rss }))
 }

@@ -1,6 +1,7 @@
 //! `LocalEtcd`: an etcd on loopback ports in a temporary directory (one member, or a cluster of
 //! several), for tests and benchmarks of the etcd backend. It runs Debian's `etcd` (package
-//! `etcd-server`).
+//! `etcd-server`) and needs nothing of the backend itself, so it is built without the `etcd` feature
+//! too (the benchmark harness starts one for a server binary built with it).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -57,11 +58,16 @@ fn free_port() -> Result<u16, String> {
 impl LocalEtcd {
     /// Starts etcd and waits until it answers its health check.
     pub fn start() -> Result<LocalEtcd, String> {
+        Self::start_in(&std::env::temp_dir())
+    }
+
+    /// [`LocalEtcd::start`] with its directory (data and log) under `parent`.
+    pub fn start_in(parent: &Path) -> Result<LocalEtcd, String> {
         let binary = etcd_binary()?;
         let mut last = String::new();
         // A port found free can be taken before etcd binds it: try again with others.
         for _ in 0..3 {
-            match Self::start_once(&binary) {
+            match Self::start_once(&binary, parent) {
                 Ok(etcd) => return Ok(etcd),
                 Err(e) => last = e,
             }
@@ -69,8 +75,8 @@ impl LocalEtcd {
         Err(last)
     }
 
-    fn start_once(binary: &Path) -> Result<LocalEtcd, String> {
-        let mut etcd = Self::member(binary, "test", None)?;
+    fn start_once(binary: &Path, parent: &Path) -> Result<LocalEtcd, String> {
+        let mut etcd = Self::member(binary, "test", None, parent)?;
         etcd.initial_cluster = format!("test={}", etcd.peer_url());
         etcd.spawn()?;
         Ok(etcd)
@@ -79,14 +85,14 @@ impl LocalEtcd {
     /// An etcd whose directory and ports are chosen but which does not run yet: `restart` starts
     /// it (a test of a server started before its etcd).
     pub fn unstarted() -> Result<LocalEtcd, String> {
-        let mut etcd = Self::member(&etcd_binary()?, "test", None)?;
+        let mut etcd = Self::member(&etcd_binary()?, "test", None, &std::env::temp_dir())?;
         etcd.initial_cluster = format!("test={}", etcd.peer_url());
         Ok(etcd)
     }
 
     /// A single member that serves its clients over TLS and requires their certificates.
     pub fn start_tls(tls: LocalEtcdTls) -> Result<LocalEtcd, String> {
-        let mut etcd = Self::member(&etcd_binary()?, "test", Some(tls))?;
+        let mut etcd = Self::member(&etcd_binary()?, "test", Some(tls), &std::env::temp_dir())?;
         etcd.initial_cluster = format!("test={}", etcd.peer_url());
         etcd.spawn()?;
         Ok(etcd)
@@ -95,8 +101,9 @@ impl LocalEtcd {
     /// A cluster of `members` etcd processes that form one quorum, started together.
     pub fn start_cluster(members: usize) -> Result<Vec<LocalEtcd>, String> {
         let binary = etcd_binary()?;
+        let tmp = std::env::temp_dir();
         let mut cluster =
-            (0..members).map(|i| Self::member(&binary, &format!("member{i}"), None)).collect::<Result<Vec<_>, _>>()?;
+            (0..members).map(|i| Self::member(&binary, &format!("member{i}"), None, &tmp)).collect::<Result<Vec<_>, _>>()?;
         let initial: Vec<String> = cluster.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect();
         for m in &mut cluster {
             m.initial_cluster = initial.join(",");
@@ -111,9 +118,9 @@ impl LocalEtcd {
         Ok(cluster)
     }
 
-    fn member(binary: &Path, name: &str, tls: Option<LocalEtcdTls>) -> Result<LocalEtcd, String> {
+    fn member(binary: &Path, name: &str, tls: Option<LocalEtcdTls>, parent: &Path) -> Result<LocalEtcd, String> {
         let unique = format!("shepherd-etcd-{}-{}", std::process::id(), free_port()?);
-        let dir = std::env::temp_dir().join(unique);
+        let dir = parent.join(unique);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         Ok(LocalEtcd {
             child: None,
@@ -213,6 +220,11 @@ impl LocalEtcd {
     pub fn endpoint(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The etcd process's id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// etcd's Prometheus metrics, as text.
