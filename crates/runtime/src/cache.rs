@@ -9,7 +9,11 @@
 //!   it, and a deletion older than the cached copy never removes it, so a late or replayed event
 //!   cannot move the cache backwards;
 //! - the digest of the cached (key, resourceVersion) pairs (`shepherd_api::digest`) is kept with
-//!   every change, for the informer's anti-entropy check.
+//!   every change, for the informer's anti-entropy check;
+//! - `metadata.managedFields` is dropped from every object as it enters, as kube-controller-manager's
+//!   and kube-scheduler's informers drop it: no controller reads it, an update without it keeps the
+//!   server's, and parsed it is most of a pod (its `fieldsV1` sets are many one-key maps: ~20 KB of a
+//!   ~40 KB pod, see BENCHMARKS.md section 3, 4, 5).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -33,6 +37,13 @@ impl Change {
             Change::Added(o) | Change::Deleted(o) => o,
             Change::Updated { new, .. } => new,
         }
+    }
+}
+
+/// Drops `metadata.managedFields` from an object about to be cached.
+fn strip_managed_fields(obj: &mut Value) {
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
     }
 }
 
@@ -171,7 +182,8 @@ impl State {
 
     /// `delivered`: the object came from the watch or a list (it moves `high_water`), not from
     /// a repair that fetched it out of order.
-    fn upsert(&mut self, key: String, obj: Value, delivered: bool) -> Option<Change> {
+    fn upsert(&mut self, key: String, mut obj: Value, delivered: bool) -> Option<Change> {
+        strip_managed_fields(&mut obj);
         let rv = resource_version(&obj).unwrap_or(0);
         if delivered {
             self.high_water = self.high_water.max(rv);
@@ -199,7 +211,10 @@ impl State {
         Some(change)
     }
 
-    fn remove(&mut self, key: &str, last_known: Option<Value>) -> Option<Change> {
+    fn remove(&mut self, key: &str, mut last_known: Option<Value>) -> Option<Change> {
+        if let Some(obj) = &mut last_known {
+            strip_managed_fields(obj);
+        }
         let deleted_at = last_known.as_ref().and_then(resource_version);
         self.high_water = self.high_water.max(deleted_at.unwrap_or(0));
         let had = resource_version(self.objects.get(key)?).unwrap_or(0);
@@ -467,6 +482,42 @@ mod tests {
         seen.sort();
         assert_eq!(seen, [r#"added "new""#, r#"deleted "gone""#, r#"updated "changed""#]);
         assert_eq!(c.keys(), ["ns/changed", "ns/new", "ns/same"]);
+    }
+
+    /// A pod as the API server returns it: with the `managedFields` its writers left.
+    fn pod_with_owners(name: &str, rv: u64) -> Value {
+        let mut p = pod(name, rv, "n", "u");
+        p["metadata"]["managedFields"] = json!([
+            { "manager": "shepherd", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+              "fieldsV1": { "f:metadata": { "f:labels": { ".": {}, "f:app": {} } }, "f:spec": { "f:nodeName": {} } } },
+            { "manager": "agent", "operation": "Update", "apiVersion": "v1", "subresource": "status",
+              "fieldsType": "FieldsV1", "fieldsV1": { "f:status": { "f:phase": {} } } },
+        ]);
+        p
+    }
+
+    #[test]
+    fn cached_objects_and_changes_carry_no_managed_fields_and_keep_the_rest() {
+        let c = Cache::default();
+        let added = c.apply_upsert(pod_with_owners("a", 1)).expect("added");
+        let updated = c.apply_upsert(pod_with_owners("a", 2)).expect("updated");
+        let listed = c.replace(vec![pod_with_owners("a", 3), pod_with_owners("b", 4)]);
+        let deleted = c.apply_delete(pod_with_owners("b", 5)).expect("deleted");
+        let mut seen: Vec<Arc<Value>> =
+            vec![added.object().clone(), updated.object().clone(), deleted.object().clone()];
+        if let Change::Updated { old, .. } = &updated {
+            seen.push(old.clone());
+        }
+        seen.extend(listed.iter().map(|ch| ch.object().clone()));
+        seen.extend(c.list());
+        assert_eq!(seen.len(), 7);
+        for o in &seen {
+            assert_eq!(o["metadata"].get("managedFields"), None, "cached with its managedFields: {o}");
+            assert_eq!(o["metadata"]["labels"]["app"], "web");
+            assert_eq!(o["spec"]["nodeName"], "n");
+        }
+        assert_eq!(c.get("ns/a").and_then(|o| resource_version(&o)), Some(3));
+        assert_eq!(c.by_label("app", "web").len(), 1);
     }
 
     fn resident_bytes() -> Option<u64> {
