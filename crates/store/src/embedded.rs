@@ -102,7 +102,8 @@ impl Backlog {
 }
 
 /// Opens (or creates) the redb file at `path` and its log, recovers every acknowledged write,
-/// and starts the committer and checkpointer threads. A second open of the same file fails.
+/// and starts the committer, checkpointer and segment-preparing threads. A second open of the
+/// same file fails.
 pub(crate) fn open(
     path: &Path,
     limits: HistoryLimits,
