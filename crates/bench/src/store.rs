@@ -1,6 +1,7 @@
 //! Scenario `store`: durable creates/s with 1 and 64 clients, list latency and RSS with N pods, over
 //! plain HTTP or TLS with a token, side by side on the embedded store's write-ahead-log engine, the
-//! previous redb-only engine and etcd (a real one-member etcd on loopback, Debian's `etcd`).
+//! previous redb-only engine and etcd (a real one-member etcd on loopback, Debian's `etcd`); then
+//! the same creates at the embedded engines alone, no HTTP.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use shepherd_store::{HistoryLimits, LocalStore, Store};
 
 use shepherd_store::{ETCD_NOT_BUILT, LocalEtcd};
 
@@ -20,28 +22,39 @@ fn pod(name: &str) -> Value {
         "spec": {"containers": [{"name": "c", "image": "minimal", "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}})
 }
 
-async fn create_n(http: &reqwest::Client, url: &str, prefix: &str, n: usize, clients: usize) -> anyhow::Result<Duration> {
+/// Creates `n` pods from `clients` concurrent clients: the time it took, and each create's latency.
+async fn create_n(
+    http: &reqwest::Client,
+    url: &str,
+    prefix: &str,
+    n: usize,
+    clients: usize,
+) -> anyhow::Result<(Duration, Vec<Duration>)> {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..clients {
         let (http, url, next, prefix) = (http.clone(), url.to_string(), next.clone(), prefix.to_string());
         tasks.push(tokio::spawn(async move {
+            let mut took = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= n {
-                    return Ok::<_, anyhow::Error>(());
+                    return Ok::<_, anyhow::Error>(took);
                 }
+                let sent = Instant::now();
                 let r = http.post(format!("{url}/api/v1/namespaces/default/pods")).json(&pod(&format!("{prefix}-{i}"))).send().await?;
                 anyhow::ensure!(r.status().as_u16() == 201, "create failed: {}", r.status());
                 r.bytes().await?;
+                took.push(sent.elapsed());
             }
         }));
     }
+    let mut took = Vec::with_capacity(n);
     for t in tasks {
-        t.await??;
+        took.extend(t.await??);
     }
-    Ok(started.elapsed())
+    Ok((started.elapsed(), took))
 }
 
 /// The store behind one column.
@@ -69,6 +82,8 @@ impl Engine {
 struct Measured {
     one_rate: f64,
     one_ms: f64,
+    /// Each create's latency, 1 client.
+    one: Value,
     many_rate: f64,
     list: Value,
     count: usize,
@@ -110,6 +125,8 @@ pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize
     };
     row("creates/s, 1 client", &|m| format!("{:.0}", m.one_rate));
     row("ms per create, 1 client", &|m| format!("{:.3}", m.one_ms));
+    let at = |m: &Measured, q: &str| m.one[q].as_f64().map_or("-".into(), |v| format!("{v:.3}"));
+    row("  p50 / p99 ms, 1 client", &|m| format!("{} / {}", at(m, "p50_ms"), at(m, "p99_ms")));
     row("creates/s, 64 clients", &|m| format!("{:.0}", m.many_rate));
     let listed = columns.iter().find_map(|c| if let Column::Measured(m) = c { Some(m.count) } else { None }).unwrap_or(0);
     row(&format!("list of {listed} pods p50 ms"), &|m| m.list["p50_ms"].as_f64().map_or("-".into(), |v| format!("{v:.1}")));
@@ -123,13 +140,28 @@ pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize
 
     let values = |c: &Column| match c {
         Column::Measured(m) => json!({"creates_per_s_1_client": m.one_rate, "ms_per_create_1_client": m.one_ms,
-            "creates_per_s_64_clients": m.many_rate, "list": m.list, "listed": m.count, "rss_mib": m.rss,
-            "etcd_rss_mib": m.etcd_rss}),
+            "create_1_client": m.one, "creates_per_s_64_clients": m.many_rate, "list": m.list, "listed": m.count,
+            "rss_mib": m.rss, "etcd_rss_mib": m.etcd_rss}),
         Column::NotBuilt(why) => json!({"not_built": why}),
     };
     let mut all = values(&columns[0]);
     all["redb_only"] = values(&columns[1]);
     all["etcd"] = values(&columns[2]);
+
+    // The store alone runs the engine linked into this binary, not `binary`'s.
+    let (one, many) = (sequential * 5, pods.saturating_sub(sequential) * 5);
+    println!("the store alone, no HTTP ({one} creates of 1 KiB by 1 writer, {many} by 64):");
+    let wal_alone = at_store("wal", one, many).await?;
+    let redb_alone = at_store("redb", one, many).await?;
+    let pair = |what: &str, a: String, b: String| println!("{what:<34} {a:>16} {b:>16}");
+    let q = |m: &Value, what: &str| m["one"][what].as_f64().map_or("-".into(), |v| format!("{v:.3}"));
+    for what in ["p50_ms", "p99_ms", "max_ms"] {
+        pair(&format!("  store alone, 1 writer, {what}"), q(&wal_alone, what), q(&redb_alone, what));
+    }
+    let rate = |m: &Value| m["creates_per_s_64_writers"].as_f64().map_or("-".into(), |v| format!("{v:.0}"));
+    pair("  store alone, creates/s, 64 writers", rate(&wal_alone), rate(&redb_alone));
+    all["at_store"] = wal_alone;
+    all["redb_only"]["at_store"] = redb_alone;
     Ok(ScenarioResult {
         name: "store",
         params: json!({"pods": pods, "sequential": sequential, "list_runs": list_runs, "tls": tls}),
@@ -173,13 +205,14 @@ async fn measure(
     };
     println!("engine {}:", engine.label());
 
-    let one = create_n(&http, &server.url, "seq", sequential, 1).await?;
+    let (one, took) = create_n(&http, &server.url, "seq", sequential, 1).await?;
     let one_rate = sequential as f64 / one.as_secs_f64();
     let one_ms = one.as_secs_f64() * 1000.0 / sequential as f64;
-    println!("  durable creates, 1 client: {one_rate:.0}/s ({one_ms:.3} ms each)");
+    let latency = summarize(&took);
+    println!("  durable creates, 1 client: {one_rate:.0}/s ({one_ms:.3} ms each; {latency})");
 
     let rest = pods.saturating_sub(sequential);
-    let many = create_n(&http, &server.url, "par", rest, 64).await?;
+    let (many, _) = create_n(&http, &server.url, "par", rest, 64).await?;
     let many_rate = rest as f64 / many.as_secs_f64();
     println!("  durable creates, 64 clients: {many_rate:.0}/s");
 
@@ -204,5 +237,44 @@ async fn measure(
     // The server first, then its etcd.
     drop(server);
     drop(etcd);
-    Ok(Column::Measured(Measured { one_rate, one_ms, many_rate, list: serde_json::to_value(&list)?, count, rss, etcd_rss }))
+    Ok(Column::Measured(Measured { one_rate, one_ms, one: serde_json::to_value(&latency)?, many_rate, list: serde_json::to_value(&list)?, count, rss, etcd_rss }))
+}
+
+/// Creates at the store alone, on a fresh data directory: `one` by a single writer (each one's
+/// latency) and `many` by 64 concurrent writers (creates/s), 1 KiB values.
+async fn at_store(engine: &str, one: usize, many: usize) -> anyhow::Result<Value> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("store.redb");
+    let store: Arc<dyn Store> = match engine {
+        "wal" => Arc::new(LocalStore::open_redb(&path, HistoryLimits::default())?),
+        _ => Arc::new(LocalStore::open_redb_only(&path, HistoryLimits::default())?),
+    };
+    let value = vec![b'x'; 1024];
+    let mut took = Vec::with_capacity(one);
+    for i in 0..one {
+        let started = Instant::now();
+        store.create(&format!("/registry/core/configmaps/one/c{i}"), value.clone().into()).await?;
+        took.push(started.elapsed());
+    }
+    let latency = summarize(&took);
+    let started = Instant::now();
+    let writers: Vec<_> = (0..64)
+        .map(|w| {
+            let (store, value) = (store.clone(), value.clone());
+            tokio::spawn(async move {
+                for i in (w..many).step_by(64) {
+                    store.create(&format!("/registry/core/configmaps/many/c{i}"), value.clone().into()).await?;
+                }
+                Ok::<_, anyhow::Error>(())
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await??;
+    }
+    let rate = many as f64 / started.elapsed().as_secs_f64();
+    println!("  {engine}: 1 writer {latency}; 64 writers {rate:.0}/s");
+    // Its threads finish with the files before the directory goes.
+    store.close().await?;
+    Ok(json!({"one": serde_json::to_value(&latency)?, "creates_per_s_64_writers": rate}))
 }

@@ -6,18 +6,24 @@
 //! so costs one append and one fsync, shared with every write of its batch, instead of a B-tree
 //! commit.
 //!
-//! Every second (or every few MiB of log) the committer starts a new log segment and hands the
-//! writes of the old one to the checkpointer thread, which writes them into redb in one
-//! transaction: the objects, the watch history (each event with the value before it) and the
-//! revision. Once that commit is on disk the old segments are deleted. On open, redb holds
-//! everything up to its revision and the log everything after: recovery replays the log's
+//! Every second (or every 16 MiB of log) the committer switches to the next log segment, which
+//! a thread of its own has already created and synced (three fsyncs the committer never waits
+//! for), and hands the writes of the old one to the checkpointer thread, which writes them into
+//! redb in one transaction: the objects, the watch history (each event with the value before it)
+//! and the revision. Once that commit is on disk the old segments are deleted. On open, redb
+//! holds everything up to its revision and the log everything after: recovery replays the log's
 //! complete records onto redb's state and history, so neither an acknowledged write nor the
 //! history a watcher resumes from is lost to a `kill -9`, whether or not a checkpoint was running.
+//!
+//! While checkpoints fail (a full disk, an I/O error), the log keeps taking writes, up to
+//! [`WalOptions::max_uncheckpointed_bytes`] beyond the last checkpoint; then writes are refused,
+//! and readiness reports why, until a checkpoint (retried every second) succeeds.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
-use std::sync::{Arc, RwLock, mpsc};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, mpsc};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -29,7 +35,7 @@ use crate::durable::{
     open_db, snapshot_of,
 };
 use crate::state::{State, Write};
-use crate::wal::{self, Record, Writer};
+use crate::wal::{self, NextSegment, Record, Writer};
 use crate::{Event, EventKind, HistoryLimits, KeyValue, Revision, Snapshot, StoreError};
 
 /// Each retained event by revision: see `encode_event`.
@@ -40,18 +46,29 @@ const EPOCH_KEY: &str = "wal_epoch";
 /// Every event after this revision, up to the file's revision, is in `HISTORY`.
 const HISTORY_FROM_KEY: &str = "history_from";
 
-/// When the log is checkpointed into redb. Tests make both small to checkpoint constantly.
+/// When the log is checkpointed into redb, and how far it may run ahead of redb. Tests make them
+/// small to checkpoint constantly, or to reach the limit quickly.
 #[derive(Debug, Clone, Copy)]
 pub struct WalOptions {
     /// A segment this large is checkpointed.
     pub segment_bytes: u64,
     /// A segment with records is checkpointed at least this often.
     pub checkpoint_interval: Duration,
+    /// Bytes of log written since the last successful checkpoint beyond which writes are refused
+    /// (503, or 507 when the disk is full, and `/readyz` false) until a checkpoint succeeds. While
+    /// checkpoints fail, the log and the writes held for the checkpoint grow; this bounds them.
+    pub max_uncheckpointed_bytes: u64,
 }
 
 impl Default for WalOptions {
     fn default() -> Self {
-        WalOptions { segment_bytes: 16 * 1024 * 1024, checkpoint_interval: Duration::from_secs(1) }
+        WalOptions {
+            segment_bytes: 16 * 1024 * 1024,
+            checkpoint_interval: Duration::from_secs(1),
+            // Many checkpoint intervals of writes at any rate measured, yet bounded; the log
+            // holds each write once and the checkpointer's queue once more.
+            max_uncheckpointed_bytes: 256 * 1024 * 1024,
+        }
     }
 }
 
@@ -59,14 +76,36 @@ impl Default for WalOptions {
 enum ToCheckpoint {
     /// Writes now in the log, each with the time it was made (ms since the Unix epoch).
     Written(Vec<(Arc<Event>, u64)>),
-    /// Every write so far is in segments up to `through`, which may go once redb has them.
-    Checkpoint { through: u64, history_from: Revision },
+    /// Every write so far is in segments up to `through`, which may go once redb has them;
+    /// `logged` counts the log's bytes up to there (see [`Backlog`]).
+    Checkpoint { through: u64, history_from: Revision, logged: u64 },
+}
+
+/// How far the log runs ahead of redb: shared by the committer, which refuses writes beyond
+/// [`WalOptions::max_uncheckpointed_bytes`], and the threads that let it catch up.
+#[derive(Default)]
+struct Backlog {
+    /// Of the bytes of records the committer has appended since the open, those a checkpoint has
+    /// written into redb. The committer counts the appended ones itself.
+    checkpointed: AtomicU64,
+    /// Why the log is not being checkpointed, while it is not: the last checkpoint failed, or the
+    /// next segment could not be prepared (without it, no segment is handed to a checkpoint).
+    stalled: Mutex<Option<StoreError>>,
+}
+
+impl Backlog {
+    fn stall(&self, cause: Option<StoreError>) {
+        if let Ok(mut s) = self.stalled.lock() {
+            *s = cause;
+        }
+    }
 }
 
 /// Opens (or creates) the redb file at `path` and its log, recovers every acknowledged write,
-/// and starts the committer and checkpointer threads. A second open of the same file fails.
-/// Once every sender of the committer's queue is gone, the committer answers the writes still
-/// queued, has the log checkpointed and stops; the checkpointer stops after that checkpoint.
+/// and starts the committer, checkpointer and segment-preparing threads. A second open of the
+/// same file fails. Once every sender of the committer's queue is gone, the committer answers the
+/// writes still queued, has the log checkpointed and stops (with it the segment-preparing
+/// thread); the checkpointer stops after that checkpoint.
 pub(crate) fn open(path: &Path, limits: HistoryLimits, options: WalOptions) -> Result<Opened, StoreError> {
     let db = open_db(path)?;
     let dir = wal::dir_of(path);
@@ -75,21 +114,48 @@ pub(crate) fn open(path: &Path, limits: HistoryLimits, options: WalOptions) -> R
     // Fold what the log held into redb now, so its segments can go before a new one starts.
     checkpoint(&db, &recovered.replayed, state.watchable_from(), recovered.epoch)?;
     remove_segments(&dir, recovered.last_seq)?;
-    let writer = Writer::create(&dir, recovered.last_seq + 1, recovered.epoch)
+    let (first, epoch) = (recovered.last_seq + 1, recovered.epoch);
+    let writer = Writer::create(&dir, first, epoch, wal::FIRST_PREALLOCATE.min(options.segment_bytes))
         .map_err(|e| classify(&format!("creating a log segment in {}", dir.display()), &e.to_string()))?;
     tracing::info!(revision = state.revision, replayed = recovered.replayed.len(), "store opened");
 
     let state = Arc::new(RwLock::new(state));
     let health: Health = Arc::new(RwLock::new(None));
+    let backlog = Arc::new(Backlog::default());
+    let report = {
+        let (backlog, dir) = (backlog.clone(), dir.clone());
+        Box::new(move |outcome: Result<(), &std::io::Error>| match outcome {
+            Ok(()) => {
+                tracing::info!("the store's next log segment is ready again");
+                backlog.stall(None);
+            }
+            Err(e) => {
+                let failure = classify(&format!("preparing a log segment in {}", dir.display()), &e.to_string());
+                tracing::warn!(error = %failure, "the current log segment grows until the next one can be made");
+                backlog.stall(Some(failure));
+            }
+        })
+    };
+    let next = NextSegment::start(&dir, first + 1, epoch, options.segment_bytes, RECOVERY_PROBE, report)
+        .map_err(|e| StoreError::Backend(format!("starting the log segment thread: {e}")))?;
     let (tx, rx) = mpsc::channel();
     let (ckpt_tx, ckpt_rx) = mpsc::channel();
-    let epoch = recovered.epoch;
     let db_path = path.to_path_buf();
+    let checkpointer_backlog = backlog.clone();
     let checkpointer = thread::Builder::new()
         .name("store-checkpoint".into())
-        .spawn(move || checkpoint_loop(db, ckpt_rx, epoch, &db_path))
+        .spawn(move || checkpoint_loop(db, ckpt_rx, epoch, &db_path, &checkpointer_backlog))
         .map_err(|e| StoreError::Backend(format!("starting checkpoint thread: {e}")))?;
-    let committer = CommitLoop { writer, last_rotation: Instant::now(), options, health: health.clone(), ckpt: ckpt_tx };
+    let committer = CommitLoop {
+        writer,
+        next,
+        last_rotation: Instant::now(),
+        logged: 0,
+        backlog,
+        options,
+        health: health.clone(),
+        ckpt: ckpt_tx,
+    };
     let committer_state = state.clone();
     let committer = thread::Builder::new()
         .name("store-committer".into())
@@ -181,15 +247,14 @@ fn recover(db: &Database, path: &Path, limits: HistoryLimits) -> Result<Recovere
         Some(e) => e,
         None => new_epoch(),
     };
-    let segments = wal::segments(&dir).map_err(|e| StoreError::Backend(format!("reading {}: {e}", dir.display())))?;
+    let segments = wal::read_log(&dir).map_err(|e| StoreError::Backend(format!("reading {}: {e}", dir.display())))?;
     let mut replayed = Vec::new();
     let mut last_seq = 0;
-    let count = segments.len();
-    for (i, (seq, seg)) in segments.iter().enumerate() {
-        let last = i + 1 == count;
-        let scan = wal::scan(seg).map_err(|e| StoreError::Backend(format!("reading {}: {e}", seg.display())))?;
+    for segment in segments {
+        let (seg, scan) = (&segment.path, segment.scan);
         match scan.epoch {
-            None if last => {}
+            // A segment being prepared when the process died: nothing was written to it.
+            None if segment.at_end => {}
             Some(e) if e == epoch => {}
             None => return Err(damaged(seg, 0)),
             Some(_) => {
@@ -197,8 +262,8 @@ fn recover(db: &Database, path: &Path, limits: HistoryLimits) -> Result<Recovere
                 return Ok(Recovered { state, epoch, replayed: Vec::new(), last_seq: 0 });
             }
         }
-        if scan.torn_bytes > 0 {
-            if !last {
+        if scan.torn && scan.epoch.is_some() {
+            if !segment.at_end {
                 return Err(damaged(seg, scan.valid_len));
             }
             tracing::warn!(segment = %seg.display(), bytes = scan.torn_bytes, "cutting off a torn log tail");
@@ -221,7 +286,8 @@ fn recover(db: &Database, path: &Path, limits: HistoryLimits) -> Result<Recovere
             let event = state.apply_at(event, when(ms).unwrap_or(now));
             replayed.push((event, ms));
         }
-        last_seq = *seq;
+        // Every segment goes once redb holds its writes, those holding no record too.
+        last_seq = segment.seq;
     }
     Ok(Recovered { state, epoch, replayed, last_seq })
 }
@@ -391,34 +457,56 @@ fn remove_segments(dir: &Path, through: u64) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn checkpoint_loop(db: Database, rx: mpsc::Receiver<ToCheckpoint>, epoch: u64, path: &Path) {
+/// Writes the log's writes into redb whenever the committer hands over a segment. A checkpoint
+/// that fails is tried again every [`RECOVERY_PROBE`] even when no write comes (the committer may
+/// be refusing them until one succeeds), and the next one takes everything since the last success.
+fn checkpoint_loop(db: Database, rx: mpsc::Receiver<ToCheckpoint>, epoch: u64, path: &Path, backlog: &Backlog) {
     let dir = wal::dir_of(path);
     let mut db = Some(db);
     let mut pending: Vec<(Arc<Event>, u64)> = Vec::new();
-    while let Ok(message) = rx.recv() {
+    // The newest checkpoint asked for, until one succeeds; and when to try again after a failure.
+    let mut due: Option<(u64, Revision, u64)> = None;
+    let mut retry_at: Option<Instant> = None;
+    loop {
+        let message = match retry_at {
+            Some(at) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+            None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+        };
         match message {
-            ToCheckpoint::Written(events) => pending.extend(events),
-            ToCheckpoint::Checkpoint { through, history_from } => {
-                // redb refuses every write after an I/O error until it is reopened.
-                if db.is_none() {
-                    db = open_db(path).map_err(|e| tracing::warn!(error = %e, "reopening the store file")).ok();
+            Ok(ToCheckpoint::Written(events)) => {
+                pending.extend(events);
+                continue;
+            }
+            Ok(ToCheckpoint::Checkpoint { through, history_from, logged }) => due = Some((through, history_from, logged)),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+        let Some((through, history_from, logged)) = due else { continue };
+        // redb refuses every write after an I/O error until it is reopened: a handle that
+        // failed is dropped, and the next try opens the file anew.
+        let handle = match db.take() {
+            Some(handle) => Ok(handle),
+            None => open_db(path).map_err(|e| classify("reopening the store file", &e.to_string())),
+        };
+        let started = Instant::now();
+        let outcome = handle.and_then(|h| checkpoint(&h, &pending, history_from, epoch).map(|()| h));
+        match outcome {
+            Ok(handle) => {
+                db = Some(handle);
+                tracing::debug!(writes = pending.len(), took = ?started.elapsed(), "store checkpoint");
+                pending.clear();
+                (due, retry_at) = (None, None);
+                backlog.checkpointed.store(logged, Ordering::Release);
+                backlog.stall(None);
+                if let Err(e) = remove_segments(&dir, through) {
+                    tracing::warn!(error = %e, "removing checkpointed log segments");
                 }
-                let Some(handle) = &db else { continue };
-                // Failures leave the segments in place: the next checkpoint takes all of it.
-                let started = Instant::now();
-                match checkpoint(handle, &pending, history_from, epoch) {
-                    Ok(()) => {
-                        tracing::debug!(writes = pending.len(), took = ?started.elapsed(), "store checkpoint");
-                        pending.clear();
-                        if let Err(e) = remove_segments(&dir, through) {
-                            tracing::warn!(error = %e, "removing checkpointed log segments");
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, writes = pending.len(), "store checkpoint failed; retrying later");
-                        db = None;
-                    }
-                }
+            }
+            // The segments stay: the next checkpoint takes all of it.
+            Err(e) => {
+                tracing::warn!(error = %e, writes = pending.len(), "store checkpoint failed; retrying in a second");
+                backlog.stall(Some(e));
+                retry_at = Some(Instant::now() + RECOVERY_PROBE);
             }
         }
     }
@@ -426,10 +514,20 @@ fn checkpoint_loop(db: Database, rx: mpsc::Receiver<ToCheckpoint>, epoch: u64, p
 
 struct CommitLoop {
     writer: Writer,
+    /// Dropped before `ckpt`: its thread is stopped before the checkpointer lets go of redb, so
+    /// a store reopened in the same process never races it for a segment number.
+    next: NextSegment,
     last_rotation: Instant,
+    /// Bytes of records appended since the open; `backlog` says how many of them redb holds.
+    logged: u64,
+    backlog: Arc<Backlog>,
     options: WalOptions,
     health: Health,
     ckpt: mpsc::Sender<ToCheckpoint>,
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
 impl CommitLoop {
@@ -442,22 +540,43 @@ impl CommitLoop {
         }
     }
 
-    /// Starts a new segment and has the old ones checkpointed.
+    /// The answer to every write while the log is too far ahead of redb.
+    fn backlog_refusal(&self) -> Option<StoreError> {
+        let behind = self.logged.saturating_sub(self.backlog.checkpointed.load(Ordering::Acquire));
+        if behind < self.options.max_uncheckpointed_bytes {
+            return None;
+        }
+        let cause = self.backlog.stalled.lock().ok().and_then(|c| c.clone());
+        let why = match &cause {
+            Some(e) => format!("checkpoints fail: {e}"),
+            None => "checkpoints are behind".to_string(),
+        };
+        let message = format!(
+            "the store refuses writes until a checkpoint succeeds: {} of its log are not in its redb file yet, \
+             the most it keeps ({why})",
+            mib(behind)
+        );
+        Some(match cause {
+            Some(StoreError::NoSpace(_)) => StoreError::NoSpace(message),
+            _ => StoreError::Unavailable(message),
+        })
+    }
+
+    /// Switches to the prepared segment and has the old ones checkpointed. Without one ready
+    /// yet, the current segment grows a little longer: the committer never makes a segment.
     fn rotate(&mut self, state: &RwLock<State>) {
         if self.writer.is_broken() || !self.writer.has_records() {
             return;
         }
-        let next = match self.writer.rotate() {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::warn!(error = %e, "starting a new log segment failed; the current one grows");
-                return;
-            }
-        };
+        let Some(next) = self.next.take(self.writer.len) else { return };
         let through = std::mem::replace(&mut self.writer, next).seq;
         self.last_rotation = Instant::now();
+        self.checkpoint_through(through, state);
+    }
+
+    fn checkpoint_through(&self, through: u64, state: &RwLock<State>) {
         let history_from = state.read().map_or(0, |s| s.watchable_from());
-        let _ = self.ckpt.send(ToCheckpoint::Checkpoint { through, history_from });
+        let _ = self.ckpt.send(ToCheckpoint::Checkpoint { through, history_from, logged: self.logged });
     }
 
     fn run(mut self, state: Arc<RwLock<State>>, rx: mpsc::Receiver<(Write, Reply)>) {
@@ -467,22 +586,31 @@ impl CommitLoop {
             let first = match rx.recv_timeout(wait) {
                 Ok(w) => w,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if failing {
-                        if self.writer.reset().is_ok() {
-                            self.set_health(None);
-                        }
-                    } else {
-                        self.rotate(&state);
+                    if failing && self.writer.reset().is_ok() {
+                        self.set_health(self.backlog_refusal());
                     }
+                    self.rotate(&state);
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    // Leave redb up to date for the next open.
-                    self.rotate(&state);
+                    // Leave redb up to date for the next open: the current segment is done with.
+                    if self.writer.has_records() {
+                        self.checkpoint_through(self.writer.seq, &state);
+                    }
                     return;
                 }
             };
             let batch = gather(first, &rx);
+            if let Some(refusal) = self.backlog_refusal() {
+                if !failing {
+                    tracing::error!(error = %refusal, "store log backlog at its limit");
+                }
+                self.set_health(Some(refusal.clone()));
+                for (_, reply) in batch {
+                    let _ = reply.send(Err(refusal.clone()));
+                }
+                continue;
+            }
             let accepted = {
                 let Ok(s) = state.read() else { return };
                 check_batch(&s, batch)
@@ -516,8 +644,11 @@ impl CommitLoop {
                 }
                 continue;
             }
-            if failing {
-                self.set_health(None);
+            self.logged += records.len() as u64;
+            // Readiness turns false as soon as the backlog reaches its limit, not at the next write.
+            let refusal = self.backlog_refusal();
+            if failing || refusal.is_some() {
+                self.set_health(refusal);
             }
 
             let now = Instant::now();
@@ -553,16 +684,15 @@ pub(crate) fn overlay_log(path: &Path, db: &impl ReadableDatabase, snapshot: &mu
     };
     let Some(epoch) = epoch else { return Ok(()) };
     let dir = wal::dir_of(path);
-    let segments = wal::segments(&dir).map_err(|e| StoreError::Backend(format!("reading {}: {e}", dir.display())))?;
+    let segments = wal::read_log(&dir).map_err(|e| StoreError::Backend(format!("reading {}: {e}", dir.display())))?;
     let mut objects: BTreeMap<String, KeyValue> =
         std::mem::take(&mut snapshot.items).into_iter().map(|kv| (kv.key.clone(), kv)).collect();
-    let count = segments.len();
-    for (i, (_, seg)) in segments.iter().enumerate() {
-        let scan = wal::scan(seg).map_err(|e| StoreError::Backend(format!("reading {}: {e}", seg.display())))?;
+    for segment in segments {
+        let (seg, scan) = (&segment.path, segment.scan);
         if scan.epoch.is_some_and(|e| e != epoch) {
             break;
         }
-        if scan.torn_bytes > 0 && i + 1 != count {
+        if (scan.torn || scan.epoch.is_none()) && !segment.at_end {
             return Err(damaged(seg, scan.valid_len));
         }
         for record in scan.records {

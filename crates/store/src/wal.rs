@@ -5,11 +5,26 @@
 //! record half-written (or the file's tail zero-filled): reading stops at the first record that
 //! is incomplete or fails its checksum, and nothing after it was ever acknowledged, because a
 //! write is answered only after its record's fsync.
+//!
+//! Starting a segment costs three fsyncs (the new file, its header, the directory), so the next
+//! segment is prepared ahead of need on a thread of its own ([`NextSegment`]) and the committer
+//! only switches to it. A crash can therefore leave, after the segment being written, one more
+//! that holds no record: only its header, or a header cut short. Neither was ever written to, so
+//! recovery reads past it; damage is a torn record or header before a segment that holds records.
+//!
+//! A prepared segment is also filled with zeros (twice what the last one took) and synced: an
+//! append inside that space changes neither the file's size nor its allocation, so its
+//! `fdatasync` writes the data alone instead of waiting for a filesystem journal commit as well
+//! (BENCHMARKS.md, section 6). Zeros after the last record are that space, not a tear.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread;
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -21,6 +36,10 @@ pub(crate) const HEADER_LEN: u64 = 16;
 const MIN_PAYLOAD: usize = 8 + 8 + 1 + 8 + 4;
 /// Larger than any object the API accepts; a length beyond it is a damaged header.
 const MAX_PAYLOAD: usize = 1 << 30;
+/// Bounds of the zeroed space a prepared segment gets (twice what the last one took, at most the
+/// segment size), and what it gets before any segment was written.
+const MIN_PREALLOCATE: u64 = 64 * 1024;
+pub(crate) const FIRST_PREALLOCATE: u64 = 1024 * 1024;
 
 /// One write as the log holds it: enough to replay it onto the state before it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,8 +141,11 @@ pub(crate) struct Scan {
     pub(crate) records: Vec<Record>,
     /// Bytes up to the end of the last complete record.
     pub(crate) valid_len: u64,
-    /// Bytes after `valid_len` that are not a complete record (a torn tail).
+    /// Bytes after `valid_len` that are not a complete record.
     pub(crate) torn_bytes: u64,
+    /// Some of them are not zero: a record cut short or damaged (zeros alone are space made
+    /// ahead for records, or a tail whose size reached the disk before its bytes).
+    pub(crate) torn: bool,
 }
 
 /// Reads a segment up to its first incomplete or damaged record.
@@ -131,7 +153,8 @@ pub(crate) fn scan(path: &Path) -> io::Result<Scan> {
     let data = fs::read(path)?;
     let header_ok = data.len() as u64 >= HEADER_LEN && &data[..8] == MAGIC;
     let Some(epoch) = header_ok.then(|| u64_at(&data, 8)).flatten() else {
-        return Ok(Scan { epoch: None, records: Vec::new(), valid_len: 0, torn_bytes: data.len() as u64 });
+        let torn = data.iter().any(|b| *b != 0);
+        return Ok(Scan { epoch: None, records: Vec::new(), valid_len: 0, torn_bytes: data.len() as u64, torn });
     };
     let mut at = HEADER_LEN as usize;
     let mut records = Vec::new();
@@ -148,7 +171,33 @@ pub(crate) fn scan(path: &Path) -> io::Result<Scan> {
         records.push(record);
         at += 8 + len;
     }
-    Ok(Scan { epoch: Some(epoch), records, valid_len: at as u64, torn_bytes: (data.len() - at) as u64 })
+    let torn = data[at..].iter().any(|b| *b != 0);
+    Ok(Scan { epoch: Some(epoch), records, valid_len: at as u64, torn_bytes: (data.len() - at) as u64, torn })
+}
+
+/// One segment of the log as recovery reads it.
+pub(crate) struct Segment {
+    pub(crate) seq: u64,
+    pub(crate) path: PathBuf,
+    pub(crate) scan: Scan,
+    /// No later segment holds a record, so a crash may have torn this one (its last record, or
+    /// its header while it was being prepared); before a segment with records, a tear is damage.
+    pub(crate) at_end: bool,
+}
+
+/// Reads every segment of the log in `dir`, oldest first.
+pub(crate) fn read_log(dir: &Path) -> io::Result<Vec<Segment>> {
+    let mut out = Vec::new();
+    for (seq, path) in segments(dir)? {
+        let scan = scan(&path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        out.push(Segment { seq, path, scan, at_end: true });
+    }
+    let mut later_records = false;
+    for segment in out.iter_mut().rev() {
+        segment.at_end = !later_records;
+        later_records |= !segment.scan.records.is_empty();
+    }
+    Ok(out)
 }
 
 /// Makes a new entry in `dir` (a created or removed segment) survive a crash.
@@ -163,14 +212,15 @@ pub(crate) struct Writer {
     file: File,
     /// Bytes of header and acknowledged records: where the next record goes.
     pub(crate) len: u64,
-    epoch: u64,
     /// An append failed and the file could not be cut back to `len` yet.
     broken: bool,
 }
 
 impl Writer {
-    /// Creates segment `seq` in `dir` (and the directory), with its header on disk.
-    pub(crate) fn create(dir: &Path, seq: u64, epoch: u64) -> io::Result<Writer> {
+    /// Creates segment `seq` in `dir` (and the directory), with its header and `preallocate`
+    /// bytes of zeros after it on disk (fewer if the disk has no room: the file then grows as it
+    /// is written).
+    pub(crate) fn create(dir: &Path, seq: u64, epoch: u64, preallocate: u64) -> io::Result<Writer> {
         fs::create_dir_all(dir)?;
         let path = segment_path(dir, seq);
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
@@ -178,9 +228,13 @@ impl Writer {
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&epoch.to_le_bytes());
         file.write_all_at(&header, 0)?;
+        if let Err(e) = zero_fill(&file, HEADER_LEN, preallocate) {
+            tracing::debug!(segment = %path.display(), error = %e, "log segment not preallocated");
+            file.set_len(HEADER_LEN)?;
+        }
         file.sync_all()?;
         sync_dir(dir)?;
-        Ok(Writer { dir: dir.to_path_buf(), seq, file, len: HEADER_LEN, epoch, broken: false })
+        Ok(Writer { dir: dir.to_path_buf(), seq, file, len: HEADER_LEN, broken: false })
     }
 
     /// Writes `records` after the last acknowledged one and fsyncs them. On failure the file is
@@ -221,10 +275,127 @@ impl Writer {
     pub(crate) fn has_records(&self) -> bool {
         self.len > HEADER_LEN
     }
+}
 
-    /// The next segment; this one is left for the checkpoint to remove.
-    pub(crate) fn rotate(&self) -> io::Result<Writer> {
-        Writer::create(&self.dir, self.seq + 1, self.epoch)
+/// Writes `len` bytes of zeros at `from`.
+fn zero_fill(file: &File, from: u64, len: u64) -> io::Result<()> {
+    const CHUNK: usize = 256 * 1024;
+    let zeros = vec![0u8; CHUNK.min(len as usize)];
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(CHUNK as u64) as usize;
+        file.write_all_at(&zeros[..n], from + at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Prepares the log's next segment (created, header and zeroed space written, file and directory
+/// fsynced) on its own thread, before the committer needs it.
+///
+/// The hand-over is a rendezvous: the thread creates segment `seq`, then waits until the
+/// committer takes it before it creates `seq + 1`. So at most one prepared segment waits on disk,
+/// and segments are numbered in the order the committer writes them.
+pub(crate) struct NextSegment {
+    /// Dropped first on shutdown, which ends the thread's wait to hand a segment over.
+    ready: Option<mpsc::Receiver<Writer>>,
+    /// Bytes the last segment switched away from took: the next one is zeroed for twice that.
+    last_used: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+/// What the preparing thread reports: `Err` when a segment could not be prepared (it tries again
+/// after the retry interval), `Ok` when one is ready after such a failure.
+pub(crate) type PrepareReport = Box<dyn Fn(Result<(), &io::Error>) + Send>;
+
+impl NextSegment {
+    /// Starts preparing segments `first`, `first + 1`, ... of `dir`, zeroing at most
+    /// `segment_bytes` of each.
+    pub(crate) fn start(
+        dir: &Path,
+        first: u64,
+        epoch: u64,
+        segment_bytes: u64,
+        retry: Duration,
+        report: PrepareReport,
+    ) -> io::Result<NextSegment> {
+        let (tx, rx) = mpsc::sync_channel(0);
+        let stop = Arc::new(AtomicBool::new(false));
+        let last_used = Arc::new(AtomicU64::new(FIRST_PREALLOCATE / 2));
+        let preparer = Preparer {
+            dir: dir.to_path_buf(),
+            epoch,
+            segment_bytes,
+            retry,
+            ready: tx,
+            last_used: last_used.clone(),
+            stop: stop.clone(),
+            report,
+        };
+        let thread = thread::Builder::new().name("store-wal-prepare".into()).spawn(move || preparer.run(first))?;
+        Ok(NextSegment { ready: Some(rx), last_used, stop, thread: Some(thread) })
+    }
+
+    /// The prepared segment, if it is ready; never waits. `used`: the bytes the segment being
+    /// left took, which sizes the zeroed space of the next.
+    pub(crate) fn take(&self, used: u64) -> Option<Writer> {
+        // Before the hand-over, which sets the thread on to the next segment.
+        self.last_used.store(used, Ordering::Relaxed);
+        self.ready.as_ref()?.try_recv().ok()
+    }
+}
+
+impl Drop for NextSegment {
+    /// Stops the thread and waits for it, so no segment is created after the store let go of its
+    /// files (a segment it was preparing is finished and stays, holding no record).
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.ready = None;
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+struct Preparer {
+    dir: PathBuf,
+    epoch: u64,
+    segment_bytes: u64,
+    retry: Duration,
+    ready: mpsc::SyncSender<Writer>,
+    last_used: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    report: PrepareReport,
+}
+
+impl Preparer {
+    fn run(self, mut seq: u64) {
+        let mut failing = false;
+        while !self.stop.load(Ordering::SeqCst) {
+            let used = self.last_used.load(Ordering::Relaxed);
+            let preallocate = used.saturating_mul(2).clamp(MIN_PREALLOCATE, self.segment_bytes.max(MIN_PREALLOCATE));
+            match Writer::create(&self.dir, seq, self.epoch, preallocate) {
+                Ok(writer) => {
+                    if failing {
+                        failing = false;
+                        (self.report)(Ok(()));
+                    }
+                    if self.ready.send(writer).is_err() {
+                        return;
+                    }
+                    seq += 1;
+                }
+                Err(e) => {
+                    // A file half made would stop the retry (segments are created, never reused).
+                    let _ = fs::remove_file(segment_path(&self.dir, seq));
+                    failing = true;
+                    (self.report)(Err(&e));
+                    thread::park_timeout(self.retry);
+                }
+            }
+        }
     }
 }
 
@@ -239,7 +410,7 @@ mod tests {
     }
 
     fn write(dir: &Path, events: &[Event]) -> PathBuf {
-        let mut w = Writer::create(dir, 1, 7).expect("create");
+        let mut w = Writer::create(dir, 1, 7, 0).expect("create");
         let mut buf = Vec::new();
         for e in events {
             encode(&mut buf, e, 1000);
@@ -275,6 +446,7 @@ mod tests {
         file.write_all_at(b"X", full - 1).expect("corrupt");
         let scan1 = scan(&path).expect("scan");
         assert_eq!(scan1.records.len(), 1);
+        assert!(scan1.torn);
         assert_eq!(scan1.records[0].value, Bytes::from_static(b"one"));
         // Zeros after the records (a file extended but not written) are a torn tail, not records.
         file.set_len(full + 4096).expect("extend");
@@ -282,6 +454,80 @@ mod tests {
         let scan2 = scan(&path).expect("scan");
         assert_eq!(scan2.records.len(), 2);
         assert_eq!(scan2.torn_bytes, 4096);
+        assert!(!scan2.torn, "zeros are not a tear");
+    }
+
+    #[test]
+    fn zeros_after_the_last_record_are_space_made_ahead_but_a_record_half_written_into_them_is_torn() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut w = Writer::create(dir.path(), 1, 7, 4096).expect("create");
+        let (mut first, mut both) = (Vec::new(), Vec::new());
+        encode(&mut first, &event(1, "/a", b"one"), 1000);
+        encode(&mut both, &event(1, "/a", b"one"), 1000);
+        encode(&mut both, &event(2, "/b", b"two"), 1000);
+        w.append(&both).expect("append");
+        let path = segment_path(dir.path(), 1);
+        assert_eq!(fs::metadata(&path).expect("meta").len(), HEADER_LEN + 4096, "appends inside it do not grow the file");
+        let whole = scan(&path).expect("scan");
+        assert_eq!((whole.records.len(), whole.torn), (2, false));
+
+        // Only the first bytes of the second record reached the disk.
+        let file = OpenOptions::new().write(true).open(&path).expect("open");
+        let from = HEADER_LEN + first.len() as u64 + 10;
+        file.write_all_at(&vec![0; both.len() - first.len() - 10], from).expect("zero");
+        let torn = scan(&path).expect("scan");
+        assert_eq!((torn.records.len(), torn.torn), (1, true));
+    }
+
+    /// Waits up to 10 s for the prepared segment.
+    fn take(next: &NextSegment) -> Writer {
+        for _ in 0..2000 {
+            if let Some(w) = next.take(100 * 1024) {
+                return w;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        panic!("no segment was prepared");
+    }
+
+    #[test]
+    fn segments_are_prepared_one_ahead_and_handed_over_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let next = NextSegment::start(dir.path(), 4, 7, 1 << 20, Duration::from_millis(10), Box::new(|_| {}))
+            .expect("start");
+        let mut first = take(&next);
+        assert_eq!(first.seq, 4);
+        assert!(!first.has_records());
+        first.append(b"ready to take records").expect("append");
+        let second = take(&next);
+        assert_eq!(second.seq, 5);
+        let prepared = scan(&segment_path(dir.path(), 5)).expect("scan");
+        assert_eq!((prepared.epoch, prepared.records.len(), prepared.torn), (Some(7), 0, false));
+        assert_eq!(prepared.torn_bytes, 200 * 1024, "zeroed for twice what the segment before it took");
+        // The drop waits for the thread: at most the one segment it was preparing after the last
+        // one taken remains, and nothing is made later.
+        drop(next);
+        let seqs: Vec<u64> = segments(dir.path()).expect("segments").into_iter().map(|(s, _)| s).collect();
+        assert!(seqs == [4, 5] || seqs == [4, 5, 6], "{seqs:?}");
+    }
+
+    #[test]
+    fn a_tear_is_read_as_a_crash_only_where_no_later_segment_holds_records() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let torn = write(dir.path(), &[event(1, "/a", b"one"), event(2, "/b", b"two")]);
+        let len = fs::metadata(&torn).expect("meta").len();
+        OpenOptions::new().write(true).open(&torn).expect("open").set_len(len - 2).expect("cut");
+        Writer::create(dir.path(), 2, 7, 4096).expect("prepared");
+        fs::write(segment_path(dir.path(), 3), &MAGIC[..5]).expect("half a header");
+        let at_end: Vec<bool> = read_log(dir.path()).expect("read").iter().map(|s| s.at_end).collect();
+        assert_eq!(at_end, [true, true, true]);
+
+        let mut w = Writer::create(dir.path(), 4, 7, 4096).expect("create");
+        let mut buf = Vec::new();
+        encode(&mut buf, &event(3, "/c", b"three"), 1000);
+        w.append(&buf).expect("append");
+        let at_end: Vec<bool> = read_log(dir.path()).expect("read").iter().map(|s| s.at_end).collect();
+        assert_eq!(at_end, [false, false, false, true]);
     }
 
     #[test]

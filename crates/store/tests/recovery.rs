@@ -1,6 +1,6 @@
 //! The embedded store after a crash: every acknowledged write and the watch history come back
-//! from redb and the write-ahead log, a torn log tail is cut off, and a process killed in the
-//! middle of a checkpoint loses nothing.
+//! from redb and the write-ahead log, a torn log tail is cut off, a segment prepared ahead (whole
+//! or half made) is read past, and a process killed in the middle of a checkpoint loses nothing.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write as _};
@@ -20,7 +20,7 @@ fn b(s: &str) -> Bytes {
 /// Never checkpoints after the open: the redb file stays as the open left it, the log holds
 /// every write since.
 fn log_only() -> WalOptions {
-    WalOptions { segment_bytes: u64::MAX, checkpoint_interval: Duration::from_secs(3600) }
+    WalOptions { segment_bytes: u64::MAX, checkpoint_interval: Duration::from_secs(3600), ..WalOptions::default() }
 }
 
 fn wal_dir(db: &Path) -> PathBuf {
@@ -34,6 +34,58 @@ fn segments(dir: &Path) -> Vec<PathBuf> {
     };
     out.sort();
     out
+}
+
+/// A segment's header: magic and epoch. Each record after it starts with its payload's length
+/// (u32) and checksum (u32); zeros follow the last one (space the segment was given ahead).
+const HEADER_LEN: usize = 16;
+
+fn u32_at(data: &[u8], at: usize) -> Option<usize> {
+    Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?) as usize)
+}
+
+/// Where the records of a segment end.
+fn records_end(segment: &Path) -> u64 {
+    let data = fs::read(segment).expect("read segment");
+    let mut at = HEADER_LEN;
+    while let Some(len) = u32_at(&data, at).filter(|l| *l > 0 && at + 8 + l <= data.len()) {
+        at += 8 + len;
+    }
+    at as u64
+}
+
+/// Cuts `segment` `bytes` before the end of its last record, as a crash in the middle of its
+/// write leaves it.
+fn cut_last_record(segment: &Path, bytes: u64) {
+    let end = records_end(segment);
+    fs::OpenOptions::new().write(true).open(segment).expect("open").set_len(end - bytes).expect("cut");
+}
+
+/// A segment with a whole header and at least one record after it.
+fn holds_records(segment: &Path) -> bool {
+    fs::read(segment).is_ok_and(|d| u32_at(&d, HEADER_LEN).is_some_and(|l| l > 0))
+}
+
+/// The segments that hold at least one record (a prepared segment holds only its header).
+fn written_segments(dir: &Path) -> Vec<PathBuf> {
+    segments(dir).into_iter().filter(|s| holds_records(s)).collect()
+}
+
+/// Waits until the segment after the one being written is prepared: on disk, no record.
+fn wait_for_prepared_segment(dir: &Path) -> PathBuf {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let all = segments(dir);
+        if all.len() >= 2
+            && let Some(last) = all.last()
+            && fs::read(last).is_ok_and(|d| d.len() >= HEADER_LEN && d[..8] == *b"SHPWAL01")
+            && !holds_records(last)
+        {
+            return last.clone();
+        }
+        assert!(Instant::now() < deadline, "no segment was prepared ahead: {all:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// What the disk of a process killed right now would hold: its redb file (untouched since the
@@ -161,7 +213,7 @@ async fn the_history_survives_checkpoints_and_restarts_and_expires_only_beyond_i
     let path = dir.path().join("s.redb");
     let limits = HistoryLimits { max_events: 20, ..HistoryLimits::default() };
     // Checkpoints after every few writes: the history is spread over redb and the log.
-    let options = WalOptions { segment_bytes: 200, checkpoint_interval: Duration::from_millis(1) };
+    let options = WalOptions { segment_bytes: 200, checkpoint_interval: Duration::from_millis(1), ..WalOptions::default() };
     let store = LocalStore::open_embedded(&path, limits, options).expect("open");
     for i in 0..25 {
         let kv = store.create(&format!("/k/{i:02}"), b("v1")).await.expect("create");
@@ -204,9 +256,9 @@ async fn a_log_cut_inside_its_last_record_opens_with_every_complete_record() {
     }
     let image = crash_image(&path, crashed.path());
     drop(store);
-    let last = segments(&wal_dir(&image)).pop().expect("a segment");
-    let len = fs::metadata(&last).expect("meta").len();
-    fs::OpenOptions::new().write(true).open(&last).expect("open").set_len(len - 7).expect("cut");
+    // The segment written to, not the one prepared after it.
+    let last = written_segments(&wal_dir(&image)).pop().expect("a segment");
+    cut_last_record(&last, 7);
 
     let store = LocalStore::open_redb(&image, HistoryLimits::default()).expect("a torn tail is no reason to refuse");
     assert_eq!(store.revision().await.expect("revision"), 4);
@@ -217,6 +269,74 @@ async fn a_log_cut_inside_its_last_record_opens_with_every_complete_record() {
     drop(store);
     let store = reopen(&image, HistoryLimits::default(), WalOptions::default()).await;
     assert_eq!(store.count("/k/").await.expect("count"), 5, "the write after the cut is there after another restart");
+}
+
+/// The next segment as a crash while it was being prepared can leave it.
+fn tear_header(segment: &Path, how: &str) {
+    match how {
+        "prepared" => {}
+        "empty" => fs::write(segment, b"").expect("write"),
+        "half a header" => fs::write(segment, &fs::read(segment).expect("read")[..5]).expect("write"),
+        // The size reached the disk, the bytes did not.
+        "zeros" => fs::write(segment, [0u8; HEADER_LEN]).expect("write"),
+        _ => unreachable!(),
+    }
+}
+
+#[tokio::test]
+async fn a_crash_with_the_next_segment_prepared_or_half_prepared_loses_no_acknowledged_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let store = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("open");
+    for i in 0..5 {
+        store.create(&format!("/k/{i}"), b("a value long enough to cut into")).await.expect("create");
+    }
+    wait_for_prepared_segment(&wal_dir(&path));
+    for how in ["prepared", "empty", "half a header", "zeros"] {
+        for torn_tail in [false, true] {
+            let crashed = tempfile::tempdir().expect("tempdir");
+            let image = crash_image(&path, crashed.path());
+            let log = segments(&wal_dir(&image));
+            assert_eq!(log.len(), 2, "the segment written to and the one prepared after it");
+            tear_header(&log[1], how);
+            if torn_tail {
+                // The last write was half on disk, unacknowledged, when the process died.
+                cut_last_record(&log[0], 7);
+            }
+            let case = format!("next segment {how}, torn last record: {torn_tail}");
+
+            let store = LocalStore::open_redb(&image, HistoryLimits::default())
+                .unwrap_or_else(|e| panic!("{case}: a crash is no reason to refuse: {e}"));
+            let kept = if torn_tail { 4 } else { 5 };
+            assert_eq!(store.revision(), kept, "{case}");
+            assert_eq!(store.count("/k/"), kept as usize, "{case}");
+            let kv = store.create("/k/next", b("v")).await.expect("writes go on");
+            assert_eq!(kv.mod_revision, kept + 1, "{case}: no gap");
+            drop(store);
+            let store = reopen(&image, HistoryLimits::default(), WalOptions::default()).await;
+            assert_eq!(store.count("/k/"), kept as usize + 1, "{case}: the write after the crash is there after a restart");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_torn_segment_before_one_that_holds_records_is_damage_not_a_crash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let crashed = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let store = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("open");
+    for i in 0..5 {
+        store.create(&format!("/k/{i}"), b("v")).await.expect("create");
+    }
+    wait_for_prepared_segment(&wal_dir(&path));
+    let image = crash_image(&path, crashed.path());
+    drop(store);
+    let log = segments(&wal_dir(&image));
+    // Records after a torn one: the writes between them are gone, which no crash does.
+    fs::copy(&log[0], &log[1]).expect("copy");
+    cut_last_record(&log[0], 3);
+    let e = LocalStore::open_redb(&image, HistoryLimits::default()).err().expect("refused");
+    assert!(e.to_string().contains("is damaged"), "{e}");
 }
 
 #[tokio::test]
@@ -281,7 +401,8 @@ const CHILD_DIR: &str = "SHEPHERD_TEST_WAL_CHILD_DIR";
 #[ignore = "a child process of another test"]
 fn checkpointing_writer() {
     let dir = PathBuf::from(std::env::var(CHILD_DIR).expect("run by its parent test"));
-    let options = WalOptions { segment_bytes: 16 * 1024, checkpoint_interval: Duration::from_millis(2) };
+    let options =
+        WalOptions { segment_bytes: 16 * 1024, checkpoint_interval: Duration::from_millis(2), ..WalOptions::default() };
     let store = LocalStore::open_embedded(&dir.join("s.redb"), HistoryLimits::default(), options).expect("open");
     let round = std::env::var("ROUND").unwrap_or_default();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
@@ -311,6 +432,7 @@ async fn a_kill_9_during_a_checkpoint_loses_no_acknowledged_write() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("s.redb");
     let mut mid_checkpoint = 0;
+    let mut with_prepared = 0;
     let mut acked_total = 0;
     for round in 0..12 {
         let start = LocalStore::read_redb_snapshot(&path).map_or(0, |s: Snapshot| s.revision);
@@ -337,19 +459,25 @@ async fn a_kill_9_during_a_checkpoint_loses_no_acknowledged_write() {
             })
         };
         // Once writes flow, kill the writer while a checkpoint is between its new segment and
-        // the removal of the old ones (two segments on disk), or after 10 s regardless.
+        // the removal of the old ones (two segments with records on disk), or after 10 s
+        // regardless.
         let deadline = Instant::now() + Duration::from_secs(60);
         while acked.lock().expect("acked").len() < 200 {
             assert!(Instant::now() < deadline, "the writer acknowledged nothing");
             std::thread::sleep(Duration::from_millis(5));
         }
         let give_up = Instant::now() + Duration::from_secs(10);
-        while segments(&wal_dir(&path)).len() < 2 && Instant::now() < give_up {}
+        while written_segments(&wal_dir(&path)).len() < 2 && Instant::now() < give_up {}
         child.kill().expect("kill -9");
         child.wait().expect("wait");
         reader.join().expect("reader");
-        if segments(&wal_dir(&path)).len() >= 2 {
+        if written_segments(&wal_dir(&path)).len() >= 2 {
             mid_checkpoint += 1;
+        }
+        // The segment prepared after the one written to, holding no record (or, killed while
+        // it was being made, not even its whole header).
+        if segments(&wal_dir(&path)).last().is_some_and(|s| !holds_records(s)) {
+            with_prepared += 1;
         }
 
         let acked = acked.lock().expect("acked").clone();
@@ -373,6 +501,10 @@ async fn a_kill_9_during_a_checkpoint_loses_no_acknowledged_write() {
             break;
         }
     }
-    eprintln!("{acked_total} acknowledged writes, {mid_checkpoint} kills during a checkpoint");
+    eprintln!(
+        "{acked_total} acknowledged writes, {mid_checkpoint} kills during a checkpoint, \
+         {with_prepared} with a segment prepared ahead"
+    );
     assert!(mid_checkpoint >= 1, "no kill landed during a checkpoint");
+    assert!(with_prepared >= 1, "no kill left a prepared segment behind");
 }
