@@ -656,7 +656,8 @@ fn parse_listing(text: &str) -> Listing {
         let l = line.trim();
         if let Some(name) = l.strip_prefix("set affinity-").and_then(|n| n.strip_suffix(" {")) {
             set = Some((format!("affinity-{name}"), false));
-        } else if let Some(name) = l.strip_prefix("map ").or(l.strip_prefix("set ").filter(|n| *n == "hairpin {")).and_then(|n| n.strip_suffix(" {")) {
+        } else if let Some(name) = l.strip_prefix("map ").or(l.strip_prefix("set ").filter(|n| n.strip_suffix(" {") == Some(HAIRPIN))).and_then(|n| n.strip_suffix(" {")) {
+            // The maps' elements and the hairpin set's are compared with the model's.
             set = Some((name.to_string(), true));
             elements.entry(name.to_string()).or_default();
         } else if set.is_some() && open.is_none() && l.starts_with("elements = {") {
