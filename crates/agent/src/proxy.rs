@@ -1,33 +1,41 @@
 //! The Service data plane of a node (`--pod-network bridge`): ClusterIP and NodePort traffic
 //! DNATed to ready endpoints by an nftables table of the agent's own (`ip shepherd`).
 //!
-//! The table has kube-proxy's nftables shape: a verdict map from ClusterIP . protocol . port to
-//! one chain per Service port, which picks an endpoint (`numgen random mod N` vmap) and jumps to
-//! one chain per endpoint that DNATs (and marks a pod reaching itself, for masquerade). A Service
-//! port without a ready endpoint is in a second map whose verdict rejects at once (TCP reset or
-//! ICMP port unreachable). So a change of one Service's endpoints rewrites that Service's chains
-//! and map elements, nothing else; a Service that comes or goes adds or deletes its own.
+//! The table follows kube-proxy's nftables mode where that stays cheap for the kernel: verdict
+//! maps from ClusterIP . protocol . port, and from protocol . NodePort, to one chain per Service
+//! port; a Service port without a ready endpoint is in a second map whose verdict rejects at once
+//! (TCP reset or ICMP port unreachable). The Service port's chain has one rule, `dnat to numgen
+//! random mod N map @eps-...`: its endpoints are the elements of a data map of its own (endpoint
+//! number to address . port), not chains. That is for the kernel's sake: a transaction that
+//! adds a rule with a NAT or a jump, or a verdict-map element, makes the commit validate every
+//! chain the table's hooks reach, which with a chain per endpoint was most of a change's CPU at
+//! 1,000 Services; elements of a data map make it validate nothing. So a change of endpoints
+//! writes the map's elements only, and the rule too if the number of endpoints changed (whose
+//! validation then walks one chain per Service port). A pod that reaches itself through its
+//! Service is masqueraded by one postrouting rule, from a set of `endpoint . endpoint` address
+//! pairs, so that its replies come back through the node.
+//!
+//! `sessionAffinity: ClientIP` keeps kube-proxy's shape for the Services that ask for it: one
+//! chain per endpoint that DNATs and adds the client to a timed set of the endpoint's, checked
+//! before the random pick (`numgen random mod N vmap`). A change of such a Service's endpoints
+//! keeps the sets of those that remain, and a rebuild gives every set that remains the clients
+//! the kernel had.
 //!
 //! A change of Services is written to the kernel as netlink messages (`netlink`): one
 //! transaction that names what it changes, so that its cost does not grow with the table, as
 //! `nft`'s does (it loads the table first). A rebuild and the check that lists the table use
 //! `nft` (`nft -f -` scripts, one transaction each, in nft's documented syntax), whose cost
-//! matters little there: they are rare, and the listing is read as nft prints it. What a change
-//! still costs in proportion to the table is the kernel's: a transaction that adds a jump, goto or
-//! NAT rule or a verdict element makes the commit validate every chain the table's hooks reach.
-//!
-//! `sessionAffinity: ClientIP` is a timed set of clients per endpoint, filled as they pass and
-//! checked before the random pick. A change of a Service's endpoints keeps the sets of those
-//! that remain, and a rebuild gives every set that remains the clients the kernel had.
+//! matters little there: they are rare, and the listing is read as nft prints it.
 //!
 //! The model is kept per Service: an informer event recomputes and applies that Service's ports
 //! only. Level-triggered: every `resync` the kernel's ruleset generation (one netlink message) is
 //! compared with the one after this proxy's last transaction; only when someone else committed
-//! since, and every `FULL_CHECK` regardless, is the table listed and compared with what this
-//! proxy left there (the listing after the last full build, less the chains the changes since
-//! deleted; the chains they wrote are written again and taken as listed; the maps' elements
-//! against the model). If it differs, it is rebuilt from the Services and Endpoints in one
-//! transaction.
+//! since (or after a rebuild) is the table listed, on a thread of its own while changes go on,
+//! and compared with what this proxy left there (the listing before, less the chains the changes
+//! since deleted; the chains they wrote are written again before listing and taken as listed;
+//! the maps' elements against the model). A listing during which a change was committed tells
+//! nothing and is taken again. If the table differs, it is rebuilt from the Services and
+//! Endpoints in one transaction.
 
 mod generation;
 mod netlink;
@@ -52,10 +60,23 @@ const MAPS: [&str; 4] = ["service-ips", "no-endpoint-services", "service-nodepor
 /// How many emptied chains and sets of endpoints gone wait, at most, for one transaction that
 /// deletes them all (else the next check that lists the table does).
 const RETIRED_BATCH: usize = 64;
-/// How often the table is listed and compared even when nobody else changed the ruleset.
+/// How often the whole model is recomputed from the informers' caches, which mends one missed
+/// event. The table is not listed for it: every transaction, anyone's, moves the ruleset
+/// generation, so an unchanged generation since this proxy's own last commit proves the table
+/// holds what it committed, which a listing (seconds at 1,000 Services) would only confirm.
 const FULL_CHECK: Duration = Duration::from_secs(60);
 /// The packet mark that asks the postrouting chain to masquerade.
 const MASQ_MARK: u32 = 0x4000;
+/// The set of `endpoint . endpoint` address pairs: a connection DNATed from an endpoint to
+/// itself (a pod reaching itself through its Service) is masqueraded, so its replies come back
+/// through the node to be un-DNATed.
+const HAIRPIN: &str = "hairpin";
+/// The type of a Service port's endpoint map: endpoint number (what `numgen random mod N`
+/// picks) to address and port. The modulus in it is only what nft prints; the rule carries the
+/// real one.
+fn endpoint_map_type(protocol: &str) -> String {
+    format!("typeof numgen random mod 1 : ip daddr . {protocol} dport")
+}
 
 /// One Service port as the kernel should see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,6 +172,21 @@ pub(crate) fn service_ports(svc: &Value, eps: Option<&Value>) -> Model {
     model
 }
 
+/// The endpoint map of a Service port without affinity.
+fn endpoint_map(service_chain: &str) -> String {
+    format!("eps-{}", &service_chain[4..])
+}
+
+/// The elements of a Service port's endpoint map, as nft lists them (`0 : 10.244.0.2 . 8080`).
+fn endpoint_elements(sp: &ServicePort) -> Vec<String> {
+    sp.endpoints.iter().enumerate().map(|(i, (ip, port))| format!("{i} : {ip} . {port}")).collect()
+}
+
+/// The rule of a Service port without affinity: DNAT to a random entry of its endpoint map.
+fn endpoint_pick(chain: &str, sp: &ServicePort) -> String {
+    format!("meta l4proto {} dnat to numgen random mod {} map @{}", sp.protocol, sp.endpoints.len(), endpoint_map(chain))
+}
+
 fn endpoint_chain(service_chain: &str, (ip, port): (Ipv4Addr, u16)) -> String {
     format!("ep-{}-{ip}-{port}", &service_chain[4..])
 }
@@ -169,36 +205,37 @@ fn write_chain(out: &mut String, name: &str, rules: &[String]) {
     let _ = writeln!(out, "add chain ip {t} {name}\nflush chain ip {t} {name}\nadd chain ip {t} {name} {{ {}; }}", rules.join("; "));
 }
 
-/// The chains and rules of one Service port (not its map elements).
+/// The chains, rules and endpoint map of one Service port (not its elements of the shared maps).
 fn write_service(out: &mut String, chain: &str, sp: &ServicePort) {
     let t = TABLE;
     if sp.endpoints.is_empty() {
         return;
     }
-    let mut picks = Vec::new();
-    for (i, &ep) in sp.endpoints.iter().enumerate() {
-        let epc = endpoint_chain(chain, ep);
-        let mut rules = Vec::new();
-        if let Some(secs) = sp.affinity_seconds {
+    if sp.affinity_seconds.is_none() {
+        let (map, kind) = (endpoint_map(chain), endpoint_map_type(sp.protocol));
+        let _ = writeln!(out, "add map ip {t} {map} {{ {kind}; }}\nflush map ip {t} {map}");
+        let elements = endpoint_elements(sp).join(", ");
+        let _ = writeln!(out, "add map ip {t} {map} {{ {kind}; elements = {{ {elements} }}; }}");
+        write_chain(out, chain, &[endpoint_pick(chain, sp)]);
+    } else {
+        let mut picks = Vec::new();
+        for (i, &ep) in sp.endpoints.iter().enumerate() {
+            let epc = endpoint_chain(chain, ep);
             let set = affinity_set(&epc);
+            let secs = sp.affinity_seconds.unwrap_or_default();
             let _ = writeln!(out, "add set ip {t} {set} {{ type ipv4_addr; flags dynamic,timeout; timeout {secs}s; }}");
-            rules.push(format!("update @{set} {{ ip saddr }}"));
+            let rules = [format!("update @{set} {{ ip saddr }}"), format!("meta l4proto {} dnat to {}:{}", sp.protocol, ep.0, ep.1)];
+            write_chain(out, &epc, &rules);
+            picks.push(format!("{i} : goto {epc}"));
         }
-        // A pod reaching itself through its Service: its reply must come back through here.
-        rules.push(format!("ip saddr {} meta mark set meta mark | {MASQ_MARK:#x}", ep.0));
-        rules.push(format!("meta l4proto {} dnat to {}:{}", sp.protocol, ep.0, ep.1));
-        write_chain(out, &epc, &rules);
-        picks.push(format!("{i} : goto {epc}"));
-    }
-    let mut rules = Vec::new();
-    if sp.affinity_seconds.is_some() {
+        let mut rules = Vec::new();
         for &ep in &sp.endpoints {
             let epc = endpoint_chain(chain, ep);
             rules.push(format!("ip saddr @{} goto {epc}", affinity_set(&epc)));
         }
+        rules.push(format!("numgen random mod {} vmap {{ {} }}", sp.endpoints.len(), picks.join(", ")));
+        write_chain(out, chain, &rules);
     }
-    rules.push(format!("numgen random mod {} vmap {{ {} }}", sp.endpoints.len(), picks.join(", ")));
-    write_chain(out, chain, &rules);
     if sp.node_port.is_some() {
         // Traffic from outside may go to an endpoint on another node: replies must return here.
         let rules = [format!("meta mark set meta mark | {MASQ_MARK:#x}"), format!("goto {chain}")];
@@ -210,6 +247,9 @@ fn write_service(out: &mut String, chain: &str, sp: &ServicePort) {
 /// the same Service port with other endpoints, no longer uses.
 fn retired(chain: &str, old: &ServicePort, new: &ServicePort) -> Vec<String> {
     let mut out = Vec::new();
+    if old.affinity_seconds.is_none() {
+        return out;
+    }
     for &ep in old.endpoints.iter().filter(|ep| !new.endpoints.contains(ep)) {
         let epc = endpoint_chain(chain, ep);
         if old.affinity_seconds.is_some() {
@@ -266,12 +306,14 @@ fn remove_service(out: &mut String, chain: &str, sp: &ServicePort) {
         let _ = writeln!(out, "delete chain ip {t} ext-{}", &chain[4..]);
     }
     let _ = writeln!(out, "delete chain ip {t} {chain}");
+    if sp.affinity_seconds.is_none() {
+        let _ = writeln!(out, "delete map ip {t} {}", endpoint_map(chain));
+        return;
+    }
     for &ep in &sp.endpoints {
         let epc = endpoint_chain(chain, ep);
         let _ = writeln!(out, "delete chain ip {t} {epc}");
-        if sp.affinity_seconds.is_some() {
-            let _ = writeln!(out, "delete set ip {t} {}", affinity_set(&epc));
-        }
+        let _ = writeln!(out, "delete set ip {t} {}", affinity_set(&epc));
     }
 }
 
@@ -303,8 +345,14 @@ pub(crate) fn full_script(services: &Services, clients: &Clients) -> String {
         let _ = writeln!(out, "add chain ip {t} {chain} {{ type nat hook {hook} priority -100; policy accept; }}");
         let _ = writeln!(out, "add rule ip {t} {chain} jump services");
     }
+    let _ = writeln!(out, "add set ip {t} {HAIRPIN} {{ type ipv4_addr . ipv4_addr; }}");
     let _ = writeln!(out, "add chain ip {t} nat-postrouting {{ type nat hook postrouting priority 100; policy accept; }}");
     let _ = writeln!(out, "add rule ip {t} nat-postrouting meta mark & {MASQ_MARK:#x} != 0 masquerade");
+    let _ = writeln!(out, "add rule ip {t} nat-postrouting ct status dnat ip saddr . ip daddr @{HAIRPIN} masquerade");
+    let pairs: Vec<String> = hairpin_counts(services).keys().map(|ip| format!("{ip} . {ip}")).collect();
+    if !pairs.is_empty() {
+        let _ = writeln!(out, "add set ip {t} {HAIRPIN} {{ type ipv4_addr . ipv4_addr; elements = {{ {} }}; }}", pairs.join(", "));
+    }
     for (chain, sp) in services.values().flatten() {
         write_service(&mut out, chain, sp);
         add_elements(&mut out, chain, sp);
@@ -319,6 +367,17 @@ pub(crate) fn full_script(services: &Services, clients: &Clients) -> String {
         }
     }
     out
+}
+
+/// How many Service ports have each endpoint address: those with any are in the hairpin set.
+fn hairpin_counts(services: &Services) -> BTreeMap<Ipv4Addr, usize> {
+    let mut counts = BTreeMap::new();
+    for sp in services.values().flat_map(BTreeMap::values) {
+        for (ip, _) in &sp.endpoints {
+            *counts.entry(*ip).or_insert(0) += 1;
+        }
+    }
+    counts
 }
 
 /// The transaction that turns `old` into `new` (one Service's ports, or several Services'),
@@ -376,38 +435,53 @@ fn nl_chain(b: &mut Batch, name: &str, rules: Vec<Vec<Expr>>) -> Result<(), Netl
     rules.into_iter().try_for_each(|r| b.add_rule(name, r))
 }
 
-/// What `write_service` writes, as netlink messages.
-fn nl_service(b: &mut Batch, chain: &str, sp: &ServicePort) -> Result<(), NetlinkError> {
+/// What `write_service` writes, as netlink messages. `old` is the same Service port before a
+/// change of its endpoints alone, whose chains and endpoint map are there: then, without
+/// affinity, only the map's elements are written, and the rule only if the number of endpoints
+/// changed. A rule with a NAT or a jump makes the kernel validate, at commit, every chain the
+/// table's hooks reach; elements of a data map do not.
+fn nl_service(b: &mut Batch, chain: &str, sp: &ServicePort, old: Option<&ServicePort>) -> Result<(), NetlinkError> {
     if sp.endpoints.is_empty() {
         return Ok(());
     }
-    let mut targets = Vec::new();
-    for &ep in &sp.endpoints {
-        let epc = endpoint_chain(chain, ep);
-        let mut rules = Vec::new();
-        if let Some(secs) = sp.affinity_seconds {
-            let set = affinity_set(&epc);
-            b.add_timed_address_set(&set, secs)?;
-            rules.push(vec![Expr::ip_saddr(), Expr::update_set(&set)?]);
+    if sp.affinity_seconds.is_none() {
+        let map = endpoint_map(chain);
+        match old {
+            Some(_) => b.flush_set(&map)?,
+            None => b.add_endpoint_map(&map, sp.protocol)?,
         }
-        let mut mark = vec![Expr::ip_saddr(), Expr::equals(&ep.0.octets())];
-        mark.extend(Expr::set_mark_bits(MASQ_MARK));
-        rules.push(mark);
-        let mut dnat = vec![Expr::l4proto(), Expr::equals(&[protocol_number(sp.protocol)])];
-        dnat.extend(Expr::dnat(ep.0, ep.1));
-        rules.push(dnat);
-        nl_chain(b, &epc, rules)?;
-        targets.push(epc);
-    }
-    b.add_chain(chain)?;
-    b.flush_chain(chain)?;
-    if sp.affinity_seconds.is_some() {
+        let elements: Vec<(Vec<u8>, Vec<u8>)> = sp
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, &(ip, port))| (netlink::endpoint_number_key(i), netlink::address_port(ip, port)))
+            .collect();
+        b.add_data_elements(&map, &elements)?;
+        if old.is_none_or(|o| o.endpoints.len() != sp.endpoints.len()) {
+            let modulus = u32::try_from(sp.endpoints.len()).map_err(|_| NetlinkError::TooLarge(sp.endpoints.len()))?;
+            let mut pick = vec![Expr::l4proto(), Expr::equals(&[protocol_number(sp.protocol)]), Expr::random_below(modulus)];
+            pick.extend(Expr::dnat_by_map(&map)?);
+            nl_chain(b, chain, vec![pick])?;
+        }
+    } else {
+        let mut targets = Vec::new();
+        for &ep in &sp.endpoints {
+            let epc = endpoint_chain(chain, ep);
+            let set = affinity_set(&epc);
+            b.add_timed_address_set(&set, sp.affinity_seconds.unwrap_or_default())?;
+            let mut dnat = vec![Expr::l4proto(), Expr::equals(&[protocol_number(sp.protocol)])];
+            dnat.extend(Expr::dnat(ep.0, ep.1));
+            nl_chain(b, &epc, vec![vec![Expr::ip_saddr(), Expr::update_set(&set)?], dnat])?;
+            targets.push(epc);
+        }
+        b.add_chain(chain)?;
+        b.flush_chain(chain)?;
         for epc in &targets {
             b.add_rule(chain, [Expr::ip_saddr(), Expr::in_set(&affinity_set(epc))?, Expr::goto(epc)?])?;
         }
+        b.add_random_pick(chain, &targets)?;
     }
-    b.add_random_pick(chain, &targets)?;
-    if sp.node_port.is_some() {
+    if sp.node_port.is_some() && old.is_none() {
         let rules = vec![Expr::set_mark_bits(MASQ_MARK).into(), vec![Expr::goto(chain)?]];
         nl_chain(b, &format!("ext-{}", &chain[4..]), rules)?;
     }
@@ -450,12 +524,14 @@ fn nl_diff(b: &mut Batch, old: &Model, new: &Model) -> Result<(), NetlinkError> 
                     b.delete_chain(&format!("ext-{}", &chain[4..]))?;
                 }
                 b.delete_chain(chain)?;
+                if sp.affinity_seconds.is_none() {
+                    b.delete_set(&endpoint_map(chain))?;
+                    continue;
+                }
                 for &ep in &sp.endpoints {
                     let epc = endpoint_chain(chain, ep);
                     b.delete_chain(&epc)?;
-                    if sp.affinity_seconds.is_some() {
-                        b.delete_set(&affinity_set(&epc))?;
-                    }
+                    b.delete_set(&affinity_set(&epc))?;
                 }
             }
         }
@@ -464,7 +540,7 @@ fn nl_diff(b: &mut Batch, old: &Model, new: &Model) -> Result<(), NetlinkError> 
         match old.get(chain) {
             Some(o) if o == sp => {}
             Some(o) if only_endpoints_differ(o, sp) => {
-                nl_service(b, chain, sp)?;
+                nl_service(b, chain, sp, Some(o))?;
                 for name in retired(chain, o, sp) {
                     if let Some(epc) = name.strip_prefix("chain ") {
                         b.flush_chain(epc)?;
@@ -472,7 +548,7 @@ fn nl_diff(b: &mut Batch, old: &Model, new: &Model) -> Result<(), NetlinkError> 
                 }
             }
             _ => {
-                nl_service(b, chain, sp)?;
+                nl_service(b, chain, sp, None)?;
                 for (map, key, to) in nl_elements(chain, sp) {
                     b.add_map_elements(map, &[(key, to.as_str())])?;
                 }
@@ -490,38 +566,77 @@ pub(crate) enum NftError {
     Refused(String),
 }
 
+thread_local! {
+    /// CPU time of the `nft` runs this thread waited for.
+    static NFT_CPU: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+}
+
+/// CPU time of the `nft` runs this thread waited for, so far.
+fn nft_cpu() -> Duration {
+    NFT_CPU.with(std::cell::Cell::get)
+}
+
+/// Runs `nft args`, with `input` on its standard input: whether it succeeded, its output and
+/// its errors. Its CPU time goes to this thread's `nft_cpu`: the child is waited for with
+/// `wait4`, which gives its own usage (the process's `RUSAGE_CHILDREN` would mix in the `nft`
+/// runs of other threads, such as a listing running beside a change).
+fn nft(args: &[&str], input: Option<&str>) -> std::io::Result<(bool, Vec<u8>, Vec<u8>)> {
+    use std::io::Read as _;
+    let mut child = Command::new("nft")
+        .args(args)
+        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    if let (Some(mut stdin), Some(input)) = (child.stdin.take(), input) {
+        // nft reads all of its input before it writes anything.
+        stdin.write_all(input.as_bytes())?;
+    }
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    if let Some(mut stdout) = child.stdout.take() {
+        stdout.read_to_end(&mut out)?;
+    }
+    if let Some(mut stderr) = child.stderr.take() {
+        stderr.read_to_end(&mut err)?;
+    }
+    let pid = libc::pid_t::try_from(child.id()).map_err(|_| std::io::Error::other("pid out of range"))?;
+    let mut status = 0;
+    // SAFETY: rusage is plain data, for which all zeroes is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: wait4 writes one int and one rusage, which `status` and `usage` are.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if r == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let tv = |t: libc::timeval| Duration::from_micros(u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec).unwrap_or(0));
+    NFT_CPU.with(|c| c.set(c.get() + tv(usage.ru_utime) + tv(usage.ru_stime)));
+    Ok((libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, out, err))
+}
+
 /// Feeds `script` to `nft -f -` as one transaction.
 pub(crate) fn apply(script: &str) -> Result<(), NftError> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(NftError::Spawn)?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(script.as_bytes()).map_err(NftError::Spawn)?;
-    }
-    let out = child.wait_with_output().map_err(NftError::Spawn)?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(NftError::Refused(String::from_utf8_lossy(&out.stderr).trim().to_string()))
-    }
+    let (ok, _, err) = nft(&["-f", "-"], Some(script)).map_err(NftError::Spawn)?;
+    if ok { Ok(()) } else { Err(NftError::Refused(String::from_utf8_lossy(&err).trim().to_string())) }
 }
 
 /// The clients of the affinity sets, by set: each as nft lists it (`10.244.1.7 timeout 3h
 /// expires 2h59m`), which nft takes back as an element with the time it has left.
 type Clients = BTreeMap<String, Vec<String>>;
 
-/// The elements of the verdict maps, by map, as nft lists them (`10.96.0.10 . tcp . 80 : goto
-/// svc-default-web-tcp-80`).
+/// The elements of the maps and of the hairpin set, by map, as nft lists them (`10.96.0.10 . tcp
+/// . 80 : goto svc-default-web-tcp-80`, `0 : 10.244.0.2 . 8080`, `10.244.0.2 . 10.244.0.2`).
 type Elements = BTreeMap<String, BTreeSet<String>>;
 
 /// The kernel's copy of the table.
 struct Listing {
     /// The listing without the affinity sets' clients, which traffic changes, and without the
-    /// maps' elements, which are compared with the model's instead.
+    /// elements of the maps and the hairpin set, which are compared with the model's instead.
     rules: String,
     clients: Clients,
     elements: Elements,
@@ -529,11 +644,8 @@ struct Listing {
 
 /// The kernel's listing of the table, `None` when it is missing.
 fn listing() -> Option<Listing> {
-    let out = Command::new("nft").args(["list", "table", "ip", TABLE]).output().ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    Some(parse_listing(&String::from_utf8_lossy(&out.stdout)))
+    let (ok, out, _) = nft(&["list", "table", "ip", TABLE], None).ok()?;
+    ok.then(|| parse_listing(&String::from_utf8_lossy(&out)))
 }
 
 fn parse_listing(text: &str) -> Listing {
@@ -544,7 +656,8 @@ fn parse_listing(text: &str) -> Listing {
         let l = line.trim();
         if let Some(name) = l.strip_prefix("set affinity-").and_then(|n| n.strip_suffix(" {")) {
             set = Some((format!("affinity-{name}"), false));
-        } else if let Some(name) = l.strip_prefix("map ").and_then(|n| n.strip_suffix(" {")) {
+        } else if let Some(name) = l.strip_prefix("map ").or(l.strip_prefix("set ").filter(|n| n.strip_suffix(" {") == Some(HAIRPIN))).and_then(|n| n.strip_suffix(" {")) {
+            // The maps' elements and the hairpin set's are compared with the model's.
             set = Some((name.to_string(), true));
             elements.entry(name.to_string()).or_default();
         } else if set.is_some() && open.is_none() && l.starts_with("elements = {") {
@@ -582,7 +695,12 @@ fn expected_elements(services: &Services) -> Elements {
         for (map, e) in elements(chain, sp) {
             out.entry(map.to_string()).or_default().insert(e);
         }
+        if sp.affinity_seconds.is_none() && !sp.endpoints.is_empty() {
+            out.insert(endpoint_map(chain), endpoint_elements(sp).into_iter().collect());
+        }
     }
+    let pairs = hairpin_counts(services).into_keys().map(|ip| format!("{ip} . {ip}")).collect();
+    out.insert(HAIRPIN.to_string(), pairs);
     out
 }
 
@@ -620,8 +738,8 @@ fn touched(script: &str) -> (Vec<String>, Vec<String>) {
     for line in script.lines() {
         let words: Vec<&str> = line.split_whitespace().take(5).collect();
         match words.as_slice() {
-            ["add", kind @ ("chain" | "set"), "ip", TABLE, name] => written.push(format!("{kind} {name}")),
-            ["delete", kind @ ("chain" | "set"), "ip", TABLE, name] => deleted.push(format!("{kind} {name}")),
+            ["add", kind @ ("chain" | "set" | "map"), "ip", TABLE, name] => written.push(format!("{kind} {name}")),
+            ["delete", kind @ ("chain" | "set" | "map"), "ip", TABLE, name] => deleted.push(format!("{kind} {name}")),
             _ => {}
         }
     }
@@ -647,16 +765,56 @@ pub(crate) enum Checked {
     Unchanged,
     /// The table was listed and held what this proxy left there.
     Listed,
+    /// A transaction was committed while the table was listed: the listing tells nothing, and
+    /// the next check lists again.
+    Stale,
     /// The table differed (or was unknown) and was rebuilt.
     Rebuilt,
+}
+
+/// A check that lists the table: what it needs to compare the listing, which is taken apart
+/// (`take_listing`, on a thread of its own) while changes go on.
+struct PendingCheck {
+    /// This proxy's transactions when the listing began: one more since makes the listing stale.
+    commits: u64,
+    /// The chains and sets the check wrote again just before: taken as listed.
+    written: Vec<String>,
+}
+
+/// A listing of the table, between two readings of the ruleset generation.
+struct Taken {
+    before: Option<u32>,
+    listing: Option<Listing>,
+    after: Option<u32>,
+    /// CPU time of the listing (`nft` and the parse).
+    cpu: Duration,
+}
+
+/// Lists the table. Changes may be committed meanwhile: equal generations before and after
+/// mean none was, so that the listing is the table at that generation.
+fn take_listing() -> Taken {
+    let (own, nft_before) = (thread_cpu(), nft_cpu());
+    let before = generation::current();
+    let listing = listing();
+    let after = generation::current();
+    Taken { before, listing, after, cpu: thread_cpu().saturating_sub(own) + nft_cpu().saturating_sub(nft_before) }
+}
+
+/// What a check begun did.
+enum Begun {
+    Done(Checked),
+    /// The table is to be listed (`take_listing`) and the listing given to `finish_check`.
+    List(PendingCheck),
 }
 
 /// What is in the kernel, as far as this proxy knows.
 struct Applied {
     services: Services,
+    /// Whether the table was built in full once: until then a change is a rebuild.
+    built: bool,
     /// The kernel's listing as this proxy left it (without map elements and clients): taken
-    /// after the last full build or listing check, less the chains and sets that changes deleted
-    /// since. `None` when unknown, which the next check settles by a rebuild.
+    /// by the listing check, less the chains and sets that changes deleted since. `None` when
+    /// unknown (after a rebuild), which the next listing settles.
     reference: Option<Blocks>,
     /// The Services whose chains changes wrote since the last listing: a listing check writes
     /// them again, so that what it then lists of them is this proxy's own.
@@ -664,31 +822,57 @@ struct Applied {
     /// The ruleset's generation after this proxy's last transaction, while no one else's is
     /// known to have come between; `None` makes the next check list the table.
     generation: Option<u32>,
+    /// How many transactions this proxy committed: a listing is this proxy's table only if none
+    /// was committed while it ran.
+    commits: u64,
     /// The chains (emptied) and affinity sets of endpoints gone, not yet deleted.
     retired: BTreeSet<String>,
+    /// How many Service ports have each endpoint address (`hairpin_counts`), kept by changes.
+    hairpin: BTreeMap<Ipv4Addr, usize>,
 }
 
 impl Applied {
     fn new() -> Applied {
-        Applied { services: Services::new(), reference: None, rewritten: BTreeSet::new(), generation: None, retired: BTreeSet::new() }
+        Applied {
+            services: Services::new(),
+            built: false,
+            reference: None,
+            rewritten: BTreeSet::new(),
+            generation: None,
+            commits: 0,
+            retired: BTreeSet::new(),
+            hairpin: BTreeMap::new(),
+        }
+    }
+
+    /// Notes a transaction of this proxy's committed between generations `before` and `after`.
+    fn committed(&mut self, before: Option<u32>, after: Option<u32>) {
+        self.commits += 1;
+        let only_ours = self.generation.is_some() && self.generation == before && after == before.map(|b| b.wrapping_add(1));
+        self.generation = if only_ours { after } else { None };
     }
 
     /// Replaces the table with `services`', keeping the clients of affinity sets that the
-    /// kernel's copy (`found`, else listed now) has.
+    /// kernel's copy (`found`) has. Without `found`, the table is listed for them only if some
+    /// Service has affinity. What the table then holds is settled by the next check's listing.
     fn rebuild(&mut self, services: Services, found: Option<Listing>) -> Result<(), NftError> {
-        let clients = found.or_else(listing).map(|l| l.clients).unwrap_or_default();
+        let sticky = services.values().flat_map(BTreeMap::values).any(|sp| sp.affinity_seconds.is_some());
+        let found = if found.is_none() && sticky { listing() } else { found };
+        let clients = found.map(|l| l.clients).unwrap_or_default();
         let before = generation::current();
         self.services = services;
+        self.hairpin = hairpin_counts(&self.services);
         self.reference = None;
         self.generation = None;
         self.rewritten.clear();
         self.retired.clear();
+        self.built = false;
         apply(&full_script(&self.services, &clients))?;
-        let listed = listing().map(|l| blocks(&l.rules));
+        self.built = true;
         let after = generation::current();
-        // The listing is this proxy's own only if no one else's transaction came between.
+        self.commits += 1;
+        // The table is this proxy's own only if no one else's transaction came between.
         if before.is_some_and(|b| after == Some(b.wrapping_add(1))) {
-            self.reference = listed;
             self.generation = after;
         }
         Ok(())
@@ -707,6 +891,8 @@ impl Applied {
         let mut retire = Vec::new();
         let mut batch = Batch::new(TABLE);
         let mut encoded = Ok(());
+        // The endpoint addresses whose count changed, and whether they were in the hairpin set.
+        let mut hairpin_was: BTreeMap<Ipv4Addr, bool> = BTreeMap::new();
         for (key, ports) in changes {
             let diff = diff_script(services.get(&key).unwrap_or(&Model::new()), &ports);
             let Some(diff) = diff else { continue };
@@ -718,6 +904,14 @@ impl Applied {
                     retire.extend(retired(chain, old, new));
                 }
             }
+            let (gone, come) = (services.get(&key).into_iter().flat_map(BTreeMap::values), ports.values());
+            for (sp, step) in gone.map(|sp| (sp, -1_isize)).chain(come.map(|sp| (sp, 1))) {
+                for (ip, _) in &sp.endpoints {
+                    let count = self.hairpin.entry(*ip).or_insert(0);
+                    hairpin_was.entry(*ip).or_insert(*count > 0);
+                    *count = count.saturating_add_signed(step);
+                }
+            }
             script.push_str(&diff);
             if ports.is_empty() {
                 services.remove(&key);
@@ -726,13 +920,31 @@ impl Applied {
             }
             keys.push(key);
         }
+        let (mut pairs_in, mut pairs_out) = (Vec::new(), Vec::new());
+        for (ip, was) in hairpin_was {
+            let now = self.hairpin.get(&ip).is_some_and(|c| *c > 0);
+            if now && !was {
+                pairs_in.push(netlink::address_pair(ip, ip));
+            } else if was && !now {
+                pairs_out.push(netlink::address_pair(ip, ip));
+            }
+            if !now {
+                self.hairpin.remove(&ip);
+            }
+        }
         if script.is_empty() {
             self.services = services;
             return Ok(Updated::Nothing);
         }
-        if self.reference.is_none() {
+        if !self.built {
             self.rebuild(services, None)?;
             return Ok(Updated::Rebuilt);
+        }
+        if encoded.is_ok() && !pairs_out.is_empty() {
+            encoded = batch.delete_map_elements(HAIRPIN, &pairs_out);
+        }
+        if encoded.is_ok() && !pairs_in.is_empty() {
+            encoded = batch.add_set_elements(HAIRPIN, &pairs_in);
         }
         let before = generation::current();
         if let Err(e) = encoded.and_then(|()| batch.commit()) {
@@ -740,10 +952,8 @@ impl Applied {
             self.rebuild(services, None)?;
             return Ok(Updated::Rebuilt);
         }
-        let after = generation::current();
+        self.committed(before, generation::current());
         self.services = services;
-        let only_ours = self.generation.is_some() && self.generation == before && after == before.map(|b| b.wrapping_add(1));
-        self.generation = if only_ours { after } else { None };
         let (written, deleted) = touched(&script);
         if let Some(reference) = self.reference.as_mut() {
             for d in &deleted {
@@ -799,28 +1009,31 @@ impl Applied {
         Ok(b)
     }
 
-    /// Rebuilds the table unless the kernel holds what this proxy left there. Unless `full`,
-    /// an unchanged ruleset generation is proof enough. Otherwise the chains of changes since
+    /// Rebuilds the table from the model, keeping the clients of affinity sets `found` has.
+    fn rebuild_all(&mut self, found: Option<Listing>) -> Result<Checked, NftError> {
+        let services = std::mem::take(&mut self.services);
+        self.rebuild(services, found).map(|()| Checked::Rebuilt)
+    }
+
+    /// Begins a check of the table. Unless `full`, an unchanged ruleset generation is proof
+    /// enough that it holds what this proxy left there. Otherwise the chains of changes since
     /// the last listing are written again first (each is flushed and filled, so whatever someone
-    /// did to them is undone) and taken from the listing; the rest must equal the last listing,
-    /// and the maps must hold the model's elements. A rebuild keeps the clients of affinity sets.
-    fn check(&mut self, full: bool) -> Result<Checked, NftError> {
-        if self.reference.is_none() {
-            let services = std::mem::take(&mut self.services);
-            return self.rebuild(services, None).map(|()| Checked::Rebuilt);
+    /// did to them is undone), and the table is to be listed, off this thread: `finish_check`
+    /// compares it.
+    fn begin_check(&mut self, full: bool) -> Result<Begun, NftError> {
+        if !self.built {
+            return self.rebuild_all(None).map(Begun::Done);
         }
-        if !full && self.generation.is_some() && generation::current() == self.generation {
+        if !full && self.reference.is_some() && self.generation.is_some() && generation::current() == self.generation {
             if self.retired.len() >= RETIRED_BATCH {
                 let batch = self.collect_batch();
                 let before = generation::current();
                 if batch.and_then(Batch::commit).is_err() {
-                    let services = std::mem::take(&mut self.services);
-                    return self.rebuild(services, None).map(|()| Checked::Rebuilt);
+                    return self.rebuild_all(None).map(Begun::Done);
                 }
-                let after = generation::current();
-                self.generation = if self.generation == before && after == before.map(|b| b.wrapping_add(1)) { after } else { None };
+                self.committed(before, generation::current());
             }
-            return Ok(Checked::Unchanged);
+            return Ok(Begun::Done(Checked::Unchanged));
         }
         let mut again = self.collect_script();
         for key in &self.rewritten {
@@ -829,30 +1042,56 @@ impl Applied {
             }
         }
         let (written, _) = touched(&again);
-        if !again.is_empty() && apply(&again).is_err() {
-            let services = std::mem::take(&mut self.services);
-            return self.rebuild(services, None).map(|()| Checked::Rebuilt);
-        }
-        // Read before the listing: a transaction after it makes the next check list again.
-        let now = generation::current();
-        let found = listing();
-        let have = found.as_ref().map(|l| blocks(&l.rules));
-        let same = match (&self.reference, &have, &found) {
-            (Some(want), Some(have), Some(found)) => {
-                let differs = |k: &String| !written.contains(k) && want.get(k) != have.get(k);
-                !want.keys().chain(have.keys()).any(differs) && found.elements == expected_elements(&self.services)
+        if !again.is_empty() {
+            let before = generation::current();
+            if apply(&again).is_err() {
+                return self.rebuild_all(None).map(Begun::Done);
             }
-            _ => false,
+            self.committed(before, generation::current());
+        }
+        Ok(Begun::List(PendingCheck { commits: self.commits, written }))
+    }
+
+    /// Compares a listing taken for `pending` with what this proxy left in the table: the chains
+    /// written again are taken from it, the rest must equal the last listing (after a rebuild,
+    /// with none yet, the listing is this proxy's table if no one else committed since), and
+    /// the maps and the hairpin set must hold the model's elements. If they differ, the table
+    /// is rebuilt, keeping the clients of affinity sets.
+    fn finish_check(&mut self, pending: PendingCheck, taken: Taken) -> Result<Checked, NftError> {
+        let consistent = taken.before == taken.after;
+        if self.commits != pending.commits || !consistent {
+            // Changes went on meanwhile: nothing to conclude. The generation this proxy knows
+            // stays as it was (a change of someone else's since moved it away), and the
+            // reference too, so the next check lists again if either calls for it.
+            return Ok(Checked::Stale);
+        }
+        let Some(found) = taken.listing else { return self.rebuild_all(None) };
+        let have = blocks(&found.rules);
+        let same_blocks = match &self.reference {
+            Some(want) => {
+                let differs = |k: &String| !pending.written.contains(k) && want.get(k) != have.get(k);
+                !want.keys().chain(have.keys()).any(differs)
+            }
+            // Only this proxy's transactions since its rebuild.
+            None => self.generation.is_some() && self.generation == taken.before,
         };
-        if same {
-            self.reference = have;
+        if same_blocks && found.elements == expected_elements(&self.services) {
+            self.reference = Some(have);
             self.rewritten.clear();
-            self.generation = now;
+            self.generation = taken.before;
             return Ok(Checked::Listed);
         }
         tracing::info!("nftables table {TABLE} was changed by someone else; rebuilding it");
-        let services = std::mem::take(&mut self.services);
-        self.rebuild(services, found).map(|()| Checked::Rebuilt)
+        self.rebuild_all(Some(found))
+    }
+
+    /// A whole check on this thread: `begin_check`, the listing if one is due, `finish_check`.
+    #[cfg(test)]
+    fn check(&mut self, full: bool) -> Result<Checked, NftError> {
+        match self.begin_check(full)? {
+            Begun::Done(checked) => Ok(checked),
+            Begun::List(pending) => self.finish_check(pending, take_listing()),
+        }
     }
 }
 
@@ -864,21 +1103,19 @@ fn thread_cpu() -> Duration {
     Duration::new(u64::try_from(t.tv_sec).unwrap_or(0), u32::try_from(t.tv_nsec).unwrap_or(0))
 }
 
-/// CPU time used by this process's children that were waited for: the `nft` runs. (Other
-/// children reaped meanwhile count too; the figure is for logs and benchmarks.)
-fn children_cpu() -> Duration {
-    // SAFETY: rusage is plain data, for which all zeroes is a valid value.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage writes one rusage, which `u` is.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
-    let tv = |t: libc::timeval| Duration::from_micros(u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec).unwrap_or(0));
-    tv(u.ru_utime) + tv(u.ru_stime)
-}
-
 /// Keeps the table in step with Services and Endpoints: a change of one is applied, for its
 /// Service alone, as soon as an informer sees it; every `resync` the table is checked (see
-/// `Applied::check`), and every `FULL_CHECK` the whole model is recomputed and the table listed.
+/// `Applied::begin_check`), and every `FULL_CHECK` the whole model is recomputed from the
+/// informers' caches. A listing of the table runs on a thread of its own while changes go on,
+/// and is compared at the next pass; no change waits for one.
 pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = ()> + use<> {
+    run_with(manager, resync, Arc::new(take_listing))
+}
+
+/// How the table is listed: `take_listing`, or in tests one that takes its time.
+type Lister = Arc<dyn Fn() -> Taken + Send + Sync>;
+
+fn run_with(manager: &Manager, resync: Duration, lister: Lister) -> impl Future<Output = ()> + use<> {
     let services = manager.informers().informer(&kinds::SERVICE);
     let endpoints = manager.informers().informer(&kinds::ENDPOINTS);
     let changed = Arc::new(tokio::sync::Notify::new());
@@ -900,10 +1137,15 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
         let (svc_cache, ep_cache) = (services.cache().clone(), endpoints.cache().clone());
         let mut applied = Some(Applied::new());
         let (mut next_resync, mut next_full) = (Instant::now(), Instant::now());
+        // The listing under way, and the one taken, to compare at the next pass.
+        let mut listing: Option<(PendingCheck, tokio::task::JoinHandle<Taken>)> = None;
+        let mut taken: Option<(PendingCheck, Taken)> = None;
         loop {
             let (keys, since) = std::mem::take(&mut *dirty.lock().unwrap_or_else(|e| e.into_inner()));
             let resync_now = Instant::now() >= next_resync;
-            let full_now = Instant::now() >= next_full;
+            // The whole model is recomputed in a pass of its own, never with a change, whose
+            // time and CPU it would add to (at 1,000 Services, more than the change's own).
+            let full_now = Instant::now() >= next_full && keys.is_empty();
             let cpu_before = thread_cpu();
             // Only the changed Services, unless it is time to recompute all of them.
             let model: Vec<(String, Model)> = if full_now {
@@ -917,20 +1159,32 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
             };
             let model_cpu = thread_cpu().saturating_sub(cpu_before);
             let Some(mut state) = applied.take() else { return };
-            // nft runs off the async workers.
+            let finished = taken.take();
+            let begin = resync_now && listing.is_none() && finished.is_none();
+            // Netlink and nft run off the async workers.
             let joined = tokio::task::spawn_blocking(move || {
-                let (own, children) = (thread_cpu(), children_cpu());
+                // A listing taken is compared first: a change committed before would make it stale.
+                let (own, nft, began) = (thread_cpu(), nft_cpu(), Instant::now());
+                let compared = finished.map(|(pending, taken)| {
+                    let listing_cpu = taken.cpu;
+                    (state.finish_check(pending, taken), listing_cpu)
+                });
+                let compare_cpu = thread_cpu().saturating_sub(own) + nft_cpu().saturating_sub(nft);
+                let compare_took = began.elapsed();
+                let (own, nft) = (thread_cpu(), nft_cpu());
                 let updated = state.update(model);
                 let event_to_rule = since.map(|s| s.elapsed());
-                let nft_cpu = children_cpu().saturating_sub(children);
-                let update_cpu = thread_cpu().saturating_sub(own) + nft_cpu;
-                let (own, children, began) = (thread_cpu(), children_cpu(), Instant::now());
-                let checked = (resync_now || full_now).then(|| state.check(full_now));
-                let check_cpu = thread_cpu().saturating_sub(own) + children_cpu().saturating_sub(children);
-                (state, (updated, event_to_rule, update_cpu, nft_cpu), checked, check_cpu, began.elapsed())
+                let nft_cpu_used = nft_cpu().saturating_sub(nft);
+                let update_cpu = thread_cpu().saturating_sub(own) + nft_cpu_used;
+                let (own, nft, began) = (thread_cpu(), nft_cpu(), Instant::now());
+                let begun = begin.then(|| state.begin_check(false));
+                let check_cpu = thread_cpu().saturating_sub(own) + nft_cpu().saturating_sub(nft) + compare_cpu;
+                (state, (updated, event_to_rule, update_cpu, nft_cpu_used), compared, begun, check_cpu, compare_took + began.elapsed())
             })
             .await;
-            let Ok((state, (updated, event_to_rule, update_cpu, nft_cpu), checked, check_cpu, check_took)) = joined else { return };
+            let Ok((state, (updated, event_to_rule, update_cpu, nft_cpu), compared, begun, check_cpu, check_took)) = joined else {
+                return;
+            };
             // CPU of this process and of nft, to compute the Services' ports and apply them.
             let cpu_ms = (model_cpu + update_cpu).as_secs_f64() * 1e3;
             let event_to_rule_ms = event_to_rule.map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0);
@@ -943,22 +1197,56 @@ pub(crate) fn run(manager: &Manager, resync: Duration) -> impl Future<Output = (
                 Ok(Updated::Nothing) => {}
                 Err(e) => tracing::warn!(error = %e, "cannot apply the service rules"),
             }
-            let (cpu_ms, took_ms) = (check_cpu.as_secs_f64() * 1e3, check_took.as_secs_f64() * 1e3);
-            match checked {
-                Some(Ok(Checked::Rebuilt)) => tracing::info!(took_ms, cpu_ms, "service table rebuilt"),
-                Some(Ok(Checked::Listed)) => tracing::debug!(took_ms, cpu_ms, "service table listed and compared"),
-                Some(Ok(Checked::Unchanged)) => tracing::debug!(took_ms, cpu_ms, "service table checked"),
-                Some(Err(e)) => tracing::warn!(error = %e, "cannot check the service rules"),
+            let (check_cpu_ms, took_ms) = (check_cpu.as_secs_f64() * 1e3, check_took.as_secs_f64() * 1e3);
+            let mut checked = Vec::new();
+            if let Some((result, listing_cpu)) = compared {
+                // A listing's cost is its own thread's and the comparison's.
+                checked.push((result, (listing_cpu + check_cpu).as_secs_f64() * 1e3));
+            }
+            match begun {
+                Some(Ok(Begun::List(pending))) => {
+                    let lister = lister.clone();
+                    listing = Some((pending, tokio::task::spawn_blocking(move || lister())));
+                }
+                Some(Ok(Begun::Done(c))) => checked.push((Ok(c), check_cpu_ms)),
+                Some(Err(e)) => checked.push((Err(e), check_cpu_ms)),
                 None => {}
             }
+            for (result, cpu_ms) in checked {
+                match result {
+                    Ok(Checked::Rebuilt) => tracing::info!(took_ms, cpu_ms, "service table rebuilt"),
+                    Ok(Checked::Listed) => tracing::debug!(took_ms, cpu_ms, "service table listed and compared"),
+                    Ok(Checked::Stale) => tracing::debug!(cpu_ms, "service table listed while it changed; listing again"),
+                    Ok(Checked::Unchanged) => tracing::debug!(took_ms, cpu_ms, "service table checked"),
+                    Err(e) => tracing::warn!(error = %e, "cannot check the service rules"),
+                }
+            }
             applied = Some(state);
-            if resync_now || full_now {
+            if resync_now {
                 next_resync = Instant::now() + resync;
             }
             if full_now {
                 next_full = Instant::now() + FULL_CHECK.max(resync);
             }
-            let _ = tokio::time::timeout_at(next_resync.into(), changed.notified()).await;
+            let listed = {
+                let listed = async {
+                    match listing.as_mut() {
+                        Some((_, handle)) => Some(handle.await),
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = changed.notified() => None,
+                    () = tokio::time::sleep_until(next_resync.into()) => None,
+                    result = listed => result,
+                }
+            };
+            if let Some(result) = listed {
+                // A listing that failed to run is simply taken again at the next resync.
+                if let (Some((pending, _)), Ok(result)) = (listing.take(), result) {
+                    taken = Some((pending, result));
+                }
+            }
         }
     }
 }
@@ -1002,6 +1290,22 @@ mod tests {
         }
     }
 
+    /// A table built from `services` and listed once, as the agent's first checks leave it.
+    fn built(services: Services) -> Applied {
+        let mut applied = Applied::new();
+        applied.rebuild(services, None).expect("full table");
+        assert_eq!(applied.check(false).expect("the first check"), Checked::Listed, "a rebuild is listed once");
+        applied
+    }
+
+    /// `sticky` with `sessionAffinity: ClientIP` for `timeout` seconds.
+    fn with_affinity(svc: &Arc<Value>, timeout: u64) -> Arc<Value> {
+        let mut sticky = (**svc).clone();
+        sticky["spec"]["sessionAffinity"] = json!("ClientIP");
+        sticky["spec"]["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": timeout}});
+        Arc::new(sticky)
+    }
+
     #[test]
     fn only_ready_addresses_become_endpoints_and_headless_services_get_no_rules() {
         let m = model(
@@ -1020,9 +1324,10 @@ mod tests {
         let after = model(&services, &[("web", endpoints(&["10.244.0.3"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
         let script = diff_script(&before, &after).expect("a change");
         assert!(!script.contains("api") && !script.contains("10.96.0.11"), "{script}");
-        assert!(script.contains("flush chain ip shepherd ep-default-web-tcp-80-10.244.0.2-8080"), "emptied, deleted later: {script}");
         assert!(!script.contains("add rule"), "rules go in their chains' blocks: {script}");
-        assert!(script.contains("dnat to 10.244.0.3:8080"), "{script}");
+        assert!(!script.contains("chain ip shepherd ep-"), "no chain per endpoint: {script}");
+        assert!(script.contains("elements = { 0 : 10.244.0.3 . 8080 }"), "{script}");
+        assert!(script.contains("dnat to numgen random mod 1 map @eps-default-web-tcp-80"), "{script}");
         assert_eq!(diff_script(&after, &after), None, "no change, no script");
     }
 
@@ -1056,7 +1361,7 @@ mod tests {
         assert!(elements["no-endpoint-services"].contains("10.96.0.10 . tcp . 80 : goto reject-chain"), "{elements:?}");
         assert!(elements["no-endpoint-nodeports"].contains("tcp . 30080 : goto reject-chain"), "{elements:?}");
         assert!(elements["service-ips"].is_empty() && elements["service-nodeports"].is_empty(), "{elements:?}");
-        assert!(!rules.contains("ep-default-web"), "endpoint chains are gone:\n{rules}");
+        assert!(!rules.contains("svc-default-web") && !rules.contains("eps-default-web"), "its chain and map are gone:\n{rules}");
     }
 
     #[test]
@@ -1098,8 +1403,7 @@ mod tests {
         let other = services(&[service("other", "10.96.0.13", None)], &[("other", endpoints(&["10.244.0.9"], &[]))]);
         let moved = services(std::slice::from_ref(&sticky), &[("sticky", endpoints(&["10.244.0.2", "10.244.0.4"], &[]))]);
         let (checks, clients) = in_private_netns(move || {
-            let mut applied = Applied::new();
-            applied.rebuild(two, None).expect("full table");
+            let mut applied = built(two);
             let add = format!("add element ip {TABLE} affinity-default-sticky-tcp-80-10.244.0.2-8080 {{ 10.244.1.7 }}");
             apply(&add).expect("a client");
             applied.update(other).expect("an unrelated Service");
@@ -1121,8 +1425,7 @@ mod tests {
         let before = services(&svcs, &[("web", endpoints(&["10.244.0.2", "10.244.0.3"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
         let after = services(&svcs, &[("web", endpoints(&["10.244.0.2", "10.244.0.4"], &[])), ("api", endpoints(&["10.244.1.2"], &[]))]);
         let (checks, chains) = in_private_netns(move || {
-            let mut applied = Applied::new();
-            applied.rebuild(before, None).expect("full table");
+            let mut applied = built(before);
             let mut checks = Vec::new();
             applied.update(after).expect("an endpoint change");
             checks.push(applied.check(false).expect("a check"));
@@ -1138,10 +1441,10 @@ mod tests {
         });
         use Checked::*;
         // The chain the change wrote is written again by the check that lists; the other one is
-        // not this proxy's to trust, so the table is rebuilt.
-        assert_eq!(checks, [Unchanged, Listed, Unchanged, Rebuilt, Unchanged], "listed only when someone else changed the table");
-        assert!(chains[0].contains("numgen random mod 2 vmap"), "{}", chains[0]);
-        assert!(chains[1].contains("numgen random mod 1 vmap"), "{}", chains[1]);
+        // not this proxy's to trust, so the table is rebuilt, and listed at the next check.
+        assert_eq!(checks, [Unchanged, Listed, Unchanged, Rebuilt, Listed], "listed only when someone else changed the table");
+        assert!(chains[0].contains("dnat ip to numgen random mod 2 map @eps-default-web-tcp-80"), "{}", chains[0]);
+        assert!(chains[1].contains("dnat ip to numgen random mod 1 map @eps-default-api-tcp-80"), "{}", chains[1]);
     }
 
     #[test]
@@ -1157,7 +1460,7 @@ mod tests {
         assert!(added.contains("elements = { 10.96.0.11 . tcp . 80 : goto svc-default-api-tcp-80 }"), "{added}");
         assert!(added.contains("elements = { tcp . 30080 : goto ext-default-api-tcp-80 }"), "{added}");
         assert!(removed.contains("delete element ip shepherd service-ips { 10.96.0.11 . tcp . 80 }"), "{removed}");
-        assert!(removed.contains("delete chain ip shepherd ep-default-api-tcp-80-10.244.1.3-8080"), "{removed}");
+        assert!(removed.contains("delete map ip shepherd eps-default-api-tcp-80"), "{removed}");
         assert!(!removed.contains("add "), "{removed}");
     }
 
@@ -1167,8 +1470,7 @@ mod tests {
         let web = services(&[service("web", "10.96.0.10", None)], &[("web", endpoints(&["10.244.0.2"], &[]))]);
         let api = services(&[service("api", "10.96.0.11", Some(30080))], &[("api", endpoints(&["10.244.1.2"], &[]))]);
         let (checks, listed) = in_private_netns(move || {
-            let mut applied = Applied::new();
-            applied.rebuild(web, None).expect("full table");
+            let mut applied = built(web);
             applied.update(api).expect("a Service added");
             let mut checks = vec![applied.check(false).expect("a check"), applied.check(true).expect("a full check")];
             applied.update([("default/web".to_string(), Model::new())]).expect("a Service removed");
@@ -1188,22 +1490,25 @@ mod tests {
     }
 
     #[test]
-    fn the_chains_of_endpoints_gone_are_emptied_at_once_and_deleted_together_later() {
+    fn the_chains_of_endpoints_gone_of_a_service_with_affinity_are_emptied_at_once_and_deleted_together_later() {
         root();
-        let web = |ip: &str| services(&[service("web", "10.96.0.10", None)], &[("web", endpoints(&[ip], &[]))]);
+        let sticky = with_affinity(&service("web", "10.96.0.10", None), 60);
+        let web = |ip: &str| services(std::slice::from_ref(&sticky), &[("web", endpoints(&[ip], &[]))]);
         let (first, second, third) = (web("10.244.0.2"), web("10.244.0.3"), web("10.244.0.4"));
         let (emptied, checks, after) = in_private_netns(move || {
-            let mut applied = Applied::new();
-            applied.rebuild(first, None).expect("full table");
+            let mut applied = built(first);
             applied.update(second).expect("an endpoint change");
             applied.update(third).expect("another");
             let emptied = blocks(&listing().expect("the table").rules);
             let checks = [applied.check(false).expect("a check"), applied.check(true).expect("a full check")];
             (emptied, checks, blocks(&listing().expect("the table").rules))
         });
-        for gone in ["chain ep-default-web-tcp-80-10.244.0.2-8080", "chain ep-default-web-tcp-80-10.244.0.3-8080"] {
-            assert_eq!(emptied.get(gone).map(String::as_str), Some(""), "{gone} is emptied: {emptied:?}");
-            assert!(!after.contains_key(gone), "{gone} is deleted by the check that lists: {after:?}");
+        for gone in ["ep-default-web-tcp-80-10.244.0.2-8080", "ep-default-web-tcp-80-10.244.0.3-8080"] {
+            let chain = format!("chain {gone}");
+            assert_eq!(emptied.get(&chain).map(String::as_str), Some(""), "{chain} is emptied: {emptied:?}");
+            assert!(!after.contains_key(&chain), "{chain} is deleted by the check that lists: {after:?}");
+            let set = format!("set affinity-{}", &gone[3..]);
+            assert!(emptied.contains_key(&set) && !after.contains_key(&set), "{set} is deleted with it: {after:?}");
         }
         assert_eq!(checks, [Checked::Unchanged, Checked::Listed], "deleting them is no damage to repair");
         assert!(after["chain svc-default-web-tcp-80"].contains("goto ep-default-web-tcp-80-10.244.0.4-8080"), "{after:?}");
@@ -1220,8 +1525,7 @@ mod tests {
             let g1 = generation::current();
             let _ = listing();
             let steps = (g0, g1, generation::current());
-            let mut applied = Applied::new();
-            applied.rebuild(web, None).expect("full table");
+            let mut applied = built(web);
             applied.update(moved).expect("an endpoint change");
             let mut checks = vec![applied.check(false).expect("a check"), applied.check(false).expect("a check")];
             apply("add chain ip unrelated c").expect("someone else's transaction");
@@ -1260,10 +1564,7 @@ mod tests {
     #[test]
     fn an_endpoint_change_over_netlink_shows_in_nfts_listing_and_leaves_the_table_as_a_rebuild_would() {
         root();
-        let mut sticky = (*service("sticky", "10.96.0.12", Some(30081))).clone();
-        sticky["spec"]["sessionAffinity"] = json!("ClientIP");
-        sticky["spec"]["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": 60}});
-        let svcs = [service("web", "10.96.0.10", Some(30080)), Arc::new(sticky)];
+        let svcs = [service("web", "10.96.0.10", Some(30080)), with_affinity(&service("sticky", "10.96.0.12", Some(30081)), 60)];
         let at = |web: &[&str], sticky: &[&str]| {
             services(&svcs, &[("web", endpoints(web, &[])), ("sticky", endpoints(sticky, &[]))])
         };
@@ -1271,8 +1572,7 @@ mod tests {
             (at(&["10.244.0.2"], &["10.244.0.5"]), at(&["10.244.0.2", "10.244.0.3"], &["10.244.0.6"]), at(&[], &["10.244.0.6"]));
         let api = services(&[service("api", "10.96.0.11", None)], &[("api", endpoints(&["10.244.1.2"], &[]))]);
         let (updates, listed, checks, emptied) = in_private_netns(move || {
-            let mut applied = Applied::new();
-            applied.rebuild(first, None).expect("full table");
+            let mut applied = built(first);
             let mut updates = vec![applied.update(second).expect("endpoints added"), applied.update(api).expect("a Service added")];
             let out = Command::new("nft").args(["list", "table", "ip", TABLE]).output().expect("nft list");
             let listed = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -1282,9 +1582,12 @@ mod tests {
         });
         assert_eq!(updates, [Updated::Changed; 3], "changes, not rebuilds");
         for line in [
-            "numgen random mod 2 vmap { 0 : goto ep-default-web-tcp-80-10.244.0.2-8080, 1 : goto ep-default-web-tcp-80-10.244.0.3-8080 }",
-            "ip saddr 10.244.0.3 meta mark set meta mark | 0x00004000",
-            "meta l4proto tcp dnat to 10.244.0.3:8080",
+            "meta l4proto tcp dnat ip to numgen random mod 2 map @eps-default-web-tcp-80",
+            "elements = { 0 : 10.244.0.2 . 8080, 1 : 10.244.0.3 . 8080 }",
+            "typeof numgen random mod 1 : ip daddr . tcp dport",
+            "10.244.0.3 . 10.244.0.3",
+            "ct status dnat ip saddr . ip daddr @hairpin masquerade",
+            "meta l4proto tcp dnat to 10.244.0.6:8080",
             "update @affinity-default-sticky-tcp-80-10.244.0.6-8080 { ip saddr }",
             "ip saddr @affinity-default-sticky-tcp-80-10.244.0.6-8080 goto ep-default-sticky-tcp-80-10.244.0.6-8080",
             "10.96.0.11 . tcp . 80 : goto svc-default-api-tcp-80",
@@ -1296,6 +1599,76 @@ mod tests {
         assert!(emptied["no-endpoint-services"].contains("10.96.0.10 . tcp . 80 : goto reject-chain"), "{emptied:?}");
         assert!(emptied["no-endpoint-nodeports"].contains("tcp . 30080 : goto reject-chain"), "{emptied:?}");
         assert!(!emptied["service-ips"].iter().any(|e| e.contains("10.96.0.10")), "{emptied:?}");
+        assert!(!emptied.contains_key("eps-default-web-tcp-80"), "its endpoint map is gone: {emptied:?}");
+        assert!(!emptied[HAIRPIN].iter().any(|e| e.starts_with("10.244.0.2 ")), "{emptied:?}");
+    }
+
+    #[test]
+    fn a_change_reaches_the_kernel_while_a_listing_of_the_table_is_held_up() {
+        use shepherd_apiserver::{ApiServer, HttpConfig};
+        use shepherd_runtime::Client;
+        use shepherd_store::{HistoryLimits, LocalStore};
+        root();
+        let with_meta = |mut obj: Value, kind: &str| {
+            obj["apiVersion"] = json!("v1");
+            obj["kind"] = json!(kind);
+            obj["metadata"] = json!({"namespace": "default", "name": "web"});
+            obj
+        };
+        let in_map = |element: &str| {
+            let out = Command::new("nft").args(["list", "map", "ip", TABLE, "eps-default-web-tcp-80"]).output();
+            out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(element))
+        };
+        in_private_netns(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            runtime.block_on(async move {
+                let store = Arc::new(LocalStore::in_memory(HistoryLimits::default()));
+                let server = ApiServer::new(store, HttpConfig::default()).await.expect("api server starts");
+                let client: Arc<dyn Client> = Arc::new(server.client());
+                let svc = (*service("web", "10.96.0.10", None)).clone();
+                client.create(&kinds::SERVICE, Some("default"), with_meta(svc.clone(), "Service")).await.expect("the Service");
+                let eps = |ip: &str| with_meta((*endpoints(&[ip], &[])).clone(), "Endpoints");
+                client.create(&kinds::ENDPOINTS, Some("default"), eps("10.244.0.2")).await.expect("its Endpoints");
+                // A listing that says it began, then waits until the test lets it go on (at the
+                // latest when the gate drops, so that a failure ends the test rather than hangs it).
+                let (began, mut listing_began) = tokio::sync::mpsc::unbounded_channel();
+                let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+                struct Opens(Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
+                impl Drop for Opens {
+                    fn drop(&mut self) {
+                        let (open, opened) = &*self.0;
+                        *open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                        opened.notify_all();
+                    }
+                }
+                let opens = Opens(gate.clone());
+                let held = gate.clone();
+                let lister: Lister = Arc::new(move || {
+                    let _ = began.send(());
+                    let (open, opened) = &*held;
+                    let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
+                    while !*open {
+                        open = opened.wait(open).unwrap_or_else(|e| e.into_inner());
+                    }
+                    take_listing()
+                });
+                let manager = Manager::new(client.clone());
+                let proxy = tokio::spawn(run_with(&manager, Duration::from_millis(50), lister));
+                manager.informers().start();
+                // The first build is listed by the first check, which is held.
+                let began = tokio::time::timeout(Duration::from_secs(30), listing_began.recv()).await;
+                assert!(matches!(began, Ok(Some(()))), "the first check lists the table");
+                assert!(in_map("0 : 10.244.0.2 . 8080"), "the table is built before it is listed");
+                client.update(&kinds::ENDPOINTS, Some("default"), eps("10.244.0.3")).await.expect("an endpoint change");
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !in_map("0 : 10.244.0.3 . 8080") {
+                    assert!(Instant::now() < deadline, "the change waited for the listing of the table");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                drop(opens);
+                proxy.abort();
+            });
+        });
     }
 
     #[test]
@@ -1313,17 +1686,17 @@ mod tests {
         let big = services(&[service("big", "10.96.0.21", None)], &[("big", endpoints(&many, &[]))]);
         let small = services(&[service("web", "10.96.0.10", None)], &[("web", endpoints(&["10.244.0.2"], &[]))]);
         let (updated, listed, refused) = in_private_netns(move || {
-            let mut applied = Applied::new();
-            applied.rebuild(small, None).expect("full table");
+            let mut applied = built(small);
             let updated = applied.update(big).expect("a Service of 3,000 endpoints");
-            let out = Command::new("nft").args(["list", "chain", "ip", TABLE, "svc-default-big-tcp-80"]).output().expect("nft list");
+            let out = Command::new("nft").args(["list", "table", "ip", TABLE]).output().expect("nft list");
             // A change the kernel refuses names what it refused.
             let mut gone = Batch::new(TABLE);
             gone.delete_chain("no-such-chain").expect("a name that fits");
             (updated, String::from_utf8_lossy(&out.stdout).into_owned(), gone.commit().expect_err("no such chain").to_string())
         });
         assert_eq!(updated, Updated::Changed);
-        assert!(listed.contains("numgen random mod 3000 vmap") && listed.contains("2999 : goto ep-default-big-tcp-80-10.244.11.251-8080"), "{}", &listed[..listed.len().min(2000)]);
+        assert!(listed.contains("numgen random mod 3000 map @eps-default-big-tcp-80"), "{}", &listed[..listed.len().min(2000)]);
+        assert!(listed.contains("2999 : 10.244.11.251 . 8080"), "{}", &listed[..listed.len().min(2000)]);
         assert!(refused.contains("delete chain no-such-chain") && refused.contains("No such file"), "{refused}");
     }
 }

@@ -39,6 +39,7 @@ const NFTA_SET_FLAGS: u16 = 3;
 const NFTA_SET_KEY_TYPE: u16 = 4;
 const NFTA_SET_KEY_LEN: u16 = 5;
 const NFTA_SET_DATA_TYPE: u16 = 6;
+const NFTA_SET_DATA_LEN: u16 = 7;
 const NFTA_SET_ID: u16 = 10;
 const NFTA_SET_TIMEOUT: u16 = 11;
 const NFTA_SET_USERDATA: u16 = 13;
@@ -67,6 +68,28 @@ const NFT_TYPE_IPADDR: u32 = 7;
 const NFT_REG_VERDICT: u32 = 0;
 const NFT_REG_1: u32 = 1;
 const NFT_REG_2: u32 = 2;
+/// The second 32-bit register, the bytes 4..8 of `NFT_REG_1`.
+const NFT_REG32_01: u32 = 9;
+
+/// nft's description of an endpoint map (`NFTA_SET_USERDATA`), which it reads back to list the
+/// map as `typeof numgen random mod 1 : ip daddr . tcp dport`: libnftnl's type-length-value
+/// records (one byte each), key byte order host, data byte order none, the key's expression
+/// (numgen: type random, modulus 1, offset 0), the data's (a concatenation of the payload
+/// fields ip daddr and tcp dport; the byte at `ENDPOINT_MAP_PROTOCOL` names the protocol). The
+/// modulus here is only what nft prints.
+const ENDPOINT_MAP_USERDATA: [u8; 100] = [
+    0x00, 0x04, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04, 0x00, 0x00, 0x00, 0x00, 0x03, 0x1a, 0x00, 0x04, 0x17, 0x00, 0x00, 0x00,
+    0x01, 0x12, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04, 0x01, 0x00, 0x00, 0x00, 0x02, 0x04, 0x00, 0x00, 0x00, 0x00,
+    0x04, 0x34, 0x00, 0x04, 0x0d, 0x00, 0x00, 0x00, 0x01, 0x2c, 0x00, 0x14, 0x00, 0x04, 0x07, 0x00, 0x00, 0x00, 0x01, 0x0c,
+    0x00, 0x04, 0x0c, 0x00, 0x00, 0x00, 0x01, 0x04, 0x0c, 0x00, 0x00, 0x00, 0x01, 0x14, 0x00, 0x04, 0x07, 0x00, 0x00, 0x00,
+    0x01, 0x0c, 0x00, 0x04, 0x08, 0x00, 0x00, 0x00, 0x01, 0x04, 0x02, 0x00, 0x00, 0x00, 0x06, 0x04, 0x00, 0x00, 0x00, 0x00,
+];
+/// Where `ENDPOINT_MAP_USERDATA` names the port's protocol, by nft's numbers for its protocol
+/// descriptions: 8 tcp, 6 udp, 10 sctp.
+const ENDPOINT_MAP_PROTOCOL: usize = 84;
+/// The data type of an endpoint map: ipv4_addr (7) . inet_service (13), nft's concatenation
+/// of type numbers, 6 bits each.
+const NFT_TYPE_ADDR_SERVICE: u32 = (NFT_TYPE_IPADDR << 6) | 13;
 
 /// The kernel's limit for table, chain and set names, the NUL included.
 const NAME_MAX: usize = 256;
@@ -88,6 +111,15 @@ pub(crate) enum NetlinkError {
     Refused { what: String, error: std::io::Error },
     #[error("the kernel did not confirm the nftables transaction")]
     Unconfirmed,
+}
+
+/// What an element carries besides its key.
+enum Data<'a> {
+    None,
+    /// `goto chain`, in a verdict map.
+    Goto(&'a str),
+    /// A value, in a data map.
+    Value(&'a [u8]),
 }
 
 /// One expression of a rule: its kernel name and its attributes, already encoded.
@@ -216,6 +248,31 @@ impl Expr {
         put_u32(&mut a, 1, NFT_REG_VERDICT); // NFTA_IMMEDIATE_DREG
         goto_verdict(&mut a, 2, chain)?; // NFTA_IMMEDIATE_DATA
         Ok(Expr { name: "immediate", attrs: a })
+    }
+
+    /// `numgen random mod modulus` into register 1.
+    pub(crate) fn random_below(modulus: u32) -> Expr {
+        let mut a = Vec::new();
+        put_u32(&mut a, 1, NFT_REG_1); // NFTA_NG_DREG
+        put_u32(&mut a, 2, modulus); // NFTA_NG_MODULUS
+        put_u32(&mut a, 3, 1); // NFTA_NG_TYPE: NFT_NG_RANDOM
+        put_u32(&mut a, 4, 0); // NFTA_NG_OFFSET
+        Expr { name: "numgen", attrs: a }
+    }
+
+    /// `dnat to <register 1> map @map`: the address and port that data map `map` (an endpoint
+    /// map, `add_endpoint_map`) gives for the key in register 1, as the destination.
+    pub(crate) fn dnat_by_map(map: &str) -> Result<[Expr; 2], NetlinkError> {
+        let mut lookup = Vec::new();
+        put_name(&mut lookup, 1, map)?; // NFTA_LOOKUP_SET
+        put_u32(&mut lookup, 2, NFT_REG_1); // NFTA_LOOKUP_SREG
+        put_u32(&mut lookup, 3, NFT_REG_1); // NFTA_LOOKUP_DREG: address, then port
+        let mut nat = Vec::new();
+        put_u32(&mut nat, 1, 1); // NFTA_NAT_TYPE: NFT_NAT_DNAT
+        put_u32(&mut nat, 2, u32::from(NFPROTO_IPV4)); // NFTA_NAT_FAMILY
+        put_u32(&mut nat, 3, NFT_REG_1); // NFTA_NAT_REG_ADDR_MIN
+        put_u32(&mut nat, 5, NFT_REG32_01); // NFTA_NAT_REG_PROTO_MIN: the 4 bytes after the address
+        Ok([Expr { name: "lookup", attrs: lookup }, Expr { name: "nat", attrs: nat }])
     }
 
     /// Register 1 is in named set `set`, else the rule ends.
@@ -383,11 +440,8 @@ impl Batch {
             udata.extend_from_slice(&1u32.to_ne_bytes());
             put(a, NFTA_SET_USERDATA, &udata)
         })?;
-        let elements: Vec<(Vec<u8>, &str)> = targets
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (u32::try_from(i).unwrap_or(u32::MAX).to_ne_bytes().to_vec(), c.as_str()))
-            .collect();
+        let keys: Vec<[u8; 4]> = (0..targets.len()).map(|i| u32::try_from(i).unwrap_or(u32::MAX).to_ne_bytes()).collect();
+        let elements: Vec<(&[u8], Data)> = keys.iter().zip(targets).map(|(k, c)| (k.as_slice(), Data::Goto(c))).collect();
         self.elements(NFT_MSG_NEWSETELEM, anon, Some(id), &elements)?;
         let modulus = u32::try_from(targets.len()).map_err(|_| NetlinkError::TooLarge(targets.len()))?;
         let mut numgen = Vec::new();
@@ -404,18 +458,65 @@ impl Batch {
 
     /// Adds `key : goto chain` elements to verdict map `map`.
     pub(crate) fn add_map_elements(&mut self, map: &str, elements: &[(Vec<u8>, &str)]) -> Result<(), NetlinkError> {
-        self.elements(NFT_MSG_NEWSETELEM, map, None, elements)
+        let elements: Vec<(&[u8], Data)> = elements.iter().map(|(k, c)| (k.as_slice(), Data::Goto(c))).collect();
+        self.elements(NFT_MSG_NEWSETELEM, map, None, &elements)
     }
 
-    /// Deletes the elements of these keys from map `map`.
+    /// Deletes the elements of these keys from map (or set) `map`.
     pub(crate) fn delete_map_elements(&mut self, map: &str, keys: &[Vec<u8>]) -> Result<(), NetlinkError> {
-        let elements: Vec<(Vec<u8>, &str)> = keys.iter().map(|k| (k.clone(), "")).collect();
+        let elements: Vec<(&[u8], Data)> = keys.iter().map(|k| (k.as_slice(), Data::None)).collect();
         self.elements(NFT_MSG_DELSETELEM, map, None, &elements)
     }
 
-    /// Element messages for set `set` (`id` if it is new in this transaction); an empty chain
-    /// name is an element without data.
-    fn elements(&mut self, msg: u16, set: &str, id: Option<u32>, elements: &[(Vec<u8>, &str)]) -> Result<(), NetlinkError> {
+    /// Adds the elements of these keys to set `set`.
+    pub(crate) fn add_set_elements(&mut self, set: &str, keys: &[Vec<u8>]) -> Result<(), NetlinkError> {
+        let elements: Vec<(&[u8], Data)> = keys.iter().map(|k| (k.as_slice(), Data::None)).collect();
+        self.elements(NFT_MSG_NEWSETELEM, set, None, &elements)
+    }
+
+    /// Adds `key : value` elements to data map `map`.
+    pub(crate) fn add_data_elements(&mut self, map: &str, elements: &[(Vec<u8>, Vec<u8>)]) -> Result<(), NetlinkError> {
+        let elements: Vec<(&[u8], Data)> = elements.iter().map(|(k, v)| (k.as_slice(), Data::Value(v))).collect();
+        self.elements(NFT_MSG_NEWSETELEM, map, None, &elements)
+    }
+
+    /// Deletes every element of set or map `name`.
+    pub(crate) fn flush_set(&mut self, name: &str) -> Result<(), NetlinkError> {
+        let t = self.table.clone();
+        self.message(NFT_MSG_DELSETELEM, 0, format!("flush map {name}"), |a| {
+            put_name(a, NFTA_SET_ELEM_LIST_TABLE, &t)?;
+            put_name(a, NFTA_SET_ELEM_LIST_SET, name)
+        })
+    }
+
+    /// A map from an endpoint's number to its address and port (`typeof numgen random mod 1 :
+    /// ip daddr . tcp dport`, or udp, sctp: `protocol`), unless it is there: what
+    /// `Expr::dnat_by_map` looks up. (nft refuses, for rules of `meta l4proto tcp`, a map of
+    /// `th dport` that it reads back from the kernel.)
+    pub(crate) fn add_endpoint_map(&mut self, name: &str, protocol: &str) -> Result<(), NetlinkError> {
+        let mut userdata = ENDPOINT_MAP_USERDATA;
+        userdata[ENDPOINT_MAP_PROTOCOL] = match protocol {
+            "udp" => 6,
+            "sctp" => 10,
+            _ => 8,
+        };
+        let (t, id) = (self.table.clone(), self.next_set_id);
+        self.next_set_id += 1;
+        self.message(NFT_MSG_NEWSET, libc::NLM_F_CREATE as u16, format!("add map {name}"), |a| {
+            put_name(a, NFTA_SET_TABLE, &t)?;
+            put_name(a, NFTA_SET_NAME, name)?;
+            put_u32(a, NFTA_SET_FLAGS, NFT_SET_MAP);
+            put_u32(a, NFTA_SET_KEY_TYPE, NFT_TYPE_INTEGER);
+            put_u32(a, NFTA_SET_KEY_LEN, 4);
+            put_u32(a, NFTA_SET_DATA_TYPE, NFT_TYPE_ADDR_SERVICE);
+            put_u32(a, NFTA_SET_DATA_LEN, 8);
+            put_u32(a, NFTA_SET_ID, id);
+            put(a, NFTA_SET_USERDATA, &userdata)
+        })
+    }
+
+    /// Element messages for set `set` (`id` if it is new in this transaction).
+    fn elements(&mut self, msg: u16, set: &str, id: Option<u32>, elements: &[(&[u8], Data)]) -> Result<(), NetlinkError> {
         let verb = if msg == NFT_MSG_NEWSETELEM { "add" } else { "delete" };
         for chunk in elements.chunks(ELEMENTS_PER_MESSAGE) {
             let t = self.table.clone();
@@ -427,10 +528,14 @@ impl Batch {
                     put_u32(a, NFTA_SET_ELEM_LIST_SET_ID, id);
                 }
                 nest(a, NFTA_SET_ELEM_LIST_ELEMENTS, |list| {
-                    for (key, chain) in chunk {
+                    for (key, data) in chunk {
                         nest(list, NFTA_LIST_ELEM, |e| {
                             data_value(e, NFTA_SET_ELEM_KEY, key)?;
-                            if chain.is_empty() { Ok(()) } else { goto_verdict(e, NFTA_SET_ELEM_DATA, chain) }
+                            match data {
+                                Data::None => Ok(()),
+                                Data::Goto(chain) => goto_verdict(e, NFTA_SET_ELEM_DATA, chain),
+                                Data::Value(v) => data_value(e, NFTA_SET_ELEM_DATA, v),
+                            }
                         })?;
                     }
                     Ok(())
@@ -547,6 +652,26 @@ pub(crate) fn ip_proto_port_key(ip: Ipv4Addr, proto: u8, port: u16) -> Vec<u8> {
     k.extend_from_slice(&[proto, 0, 0, 0]);
     k.extend_from_slice(&port.to_be_bytes());
     k.extend_from_slice(&[0, 0]);
+    k
+}
+
+/// The key of an endpoint map's element: the endpoint's number, as numgen gives it (host order).
+pub(crate) fn endpoint_number_key(i: usize) -> Vec<u8> {
+    u32::try_from(i).unwrap_or(u32::MAX).to_ne_bytes().to_vec()
+}
+
+/// The value of an endpoint map's element: the address, then the port in 4 bytes.
+pub(crate) fn address_port(ip: Ipv4Addr, port: u16) -> Vec<u8> {
+    let mut v = ip.octets().to_vec();
+    v.extend_from_slice(&port.to_be_bytes());
+    v.extend_from_slice(&[0, 0]);
+    v
+}
+
+/// The key of a `ipv4_addr . ipv4_addr` element.
+pub(crate) fn address_pair(a: Ipv4Addr, b: Ipv4Addr) -> Vec<u8> {
+    let mut k = a.octets().to_vec();
+    k.extend_from_slice(&b.octets());
     k
 }
 
