@@ -1,8 +1,7 @@
 //! Pod volumes on the node, laid out as kubelet lays them out:
 //! `<data-dir>/pods/<uid>/volumes/kubernetes.io~<type>/<name>` for emptyDir (a tmpfs for
-//! `medium: Memory`), configMap, downwardAPI, secret and projected volumes (the last two on a
-//! tmpfs of their own when the agent runs as root: kubelet keeps them in memory, as they hold
-//! credentials); hostPath volumes are the host path itself, checked against their `type`.
+//! `medium: Memory`), configMap, secret, downwardAPI and projected volumes; hostPath volumes
+//! are the host path itself, checked against their `type`.
 //!
 //! Files of configMap, secret, downwardAPI and projected volumes are written atomically with
 //! kubelet's scheme: the files go into a fresh timestamped directory `..<time>`, the `..data`
@@ -121,10 +120,8 @@ impl Volumes {
                     return Err(fail("volume type not supported by Shepherd".into()));
                 };
                 let dir = dir_for(plugin);
-                // As kubelet does, the files of a Secret and of a projected volume (which holds the
-                // pod's ServiceAccount token) live in memory only, never on the node's disk; writing
-                // them also never waits for the disk's journal.
-                if matches!(plugin, "secret" | "projected") && self.can_mount {
+                // As kubelet does, a Secret's files live in memory only, never on the node's disk.
+                if plugin == "secret" && self.can_mount {
                     fs::create_dir_all(&dir).map_err(|e| fail(format!("creating {}: {e}", dir.display())))?;
                     mount_tmpfs(&dir, None, 0o755).map_err(fail)?;
                 }
