@@ -487,16 +487,11 @@ impl PodManager {
         let policy = str_at(&pod, "/spec/restartPolicy").to_string();
         let now = Instant::now();
         let mut wake: Option<Instant> = None;
-        // The ServiceAccount tokens are asked for while the ConfigMaps and Secrets are read: neither
-        // needs the other, and the volumes wait for both.
-        let tokens = async {
-            match &self.volumes {
-                Some(v) => v.tokens().refresh(&pod).await,
-                None => None,
-            }
-        };
-        let ((), renew) = tokio::join!(self.sources.wait_synced_for(&pod, SOURCES_SYNC_LIMIT), tokens);
-        if let Some(renew) = renew {
+        self.sources.wait_synced_for(&pod, SOURCES_SYNC_LIMIT).await;
+        if let Some(renew) = match &self.volumes {
+            Some(v) => v.tokens().refresh(&pod).await,
+            None => None,
+        } {
             wake = Some(wake.map_or(renew, |w| w.min(renew)));
         }
         let prepared = self.sync_volumes(&pod, &mut rec);
