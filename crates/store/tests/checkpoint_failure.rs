@@ -76,7 +76,7 @@ async fn writes_are_refused_while_checkpoints_fail_past_the_log_limit_and_resume
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     store.create("/after", Bytes::from_static(b"v")).await.expect("writes resume");
-    let revision = store.revision();
+    let revision = store.revision().await.expect("revision");
     drop(store);
 
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -85,7 +85,7 @@ async fn writes_are_refused_while_checkpoints_fail_past_the_log_limit_and_resume
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let store = LocalStore::open_redb(&path, HistoryLimits::default()).expect("reopen");
-    assert_eq!(store.revision(), revision);
+    assert_eq!(store.revision().await.expect("revision"), revision);
     for key in acked.iter().map(String::as_str).chain(["/before", "/after"]) {
         assert!(store.get(key).await.expect("get").is_some(), "acknowledged {key} is lost");
     }
