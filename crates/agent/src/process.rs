@@ -324,7 +324,7 @@ impl Inner {
             exit_file: cstring(&dir.join("exit")).ok_or("container directory path contains a NUL byte")?,
             hostname: CString::new(spec.hostname.clone()).map_err(|_| "hostname contains a NUL byte")?,
             isolate: self.isolate,
-            idle: idle && self.shim.is_none(),
+            idle,
             shim: self.shim.clone(),
             working_dir: spec.working_dir.as_deref().filter(|_| !mounts.is_empty()).and_then(|w| CString::new(w).ok()),
             mounts,
@@ -520,8 +520,8 @@ struct ChildSetup {
     exit_file: CString,
     hostname: CString,
     isolate: bool,
-    /// Idle in the fork instead of exec'ing (only without the shim program, whose `pause` mode
-    /// is exec'd otherwise).
+    /// The container idles (`pause`): in the fork without the shim program, else in the program's
+    /// `pause` mode, exec'd.
     idle: bool,
     /// The `shepherd-shim` program the shim execs; without it the fork runs the shim itself.
     shim: Option<CString>,
@@ -622,6 +622,9 @@ impl ChildSetup {
                     None => self.shim(pid, out[0], err[0]),
                 }
             }
+            if self.idle {
+                shepherd_shim::hold_stop_signals();
+            }
             if let Some((_, terminal)) = self.terminal {
                 libc::setsid();
                 libc::dup2(terminal, 0);
@@ -653,7 +656,7 @@ impl ChildSetup {
                 // Its own process group, so signals reach whatever the container forks.
                 libc::setpgid(0, 0);
             }
-            if self.idle {
+            if self.idle && self.shim.is_none() {
                 close_from(3);
                 shepherd_shim::pause();
             }

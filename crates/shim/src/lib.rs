@@ -216,18 +216,47 @@ pub unsafe fn run_oci(runc: libc::pid_t, exit_file: &CStr, pid_file: &CStr, stdi
     }
 }
 
+/// SIGTERM and SIGINT, the signals that end [`pause`].
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: a sigset on the stack, filled before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        set
+    }
+}
+
+/// Holds SIGTERM and SIGINT until [`pause`] handles them. Called in the container's process
+/// before the agent can know its PID: the first process of a PID namespace drops a signal it has
+/// no handler for unless the signal is blocked, so a stop sent between the exec and `pause`'s
+/// handler would otherwise be lost (and the container killed only when its grace period ends).
+/// The mask and a pending signal survive the exec.
+///
+/// # Safety
+/// Async-signal-safe.
+pub unsafe fn hold_stop_signals() {
+    let set = stop_signals();
+    // SAFETY: sigprocmask on a stack value.
+    unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
 /// The idle process of a container of the built-in `minimal` image without a command: waits
 /// until SIGTERM or SIGINT ends it (as PID 1 of its namespace it would otherwise ignore them).
+/// A stop signal held by [`hold_stop_signals`] is let through once the handler is in place.
 ///
 /// # Safety
 /// Async-signal-safe.
 pub unsafe fn pause() -> ! {
-    // SAFETY: sigaction on a stack value; pause.
+    // SAFETY: sigaction and sigprocmask on stack values; pause.
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = exit_on_signal as *const () as usize;
         libc::sigaction(libc::SIGTERM, &action, std::ptr::null_mut());
         libc::sigaction(libc::SIGINT, &action, std::ptr::null_mut());
+        let set = stop_signals();
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
         loop {
             libc::pause();
         }
@@ -439,6 +468,75 @@ mod tests {
         assert_eq!(format_code(0, &mut buf), b"0");
         assert_eq!(format_code(137, &mut buf), b"137");
         assert_eq!(format_code(255, &mut buf), b"255");
+    }
+
+    /// Starts a process that is PID 1 of a PID namespace of its own, holding the stop signals if
+    /// `hold`, and that waits 300 ms without a handler before [`pause`]; sends it SIGTERM in that
+    /// window. Returns whether it ended within two seconds (it is killed otherwise).
+    fn ends_on_an_early_sigterm(hold: bool) -> bool {
+        // SAFETY (whole function): the forked children make async-signal-safe calls only (unshare,
+        // fork, write, nanosleep, waitpid, sigprocmask, sigaction, pause, _exit).
+        unsafe {
+            let (mut pid_pipe, mut ready_pipe) = ([0; 2], [0; 2]);
+            assert_eq!(libc::pipe2(pid_pipe.as_mut_ptr(), libc::O_CLOEXEC), 0);
+            assert_eq!(libc::pipe2(ready_pipe.as_mut_ptr(), libc::O_CLOEXEC), 0);
+            let outer = libc::fork();
+            assert!(outer >= 0, "fork");
+            if outer == 0 {
+                if libc::unshare(libc::CLONE_NEWPID) != 0 {
+                    libc::_exit(3);
+                }
+                let init = libc::fork();
+                if init == 0 {
+                    if hold {
+                        hold_stop_signals();
+                    }
+                    libc::write(ready_pipe[1], b"r".as_ptr().cast(), 1);
+                    let window = libc::timespec { tv_sec: 0, tv_nsec: 300_000_000 };
+                    libc::nanosleep(&window, std::ptr::null_mut());
+                    pause();
+                }
+                libc::write(pid_pipe[1], init.to_ne_bytes().as_ptr().cast(), 4);
+                let mut status = 0;
+                libc::waitpid(init, &mut status, 0);
+                libc::_exit(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 1 });
+            }
+            libc::close(pid_pipe[1]);
+            libc::close(ready_pipe[1]);
+            let mut pid = [0u8; 4];
+            assert_eq!(libc::read(pid_pipe[0], pid.as_mut_ptr().cast(), 4), 4, "the namespace's first process started");
+            let init = libc::pid_t::from_ne_bytes(pid);
+            let mut ready = [0u8; 1];
+            assert_eq!(libc::read(ready_pipe[0], ready.as_mut_ptr().cast(), 1), 1);
+            libc::kill(init, libc::SIGTERM);
+            let mut status = 0;
+            let mut ended = false;
+            for _ in 0..200 {
+                if libc::waitpid(outer, &mut status, libc::WNOHANG) == outer {
+                    ended = true;
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            if !ended {
+                libc::kill(init, libc::SIGKILL);
+                libc::waitpid(outer, &mut status, 0);
+            }
+            libc::close(pid_pipe[0]);
+            libc::close(ready_pipe[0]);
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) != 3, "unshare(CLONE_NEWPID) failed");
+            ended
+        }
+    }
+
+    #[test]
+    fn a_stop_sent_before_pause_handles_it_still_ends_the_first_process_of_a_pid_namespace() {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root: it makes PID namespaces (CLONE_NEWPID)");
+        // The kernel drops a signal that the first process of a PID namespace has no handler for:
+        // without the hold, the stop is lost.
+        assert!(!ends_on_an_early_sigterm(false), "an early SIGTERM without the hold should have been dropped");
+        assert!(ends_on_an_early_sigterm(true), "a held SIGTERM ends pause once its handler is in place");
     }
 
     #[test]
