@@ -10,6 +10,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tracing::debug;
 
 use crate::exec::{self, ExecRequest, TermSize};
@@ -262,8 +263,12 @@ async fn follow_resizes(pid: u32, mut resize: mpsc::Receiver<TermSize>) {
     }
 }
 
+/// How long an attach waits, after its container ended, for the shim's exit file (the sign that
+/// the last output is in the log) before it ends anyway (a shim killed before writing it).
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+
 /// Streams a container's output from now on (its log file), and the client's input to its
-/// stdin, until the container ends or the client goes away.
+/// stdin, until the container ends (and its output is all sent) or the client goes away.
 pub(crate) async fn run_attach(target: AttachTarget, alive: impl Fn() -> bool + Send + 'static, mut chans: Channels) {
     let AttachTarget { log, stdin, terminal_of } = target;
     let interactive = stdin.is_some();
@@ -280,7 +285,14 @@ pub(crate) async fn run_attach(target: AttachTarget, alive: impl Fn() -> bool + 
     let poll = Duration::from_millis(if interactive { 20 } else { 100 });
     let mut offset = tokio::fs::metadata(&log).await.map(|m| m.len()).unwrap_or(0);
     let mut render = Renderer::new(&LogQuery::default());
+    // The shim writes the exit file beside the log once it has copied the container's last output
+    // into it: the container's end alone does not mean its output is all in the log.
+    let exit_file = log.with_file_name("exit");
+    let mut ended_at: Option<Instant> = None;
     loop {
+        // Both looked at before the log's length, so output written before them is in it.
+        let running = alive();
+        let drained = !running && tokio::fs::try_exists(&exit_file).await.unwrap_or(false);
         let len = tokio::fs::metadata(&log).await.map(|m| m.len()).unwrap_or(0);
         if len < offset {
             offset = 0;
@@ -301,7 +313,7 @@ pub(crate) async fn run_attach(target: AttachTarget, alive: impl Fn() -> bool + 
                     return;
                 }
             }
-        } else if !alive() {
+        } else if !running && (drained || ended_at.get_or_insert_with(Instant::now).elapsed() >= DRAIN_WAIT) {
             let _ = chans.out.send(Outgoing::Finish(json!({"metadata": {}, "status": "Success"}))).await;
             return;
         }
@@ -343,5 +355,56 @@ mod tests {
         assert_eq!(s["reason"], "NonZeroExitCode");
         assert_eq!(s["details"]["causes"][0], json!({"reason": "ExitCode", "message": "3"}));
         assert_eq!(exit_status(&argv, 0)["status"], "Success");
+    }
+
+    /// What an attach sends until it finishes.
+    async fn attach_output(log: PathBuf, alive: impl Fn() -> bool + Send + 'static) -> (String, bool) {
+        let (out, mut sent) = mpsc::channel(16);
+        let (_stdin, stdin) = mpsc::channel(1);
+        let (_resize, resize) = mpsc::channel(1);
+        let (_gone, gone) = watch::channel(false);
+        let target = AttachTarget { log, stdin: None, terminal_of: None };
+        tokio::spawn(run_attach(target, alive, Channels { stdin, resize, out, gone }));
+        let mut text = String::new();
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), sent.recv()).await {
+                Ok(Some(Outgoing::Data(_, data))) => text.push_str(&String::from_utf8_lossy(&data)),
+                Ok(Some(Outgoing::Finish(_))) => return (text, true),
+                Ok(None) | Err(_) => return (text, false),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_attach_to_an_ended_container_sends_what_its_shim_copies_before_the_exit_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("current.log");
+        std::fs::write(&log, b"").expect("log");
+        // The container has ended; its shim still copies its last line into the log, then writes
+        // the exit file.
+        let shim = {
+            let (log, exit) = (log.clone(), dir.path().join("exit"));
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                let mut f = std::fs::OpenOptions::new().append(true).open(&log).expect("open log");
+                std::io::Write::write_all(&mut f, b"2026-12-01T00:00:00.000000000Z stdout F last words\n").expect("write");
+                std::fs::write(exit, b"0").expect("exit file");
+            })
+        };
+        let (text, finished) = attach_output(log, || false).await;
+        shim.await.expect("shim");
+        assert!(finished, "the attach finishes");
+        assert_eq!(text, "last words\n", "the output copied after the container ended reaches the client");
+    }
+
+    #[tokio::test]
+    async fn an_attach_to_an_ended_container_whose_shim_never_writes_the_exit_file_still_finishes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("current.log");
+        std::fs::write(&log, b"").expect("log");
+        let started = Instant::now();
+        let (text, finished) = attach_output(log, || false).await;
+        assert!(finished && text.is_empty());
+        assert!(started.elapsed() >= DRAIN_WAIT, "it waited for the output first");
     }
 }
