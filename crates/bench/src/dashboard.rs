@@ -76,6 +76,7 @@ pub async fn run(binary: &Path, d: DashboardParams) -> anyhow::Result<ScenarioRe
         nodes: d.nodes,
         replicas: d.pods,
         deployments: 1,
+        agents: 1,
         timeout: Duration::from_secs(600),
         idle: Duration::ZERO,
         churn: Duration::ZERO,

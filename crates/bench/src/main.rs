@@ -179,6 +179,29 @@ enum Scenario {
         #[arg(long, allow_hyphen_values = true)]
         server_arg: Vec<String>,
     },
+    /// Kubernetes' scalability limits on one machine: 150,000 pods on 5,000 simulated nodes (run
+    /// by several agent processes) all Ready, then pod deletions at a fixed rate; the time it
+    /// took, the control plane's peak RSS, DELETE and replacement latency against the SLOs.
+    ScaleLimits {
+        #[arg(long, default_value_t = 5_000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 150_000)]
+        pods: usize,
+        /// The pods are split evenly between this many Deployments.
+        #[arg(long, default_value_t = 150)]
+        deployments: usize,
+        /// Agent processes the simulated nodes are split between.
+        #[arg(long, default_value_t = 5)]
+        agents: usize,
+        #[arg(long, default_value_t = 1_800.0)]
+        timeout_seconds: f64,
+        #[arg(long, default_value_t = 60.0)]
+        churn_seconds: f64,
+        #[arg(long, default_value_t = 20.0)]
+        deletions_per_second: f64,
+        #[arg(long, allow_hyphen_values = true)]
+        server_arg: Vec<String>,
+    },
     /// `shepherd standalone` (process runtime) under pod churn: a 10-replica Deployment, a pod
     /// deleted every 0.1 s for --duration; RSS, data dir size, fds, threads and processes sampled
     /// every 10 s, to see whether memory and disk level off.
@@ -370,6 +393,7 @@ async fn main() -> anyhow::Result<()> {
                 nodes,
                 replicas,
                 deployments: deployments.clamp(1, replicas.max(1)),
+                agents: 1,
                 timeout: Duration::from_secs_f64(timeout_seconds),
                 idle: Duration::ZERO,
                 churn: Duration::ZERO,
@@ -384,6 +408,7 @@ async fn main() -> anyhow::Result<()> {
                     nodes: 5,
                     replicas: 20,
                     deployments: 1,
+                    agents: 1,
                     timeout: Duration::from_secs(60),
                     idle: Duration::from_secs(3),
                     churn: Duration::from_secs(2),
@@ -395,6 +420,7 @@ async fn main() -> anyhow::Result<()> {
                     nodes,
                     replicas,
                     deployments: 1,
+                    agents: 1,
                     timeout: Duration::from_secs_f64(timeout_seconds),
                     idle: Duration::from_secs_f64(idle_seconds),
                     churn: Duration::from_secs_f64(churn_seconds),
@@ -403,6 +429,22 @@ async fn main() -> anyhow::Result<()> {
                 }
             };
             scale::run_steady_churn(&cli.shepherd, p).await?
+        }
+        Scenario::ScaleLimits { nodes, pods, deployments, agents, timeout_seconds, churn_seconds, deletions_per_second, server_arg } => {
+            let (nodes, pods, deployments, agents, churn_seconds) =
+                if cli.smoke { (6, 30, 3, 2, 2.0) } else { (nodes, pods, deployments, agents, churn_seconds) };
+            let p = scale::Params {
+                nodes,
+                replicas: pods,
+                deployments: deployments.clamp(1, pods.max(1)),
+                agents,
+                timeout: Duration::from_secs_f64(timeout_seconds),
+                idle: Duration::ZERO,
+                churn: Duration::from_secs_f64(churn_seconds),
+                churn_rate: deletions_per_second,
+                server_args: server_arg,
+            };
+            scale::run_scale_limits(&cli.shepherd, p).await?
         }
         Scenario::Soak { duration, deletion_interval_seconds, server_arg } => {
             let (duration, sample_interval) =

@@ -1,6 +1,6 @@
-//! Scenarios `scale-out` and `steady-churn`: `shepherd server` plus one `shepherd agent` process
-//! running N simulated nodes; one Deployment of R replicas scheduled across them, then (for
-//! `steady-churn`) the cluster left idle, then 20 pod deletions per second.
+//! Scenarios `scale-out`, `steady-churn` and `scale-limits`: `shepherd server` plus `shepherd agent`
+//! processes running N simulated nodes between them; Deployments of R replicas in all scheduled
+//! across them, then (for `steady-churn`) the cluster left idle, then 20 pod deletions per second.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{BufRead, BufReader};
@@ -21,6 +21,8 @@ use crate::report::{ScenarioResult, summarize};
 const PODS: &str = "/api/v1/namespaces/default/pods";
 const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments";
 const APP: &str = "scale";
+/// Pods per page when the churn phase lists the pods it may delete.
+const LIST_PAGE: usize = 5_000;
 
 #[derive(Debug, Clone)]
 pub struct Params {
@@ -28,6 +30,8 @@ pub struct Params {
     /// Replicas in all, split evenly between `deployments` Deployments.
     pub replicas: usize,
     pub deployments: usize,
+    /// Agent processes the simulated nodes are split between.
+    pub agents: usize,
     /// Give up waiting for all replicas after this long (the rate so far is still reported).
     pub timeout: Duration,
     pub idle: Duration,
@@ -37,20 +41,27 @@ pub struct Params {
     pub server_args: Vec<String>,
 }
 
-/// The server and the simulated-node agent, each a child process.
+/// One `shepherd agent` process running a share of the simulated nodes.
+struct Agent {
+    _dir: tempfile::TempDir,
+    child: Child,
+    // Kept open so that the agent's later writes to stdout do not fail.
+    _stdout: BufReader<ChildStdout>,
+}
+
+/// The server and the simulated-node agents, each a child process.
 pub(crate) struct Cluster {
     _server_dir: tempfile::TempDir,
-    _agent_dir: tempfile::TempDir,
     pub(crate) server: Process,
-    agent: Child,
-    // Kept open so that the agent's later writes to stdout do not fail.
-    _agent_stdout: BufReader<ChildStdout>,
+    agents: Vec<Agent>,
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = self.agent.kill();
-        let _ = self.agent.wait();
+        for agent in &mut self.agents {
+            let _ = agent.child.kill();
+            let _ = agent.child.wait();
+        }
     }
 }
 
@@ -58,8 +69,16 @@ impl Cluster {
     fn server_pid(&self) -> String {
         self.server.child.id().to_string()
     }
-    fn agent_pid(&self) -> String {
-        self.agent.id().to_string()
+    /// CPU seconds of all the agent processes.
+    fn agents_cpu_seconds(&self) -> f64 {
+        self.agents.iter().map(|a| procstat::cpu_seconds(&a.child.id().to_string())).sum()
+    }
+    /// The agents' peak RSS added up (each process's own peak).
+    fn agents_peak_rss_mib(&self) -> f64 {
+        self.agents.iter().map(|a| procstat::peak_rss_mib(&a.child.id().to_string())).sum()
+    }
+    fn agents_rss_mib(&self) -> f64 {
+        self.agents.iter().map(|a| procstat::rss_mib(&a.child.id().to_string())).sum()
     }
 }
 
@@ -86,26 +105,26 @@ fn is_running_ready(p: &Value) -> bool {
 }
 
 pub(crate) async fn start_cluster(binary: &Path, nodes: usize, extra: &[String]) -> anyhow::Result<(Cluster, Duration)> {
-    let server_dir = tempfile::tempdir()?;
-    let agent_dir = tempfile::tempdir()?;
-    let data = server_dir.path().to_string_lossy().to_string();
-    let mut args = vec!["server", "--data-dir", &data, "--controller-workers", "4"];
-    args.extend(extra.iter().map(String::as_str));
-    let server = Process::start(binary, &args)?;
-    let started = Instant::now();
-    let mut agent = Command::new(binary)
-        .args(["agent", "--server", &server.url, "--simulate-nodes", &nodes.to_string(), "--node-name-prefix", "sim-"])
+    start_cluster_split(binary, nodes, 1, extra).await
+}
+
+/// Starts `shepherd agent --simulate-nodes` with `nodes` named `{prefix}0..` and waits for its
+/// first line (printed once its nodes are registered).
+async fn start_agent(binary: &Path, url: &str, nodes: usize, prefix: &str) -> anyhow::Result<Agent> {
+    let dir = tempfile::tempdir()?;
+    let mut child = Command::new(binary)
+        .args(["agent", "--server", url, "--simulate-nodes", &nodes.to_string(), "--node-name-prefix", prefix])
         .args(["--simulated-ready-ms", "100", "--lease-seconds", "10", "--data-dir"])
-        .arg(agent_dir.path())
+        .arg(dir.path())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| anyhow::anyhow!("starting the agent: {e}"))?;
-    let stdout = agent.stdout.take().ok_or_else(|| anyhow::anyhow!("no agent stdout"))?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no agent stdout"))?;
     let mut reader = BufReader::new(stdout);
     let mut line = String::new();
-    // The agent prints one line once its nodes are registered; read it off the async runtime.
+    // Read off the async runtime.
     let (line, reader) = tokio::task::spawn_blocking(move || {
         let r = reader.read_line(&mut line);
         (r.map(|_| line), reader)
@@ -113,7 +132,25 @@ pub(crate) async fn start_cluster(binary: &Path, nodes: usize, extra: &[String])
     .await?;
     let line = line?;
     anyhow::ensure!(line.starts_with("shepherd agent"), "unexpected first line from the agent: {line:?}");
-    let cluster = Cluster { _server_dir: server_dir, _agent_dir: agent_dir, server, agent, _agent_stdout: reader };
+    Ok(Agent { _dir: dir, child, _stdout: reader })
+}
+
+/// A server and `agents` agent processes running `nodes` simulated nodes between them (`sim-0..`
+/// with one agent, `sim-{agent}-0..` with several); returns once every node is Ready.
+pub(crate) async fn start_cluster_split(binary: &Path, nodes: usize, agents: usize, extra: &[String]) -> anyhow::Result<(Cluster, Duration)> {
+    let server_dir = tempfile::tempdir()?;
+    let data = server_dir.path().to_string_lossy().to_string();
+    let mut args = vec!["server", "--data-dir", &data, "--controller-workers", "4"];
+    args.extend(extra.iter().map(String::as_str));
+    let server = Process::start(binary, &args)?;
+    let started = Instant::now();
+    let mut cluster = Cluster { _server_dir: server_dir, server, agents: Vec::new() };
+    let agents = agents.clamp(1, nodes.max(1));
+    for a in 0..agents {
+        let share = nodes / agents + usize::from(a < nodes % agents);
+        let prefix = if agents == 1 { "sim-".to_string() } else { format!("sim-{a}-") };
+        cluster.agents.push(start_agent(binary, &cluster.server.url, share, &prefix).await?);
+    }
     let http = reqwest::Client::new();
     loop {
         let list: Value = http.get(format!("{}/api/v1/nodes", cluster.server.url)).send().await?.json().await?;
@@ -136,8 +173,8 @@ async fn ready_replicas(http: &reqwest::Client, url: &str) -> anyhow::Result<usi
 
 /// Creates the Deployment and waits for all its replicas to be Ready; returns the results.
 pub(crate) async fn scale_out(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Result<Value> {
-    let (spid, apid) = (c.server_pid(), c.agent_pid());
-    let (server_cpu0, agent_cpu0) = (procstat::cpu_seconds(&spid), procstat::cpu_seconds(&apid));
+    let spid = c.server_pid();
+    let (server_cpu0, agent_cpu0) = (procstat::cpu_seconds(&spid), c.agents_cpu_seconds());
     let rss_before = procstat::rss_mib(&spid);
     let started = Instant::now();
     for i in 0..p.deployments {
@@ -165,8 +202,8 @@ pub(crate) async fn scale_out(c: &Cluster, p: &Params, http: &reqwest::Client) -
     let elapsed = started.elapsed();
     let complete = ready >= p.replicas;
     let server_cpu = procstat::cpu_seconds(&spid) - server_cpu0;
-    let agent_cpu = procstat::cpu_seconds(&apid) - agent_cpu0;
-    let (server_peak, agent_peak) = (procstat::peak_rss_mib(&spid), procstat::peak_rss_mib(&apid));
+    let agent_cpu = c.agents_cpu_seconds() - agent_cpu0;
+    let (server_peak, agent_peak) = (procstat::peak_rss_mib(&spid), c.agents_peak_rss_mib());
     let rate = ready as f64 / elapsed.as_secs_f64();
     if complete {
         println!("{} pods Running and Ready on {} nodes in {:.2} s ({rate:.0} pods/s)", p.replicas, p.nodes, elapsed.as_secs_f64());
@@ -174,7 +211,7 @@ pub(crate) async fn scale_out(c: &Cluster, p: &Params, http: &reqwest::Client) -
         println!("NOT complete: {ready}/{} Ready after {:.1} s ({rate:.0} pods/s so far)", p.replicas, elapsed.as_secs_f64());
     }
     println!("control plane: peak RSS {server_peak:.1} MiB (before the Deployment {rss_before:.1}), CPU {server_cpu:.2} s");
-    println!("agent ({} simulated nodes): peak RSS {agent_peak:.1} MiB, CPU {agent_cpu:.2} s", p.nodes);
+    println!("agents ({} simulated nodes in {}): peak RSS {agent_peak:.1} MiB, CPU {agent_cpu:.2} s", p.nodes, c.agents.len());
     Ok(json!({"complete": complete, "ready": ready, "seconds_to_all_ready": elapsed.as_secs_f64(), "pods_per_s": rate,
         "control_plane_peak_rss_mib": server_peak, "control_plane_rss_before_mib": rss_before,
         "control_plane_cpu_seconds": server_cpu, "agent_peak_rss_mib": agent_peak, "agent_cpu_seconds": agent_cpu,
@@ -228,7 +265,7 @@ async fn steady(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Resu
     let spid = c.server_pid();
     let (w0, r0) = counters(http, &c.server.url).await?;
     let cpu0 = procstat::cpu_seconds(&spid);
-    let agent_cpu0 = procstat::cpu_seconds(&c.agent_pid());
+    let agent_cpu0 = c.agents_cpu_seconds();
     let started = Instant::now();
     let mut rss_max: f64 = 0.0;
     while started.elapsed() < p.idle {
@@ -237,7 +274,7 @@ async fn steady(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Resu
     }
     let secs = started.elapsed().as_secs_f64();
     let cpu = procstat::cpu_seconds(&spid) - cpu0;
-    let agent_cpu = procstat::cpu_seconds(&c.agent_pid()) - agent_cpu0;
+    let agent_cpu = c.agents_cpu_seconds() - agent_cpu0;
     let (w1, r1) = counters(http, &c.server.url).await?;
     // The second scrape itself is one request; not counted.
     let (writes, requests) = ((w1 - w0) / secs, (r1 - r0 - 1.0).max(0.0) / secs);
@@ -248,7 +285,7 @@ async fn steady(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Resu
     Ok(json!({"seconds": secs, "control_plane_cpu_percent_of_core": cpu_pct, "control_plane_cpu_seconds": cpu,
         "control_plane_rss_mib": rss, "control_plane_rss_max_mib": rss_max, "store_writes_per_s": writes,
         "api_requests_per_s": requests, "agent_cpu_percent_of_core": agent_cpu / secs * 100.0,
-        "agent_rss_mib": procstat::rss_mib(&c.agent_pid()), "load_average": procstat::load_average()}))
+        "agent_rss_mib": c.agents_rss_mib(), "load_average": procstat::load_average()}))
 }
 
 /// What the pod watch has seen during churn.
@@ -293,18 +330,34 @@ async fn watch_pods(http: reqwest::Client, url: String, rv: String, seen: Arc<Mu
 
 async fn churn(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Result<Value> {
     let url = c.server.url.clone();
-    let list: Value = http.get(format!("{url}{PODS}?labelSelector=app%3D{APP}")).send().await?.json().await?;
-    let rv = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("0").to_string();
     let seen = Arc::new(Mutex::new(Seen::default()));
-    {
+    // In pages, as a client of 150,000 pods would list them: every page is read at the first
+    // page's revision, which the watch then follows.
+    let mut rv = String::new();
+    let mut next = String::new();
+    loop {
+        let page: Value = http
+            .get(format!("{url}{PODS}"))
+            .query(&[("labelSelector", format!("app={APP}")), ("limit", LIST_PAGE.to_string()), ("continue", next.clone())])
+            .send()
+            .await?
+            .json()
+            .await?;
+        if rv.is_empty() {
+            rv = page.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("0").to_string();
+        }
         let mut s = seen.lock().unwrap();
-        for pod in list["items"].as_array().into_iter().flatten() {
+        for pod in page["items"].as_array().into_iter().flatten() {
             let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
             let uid = pod["metadata"]["uid"].as_str().map_or_else(|| name.clone(), str::to_string);
             if is_running_ready(pod) {
                 s.pool.push(name);
             }
             s.ready_once.insert(uid);
+        }
+        match page.pointer("/metadata/continue").and_then(Value::as_str) {
+            Some(token) if !token.is_empty() => next = token.to_string(),
+            _ => break,
         }
     }
     let spid = c.server_pid();
@@ -408,5 +461,52 @@ pub async fn run_steady_churn(binary: &Path, p: Params) -> anyhow::Result<Scenar
         name: "steady-churn",
         params: params_json(&p, true),
         values: json!({"scale_out": scale, "steady_state": steady, "churn": churn}),
+    })
+}
+
+/// Kubernetes' published scalability SLOs the `scale-limits` scenario is held to.
+const MUTATING_P99_SLO_MS: f64 = 1_000.0;
+const STARTUP_P99_SLO_MS: f64 = 5_000.0;
+const PEAK_RSS_TARGET_MIB: f64 = 4_096.0;
+
+/// Kubernetes' own limits (5,000 nodes, 150,000 pods): the pods as `deployments` Deployments on
+/// nodes run by `agents` agent processes, all Ready, then pod deletions at a fixed rate; reports
+/// the time it took, the control plane's peak RSS, DELETE latency and replacement latency against
+/// the SLOs.
+pub async fn run_scale_limits(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
+    println!(
+        "scenario scale-limits: {} simulated nodes in {} agent processes, {} `minimal` pods in {} Deployments; then {}/s pod deletions for {:.0} s",
+        p.nodes,
+        p.agents,
+        p.replicas,
+        p.deployments,
+        p.churn_rate,
+        p.churn.as_secs_f64()
+    );
+    let started = Instant::now();
+    let (cluster, nodes_ready) = start_cluster_split(binary, p.nodes, p.agents, &p.server_args).await?;
+    println!("{} nodes Ready {:.1} s after the agents started", p.nodes, nodes_ready.as_secs_f64());
+    let http = reqwest::Client::new();
+    let mut scale = scale_out(&cluster, &p, &http).await?;
+    scale["seconds_to_nodes_ready"] = json!(nodes_ready.as_secs_f64());
+    anyhow::ensure!(scale["complete"] == true, "the pods never all became Ready; no churn to measure");
+    let churn = churn(&cluster, &p, &http).await?;
+    let total = started.elapsed().as_secs_f64();
+    let peak = procstat::peak_rss_mib(&cluster.server_pid());
+    let p99 = |key: &str| churn[key]["p99_ms"].as_f64().unwrap_or(f64::INFINITY);
+    let verdict = |ok: bool| if ok { "met" } else { "missed" };
+    let (mutating, startup) = (p99("delete_latency"), p99("replacement_ready"));
+    println!("SLO mutating call p99 <= 1 s: DELETE p99 {mutating:.1} ms, {}", verdict(mutating <= MUTATING_P99_SLO_MS));
+    println!("SLO pod startup p99 <= 5 s: replacement p99 {startup:.1} ms, {}", verdict(startup <= STARTUP_P99_SLO_MS));
+    println!("control plane peak RSS {peak:.0} MiB (target < 4 GiB: {}); whole run {total:.0} s", verdict(peak < PEAK_RSS_TARGET_MIB));
+    let mut params = params_json(&p, true);
+    params["agents"] = json!(p.agents);
+    Ok(ScenarioResult {
+        name: "scale-limits",
+        params,
+        values: json!({"scale_out": scale, "churn": churn, "seconds_total": total, "control_plane_peak_rss_mib": peak,
+            "slo": {"mutating_p99_ms": mutating, "mutating_met": mutating <= MUTATING_P99_SLO_MS,
+                "startup_p99_ms": startup, "startup_met": startup <= STARTUP_P99_SLO_MS,
+                "peak_rss_met": peak < PEAK_RSS_TARGET_MIB}}),
     })
 }
