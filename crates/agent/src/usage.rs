@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};
-use shepherd_api::{JsonPath, kinds, milli_value};
+use shepherd_api::quantity::{self, milli_value};
+use shepherd_api::{JsonPath, kinds};
 use shepherd_runtime::Client;
 use tracing::{debug, warn};
 
@@ -59,12 +60,7 @@ fn quantity_annotation(pod: &Value, key: &str) -> Option<i128> {
 }
 
 fn request_milli(container: &Value, resource: &str) -> Option<i128> {
-    let q = container.at(&format!("/resources/requests/{resource}"))?;
-    let text = match q {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        _ => return None,
-    };
+    let text = quantity::text(container.at(&format!("/resources/requests/{resource}"))?)?;
     milli_value(&text).ok()
 }
 

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::error::{ApiError, Cause};
 use crate::kinds::ResourceInfo;
-use crate::quantity::Quantity;
+use crate::quantity::{self, Quantity};
 use crate::selector::LabelSelector;
 use crate::volume_validation;
 
@@ -193,31 +193,6 @@ fn is_port_name(s: &str) -> bool {
 // ---------------------------------------------------------------------------------------------
 // Quantities
 // ---------------------------------------------------------------------------------------------
-
-/// Parses a Kubernetes quantity (`100m`, `1.5`, `128Mi`, `1G`, `1e3`) to its numeric value.
-pub fn parse_quantity(s: &str) -> Result<f64, String> {
-    let v = Quantity::parse(s)?.to_f64();
-    if v.is_finite() { Ok(v) } else { Err(format!("quantity \"{s}\" is too large")) }
-}
-
-/// A CPU quantity in millicores, rounded up (`0.5` and `500m` are 500); negatives are an error.
-pub fn cpu_millis(s: &str) -> Result<i64, String> {
-    non_negative_scaled(s, 3)
-}
-
-/// A memory quantity in bytes, rounded up (`128Mi` is 134217728, `1G` is 10^9); negatives are an error.
-pub fn memory_bytes(s: &str) -> Result<i64, String> {
-    non_negative_scaled(s, 0)
-}
-
-fn non_negative_scaled(s: &str, scale: i32) -> Result<i64, String> {
-    let q = Quantity::parse(s)?;
-    if q.is_negative() {
-        return Err("must be greater than or equal to 0".into());
-    }
-    let v = q.scaled_ceil(scale)?;
-    i64::try_from(v).map_err(|_| format!("quantity \"{s}\" is too large"))
-}
 
 // ---------------------------------------------------------------------------------------------
 // Entry points
@@ -883,8 +858,8 @@ fn validate_env_source(env: &Value, from: &Value, p: &str, c: &mut Vec<Cause>) {
             Some(r) if !ENV_RESOURCES.contains(&r) => c.push(unsupported_value(rp, r, ENV_RESOURCES)),
             Some(_) => {}
         }
-        if let Some(d) = res.get("divisor").and_then(quantity_text)
-            && !crate::quantity::Quantity::parse(&d).is_ok_and(|q| !q.is_negative() && q.to_f64() > 0.0)
+        if let Some(d) = res.get("divisor").and_then(quantity::text)
+            && !Quantity::parse(&d).is_ok_and(|q| q.is_positive())
         {
             c.push(invalid_value(format!("{vp}.resourceFieldRef.divisor"), &Value::from(d), "must be a positive quantity"));
         }
@@ -911,32 +886,24 @@ fn check_port_ref(v: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
     }
 }
 
-fn quantity_text(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
 fn validate_resources(r: &Value, p: &str, c: &mut Vec<Cause>) {
     let mut parsed: [BTreeMap<&str, (i128, String)>; 2] = Default::default();
     for (slot, which) in ["requests", "limits"].into_iter().enumerate() {
         let Some(Value::Object(m)) = r.get(which) else { continue };
         for (k, v) in m {
-            let Some(text) = quantity_text(v) else { continue };
+            let Some(text) = quantity::text(v) else { continue };
             let value = match k.as_str() {
-                "cpu" => cpu_millis(&text).map(i128::from),
-                "memory" => memory_bytes(&text).map(i128::from),
+                "cpu" => quantity::cpu_millis(&text).map(i128::from),
+                "memory" => quantity::memory_bytes(&text).map(i128::from),
                 _ => Quantity::parse(&text).and_then(|q| {
                     if q.is_negative() { Err("must be greater than or equal to 0".into()) } else { q.scaled_ceil(3) }
                 }),
             };
             match value {
                 Ok(n) => {
-                    parsed[slot].insert(k.as_str(), (n, text));
+                    parsed[slot].insert(k.as_str(), (n, text.into_owned()));
                 }
-                Err(e) => c.push(invalid_value(format!("{p}.{which}.{k}"), &Value::from(text), &e)),
+                Err(e) => c.push(invalid_value(format!("{p}.{which}.{k}"), &Value::from(text.as_ref()), &e)),
             }
         }
     }
@@ -1717,6 +1684,15 @@ mod tests {
         );
         let msg = validate(&POD, &bad).unwrap_err().to_string();
         assert!(msg.contains("must be less than or equal to cpu limit of 1"), "{msg}");
+        // Limits the agent could not enforce as written never get past the API.
+        let huge = with(json!({"limits": {"cpu": "10E", "memory": "8Ei"}}));
+        let err = validate(&POD, &huge).unwrap_err();
+        assert_eq!(err.code(), 422);
+        let msg = err.to_string();
+        for field in ["spec.containers[0].resources.limits.cpu", "spec.containers[0].resources.limits.memory"] {
+            assert!(msg.contains(field), "{field} in {msg}");
+        }
+        assert!(msg.contains("quantity \"8Ei\" is too large"), "{msg}");
     }
 
     #[test]
@@ -1826,29 +1802,6 @@ mod tests {
         assert_eq!(fields(&PODDISRUPTIONBUDGET, &pdb(json!({"minAvailable": "101%"}))), vec!["spec.minAvailable"]);
         assert_eq!(fields(&PODDISRUPTIONBUDGET, &pdb(json!({"unhealthyPodEvictionPolicy": "Sometimes"}))),
             vec!["spec.unhealthyPodEvictionPolicy"]);
-    }
-
-    #[test]
-    fn quantities_convert_the_way_the_scheduler_counts_them() {
-        assert_eq!(cpu_millis("100m"), Ok(100));
-        assert_eq!(cpu_millis("0.5"), Ok(500));
-        assert_eq!(cpu_millis("0.1"), Ok(100));
-        assert_eq!(cpu_millis("2"), Ok(2000));
-        assert_eq!(cpu_millis("0.0001"), Ok(1), "rounded up like Kubernetes");
-        assert_eq!(cpu_millis("1k"), Ok(1_000_000));
-        assert_eq!(memory_bytes("128Mi"), Ok(128 * 1024 * 1024));
-        assert_eq!(memory_bytes("1G"), Ok(1_000_000_000));
-        assert_eq!(memory_bytes("1e3"), Ok(1000));
-        assert_eq!(memory_bytes("1.5Ki"), Ok(1536));
-        assert_eq!(memory_bytes("4096"), Ok(4096));
-        assert_eq!(memory_bytes("1Ei"), Ok(1 << 60));
-        assert!(memory_bytes("16Ei").is_err(), "does not fit in i64");
-        assert!(cpu_millis("-1").is_err());
-        assert!(memory_bytes("1MB").is_err());
-        assert_eq!(parse_quantity("1.5"), Ok(1.5));
-        assert_eq!(parse_quantity("250m"), Ok(0.25));
-        assert_eq!(parse_quantity("2Ki"), Ok(2048.0));
-        assert_eq!(parse_quantity("-2"), Ok(-2.0));
     }
 
     #[test]

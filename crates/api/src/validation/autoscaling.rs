@@ -4,7 +4,7 @@ use serde_json::Value;
 
 use super::{at, check_one_of, int_at, invalid_value, str_at, unsupported_value};
 use crate::error::Cause;
-use crate::quantity::Quantity;
+use crate::quantity::{self, Quantity};
 
 /// Metric types of `autoscaling/v2`; only `Resource` has a source of values here (no custom or
 /// external metrics API is served), so the others are refused rather than left never scaling.
@@ -126,17 +126,13 @@ fn positive_quantity(target: &Value, field: &str, base: &str, c: &mut Vec<Cause>
         c.push(Cause::required(path));
         return;
     };
-    let text = match v {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        _ => {
-            c.push(invalid_value(path, v, "must be a quantity"));
-            return;
-        }
+    let Some(text) = quantity::text(v) else {
+        c.push(invalid_value(path, v, "must be a quantity"));
+        return;
     };
     match Quantity::parse(&text) {
         Err(why) => c.push(invalid_value(path, v, &why)),
-        Ok(q) if q.is_negative() || q.to_f64() == 0.0 => c.push(invalid_value(path, v, "must be positive")),
+        Ok(q) if !q.is_positive() => c.push(invalid_value(path, v, "must be positive")),
         Ok(_) => {}
     }
 }

@@ -15,7 +15,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use shepherd_api::defaults::autoscaling::behavior_with_defaults;
-use shepherd_api::{ApiError, JsonPath, LabelSelector, kinds, milli_value};
+use shepherd_api::quantity::{self, milli_value};
+use shepherd_api::{ApiError, JsonPath, LabelSelector, kinds};
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, ListParams, Manager, Patch, Reconciler};
 use tokio::time::Instant;
@@ -144,14 +145,6 @@ fn group_of(api_version: &str) -> &str {
     api_version.rsplit_once('/').map_or("", |(g, _)| g)
 }
 
-fn quantity_text(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
 /// A pod as the calculation for `resource` reads it; `metrics` is its PodMetrics, if any.
 fn pod_info(pod: &Value, resource: &str, metrics: Option<&Value>, now: jiff::Timestamp, init: &Initialization) -> PodInfo {
     let name = podutil::name(pod).to_string();
@@ -178,7 +171,7 @@ fn pod_info(pod: &Value, resource: &str, metrics: Option<&Value>, now: jiff::Tim
     let mut request: Result<i128, String> = Ok(0);
     for c in pod.at("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
         let cname = c["name"].as_str().unwrap_or("");
-        let q = c.at(&format!("/resources/requests/{resource}")).and_then(quantity_text).and_then(|q| milli_value(&q).ok());
+        let q = c.at(&format!("/resources/requests/{resource}")).and_then(quantity::text).and_then(|q| milli_value(&q).ok());
         request = match (request, q) {
             (Ok(sum), Some(q)) => Ok(sum + q),
             (Ok(_), None) => Err(format!("missing request for {resource} in container {cname} of Pod {name}")),
@@ -201,7 +194,7 @@ fn usage_of(metrics: &[Value], resource: &str) -> HashMap<String, i128> {
             let containers = m["containers"].as_array()?;
             let mut total = 0i128;
             for c in containers {
-                total += quantity_text(c.at(&format!("/usage/{resource}"))?).and_then(|q| milli_value(&q).ok())?;
+                total += quantity::text(c.at(&format!("/usage/{resource}"))?).and_then(|q| milli_value(&q).ok())?;
             }
             Some((podutil::name(m).to_string(), total))
         })
@@ -235,7 +228,7 @@ impl Autoscaler {
             let resource = m.at("/resource/name").and_then(Value::as_str).unwrap_or("cpu");
             let target = match m.at("/resource/target/type").and_then(Value::as_str) {
                 Some("Utilization") => Target::Utilization(m.at("/resource/target/averageUtilization").and_then(Value::as_i64).unwrap_or(80)),
-                _ => match m.at("/resource/target/averageValue").and_then(quantity_text).and_then(|q| milli_value(&q).ok()) {
+                _ => match m.at("/resource/target/averageValue").and_then(quantity::text).and_then(|q| milli_value(&q).ok()) {
                     Some(v) => Target::AverageValue(v),
                     None => continue,
                 },

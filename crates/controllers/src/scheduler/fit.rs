@@ -6,7 +6,7 @@ use std::fmt;
 
 use serde_json::Value;
 use shepherd_api::JsonPath;
-use shepherd_api::validation::{cpu_millis, memory_bytes};
+use shepherd_api::quantity::{self, cpu_millis, memory_bytes};
 
 /// Scoring stand-ins for a container that requests nothing, so such pods still spread (the
 /// values Kubernetes uses: 100 millicores, 200 MiB).
@@ -82,11 +82,7 @@ fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
 /// A quantity that fails to parse counts as zero: the API server validated it, and a node that
 /// reports nonsense should offer nothing rather than stop the scheduler.
 fn quantity(v: Option<&Value>, parse: fn(&str) -> Result<i64, String>) -> Option<i64> {
-    match v? {
-        Value::String(s) => parse(s).ok(),
-        Value::Number(n) => parse(&n.to_string()).ok(),
-        _ => None,
-    }
+    parse(&quantity::text(v?)?).ok()
 }
 
 impl NodeSummary {
