@@ -10,6 +10,8 @@ pub mod duration;
 pub mod error;
 pub mod json;
 pub mod kinds;
+pub mod meta;
+pub mod pod;
 pub mod quantity;
 pub mod selector;
 pub mod validation;
@@ -17,7 +19,7 @@ mod volume_validation;
 
 pub use age::human_age;
 pub use error::{ApiError, Cause};
-pub use json::{JsonPath, str_at};
+pub use json::{JsonPath, array_at, bool_at, i64_at, map_at, opt_str_at, str_at, strings_at};
 pub use kinds::ResourceInfo;
 pub use selector::{FieldSelector, LabelSelector};
 pub use volume_validation::is_env_var_name;

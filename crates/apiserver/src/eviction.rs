@@ -8,7 +8,7 @@
 use serde_json::{Value, json};
 use shepherd_api::kinds;
 use shepherd_api::selector::LabelSelector;
-use shepherd_api::{ApiError, Cause, JsonPath};
+use shepherd_api::{ApiError, Cause, JsonPath, i64_at, str_at};
 
 use crate::codec;
 use crate::service::{ApiService, DeleteOptions, ListOptions, now_rfc3339, set_condition};
@@ -24,14 +24,6 @@ fn too_many_requests(cause: String) -> ApiError {
         message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
         causes: vec![Cause::new("DisruptionBudget", "", cause)],
     }
-}
-
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.at(pointer).and_then(Value::as_str).unwrap_or("")
-}
-
-fn int_at(v: &Value, pointer: &str) -> i64 {
-    v.at(pointer).and_then(Value::as_i64).unwrap_or(0)
 }
 
 fn is_ready(pod: &Value) -> bool {
@@ -161,12 +153,12 @@ async fn spend_disruption(svc: &ApiService, ns: &str, pdb: &Value, pod: &Value) 
     let pod_name = str_at(pod, "/metadata/name").to_string();
     let pod_ready = is_ready(pod);
     svc.mutate(&kinds::PODDISRUPTIONBUDGET, Some(ns), &pdb_name, None, "status", &WriteOptions::default(), |current| {
-        let observed = int_at(current, "/status/observedGeneration");
-        let generation = int_at(current, "/metadata/generation");
+        let observed = i64_at(current, "/status/observedGeneration").unwrap_or(0);
+        let generation = i64_at(current, "/metadata/generation").unwrap_or(0);
         if observed < generation {
             return Err(too_many_requests(format!("The disruption budget {pdb_name} is still being processed by the server.")));
         }
-        let (healthy, desired) = (int_at(current, "/status/currentHealthy"), int_at(current, "/status/desiredHealthy"));
+        let (healthy, desired) = (i64_at(current, "/status/currentHealthy").unwrap_or(0), i64_at(current, "/status/desiredHealthy").unwrap_or(0));
         if !pod_ready {
             let policy = str_at(current, "/spec/unhealthyPodEvictionPolicy");
             if policy == "AlwaysAllow" || (healthy >= desired && desired > 0) {
@@ -174,7 +166,7 @@ async fn spend_disruption(svc: &ApiService, ns: &str, pdb: &Value, pod: &Value) 
                 return Ok(current.clone());
             }
         }
-        let allowed = int_at(current, "/status/disruptionsAllowed");
+        let allowed = i64_at(current, "/status/disruptionsAllowed").unwrap_or(0);
         if allowed < 0 {
             return Err(ApiError::Forbidden("pdb disruptions allowed is negative".into()));
         }
