@@ -24,6 +24,11 @@ pub fn opt_str_at<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {
     v.at(pointer).and_then(Value::as_str)
 }
 
+/// The integer at `pointer` in `v`; 0 when it is absent or not an `i64`.
+pub fn int_at(v: &Value, pointer: &str) -> i64 {
+    i64_at(v, pointer).unwrap_or(0)
+}
+
 /// The integer at `pointer` in `v`, if there is one that fits `i64`.
 pub fn i64_at(v: &Value, pointer: &str) -> Option<i64> {
     v.at(pointer).and_then(Value::as_i64)
@@ -108,6 +113,7 @@ mod tests {
         assert_eq!((str_at(&v, "/m/s"), str_at(&v, "/m/n"), str_at(&v, "/none")), ("x", "", ""));
         assert_eq!((opt_str_at(&v, "/m/s"), opt_str_at(&v, "/m/b")), (Some("x"), None));
         assert_eq!((i64_at(&v, "/m/n"), i64_at(&v, "/m/s"), i64_at(&v, "/m/big")), (Some(7), None, None));
+        assert_eq!((int_at(&v, "/m/n"), int_at(&v, "/m/s")), (7, 0));
         assert_eq!((bool_at(&v, "/m/b"), bool_at(&v, "/m/n")), (Some(true), None));
         assert_eq!((array_at(&v, "/m/a").len(), array_at(&v, "/m/o").len()), (3, 0));
         assert_eq!(strings_at(&v, "/m/a").collect::<Vec<_>>(), ["p", "q"]);

@@ -19,7 +19,7 @@ mod volume_validation;
 
 pub use age::human_age;
 pub use error::{ApiError, Cause};
-pub use json::{JsonPath, array_at, bool_at, i64_at, map_at, opt_str_at, str_at, strings_at};
+pub use json::{JsonPath, array_at, bool_at, i64_at, int_at, map_at, opt_str_at, str_at, strings_at};
 pub use kinds::ResourceInfo;
 pub use selector::{FieldSelector, LabelSelector};
 pub use volume_validation::is_env_var_name;

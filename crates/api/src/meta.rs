@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::json::{JsonPath, array_at, i64_at, opt_str_at, str_at, strings_at};
+use crate::json::{JsonPath, array_at, int_at, opt_str_at, str_at, strings_at};
 
 pub fn name(obj: &Value) -> &str {
     str_at(obj, "/metadata/name")
@@ -18,7 +18,7 @@ pub fn uid(obj: &Value) -> &str {
 }
 
 pub fn generation(obj: &Value) -> i64 {
-    i64_at(obj, "/metadata/generation").unwrap_or(0)
+    int_at(obj, "/metadata/generation")
 }
 
 pub fn resource_version(obj: &Value) -> &str {

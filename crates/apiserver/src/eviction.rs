@@ -8,7 +8,7 @@
 use serde_json::{Value, json};
 use shepherd_api::kinds;
 use shepherd_api::selector::LabelSelector;
-use shepherd_api::{ApiError, Cause, JsonPath, i64_at, str_at};
+use shepherd_api::{ApiError, Cause, JsonPath, int_at, str_at};
 
 use crate::codec;
 use crate::service::{ApiService, DeleteOptions, ListOptions, now_rfc3339, set_condition};
@@ -153,12 +153,12 @@ async fn spend_disruption(svc: &ApiService, ns: &str, pdb: &Value, pod: &Value) 
     let pod_name = str_at(pod, "/metadata/name").to_string();
     let pod_ready = is_ready(pod);
     svc.mutate(&kinds::PODDISRUPTIONBUDGET, Some(ns), &pdb_name, None, "status", &WriteOptions::default(), |current| {
-        let observed = i64_at(current, "/status/observedGeneration").unwrap_or(0);
-        let generation = i64_at(current, "/metadata/generation").unwrap_or(0);
+        let observed = int_at(current, "/status/observedGeneration");
+        let generation = int_at(current, "/metadata/generation");
         if observed < generation {
             return Err(too_many_requests(format!("The disruption budget {pdb_name} is still being processed by the server.")));
         }
-        let (healthy, desired) = (i64_at(current, "/status/currentHealthy").unwrap_or(0), i64_at(current, "/status/desiredHealthy").unwrap_or(0));
+        let (healthy, desired) = (int_at(current, "/status/currentHealthy"), int_at(current, "/status/desiredHealthy"));
         if !pod_ready {
             let policy = str_at(current, "/spec/unhealthyPodEvictionPolicy");
             if policy == "AlwaysAllow" || (healthy >= desired && desired > 0) {
@@ -166,7 +166,7 @@ async fn spend_disruption(svc: &ApiService, ns: &str, pdb: &Value, pod: &Value) 
                 return Ok(current.clone());
             }
         }
-        let allowed = i64_at(current, "/status/disruptionsAllowed").unwrap_or(0);
+        let allowed = int_at(current, "/status/disruptionsAllowed");
         if allowed < 0 {
             return Err(ApiError::Forbidden("pdb disruptions allowed is negative".into()));
         }

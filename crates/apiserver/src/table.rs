@@ -2,7 +2,7 @@
 //! columns a Kubernetes user expects for each kind.
 
 use serde_json::{Value, json};
-use shepherd_api::{JsonPath, i64_at, str_at};
+use shepherd_api::{JsonPath, int_at, str_at};
 use shepherd_api::kinds::ResourceInfo;
 
 pub use shepherd_api::human_age;
@@ -90,8 +90,8 @@ fn service_ports(svc: &Value) -> String {
         .map(|p| {
             let protocol = p.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
             match p.get("nodePort").and_then(Value::as_i64).filter(|n| *n != 0) {
-                Some(node_port) => format!("{}:{node_port}/{protocol}", i64_at(p, "/port").unwrap_or(0)),
-                None => format!("{}/{protocol}", i64_at(p, "/port").unwrap_or(0)),
+                Some(node_port) => format!("{}:{node_port}/{protocol}", int_at(p, "/port")),
+                None => format!("{}/{protocol}", int_at(p, "/port")),
             }
         })
         .collect();
@@ -118,7 +118,7 @@ fn endpoints(ep: &Value) -> String {
     let mut out = Vec::new();
     for subset in ep.get("subsets").and_then(Value::as_array).into_iter().flatten() {
         let ports: Vec<i64> =
-            subset.get("ports").and_then(Value::as_array).into_iter().flatten().map(|p| i64_at(p, "/port").unwrap_or(0)).collect();
+            subset.get("ports").and_then(Value::as_array).into_iter().flatten().map(|p| int_at(p, "/port")).collect();
         for a in subset.get("addresses").and_then(Value::as_array).into_iter().flatten() {
             let ip = str_at(a, "/ip");
             if ports.is_empty() {
@@ -197,10 +197,10 @@ fn job_status(job: &Value) -> &'static str {
 
 /// `3/5`, or `0/1 of 4` for a work queue Job (parallelism only).
 fn job_completions(job: &Value) -> String {
-    let succeeded = i64_at(job, "/status/succeeded").unwrap_or(0);
+    let succeeded = int_at(job, "/status/succeeded");
     match job.at("/spec/completions").and_then(Value::as_i64) {
         Some(c) => format!("{succeeded}/{c}"),
-        None => match i64_at(job, "/spec/parallelism").unwrap_or(0) {
+        None => match int_at(job, "/spec/parallelism") {
             p if p > 1 => format!("{succeeded}/1 of {p}"),
             _ => format!("{succeeded}/1"),
         },
@@ -311,12 +311,12 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
     match res.kind {
         "Pod" => vec![name, json!(pod_ready(o)), json!(pod_status(o)), json!(pod_restarts(o)), created,
             json!(or_none(str_at(o, "/status/podIP"))), json!(or_none(str_at(o, "/spec/nodeName")))],
-        "Deployment" => vec![name, json!(format!("{}/{}", i64_at(o, "/status/readyReplicas").unwrap_or(0), i64_at(o, "/spec/replicas").unwrap_or(0))),
-            json!(i64_at(o, "/status/updatedReplicas").unwrap_or(0)), json!(i64_at(o, "/status/availableReplicas").unwrap_or(0)), created,
+        "Deployment" => vec![name, json!(format!("{}/{}", int_at(o, "/status/readyReplicas"), int_at(o, "/spec/replicas"))),
+            json!(int_at(o, "/status/updatedReplicas")), json!(int_at(o, "/status/availableReplicas")), created,
             json!(containers(o, "/spec/template/spec/containers", "/name")),
             json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
-        "ReplicaSet" | "ReplicationController" => vec![name, json!(i64_at(o, "/spec/replicas").unwrap_or(0)), json!(i64_at(o, "/status/replicas").unwrap_or(0)),
-            json!(i64_at(o, "/status/readyReplicas").unwrap_or(0)), created,
+        "ReplicaSet" | "ReplicationController" => vec![name, json!(int_at(o, "/spec/replicas")), json!(int_at(o, "/status/replicas")),
+            json!(int_at(o, "/status/readyReplicas")), created,
             json!(containers(o, "/spec/template/spec/containers", "/name")),
             json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
         "Node" => {
@@ -342,7 +342,7 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
             json!(str_at(o, "/spec/username")), json!(csr_requested_duration(o)), json!(csr_condition(o))],
         "EndpointSlice" => vec![name, json!(str_at(o, "/addressType")), json!(slice_ports(o)), json!(slice_endpoints(o)), created],
         "PodDisruptionBudget" => vec![name, json!(int_or_percent(o, "/spec/minAvailable")),
-            json!(int_or_percent(o, "/spec/maxUnavailable")), json!(i64_at(o, "/status/disruptionsAllowed").unwrap_or(0)), created],
+            json!(int_or_percent(o, "/spec/maxUnavailable")), json!(int_at(o, "/status/disruptionsAllowed")), created],
         "ConfigMap" => vec![name, json!(entries(o, "/data") + entries(o, "/binaryData")), created],
         "Secret" => vec![name, json!(str_at(o, "/type")), json!(entries(o, "/data")), created],
         "ServiceAccount" => vec![name, json!(o.at("/secrets").and_then(Value::as_array).map_or(0, Vec::len)), created],
@@ -377,12 +377,12 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
                 json!(containers(o, template, "/name")), json!(containers(o, template, "/image")),
                 json!("<none>")]
         }
-        "DaemonSet" => vec![name, json!(i64_at(o, "/status/desiredNumberScheduled").unwrap_or(0)), json!(i64_at(o, "/status/currentNumberScheduled").unwrap_or(0)),
-            json!(i64_at(o, "/status/numberReady").unwrap_or(0)), json!(i64_at(o, "/status/updatedNumberScheduled").unwrap_or(0)),
-            json!(i64_at(o, "/status/numberAvailable").unwrap_or(0)), json!(node_selector(o)), created,
+        "DaemonSet" => vec![name, json!(int_at(o, "/status/desiredNumberScheduled")), json!(int_at(o, "/status/currentNumberScheduled")),
+            json!(int_at(o, "/status/numberReady")), json!(int_at(o, "/status/updatedNumberScheduled")),
+            json!(int_at(o, "/status/numberAvailable")), json!(node_selector(o)), created,
             json!(containers(o, "/spec/template/spec/containers", "/name")),
             json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
-        "StatefulSet" => vec![name, json!(format!("{}/{}", i64_at(o, "/status/readyReplicas").unwrap_or(0), i64_at(o, "/spec/replicas").unwrap_or(0))), created,
+        "StatefulSet" => vec![name, json!(format!("{}/{}", int_at(o, "/status/readyReplicas"), int_at(o, "/spec/replicas"))), created,
             json!(containers(o, "/spec/template/spec/containers", "/name")),
             json!(containers(o, "/spec/template/spec/containers", "/image"))],
         "ControllerRevision" => {
@@ -395,12 +395,12 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
                     format!("{kind}/{}", str_at(r, "/name"))
                 })
                 .unwrap_or_else(|| "<none>".into());
-            vec![name, json!(controller), json!(i64_at(o, "/revision").unwrap_or(0)), created]
+            vec![name, json!(controller), json!(int_at(o, "/revision")), created]
         }
         "HorizontalPodAutoscaler" => {
             let min = o.at("/spec/minReplicas").and_then(Value::as_i64).map_or("<unset>".to_string(), |m| m.to_string());
             vec![name, json!(format!("{}/{}", str_at(o, "/spec/scaleTargetRef/kind"), str_at(o, "/spec/scaleTargetRef/name"))),
-                json!(hpa_targets(o)), json!(min), json!(i64_at(o, "/spec/maxReplicas").unwrap_or(0)), json!(i64_at(o, "/status/currentReplicas").unwrap_or(0)),
+                json!(hpa_targets(o)), json!(min), json!(int_at(o, "/spec/maxReplicas")), json!(int_at(o, "/status/currentReplicas")),
                 created]
         }
         _ => vec![name, created],
@@ -423,7 +423,7 @@ pub fn hpa_targets(hpa: &Value) -> String {
             "Utilization" => {
                 let now = current.and_then(|c| c.at("/resource/current/averageUtilization")).and_then(Value::as_i64);
                 let now = now.map_or("<unknown>".to_string(), |u| format!("{u}%"));
-                format!("{now}/{}%", i64_at(m, "/resource/target/averageUtilization").unwrap_or(0))
+                format!("{now}/{}%", int_at(m, "/resource/target/averageUtilization"))
             }
             _ => {
                 let now = current.and_then(|c| c.at("/resource/current/averageValue")).and_then(Value::as_str);
