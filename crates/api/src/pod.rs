@@ -74,6 +74,15 @@ pub fn container_request_milli(container: &Value, resource: &str) -> Option<i128
     quantity::milli_value(&text).ok()
 }
 
+/// A container's request for `resource` read by `parse` ([`quantity::cpu_millis`],
+/// [`quantity::memory_bytes`]); a limit without a readable request is the request, as defaulting
+/// makes it in Kubernetes.
+pub fn container_request(container: &Value, resource: &str, parse: fn(&str) -> Result<i64, String>) -> Option<i64> {
+    let resources = container.get("resources")?;
+    let read = |list: &str| parse(&quantity::text(resources.get(list)?.get(resource)?)?).ok();
+    read("requests").or_else(|| read("limits"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +132,9 @@ mod tests {
         assert_eq!(container_request_milli(&c, "memory"), Some(1_024_000));
         assert_eq!(container_request_milli(&c, "bad"), None);
         assert_eq!(container_request_milli(&c, "gpu"), None);
+        let limited = json!({"resources": {"requests": {"cpu": "250m"}, "limits": {"cpu": "1", "memory": "1Gi"}}});
+        assert_eq!(container_request(&limited, "cpu", quantity::cpu_millis), Some(250));
+        assert_eq!(container_request(&limited, "memory", quantity::memory_bytes), Some(1 << 30), "the limit stands in");
+        assert_eq!(container_request(&json!({}), "cpu", quantity::cpu_millis), None);
     }
 }

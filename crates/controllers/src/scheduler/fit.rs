@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde_json::Value;
-use shepherd_api::JsonPath;
+use shepherd_api::{JsonPath, pod};
 use shepherd_api::quantity::{self, cpu_millis, memory_bytes};
 
 /// Scoring stand-ins for a container that requests nothing, so such pods still spread (the
@@ -128,14 +128,8 @@ impl Usage {
         let mut requests = Resources { pods: 1, ..Default::default() };
         let mut scoring = Resources { pods: 1, ..Default::default() };
         for c in pod.at("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
-            // A limit without a request is the request, as defaulting does in Kubernetes.
-            let resources = c.get("resources");
-            let get = |name: &str, parse: fn(&str) -> Result<i64, String>| {
-                let of = |list: &str| resources.and_then(|r| r.get(list)).and_then(|l| l.get(name));
-                quantity(of("requests"), parse).or_else(|| quantity(of("limits"), parse))
-            };
-            let cpu = get("cpu", cpu_millis);
-            let memory = get("memory", memory_bytes);
+            let cpu = pod::container_request(c, "cpu", cpu_millis);
+            let memory = pod::container_request(c, "memory", memory_bytes);
             requests.cpu += cpu.unwrap_or(0);
             requests.memory += memory.unwrap_or(0);
             scoring.cpu += cpu.filter(|c| *c > 0).unwrap_or(DEFAULT_CPU_MILLIS);
