@@ -47,6 +47,42 @@ pub(crate) struct Limits {
 
 const GROUP: &str = "shepherd";
 
+/// What to write into a memory cgroup to hold it to `bytes`.
+fn memory_files(h: &Hierarchy, bytes: Option<u64>) -> Vec<(&'static str, String)> {
+    match (h, bytes) {
+        (_, None) => vec![],
+        (Hierarchy::V1(_), Some(bytes)) => vec![("memory.limit_in_bytes", bytes.to_string())],
+        (Hierarchy::V2(_), Some(bytes)) => vec![("memory.max", bytes.to_string()), ("memory.swap.max", "0".into())],
+    }
+}
+
+/// The CFS period the quota is given for, in microseconds (Kubernetes' default).
+const CPU_PERIOD_US: u64 = 100_000;
+/// The kernel refuses a quota below 1 ms a period (`1m` CPU is held to 10m, as in Kubernetes)...
+const MIN_QUOTA_US: u64 = 1000;
+/// ...and above 2^44 - 1 us a period (`max_cfs_runtime`): 175,921,860 CPUs, more than any host has.
+const MAX_QUOTA_US: u64 = (1 << 44) - 1;
+
+/// What to write into a cpu cgroup to hold it to `millis` thousandths of a CPU. A limit past the
+/// kernel's largest quota cannot hold any host back, so it is written as no quota at all instead of
+/// a value the kernel would refuse (or, past `u64`, one that wrapped around).
+fn cpu_files(h: &Hierarchy, millis: Option<u64>) -> Vec<(&'static str, String)> {
+    let quota = millis.map(|millis| match millis.checked_mul(CPU_PERIOD_US / 1000) {
+        Some(q) if q <= MAX_QUOTA_US => Some(q.max(MIN_QUOTA_US)),
+        _ => None,
+    });
+    match (h, quota) {
+        (_, None) => vec![],
+        (Hierarchy::V1(_), Some(q)) => vec![
+            ("cpu.cfs_period_us", CPU_PERIOD_US.to_string()),
+            ("cpu.cfs_quota_us", q.map_or_else(|| "-1".into(), |q| q.to_string())),
+        ],
+        (Hierarchy::V2(_), Some(q)) => {
+            vec![("cpu.max", format!("{} {CPU_PERIOD_US}", q.map_or_else(|| "max".into(), |q| q.to_string())))]
+        }
+    }
+}
+
 /// A hierarchy, the files to write in the container's cgroup there, and the controller's name.
 type Setting<'a> = (&'a Hierarchy, Vec<(&'static str, String)>, &'static str);
 
@@ -105,21 +141,10 @@ impl Cgroups {
         let mut out = ContainerCgroups::default();
         let mut settings: Vec<Setting<'_>> = Vec::new();
         if let Some(h) = &self.memory {
-            let files = match (h, limits.memory_bytes) {
-                (_, None) => vec![],
-                (Hierarchy::V1(_), Some(bytes)) => vec![("memory.limit_in_bytes", bytes.to_string())],
-                (Hierarchy::V2(_), Some(bytes)) => vec![("memory.max", bytes.to_string()), ("memory.swap.max", "0".into())],
-            };
-            settings.push((h, files, "memory"));
+            settings.push((h, memory_files(h, limits.memory_bytes), "memory"));
         }
         if let Some(h) = &self.cpu {
-            let quota = limits.cpu_millis.map(|millis| (millis * 100).max(1000));
-            let files = match (h, quota) {
-                (_, None) => vec![],
-                (Hierarchy::V1(_), Some(q)) => vec![("cpu.cfs_period_us", "100000".into()), ("cpu.cfs_quota_us", q.to_string())],
-                (Hierarchy::V2(_), Some(q)) => vec![("cpu.max", format!("{q} 100000"))],
-            };
-            settings.push((h, files, "cpu"));
+            settings.push((h, cpu_files(h, limits.cpu_millis), "cpu"));
         }
         if let Some(h) = &self.cpuacct {
             settings.push((h, vec![], "cpuacct"));
@@ -318,6 +343,63 @@ pub(crate) fn remove_dirs(dirs: &[PathBuf]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
+
+    /// The cgroup v2 files a container with these limits gets, after the API server accepted its pod.
+    fn v2_files_for(limits: Value) -> Vec<(&'static str, String)> {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": limits}}]}});
+        let res = shepherd_api::kinds::by_kind("Pod").expect("pods are a kind");
+        shepherd_api::validation::validate(res, &pod).expect("the API accepts these limits");
+        let (memory, cpu) = crate::quantity::limits(&pod["spec"]["containers"][0]);
+        let h = Hierarchy::V2(PathBuf::from("/sys/fs/cgroup"));
+        [memory_files(&h, memory), cpu_files(&h, cpu)].concat()
+    }
+
+    fn file(files: &[(&'static str, String)], name: &str) -> String {
+        files.iter().find(|(f, _)| *f == name).map(|(_, v)| v.clone()).unwrap_or_else(|| panic!("no {name} in {files:?}"))
+    }
+
+    #[test]
+    fn every_memory_limit_the_api_accepts_is_written_to_the_byte() {
+        for (limit, bytes) in [
+            (json!("1e9"), "1000000000"),
+            (json!("1.5Gi"), "1610612736"),
+            (json!("500M"), "500000000"),
+            (json!("0.5"), "1"),
+            (json!("100m"), "1"),
+            (json!("1Ei"), "1152921504606846976"),
+            (json!("7E"), "7000000000000000000"),
+            (json!("3Ki"), "3072"),
+            (json!(1048576), "1048576"),
+        ] {
+            let files = v2_files_for(json!({"memory": limit}));
+            assert_eq!(file(&files, "memory.max"), bytes, "memory limit {limit}");
+        }
+    }
+
+    #[test]
+    fn every_cpu_limit_the_api_accepts_is_a_quota_the_kernel_takes() {
+        for (limit, max) in [
+            (json!("100m"), "10000 100000"),
+            (json!("1.5"), "150000 100000"),
+            (json!("0.0001"), "1000 100000"),
+            (json!("1u"), "1000 100000"),
+            (json!(2), "200000 100000"),
+            (json!("1k"), "100000000 100000"),
+            (json!("175M"), "17500000000000 100000"),
+            // Past the kernel's largest quota (2^44 - 1 us a period) no host is held back: unlimited.
+            (json!("176M"), "max 100000"),
+            (json!("1P"), "max 100000"),
+            (json!("9P"), "max 100000"),
+        ] {
+            let files = v2_files_for(json!({"cpu": limit}));
+            assert_eq!(file(&files, "cpu.max"), max, "cpu limit {limit}");
+        }
+        let v1 = cpu_files(&Hierarchy::V1(PathBuf::from("/sys/fs/cgroup/cpu")), Some(1_000_000_000_000_000_000));
+        assert_eq!(file(&v1, "cpu.cfs_quota_us"), "-1", "unlimited in v1 terms");
+        assert_eq!(file(&v1, "cpu.cfs_period_us"), "100000");
+    }
 
     const HYBRID: &str = "\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use serde_json::Value;
-use shepherd_api::JsonPath;
+use shepherd_api::{JsonPath, strings_at};
 
 /// The cluster DNS a node's pods are told about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,13 +31,6 @@ impl Default for ClusterDns {
 /// A resolv.conf option: `ndots:5` is ("ndots", Some("5")), `edns0` ("edns0", None).
 type ResolvOption = (String, Option<String>);
 
-fn strings(pod: &Value, pointer: &str) -> Vec<String> {
-    pod.at(pointer)
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
-        .unwrap_or_default()
-}
-
 impl ClusterDns {
     /// The resolv.conf of `pod`, or `None` when the pod keeps the node's: dnsPolicy `Default`,
     /// `ClusterFirst` on the host network or with no cluster DNS known, `None` without nameservers.
@@ -58,12 +51,12 @@ impl ClusterDns {
                 "None" => (Vec::new(), Vec::new(), Vec::new()),
                 _ => return None,
             };
-        for n in strings(pod, "/spec/dnsConfig/nameservers") {
+        for n in strings_at(pod, "/spec/dnsConfig/nameservers").map(str::to_string) {
             if !nameservers.contains(&n) {
                 nameservers.push(n);
             }
         }
-        for s in strings(pod, "/spec/dnsConfig/searches") {
+        for s in strings_at(pod, "/spec/dnsConfig/searches").map(str::to_string) {
             if !searches.contains(&s) {
                 searches.push(s);
             }

@@ -787,6 +787,7 @@ impl PodManager {
             .and_then(Value::as_str)
             .unwrap_or_else(|| str_at(pod, "/metadata/name"))
             .to_string();
+        let (memory_limit_bytes, cpu_limit_millis) = quantity::limits(spec);
         let cs = ContainerSpec {
             id: c.id.clone(),
             image: c.image.clone(),
@@ -795,8 +796,8 @@ impl PodManager {
             env,
             working_dir: spec.get("workingDir").and_then(Value::as_str).map(str::to_string),
             hostname,
-            memory_limit_bytes: spec.at("/resources/limits/memory").and_then(quantity::text).and_then(|q| quantity::bytes(&q)),
-            cpu_limit_millis: spec.at("/resources/limits/cpu").and_then(quantity::text).and_then(|q| quantity::millicores(&q)),
+            memory_limit_bytes,
+            cpu_limit_millis,
             simulate_fail: pod.at(&format!("/metadata/annotations/{}", SIMULATE_FAIL_ANNOTATION.replace('/', "~1"))).and_then(Value::as_str)
                 == Some("true"),
             simulate_exit_after: pod

@@ -1,25 +1,32 @@
-//! Reads the resource quantities the agent needs (memory in bytes, cpu in millicores) with the
-//! API's own parser, so every quantity the API accepts is enforced exactly as written.
+//! The resource amounts the agent enforces, read with the API's own quantity rules
+//! ([`shepherd_api::quantity`]), so every limit the API accepts is enforced exactly as written.
 
-use shepherd_api::{milli_value, quantity_value};
+use serde_json::Value;
+use shepherd_api::JsonPath;
+use shepherd_api::quantity::{milli_value, value};
 
-/// `128Mi`, `1G`, `1e9`, `512`, `1Pi` to bytes, rounded up; `None` when unreadable or negative.
+pub(crate) use shepherd_api::quantity::text;
+
+/// `128Mi`, `1G`, `1e9`, `512`, `1Pi` to bytes, rounded up; `None` when unreadable or negative. A
+/// size past `u64` (the API takes `100E` as a volume size) is as good as unlimited and reads as
+/// `u64::MAX`.
 pub(crate) fn bytes(q: &str) -> Option<u64> {
-    quantity_value(q).ok().and_then(|v| u64::try_from(v).ok())
+    value(q).ok().and_then(saturating)
 }
 
 /// `500m`, `2`, `0.5`, `1k` to millicores, rounded up; `None` when unreadable or negative.
 pub(crate) fn millicores(q: &str) -> Option<u64> {
-    milli_value(q).ok().and_then(|v| u64::try_from(v).ok())
+    milli_value(q).ok().and_then(saturating)
 }
 
-/// A quantity given as a JSON string or number.
-pub(crate) fn text(v: &serde_json::Value) -> Option<String> {
-    match v {
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    }
+fn saturating(v: i128) -> Option<u64> {
+    (v >= 0).then(|| u64::try_from(v).unwrap_or(u64::MAX))
+}
+
+/// The memory limit (bytes) and CPU limit (millicores) of a container spec.
+pub(crate) fn limits(container: &Value) -> (Option<u64>, Option<u64>) {
+    let of = |name: &str| container.at(&format!("/resources/limits/{name}")).and_then(text);
+    (of("memory").and_then(|q| bytes(&q)), of("cpu").and_then(|q| millicores(&q)))
 }
 
 #[cfg(test)]
@@ -33,6 +40,7 @@ mod tests {
         assert_eq!(bytes("512"), Some(512));
         assert_eq!(bytes("1e3"), Some(1000));
         assert_eq!(bytes("1Pi"), Some(1 << 50), "suffixes past Ti are limits too");
+        assert_eq!(bytes("100E"), Some(u64::MAX));
         assert_eq!(bytes("lots"), None);
         assert_eq!(bytes("-1Mi"), None);
     }

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};
-use shepherd_api::{JsonPath, kinds, milli_value};
+use shepherd_api::quantity::milli_value;
+use shepherd_api::{JsonPath, kinds, pod};
 use shepherd_runtime::Client;
 use tracing::{debug, warn};
 
@@ -58,16 +59,6 @@ fn quantity_annotation(pod: &Value, key: &str) -> Option<i128> {
         .and_then(|q| milli_value(q).ok())
 }
 
-fn request_milli(container: &Value, resource: &str) -> Option<i128> {
-    let q = container.at(&format!("/resources/requests/{resource}"))?;
-    let text = match q {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        _ => return None,
-    };
-    milli_value(&text).ok()
-}
-
 /// A simulated container's usage: what its pod's annotations say, else half its CPU request
 /// and its memory request.
 fn synthetic(pod: &Value, name: &str) -> ContainerUsage {
@@ -78,10 +69,10 @@ fn synthetic(pod: &Value, name: &str) -> ContainerUsage {
         .cloned()
         .unwrap_or(Value::Null);
     let cpu_milli = quantity_annotation(pod, SIMULATED_CPU_ANNOTATION)
-        .or_else(|| request_milli(&container, "cpu").map(|r| r / 2))
+        .or_else(|| pod::container_request_milli(&container, "cpu").map(|r| r / 2))
         .unwrap_or(1);
     let memory_milli = quantity_annotation(pod, SIMULATED_MEMORY_ANNOTATION)
-        .or_else(|| request_milli(&container, "memory"))
+        .or_else(|| pod::container_request_milli(&container, "memory"))
         .unwrap_or(SIMULATED_MEMORY_DEFAULT as i128 * 1000);
     ContainerUsage {
         name: name.to_string(),

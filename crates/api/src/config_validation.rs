@@ -5,6 +5,7 @@ use base64::Engine;
 use serde_json::{Map, Value};
 
 use crate::error::Cause;
+use crate::json::map_at;
 
 /// Kubernetes' bound on the data of one ConfigMap or Secret (`MaxSecretSize`, 1 MiB): objects
 /// bigger than this would not fit etcd's request limit.
@@ -21,10 +22,6 @@ const TYPED_SECRETS: &[(&str, &[&str])] = &[
     ("kubernetes.io/basic-auth", &[]),
     ("kubernetes.io/ssh-auth", &["ssh-privatekey"]),
 ];
-
-fn map_at<'a>(obj: &'a Value, key: &str) -> Option<&'a Map<String, Value>> {
-    obj.get(key).and_then(Value::as_object)
-}
 
 fn check_key(field: &str, key: &str, c: &mut Vec<Cause>) {
     let path = format!("{field}[{key}]");
@@ -45,8 +42,8 @@ fn decoded_len(v: &Value) -> usize {
 }
 
 pub(crate) fn validate_config_map(obj: &Value, c: &mut Vec<Cause>) {
-    let data = map_at(obj, "data");
-    let binary = map_at(obj, "binaryData");
+    let data = map_at(obj, "/data");
+    let binary = map_at(obj, "/binaryData");
     let mut total = 0;
     for (k, v) in data.into_iter().flatten() {
         check_key("data", k, c);
@@ -65,7 +62,7 @@ pub(crate) fn validate_config_map(obj: &Value, c: &mut Vec<Cause>) {
 }
 
 pub(crate) fn validate_secret(obj: &Value, c: &mut Vec<Cause>) {
-    let data = map_at(obj, "data");
+    let data = map_at(obj, "/data");
     let mut total = 0;
     for (k, v) in data.into_iter().flatten() {
         check_key("data", k, c);

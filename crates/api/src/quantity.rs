@@ -1,8 +1,15 @@
 //! Kubernetes resource quantities (`100m`, `0.5`, `128Mi`, `1e3`), parsed exactly.
+//!
+//! The one reading of quantities for every crate: what validation accepts is what the scheduler
+//! counts, what the autoscaler averages and what the agent writes into cgroup limits.
+
+use std::borrow::Cow;
+
+use serde_json::Value;
 
 /// A quantity as `mantissa * 10^exp10 * 2^exp2`, so `0.1` CPU is exactly 100 millicores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Quantity {
+pub struct Quantity {
     negative: bool,
     mantissa: u128,
     exp10: i32,
@@ -13,7 +20,7 @@ pub(crate) struct Quantity {
 const MAX_DIGITS: usize = 30;
 
 impl Quantity {
-    pub(crate) fn parse(s: &str) -> Result<Quantity, String> {
+    pub fn parse(s: &str) -> Result<Quantity, String> {
         let bad = || format!("quantity \"{s}\" must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'");
         let (negative, body) = match s.as_bytes().first() {
             Some(b'-') => (true, &s[1..]),
@@ -62,17 +69,16 @@ impl Quantity {
         Ok(Quantity { negative, mantissa, exp10: exp10 - frac_len, exp2 })
     }
 
-    pub(crate) fn is_negative(&self) -> bool {
+    pub fn is_negative(&self) -> bool {
         self.negative && self.mantissa != 0
     }
 
-    pub(crate) fn to_f64(self) -> f64 {
-        let v = self.mantissa as f64 * 10f64.powi(self.exp10) * 2f64.powi(self.exp2 as i32);
-        if self.negative { -v } else { v }
+    pub fn is_positive(&self) -> bool {
+        !self.negative && self.mantissa != 0
     }
 
     /// The value in units of `10^-scale`, rounded up (Kubernetes rounds `0.0001` CPU up to `1m`).
-    pub(crate) fn scaled_ceil(self, scale: i32) -> Result<i128, String> {
+    pub fn scaled_ceil(self, scale: i32) -> Result<i128, String> {
         let too_large = || "quantity is too large".to_string();
         if self.mantissa == 0 {
             return Ok(0);
@@ -92,6 +98,35 @@ impl Quantity {
         };
         Ok(if self.negative { -magnitude } else { magnitude })
     }
+}
+
+/// The text of a quantity given as a JSON string or number (`"500m"`, `2`, `0.5`).
+pub fn text(v: &Value) -> Option<Cow<'_, str>> {
+    match v {
+        Value::String(s) => Some(Cow::Borrowed(s)),
+        Value::Number(n) => Some(Cow::Owned(n.to_string())),
+        _ => None,
+    }
+}
+
+/// A CPU quantity in millicores, rounded up (`0.5` and `500m` are 500); negatives are an error.
+pub fn cpu_millis(s: &str) -> Result<i64, String> {
+    non_negative_scaled(s, 3)
+}
+
+/// A memory quantity (or any count) in whole units, rounded up (`128Mi` is 134217728, `1G` is 10^9);
+/// negatives are an error, and so is a value beyond `i64`, as Kubernetes stores it.
+pub fn memory_bytes(s: &str) -> Result<i64, String> {
+    non_negative_scaled(s, 0)
+}
+
+fn non_negative_scaled(s: &str, scale: i32) -> Result<i64, String> {
+    let q = Quantity::parse(s)?;
+    if q.is_negative() {
+        return Err("must be greater than or equal to 0".into());
+    }
+    let v = q.scaled_ceil(scale)?;
+    i64::try_from(v).map_err(|_| format!("quantity \"{s}\" is too large"))
 }
 
 /// A quantity in thousandths of its unit, rounded up: `250m` CPU is 250, `1Ki` bytes is 1,024,000.
@@ -131,5 +166,24 @@ mod tests {
         for s in ["", ".", "1..2", "abc", "1K", "1 Mi", "1e", "1e+", "Mi", "1.2.3", "--1", "1e99999"] {
             assert!(Quantity::parse(s).is_err(), "{s:?}");
         }
+    }
+
+    #[test]
+    fn quantities_convert_the_way_the_scheduler_counts_them() {
+        assert_eq!(cpu_millis("100m"), Ok(100));
+        assert_eq!(cpu_millis("0.5"), Ok(500));
+        assert_eq!(cpu_millis("0.1"), Ok(100));
+        assert_eq!(cpu_millis("2"), Ok(2000));
+        assert_eq!(cpu_millis("0.0001"), Ok(1), "rounded up like Kubernetes");
+        assert_eq!(cpu_millis("1k"), Ok(1_000_000));
+        assert_eq!(memory_bytes("128Mi"), Ok(128 * 1024 * 1024));
+        assert_eq!(memory_bytes("1G"), Ok(1_000_000_000));
+        assert_eq!(memory_bytes("1e3"), Ok(1000));
+        assert_eq!(memory_bytes("1.5Ki"), Ok(1536));
+        assert_eq!(memory_bytes("4096"), Ok(4096));
+        assert_eq!(memory_bytes("1Ei"), Ok(1 << 60));
+        assert!(memory_bytes("16Ei").is_err(), "does not fit in i64");
+        assert!(cpu_millis("-1").is_err());
+        assert!(memory_bytes("1MB").is_err());
     }
 }

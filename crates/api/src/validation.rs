@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::error::{ApiError, Cause};
 use crate::kinds::ResourceInfo;
-use crate::quantity::Quantity;
+use crate::quantity::{self, Quantity};
 use crate::selector::LabelSelector;
 use crate::volume_validation;
 
@@ -194,31 +194,6 @@ fn is_port_name(s: &str) -> bool {
 // Quantities
 // ---------------------------------------------------------------------------------------------
 
-/// Parses a Kubernetes quantity (`100m`, `1.5`, `128Mi`, `1G`, `1e3`) to its numeric value.
-pub fn parse_quantity(s: &str) -> Result<f64, String> {
-    let v = Quantity::parse(s)?.to_f64();
-    if v.is_finite() { Ok(v) } else { Err(format!("quantity \"{s}\" is too large")) }
-}
-
-/// A CPU quantity in millicores, rounded up (`0.5` and `500m` are 500); negatives are an error.
-pub fn cpu_millis(s: &str) -> Result<i64, String> {
-    non_negative_scaled(s, 3)
-}
-
-/// A memory quantity in bytes, rounded up (`128Mi` is 134217728, `1G` is 10^9); negatives are an error.
-pub fn memory_bytes(s: &str) -> Result<i64, String> {
-    non_negative_scaled(s, 0)
-}
-
-fn non_negative_scaled(s: &str, scale: i32) -> Result<i64, String> {
-    let q = Quantity::parse(s)?;
-    if q.is_negative() {
-        return Err("must be greater than or equal to 0".into());
-    }
-    let v = q.scaled_ceil(scale)?;
-    i64::try_from(v).map_err(|_| format!("quantity \"{s}\" is too large"))
-}
-
 // ---------------------------------------------------------------------------------------------
 // Entry points
 // ---------------------------------------------------------------------------------------------
@@ -254,15 +229,15 @@ pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: 
     let mut c = causes_for(res, new, schema);
     for field in ["name", "namespace", "uid", "creationTimestamp"] {
         let path = format!("metadata.{field}");
-        let sent = str_at(new, &path).unwrap_or("");
-        let stored = str_at(old, &path).unwrap_or("");
+        let sent = field_str(new, &path).unwrap_or("");
+        let stored = field_str(old, &path).unwrap_or("");
         if !sent.is_empty() && sent != stored {
             c.push(Cause::invalid(path, format!("Invalid value: \"{sent}\": field is immutable")));
         }
     }
     match res.kind {
         "Deployment" | "ReplicaSet" => {
-            if let (Some(o), Some(n)) = (at(old, "spec.selector"), at(new, "spec.selector")) {
+            if let (Some(o), Some(n)) = (field_value(old, "spec.selector"), field_value(new, "spec.selector")) {
                 let same = match (LabelSelector::from_k8s(o), LabelSelector::from_k8s(n)) {
                     (Ok(a), Ok(b)) => a == b,
                     _ => strip_nulls(o) == strip_nulls(n),
@@ -273,14 +248,14 @@ pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: 
             }
         }
         "Pod" => {
-            if let (Some(o), Some(n)) = (at(old, "spec"), at(new, "spec"))
+            if let (Some(o), Some(n)) = (field_value(old, "spec"), field_value(new, "spec"))
                 && !pod_spec_update_allowed(o, n)
             {
                 c.push(Cause::forbidden("spec", POD_UPDATE_RULE));
             }
         }
         "EndpointSlice" => {
-            let (stored, sent) = (str_at(old, "addressType"), str_at(new, "addressType"));
+            let (stored, sent) = (field_str(old, "addressType"), field_str(new, "addressType"));
             if stored.is_some() && sent != stored {
                 c.push(Cause::invalid("addressType", format!("Invalid value: \"{}\": field is immutable", sent.unwrap_or(""))));
             }
@@ -290,12 +265,12 @@ pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: 
         "DaemonSet" => apps::validate_daemon_set_update(old, new, &mut c),
         "StatefulSet" => apps::validate_stateful_set_update(old, new, &mut c),
         "RoleBinding" | "ClusterRoleBinding" => rbac::validate_binding_update(old, new, &mut c),
-        "CertificateSigningRequest" if at(old, "spec") != at(new, "spec") => {
+        "CertificateSigningRequest" if field_value(old, "spec") != field_value(new, "spec") => {
             c.push(Cause::forbidden("spec", "a CertificateSigningRequest's spec is immutable"));
         }
         "Service" => {
-            let stored = str_at(old, "spec.clusterIP").unwrap_or("");
-            let sent = str_at(new, "spec.clusterIP").unwrap_or("");
+            let stored = field_str(old, "spec.clusterIP").unwrap_or("");
+            let sent = field_str(new, "spec.clusterIP").unwrap_or("");
             if !stored.is_empty() && !sent.is_empty() && sent != stored {
                 c.push(Cause::invalid("spec.clusterIP", format!("Invalid value: \"{sent}\": field is immutable")));
             }
@@ -309,9 +284,9 @@ fn finish(res: &ResourceInfo, obj: &Value, causes: Vec<Cause>) -> Result<(), Api
     if causes.is_empty() {
         return Ok(());
     }
-    let name = str_at(obj, "metadata.name")
+    let name = field_str(obj, "metadata.name")
         .filter(|n| !n.is_empty())
-        .or_else(|| str_at(obj, "metadata.generateName"))
+        .or_else(|| field_str(obj, "metadata.generateName"))
         .unwrap_or("");
     Err(ApiError::invalid(res.kind, name, causes))
 }
@@ -357,20 +332,22 @@ fn causes_for(res: &ResourceInfo, obj: &Value, schema: Schema) -> Vec<Cause> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// JSON helpers
+// Field readers
 // ---------------------------------------------------------------------------------------------
+// Validation reads by the dotted field path its errors name (`spec.replicas`), not by JSON pointer
+// (`crate::json`): one string serves as both the lookup and the field in the 422.
 
-/// The non-null value at a dotted path.
-fn at<'a>(v: &'a Value, dotted: &str) -> Option<&'a Value> {
+/// The non-null value at a dotted field path.
+fn field_value<'a>(v: &'a Value, dotted: &str) -> Option<&'a Value> {
     dotted.split('.').try_fold(v, |v, k| v.get(k)).filter(|v| !v.is_null())
 }
 
-fn str_at<'a>(v: &'a Value, dotted: &str) -> Option<&'a str> {
-    at(v, dotted).and_then(Value::as_str)
+fn field_str<'a>(v: &'a Value, dotted: &str) -> Option<&'a str> {
+    field_value(v, dotted).and_then(Value::as_str)
 }
 
-fn int_at(v: &Value, dotted: &str) -> Option<i64> {
-    at(v, dotted).and_then(Value::as_i64)
+fn field_int(v: &Value, dotted: &str) -> Option<i64> {
+    field_value(v, dotted).and_then(Value::as_i64)
 }
 
 fn join(base: &str, key: &str) -> String {
@@ -395,7 +372,7 @@ fn unsupported_value(field: impl Into<String>, value: &str, supported: &[&str]) 
 }
 
 fn check_one_of(v: &Value, key: &str, base: &str, supported: &[&str], c: &mut Vec<Cause>) {
-    if let Some(s) = str_at(v, key)
+    if let Some(s) = field_str(v, key)
         && !supported.contains(&s)
     {
         c.push(unsupported_value(join(base, key), s, supported));
@@ -403,7 +380,7 @@ fn check_one_of(v: &Value, key: &str, base: &str, supported: &[&str], c: &mut Ve
 }
 
 fn check_min(v: &Value, key: &str, base: &str, min: i64, c: &mut Vec<Cause>) {
-    if let Some(n) = int_at(v, key)
+    if let Some(n) = field_int(v, key)
         && n < min
     {
         c.push(invalid_value(join(base, key), &Value::from(n), &format!("must be greater than or equal to {min}")));
@@ -423,8 +400,8 @@ fn validate_metadata(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
         "Namespace" | "Service" => (is_dns1123_label, DNS1123_LABEL_RULE),
         _ => (is_dns1123_subdomain, DNS1123_SUBDOMAIN_RULE),
     };
-    let name = str_at(meta, "name").unwrap_or("");
-    let generate = str_at(meta, "generateName").unwrap_or("");
+    let name = field_str(meta, "name").unwrap_or("");
+    let generate = field_str(meta, "generateName").unwrap_or("");
     let path_segment = res.group == "rbac.authorization.k8s.io";
     if name.is_empty() {
         if generate.is_empty() {
@@ -447,7 +424,7 @@ fn validate_metadata(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
             c.push(invalid_value("metadata.generateName", &Value::from(generate), rule));
         }
     }
-    if let Some(ns) = str_at(meta, "namespace").filter(|ns| !ns.is_empty()) {
+    if let Some(ns) = field_str(meta, "namespace").filter(|ns| !ns.is_empty()) {
         if !res.namespaced {
             c.push(Cause::forbidden("metadata.namespace", format!("not allowed on cluster-scoped {}", res.plural)));
         } else if !is_dns1123_label(ns) {
@@ -676,7 +653,7 @@ fn is_set(v: &Value) -> bool {
 fn check_unsupported(scope: Scope, v: Option<&Value>, base: &str, c: &mut Vec<Cause>) {
     let Some(v) = v else { return };
     for (_, field) in UNSUPPORTED.iter().filter(|(s, _)| *s == scope) {
-        if at(v, field).is_some_and(is_set) {
+        if field_value(v, field).is_some_and(is_set) {
             c.push(Cause::forbidden(join(base, field), NOT_SUPPORTED));
         }
     }
@@ -730,7 +707,7 @@ fn validate_pod_spec(spec: Option<&Value>, p: &str, c: &mut Vec<Cause>) {
         volume_validation::validate_volume_mounts(ct, &cp, &volumes, c);
         volume_validation::validate_env_from(ct, &cp, c);
     }
-    if let Some(sa) = str_at(spec, "serviceAccountName")
+    if let Some(sa) = field_str(spec, "serviceAccountName")
         && !sa.is_empty()
         && !is_dns1123_subdomain(sa)
     {
@@ -740,7 +717,7 @@ fn validate_pod_spec(spec: Option<&Value>, p: &str, c: &mut Vec<Cause>) {
     check_one_of(spec, "dnsPolicy", p, &["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"], c);
     check_min(spec, "terminationGracePeriodSeconds", p, 0, c);
     check_min(spec, "activeDeadlineSeconds", p, 1, c);
-    if let Some(node) = str_at(spec, "nodeName")
+    if let Some(node) = field_str(spec, "nodeName")
         && !node.is_empty()
         && !is_dns1123_subdomain(node)
     {
@@ -756,14 +733,14 @@ fn validate_security_context(sc: Option<&Value>, p: &str, c: &mut Vec<Cause>) {
     let Some(sc) = sc.filter(|v| v.is_object()) else { return };
     for id in ["runAsUser", "runAsGroup"] {
         check_min(sc, id, p, 0, c);
-        if let Some(n) = int_at(sc, id)
+        if let Some(n) = field_int(sc, id)
             && n > i64::from(i32::MAX)
         {
             c.push(invalid_value(join(p, id), &Value::from(n), "must be less than or equal to 2147483647"));
         }
     }
     for list in ["capabilities.add", "capabilities.drop"] {
-        if let Some(Value::Array(names)) = at(sc, list) {
+        if let Some(Value::Array(names)) = field_value(sc, list) {
             for (i, name) in names.iter().enumerate() {
                 if name.as_str().is_none_or(|n| n.is_empty() || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')) {
                     c.push(invalid_value(format!("{p}.{list}[{i}]"), name, "a capability name such as NET_ADMIN or ALL"));
@@ -777,7 +754,7 @@ fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut
     if !ct.is_object() {
         return;
     }
-    match str_at(ct, "name").filter(|n| !n.is_empty()) {
+    match field_str(ct, "name").filter(|n| !n.is_empty()) {
         None => c.push(Cause::required(join(p, "name"))),
         Some(n) if !is_dns1123_label(n) => c.push(invalid_value(join(p, "name"), &Value::from(n), DNS1123_LABEL_RULE)),
         Some(n) if !names.insert(n.to_string()) => {
@@ -785,7 +762,7 @@ fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut
         }
         Some(_) => {}
     }
-    match str_at(ct, "image") {
+    match field_str(ct, "image") {
         None => c.push(Cause::required(join(p, "image"))),
         Some(i) if i.trim().is_empty() => c.push(Cause::required(join(p, "image"))),
         // No image reference holds whitespace; Kubernetes itself only refuses it at the ends and
@@ -805,13 +782,13 @@ fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut
                 None | Some(Value::Null) => c.push(Cause::required(join(&pp, "containerPort"))),
                 Some(v) => check_port_number(v, &join(&pp, "containerPort"), c),
             }
-            if let Some(h) = int_at(port, "hostPort")
+            if let Some(h) = field_int(port, "hostPort")
                 && !(0..=65535).contains(&h)
             {
                 c.push(invalid_value(join(&pp, "hostPort"), &Value::from(h), PORT_RANGE_RULE));
             }
             check_one_of(port, "protocol", &pp, &["TCP", "UDP", "SCTP"], c);
-            if let Some(name) = str_at(port, "name").filter(|n| !n.is_empty()) {
+            if let Some(name) = field_str(port, "name").filter(|n| !n.is_empty()) {
                 if !is_port_name(name) {
                     c.push(invalid_value(join(&pp, "name"), &Value::from(name), PORT_NAME_RULE));
                 } else if !port_names.insert(name) {
@@ -822,10 +799,10 @@ fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut
     }
     if let Some(Value::Array(env)) = ct.get("env") {
         for (j, e) in env.iter().enumerate() {
-            if e.is_object() && str_at(e, "name").is_none_or(str::is_empty) {
+            if e.is_object() && field_str(e, "name").is_none_or(str::is_empty) {
                 c.push(Cause::required(format!("{p}.env[{j}].name")));
             }
-            if let Some(from) = at(e, "valueFrom") {
+            if let Some(from) = field_value(e, "valueFrom") {
                 validate_env_source(e, from, &format!("{p}.env[{j}]"), c);
             }
         }
@@ -834,7 +811,7 @@ fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut
         validate_resources(r, &join(p, "resources"), c);
     }
     for (probe, liveness) in [("livenessProbe", true), ("readinessProbe", false)] {
-        if let Some(pr) = at(ct, probe) {
+        if let Some(pr) = field_value(ct, probe) {
             validate_probe(pr, &join(p, probe), liveness, c);
         }
     }
@@ -849,18 +826,18 @@ const ENV_RESOURCES: &[&str] =
 /// `env[].valueFrom`: one source, and no `value` beside it; the downward API's fields and resources.
 fn validate_env_source(env: &Value, from: &Value, p: &str, c: &mut Vec<Cause>) {
     let vp = format!("{p}.valueFrom");
-    if str_at(env, "value").is_some_and(|v| !v.is_empty()) {
+    if field_str(env, "value").is_some_and(|v| !v.is_empty()) {
         c.push(Cause::invalid(&vp, "Invalid value: \"\": may not be specified when `value` is not empty"));
     }
     let sources = ["fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef"];
-    match sources.iter().filter(|s| at(from, s).is_some()).count() {
+    match sources.iter().filter(|s| field_value(from, s).is_some()).count() {
         0 => c.push(Cause::invalid(&vp, "Invalid value: \"\": must specify one of: `fieldRef`, `resourceFieldRef`, `configMapKeyRef` or `secretKeyRef`")),
         1 => {}
         _ => c.push(Cause::invalid(&vp, "Invalid value: \"\": may not have more than one field specified at a time")),
     }
-    if let Some(field) = at(from, "fieldRef") {
+    if let Some(field) = field_value(from, "fieldRef") {
         let fp = format!("{vp}.fieldRef.fieldPath");
-        match str_at(field, "fieldPath") {
+        match field_str(field, "fieldPath") {
             None | Some("") => c.push(Cause::required(fp)),
             Some(path) => {
                 let keyed = ["metadata.labels['", "metadata.annotations['"]
@@ -871,20 +848,20 @@ fn validate_env_source(env: &Value, from: &Value, p: &str, c: &mut Vec<Cause>) {
                 }
             }
         }
-        if let Some(v) = str_at(field, "apiVersion").filter(|v| !v.is_empty() && *v != "v1") {
+        if let Some(v) = field_str(field, "apiVersion").filter(|v| !v.is_empty() && *v != "v1") {
             c.push(unsupported_value(format!("{vp}.fieldRef.apiVersion"), v, &["v1"]));
         }
     }
     volume_validation::validate_key_ref(from, &vp, c);
-    if let Some(res) = at(from, "resourceFieldRef") {
+    if let Some(res) = field_value(from, "resourceFieldRef") {
         let rp = format!("{vp}.resourceFieldRef.resource");
-        match str_at(res, "resource") {
+        match field_str(res, "resource") {
             None | Some("") => c.push(Cause::required(rp)),
             Some(r) if !ENV_RESOURCES.contains(&r) => c.push(unsupported_value(rp, r, ENV_RESOURCES)),
             Some(_) => {}
         }
-        if let Some(d) = res.get("divisor").and_then(quantity_text)
-            && !crate::quantity::Quantity::parse(&d).is_ok_and(|q| !q.is_negative() && q.to_f64() > 0.0)
+        if let Some(d) = res.get("divisor").and_then(quantity::text)
+            && !Quantity::parse(&d).is_ok_and(|q| q.is_positive())
         {
             c.push(invalid_value(format!("{vp}.resourceFieldRef.divisor"), &Value::from(d), "must be a positive quantity"));
         }
@@ -911,32 +888,24 @@ fn check_port_ref(v: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
     }
 }
 
-fn quantity_text(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
 fn validate_resources(r: &Value, p: &str, c: &mut Vec<Cause>) {
     let mut parsed: [BTreeMap<&str, (i128, String)>; 2] = Default::default();
     for (slot, which) in ["requests", "limits"].into_iter().enumerate() {
         let Some(Value::Object(m)) = r.get(which) else { continue };
         for (k, v) in m {
-            let Some(text) = quantity_text(v) else { continue };
+            let Some(text) = quantity::text(v) else { continue };
             let value = match k.as_str() {
-                "cpu" => cpu_millis(&text).map(i128::from),
-                "memory" => memory_bytes(&text).map(i128::from),
+                "cpu" => quantity::cpu_millis(&text).map(i128::from),
+                "memory" => quantity::memory_bytes(&text).map(i128::from),
                 _ => Quantity::parse(&text).and_then(|q| {
                     if q.is_negative() { Err("must be greater than or equal to 0".into()) } else { q.scaled_ceil(3) }
                 }),
             };
             match value {
                 Ok(n) => {
-                    parsed[slot].insert(k.as_str(), (n, text));
+                    parsed[slot].insert(k.as_str(), (n, text.into_owned()));
                 }
-                Err(e) => c.push(invalid_value(format!("{p}.{which}.{k}"), &Value::from(text), &e)),
+                Err(e) => c.push(invalid_value(format!("{p}.{which}.{k}"), &Value::from(text.as_ref()), &e)),
             }
         }
     }
@@ -958,7 +927,8 @@ fn validate_probe(pr: &Value, p: &str, liveness: bool, c: &mut Vec<Cause>) {
     if !pr.is_object() {
         return;
     }
-    let handlers: Vec<&str> = ["exec", "httpGet", "tcpSocket", "grpc"].into_iter().filter(|h| at(pr, h).is_some()).collect();
+    let handlers: Vec<&str> =
+        ["exec", "httpGet", "tcpSocket", "grpc"].into_iter().filter(|h| field_value(pr, h).is_some()).collect();
     match handlers.as_slice() {
         [] => c.push(Cause::new("FieldValueRequired", p, "must specify a handler type: exec, httpGet or tcpSocket")),
         [_] => {}
@@ -968,16 +938,16 @@ fn validate_probe(pr: &Value, p: &str, liveness: bool, c: &mut Vec<Cause>) {
             }
         }
     }
-    if let Some(exec) = at(pr, "exec")
+    if let Some(exec) = field_value(pr, "exec")
         && exec.get("command").and_then(Value::as_array).is_none_or(Vec::is_empty)
     {
         c.push(Cause::required(format!("{p}.exec.command")));
     }
-    if let Some(http) = at(pr, "httpGet") {
+    if let Some(http) = field_value(pr, "httpGet") {
         check_port_ref(http.get("port"), &format!("{p}.httpGet.port"), c);
         check_one_of(http, "scheme", &join(p, "httpGet"), &["HTTP", "HTTPS"], c);
     }
-    if let Some(tcp) = at(pr, "tcpSocket") {
+    if let Some(tcp) = field_value(pr, "tcpSocket") {
         check_port_ref(tcp.get("port"), &format!("{p}.tcpSocket.port"), c);
     }
     check_min(pr, "initialDelaySeconds", p, 0, c);
@@ -985,7 +955,7 @@ fn validate_probe(pr: &Value, p: &str, liveness: bool, c: &mut Vec<Cause>) {
         check_min(pr, key, p, 1, c);
     }
     if liveness
-        && let Some(n) = int_at(pr, "successThreshold")
+        && let Some(n) = field_int(pr, "successThreshold")
         && n != 1
     {
         c.push(invalid_value(join(p, "successThreshold"), &Value::from(n), "must be 1"));
@@ -997,7 +967,7 @@ fn validate_probe(pr: &Value, p: &str, liveness: bool, c: &mut Vec<Cause>) {
 // ---------------------------------------------------------------------------------------------
 
 fn validate_workload(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
-    let Some(spec) = at(obj, "spec") else {
+    let Some(spec) = field_value(obj, "spec") else {
         c.push(Cause::required("spec"));
         return;
     };
@@ -1012,8 +982,8 @@ fn validate_workload(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
 
     if res.kind == "Deployment" {
         check_min(spec, "revisionHistoryLimit", "spec", 0, c);
-        if let Some(deadline) = int_at(spec, "progressDeadlineSeconds") {
-            let min_ready = int_at(spec, "minReadySeconds").unwrap_or(0);
+        if let Some(deadline) = field_int(spec, "progressDeadlineSeconds") {
+            let min_ready = field_int(spec, "minReadySeconds").unwrap_or(0);
             if deadline <= min_ready {
                 c.push(invalid_value(
                     "spec.progressDeadlineSeconds",
@@ -1022,7 +992,7 @@ fn validate_workload(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
                 ));
             }
         }
-        if let Some(strategy) = at(spec, "strategy") {
+        if let Some(strategy) = field_value(spec, "strategy") {
             validate_strategy(strategy, c);
         }
     }
@@ -1037,14 +1007,14 @@ fn selector_of(sel: &Value, p: &str, kind: &str, c: &mut Vec<Cause>) -> Option<L
     if let Some(Value::Array(exprs)) = fields.get("matchExpressions") {
         for (i, e) in exprs.iter().enumerate() {
             let ep = format!("{p}.matchExpressions[{i}]");
-            let key = str_at(e, "key").unwrap_or("");
+            let key = field_str(e, "key").unwrap_or("");
             if key.is_empty() {
                 c.push(Cause::required(join(&ep, "key")));
             } else if !is_qualified_name(key) {
                 c.push(invalid_value(join(&ep, "key"), &Value::from(key), QUALIFIED_NAME_RULE));
             }
             let values = e.get("values").and_then(Value::as_array).map_or(0, Vec::len);
-            match str_at(e, "operator") {
+            match field_str(e, "operator") {
                 None => c.push(Cause::required(join(&ep, "operator"))),
                 Some("In" | "NotIn") if values == 0 => {
                     c.push(Cause::new("FieldValueRequired", join(&ep, "values"), "must be specified when `operator` is 'In' or 'NotIn'"));
@@ -1111,9 +1081,9 @@ fn int_or_percent(v: Option<&Value>, path: &str, c: &mut Vec<Cause>) -> Option<A
 }
 
 fn validate_strategy(strategy: &Value, c: &mut Vec<Cause>) {
-    let ty = str_at(strategy, "type");
+    let ty = field_str(strategy, "type");
     check_one_of(strategy, "type", "spec.strategy", &["RollingUpdate", "Recreate"], c);
-    let Some(rolling) = at(strategy, "rollingUpdate") else { return };
+    let Some(rolling) = field_value(strategy, "rollingUpdate") else { return };
     if ty == Some("Recreate") {
         c.push(Cause::forbidden("spec.strategy.rollingUpdate", "may not be specified when strategy `type` is 'Recreate'"));
         return;
@@ -1138,18 +1108,18 @@ fn validate_strategy(strategy: &Value, c: &mut Vec<Cause>) {
 // ---------------------------------------------------------------------------------------------
 
 fn validate_service(obj: &Value, c: &mut Vec<Cause>) {
-    let Some(spec) = at(obj, "spec") else {
+    let Some(spec) = field_value(obj, "spec") else {
         c.push(Cause::required("spec"));
         return;
     };
     if !spec.is_object() {
         return;
     }
-    let ty = str_at(spec, "type").unwrap_or("ClusterIP");
+    let ty = field_str(spec, "type").unwrap_or("ClusterIP");
     if !["ClusterIP", "NodePort", "LoadBalancer"].contains(&ty) {
         c.push(unsupported_value("spec.type", ty, &["ClusterIP", "NodePort", "LoadBalancer"]));
     }
-    let cluster_ip = str_at(spec, "clusterIP").unwrap_or("");
+    let cluster_ip = field_str(spec, "clusterIP").unwrap_or("");
     if !cluster_ip.is_empty() && cluster_ip != "None" && cluster_ip.parse::<IpAddr>().is_err() {
         c.push(invalid_value("spec.clusterIP", &Value::from(cluster_ip), "must be a valid IP address or \"None\""));
     }
@@ -1158,7 +1128,7 @@ fn validate_service(obj: &Value, c: &mut Vec<Cause>) {
     }
     // The proxy sends every Service's traffic to all its ready endpoints, wherever they run.
     for policy in ["externalTrafficPolicy", "internalTrafficPolicy"] {
-        if let Some(p) = str_at(spec, policy).filter(|p| *p != "Cluster") {
+        if let Some(p) = field_str(spec, policy).filter(|p| *p != "Cluster") {
             let path = format!("spec.{policy}");
             match p {
                 "Local" => c.push(Cause::forbidden(path, format!("{NOT_SUPPORTED}: traffic goes to every ready endpoint (Cluster)"))),
@@ -1185,7 +1155,7 @@ fn validate_service(obj: &Value, c: &mut Vec<Cause>) {
             Some(v) => check_port_number(v, &join(&pp, "port"), c),
         }
         check_one_of(port, "protocol", &pp, &["TCP", "UDP", "SCTP"], c);
-        match str_at(port, "name").filter(|n| !n.is_empty()) {
+        match field_str(port, "name").filter(|n| !n.is_empty()) {
             None if ports.len() > 1 => c.push(Cause::required(join(&pp, "name"))),
             None => {}
             Some(n) if !is_dns1123_label(n) => c.push(invalid_value(join(&pp, "name"), &Value::from(n), DNS1123_LABEL_RULE)),
@@ -1197,14 +1167,14 @@ fn validate_service(obj: &Value, c: &mut Vec<Cause>) {
         if let Some(target) = port.get("targetPort").filter(|t| !t.is_null()) {
             check_port_ref(Some(target), &join(&pp, "targetPort"), c);
         }
-        match (int_at(port, "nodePort").filter(|n| *n != 0), port.get("nodePort")) {
+        match (field_int(port, "nodePort").filter(|n| *n != 0), port.get("nodePort")) {
             (Some(_), _) if ty == "ClusterIP" => {
                 c.push(Cause::forbidden(join(&pp, "nodePort"), "may not be used when `type` is 'ClusterIP'"));
             }
             (Some(n), Some(v)) => {
                 check_port_number(v, &join(&pp, "nodePort"), c);
                 // One Service may take a node port once per protocol.
-                if !node_ports.insert((n, str_at(port, "protocol").unwrap_or("TCP"))) {
+                if !node_ports.insert((n, field_str(port, "protocol").unwrap_or("TCP"))) {
                     c.push(Cause::new("FieldValueDuplicate", join(&pp, "nodePort"), format!("Duplicate value: {n}")));
                 }
             }
@@ -1220,7 +1190,7 @@ fn validate_endpoints(obj: &Value, c: &mut Vec<Cause>) {
         for list in ["addresses", "notReadyAddresses"] {
             let Some(Value::Array(addrs)) = subset.get(list) else { continue };
             for (j, a) in addrs.iter().enumerate() {
-                let ip = str_at(a, "ip").unwrap_or("");
+                let ip = field_str(a, "ip").unwrap_or("");
                 let path = format!("{sp}.{list}[{j}].ip");
                 if ip.is_empty() {
                     c.push(Cause::required(path));
@@ -1247,7 +1217,7 @@ const SLICE_MAX_ADDRESSES: usize = 100;
 const SLICE_MAX_PORTS: usize = 100;
 
 fn validate_endpoint_slice(obj: &Value, c: &mut Vec<Cause>) {
-    let address_type = str_at(obj, "addressType");
+    let address_type = field_str(obj, "addressType");
     match address_type {
         None => c.push(Cause::required("addressType")),
         Some("IPv4" | "IPv6" | "FQDN") => {}
@@ -1278,7 +1248,7 @@ fn validate_endpoint_slice(obj: &Value, c: &mut Vec<Cause>) {
                     c.push(invalid_value(format!("{p}[{j}]"), a, &why));
                 }
             }
-            if let Some(node) = str_at(ep, "nodeName")
+            if let Some(node) = field_str(ep, "nodeName")
                 && !is_dns1123_subdomain(node)
             {
                 c.push(invalid_value(format!("endpoints[{i}].nodeName"), &Value::from(node), DNS1123_SUBDOMAIN_RULE));
@@ -1296,7 +1266,7 @@ fn validate_endpoint_slice(obj: &Value, c: &mut Vec<Cause>) {
             check_port_number(v, &join(&pp, "port"), c);
         }
         check_one_of(port, "protocol", &pp, &["TCP", "UDP", "SCTP"], c);
-        let name = str_at(port, "name").unwrap_or("");
+        let name = field_str(port, "name").unwrap_or("");
         if !name.is_empty() && !is_dns1123_label(name) {
             c.push(invalid_value(join(&pp, "name"), &Value::from(name), DNS1123_LABEL_RULE));
         }
@@ -1311,7 +1281,7 @@ fn validate_endpoint_slice(obj: &Value, c: &mut Vec<Cause>) {
 // ---------------------------------------------------------------------------------------------
 
 fn validate_pod_disruption_budget(obj: &Value, c: &mut Vec<Cause>) {
-    let Some(spec) = at(obj, "spec") else { return };
+    let Some(spec) = field_value(obj, "spec") else { return };
     if !spec.is_object() {
         return;
     }
@@ -1327,7 +1297,7 @@ fn validate_pod_disruption_budget(obj: &Value, c: &mut Vec<Cause>) {
             c.push(Cause::invalid(field, format!("Invalid value: \"{p}%\": must not be greater than 100%")));
         }
     }
-    if let Some(sel) = at(spec, "selector") {
+    if let Some(sel) = field_value(spec, "selector") {
         // An empty selector is valid here: in policy/v1 it selects every pod of the namespace.
         selector_of(sel, "spec.selector", "", c);
     }
@@ -1717,6 +1687,15 @@ mod tests {
         );
         let msg = validate(&POD, &bad).unwrap_err().to_string();
         assert!(msg.contains("must be less than or equal to cpu limit of 1"), "{msg}");
+        // Limits the agent could not enforce as written never get past the API.
+        let huge = with(json!({"limits": {"cpu": "10E", "memory": "8Ei"}}));
+        let err = validate(&POD, &huge).unwrap_err();
+        assert_eq!(err.code(), 422);
+        let msg = err.to_string();
+        for field in ["spec.containers[0].resources.limits.cpu", "spec.containers[0].resources.limits.memory"] {
+            assert!(msg.contains(field), "{field} in {msg}");
+        }
+        assert!(msg.contains("quantity \"8Ei\" is too large"), "{msg}");
     }
 
     #[test]
@@ -1826,29 +1805,6 @@ mod tests {
         assert_eq!(fields(&PODDISRUPTIONBUDGET, &pdb(json!({"minAvailable": "101%"}))), vec!["spec.minAvailable"]);
         assert_eq!(fields(&PODDISRUPTIONBUDGET, &pdb(json!({"unhealthyPodEvictionPolicy": "Sometimes"}))),
             vec!["spec.unhealthyPodEvictionPolicy"]);
-    }
-
-    #[test]
-    fn quantities_convert_the_way_the_scheduler_counts_them() {
-        assert_eq!(cpu_millis("100m"), Ok(100));
-        assert_eq!(cpu_millis("0.5"), Ok(500));
-        assert_eq!(cpu_millis("0.1"), Ok(100));
-        assert_eq!(cpu_millis("2"), Ok(2000));
-        assert_eq!(cpu_millis("0.0001"), Ok(1), "rounded up like Kubernetes");
-        assert_eq!(cpu_millis("1k"), Ok(1_000_000));
-        assert_eq!(memory_bytes("128Mi"), Ok(128 * 1024 * 1024));
-        assert_eq!(memory_bytes("1G"), Ok(1_000_000_000));
-        assert_eq!(memory_bytes("1e3"), Ok(1000));
-        assert_eq!(memory_bytes("1.5Ki"), Ok(1536));
-        assert_eq!(memory_bytes("4096"), Ok(4096));
-        assert_eq!(memory_bytes("1Ei"), Ok(1 << 60));
-        assert!(memory_bytes("16Ei").is_err(), "does not fit in i64");
-        assert!(cpu_millis("-1").is_err());
-        assert!(memory_bytes("1MB").is_err());
-        assert_eq!(parse_quantity("1.5"), Ok(1.5));
-        assert_eq!(parse_quantity("250m"), Ok(0.25));
-        assert_eq!(parse_quantity("2Ki"), Ok(2048.0));
-        assert_eq!(parse_quantity("-2"), Ok(-2.0));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use base64::Engine;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use shepherd_api::kinds::{self, ResourceInfo};
-use shepherd_api::{ApiError, Cause, JsonPath};
+use shepherd_api::{ApiError, Cause, JsonPath, str_at, strings_at};
 
 use crate::auth::{NODES_GROUP, UserInfo};
 use crate::bootstrap_token::BOOTSTRAPPERS_GROUP;
@@ -90,14 +90,6 @@ pub fn parse_request(pem: &[u8]) -> Result<RequestSubject, String> {
     Ok(RequestSubject { common_name, organizations, has_alt_names })
 }
 
-fn strings(obj: &Value, ptr: &str) -> Vec<String> {
-    obj.at(ptr).and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_string).collect()
-}
-
-fn str_at<'a>(obj: &'a Value, ptr: &str) -> &'a str {
-    obj.at(ptr).and_then(Value::as_str).unwrap_or("")
-}
-
 /// The PEM bytes of `spec.request` (base64 in JSON, as every `[]byte` field).
 fn request_pem(csr: &Value) -> Result<Vec<u8>, String> {
     let encoded = csr.at("/spec/request").and_then(Value::as_str).unwrap_or("");
@@ -169,7 +161,7 @@ pub(crate) fn prepare_create(obj: &mut Value, user: Option<&UserInfo>) -> Result
             format!("Invalid value: {signer:?}: must be a fully qualified domain and path of the form 'example.com/signer-name'"),
         ));
     }
-    let usages = strings(obj, "/spec/usages");
+    let usages = strings_at(obj, "/spec/usages").map(str::to_string).collect::<Vec<_>>();
     if usages.is_empty() {
         causes.push(Cause::required("spec.usages"));
     }
@@ -274,7 +266,7 @@ pub(crate) fn approval_update(old: &Value, body: &Value) -> Result<Value, ApiErr
 /// A new request must name its requester as the server filled it in: a create that did not go
 /// through [`prepare_create`] (server-side apply, a PUT that creates) cannot claim another user.
 pub(crate) fn admit_requester(new: &Value, user: &UserInfo) -> Result<(), String> {
-    let mut claimed = strings(new, "/spec/groups");
+    let mut claimed = strings_at(new, "/spec/groups").map(str::to_string).collect::<Vec<_>>();
     let mut actual = user.groups.clone();
     claimed.sort();
     actual.sort();
@@ -327,10 +319,10 @@ pub fn auto_approval(csr: &Value) -> Approval {
         return Approval::Leave;
     }
     let Ok(subject) = request_pem(csr).and_then(|pem| parse_request(&pem)) else { return Approval::Leave };
-    if kubelet_client_problem(&subject, &strings(csr, "/spec/usages")).is_some() {
+    if kubelet_client_problem(&subject, &strings_at(csr, "/spec/usages").map(str::to_string).collect::<Vec<_>>()).is_some() {
         return Approval::Leave;
     }
-    let groups = strings(csr, "/spec/groups");
+    let groups = strings_at(csr, "/spec/groups").map(str::to_string).collect::<Vec<_>>();
     let requester = str_at(csr, "/spec/username");
     if groups.iter().any(|g| g == BOOTSTRAPPERS_GROUP) {
         return Approval::Approve("Auto approving kubelet client certificate after SubjectAccessReview.");
@@ -358,7 +350,7 @@ pub fn sign(csr: &Value, ca: &ClusterCa, duration: Duration) -> Option<Result<St
 fn sign_request(csr: &Value, ca: &ClusterCa, signer: &str, duration: Duration) -> Result<String, String> {
     let pem = request_pem(csr)?;
     let subject = parse_request(&pem)?;
-    let usages = strings(csr, "/spec/usages");
+    let usages = strings_at(csr, "/spec/usages").map(str::to_string).collect::<Vec<_>>();
     if signer == KUBELET_CLIENT_SIGNER {
         if let Some(problem) = kubelet_client_problem(&subject, &usages) {
             return Err(problem.message);

@@ -8,7 +8,7 @@
 use serde_json::{Value, json};
 use shepherd_api::kinds;
 use shepherd_api::selector::LabelSelector;
-use shepherd_api::{ApiError, Cause, JsonPath};
+use shepherd_api::{ApiError, Cause, JsonPath, int_at, str_at};
 
 use crate::codec;
 use crate::service::{ApiService, DeleteOptions, ListOptions, now_rfc3339, set_condition};
@@ -24,14 +24,6 @@ fn too_many_requests(cause: String) -> ApiError {
         message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
         causes: vec![Cause::new("DisruptionBudget", "", cause)],
     }
-}
-
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.at(pointer).and_then(Value::as_str).unwrap_or("")
-}
-
-fn int_at(v: &Value, pointer: &str) -> i64 {
-    v.at(pointer).and_then(Value::as_i64).unwrap_or(0)
 }
 
 fn is_ready(pod: &Value) -> bool {

@@ -2,7 +2,7 @@
 //! columns a Kubernetes user expects for each kind.
 
 use serde_json::{Value, json};
-use shepherd_api::JsonPath;
+use shepherd_api::{JsonPath, int_at, str_at};
 use shepherd_api::kinds::ResourceInfo;
 
 pub use shepherd_api::human_age;
@@ -13,14 +13,6 @@ fn age(obj: &Value, field: &str) -> String {
         Some(t) => human_age(jiff::Timestamp::now().as_second() - t.as_second()),
         None => "<unknown>".into(),
     }
-}
-
-fn s<'a>(obj: &'a Value, ptr: &str) -> &'a str {
-    obj.at(ptr).and_then(Value::as_str).unwrap_or("")
-}
-
-fn i(obj: &Value, ptr: &str) -> i64 {
-    obj.at(ptr).and_then(Value::as_i64).unwrap_or(0)
 }
 
 fn or_none(v: &str) -> String {
@@ -37,13 +29,13 @@ pub fn pod_status(pod: &Value) -> String {
     if pod.at("/metadata/deletionTimestamp").is_some() {
         return "Terminating".into();
     }
-    let mut status = s(pod, "/status/phase").to_string();
-    if !s(pod, "/status/reason").is_empty() {
-        status = s(pod, "/status/reason").to_string();
+    let mut status = str_at(pod, "/status/phase").to_string();
+    if !str_at(pod, "/status/reason").is_empty() {
+        status = str_at(pod, "/status/reason").to_string();
     }
     for cs in pod.at("/status/containerStatuses").and_then(Value::as_array).into_iter().flatten() {
-        let waiting = s(cs, "/state/waiting/reason");
-        let terminated = s(cs, "/state/terminated/reason");
+        let waiting = str_at(cs, "/state/waiting/reason");
+        let terminated = str_at(cs, "/state/terminated/reason");
         if !waiting.is_empty() && waiting != "ContainerCreating" || (!waiting.is_empty() && status == "Pending") {
             status = waiting.to_string();
         } else if !terminated.is_empty() && status != "Succeeded" {
@@ -69,7 +61,7 @@ fn pod_restarts(pod: &Value) -> i64 {
 }
 
 fn node_status(node: &Value) -> String {
-    let mut st = match condition(node, "Ready").map(|c| s(c, "/status")) {
+    let mut st = match condition(node, "Ready").map(|c| str_at(c, "/status")) {
         Some("True") => "Ready".to_string(),
         Some(_) => "NotReady".to_string(),
         None => "Unknown".to_string(),
@@ -98,8 +90,8 @@ fn service_ports(svc: &Value) -> String {
         .map(|p| {
             let protocol = p.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
             match p.get("nodePort").and_then(Value::as_i64).filter(|n| *n != 0) {
-                Some(node_port) => format!("{}:{node_port}/{protocol}", i(p, "/port")),
-                None => format!("{}/{protocol}", i(p, "/port")),
+                Some(node_port) => format!("{}:{node_port}/{protocol}", int_at(p, "/port")),
+                None => format!("{}/{protocol}", int_at(p, "/port")),
             }
         })
         .collect();
@@ -115,7 +107,7 @@ fn external_ip(svc: &Value) -> String {
         .flatten()
         .filter_map(|i| i.get("ip").or_else(|| i.get("hostname")).and_then(Value::as_str))
         .collect();
-    match (s(svc, "/spec/type"), ingress.is_empty()) {
+    match (str_at(svc, "/spec/type"), ingress.is_empty()) {
         ("LoadBalancer", true) => "<pending>".into(),
         (_, false) => ingress.join(","),
         _ => "<none>".into(),
@@ -126,9 +118,9 @@ fn endpoints(ep: &Value) -> String {
     let mut out = Vec::new();
     for subset in ep.get("subsets").and_then(Value::as_array).into_iter().flatten() {
         let ports: Vec<i64> =
-            subset.get("ports").and_then(Value::as_array).into_iter().flatten().map(|p| i(p, "/port")).collect();
+            subset.get("ports").and_then(Value::as_array).into_iter().flatten().map(|p| int_at(p, "/port")).collect();
         for a in subset.get("addresses").and_then(Value::as_array).into_iter().flatten() {
-            let ip = s(a, "/ip");
+            let ip = str_at(a, "/ip");
             if ports.is_empty() {
                 out.push(ip.to_string());
             }
@@ -187,7 +179,7 @@ fn int_or_percent(obj: &Value, ptr: &str) -> String {
 fn containers(obj: &Value, ptr: &str, field: &str) -> String {
     obj.at(ptr)
         .and_then(Value::as_array)
-        .map(|cs| cs.iter().map(|c| s(c, field)).collect::<Vec<_>>().join(","))
+        .map(|cs| cs.iter().map(|c| str_at(c, field)).collect::<Vec<_>>().join(","))
         .unwrap_or_default()
 }
 
@@ -205,10 +197,10 @@ fn job_status(job: &Value) -> &'static str {
 
 /// `3/5`, or `0/1 of 4` for a work queue Job (parallelism only).
 fn job_completions(job: &Value) -> String {
-    let succeeded = i(job, "/status/succeeded");
+    let succeeded = int_at(job, "/status/succeeded");
     match job.at("/spec/completions").and_then(Value::as_i64) {
         Some(c) => format!("{succeeded}/{c}"),
-        None => match i(job, "/spec/parallelism") {
+        None => match int_at(job, "/spec/parallelism") {
             p if p > 1 => format!("{succeeded}/1 of {p}"),
             _ => format!("{succeeded}/1"),
         },
@@ -239,8 +231,8 @@ fn csr_condition(csr: &Value) -> String {
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter(|c| s(c, "/status") == "True")
-        .map(|c| s(c, "/type"))
+        .filter(|c| str_at(c, "/status") == "True")
+        .map(|c| str_at(c, "/type"))
         .filter(|t| !t.is_empty())
         .collect();
     if parts.is_empty() {
@@ -314,59 +306,59 @@ fn columns(res: &ResourceInfo) -> Vec<Column> {
 }
 
 fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
-    let name = json!(s(o, "/metadata/name"));
+    let name = json!(str_at(o, "/metadata/name"));
     let created = json!(age(o, "/metadata/creationTimestamp"));
     match res.kind {
         "Pod" => vec![name, json!(pod_ready(o)), json!(pod_status(o)), json!(pod_restarts(o)), created,
-            json!(or_none(s(o, "/status/podIP"))), json!(or_none(s(o, "/spec/nodeName")))],
-        "Deployment" => vec![name, json!(format!("{}/{}", i(o, "/status/readyReplicas"), i(o, "/spec/replicas"))),
-            json!(i(o, "/status/updatedReplicas")), json!(i(o, "/status/availableReplicas")), created,
+            json!(or_none(str_at(o, "/status/podIP"))), json!(or_none(str_at(o, "/spec/nodeName")))],
+        "Deployment" => vec![name, json!(format!("{}/{}", int_at(o, "/status/readyReplicas"), int_at(o, "/spec/replicas"))),
+            json!(int_at(o, "/status/updatedReplicas")), json!(int_at(o, "/status/availableReplicas")), created,
             json!(containers(o, "/spec/template/spec/containers", "/name")),
             json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
-        "ReplicaSet" | "ReplicationController" => vec![name, json!(i(o, "/spec/replicas")), json!(i(o, "/status/replicas")),
-            json!(i(o, "/status/readyReplicas")), created,
+        "ReplicaSet" | "ReplicationController" => vec![name, json!(int_at(o, "/spec/replicas")), json!(int_at(o, "/status/replicas")),
+            json!(int_at(o, "/status/readyReplicas")), created,
             json!(containers(o, "/spec/template/spec/containers", "/name")),
             json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
         "Node" => {
             let ip = o.at("/status/addresses").and_then(Value::as_array)
-                .and_then(|a| a.iter().find(|x| x["type"] == "InternalIP")).map(|a| s(a, "/address")).unwrap_or("");
-            vec![name, json!(node_status(o)), json!(node_roles(o)), created, json!(s(o, "/status/nodeInfo/kubeletVersion")),
-                json!(or_none(ip)), json!(or_none(s(o, "/status/nodeInfo/osImage")))]
+                .and_then(|a| a.iter().find(|x| x["type"] == "InternalIP")).map(|a| str_at(a, "/address")).unwrap_or("");
+            vec![name, json!(node_status(o)), json!(node_roles(o)), created, json!(str_at(o, "/status/nodeInfo/kubeletVersion")),
+                json!(or_none(ip)), json!(or_none(str_at(o, "/status/nodeInfo/osImage")))]
         }
-        "Service" => vec![name, json!(s(o, "/spec/type")), json!(or_none(s(o, "/spec/clusterIP"))), json!(external_ip(o)),
+        "Service" => vec![name, json!(str_at(o, "/spec/type")), json!(or_none(str_at(o, "/spec/clusterIP"))), json!(external_ip(o)),
             json!(service_ports(o)), created,
             json!(o.at("/spec/selector").and_then(Value::as_object).map(|m| m.iter()
                 .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(",")).unwrap_or_else(|| "<none>".into()))],
         "Endpoints" => vec![name, json!(endpoints(o)), created],
-        "Namespace" => vec![name, json!(s(o, "/status/phase")), created],
+        "Namespace" => vec![name, json!(str_at(o, "/status/phase")), created],
         "Event" => {
             let seen = if o.at("/lastTimestamp").is_some_and(Value::is_string) { "/lastTimestamp" } else { "/metadata/creationTimestamp" };
-            vec![json!(age(o, seen)), json!(s(o, "/type")), json!(s(o, "/reason")),
-                json!(format!("{}/{}", s(o, "/involvedObject/kind").to_lowercase(), s(o, "/involvedObject/name"))),
-                json!(s(o, "/message"))]
+            vec![json!(age(o, seen)), json!(str_at(o, "/type")), json!(str_at(o, "/reason")),
+                json!(format!("{}/{}", str_at(o, "/involvedObject/kind").to_lowercase(), str_at(o, "/involvedObject/name"))),
+                json!(str_at(o, "/message"))]
         }
-        "Lease" => vec![name, json!(or_none(s(o, "/spec/holderIdentity"))), created],
-        "CertificateSigningRequest" => vec![name, created, json!(s(o, "/spec/signerName")),
-            json!(s(o, "/spec/username")), json!(csr_requested_duration(o)), json!(csr_condition(o))],
-        "EndpointSlice" => vec![name, json!(s(o, "/addressType")), json!(slice_ports(o)), json!(slice_endpoints(o)), created],
+        "Lease" => vec![name, json!(or_none(str_at(o, "/spec/holderIdentity"))), created],
+        "CertificateSigningRequest" => vec![name, created, json!(str_at(o, "/spec/signerName")),
+            json!(str_at(o, "/spec/username")), json!(csr_requested_duration(o)), json!(csr_condition(o))],
+        "EndpointSlice" => vec![name, json!(str_at(o, "/addressType")), json!(slice_ports(o)), json!(slice_endpoints(o)), created],
         "PodDisruptionBudget" => vec![name, json!(int_or_percent(o, "/spec/minAvailable")),
-            json!(int_or_percent(o, "/spec/maxUnavailable")), json!(i(o, "/status/disruptionsAllowed")), created],
+            json!(int_or_percent(o, "/spec/maxUnavailable")), json!(int_at(o, "/status/disruptionsAllowed")), created],
         "ConfigMap" => vec![name, json!(entries(o, "/data") + entries(o, "/binaryData")), created],
-        "Secret" => vec![name, json!(s(o, "/type")), json!(entries(o, "/data")), created],
+        "Secret" => vec![name, json!(str_at(o, "/type")), json!(entries(o, "/data")), created],
         "ServiceAccount" => vec![name, json!(o.at("/secrets").and_then(Value::as_array).map_or(0, Vec::len)), created],
-        "CustomResourceDefinition" | "Role" | "ClusterRole" => vec![name, json!(s(o, "/metadata/creationTimestamp"))],
+        "CustomResourceDefinition" | "Role" | "ClusterRole" => vec![name, json!(str_at(o, "/metadata/creationTimestamp"))],
         "RoleBinding" | "ClusterRoleBinding" => {
             let subjects = |kind: &str| -> String {
                 let names: Vec<String> = o.at("/subjects").and_then(Value::as_array).into_iter().flatten()
-                    .filter(|x| s(x, "/kind") == kind)
-                    .map(|x| match s(x, "/namespace") {
-                        "" => s(x, "/name").to_string(),
-                        ns => format!("{ns}/{}", s(x, "/name")),
+                    .filter(|x| str_at(x, "/kind") == kind)
+                    .map(|x| match str_at(x, "/namespace") {
+                        "" => str_at(x, "/name").to_string(),
+                        ns => format!("{ns}/{}", str_at(x, "/name")),
                     })
                     .collect();
                 names.join(", ")
             };
-            vec![name, json!(format!("{}/{}", s(o, "/roleRef/kind"), s(o, "/roleRef/name"))), created,
+            vec![name, json!(format!("{}/{}", str_at(o, "/roleRef/kind"), str_at(o, "/roleRef/name"))), created,
                 json!(subjects("User")), json!(subjects("Group")), json!(subjects("ServiceAccount"))]
         }
         "Job" => vec![name, json!(job_status(o)), json!(job_completions(o)), json!(job_duration(o)), created,
@@ -379,36 +371,36 @@ fn cells(res: &ResourceInfo, o: &Value) -> Vec<Value> {
                 "<none>".into()
             };
             let template = "/spec/jobTemplate/spec/template/spec/containers";
-            vec![name, json!(s(o, "/spec/schedule")), json!(or_none(s(o, "/spec/timeZone"))),
+            vec![name, json!(str_at(o, "/spec/schedule")), json!(or_none(str_at(o, "/spec/timeZone"))),
                 json!(o.at("/spec/suspend").and_then(Value::as_bool).unwrap_or(false)),
                 json!(o.at("/status/active").and_then(Value::as_array).map_or(0, Vec::len)), json!(last), created,
                 json!(containers(o, template, "/name")), json!(containers(o, template, "/image")),
                 json!("<none>")]
         }
-        "DaemonSet" => vec![name, json!(i(o, "/status/desiredNumberScheduled")), json!(i(o, "/status/currentNumberScheduled")),
-            json!(i(o, "/status/numberReady")), json!(i(o, "/status/updatedNumberScheduled")),
-            json!(i(o, "/status/numberAvailable")), json!(node_selector(o)), created,
+        "DaemonSet" => vec![name, json!(int_at(o, "/status/desiredNumberScheduled")), json!(int_at(o, "/status/currentNumberScheduled")),
+            json!(int_at(o, "/status/numberReady")), json!(int_at(o, "/status/updatedNumberScheduled")),
+            json!(int_at(o, "/status/numberAvailable")), json!(node_selector(o)), created,
             json!(containers(o, "/spec/template/spec/containers", "/name")),
             json!(containers(o, "/spec/template/spec/containers", "/image")), json!(selector_string(o))],
-        "StatefulSet" => vec![name, json!(format!("{}/{}", i(o, "/status/readyReplicas"), i(o, "/spec/replicas"))), created,
+        "StatefulSet" => vec![name, json!(format!("{}/{}", int_at(o, "/status/readyReplicas"), int_at(o, "/spec/replicas"))), created,
             json!(containers(o, "/spec/template/spec/containers", "/name")),
             json!(containers(o, "/spec/template/spec/containers", "/image"))],
         "ControllerRevision" => {
             let controller = o.at("/metadata/ownerReferences").and_then(Value::as_array)
                 .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
                 .map(|r| {
-                    let group = s(r, "/apiVersion").split_once('/').map_or("", |(g, _)| g);
-                    let kind = s(r, "/kind").to_ascii_lowercase();
+                    let group = str_at(r, "/apiVersion").split_once('/').map_or("", |(g, _)| g);
+                    let kind = str_at(r, "/kind").to_ascii_lowercase();
                     let kind = if group.is_empty() { kind } else { format!("{kind}.{group}") };
-                    format!("{kind}/{}", s(r, "/name"))
+                    format!("{kind}/{}", str_at(r, "/name"))
                 })
                 .unwrap_or_else(|| "<none>".into());
-            vec![name, json!(controller), json!(i(o, "/revision")), created]
+            vec![name, json!(controller), json!(int_at(o, "/revision")), created]
         }
         "HorizontalPodAutoscaler" => {
             let min = o.at("/spec/minReplicas").and_then(Value::as_i64).map_or("<unset>".to_string(), |m| m.to_string());
-            vec![name, json!(format!("{}/{}", s(o, "/spec/scaleTargetRef/kind"), s(o, "/spec/scaleTargetRef/name"))),
-                json!(hpa_targets(o)), json!(min), json!(i(o, "/spec/maxReplicas")), json!(i(o, "/status/currentReplicas")),
+            vec![name, json!(format!("{}/{}", str_at(o, "/spec/scaleTargetRef/kind"), str_at(o, "/spec/scaleTargetRef/name"))),
+                json!(hpa_targets(o)), json!(min), json!(int_at(o, "/spec/maxReplicas")), json!(int_at(o, "/status/currentReplicas")),
                 created]
         }
         _ => vec![name, created],
@@ -425,17 +417,17 @@ pub fn hpa_targets(hpa: &Value) -> String {
     }
     let mut parts: Vec<String> = Vec::new();
     for (n, m) in specs.iter().enumerate().take(2) {
-        let resource = s(m, "/resource/name");
-        let current = statuses.get(n).filter(|c| s(c, "/resource/name") == resource);
-        let text = match s(m, "/resource/target/type") {
+        let resource = str_at(m, "/resource/name");
+        let current = statuses.get(n).filter(|c| str_at(c, "/resource/name") == resource);
+        let text = match str_at(m, "/resource/target/type") {
             "Utilization" => {
                 let now = current.and_then(|c| c.at("/resource/current/averageUtilization")).and_then(Value::as_i64);
                 let now = now.map_or("<unknown>".to_string(), |u| format!("{u}%"));
-                format!("{now}/{}%", i(m, "/resource/target/averageUtilization"))
+                format!("{now}/{}%", int_at(m, "/resource/target/averageUtilization"))
             }
             _ => {
                 let now = current.and_then(|c| c.at("/resource/current/averageValue")).and_then(Value::as_str);
-                format!("{}/{}", now.unwrap_or("<unknown>"), s(m, "/resource/target/averageValue"))
+                format!("{}/{}", now.unwrap_or("<unknown>"), str_at(m, "/resource/target/averageValue"))
             }
         };
         parts.push(if m["type"] == "Resource" { format!("{resource}: {text}") } else { text });

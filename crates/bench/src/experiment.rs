@@ -18,6 +18,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use shepherd_api::kinds::{DEPLOYMENT, POD};
 use shepherd_apiserver::{ApiServer, HttpConfig};
+use shepherd_api::{meta, pod};
 use shepherd_controllers::{ControllerConfig, deployment_controller, podutil, replicaset_controller};
 use shepherd_runtime::{Client, ListParams, Manager, Patch, RunningManager, TriggerMode, WatchEvent};
 use shepherd_store::{HistoryLimits, LocalStore};
@@ -247,10 +248,10 @@ async fn kubelet(client: Arc<dyn Client>) {
 }
 
 fn start_pod(client: &Arc<dyn Client>, pod: &Value) {
-    if podutil::is_ready(pod) || !podutil::is_active(pod) || podutil::is_deleting(pod) {
+    if pod::is_ready(pod) || !pod::is_active(pod) || meta::is_deleting(pod) {
         return;
     }
-    let (client, name) = (client.clone(), podutil::name(pod).to_string());
+    let (client, name) = (client.clone(), meta::name(pod).to_string());
     tokio::spawn(async move {
         let now = podutil::format_time(podutil::now());
         let status = json!({"status": {"phase": "Running",
@@ -272,7 +273,7 @@ struct Tracker {
 
 impl Tracker {
     fn observe(&mut self, d: &Value) {
-        let name = podutil::name(d);
+        let name = meta::name(d);
         if let Some((generation, at)) = self.pending.get(name)
             && converged(d, *generation)
         {
@@ -325,13 +326,13 @@ async fn change_one(client: &Arc<dyn Client>, tracker: &Mutex<Tracker>, names: &
     };
     let at = Instant::now();
     let updated = client.patch(&DEPLOYMENT, Some(NS), name, Patch::Merge(patch)).await?;
-    t.pending.insert(name.clone(), (podutil::generation(&updated), at));
+    t.pending.insert(name.clone(), (meta::generation(&updated), at));
     Ok(true)
 }
 
 async fn unconverged(client: &Arc<dyn Client>) -> anyhow::Result<usize> {
     let list = client.list(&DEPLOYMENT, &ListParams::namespace(NS)).await?;
-    Ok(list.items.iter().filter(|d| !converged(d, podutil::generation(d))).count())
+    Ok(list.items.iter().filter(|d| !converged(d, meta::generation(d))).count())
 }
 
 async fn wait_converged(client: &Arc<dyn Client>, limit: Duration) -> anyhow::Result<()> {

@@ -18,6 +18,7 @@ use futures::StreamExt;
 use rand::Rng;
 use serde_json::{Value, json};
 use shepherd_api::kinds::{ENDPOINTS, SERVICE};
+use shepherd_api::meta;
 use shepherd_client::RemoteClient;
 use shepherd_runtime::{Action, Client, Controller, ListParams, Manager, Patch, WatchEvent};
 use tokio::sync::Mutex;
@@ -86,7 +87,7 @@ pub async fn worker(engine: &str, url: &str) -> anyhow::Result<()> {
                         count.fetch_add(1, Ordering::Relaxed);
                         let Some(svc) = services.get(&key) else { return Ok(Action::Done) };
                         let value = value_of(&svc, VALUE).unwrap_or_default();
-                        mirror(c.as_ref(), shepherd_controllers::podutil::name(&svc), &value).await?;
+                        mirror(c.as_ref(), meta::name(&svc), &value).await?;
                         Ok(Action::Done)
                     }
                 })
@@ -141,7 +142,7 @@ async fn observe_endpoints(client: Arc<dyn Client>, pending: Pending, latencies:
         let Ok(mut events) = client.watch(&ENDPOINTS, &ListParams::namespace(NS), list.resource_version).await else { continue };
         while let Some(Ok(ev)) = events.next().await {
             let (WatchEvent::Added(ep) | WatchEvent::Modified(ep)) = ev else { continue };
-            let name = shepherd_controllers::podutil::name(&ep).to_string();
+            let name = meta::name(&ep).to_string();
             let mut p = pending.lock().await;
             if let Some((want, at)) = p.get(&name)
                 && value_of(&ep, MIRROR).as_deref() == Some(want.as_str())

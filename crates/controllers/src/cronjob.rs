@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::cron::{Schedule, time_zone};
 use shepherd_api::{ApiError, kinds};
+use shepherd_api::meta;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Propagation, Reconciler};
 
@@ -50,7 +51,7 @@ impl Reconciler for CronJobReconciler {
     async fn reconcile(&self, key: &str) -> Result<Action, Error> {
         let (ns, name) = key.split_once('/').unwrap_or(("default", key));
         let cj = match self.client.get(&kinds::CRONJOB, Some(ns), name).await {
-            Ok(c) if !podutil::is_deleting(&c) => c,
+            Ok(c) if !meta::is_deleting(&c) => c,
             Ok(_) => return Ok(Action::Done),
             Err(e) if e.is_not_found() => return Ok(Action::Done),
             Err(e) => return Err(e.into()),
@@ -113,22 +114,22 @@ pub fn job_name(cronjob: &str, scheduled: Timestamp) -> String {
 }
 
 fn reference(job: &Value) -> Value {
-    json!({"apiVersion": "batch/v1", "kind": "Job", "name": podutil::name(job),
-        "namespace": podutil::namespace(job).unwrap_or("default"), "uid": podutil::uid(job),
-        "resourceVersion": podutil::resource_version(job)})
+    json!({"apiVersion": "batch/v1", "kind": "Job", "name": meta::name(job),
+        "namespace": meta::namespace(job).unwrap_or("default"), "uid": meta::uid(job),
+        "resourceVersion": meta::resource_version(job)})
 }
 
 impl CronJobReconciler {
     async fn sync(&self, cj: &Value) -> Result<Action, Error> {
         let now = podutil::now();
         let spec = cj.get("spec").cloned().unwrap_or_else(|| json!({}));
-        let mut children: Vec<Arc<Value>> = self.jobs.by_controller_uid(podutil::uid(cj));
+        let mut children: Vec<Arc<Value>> = self.jobs.by_controller_uid(meta::uid(cj));
         children.sort_by_key(|j| time_at(j, "/metadata/creationTimestamp"));
 
         // History: keep the newest finished Jobs of each kind up to their limits.
         let mut last_success = time_at(cj, "/status/lastSuccessfulTime");
         for (kind, limit) in [("Complete", "successfulJobsHistoryLimit"), ("Failed", "failedJobsHistoryLimit")] {
-            let done: Vec<&Arc<Value>> = children.iter().filter(|j| finished(j) == Some(kind) && !podutil::is_deleting(j)).collect();
+            let done: Vec<&Arc<Value>> = children.iter().filter(|j| finished(j) == Some(kind) && !meta::is_deleting(j)).collect();
             if kind == "Complete" {
                 for j in &done {
                     let t = time_at(j, "/status/completionTime");
@@ -143,7 +144,7 @@ impl CronJobReconciler {
             }
         }
         let mut active: Vec<Arc<Value>> =
-            children.iter().filter(|j| finished(j).is_none() && !podutil::is_deleting(j)).cloned().collect();
+            children.iter().filter(|j| finished(j).is_none() && !meta::is_deleting(j)).cloned().collect();
 
         let schedule_text = spec.get("schedule").and_then(Value::as_str).unwrap_or("");
         let (schedule, tz) = match (Schedule::parse(schedule_text), time_zone(spec.get("timeZone").and_then(Value::as_str))) {
@@ -190,9 +191,9 @@ impl CronJobReconciler {
             self.write_status(cj, &active, None, last_success).await?;
             return Ok(next_run(now));
         }
-        let name = job_name(podutil::name(cj), scheduled);
-        let ns = podutil::namespace(cj).unwrap_or("default");
-        if children.iter().any(|j| podutil::name(j) == name) {
+        let name = job_name(meta::name(cj), scheduled);
+        let ns = meta::namespace(cj).unwrap_or("default");
+        if children.iter().any(|j| meta::name(j) == name) {
             self.write_status(cj, &active, Some(scheduled), last_success).await?;
             return Ok(next_run(now));
         }
@@ -225,7 +226,7 @@ impl CronJobReconciler {
                 return Err(e.into());
             }
         };
-        if podutil::controller_uid(&created) == Some(podutil::uid(cj)) && finished(&created).is_none() {
+        if meta::controller_uid(&created) == Some(meta::uid(cj)) && finished(&created).is_none() {
             active.push(Arc::new(created));
         }
         self.write_status(cj, &active, Some(scheduled), last_success).await?;
@@ -236,7 +237,7 @@ impl CronJobReconciler {
         let template = cj.at("/spec/jobTemplate").cloned().unwrap_or_else(|| json!({}));
         let mut metadata = template.get("metadata").cloned().filter(Value::is_object).unwrap_or_else(|| json!({}));
         metadata["name"] = json!(name);
-        metadata["namespace"] = json!(podutil::namespace(cj).unwrap_or("default"));
+        metadata["namespace"] = json!(meta::namespace(cj).unwrap_or("default"));
         metadata["ownerReferences"] = json!([podutil::owner_reference_to(cj, &kinds::CRONJOB)]);
         let stamp = scheduled.to_zoned(tz.clone()).strftime("%Y-%m-%dT%H:%M:%S%:z").to_string();
         if !metadata.get("annotations").is_some_and(Value::is_object) {
@@ -250,12 +251,12 @@ impl CronJobReconciler {
     async fn delete_job(&self, cj: &Value, job: &Value) -> Result<(), ApiError> {
         let params = DeleteParams {
             propagation: Some(Propagation::Background),
-            precondition_uid: Some(podutil::uid(job).to_string()),
+            precondition_uid: Some(meta::uid(job).to_string()),
             ..Default::default()
         };
-        match self.client.delete(&kinds::JOB, podutil::namespace(job), podutil::name(job), &params).await {
+        match self.client.delete(&kinds::JOB, meta::namespace(job), meta::name(job), &params).await {
             Ok(_) => {
-                let msg = format!("Deleted job {}", podutil::name(job));
+                let msg = format!("Deleted job {}", meta::name(job));
                 self.events.record(cj, EventType::Normal, "SuccessfulDelete", &msg).await;
                 Ok(())
             }
@@ -289,8 +290,8 @@ impl CronJobReconciler {
         if same {
             return Ok(());
         }
-        let patch = json!({"metadata": {"resourceVersion": podutil::resource_version(cj)}, "status": status});
-        match self.client.patch_status(&kinds::CRONJOB, podutil::namespace(cj), podutil::name(cj), Patch::Merge(patch)).await {
+        let patch = json!({"metadata": {"resourceVersion": meta::resource_version(cj)}, "status": status});
+        match self.client.patch_status(&kinds::CRONJOB, meta::namespace(cj), meta::name(cj), Patch::Merge(patch)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),

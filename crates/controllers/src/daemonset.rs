@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::selector::LabelSelector;
 use shepherd_api::{ApiError, kinds};
+use shepherd_api::{meta, opt_str_at, pod};
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Reconciler};
@@ -108,7 +109,7 @@ impl NodePlan {
 }
 
 fn revision(pod: &Value) -> Option<&str> {
-    podutil::str_at(pod, &format!("/metadata/labels/{REVISION_LABEL}"))
+    opt_str_at(pod, &format!("/metadata/labels/{REVISION_LABEL}"))
 }
 
 /// What one reconcile decided to do.
@@ -131,11 +132,11 @@ impl DaemonSetReconciler {
         let template = ds.at("/spec/template").cloned().unwrap_or_else(|| json!({}));
         let hash = pod_template_hash(&template, ds.at("/status/collisionCount").and_then(Value::as_i64));
         let mut owned: Vec<Arc<Value>> =
-            self.pods.by_controller_uid(podutil::uid(ds)).into_iter().filter(|p| selector.matches_object(p)).collect();
-        if !podutil::is_deleting(ds) {
+            self.pods.by_controller_uid(meta::uid(ds)).into_iter().filter(|p| selector.matches_object(p)).collect();
+        if !meta::is_deleting(ds) {
             owned.extend(self.adopt_orphans(ds, &selector).await?);
             let history = History { client: &self.client, revisions: &self.revisions, owner: ds, owner_kind: &kinds::DAEMONSET };
-            history.record(&format!("{}-{hash}", podutil::name(ds)), &hash, &template, &[], &owned).await?;
+            history.record(&format!("{}-{hash}", meta::name(ds)), &hash, &template, &[], &owned).await?;
         }
         let (pending, deleting) = self.expectations.settle(key, self.pods.observed_revision(), &owned);
 
@@ -147,23 +148,23 @@ impl DaemonSetReconciler {
         // replacement waits for it to be gone, as Kubernetes' daemon pods do.
         let mut terminating: HashSet<String> = HashSet::new();
         for pod in owned {
-            let node = podutil::str_at(&pod, "/spec/nodeName").unwrap_or("").to_string();
-            if podutil::phase(&pod) == "Failed" && !podutil::is_deleting(&pod) {
+            let node = opt_str_at(&pod, "/spec/nodeName").unwrap_or("").to_string();
+            if pod::phase(&pod) == "Failed" && !meta::is_deleting(&pod) {
                 terminating.insert(node);
                 failed.push(pod);
-            } else if podutil::is_deleting(&pod) || deleting.contains(podutil::uid(&pod)) {
+            } else if meta::is_deleting(&pod) || deleting.contains(meta::uid(&pod)) {
                 terminating.insert(node);
-            } else if podutil::is_active(&pod) {
+            } else if pod::is_active(&pod) {
                 by_node.entry(node).or_default().push(pod);
             }
         }
         let mut plans: Vec<NodePlan> = Vec::new();
         for node in self.nodes.list() {
-            let name = podutil::name(&node).to_string();
+            let name = meta::name(&node).to_string();
             let summary = NodeSummary::of(&node);
             let fits = needs.matches_node(&name, &summary);
             let mut pods = by_node.remove(&name).unwrap_or_default();
-            pods.sort_by(|a, b| creation(a).cmp(creation(b)).then_with(|| podutil::name(a).cmp(podutil::name(b))));
+            pods.sort_by(|a, b| creation(a).cmp(creation(b)).then_with(|| meta::name(a).cmp(meta::name(b))));
             plans.push(NodePlan {
                 should_run: fits && needs.tolerates_taints(&summary, &[Effect::NoSchedule, Effect::NoExecute]),
                 should_continue: fits && needs.tolerates_taints(&summary, &[Effect::NoExecute]),
@@ -183,14 +184,14 @@ impl DaemonSetReconciler {
         let now = podutil::now();
         let min_ready = Duration::from_secs(ds.at("/spec/minReadySeconds").and_then(Value::as_u64).unwrap_or(0));
         let mut wait: Option<Duration> = None;
-        let mut available = |pod: &Value| match podutil::availability(pod, min_ready, now) {
+        let mut available = |pod: &Value| match pod::availability(pod, min_ready, now) {
             Ok(a) => a,
             Err(w) => {
                 wait = Some(wait.map_or(w, |cur: Duration| cur.min(w)));
                 false
             }
         };
-        if !podutil::is_deleting(ds) {
+        if !meta::is_deleting(ds) {
             let waiting: HashSet<String> = pending.union(&terminating).cloned().collect();
             plan_nodes(ds, &plans, &hash, &waiting, &mut available, &mut changes);
         }
@@ -209,17 +210,17 @@ impl DaemonSetReconciler {
     }
 
     async fn adopt_orphans(&self, ds: &Value, selector: &LabelSelector) -> Result<Vec<Arc<Value>>, ApiError> {
-        let ns = podutil::namespace(ds).unwrap_or("default");
+        let ns = meta::namespace(ds).unwrap_or("default");
         let orphans: Vec<Arc<Value>> = self
             .pods
             .unowned_in_namespace(ns)
             .into_iter()
-            .filter(|p| selector.matches_object(p) && !podutil::is_deleting(p))
+            .filter(|p| selector.matches_object(p) && !meta::is_deleting(p))
             .collect();
         let mut adopted = Vec::new();
         for pod in orphans {
             let patch = podutil::adopt_patch(&pod, ds, &kinds::DAEMONSET);
-            match self.client.patch(&kinds::POD, podutil::namespace(&pod), podutil::name(&pod), Patch::Merge(patch)).await {
+            match self.client.patch(&kinds::POD, meta::namespace(&pod), meta::name(&pod), Patch::Merge(patch)).await {
                 Ok(p) => adopted.push(Arc::new(p)),
                 Err(e) if e.is_not_found() || e.is_conflict() => {}
                 Err(e) => return Err(e),
@@ -234,16 +235,16 @@ impl DaemonSetReconciler {
         for ((pod, why), r) in changes.delete.iter().zip(deletes) {
             match r {
                 Ok(()) => {
-                    let msg = format!("Deleted pod: {} ({why})", podutil::name(pod));
+                    let msg = format!("Deleted pod: {} ({why})", meta::name(pod));
                     self.events.record(ds, EventType::Normal, "SuccessfulDelete", &msg).await;
                 }
                 Err(e) => {
                     self.events.record(ds, EventType::Warning, "FailedDelete", &e.to_string()).await;
-                    failure = Some(format!("deleting {}: {e}", podutil::name(pod)));
+                    failure = Some(format!("deleting {}: {e}", meta::name(pod)));
                 }
             }
         }
-        let ns = podutil::namespace(ds);
+        let ns = meta::namespace(ds);
         let creates = futures::future::join_all(changes.create_on.iter().map(|node| {
             self.client.create(&kinds::POD, ns, daemon_pod(ds, template, hash, node))
         }))
@@ -253,7 +254,7 @@ impl DaemonSetReconciler {
                 Ok(pod) => {
                     let rev = shepherd_runtime::cache::resource_version(&pod).unwrap_or(u64::MAX);
                     self.expectations.created(key, node, rev);
-                    let msg = format!("Created pod: {}", podutil::name(&pod));
+                    let msg = format!("Created pod: {}", meta::name(&pod));
                     self.events.record(ds, EventType::Normal, "SuccessfulCreate", &msg).await;
                 }
                 Err(e) => {
@@ -266,13 +267,13 @@ impl DaemonSetReconciler {
     }
 
     async fn delete_pod(&self, key: &str, pod: &Value) -> Result<(), ApiError> {
-        let params = DeleteParams { precondition_uid: Some(podutil::uid(pod).to_string()), ..Default::default() };
-        match self.client.delete(&kinds::POD, podutil::namespace(pod), podutil::name(pod), &params).await {
+        let params = DeleteParams { precondition_uid: Some(meta::uid(pod).to_string()), ..Default::default() };
+        match self.client.delete(&kinds::POD, meta::namespace(pod), meta::name(pod), &params).await {
             Ok(_) => {}
             Err(e) if e.is_not_found() || e.is_conflict() => {}
             Err(e) => return Err(e),
         }
-        self.expectations.deleted(key, podutil::uid(pod));
+        self.expectations.deleted(key, meta::uid(pod));
         Ok(())
     }
 
@@ -284,7 +285,7 @@ impl DaemonSetReconciler {
             return Ok(());
         }
         let patch = json!({"status": status});
-        match self.client.patch_status(&kinds::DAEMONSET, podutil::namespace(ds), podutil::name(ds), Patch::Merge(patch)).await {
+        match self.client.patch_status(&kinds::DAEMONSET, meta::namespace(ds), meta::name(ds), Patch::Merge(patch)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),
@@ -293,7 +294,7 @@ impl DaemonSetReconciler {
 }
 
 fn creation(pod: &Value) -> &str {
-    podutil::str_at(pod, "/metadata/creationTimestamp").unwrap_or("")
+    opt_str_at(pod, "/metadata/creationTimestamp").unwrap_or("")
 }
 
 /// An amount of `maxUnavailable`/`maxSurge` against `total` nodes, percentages rounded up.
@@ -432,7 +433,7 @@ fn compute_status(ds: &Value, plans: &[NodePlan], hash: &str, available: &mut im
             (true, Some(oldest)) => {
                 desired += 1;
                 current += 1;
-                ready += i64::from(podutil::is_ready(oldest));
+                ready += i64::from(pod::is_ready(oldest));
                 avail += i64::from(available(oldest));
                 updated += i64::from(plan.updated(hash).is_some());
             }
@@ -449,7 +450,7 @@ fn compute_status(ds: &Value, plans: &[NodePlan], hash: &str, available: &mut im
         "updatedNumberScheduled": updated,
         "numberAvailable": avail,
         "numberUnavailable": desired - avail,
-        "observedGeneration": podutil::generation(ds),
+        "observedGeneration": meta::generation(ds),
     })
 }
 
@@ -459,11 +460,11 @@ fn daemon_pod(ds: &Value, template: &Value, hash: &str, node: &str) -> Value {
     let mut labels = template.at("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
     labels.insert(REVISION_LABEL.into(), json!(hash));
     let mut metadata = json!({
-        "generateName": format!("{}-", podutil::name(ds)),
+        "generateName": format!("{}-", meta::name(ds)),
         "labels": labels,
         "ownerReferences": [podutil::owner_reference_to(ds, &kinds::DAEMONSET)],
     });
-    if let Some(ns) = podutil::namespace(ds) {
+    if let Some(ns) = meta::namespace(ds) {
         metadata["namespace"] = json!(ns);
     }
     if let Some(a) = template.at("/metadata/annotations").filter(|a| a.is_object()) {

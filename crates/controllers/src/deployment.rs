@@ -16,6 +16,7 @@ use serde_json::{Map, Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::selector::LabelSelector;
 use shepherd_api::{ApiError, kinds};
+use shepherd_api::{meta, opt_str_at, pod};
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Reconciler};
@@ -45,10 +46,10 @@ pub fn deployment_controller(client: Arc<dyn Client>, manager: &Manager, config:
         .owns(&kinds::REPLICASET)
         // An orphan ReplicaSet wakes the Deployments whose selector it matches, to be adopted.
         .watches(&kinds::REPLICASET, move |rs| {
-            if podutil::controller_ref(rs).is_some() {
+            if meta::controller_ref(rs).is_some() {
                 return Vec::new();
             }
-            let Some(ns) = podutil::namespace(rs) else { return Vec::new() };
+            let Some(ns) = meta::namespace(rs) else { return Vec::new() };
             orphan_deployments
                 .by_namespace(ns)
                 .iter()
@@ -58,17 +59,17 @@ pub fn deployment_controller(client: Arc<dyn Client>, manager: &Manager, config:
         })
         // A Recreate rollout waits for the old pods to be gone: their changes wake it.
         .watches(&kinds::POD, move |pod| {
-            let Some(ns) = podutil::namespace(pod) else { return Vec::new() };
-            let Some(rs_name) = podutil::controller_ref(pod).and_then(|r| r.get("name")).and_then(Value::as_str) else {
+            let Some(ns) = meta::namespace(pod) else { return Vec::new() };
+            let Some(rs_name) = meta::controller_ref(pod).and_then(|r| r.get("name")).and_then(Value::as_str) else {
                 return Vec::new();
             };
             let Some(rs) = recreate_replicasets.get(&format!("{ns}/{rs_name}")) else { return Vec::new() };
-            let Some(d_name) = podutil::controller_ref(&rs).and_then(|r| r.get("name")).and_then(Value::as_str) else {
+            let Some(d_name) = meta::controller_ref(&rs).and_then(|r| r.get("name")).and_then(Value::as_str) else {
                 return Vec::new();
             };
             let key = format!("{ns}/{d_name}");
             match recreate_deployments.get(&key) {
-                Some(d) if podutil::str_at(&d, "/spec/strategy/type") == Some("Recreate") => vec![key],
+                Some(d) if opt_str_at(&d, "/spec/strategy/type") == Some("Recreate") => vec![key],
                 _ => Vec::new(),
             }
         })
@@ -105,13 +106,13 @@ fn status_i64(obj: &Value, field: &str) -> i64 {
 }
 
 fn revision_of(rs: &Value) -> i64 {
-    podutil::str_at(rs, "/metadata/annotations/deployment.kubernetes.io~1revision").and_then(|r| r.parse().ok()).unwrap_or(0)
+    opt_str_at(rs, "/metadata/annotations/deployment.kubernetes.io~1revision").and_then(|r| r.parse().ok()).unwrap_or(0)
 }
 
 /// Oldest first, by creation time then name, so scale-downs start from the oldest ReplicaSet.
 fn oldest_first(a: &Value, b: &Value) -> Ordering {
-    let created = |o: &Value| podutil::str_at(o, "/metadata/creationTimestamp").unwrap_or("").to_string();
-    created(a).cmp(&created(b)).then_with(|| podutil::name(a).cmp(podutil::name(b)))
+    let created = |o: &Value| opt_str_at(o, "/metadata/creationTimestamp").unwrap_or("").to_string();
+    created(a).cmp(&created(b)).then_with(|| meta::name(a).cmp(meta::name(b)))
 }
 
 /// `maxSurge` rounded up and `maxUnavailable` rounded down against `replicas`; when both come to
@@ -241,9 +242,9 @@ impl Sets {
 
     fn replace(&mut self, updated: Value) {
         let updated = Arc::new(updated);
-        if self.new.as_ref().is_some_and(|n| podutil::uid(n) == podutil::uid(&updated)) {
+        if self.new.as_ref().is_some_and(|n| meta::uid(n) == meta::uid(&updated)) {
             self.new = Some(updated);
-        } else if let Some(slot) = self.old.iter_mut().find(|o| podutil::uid(o) == podutil::uid(&updated)) {
+        } else if let Some(slot) = self.old.iter_mut().find(|o| meta::uid(o) == meta::uid(&updated)) {
             *slot = updated;
         }
     }
@@ -251,7 +252,7 @@ impl Sets {
 
 impl DeploymentReconciler {
     async fn sync(&self, d: &Value) -> Result<Action, Error> {
-        let ns = podutil::namespace(d).unwrap_or("default");
+        let ns = meta::namespace(d).unwrap_or("default");
         let selector = match selector_of(d) {
             Ok(s) if !s.is_empty() => s,
             _ => {
@@ -271,7 +272,7 @@ impl DeploymentReconciler {
         sets.old.sort_by(|a, b| oldest_first(a, b));
 
         let mut created_new: Option<String> = None;
-        if podutil::is_deleting(d) {
+        if meta::is_deleting(d) {
             return self.write_status(d, &sets, None).await;
         }
         if d.at("/spec/paused").and_then(Value::as_bool) == Some(true) {
@@ -279,7 +280,7 @@ impl DeploymentReconciler {
             return self.write_status(d, &sets, None).await;
         }
 
-        let recreate = podutil::str_at(d, "/spec/strategy/type") == Some("Recreate");
+        let recreate = opt_str_at(d, "/spec/strategy/type") == Some("Recreate");
         if recreate {
             if self.rollout_recreate(d, &mut sets, &mut created_new).await? {
                 return self.write_status(d, &sets, created_new.as_deref()).await;
@@ -296,35 +297,35 @@ impl DeploymentReconciler {
     /// The ReplicaSets this Deployment controls after adopting matching orphans and releasing
     /// its ReplicaSets whose labels stopped matching.
     async fn claim_replicasets(&self, d: &Value, ns: &str, selector: &LabelSelector) -> Result<Vec<Arc<Value>>, ApiError> {
-        let d_uid = podutil::uid(d);
+        let d_uid = meta::uid(d);
         let mut owned = Vec::new();
         let mut orphans = Vec::new();
         for rs in self.replicasets.by_namespace(ns) {
-            match podutil::controller_uid(&rs) {
+            match meta::controller_uid(&rs) {
                 Some(u) if u == d_uid => {
-                    if selector.matches_object(&rs) || podutil::is_deleting(&rs) {
+                    if selector.matches_object(&rs) || meta::is_deleting(&rs) {
                         owned.push(rs);
                     } else {
                         let patch = podutil::release_patch(&rs, d_uid);
-                        match self.client.patch(&kinds::REPLICASET, Some(ns), podutil::name(&rs), Patch::Merge(patch)).await {
+                        match self.client.patch(&kinds::REPLICASET, Some(ns), meta::name(&rs), Patch::Merge(patch)).await {
                             Ok(_) => {}
                             Err(e) if e.is_not_found() => {}
                             Err(e) => return Err(e),
                         }
                     }
                 }
-                None if selector.matches_object(&rs) && !podutil::is_deleting(&rs) => orphans.push(rs),
+                None if selector.matches_object(&rs) && !meta::is_deleting(&rs) => orphans.push(rs),
                 _ => {}
             }
         }
-        if !orphans.is_empty() && !podutil::is_deleting(d) {
-            let fresh = self.client.get(&kinds::DEPLOYMENT, Some(ns), podutil::name(d)).await?;
-            if podutil::uid(&fresh) == d_uid && !podutil::is_deleting(&fresh) {
+        if !orphans.is_empty() && !meta::is_deleting(d) {
+            let fresh = self.client.get(&kinds::DEPLOYMENT, Some(ns), meta::name(d)).await?;
+            if meta::uid(&fresh) == d_uid && !meta::is_deleting(&fresh) {
                 for rs in orphans {
                     let patch = podutil::adopt_patch(&rs, d, &kinds::DEPLOYMENT);
-                    match self.client.patch(&kinds::REPLICASET, Some(ns), podutil::name(&rs), Patch::Merge(patch)).await {
+                    match self.client.patch(&kinds::REPLICASET, Some(ns), meta::name(&rs), Patch::Merge(patch)).await {
                         Ok(adopted) => {
-                            let msg = format!("Adopted replica set {}", podutil::name(&rs));
+                            let msg = format!("Adopted replica set {}", meta::name(&rs));
                             self.events.record(d, EventType::Normal, "Adopted", &msg).await;
                             owned.push(Arc::new(adopted));
                         }
@@ -345,7 +346,7 @@ impl DeploymentReconciler {
         if sets.new.is_none() {
             let room = (replicas + surge - sets.spec_total()).max(0);
             let rs = self.create_new_replicaset(d, sets, room.min(replicas)).await?;
-            *created = Some(podutil::name(&rs).to_string());
+            *created = Some(meta::name(&rs).to_string());
             sets.new = Some(Arc::new(rs));
         }
         self.sync_new_revision(d, sets).await?;
@@ -422,7 +423,7 @@ impl DeploymentReconciler {
             return Ok(true);
         }
         let old_pods_remain = sets.old.iter().any(|rs| {
-            self.pods.by_controller_uid(podutil::uid(rs)).iter().any(|p| !matches!(podutil::phase(p), "Failed" | "Succeeded"))
+            self.pods.by_controller_uid(meta::uid(rs)).iter().any(|p| !matches!(pod::phase(p), "Failed" | "Succeeded"))
         });
         if old_pods_remain {
             return Ok(true);
@@ -430,7 +431,7 @@ impl DeploymentReconciler {
         let replicas = replicas_of(d);
         if sets.new.is_none() {
             let rs = self.create_new_replicaset(d, sets, replicas).await?;
-            *created = Some(podutil::name(&rs).to_string());
+            *created = Some(meta::name(&rs).to_string());
             sets.new = Some(Arc::new(rs));
         }
         self.sync_new_revision(d, sets).await?;
@@ -465,11 +466,11 @@ impl DeploymentReconciler {
     /// Creates `<deployment>-<hash>`. A name already taken by a ReplicaSet with another template
     /// is a hash collision: the collision count goes up and the next reconcile tries a new name.
     async fn create_new_replicaset(&self, d: &Value, sets: &Sets, replicas: i64) -> Result<Value, Error> {
-        let ns = podutil::namespace(d);
+        let ns = meta::namespace(d);
         let collisions = d.at("/status/collisionCount").and_then(Value::as_i64);
         let template = d.at("/spec/template").cloned().unwrap_or(Value::Null);
         let hash = pod_template_hash(&template, collisions);
-        let name = format!("{}-{hash}", podutil::name(d));
+        let name = format!("{}-{hash}", meta::name(d));
         let revision = sets.old.iter().map(|rs| revision_of(rs)).max().unwrap_or(0) + 1;
 
         let mut rs_template = template.clone();
@@ -503,12 +504,12 @@ impl DeploymentReconciler {
             }
             Err(e) if e.is_already_exists() => {
                 let existing = self.client.get(&kinds::REPLICASET, ns, &name).await?;
-                if podutil::controller_uid(&existing) == Some(podutil::uid(d)) && template_without_hash(&existing) == template {
+                if meta::controller_uid(&existing) == Some(meta::uid(d)) && template_without_hash(&existing) == template {
                     return Ok(existing);
                 }
                 let count = collisions.unwrap_or(0) + 1;
                 let patch = json!({"status": {"collisionCount": count}});
-                self.client.patch_status(&kinds::DEPLOYMENT, ns, podutil::name(d), Patch::Merge(patch)).await?;
+                self.client.patch_status(&kinds::DEPLOYMENT, ns, meta::name(d), Patch::Merge(patch)).await?;
                 Err(format!("replica set {name} exists with another template; collision count is now {count}").into())
             }
             Err(e) => {
@@ -531,13 +532,13 @@ impl DeploymentReconciler {
             revision = revision.max(max_old + 1);
             let patch = json!({"metadata": {"annotations": {REVISION_ANNOTATION: revision.to_string()}},
                 "spec": {"minReadySeconds": min_ready}});
-            let updated = self.client.patch(&kinds::REPLICASET, podutil::namespace(&new), podutil::name(&new), Patch::Merge(patch)).await?;
+            let updated = self.client.patch(&kinds::REPLICASET, meta::namespace(&new), meta::name(&new), Patch::Merge(patch)).await?;
             sets.replace(updated);
         }
         let want = revision.to_string();
-        if podutil::str_at(d, "/metadata/annotations/deployment.kubernetes.io~1revision") != Some(want.as_str()) {
+        if opt_str_at(d, "/metadata/annotations/deployment.kubernetes.io~1revision") != Some(want.as_str()) {
             let patch = json!({"metadata": {"annotations": {REVISION_ANNOTATION: want}}});
-            self.client.patch(&kinds::DEPLOYMENT, podutil::namespace(d), podutil::name(d), Patch::Merge(patch)).await?;
+            self.client.patch(&kinds::DEPLOYMENT, meta::namespace(d), meta::name(d), Patch::Merge(patch)).await?;
         }
         Ok(())
     }
@@ -545,9 +546,9 @@ impl DeploymentReconciler {
     async fn scale(&self, d: &Value, rs: &Value, replicas: i64) -> Result<Value, ApiError> {
         let from = replicas_of(rs);
         let patch = json!({"spec": {"replicas": replicas}});
-        let updated = self.client.patch(&kinds::REPLICASET, podutil::namespace(rs), podutil::name(rs), Patch::Merge(patch)).await?;
+        let updated = self.client.patch(&kinds::REPLICASET, meta::namespace(rs), meta::name(rs), Patch::Merge(patch)).await?;
         let direction = if replicas > from { "up" } else { "down" };
-        let msg = format!("Scaled {direction} replica set {} from {from} to {replicas}", podutil::name(rs));
+        let msg = format!("Scaled {direction} replica set {} from {from} to {replicas}", meta::name(rs));
         self.events.record(d, EventType::Normal, "ScalingReplicaSet", &msg).await;
         Ok(updated)
     }
@@ -558,7 +559,7 @@ impl DeploymentReconciler {
         let mut idle: Vec<&Arc<Value>> = sets
             .old
             .iter()
-            .filter(|rs| replicas_of(rs) == 0 && status_i64(rs, "replicas") == 0 && !podutil::is_deleting(rs))
+            .filter(|rs| replicas_of(rs) == 0 && status_i64(rs, "replicas") == 0 && !meta::is_deleting(rs))
             .collect();
         if idle.len() <= limit {
             return Ok(());
@@ -566,10 +567,10 @@ impl DeploymentReconciler {
         idle.sort_by(|a, b| revision_of(a).cmp(&revision_of(b)).then_with(|| oldest_first(a, b)));
         let excess = idle.len() - limit;
         for rs in idle.into_iter().take(excess) {
-            let params = DeleteParams { precondition_uid: Some(podutil::uid(rs).to_string()), ..Default::default() };
-            match self.client.delete(&kinds::REPLICASET, podutil::namespace(rs), podutil::name(rs), &params).await {
+            let params = DeleteParams { precondition_uid: Some(meta::uid(rs).to_string()), ..Default::default() };
+            match self.client.delete(&kinds::REPLICASET, meta::namespace(rs), meta::name(rs), &params).await {
                 Ok(_) => {
-                    let msg = format!("Deleted old replica set {} (revision history limit {limit})", podutil::name(rs));
+                    let msg = format!("Deleted old replica set {} (revision history limit {limit})", meta::name(rs));
                     self.events.record(d, EventType::Normal, "SuccessfulDelete", &msg).await;
                 }
                 Err(e) if e.is_not_found() || e.is_conflict() => {}
@@ -585,7 +586,7 @@ impl DeploymentReconciler {
         let current = d.get("status").cloned().unwrap_or_else(|| json!({}));
         if current != status {
             let patch = Patch::Merge(json!({"status": status}));
-            match self.client.patch_status(&kinds::DEPLOYMENT, podutil::namespace(d), podutil::name(d), patch).await {
+            match self.client.patch_status(&kinds::DEPLOYMENT, meta::namespace(d), meta::name(d), patch).await {
                 Ok(_) => {}
                 Err(e) if e.is_not_found() => return Ok(Action::Done),
                 Err(e) => return Err(e.into()),
@@ -615,7 +616,7 @@ fn compute_status(d: &Value, sets: &Sets, created_new: Option<&str>) -> (Value, 
     let (_, max_unavailable) = fenceposts(d);
 
     let mut status = Map::new();
-    status.insert("observedGeneration".into(), json!(podutil::generation(d)));
+    status.insert("observedGeneration".into(), json!(meta::generation(d)));
     status.insert("replicas".into(), json!(total));
     status.insert("updatedReplicas".into(), json!(updated));
     status.insert("readyReplicas".into(), json!(ready));
@@ -632,7 +633,7 @@ fn compute_status(d: &Value, sets: &Sets, created_new: Option<&str>) -> (Value, 
     };
 
     let previous = condition(d, "Progressing");
-    let new_name = sets.new.as_ref().map(|n| podutil::name(n).to_string()).unwrap_or_default();
+    let new_name = sets.new.as_ref().map(|n| meta::name(n).to_string()).unwrap_or_default();
     let deadline = d.at("/spec/progressDeadlineSeconds").and_then(Value::as_u64).map(Duration::from_secs);
     let paused = d.at("/spec/paused").and_then(Value::as_bool) == Some(true);
     let complete = is_complete(d, sets);

@@ -12,12 +12,13 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use shepherd_api::{JsonPath, LabelSelector, kinds};
+use shepherd_api::{meta, opt_str_at, pod};
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, Manager};
 
 use crate::config::ControllerConfig;
-use crate::podutil::{self, str_at};
+use crate::podutil;
 
 /// How long an evicted pod may take to show its deletion before the budget stops waiting for it
 /// (Kubernetes' `DeletionTimeout`).
@@ -42,7 +43,7 @@ pub fn disruption_controller(client: Arc<dyn Client>, manager: &Manager, config:
         async move { r.reconcile(&key).await }
     })
     .watches(&kinds::POD, move |pod| {
-        let ns = str_at(pod, "/metadata/namespace").unwrap_or("");
+        let ns = opt_str_at(pod, "/metadata/namespace").unwrap_or("");
         pdbs.by_namespace(ns).iter().filter(|b| selects(b, pod)).filter_map(|b| object_key(b)).collect()
     })
     .watches(&kinds::REPLICASET, move |rs| budgets_in_namespace(&for_rs, rs))
@@ -52,7 +53,7 @@ pub fn disruption_controller(client: Arc<dyn Client>, manager: &Manager, config:
 }
 
 fn budgets_in_namespace(pdbs: &Cache, obj: &Value) -> Vec<String> {
-    pdbs.by_namespace(str_at(obj, "/metadata/namespace").unwrap_or("")).iter().filter_map(|b| object_key(b)).collect()
+    pdbs.by_namespace(opt_str_at(obj, "/metadata/namespace").unwrap_or("")).iter().filter_map(|b| object_key(b)).collect()
 }
 
 /// The budget's selector; `None` when it has none, which in `policy/v1` selects no pods (an empty
@@ -63,7 +64,7 @@ pub fn budget_selector(pdb: &Value) -> Option<LabelSelector> {
 
 /// Whether the budget covers `pod` (same namespace, selector matches).
 pub fn selects(pdb: &Value, pod: &Value) -> bool {
-    str_at(pdb, "/metadata/namespace") == str_at(pod, "/metadata/namespace")
+    opt_str_at(pdb, "/metadata/namespace") == opt_str_at(pod, "/metadata/namespace")
         && budget_selector(pdb).is_some_and(|s| s.matches_object(pod))
 }
 
@@ -120,7 +121,7 @@ impl DisruptionController {
 
     async fn reconcile(&self, key: &str) -> Result<Action, Error> {
         let Some(pdb) = self.pdbs.get(key) else { return Ok(Action::Done) };
-        let ns = str_at(&pdb, "/metadata/namespace").unwrap_or("");
+        let ns = opt_str_at(&pdb, "/metadata/namespace").unwrap_or("");
         let pods: Vec<Arc<Value>> = match budget_selector(&pdb) {
             Some(sel) => self.pods.by_namespace(ns).into_iter().filter(|p| sel.matches_object(p)).collect(),
             None => Vec::new(),
@@ -142,7 +143,7 @@ impl DisruptionController {
         // Evicted pods stay counted as disrupted until they show their deletion or time out.
         let now = podutil::now();
         let present: HashSet<&str> =
-            pods.iter().filter(|p| !podutil::is_deleting(p)).map(|p| podutil::name(p)).collect();
+            pods.iter().filter(|p| !meta::is_deleting(p)).map(|p| meta::name(p)).collect();
         let mut disrupted = Map::new();
         let mut next_expiry: Option<Duration> = None;
         for (name, at) in pdb.at("/status/disruptedPods").and_then(Value::as_object).into_iter().flatten() {
@@ -156,12 +157,12 @@ impl DisruptionController {
         }
         let healthy = pods
             .iter()
-            .filter(|p| podutil::is_ready(p) && !podutil::is_deleting(p) && !disrupted.contains_key(podutil::name(p)))
+            .filter(|p| pod::is_ready(p) && !meta::is_deleting(p) && !disrupted.contains_key(meta::name(p)))
             .count() as i64;
         let allowed = if expected <= 0 { 0 } else { (healthy - desired).max(0) };
 
         let mut status = json!({
-            "observedGeneration": podutil::generation(&pdb),
+            "observedGeneration": meta::generation(&pdb),
             "currentHealthy": healthy,
             "desiredHealthy": desired,
             "disruptionsAllowed": allowed,
@@ -172,14 +173,14 @@ impl DisruptionController {
         }
         let (cond_status, reason) = if allowed > 0 { ("True", "SufficientPods") } else { ("False", "InsufficientPods") };
         let previous = pdb.at("/status/conditions").and_then(Value::as_array).and_then(|cs| {
-            cs.iter().find(|c| str_at(c, "/type") == Some("DisruptionAllowed"))
+            cs.iter().find(|c| opt_str_at(c, "/type") == Some("DisruptionAllowed"))
         });
         let since = previous
-            .filter(|c| str_at(c, "/status") == Some(cond_status))
+            .filter(|c| opt_str_at(c, "/status") == Some(cond_status))
             .and_then(|c| c.get("lastTransitionTime").cloned())
             .unwrap_or_else(|| json!(podutil::format_time(now)));
         status["conditions"] = json!([{"type": "DisruptionAllowed", "status": cond_status, "reason": reason,
-            "message": "", "observedGeneration": podutil::generation(&pdb), "lastTransitionTime": since}]);
+            "message": "", "observedGeneration": meta::generation(&pdb), "lastTransitionTime": since}]);
 
         let requeue = next_expiry.map_or(Action::Done, |d| Action::RequeueAfter(d + Duration::from_millis(1)));
         if pdb.get("status") == Some(&status) {

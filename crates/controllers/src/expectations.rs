@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 // Tokio's clock, so that paused-clock tests can age expectations.
+use shepherd_api::meta;
 use tokio::time::Instant;
 
-use crate::podutil;
 
 /// How long an expectation may wait for the cache before it is given up on.
 const TTL: Duration = Duration::from_secs(60);
@@ -53,8 +53,8 @@ impl PodExpectations {
             .retain(|_, (rev, at)| *rev > observed && at.elapsed() < TTL);
         let live: HashSet<&str> = pods
             .iter()
-            .filter(|p| !podutil::is_deleting(p))
-            .map(|p| podutil::uid(p))
+            .filter(|p| !meta::is_deleting(p))
+            .map(|p| meta::uid(p))
             .collect();
         pending
             .deleting

@@ -20,6 +20,7 @@ use std::sync::{Arc, RwLock};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use shepherd_api::{ApiError, ResourceInfo, kinds};
+use shepherd_api::meta;
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Change, Client, Controller, DeleteParams, Manager, Patch, Propagation, Reconciler};
@@ -92,7 +93,7 @@ struct GraphState {
 }
 
 fn owner_uids(obj: &Value) -> Vec<String> {
-    podutil::owner_references(obj).iter().filter_map(|r| r.get("uid").and_then(Value::as_str).map(str::to_string)).collect()
+    meta::owner_references(obj).iter().filter_map(|r| r.get("uid").and_then(Value::as_str).map(str::to_string)).collect()
 }
 
 impl Graph {
@@ -160,24 +161,24 @@ impl Shared {
     /// deletion.
     fn wake(&self, source: usize, obj: &Value, target: usize) -> Vec<String> {
         let mut keys = Vec::new();
-        let uid = podutil::uid(obj);
+        let uid = meta::uid(obj);
         // Most objects own nothing; only then is the cache consulted.
         let still_there = || {
             object_key(obj)
                 .and_then(|k| self.caches[source].get(&k))
-                .is_some_and(|cached| podutil::uid(&cached) == uid && !podutil::is_deleting(&cached))
+                .is_some_and(|cached| meta::uid(&cached) == uid && !meta::is_deleting(&cached))
         };
         if !uid.is_empty() && self.graph.has_dependents(uid) && !still_there() {
             keys.extend(self.graph.dependents(uid).into_iter().filter(|(k, _)| *k == target).map(|(_, key)| key));
         }
         let target_kind = &self.kinds[target];
-        for r in podutil::owner_references(obj) {
+        for r in meta::owner_references(obj) {
             if r.get("kind").and_then(Value::as_str) != Some(target_kind.kind) {
                 continue;
             }
             let Some(name) = r.get("name").and_then(Value::as_str) else { continue };
             let key = self.owner_key(target_kind, obj, name);
-            if self.caches[target].get(&key).is_some_and(|o| podutil::has_finalizer(&o, FOREGROUND_FINALIZER)) {
+            if self.caches[target].get(&key).is_some_and(|o| meta::has_finalizer(&o, FOREGROUND_FINALIZER)) {
                 keys.push(key);
             }
         }
@@ -185,7 +186,7 @@ impl Shared {
     }
 
     fn owner_key(&self, owner_kind: &ResourceInfo, dependent: &Value, name: &str) -> String {
-        match (owner_kind.namespaced, podutil::namespace(dependent)) {
+        match (owner_kind.namespaced, meta::namespace(dependent)) {
             (true, Some(ns)) => format!("{ns}/{name}"),
             _ => name.to_string(),
         }
@@ -214,11 +215,11 @@ impl Shared {
             return Ok(OwnerState::Solid);
         };
         let res = &self.kinds[i];
-        if res.namespaced && podutil::namespace(dependent).is_none() {
+        if res.namespaced && meta::namespace(dependent).is_none() {
             return Ok(OwnerState::Solid);
         }
         let classify = |owner: &Value| {
-            if podutil::is_deleting(owner) && podutil::has_finalizer(owner, FOREGROUND_FINALIZER) {
+            if meta::is_deleting(owner) && meta::has_finalizer(owner, FOREGROUND_FINALIZER) {
                 OwnerState::WaitingForDependents
             } else {
                 OwnerState::Solid
@@ -226,13 +227,13 @@ impl Shared {
         };
         let key = self.owner_key(res, dependent, name);
         if let Some(cached) = self.caches[i].get(&key)
-            && podutil::uid(&cached) == uid
+            && meta::uid(&cached) == uid
         {
             return Ok(classify(&cached));
         }
-        let ns = if res.namespaced { podutil::namespace(dependent) } else { None };
+        let ns = if res.namespaced { meta::namespace(dependent) } else { None };
         match self.client.get(res, ns, name).await {
-            Ok(live) if podutil::uid(&live) == uid => Ok(classify(&live)),
+            Ok(live) if meta::uid(&live) == uid => Ok(classify(&live)),
             Ok(_) => Ok(OwnerState::Gone),
             Err(e) if e.is_not_found() => Ok(OwnerState::Gone),
             Err(e) => Err(e),
@@ -245,7 +246,7 @@ impl Shared {
             return Ok(OwnerState::Solid);
         };
         let ns = if res.namespaced {
-            match podutil::namespace(dependent) {
+            match meta::namespace(dependent) {
                 Some(ns) => Some(ns),
                 None => return Ok(OwnerState::Solid),
             }
@@ -253,8 +254,8 @@ impl Shared {
             None
         };
         match self.client.get(res, ns, name).await {
-            Ok(live) if podutil::uid(&live) == uid => {
-                if podutil::is_deleting(&live) && podutil::has_finalizer(&live, FOREGROUND_FINALIZER) {
+            Ok(live) if meta::uid(&live) == uid => {
+                if meta::is_deleting(&live) && meta::has_finalizer(&live, FOREGROUND_FINALIZER) {
                     Ok(OwnerState::WaitingForDependents)
                 } else {
                     Ok(OwnerState::Solid)
@@ -276,17 +277,17 @@ impl Shared {
     /// Deletes `obj` if it is still the object we saw; in the foreground when it has dependents
     /// of its own, so a chain of owners is taken down from the bottom. `true` once it is gone.
     async fn delete(&self, res: &ResourceInfo, obj: &Value, foreground: bool) -> Result<bool, ApiError> {
-        let propagation = if foreground && self.graph.has_dependents(podutil::uid(obj)) {
+        let propagation = if foreground && self.graph.has_dependents(meta::uid(obj)) {
             Propagation::Foreground
         } else {
             Propagation::Background
         };
         let params = DeleteParams {
             propagation: Some(propagation),
-            precondition_uid: Some(podutil::uid(obj).to_string()),
+            precondition_uid: Some(meta::uid(obj).to_string()),
             ..Default::default()
         };
-        match self.client.delete(res, podutil::namespace(obj), podutil::name(obj), &params).await {
+        match self.client.delete(res, meta::namespace(obj), meta::name(obj), &params).await {
             Ok(remaining) => Ok(remaining.is_none()),
             Err(e) if e.is_not_found() || e.is_conflict() => Ok(true),
             Err(e) => Err(e),
@@ -294,10 +295,10 @@ impl Shared {
     }
 
     async fn remove_finalizer(&self, res: &ResourceInfo, obj: &Value, finalizer: &str) -> Result<(), ApiError> {
-        let remaining: Vec<&str> = podutil::finalizers(obj).into_iter().filter(|f| *f != finalizer).collect();
+        let remaining: Vec<&str> = meta::finalizers(obj).into_iter().filter(|f| *f != finalizer).collect();
         let list = if remaining.is_empty() { Value::Null } else { json!(remaining) };
-        let patch = json!({"metadata": {"finalizers": list, "resourceVersion": podutil::resource_version(obj)}});
-        match self.client.patch(res, podutil::namespace(obj), podutil::name(obj), Patch::Merge(patch)).await {
+        let patch = json!({"metadata": {"finalizers": list, "resourceVersion": meta::resource_version(obj)}});
+        match self.client.patch(res, meta::namespace(obj), meta::name(obj), Patch::Merge(patch)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),
@@ -311,24 +312,24 @@ impl Shared {
             .into_iter()
             .filter_map(|(kind, key)| {
                 let obj = self.caches[kind].get(&key)?;
-                let r = podutil::owner_references(&obj).iter().find(|r| r.get("uid").and_then(Value::as_str) == Some(owner_uid))?.clone();
+                let r = meta::owner_references(&obj).iter().find(|r| r.get("uid").and_then(Value::as_str) == Some(owner_uid))?.clone();
                 Some((kind, obj, r))
             })
             .collect()
     }
 
     async fn orphan_dependents(&self, owner_kind: &ResourceInfo, owner: &Value) -> Result<(), ApiError> {
-        let uid = podutil::uid(owner);
+        let uid = meta::uid(owner);
         for (dep_kind, dep, _) in self.dependents_of(uid) {
             let patch = podutil::release_patch(&dep, uid);
             let res = &self.kinds[dep_kind];
-            match self.client.patch(res, podutil::namespace(&dep), podutil::name(&dep), Patch::Merge(patch)).await {
+            match self.client.patch(res, meta::namespace(&dep), meta::name(&dep), Patch::Merge(patch)).await {
                 Ok(_) => {}
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),
             }
         }
-        let msg = format!("Orphaned the dependents of {} {}", owner_kind.kind, podutil::name(owner));
+        let msg = format!("Orphaned the dependents of {} {}", owner_kind.kind, meta::name(owner));
         self.events.record(owner, EventType::Normal, "OrphanedDependents", &msg).await;
         self.remove_finalizer(owner_kind, owner, ORPHAN_FINALIZER).await
     }
@@ -336,11 +337,11 @@ impl Shared {
     /// Deletes the dependents of an owner in foreground deletion; removes its finalizer once
     /// no dependent blocking owner deletion is left.
     async fn delete_dependents(&self, owner_kind: &ResourceInfo, owner: &Value) -> Result<(), ApiError> {
-        let uid = podutil::uid(owner);
+        let uid = meta::uid(owner);
         let mut blocking = 0;
         for (dep_kind, dep, r) in self.dependents_of(uid) {
             let blocks = r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true);
-            let gone = if podutil::is_deleting(&dep) { false } else { self.delete(&self.kinds[dep_kind], &dep, true).await? };
+            let gone = if meta::is_deleting(&dep) { false } else { self.delete(&self.kinds[dep_kind], &dep, true).await? };
             if blocks && !gone {
                 blocking += 1;
             }
@@ -370,15 +371,15 @@ impl Shared {
     /// Carries out what the collector does for one object of kind `res` (see the module header).
     async fn collect(&self, res: &ResourceInfo, obj: &Value) -> Result<Action, Error> {
         let s = self;
-        if podutil::is_deleting(obj) {
-            if podutil::has_finalizer(obj, ORPHAN_FINALIZER) {
+        if meta::is_deleting(obj) {
+            if meta::has_finalizer(obj, ORPHAN_FINALIZER) {
                 s.orphan_dependents(res, obj).await?;
-            } else if podutil::has_finalizer(obj, FOREGROUND_FINALIZER) {
+            } else if meta::has_finalizer(obj, FOREGROUND_FINALIZER) {
                 s.delete_dependents(res, obj).await?;
             }
             return Ok(Action::Done);
         }
-        let refs = podutil::owner_references(obj).to_vec();
+        let refs = meta::owner_references(obj).to_vec();
         if refs.is_empty() {
             return Ok(Action::Done);
         }
@@ -404,7 +405,7 @@ impl Shared {
                     .cloned()
                     .collect();
                 let patch = podutil::owner_references_patch(obj, kept);
-                match s.client.patch(res, podutil::namespace(obj), podutil::name(obj), Patch::Merge(patch)).await {
+                match s.client.patch(res, meta::namespace(obj), meta::name(obj), Patch::Merge(patch)).await {
                     Ok(_) => {}
                     Err(e) if e.is_not_found() => {}
                     Err(e) => return Err(e.into()),
@@ -417,7 +418,7 @@ impl Shared {
         }
         s.delete(res, obj, waiting > 0).await?;
         let why = if waiting > 0 { "its owner is being deleted in the foreground" } else { "its owners are gone" };
-        let msg = format!("Deleted {} {}: {why}", res.kind, podutil::name(obj));
+        let msg = format!("Deleted {} {}: {why}", res.kind, meta::name(obj));
         s.events.record(obj, EventType::Normal, "GarbageCollected", &msg).await;
         Ok(Action::Done)
     }
@@ -453,9 +454,9 @@ impl Reconciler for CustomKindsReconciler {
             Err(e) => return Err(e.into()),
         };
         for obj in &list.items {
-            let interesting = !podutil::owner_references(obj).is_empty()
-                || podutil::has_finalizer(obj, ORPHAN_FINALIZER)
-                || podutil::has_finalizer(obj, FOREGROUND_FINALIZER);
+            let interesting = !meta::owner_references(obj).is_empty()
+                || meta::has_finalizer(obj, ORPHAN_FINALIZER)
+                || meta::has_finalizer(obj, FOREGROUND_FINALIZER);
             if interesting {
                 s.collect(res, obj).await?;
             }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::{ApiError, ResourceInfo, kinds};
+use shepherd_api::{meta, opt_str_at};
 use shepherd_runtime::{Cache, Client, DeleteParams};
 
 use crate::podutil;
@@ -25,7 +26,7 @@ pub(crate) struct History<'a> {
 impl History<'_> {
     /// The ControllerRevision `name`, if recorded.
     pub fn get(&self, name: &str) -> Option<Arc<Value>> {
-        let ns = podutil::namespace(self.owner).unwrap_or("default");
+        let ns = meta::namespace(self.owner).unwrap_or("default");
         self.revisions.get(&format!("{ns}/{name}"))
     }
 
@@ -33,9 +34,9 @@ impl History<'_> {
     /// after the owner's newest; then drops the oldest beyond `revisionHistoryLimit` that neither
     /// a pod nor `keep` names.
     pub async fn record(&self, name: &str, hash: &str, template: &Value, keep: &[&str], pods: &[Arc<Value>]) -> Result<(), ApiError> {
-        let owned = self.revisions.by_controller_uid(podutil::uid(self.owner));
+        let owned = self.revisions.by_controller_uid(meta::uid(self.owner));
         if self.get(name).is_none() {
-            let ns = podutil::namespace(self.owner).unwrap_or("default");
+            let ns = meta::namespace(self.owner).unwrap_or("default");
             let number = owned.iter().filter_map(|r| r.at("/revision").and_then(Value::as_i64)).max().unwrap_or(0) + 1;
             let mut labels = self.owner.at("/spec/selector/matchLabels").and_then(Value::as_object).cloned().unwrap_or_default();
             labels.insert(REVISION_LABEL.into(), json!(hash));
@@ -57,12 +58,12 @@ impl History<'_> {
 
     async fn prune(&self, owned: &[Arc<Value>], current: &str, keep: &[&str], pods: &[Arc<Value>]) -> Result<(), ApiError> {
         let limit = self.owner.at("/spec/revisionHistoryLimit").and_then(Value::as_u64).unwrap_or(10) as usize;
-        let in_use: HashSet<&str> = pods.iter().filter_map(|p| podutil::str_at(p, &format!("/metadata/labels/{REVISION_LABEL}"))).collect();
+        let in_use: HashSet<&str> = pods.iter().filter_map(|p| opt_str_at(p, &format!("/metadata/labels/{REVISION_LABEL}"))).collect();
         let mut old: Vec<&Arc<Value>> = owned
             .iter()
             .filter(|r| {
-                let n = podutil::name(r);
-                let hash = podutil::str_at(r, &format!("/metadata/labels/{REVISION_LABEL}")).unwrap_or("");
+                let n = meta::name(r);
+                let hash = opt_str_at(r, &format!("/metadata/labels/{REVISION_LABEL}")).unwrap_or("");
                 n != current && !keep.contains(&n) && !in_use.contains(n) && !in_use.contains(hash)
             })
             .collect();
@@ -71,7 +72,7 @@ impl History<'_> {
         }
         old.sort_by_key(|r| r.at("/revision").and_then(Value::as_i64).unwrap_or(0));
         for r in &old[..old.len() - limit] {
-            match self.client.delete(&kinds::CONTROLLERREVISION, podutil::namespace(r), podutil::name(r), &DeleteParams::default()).await {
+            match self.client.delete(&kinds::CONTROLLERREVISION, meta::namespace(r), meta::name(r), &DeleteParams::default()).await {
                 Ok(_) => {}
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),

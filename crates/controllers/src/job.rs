@@ -18,9 +18,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use shepherd_api::JsonPath;
 use shepherd_api::defaults::batch::JOB_NAME_LABEL;
-use shepherd_api::{ApiError, kinds};
+use shepherd_api::{ApiError, JsonPath, kinds, meta, pod, strings_at};
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Propagation, Reconciler};
 use tokio::time::Instant;
@@ -108,9 +107,9 @@ impl Reconciler for JobReconciler {
         };
         // Pods of an earlier Job of this name (or of this one, once it is gone or being deleted)
         // only need their finalizers removed, so that deletion can finish.
-        let live_uid = job.as_ref().filter(|j| !podutil::is_deleting(j)).map(|j| podutil::uid(j).to_string());
+        let live_uid = job.as_ref().filter(|j| !meta::is_deleting(j)).map(|j| meta::uid(j).to_string());
         self.release_orphans(ns, name, live_uid.as_deref()).await?;
-        let Some(job) = job.filter(|j| !podutil::is_deleting(j)) else {
+        let Some(job) = job.filter(|j| !meta::is_deleting(j)) else {
             self.lock().remove(key);
             return Ok(Action::Done);
         };
@@ -149,11 +148,11 @@ impl JobReconciler {
             Some(_) => self.pods.by_label(JOB_NAME_LABEL, name),
             None => self.pods.by_namespace(ns),
         };
-        for pod in candidates.into_iter().filter(|p| podutil::namespace(p) == Some(ns)) {
-            let Some(owner) = podutil::controller_ref(&pod) else { continue };
+        for pod in candidates.into_iter().filter(|p| meta::namespace(p) == Some(ns)) {
+            let Some(owner) = meta::controller_ref(&pod) else { continue };
             let ours = owner.get("kind").and_then(Value::as_str) == Some("Job")
                 && owner.get("name").and_then(Value::as_str) == Some(name);
-            if ours && podutil::controller_uid(&pod) != live_uid && podutil::has_finalizer(&pod, TRACKING_FINALIZER) {
+            if ours && meta::controller_uid(&pod) != live_uid && meta::has_finalizer(&pod, TRACKING_FINALIZER) {
                 self.remove_finalizer(&pod).await?;
             }
         }
@@ -162,9 +161,9 @@ impl JobReconciler {
 
     /// Removes the tracking finalizer; the revision it was removed at, `None` if the pod is gone.
     async fn remove_finalizer(&self, pod: &Value) -> Result<Option<u64>, ApiError> {
-        let kept: Vec<&str> = podutil::finalizers(pod).into_iter().filter(|f| *f != TRACKING_FINALIZER).collect();
-        let patch = json!({"metadata": {"finalizers": kept, "resourceVersion": podutil::resource_version(pod)}});
-        match self.client.patch(&kinds::POD, podutil::namespace(pod), podutil::name(pod), Patch::Merge(patch)).await {
+        let kept: Vec<&str> = meta::finalizers(pod).into_iter().filter(|f| *f != TRACKING_FINALIZER).collect();
+        let patch = json!({"metadata": {"finalizers": kept, "resourceVersion": meta::resource_version(pod)}});
+        match self.client.patch(&kinds::POD, meta::namespace(pod), meta::name(pod), Patch::Merge(patch)).await {
             Ok(p) => Ok(Some(shepherd_runtime::cache::resource_version(&p).unwrap_or(u64::MAX))),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
@@ -172,7 +171,7 @@ impl JobReconciler {
     }
 
     async fn sync(&self, key: &str, mut job: Value) -> Result<Action, Error> {
-        let uid = podutil::uid(&job).to_string();
+        let uid = meta::uid(&job).to_string();
         let spec = job.get("spec").cloned().unwrap_or_else(|| json!({}));
         let indexed = spec.at("/completionMode").and_then(Value::as_str) == Some("Indexed");
         let completions = spec.at("/completions").and_then(Value::as_i64).map(|c| c.max(0) as usize);
@@ -196,8 +195,8 @@ impl JobReconciler {
             let all = self.lock();
             let exp = all.get(key);
             for pod in &pods {
-                let deleted_by_us = exp.is_some_and(|e| e.deleted.contains(podutil::uid(pod)));
-                let outcome = match podutil::phase(pod) {
+                let deleted_by_us = exp.is_some_and(|e| e.deleted.contains(meta::uid(pod)));
+                let outcome = match pod::phase(pod) {
                     "Succeeded" => Outcome::Succeeded,
                     "Failed" if deleted_by_us => Outcome::Ignored,
                     "Failed" => match failure_policy_action(&spec, pod) {
@@ -208,7 +207,7 @@ impl JobReconciler {
                             Outcome::Failed
                         }
                     },
-                    _ if podutil::is_deleting(pod) => {
+                    _ if meta::is_deleting(pod) => {
                         if deleted_by_us || suspended || finished { Outcome::Ignored } else { Outcome::Failed }
                     }
                     _ => Outcome::Active,
@@ -219,8 +218,8 @@ impl JobReconciler {
 
         // Step 1: every finished pod still holding the finalizer joins the uncounted lists.
         let status = job.get("status").cloned().unwrap_or_else(|| json!({}));
-        let mut uncounted_ok = strings(&status, "/uncountedTerminatedPods/succeeded");
-        let mut uncounted_failed = strings(&status, "/uncountedTerminatedPods/failed");
+        let mut uncounted_ok = strings_at(&status, "/uncountedTerminatedPods/succeeded").map(str::to_string).collect::<BTreeSet<_>>();
+        let mut uncounted_failed = strings_at(&status, "/uncountedTerminatedPods/failed").map(str::to_string).collect::<BTreeSet<_>>();
         let mut completed: BTreeSet<usize> = parse_indexes(status.at("/completedIndexes").and_then(Value::as_str).unwrap_or(""));
         let mut to_release: Vec<Arc<Value>> = Vec::new();
         let mut newly = false;
@@ -228,10 +227,10 @@ impl JobReconciler {
             let all = self.lock();
             let exp = all.get(key);
             for (pod, outcome) in &outcomes {
-                if *outcome == Outcome::Active || !podutil::has_finalizer(pod, TRACKING_FINALIZER) {
+                if *outcome == Outcome::Active || !meta::has_finalizer(pod, TRACKING_FINALIZER) {
                     continue;
                 }
-                let pod_uid = podutil::uid(pod).to_string();
+                let pod_uid = meta::uid(pod).to_string();
                 if exp.is_some_and(|e| e.uncounting.contains_key(&pod_uid)) {
                     continue;
                 }
@@ -269,7 +268,7 @@ impl JobReconciler {
         for chunk in to_release.chunks(MAX_BATCH) {
             let results = futures::future::join_all(chunk.iter().map(|p| self.remove_finalizer(p))).await;
             for (pod, r) in chunk.iter().zip(results) {
-                let pod_uid = podutil::uid(pod).to_string();
+                let pod_uid = meta::uid(pod).to_string();
                 match r {
                     Ok(rev) => {
                         if let Some(rev) = rev
@@ -291,8 +290,8 @@ impl JobReconciler {
         // Step 3: move every uncounted uid whose pod no longer holds the finalizer into the counters.
         let holds_finalizer: HashSet<String> = pods
             .iter()
-            .filter(|p| podutil::has_finalizer(p, TRACKING_FINALIZER))
-            .map(|p| podutil::uid(p).to_string())
+            .filter(|p| meta::has_finalizer(p, TRACKING_FINALIZER))
+            .map(|p| meta::uid(p).to_string())
             .filter(|u| !released.contains(u))
             .collect();
         let status = job.get("status").cloned().unwrap_or_else(|| json!({}));
@@ -315,7 +314,7 @@ impl JobReconciler {
         // Decide: finished, failed, suspended, or pods to create or delete.
         let active: Vec<&Arc<Value>> = outcomes.iter().filter(|(_, o)| *o == Outcome::Active).map(|(p, _)| p).collect();
         let pending_creates: Vec<String> = self.lock().get(key).map(|e| e.creating.keys().cloned().collect()).unwrap_or_default();
-        let active_names: HashSet<&str> = active.iter().map(|p| podutil::name(p)).collect();
+        let active_names: HashSet<&str> = active.iter().map(|p| meta::name(p)).collect();
         let unseen_creates = pending_creates.iter().filter(|n| !active_names.contains(n.as_str())).count();
         let total_ok = if indexed { completed.len() } else { succeeded + pending_ok };
         let total_failed = failed + pending_failed;
@@ -372,7 +371,7 @@ impl JobReconciler {
             let want_more = match (completions, indexed) {
                 (Some(c), true) => {
                     let running: HashSet<usize> = active.iter().filter_map(|p| pod_index(p)).collect();
-                    let pending_idx: HashSet<usize> = pending_creates.iter().filter_map(|n| name_index(n, podutil::name(&job))).collect();
+                    let pending_idx: HashSet<usize> = pending_creates.iter().filter_map(|n| name_index(n, meta::name(&job))).collect();
                     let open: Vec<usize> = (0..c)
                         .filter(|i| !completed.contains(i) && !running.contains(i) && !pending_idx.contains(i))
                         .filter(|i| !succeeded_index_present(&outcomes, *i))
@@ -390,7 +389,7 @@ impl JobReconciler {
             let excess = (active.len() + unseen_creates).saturating_sub(parallelism);
             if excess > 0 {
                 let mut victims: Vec<&&Arc<Value>> = active.iter().collect();
-                victims.sort_by_key(|p| std::cmp::Reverse(podutil::name(p).to_string()));
+                victims.sort_by_key(|p| std::cmp::Reverse(meta::name(p).to_string()));
                 for pod in victims.into_iter().take(excess) {
                     if let Err(e) = self.delete_pod(key, pod).await {
                         errors.push(e.to_string());
@@ -431,11 +430,11 @@ impl JobReconciler {
                 self.events.record(&job, EventType::Warning, reason, message).await;
             }
         }
-        let ready = active.iter().filter(|p| podutil::is_ready(p)).count();
+        let ready = active.iter().filter(|p| pod::is_ready(p)).count();
         let mut new_status = json!({
             "active": active.len(), "ready": ready, "succeeded": succeeded, "failed": failed,
-            "terminating": pods.iter().filter(|p| podutil::is_deleting(p) && podutil::phase(p) != "Succeeded"
-                && podutil::phase(p) != "Failed").count(),
+            "terminating": pods.iter().filter(|p| meta::is_deleting(p) && pod::phase(p) != "Succeeded"
+                && pod::phase(p) != "Failed").count(),
             "uncountedTerminatedPods": {"succeeded": uncounted_ok, "failed": uncounted_failed},
             "conditions": conditions,
             "startTime": start_time, "completionTime": completion_time,
@@ -471,10 +470,10 @@ impl JobReconciler {
         }
         let params = DeleteParams {
             propagation: Some(Propagation::Background),
-            precondition_uid: Some(podutil::uid(job).to_string()),
+            precondition_uid: Some(meta::uid(job).to_string()),
             ..Default::default()
         };
-        match self.client.delete(&kinds::JOB, podutil::namespace(job), podutil::name(job), &params).await {
+        match self.client.delete(&kinds::JOB, meta::namespace(job), meta::name(job), &params).await {
             Ok(_) => Ok(None),
             Err(e) if e.is_not_found() || e.is_conflict() => Ok(None),
             Err(e) => Err(e),
@@ -502,8 +501,8 @@ impl JobReconciler {
     /// doubling batches, so a Job whose pods are all rejected fails after one request. `owned` is
     /// how many pods the Job has.
     async fn create_pods(&self, key: &str, job: &Value, indexes: &[Option<usize>], owned: usize) -> Result<(), String> {
-        let ns = podutil::namespace(job).unwrap_or("default");
-        let job_name = podutil::name(job);
+        let ns = meta::namespace(job).unwrap_or("default");
+        let job_name = meta::name(job);
         let mut reserved: HashSet<String> = self.lock().get(key).map(|e| e.creating.keys().cloned().collect()).unwrap_or_default();
         let mut planned: Vec<(String, Option<usize>)> = Vec::new();
         for index in indexes.iter().take(BURST) {
@@ -555,10 +554,10 @@ impl JobReconciler {
 
     async fn delete_pod(&self, key: &str, pod: &Value) -> Result<(), ApiError> {
         if let Some(exp) = self.lock().get_mut(key) {
-            exp.deleted.insert(podutil::uid(pod).to_string());
+            exp.deleted.insert(meta::uid(pod).to_string());
         }
-        let params = DeleteParams { precondition_uid: Some(podutil::uid(pod).to_string()), ..Default::default() };
-        match self.client.delete(&kinds::POD, podutil::namespace(pod), podutil::name(pod), &params).await {
+        let params = DeleteParams { precondition_uid: Some(meta::uid(pod).to_string()), ..Default::default() };
+        match self.client.delete(&kinds::POD, meta::namespace(pod), meta::name(pod), &params).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
             Err(e) => Err(e),
@@ -568,13 +567,9 @@ impl JobReconciler {
     /// Patches the status at the revision read, so a concurrent writer makes this reconcile retry
     /// rather than be overwritten; returns the Job as written.
     async fn patch_status(&self, job: &Value, mut patch: Value) -> Result<Value, ApiError> {
-        patch["metadata"] = json!({"resourceVersion": podutil::resource_version(job)});
-        self.client.patch_status(&kinds::JOB, podutil::namespace(job), podutil::name(job), Patch::Merge(patch)).await
+        patch["metadata"] = json!({"resourceVersion": meta::resource_version(job)});
+        self.client.patch_status(&kinds::JOB, meta::namespace(job), meta::name(job), Patch::Merge(patch)).await
     }
-}
-
-fn strings(v: &Value, ptr: &str) -> BTreeSet<String> {
-    v.at(ptr).and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_string).collect()
 }
 
 /// The Complete or Failed condition, once the Job has one.
@@ -707,8 +702,8 @@ fn failure_policy_action(spec: &Value, pod: &Value) -> PolicyAction {
             return match rule.get("action").and_then(Value::as_str) {
                 Some("FailJob") => PolicyAction::FailJob(format!(
                     "Container {name} for pod {}/{} failed with exit code {code} matching FailJob rule at index {i}",
-                    podutil::namespace(pod).unwrap_or("default"),
-                    podutil::name(pod)
+                    meta::namespace(pod).unwrap_or("default"),
+                    meta::name(pod)
                 )),
                 Some("Ignore") => PolicyAction::Ignore,
                 _ => PolicyAction::Count,
@@ -729,7 +724,7 @@ fn pod_for(job: &Value, name: &str, index: Option<usize>) -> Value {
         labels.insert(COMPLETION_INDEX.into(), json!(i.to_string()));
         annotations.insert(COMPLETION_INDEX.into(), json!(i.to_string()));
         if spec.get("hostname").is_none_or(Value::is_null) {
-            spec["hostname"] = json!(format!("{}-{i}", podutil::name(job)));
+            spec["hostname"] = json!(format!("{}-{i}", meta::name(job)));
         }
         for container in spec.get_mut("containers").and_then(Value::as_array_mut).into_iter().flatten() {
             let env = container.as_object_mut().map(|c| c.entry("env").or_insert_with(|| json!([])));
@@ -748,7 +743,7 @@ fn pod_for(job: &Value, name: &str, index: Option<usize>) -> Value {
     if !annotations.is_empty() {
         metadata["annotations"] = json!(annotations);
     }
-    if let Some(ns) = podutil::namespace(job) {
+    if let Some(ns) = meta::namespace(job) {
         metadata["namespace"] = json!(ns);
     }
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})

@@ -15,6 +15,7 @@ use jiff::Timestamp;
 use serde_json::{Map, Value};
 use shepherd_api::JsonPath;
 use shepherd_api::selector::LabelSelector;
+use shepherd_api::{meta, pod};
 use shepherd_runtime::cache::{Change, controller_owner, object_key};
 
 use crate::podutil;
@@ -56,18 +57,18 @@ struct Facts {
 impl Facts {
     fn of(pod: &Value, spec: Option<&OwnerSpec>) -> Facts {
         let Some(spec) = spec else { return Facts::default() };
-        if podutil::is_deleting(pod) {
+        if meta::is_deleting(pod) {
             return Facts::default();
         }
         if !spec.selector.matches_object(pod) {
             return Facts { stray: true, ..Facts::default() };
         }
-        if !podutil::is_active(pod) {
-            return Facts { failed: podutil::phase(pod) == "Failed", ..Facts::default() };
+        if !pod::is_active(pod) {
+            return Facts { failed: pod::phase(pod) == "Failed", ..Facts::default() };
         }
         let labels = pod.at("/metadata/labels").and_then(Value::as_object);
         let fully_labeled = spec.template_labels.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
-        let ready_since = podutil::is_ready(pod).then(|| podutil::ready_since(pod).unwrap_or(Timestamp::MIN));
+        let ready_since = pod::is_ready(pod).then(|| pod::ready_since(pod).unwrap_or(Timestamp::MIN));
         Facts { counted: true, fully_labeled, ready_since, ..Facts::default() }
     }
 }
@@ -222,7 +223,7 @@ impl PodTally {
         let mut fully_labeled = o.sums.fully_labeled;
         let mut not_ready = Vec::new();
         for (key, uid) in excluded {
-            let ours = |e: &&Entry| e.owner == owner && e.facts.counted && podutil::uid(&e.pod) == uid;
+            let ours = |e: &&Entry| e.owner == owner && e.facts.counted && meta::uid(&e.pod) == uid;
             if let Some(e) = state.pods.get(key).filter(ours) {
                 replicas -= 1;
                 fully_labeled -= usize::from(e.facts.fully_labeled);

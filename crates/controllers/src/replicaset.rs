@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::selector::LabelSelector;
 use shepherd_api::{ApiError, ResourceInfo, kinds};
+use shepherd_api::{meta, opt_str_at, pod};
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::ratelimit::WholeTokens;
@@ -93,10 +94,10 @@ fn replica_controller(
         .owns(&kinds::POD)
         // An orphan wakes every ReplicaSet whose selector it matches, so one of them adopts it.
         .watches(&kinds::POD, move |pod| {
-            if podutil::controller_ref(pod).is_some() {
+            if meta::controller_ref(pod).is_some() {
                 return Vec::new();
             }
-            let Some(ns) = podutil::namespace(pod) else { return Vec::new() };
+            let Some(ns) = meta::namespace(pod) else { return Vec::new() };
             replicasets
                 .by_namespace(ns)
                 .iter()
@@ -143,10 +144,10 @@ impl Expectations {
     fn prune_by<P: std::ops::Deref<Target = Value>>(&mut self, pod: impl Fn(&str) -> Option<P>, observed: u64) {
         let fresh = |at: &Instant| at.elapsed() < EXPECTATION_TTL;
         self.creating.retain(|name, (uid, created, at)| {
-            fresh(at) && *created > observed && pod(name.as_str()).is_none_or(|p| podutil::uid(&p) != uid)
+            fresh(at) && *created > observed && pod(name.as_str()).is_none_or(|p| meta::uid(&p) != uid)
         });
         self.deleting.retain(|name, (uid, at)| {
-            fresh(at) && pod(name.as_str()).is_some_and(|p| podutil::uid(&p) == uid && !podutil::is_deleting(&p))
+            fresh(at) && pod(name.as_str()).is_some_and(|p| meta::uid(&p) == uid && !meta::is_deleting(&p))
         })
     }
 
@@ -156,7 +157,7 @@ impl Expectations {
     }
 
     fn is_being_deleted(&self, pod: &Value) -> bool {
-        self.deleting.get(podutil::name(pod)).is_some_and(|(uid, _)| uid == podutil::uid(pod))
+        self.deleting.get(meta::name(pod)).is_some_and(|(uid, _)| uid == meta::uid(pod))
     }
 }
 
@@ -246,7 +247,7 @@ impl ReplicaSetReconciler {
     }
 
     async fn sync(&self, key: &str, rs: &Value) -> Result<Action, Error> {
-        let ns = podutil::namespace(rs).unwrap_or("default");
+        let ns = meta::namespace(rs).unwrap_or("default");
         let selector = match selector_of(rs, self.kind) {
             Ok(s) if !s.is_empty() => s,
             _ => {
@@ -255,7 +256,7 @@ impl ReplicaSetReconciler {
                 return Ok(Action::Done);
             }
         };
-        let rs_uid = podutil::uid(rs);
+        let rs_uid = meta::uid(rs);
         let prefix = pod_name_prefix(rs);
         let min_ready = Duration::from_secs(rs.at("/spec/minReadySeconds").and_then(Value::as_u64).unwrap_or(0));
         let replicas = rs.at("/spec/replicas").and_then(Value::as_u64).unwrap_or(1) as usize;
@@ -263,7 +264,7 @@ impl ReplicaSetReconciler {
             .pods
             .unowned_in_namespace(ns)
             .into_iter()
-            .filter(|pod| selector.matches_object(pod) && !podutil::is_deleting(pod))
+            .filter(|pod| selector.matches_object(pod) && !meta::is_deleting(pod))
             .collect();
         if orphans.is_empty()
             && let Some(action) = self.sync_counted(key, rs, &selector, &prefix, replicas, min_ready).await?
@@ -277,20 +278,20 @@ impl ReplicaSetReconciler {
         // its own pods and the orphans, not the whole namespace.
         let mut owned: Vec<Arc<Value>> = Vec::new();
         for pod in self.pods.by_controller_uid(rs_uid) {
-            if selector.matches_object(&pod) || podutil::is_deleting(&pod) {
+            if selector.matches_object(&pod) || meta::is_deleting(&pod) {
                 owned.push(pod);
             } else if let Err(e) = self.release(&pod, rs_uid).await {
                 errors.push(e.to_string());
             }
         }
-        if !orphans.is_empty() && !podutil::is_deleting(rs) {
+        if !orphans.is_empty() && !meta::is_deleting(rs) {
             match self.adopt_all(rs, &orphans).await {
                 Ok(adopted) => owned.extend(adopted),
                 Err(e) => errors.push(e.to_string()),
             }
         }
 
-        if !podutil::is_deleting(rs)
+        if !meta::is_deleting(rs)
             && let Err(e) = self.manage_replicas(key, rs, &owned, &prefix, replicas).await
         {
             errors.push(e);
@@ -302,7 +303,7 @@ impl ReplicaSetReconciler {
             let active: Vec<&Value> = owned
                 .iter()
                 .map(|p| p.as_ref())
-                .filter(|p| podutil::is_active(p) && !exp.is_some_and(|e| e.is_being_deleted(p)))
+                .filter(|p| pod::is_active(p) && !exp.is_some_and(|e| e.is_being_deleted(p)))
                 .collect();
             compute_status(rs, &active, min_ready, errors.first().map(String::as_str))
         };
@@ -335,22 +336,22 @@ impl ReplicaSetReconciler {
     ) -> Result<Option<Action>, Error> {
         let Some(tally) = &self.tally else { return Ok(None) };
         let recount_due = |at: Option<&Instant>| at.is_none_or(|at| at.elapsed() >= RECOUNT_EVERY);
-        if podutil::is_deleting(rs) || recount_due(self.recounted.lock().unwrap_or_else(|e| e.into_inner()).get(key)) {
+        if meta::is_deleting(rs) || recount_due(self.recounted.lock().unwrap_or_else(|e| e.into_inner()).get(key)) {
             return Ok(None);
         }
-        let ns = podutil::namespace(rs).unwrap_or("default");
-        let rs_uid = podutil::uid(rs);
+        let ns = meta::namespace(rs).unwrap_or("default");
+        let rs_uid = meta::uid(rs);
         tally.set_spec(rs_uid, &owner_spec(rs, selector));
         let owned = |name: &str| {
             self.pods.get(&format!("{ns}/{name}")).filter(|p| {
-                podutil::controller_uid(p) == Some(rs_uid) && (selector.matches_object(p) || podutil::is_deleting(p))
+                meta::controller_uid(p) == Some(rs_uid) && (selector.matches_object(p) || meta::is_deleting(p))
             })
         };
         let (pending_creates, creating, excluded) = {
             let mut all = self.lock_expectations();
             let exp = all.entry(key.to_string()).or_default();
             exp.prune_by(owned, self.pods.observed_revision());
-            let creating: Vec<u64> = exp.creating.keys().filter_map(|n| podutil::ordinal(n, prefix)).collect();
+            let creating: Vec<u64> = exp.creating.keys().filter_map(|n| pod::ordinal(n, prefix)).collect();
             (exp.creating.len(), creating, exp.deleting_keys(ns))
         };
         let Some(counts) = tally.counts(rs_uid, min_ready, podutil::now(), &excluded) else { return Ok(None) };
@@ -382,35 +383,35 @@ impl ReplicaSetReconciler {
         prefix: &str,
         replicas: usize,
     ) -> Result<(), String> {
-        let by_name: HashMap<&str, &Value> = owned.iter().map(|p| (podutil::name(p), p.as_ref())).collect();
+        let by_name: HashMap<&str, &Value> = owned.iter().map(|p| (meta::name(p), p.as_ref())).collect();
         let (pending_creates, mut active) = {
             let mut all = self.lock_expectations();
             let exp = all.entry(key.to_string()).or_default();
             exp.prune(&by_name, self.pods.observed_revision());
             let active: Vec<Arc<Value>> =
-                owned.iter().filter(|p| podutil::is_active(p) && !exp.is_being_deleted(p)).cloned().collect();
+                owned.iter().filter(|p| pod::is_active(p) && !exp.is_being_deleted(p)).cloned().collect();
             (exp.creating.len(), active)
         };
 
         // Ordinals in use: pods of any owner in the namespace under this prefix, and names we are creating.
         let mut taken = Ordinals {
             pods: &self.pods,
-            namespace: podutil::namespace(rs).unwrap_or("default"),
+            namespace: meta::namespace(rs).unwrap_or("default"),
             prefix,
             reserved: BTreeSet::new(),
             freed: BTreeSet::new(),
         };
         if let Some(exp) = self.lock_expectations().get(key) {
-            taken.reserved.extend(exp.creating.keys().filter_map(|n| podutil::ordinal(n, prefix)));
+            taken.reserved.extend(exp.creating.keys().filter_map(|n| pod::ordinal(n, prefix)));
         }
 
-        let failed: Vec<&Arc<Value>> = owned.iter().filter(|p| podutil::phase(p) == "Failed" && !podutil::is_deleting(p)).collect();
+        let failed: Vec<&Arc<Value>> = owned.iter().filter(|p| pod::phase(p) == "Failed" && !meta::is_deleting(p)).collect();
         for pod in failed {
             match self.delete_pod(key, pod).await {
                 Ok(gone) => {
-                    let msg = format!("Deleted failed pod: {}", podutil::name(pod));
+                    let msg = format!("Deleted failed pod: {}", meta::name(pod));
                     self.events.record(rs, EventType::Normal, "SuccessfulDelete", &msg).await;
-                    if gone && let Some(o) = podutil::ordinal(podutil::name(pod), prefix) {
+                    if gone && let Some(o) = pod::ordinal(meta::name(pod), prefix) {
                         taken.free(o);
                     }
                 }
@@ -430,7 +431,7 @@ impl ReplicaSetReconciler {
             for (pod, r) in victims.iter().zip(results) {
                 match r {
                     Ok(_) => {
-                        let msg = format!("Deleted pod: {}", podutil::name(pod));
+                        let msg = format!("Deleted pod: {}", meta::name(pod));
                         self.events.record(rs, EventType::Normal, "SuccessfulDelete", &msg).await;
                     }
                     Err(e) => return Err(self.failed(rs, "FailedDelete", &e).await),
@@ -479,12 +480,12 @@ impl ReplicaSetReconciler {
     }
 
     async fn create_pod(&self, rs: &Value, name: &str) -> Result<Created, ApiError> {
-        let ns = podutil::namespace(rs);
+        let ns = meta::namespace(rs);
         match self.client.create(&kinds::POD, ns, pod_from_template(rs, self.kind, name)).await {
-            Ok(pod) => Ok(Created::Ours(podutil::uid(&pod).to_string(), created_revision(&pod))),
+            Ok(pod) => Ok(Created::Ours(meta::uid(&pod).to_string(), created_revision(&pod))),
             Err(e) if e.is_already_exists() => match self.client.get(&kinds::POD, ns, name).await {
-                Ok(pod) if podutil::controller_uid(&pod) == Some(podutil::uid(rs)) && podutil::is_active(&pod) => {
-                    Ok(Created::Ours(podutil::uid(&pod).to_string(), created_revision(&pod)))
+                Ok(pod) if meta::controller_uid(&pod) == Some(meta::uid(rs)) && pod::is_active(&pod) => {
+                    Ok(Created::Ours(meta::uid(&pod).to_string(), created_revision(&pod)))
                 }
                 Ok(_) => Ok(Created::Taken),
                 // Gone again between the create and the read: let the next reconcile retry it.
@@ -498,21 +499,21 @@ impl ReplicaSetReconciler {
     /// Deletes a pod if it is still the one we saw; `Ok(true)` when it is gone at once (unbound
     /// pods), `Ok(false)` while its node agent stops it.
     async fn delete_pod(&self, key: &str, pod: &Value) -> Result<bool, ApiError> {
-        let params = DeleteParams { precondition_uid: Some(podutil::uid(pod).to_string()), ..Default::default() };
-        let gone = match self.client.delete(&kinds::POD, podutil::namespace(pod), podutil::name(pod), &params).await {
+        let params = DeleteParams { precondition_uid: Some(meta::uid(pod).to_string()), ..Default::default() };
+        let gone = match self.client.delete(&kinds::POD, meta::namespace(pod), meta::name(pod), &params).await {
             Ok(remaining) => remaining.is_none(),
             // Already gone, or replaced by another pod of the same name: either way not ours to delete.
             Err(e) if e.is_not_found() || e.is_conflict() => true,
             Err(e) => return Err(e),
         };
         if let Some(exp) = self.lock_expectations().get_mut(key) {
-            exp.deleting.insert(podutil::name(pod).to_string(), (podutil::uid(pod).to_string(), Instant::now()));
+            exp.deleting.insert(meta::name(pod).to_string(), (meta::uid(pod).to_string(), Instant::now()));
         }
         Ok(gone)
     }
 
     async fn failed(&self, rs: &Value, reason: &str, e: &ApiError) -> String {
-        let msg = format!("{reason} for {}: {e}", podutil::name(rs));
+        let msg = format!("{reason} for {}: {e}", meta::name(rs));
         self.events.record(rs, EventType::Warning, reason, &e.to_string()).await;
         msg
     }
@@ -521,16 +522,16 @@ impl ReplicaSetReconciler {
     /// not being deleted. Each adoption is conditional on the pod's resourceVersion, so of two
     /// ReplicaSets racing for an orphan exactly one wins.
     async fn adopt_all(&self, rs: &Value, orphans: &[Arc<Value>]) -> Result<Vec<Arc<Value>>, ApiError> {
-        let fresh = self.client.get(self.kind, podutil::namespace(rs), podutil::name(rs)).await?;
-        if podutil::uid(&fresh) != podutil::uid(rs) || podutil::is_deleting(&fresh) {
+        let fresh = self.client.get(self.kind, meta::namespace(rs), meta::name(rs)).await?;
+        if meta::uid(&fresh) != meta::uid(rs) || meta::is_deleting(&fresh) {
             return Ok(Vec::new());
         }
         let mut adopted = Vec::new();
         for pod in orphans {
             let patch = podutil::adopt_patch(pod, rs, self.kind);
-            match self.client.patch(&kinds::POD, podutil::namespace(pod), podutil::name(pod), Patch::Merge(patch)).await {
+            match self.client.patch(&kinds::POD, meta::namespace(pod), meta::name(pod), Patch::Merge(patch)).await {
                 Ok(p) => {
-                    let msg = format!("Adopted pod: {}", podutil::name(pod));
+                    let msg = format!("Adopted pod: {}", meta::name(pod));
                     self.events.record(rs, EventType::Normal, "Adopted", &msg).await;
                     adopted.push(Arc::new(p));
                 }
@@ -543,7 +544,7 @@ impl ReplicaSetReconciler {
 
     async fn release(&self, pod: &Value, rs_uid: &str) -> Result<(), ApiError> {
         let patch = podutil::release_patch(pod, rs_uid);
-        match self.client.patch(&kinds::POD, podutil::namespace(pod), podutil::name(pod), Patch::Merge(patch)).await {
+        match self.client.patch(&kinds::POD, meta::namespace(pod), meta::name(pod), Patch::Merge(patch)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),
@@ -565,7 +566,7 @@ impl ReplicaSetReconciler {
             }
         }
         let patch = json!({"status": status});
-        match self.client.patch_status(self.kind, podutil::namespace(rs), podutil::name(rs), Patch::Merge(patch)).await {
+        match self.client.patch_status(self.kind, meta::namespace(rs), meta::name(rs), Patch::Merge(patch)).await {
             Ok(_) => Ok(None),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
@@ -575,11 +576,11 @@ impl ReplicaSetReconciler {
 
 /// The name pods of this ReplicaSet start with: its Deployment's name, else its own.
 fn pod_name_prefix(rs: &Value) -> String {
-    match podutil::controller_ref(rs) {
+    match meta::controller_ref(rs) {
         Some(r) if r.get("kind").and_then(Value::as_str) == Some("Deployment") => {
-            r.get("name").and_then(Value::as_str).unwrap_or(podutil::name(rs)).to_string()
+            r.get("name").and_then(Value::as_str).unwrap_or(meta::name(rs)).to_string()
         }
-        _ => podutil::name(rs).to_string(),
+        _ => meta::name(rs).to_string(),
     }
 }
 
@@ -588,7 +589,7 @@ fn pod_name_prefix(rs: &Value) -> String {
 fn pod_from_template(rs: &Value, kind: &ResourceInfo, name: &str) -> Value {
     let template = rs.at("/spec/template").cloned().unwrap_or_else(|| json!({}));
     let mut labels = template.at("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
-    if let Some(hash) = podutil::str_at(rs, "/metadata/labels/pod-template-hash") {
+    if let Some(hash) = opt_str_at(rs, "/metadata/labels/pod-template-hash") {
         labels.entry(POD_TEMPLATE_HASH).or_insert_with(|| json!(hash));
     }
     let mut metadata = json!({
@@ -596,7 +597,7 @@ fn pod_from_template(rs: &Value, kind: &ResourceInfo, name: &str) -> Value {
         "labels": labels,
         "ownerReferences": [podutil::owner_reference_to(rs, kind)],
     });
-    if let Some(ns) = podutil::namespace(rs) {
+    if let Some(ns) = meta::namespace(rs) {
         metadata["namespace"] = json!(ns);
     }
     if let Some(a) = template.at("/metadata/annotations").filter(|a| a.is_object()) {
@@ -626,10 +627,10 @@ fn compute_status(rs: &Value, active: &[&Value], min_ready: Duration, failure: O
         if template_labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
             fully_labeled += 1;
         }
-        if podutil::is_ready(pod) {
+        if pod::is_ready(pod) {
             ready += 1;
         }
-        match podutil::availability(pod, min_ready, now) {
+        match pod::availability(pod, min_ready, now) {
             Ok(true) => available += 1,
             Ok(false) => {}
             Err(w) => wait = Some(wait.map_or(w, |cur| cur.min(w))),
@@ -648,7 +649,7 @@ fn status_from_counts(rs: &Value, counts: &Counts, failure: Option<&str>) -> (Va
         "fullyLabeledReplicas": counts.fully_labeled,
         "readyReplicas": counts.ready,
         "availableReplicas": counts.available,
-        "observedGeneration": podutil::generation(rs),
+        "observedGeneration": meta::generation(rs),
     });
     let mut conditions: Vec<Value> = rs
         .at("/status/conditions")
@@ -766,17 +767,17 @@ mod tests {
         fn check(&self, step: &str, excluded: &[&str]) {
             let selector = selector_of(&self.rs, &kinds::REPLICASET).expect("selector");
             let min_ready = Duration::from_secs(self.rs["spec"]["minReadySeconds"].as_u64().unwrap_or(0));
-            let uid = podutil::uid(&self.rs);
+            let uid = meta::uid(&self.rs);
             let owned: Vec<&Value> = self
                 .pods
                 .values()
                 .map(|p| p.as_ref())
-                .filter(|p| podutil::controller_uid(p) == Some(uid) && (selector.matches_object(p) || podutil::is_deleting(p)))
+                .filter(|p| meta::controller_uid(p) == Some(uid) && (selector.matches_object(p) || meta::is_deleting(p)))
                 .collect();
             let active: Vec<&Value> = owned
                 .iter()
                 .copied()
-                .filter(|p| podutil::is_active(p) && !excluded.contains(&podutil::name(p)))
+                .filter(|p| pod::is_active(p) && !excluded.contains(&meta::name(p)))
                 .collect();
             let full = compute_status(&self.rs, &active, min_ready, None);
 
@@ -788,9 +789,9 @@ mod tests {
             let strays = self
                 .pods
                 .values()
-                .filter(|p| podutil::controller_uid(p) == Some(uid) && !selector.matches_object(p) && !podutil::is_deleting(p))
+                .filter(|p| meta::controller_uid(p) == Some(uid) && !selector.matches_object(p) && !meta::is_deleting(p))
                 .count();
-            let failed = owned.iter().filter(|p| podutil::phase(p) == "Failed" && !podutil::is_deleting(p)).count();
+            let failed = owned.iter().filter(|p| pod::phase(p) == "Failed" && !meta::is_deleting(p)).count();
             assert_eq!((counts.strays, counts.failed), (strays, failed), "{step}: strays and failed pods");
             assert!(!self.tally.recount(uid), "{step}: the sums agree with the pods they were built from");
         }

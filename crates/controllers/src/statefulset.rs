@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::selector::LabelSelector;
 use shepherd_api::{ApiError, kinds};
+use shepherd_api::{meta, opt_str_at, pod};
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Reconciler};
 
@@ -93,7 +94,7 @@ struct Plan<'a> {
 
 impl StatefulSetReconciler {
     async fn sync(&self, key: &str, set: &Value) -> Result<Action, Error> {
-        let name = podutil::name(set).to_string();
+        let name = meta::name(set).to_string();
         let selector = match LabelSelector::from_k8s(set.at("/spec/selector").unwrap_or(&Value::Null)) {
             Ok(s) if !s.is_empty() => s,
             _ => {
@@ -104,15 +105,15 @@ impl StatefulSetReconciler {
         };
         let update_template = set.at("/spec/template").cloned().unwrap_or_else(|| json!({}));
         let update_revision = format!("{name}-{}", pod_template_hash(&update_template, None));
-        let current_revision = podutil::str_at(set, "/status/currentRevision")
+        let current_revision = opt_str_at(set, "/status/currentRevision")
             .filter(|r| !r.is_empty())
             .unwrap_or(&update_revision)
             .to_string();
         let history = History { client: &self.client, revisions: &self.revisions, owner: set, owner_kind: &kinds::STATEFULSET };
-        if !podutil::is_deleting(set) {
+        if !meta::is_deleting(set) {
             let hash = update_revision.rsplit('-').next().unwrap_or("");
             let keep = [current_revision.as_str()];
-            history.record(&update_revision, hash, &update_template, &keep, &self.pods.by_controller_uid(podutil::uid(set))).await?;
+            history.record(&update_revision, hash, &update_template, &keep, &self.pods.by_controller_uid(meta::uid(set))).await?;
         }
         let current_template = if current_revision == update_revision {
             update_template.clone()
@@ -135,15 +136,15 @@ impl StatefulSetReconciler {
 
         let pods: Vec<Arc<Value>> = self
             .pods
-            .by_controller_uid(podutil::uid(set))
+            .by_controller_uid(meta::uid(set))
             .into_iter()
-            .filter(|p| selector.matches_object(p) && podutil::ordinal(podutil::name(p), &name).is_some())
+            .filter(|p| selector.matches_object(p) && pod::ordinal(meta::name(p), &name).is_some())
             .collect();
         let (creating, deleting) = self.expectations.settle(key, self.pods.observed_revision(), &pods);
         let mut slots: BTreeMap<u64, Slot> = BTreeMap::new();
         for pod in &pods {
-            let Some(ord) = podutil::ordinal(podutil::name(pod), &name) else { continue };
-            let slot = if podutil::is_deleting(pod) || deleting.contains(podutil::uid(pod)) {
+            let Some(ord) = pod::ordinal(meta::name(pod), &name) else { continue };
+            let slot = if meta::is_deleting(pod) || deleting.contains(meta::uid(pod)) {
                 Slot::Terminating
             } else {
                 Slot::Pod(pod.clone())
@@ -151,7 +152,7 @@ impl StatefulSetReconciler {
             slots.insert(ord, slot);
         }
         for pod_name in &creating {
-            if let Some(ord) = podutil::ordinal(pod_name, &name) {
+            if let Some(ord) = pod::ordinal(pod_name, &name) {
                 slots.entry(ord).or_insert(Slot::Creating);
             }
         }
@@ -159,7 +160,7 @@ impl StatefulSetReconciler {
         let start = set.at("/spec/ordinals/start").and_then(Value::as_u64).unwrap_or(0);
         let replicas = set.at("/spec/replicas").and_then(Value::as_u64).unwrap_or(1);
         let mut wait = None;
-        let result = if podutil::is_deleting(set) { Ok(()) } else { self.step(key, &plan, &slots, start, replicas, &mut wait).await };
+        let result = if meta::is_deleting(set) { Ok(()) } else { self.step(key, &plan, &slots, start, replicas, &mut wait).await };
         let status = compute_status(&plan, &pods, &deleting, replicas, &mut wait);
         self.write_status(set, status).await?;
         result?;
@@ -205,7 +206,7 @@ impl StatefulSetReconciler {
                     }
                 }
                 Slot::Pod(pod) => {
-                    if matches!(podutil::phase(&pod), "Failed" | "Succeeded") {
+                    if matches!(pod::phase(&pod), "Failed" | "Succeeded") {
                         self.delete_pod(key, plan.set, &pod).await?;
                         if plan.monotonic {
                             return Ok(());
@@ -258,10 +259,10 @@ impl StatefulSetReconciler {
     }
 
     fn is_available(&self, plan: &Plan<'_>, pod: &Value, wait: &mut Option<Duration>) -> bool {
-        if podutil::phase(pod) != "Running" {
+        if pod::phase(pod) != "Running" {
             return false;
         }
-        match podutil::availability(pod, plan.min_ready, podutil::now()) {
+        match pod::availability(pod, plan.min_ready, podutil::now()) {
             Ok(a) => a,
             Err(w) => {
                 *wait = Some(wait.map_or(w, |cur| cur.min(w)));
@@ -272,9 +273,9 @@ impl StatefulSetReconciler {
 
     async fn create_pod(&self, key: &str, set: &Value, ord: u64, template: &Value, revision: &str) -> Result<(), Error> {
         let pod = stateful_pod(set, ord, template, revision);
-        let pod_name = podutil::name(&pod).to_string();
-        let set_name = podutil::name(set);
-        match self.client.create(&kinds::POD, podutil::namespace(set), pod).await {
+        let pod_name = meta::name(&pod).to_string();
+        let set_name = meta::name(set);
+        match self.client.create(&kinds::POD, meta::namespace(set), pod).await {
             Ok(created) => {
                 let rev = shepherd_runtime::cache::resource_version(&created).unwrap_or(u64::MAX);
                 self.expectations.created(key, &pod_name, rev);
@@ -294,9 +295,9 @@ impl StatefulSetReconciler {
     }
 
     async fn delete_pod(&self, key: &str, set: &Value, pod: &Value) -> Result<(), Error> {
-        let params = DeleteParams { precondition_uid: Some(podutil::uid(pod).to_string()), ..Default::default() };
-        let (pod_name, set_name) = (podutil::name(pod), podutil::name(set));
-        match self.client.delete(&kinds::POD, podutil::namespace(pod), pod_name, &params).await {
+        let params = DeleteParams { precondition_uid: Some(meta::uid(pod).to_string()), ..Default::default() };
+        let (pod_name, set_name) = (meta::name(pod), meta::name(set));
+        match self.client.delete(&kinds::POD, meta::namespace(pod), pod_name, &params).await {
             Ok(_) => {
                 let msg = format!("delete Pod {pod_name} in StatefulSet {set_name} successful");
                 self.events.record(set, EventType::Normal, "SuccessfulDelete", &msg).await;
@@ -308,7 +309,7 @@ impl StatefulSetReconciler {
                 return Err(e.into());
             }
         }
-        self.expectations.deleted(key, podutil::uid(pod));
+        self.expectations.deleted(key, meta::uid(pod));
         Ok(())
     }
 
@@ -321,7 +322,7 @@ impl StatefulSetReconciler {
             return Ok(());
         }
         let patch = json!({"status": status});
-        match self.client.patch_status(&kinds::STATEFULSET, podutil::namespace(set), podutil::name(set), Patch::Merge(patch)).await {
+        match self.client.patch_status(&kinds::STATEFULSET, meta::namespace(set), meta::name(set), Patch::Merge(patch)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),
@@ -330,7 +331,7 @@ impl StatefulSetReconciler {
 }
 
 fn revision(pod: &Value) -> Option<&str> {
-    podutil::str_at(pod, &format!("/metadata/labels/{REVISION_LABEL}"))
+    opt_str_at(pod, &format!("/metadata/labels/{REVISION_LABEL}"))
 }
 
 /// The status `kubectl get sts` and `kubectl rollout status sts` read.
@@ -339,16 +340,16 @@ fn compute_status(plan: &Plan<'_>, pods: &[Arc<Value>], deleting: &HashSet<Strin
     let now = podutil::now();
     for pod in pods {
         count += 1;
-        let running_ready = podutil::phase(pod) == "Running" && podutil::is_ready(pod);
+        let running_ready = pod::phase(pod) == "Running" && pod::is_ready(pod);
         if running_ready {
             ready += 1;
-            match podutil::availability(pod, plan.min_ready, now) {
+            match pod::availability(pod, plan.min_ready, now) {
                 Ok(true) => available += 1,
                 Ok(false) => {}
                 Err(w) => *wait = Some(wait.map_or(w, |cur: Duration| cur.min(w))),
             }
         }
-        if !podutil::is_deleting(pod) && !deleting.contains(podutil::uid(pod)) {
+        if !meta::is_deleting(pod) && !deleting.contains(meta::uid(pod)) {
             current += i64::from(revision(pod) == Some(plan.current_revision.as_str()));
             updated += i64::from(revision(pod) == Some(plan.update_revision.as_str()));
         }
@@ -362,7 +363,7 @@ fn compute_status(plan: &Plan<'_>, pods: &[Arc<Value>], deleting: &HashSet<Strin
         current = updated;
     }
     json!({
-        "observedGeneration": podutil::generation(plan.set),
+        "observedGeneration": meta::generation(plan.set),
         "replicas": count,
         "readyReplicas": ready,
         "availableReplicas": available,
@@ -377,7 +378,7 @@ fn compute_status(plan: &Plan<'_>, pods: &[Arc<Value>], deleting: &HashSet<Strin
 /// The pod at `ord`: `<set>-<ord>` from `template`, its hostname its name and its subdomain the
 /// governing Service, so `<pod>.<service>` names it in DNS.
 fn stateful_pod(set: &Value, ord: u64, template: &Value, revision: &str) -> Value {
-    let set_name = podutil::name(set);
+    let set_name = meta::name(set);
     let name = format!("{set_name}-{ord}");
     let mut labels = template.at("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
     labels.insert(REVISION_LABEL.into(), json!(revision));
@@ -388,7 +389,7 @@ fn stateful_pod(set: &Value, ord: u64, template: &Value, revision: &str) -> Valu
         "labels": labels,
         "ownerReferences": [podutil::owner_reference_to(set, &kinds::STATEFULSET)],
     });
-    if let Some(ns) = podutil::namespace(set) {
+    if let Some(ns) = meta::namespace(set) {
         metadata["namespace"] = json!(ns);
     }
     if let Some(a) = template.at("/metadata/annotations").filter(|a| a.is_object()) {
@@ -396,7 +397,7 @@ fn stateful_pod(set: &Value, ord: u64, template: &Value, revision: &str) -> Valu
     }
     let mut spec = template.get("spec").cloned().filter(Value::is_object).unwrap_or_else(|| json!({}));
     spec["hostname"] = json!(name);
-    if let Some(service) = podutil::str_at(set, "/spec/serviceName").filter(|s| !s.is_empty()) {
+    if let Some(service) = opt_str_at(set, "/spec/serviceName").filter(|s| !s.is_empty()) {
         spec["subdomain"] = json!(service);
     }
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})

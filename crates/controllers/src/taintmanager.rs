@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use shepherd_api::{JsonPath, kinds};
+use shepherd_api::{meta, opt_str_at, pod};
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager};
@@ -23,7 +24,7 @@ use tokio::time::Instant;
 use crate::config::ControllerConfig;
 use crate::events::{EventRecorder, EventType};
 use crate::nodelifecycle::UNREACHABLE_TAINT;
-use crate::podutil::{self, str_at};
+use crate::podutil;
 use crate::scheduler::fit::{Effect, Taint, taints_of, tolerations_of};
 
 /// The taint a node whose agent reports it not ready carries.
@@ -55,7 +56,7 @@ pub fn taint_manager(client: Arc<dyn Client>, manager: &Manager, config: Control
         async move { r.reconcile(&key).await }
     })
     .watches(&kinds::NODE, move |node| {
-        let name = str_at(node, "/metadata/name").unwrap_or("");
+        let name = opt_str_at(node, "/metadata/name").unwrap_or("");
         let keys: Vec<String> = pods.by_node_name(name).iter().filter_map(|p| object_key(p)).collect();
         let tainted = taints_of(node).iter().any(|t| t.effect == Effect::NoExecute);
         let pending = || {
@@ -121,12 +122,12 @@ impl TaintManager {
             Ok(Action::Done)
         };
         let Some(pod) = self.pods.get(key) else { return forget() };
-        if podutil::is_deleting(&pod) || matches!(podutil::phase(&pod), "Succeeded" | "Failed") {
+        if meta::is_deleting(&pod) || matches!(pod::phase(&pod), "Succeeded" | "Failed") {
             return forget();
         }
-        let node_name = str_at(&pod, "/spec/nodeName").unwrap_or("");
+        let node_name = opt_str_at(&pod, "/spec/nodeName").unwrap_or("");
         let Some(node) = self.nodes.get(node_name) else { return forget() };
-        let uid = podutil::uid(&pod).to_string();
+        let uid = meta::uid(&pod).to_string();
         let wait = match verdict(&pod, &taints_of(&node)) {
             Verdict::Stay => return forget(),
             Verdict::Evict => Duration::ZERO,
@@ -166,7 +167,7 @@ impl TaintManager {
     async fn mark_disruption_target(&self, pod: &Value, ns: &str) -> Result<bool, Error> {
         let mut updated = pod.clone();
         let mut conditions: Vec<Value> = pod.at("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
-        conditions.retain(|c| str_at(c, "/type") != Some("DisruptionTarget"));
+        conditions.retain(|c| opt_str_at(c, "/type") != Some("DisruptionTarget"));
         conditions.push(json!({"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
             "message": "Taint manager: deleting due to NoExecute taint",
             "lastTransitionTime": podutil::format_time(podutil::now())}));

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use shepherd_api::kinds;
-use shepherd_controllers::podutil;
+use shepherd_api::meta;
 use shepherd_runtime::{DeleteParams, Patch, Propagation};
 use support::*;
 
@@ -44,7 +44,7 @@ async fn foreground_deletion_keeps_the_deployment_until_its_replicasets_and_pods
     let params = DeleteParams { propagation: Some(Propagation::Foreground), ..Default::default() };
     let marked = client.delete(&kinds::DEPLOYMENT, Some("default"), "web", &params).await.unwrap();
     let marked = marked.expect("foreground: the owner stays while dependents exist");
-    assert!(podutil::has_finalizer(&marked, "foregroundDeletion"));
+    assert!(meta::has_finalizer(&marked, "foregroundDeletion"));
     let order = wait_until(LIMIT, || async {
         let d = get(&client, &kinds::DEPLOYMENT, "web").await;
         let deps = count(&client, &kinds::REPLICASET).await + count(&client, &kinds::POD).await;
@@ -71,7 +71,7 @@ async fn orphan_deletion_removes_the_replicaset_and_leaves_its_pods_running_unow
     tokio::time::sleep(Duration::from_secs(5)).await;
     let left = pods(&client).await;
     assert_eq!(left.len(), 2, "the pods stay");
-    assert!(left.iter().all(|p| podutil::owner_references(p).is_empty()), "and are no longer owned");
+    assert!(left.iter().all(|p| meta::owner_references(p).is_empty()), "and are no longer owned");
     running.stop().await;
 }
 
@@ -84,7 +84,7 @@ async fn a_finalizer_keeps_an_object_and_its_dependents_until_it_is_removed() {
     client.create(&kinds::REPLICASET, Some("default"), rs).await.unwrap();
     assert!(wait_until(LIMIT, || async { active_pod_names(&client, "cache-").await.len() == 2 }).await.is_some());
     let held = client.delete(&kinds::REPLICASET, Some("default"), "cache", &DeleteParams::default()).await.unwrap();
-    assert!(held.is_some_and(|r| podutil::is_deleting(&r)), "marked, not removed");
+    assert!(held.is_some_and(|r| meta::is_deleting(&r)), "marked, not removed");
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert!(get(&client, &kinds::REPLICASET, "cache").await.is_some(), "still there while the finalizer is");
     assert_eq!(count(&client, &kinds::POD).await, 2, "its pods are not collected while it exists");
@@ -123,16 +123,16 @@ async fn a_dependent_with_one_live_owner_left_loses_only_the_dangling_reference(
     let running = garbage_collector_only(&client);
     let a = client.create(&kinds::REPLICASET, Some("default"), replicaset("a", 0, "a")).await.unwrap();
     let b = client.create(&kinds::REPLICASET, Some("default"), replicaset("b", 0, "b")).await.unwrap();
-    let owner = |rs: &serde_json::Value| json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": podutil::name(rs), "uid": podutil::uid(rs)});
+    let owner = |rs: &serde_json::Value| json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": meta::name(rs), "uid": meta::uid(rs)});
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "shared", "namespace": "default",
         "ownerReferences": [owner(&a), owner(&b)]}, "spec": {"containers": [{"name": "main", "image": "minimal"}]}});
     client.create(&kinds::POD, Some("default"), pod).await.unwrap();
     client.delete(&kinds::REPLICASET, Some("default"), "a", &DeleteParams::default()).await.unwrap();
     let trimmed = wait_until(LIMIT, || async {
-        get(&client, &kinds::POD, "shared").await.is_some_and(|p| podutil::owner_references(&p).len() == 1)
+        get(&client, &kinds::POD, "shared").await.is_some_and(|p| meta::owner_references(&p).len() == 1)
     })
     .await;
     assert!(trimmed.is_some(), "the pod stays, owned by b only");
-    assert_eq!(podutil::owner_references(&get(&client, &kinds::POD, "shared").await.unwrap())[0]["name"], "b");
+    assert_eq!(meta::owner_references(&get(&client, &kinds::POD, "shared").await.unwrap())[0]["name"], "b");
     running.stop().await;
 }

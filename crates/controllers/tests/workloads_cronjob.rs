@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use shepherd_api::kinds;
+use shepherd_api::meta;
 use shepherd_controllers::cronjob::cronjob_controller;
 use shepherd_controllers::podutil;
 use shepherd_runtime::{Client, ListParams, Manager, Patch, WatchEvent};
@@ -48,7 +49,7 @@ fn finisher(client: Arc<dyn Client>, run: Duration) -> (Arc<Mutex<Seen>>, tokio:
                         let mut s = s.lock().unwrap();
                         s.running += 1;
                         s.most_at_once = s.most_at_once.max(s.running);
-                        s.created.push(podutil::name(&job).to_string());
+                        s.created.push(meta::name(&job).to_string());
                     }
                     let (client, s) = (client.clone(), s.clone());
                     tokio::spawn(async move {
@@ -56,7 +57,7 @@ fn finisher(client: Arc<dyn Client>, run: Duration) -> (Arc<Mutex<Seen>>, tokio:
                         let now = podutil::format_time(podutil::now());
                         let status = json!({"status": {"succeeded": 1, "startTime": now, "completionTime": now,
                             "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": now}]}});
-                        if client.patch_status(&kinds::JOB, Some("default"), podutil::name(&job), Patch::Merge(status)).await.is_ok() {
+                        if client.patch_status(&kinds::JOB, Some("default"), meta::name(&job), Patch::Merge(status)).await.is_ok() {
                             s.lock().unwrap().running -= 1;
                         }
                     });
@@ -116,7 +117,7 @@ async fn after_a_three_hour_outage_a_cronjob_runs_once_to_catch_up_and_says_it_m
     let restarted_minute = podutil::now().as_second() / 60;
     let second = cronjob_controller_only(&client);
     let in_outage = || async {
-        let names: Vec<String> = jobs(&client).await.iter().map(|j| podutil::name(j).to_string()).collect();
+        let names: Vec<String> = jobs(&client).await.iter().map(|j| meta::name(j).to_string()).collect();
         names.into_iter().filter(|n| (stopped_minute + 1..=restarted_minute).contains(&minute_of(n))).collect::<Vec<_>>()
     };
     let caught_up = wait_until(Duration::from_secs(20), || async {
@@ -147,7 +148,7 @@ async fn a_replace_cronjob_deletes_the_running_job_and_history_keeps_the_newest(
     let replaced = wait_until(Duration::from_secs(200), || async { seen.lock().unwrap().created.len() >= 3 }).await;
     assert!(replaced.is_some());
     let alive = wait_until(Duration::from_secs(10), || async {
-        jobs(&client).await.iter().filter(|j| !podutil::is_deleting(j)).count() == 1
+        jobs(&client).await.iter().filter(|j| !meta::is_deleting(j)).count() == 1
     })
     .await;
     assert!(alive.is_some(), "Replace left {} Jobs", jobs(&client).await.len());
@@ -163,7 +164,7 @@ async fn a_replace_cronjob_deletes_the_running_job_and_history_keeps_the_newest(
         .unwrap();
     tokio::time::sleep(Duration::from_secs(4 * 60 + 30)).await;
     let trimmed = wait_until(Duration::from_secs(20), || async { jobs(&client).await.len() == 2 }).await;
-    let mut kept: Vec<String> = jobs(&client).await.iter().map(|j| podutil::name(j).to_string()).collect();
+    let mut kept: Vec<String> = jobs(&client).await.iter().map(|j| meta::name(j).to_string()).collect();
     assert!(trimmed.is_some(), "kept {kept:?}");
     let mut created = seen.lock().unwrap().created.clone();
     assert!(created.len() >= 4, "{created:?}");

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use shepherd_api::kinds;
+use shepherd_api::{meta, opt_str_at, pod};
 use shepherd_controllers::daemonset::daemonset_controller;
-use shepherd_controllers::podutil;
 use futures::StreamExt;
 use shepherd_runtime::{Client, DeleteParams, ListParams, Manager, Patch, WatchEvent};
 use workloads_support::*;
@@ -26,10 +26,10 @@ fn daemonset_controller_only(client: &Arc<dyn Client>) -> Running {
         let Ok(mut events) = kubelet.watch(&kinds::POD, &ListParams::default(), 0).await else { return };
         while let Some(Ok(event)) = events.next().await {
             let WatchEvent::Modified(pod) = event else { continue };
-            if !podutil::is_deleting(&pod) {
+            if !meta::is_deleting(&pod) {
                 continue;
             }
-            let (client, name, uid) = (kubelet.clone(), podutil::name(&pod).to_string(), podutil::uid(&pod).to_string());
+            let (client, name, uid) = (kubelet.clone(), meta::name(&pod).to_string(), meta::uid(&pod).to_string());
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let now = DeleteParams { grace_period_seconds: Some(0), precondition_uid: Some(uid), ..Default::default() };
@@ -58,14 +58,14 @@ fn daemon_set(name: &str, image: &str, strategy: Value) -> Value {
 /// Active pods by node.
 async fn pods_by_node(client: &Arc<dyn Client>) -> BTreeMap<String, Vec<Value>> {
     let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for p in pods(client).await.into_iter().filter(podutil::is_active) {
-        out.entry(podutil::str_at(&p, "/spec/nodeName").unwrap_or("").to_string()).or_default().push(p);
+    for p in pods(client).await.into_iter().filter(pod::is_active) {
+        out.entry(opt_str_at(&p, "/spec/nodeName").unwrap_or("").to_string()).or_default().push(p);
     }
     out
 }
 
 fn image(pod: &Value) -> &str {
-    podutil::str_at(pod, "/spec/containers/0/image").unwrap_or("")
+    opt_str_at(pod, "/spec/containers/0/image").unwrap_or("")
 }
 
 async fn set_image(client: &Arc<dyn Client>, name: &str, image: &str) {
@@ -154,16 +154,16 @@ async fn an_update_rolls_one_node_at_a_time() {
     let (fewest_ready, most_replaced_at_once, overlapped) = (Cell::new(3), Cell::new(0), Cell::new(false));
     let done = wait_until(Duration::from_secs(60), || async {
         let all = pods(&client).await;
-        let on = |p: &Value, n: &str| podutil::str_at(p, "/spec/nodeName") == Some(n);
-        let leaving: Vec<&str> = all.iter().filter(|p| podutil::is_deleting(p)).filter_map(|p| podutil::str_at(p, "/spec/nodeName")).collect();
-        overlapped.set(overlapped.get() || leaving.iter().any(|n| all.iter().any(|p| on(p, n) && podutil::is_active(p))));
+        let on = |p: &Value, n: &str| opt_str_at(p, "/spec/nodeName") == Some(n);
+        let leaving: Vec<&str> = all.iter().filter(|p| meta::is_deleting(p)).filter_map(|p| opt_str_at(p, "/spec/nodeName")).collect();
+        overlapped.set(overlapped.get() || leaving.iter().any(|n| all.iter().any(|p| on(p, n) && pod::is_active(p))));
         let by_node = pods_by_node(&client).await;
-        let ready = by_node.values().filter(|ps| ps.iter().any(podutil::is_ready)).count();
-        let replacing = by_node.values().filter(|ps| ps.iter().all(|p| image(p) == "agent:2" && !podutil::is_ready(p))).count()
+        let ready = by_node.values().filter(|ps| ps.iter().any(pod::is_ready)).count();
+        let replacing = by_node.values().filter(|ps| ps.iter().all(|p| image(p) == "agent:2" && !pod::is_ready(p))).count()
             + (3 - by_node.len());
         fewest_ready.set(fewest_ready.get().min(ready));
         most_replaced_at_once.set(most_replaced_at_once.get().max(replacing));
-        let all_new = by_node.len() == 3 && by_node.values().all(|ps| ps.len() == 1 && image(&ps[0]) == "agent:2" && podutil::is_ready(&ps[0]));
+        let all_new = by_node.len() == 3 && by_node.values().all(|ps| ps.len() == 1 && image(&ps[0]) == "agent:2" && pod::is_ready(&ps[0]));
         all_new && status(&client, "agent").await["updatedNumberScheduled"] == 3
     })
     .await;
@@ -193,7 +193,7 @@ async fn a_surge_update_starts_the_new_pod_before_the_old_one_goes() {
     let (fewest_ready, saw_two_on_a_node) = (Cell::new(2), Cell::new(false));
     let done = wait_until(Duration::from_secs(30), || async {
         let by_node = pods_by_node(&client).await;
-        fewest_ready.set(fewest_ready.get().min(by_node.values().filter(|ps| ps.iter().any(podutil::is_ready)).count()));
+        fewest_ready.set(fewest_ready.get().min(by_node.values().filter(|ps| ps.iter().any(pod::is_ready)).count()));
         saw_two_on_a_node.set(saw_two_on_a_node.get() || by_node.values().any(|ps| ps.len() == 2));
         by_node.values().all(|ps| ps.len() == 1 && image(&ps[0]) == "agent:2") && status(&client, "agent").await["updatedNumberScheduled"] == 2
     })
@@ -218,7 +218,7 @@ async fn on_delete_replaces_only_the_pods_a_user_deletes() {
     let observed = wait_until(Duration::from_secs(5), || async { status(&client, "agent").await["observedGeneration"] == 2 }).await;
     assert!(observed.is_some());
     let victim = pods_by_node(&client).await["n1"][0].clone();
-    client.delete(&kinds::POD, Some("default"), podutil::name(&victim), &Default::default()).await.unwrap();
+    client.delete(&kinds::POD, Some("default"), meta::name(&victim), &Default::default()).await.unwrap();
     let replaced = wait_until(Duration::from_secs(5), || async {
         pods_by_node(&client).await.get("n1").is_some_and(|ps| ps.len() == 1 && image(&ps[0]) == "agent:2")
     })

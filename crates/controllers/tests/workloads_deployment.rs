@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use shepherd_api::kinds;
-use shepherd_controllers::podutil;
+use shepherd_api::{meta, pod};
 use shepherd_runtime::{Client, ListParams, Patch, WatchEvent};
 use workloads_support::*;
 
@@ -53,7 +53,7 @@ async fn the_seed_deployment_web_runs_web_0_to_2_and_reports_a_complete_rollout(
     assert_eq!(sets.len(), 1);
     let rs = &sets[0];
     let hash = rs["metadata"]["labels"]["pod-template-hash"].as_str().unwrap().to_string();
-    assert_eq!(podutil::name(rs), format!("web-{hash}"));
+    assert_eq!(meta::name(rs), format!("web-{hash}"));
     assert_eq!(rs["spec"]["selector"]["matchLabels"], json!({"app": "web", "pod-template-hash": hash}));
     for p in pods(&client).await {
         assert_eq!(p["metadata"]["labels"], json!({"app": "web", "pod-template-hash": hash}));
@@ -92,7 +92,7 @@ async fn two_deployments_selecting_app_web_never_delete_each_others_pods_and_bot
     })
     .await;
     assert!(both.is_some());
-    let uids = |all: Vec<Value>| -> HashSet<String> { all.iter().map(|p| podutil::uid(p).to_string()).collect() };
+    let uids = |all: Vec<Value>| -> HashSet<String> { all.iter().map(|p| meta::uid(p).to_string()).collect() };
     let before = uids(pods(&client).await);
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert_eq!(uids(pods(&client).await), before, "nobody deleted anybody's pods");
@@ -101,7 +101,7 @@ async fn two_deployments_selecting_app_web_never_delete_each_others_pods_and_bot
     // A bare pod without a pod-template-hash matches neither Deployment's ReplicaSet (as in
     // Kubernetes): nobody adopts it and nobody counts it.
     let stray = get(&client, &kinds::POD, "stray").await.unwrap();
-    assert!(podutil::owner_references(&stray).is_empty());
+    assert!(meta::owner_references(&stray).is_empty());
 
     client.patch(&kinds::DEPLOYMENT, Some("default"), "front", Patch::Merge(json!({"spec": {"replicas": 1}}))).await.unwrap();
     assert!(wait_until(LIMIT, || async { active_pod_names(&client, "front-").await == ["front-0"] }).await.is_some());
@@ -123,21 +123,21 @@ fn observe(client: Arc<dyn Client>) -> (Arc<Mutex<Observer>>, tokio::task::JoinH
     let s = seen.clone();
     let task = tokio::spawn(async move {
         let list = client.list(&kinds::POD, &ListParams::namespace("default")).await.unwrap();
-        s.lock().unwrap().pods = list.items.into_iter().map(|p| (podutil::name(&p).to_string(), p)).collect();
+        s.lock().unwrap().pods = list.items.into_iter().map(|p| (meta::name(&p).to_string(), p)).collect();
         let mut events = client.watch(&kinds::POD, &ListParams::namespace("default"), list.resource_version).await.unwrap();
         while let Some(Ok(event)) = events.next().await {
             let mut o = s.lock().unwrap();
             match event {
                 WatchEvent::Added(p) | WatchEvent::Modified(p) => {
-                    o.pods.insert(podutil::name(&p).to_string(), p);
+                    o.pods.insert(meta::name(&p).to_string(), p);
                 }
                 WatchEvent::Deleted(p) => {
-                    o.pods.remove(podutil::name(&p));
+                    o.pods.remove(meta::name(&p));
                 }
                 WatchEvent::Bookmark(_) => continue,
             }
-            let ready = o.pods.values().filter(|p| podutil::is_active(p) && podutil::is_ready(p)).count();
-            let active = o.pods.values().filter(|p| podutil::is_active(p)).count();
+            let ready = o.pods.values().filter(|p| pod::is_active(p) && pod::is_ready(p)).count();
+            let active = o.pods.values().filter(|p| pod::is_active(p)).count();
             let hashes: HashSet<String> =
                 o.pods.values().filter_map(|p| p["metadata"]["labels"]["pod-template-hash"].as_str().map(str::to_string)).collect();
             o.min_ready = o.min_ready.min(ready);
@@ -157,14 +157,14 @@ async fn a_rolling_update_with_max_surge_1_and_max_unavailable_0_never_drops_bel
     d["spec"]["strategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}});
     client.create(&kinds::DEPLOYMENT, Some("default"), d).await.unwrap();
     assert!(wait_until(LIMIT, || rolled_out(&client, "web")).await.is_some());
-    let old_rs = podutil::name(&replicasets(&client).await[0]).to_string();
+    let old_rs = meta::name(&replicasets(&client).await[0]).to_string();
 
     let (seen, watcher) = observe(client.clone());
     tokio::time::sleep(Duration::from_millis(100)).await;
     client.patch(&kinds::DEPLOYMENT, Some("default"), "web", set_image("image-b")).await.unwrap();
     let done = wait_until(Duration::from_secs(120), || async {
         rolled_out(&client, "web").await
-            && pods(&client).await.iter().filter(|p| podutil::is_active(p)).all(|p| p["spec"]["containers"][0]["image"] == "image-b")
+            && pods(&client).await.iter().filter(|p| pod::is_active(p)).all(|p| p["spec"]["containers"][0]["image"] == "image-b")
     })
     .await;
     assert!(done.is_some(), "the rollout completes");
@@ -198,7 +198,7 @@ async fn a_recreate_rollout_never_runs_old_and_new_pods_together() {
     client.patch(&kinds::DEPLOYMENT, Some("default"), "web", set_image("image-b")).await.unwrap();
     let done = wait_until(Duration::from_secs(60), || async {
         rolled_out(&client, "web").await
-            && pods(&client).await.iter().filter(|p| podutil::is_active(p)).all(|p| p["spec"]["containers"][0]["image"] == "image-b")
+            && pods(&client).await.iter().filter(|p| pod::is_active(p)).all(|p| p["spec"]["containers"][0]["image"] == "image-b")
     })
     .await;
     assert!(done.is_some(), "the rollout completes");
@@ -295,7 +295,7 @@ async fn a_paused_deployment_does_not_roll_out_until_resumed() {
     client.patch(&kinds::DEPLOYMENT, Some("default"), "web", Patch::Merge(json!({"spec": {"paused": false}}))).await.unwrap();
     let done = wait_until(LIMIT, || async {
         rolled_out(&client, "web").await
-            && pods(&client).await.iter().filter(|p| podutil::is_active(p)).all(|p| p["spec"]["containers"][0]["image"] == "v2")
+            && pods(&client).await.iter().filter(|p| pod::is_active(p)).all(|p| p["spec"]["containers"][0]["image"] == "v2")
     })
     .await;
     assert!(done.is_some());
@@ -314,7 +314,7 @@ fn progressing_reasons(client: Arc<dyn Client>, name: &'static str) -> (Arc<Mute
             let (WatchEvent::Added(d) | WatchEvent::Modified(d)) = event else { continue };
             let Some(reason) = condition(&d, "Progressing").and_then(|c| c["reason"].as_str().map(str::to_string)) else { continue };
             let mut seen = s.lock().unwrap();
-            if podutil::name(&d) == name && seen.last() != Some(&reason) {
+            if meta::name(&d) == name && seen.last() != Some(&reason) {
                 seen.push(reason);
             }
         }
@@ -340,7 +340,7 @@ async fn scaling_a_deployment_rolled_out_long_ago_never_reports_its_progress_dea
     client.patch(&kinds::DEPLOYMENT, Some("default"), "web", set_image("v2")).await.unwrap();
     let new_template_rolled_out = || async {
         rolled_out(&client, "web").await
-            && pods(&client).await.iter().filter(|p| podutil::is_active(p)).all(|p| p.to_string().contains("v2"))
+            && pods(&client).await.iter().filter(|p| pod::is_active(p)).all(|p| p.to_string().contains("v2"))
     };
     assert!(wait_until(LIMIT, new_template_rolled_out).await.is_some());
     watcher.abort();

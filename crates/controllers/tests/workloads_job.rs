@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use shepherd_api::kinds;
+use shepherd_api::meta;
 use shepherd_controllers::job::{JobConfig, job_controller};
 use shepherd_controllers::podutil;
 use shepherd_runtime::{Client, ListParams, Manager, Patch, WatchEvent};
@@ -52,7 +53,7 @@ fn kubelet_running(client: Arc<dyn Client>, script: impl Fn(usize, &Value) -> i6
             let WatchEvent::Added(pod) = event else { continue };
             let n = count;
             count += 1;
-            seen.lock().unwrap().started.push((podutil::name(&pod).to_string(), Instant::now()));
+            seen.lock().unwrap().started.push((meta::name(&pod).to_string(), Instant::now()));
             let code = script(n, &pod);
             let (client, seen) = (client.clone(), seen.clone());
             tokio::spawn(async move {
@@ -62,7 +63,7 @@ fn kubelet_running(client: Arc<dyn Client>, script: impl Fn(usize, &Value) -> i6
                 let status = json!({"status": {"phase": phase, "containerStatuses": [{"name": "main", "ready": false,
                     "restartCount": 0, "image": "busybox", "imageID": "",
                     "state": {"terminated": {"exitCode": code, "startedAt": now, "finishedAt": now}}}]}});
-                let name = podutil::name(&pod).to_string();
+                let name = meta::name(&pod).to_string();
                 if client.patch_status(&kinds::POD, Some("default"), &name, Patch::Merge(status)).await.is_ok() {
                     seen.lock().unwrap().ended.push((name, Instant::now(), code));
                 }
@@ -113,7 +114,7 @@ async fn a_job_whose_first_two_pods_fail_backs_off_then_completes_with_exactly_i
     let events = client.list(&kinds::EVENT, &ListParams::namespace("default")).await.unwrap().items;
     let reasons: Vec<&str> = events.iter().filter(|e| e["involvedObject"]["kind"] == "Job").filter_map(|e| e["reason"].as_str()).collect();
     assert!(reasons.contains(&"SuccessfulCreate") && reasons.contains(&"Completed"), "{reasons:?}");
-    let finalized = pods(&client).await.iter().all(|p| !podutil::has_finalizer(p, shepherd_controllers::job::TRACKING_FINALIZER));
+    let finalized = pods(&client).await.iter().all(|p| !meta::has_finalizer(p, shepherd_controllers::job::TRACKING_FINALIZER));
     assert!(finalized, "every finished pod lost its tracking finalizer");
     kubelet.abort();
     controllers.stop().await;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use shepherd_api::kinds;
-use shepherd_controllers::podutil;
+use shepherd_api::{meta, pod};
 use shepherd_runtime::{DeleteParams, Patch};
 use workloads_support::*;
 
@@ -60,7 +60,7 @@ async fn a_pod_deleted_by_hand_is_replaced_under_the_same_name() {
     let before = get(&client, &kinds::POD, "cache-1").await.unwrap();
     client.delete(&kinds::POD, Some("default"), "cache-1", &DeleteParams::default()).await.unwrap();
     let replaced = wait_until(LIMIT, || async {
-        get(&client, &kinds::POD, "cache-1").await.is_some_and(|p| podutil::uid(&p) != podutil::uid(&before))
+        get(&client, &kinds::POD, "cache-1").await.is_some_and(|p| meta::uid(&p) != meta::uid(&before))
     })
     .await;
     assert!(replaced.is_some(), "cache-1 comes back as a new pod");
@@ -74,15 +74,15 @@ async fn a_failed_pod_is_deleted_and_replaced() {
     let running = workloads(&client);
     client.create(&kinds::REPLICASET, Some("default"), replicaset("cache", 2, "cache")).await.unwrap();
     assert!(wait_until(LIMIT, || async { active_pod_names(&client, "cache-").await.len() == 2 }).await.is_some());
-    let failed_uid = podutil::uid(&get(&client, &kinds::POD, "cache-0").await.unwrap()).to_string();
+    let failed_uid = meta::uid(&get(&client, &kinds::POD, "cache-0").await.unwrap()).to_string();
     mark_failed(&client, "cache-0").await;
     let replaced = wait_until(LIMIT, || async {
         let all = pods(&client).await;
-        let failed_gone = !all.iter().any(|p| podutil::uid(p) == failed_uid);
+        let failed_gone = !all.iter().any(|p| meta::uid(p) == failed_uid);
         failed_gone && active_pod_names(&client, "cache-").await == ["cache-0", "cache-1"]
     })
     .await;
-    assert!(replaced.is_some(), "pods now: {:?}", pods(&client).await.iter().map(|p| (podutil::name(p).to_string(), podutil::phase(p).to_string())).collect::<Vec<_>>());
+    assert!(replaced.is_some(), "pods now: {:?}", pods(&client).await.iter().map(|p| (meta::name(p).to_string(), pod::phase(p).to_string())).collect::<Vec<_>>());
     running.stop().await;
 }
 
@@ -100,7 +100,7 @@ async fn a_bare_pod_matching_two_replicasets_is_adopted_by_exactly_one_and_both_
         let all = pods(&client).await;
         let owned_by = |rs: &str| {
             all.iter()
-                .filter(|p| podutil::is_active(p) && podutil::controller_ref(p).and_then(|r| r["name"].as_str()) == Some(rs))
+                .filter(|p| pod::is_active(p) && meta::controller_ref(p).and_then(|r| r["name"].as_str()) == Some(rs))
                 .count()
         };
         owned_by("left") == 2 && owned_by("right") == 2
@@ -109,10 +109,10 @@ async fn a_bare_pod_matching_two_replicasets_is_adopted_by_exactly_one_and_both_
     assert!(settled.is_some(), "both ReplicaSets reach 2 pods");
     tokio::time::sleep(Duration::from_secs(5)).await;
     let all = pods(&client).await;
-    assert!(all.iter().all(|p| podutil::owner_references(p).iter().filter(|r| r["controller"] == true).count() == 1),
+    assert!(all.iter().all(|p| meta::owner_references(p).iter().filter(|r| r["controller"] == true).count() == 1),
         "every pod has exactly one controller: {all:?}");
-    if let Some(stray) = all.iter().find(|p| podutil::name(p) == "stray") {
-        assert_eq!(podutil::owner_references(stray).len(), 1, "adopted once");
+    if let Some(stray) = all.iter().find(|p| meta::name(p) == "stray") {
+        assert_eq!(meta::owner_references(stray).len(), 1, "adopted once");
     }
     let events = client.list(&kinds::EVENT, &shepherd_runtime::ListParams::namespace("default")).await.unwrap().items;
     let adoptions = events.iter().filter(|e| e["reason"] == "Adopted" && e["message"] == "Adopted pod: stray").count();
@@ -129,8 +129,8 @@ async fn a_pod_relabelled_out_of_the_selector_is_released_and_replaced() {
     let relabel = Patch::Merge(json!({"metadata": {"labels": {"app": "debugging"}}}));
     client.patch(&kinds::POD, Some("default"), "cache-0", relabel).await.unwrap();
     let done = wait_until(LIMIT, || async {
-        let released = get(&client, &kinds::POD, "cache-0").await.is_some_and(|p| podutil::owner_references(&p).is_empty());
-        let owned = pods(&client).await.iter().filter(|p| podutil::labels(p).get("app") == Some(&json!("cache"))).count();
+        let released = get(&client, &kinds::POD, "cache-0").await.is_some_and(|p| meta::owner_references(&p).is_empty());
+        let owned = pods(&client).await.iter().filter(|p| meta::labels(p).get("app") == Some(&json!("cache"))).count();
         released && owned == 2
     })
     .await;

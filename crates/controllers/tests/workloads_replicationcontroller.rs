@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use shepherd_api::kinds;
-use shepherd_controllers::podutil;
+use shepherd_api::pod;
 use shepherd_controllers::replicaset::replication_controller;
 use shepherd_runtime::{Client, DeleteParams, Manager, Patch, Propagation};
 use workloads_support::*;
@@ -39,7 +39,7 @@ async fn a_replication_controller_keeps_its_replicas_through_deletions_scales_an
 
     client.delete(&kinds::POD, Some("default"), "web-1", &DeleteParams::default()).await.unwrap();
     let replaced = wait_until(Duration::from_secs(10), || async {
-        get(&client, &kinds::POD, "web-1").await.is_some_and(|p| podutil::is_ready(&p))
+        get(&client, &kinds::POD, "web-1").await.is_some_and(|p| pod::is_ready(&p))
             && active_pod_names(&client, "web-").await.len() == 3
     })
     .await;

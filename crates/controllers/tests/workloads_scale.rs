@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use shepherd_api::kinds;
-use shepherd_controllers::podutil;
+use shepherd_api::meta;
 use shepherd_runtime::{DeleteParams, ListParams, WatchEvent};
 use workloads_support::*;
 
@@ -29,7 +29,7 @@ async fn time_from_creating_a_deployment_of_10000_replicas_to_all_pods_created()
         match tokio::time::timeout(Duration::from_secs(300), events.next()).await {
             Ok(Some(Ok(WatchEvent::Added(p)))) => {
                 first.get_or_insert_with(|| started.elapsed());
-                names.insert(podutil::name(&p).to_string());
+                names.insert(meta::name(&p).to_string());
             }
             Ok(Some(Ok(_))) => {}
             other => panic!("watch ended early: {other:?}"),
@@ -68,7 +68,7 @@ async fn latency_from_a_pod_deleted_to_its_replacement_created() {
         client.delete(&kinds::POD, Some("default"), &name, &DeleteParams::default()).await.unwrap();
         loop {
             match tokio::time::timeout(Duration::from_secs(10), events.next()).await {
-                Ok(Some(Ok(WatchEvent::Added(p)))) if podutil::name(&p) == name => {
+                Ok(Some(Ok(WatchEvent::Added(p)))) if meta::name(&p) == name => {
                     samples.push(deleted.elapsed());
                     break;
                 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use shepherd_api::kinds;
-use shepherd_controllers::podutil;
+use shepherd_api::{meta, opt_str_at, pod};
 use shepherd_controllers::statefulset::statefulset_controller;
 use shepherd_runtime::{Client, ListParams, Manager, Patch, WatchEvent};
 use tokio::time::Instant;
@@ -45,8 +45,8 @@ fn record_history(client: Arc<dyn Client>) -> (Arc<Mutex<History>>, tokio::task:
         let Ok(mut events) = client.watch(&kinds::POD, &ListParams::default(), 0).await else { return };
         while let Some(Ok(event)) = events.next().await {
             match event {
-                WatchEvent::Added(p) => seen.lock().unwrap().created.push((podutil::name(&p).to_string(), Instant::now())),
-                WatchEvent::Deleted(p) => seen.lock().unwrap().deleted.push(podutil::name(&p).to_string()),
+                WatchEvent::Added(p) => seen.lock().unwrap().created.push((meta::name(&p).to_string(), Instant::now())),
+                WatchEvent::Deleted(p) => seen.lock().unwrap().deleted.push(meta::name(&p).to_string()),
                 _ => {}
             }
         }
@@ -60,14 +60,14 @@ async fn status(client: &Arc<dyn Client>, name: &str) -> Value {
 
 async fn ready_names(client: &Arc<dyn Client>, prefix: &str) -> Vec<String> {
     let mut names: Vec<String> =
-        pods(client).await.iter().filter(|p| podutil::is_active(p) && podutil::is_ready(p)).map(|p| podutil::name(p).to_string()).collect();
+        pods(client).await.iter().filter(|p| pod::is_active(p) && pod::is_ready(p)).map(|p| meta::name(p).to_string()).collect();
     names.retain(|n| n.starts_with(prefix));
     names.sort();
     names
 }
 
 async fn image_of(client: &Arc<dyn Client>, pod: &str) -> String {
-    get(client, &kinds::POD, pod).await.and_then(|p| podutil::str_at(&p, "/spec/containers/0/image").map(str::to_string)).unwrap_or_default()
+    get(client, &kinds::POD, pod).await.and_then(|p| opt_str_at(&p, "/spec/containers/0/image").map(str::to_string)).unwrap_or_default()
 }
 
 #[tokio::test(start_paused = true)]
@@ -93,10 +93,10 @@ async fn pods_start_in_order_each_after_the_previous_is_ready_and_a_deleted_pod_
     assert_eq!((s["replicas"].as_i64(), s["currentReplicas"].as_i64(), s["updatedReplicas"].as_i64()), (Some(3), Some(3), Some(3)));
     assert_eq!(s["currentRevision"], s["updateRevision"]);
 
-    let old_uid = podutil::uid(&pod).to_string();
+    let old_uid = meta::uid(&pod).to_string();
     client.delete(&kinds::POD, Some("default"), "web-1", &Default::default()).await.unwrap();
     let back = wait_until(Duration::from_secs(30), || async {
-        get(&client, &kinds::POD, "web-1").await.is_some_and(|p| podutil::uid(&p) != old_uid && podutil::is_ready(&p))
+        get(&client, &kinds::POD, "web-1").await.is_some_and(|p| meta::uid(&p) != old_uid && pod::is_ready(&p))
     })
     .await;
     assert!(back.is_some(), "web-1 did not come back");
@@ -154,10 +154,10 @@ async fn a_rolling_update_goes_from_the_highest_ordinal_down_and_stops_at_the_pa
     assert_ne!(s["updateRevision"], first_revision, "{s}");
 
     // A pod below the partition that is deleted comes back at the current revision.
-    let old_uid = get(&client, &kinds::POD, "web-0").await.map(|p| podutil::uid(&p).to_string()).unwrap_or_default();
+    let old_uid = get(&client, &kinds::POD, "web-0").await.map(|p| meta::uid(&p).to_string()).unwrap_or_default();
     client.delete(&kinds::POD, Some("default"), "web-0", &Default::default()).await.unwrap();
     let back = wait_until(Duration::from_secs(30), || async {
-        get(&client, &kinds::POD, "web-0").await.is_some_and(|p| podutil::uid(&p) != old_uid && podutil::is_ready(&p))
+        get(&client, &kinds::POD, "web-0").await.is_some_and(|p| meta::uid(&p) != old_uid && pod::is_ready(&p))
     })
     .await;
     assert!(back.is_some());

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use shepherd_api::kinds;
+use shepherd_api::{meta, pod};
 use shepherd_controllers::podutil;
 use shepherd_runtime::{Client, DeleteParams, ListParams, Manager, Patch};
 use workloads_support::*;
@@ -63,14 +64,14 @@ async fn active_is(client: &Arc<dyn Client>, n: usize) {
 
 async fn replaced(client: &Arc<dyn Client>, name: &str, uid: &str) {
     let back = wait_until(LIMIT, || async {
-        get(client, &kinds::POD, name).await.is_some_and(|p| podutil::uid(&p) != uid && podutil::is_active(&p))
+        get(client, &kinds::POD, name).await.is_some_and(|p| meta::uid(&p) != uid && pod::is_active(&p))
     })
     .await;
     assert!(back.is_some(), "{name} was not replaced");
 }
 
 async fn uid_of(client: &Arc<dyn Client>, name: &str) -> String {
-    podutil::uid(&get(client, &kinds::POD, name).await.expect("pod exists")).to_string()
+    meta::uid(&get(client, &kinds::POD, name).await.expect("pod exists")).to_string()
 }
 
 /// Creates, scales up and down, pods turning ready and unready, deleted and failed, with
@@ -129,8 +130,8 @@ async fn recorded_workload(incremental: bool) -> Outcome {
     let mut pods: Vec<(String, bool)> = self::pods(&client)
         .await
         .iter()
-        .filter(|p| podutil::is_active(p))
-        .map(|p| (podutil::name(p).to_string(), podutil::is_ready(p)))
+        .filter(|p| pod::is_active(p))
+        .map(|p| (meta::name(p).to_string(), pod::is_ready(p)))
         .collect();
     pods.sort();
     let mut events: Vec<(String, String, i64)> = client

@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 use shepherd_api::kinds::ResourceInfo;
+use shepherd_api::str_at;
 
 use crate::apply::LAST_APPLIED;
 use crate::connection::Cluster;
@@ -41,26 +42,22 @@ pub async fn run(cluster: &Cluster, target: &[String]) -> anyhow::Result<bool> {
 /// `involvedObject.*`, so the namespace's events are filtered here, by uid when the event has one.
 async fn events_of(cluster: &Cluster, obj: &Value) -> anyhow::Result<Vec<Value>> {
     let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
-    let uid = s(obj, "/metadata/uid");
-    let name = s(obj, "/metadata/name");
-    let kind = s(obj, "/kind");
+    let uid = str_at(obj, "/metadata/uid");
+    let name = str_at(obj, "/metadata/name");
+    let kind = str_at(obj, "/kind");
     let list = cluster.get(&resource::collection_path(&shepherd_api::kinds::EVENT, Some(ns))).await?;
     let mut events: Vec<Value> = list["items"].as_array().into_iter().flatten()
         .filter(|e| {
-            let euid = s(e, "/involvedObject/uid");
+            let euid = str_at(e, "/involvedObject/uid");
             if !euid.is_empty() && !uid.is_empty() {
                 return euid == uid;
             }
-            s(e, "/involvedObject/name") == name && (s(e, "/involvedObject/kind").is_empty() || s(e, "/involvedObject/kind") == kind)
+            str_at(e, "/involvedObject/name") == name && (str_at(e, "/involvedObject/kind").is_empty() || str_at(e, "/involvedObject/kind") == kind)
         })
         .cloned()
         .collect();
     events.sort_by_key(|e| last_seen(e).map(|t| t.as_second()).unwrap_or(0));
     Ok(events)
-}
-
-fn s<'a>(v: &'a Value, ptr: &str) -> &'a str {
-    v.pointer(ptr).and_then(Value::as_str).unwrap_or("")
 }
 
 fn timestamp(v: &Value, ptr: &str) -> Option<jiff::Timestamp> {
@@ -93,9 +90,9 @@ fn field(out: &mut String, width: usize, name: &str, value: &str) {
 }
 
 fn common_header(out: &mut String, obj: &Value, w: usize, namespaced: bool) {
-    field(out, w, "Name", s(obj, "/metadata/name"));
+    field(out, w, "Name", str_at(obj, "/metadata/name"));
     if namespaced {
-        field(out, w, "Namespace", s(obj, "/metadata/namespace"));
+        field(out, w, "Namespace", str_at(obj, "/metadata/namespace"));
     }
 }
 
@@ -111,9 +108,9 @@ fn conditions(out: &mut String, obj: &Value, with_reason: bool) {
         t.header.push("Reason".into());
     }
     for c in conds {
-        let mut row = vec![s(c, "/type").to_string(), s(c, "/status").to_string()];
+        let mut row = vec![str_at(c, "/type").to_string(), str_at(c, "/status").to_string()];
         if with_reason {
-            row.push(s(c, "/reason").to_string());
+            row.push(str_at(c, "/reason").to_string());
         }
         t.rows.push(row);
     }
@@ -140,8 +137,8 @@ fn events_section(out: &mut String, events: &[Value]) {
         if count > 1 {
             seen = format!("{seen} (x{count} over {})", age(timestamp(e, "/firstTimestamp")));
         }
-        let from = [s(e, "/source/component"), s(e, "/reportingComponent")].into_iter().find(|c| !c.is_empty()).unwrap_or("").to_string();
-        t.rows.push(vec![s(e, "/type").into(), s(e, "/reason").into(), seen, from, s(e, "/message").into()]);
+        let from = [str_at(e, "/source/component"), str_at(e, "/reportingComponent")].into_iter().find(|c| !c.is_empty()).unwrap_or("").to_string();
+        t.rows.push(vec![str_at(e, "/type").into(), str_at(e, "/reason").into(), seen, from, str_at(e, "/message").into()]);
     }
     out.push_str("Events:\n");
     for line in printer::render(&t).lines() {
@@ -171,13 +168,13 @@ pub fn describe(res: &ResourceInfo, obj: &Value, events: &[Value]) -> String {
 fn controlled_by(obj: &Value) -> Option<String> {
     obj.pointer("/metadata/ownerReferences").and_then(Value::as_array)?.iter()
         .find(|o| o["controller"] == true)
-        .map(|o| format!("{}/{}", s(o, "/kind"), s(o, "/name")))
+        .map(|o| format!("{}/{}", str_at(o, "/kind"), str_at(o, "/name")))
 }
 
 fn pod(out: &mut String, p: &Value) {
     let w = 18;
     common_header(out, p, w, true);
-    field(out, w, "Node", &match (s(p, "/spec/nodeName"), s(p, "/status/hostIP")) {
+    field(out, w, "Node", &match (str_at(p, "/spec/nodeName"), str_at(p, "/status/hostIP")) {
         ("", _) => "<none>".to_string(),
         (n, "") => n.to_string(),
         (n, ip) => format!("{n}/{ip}"),
@@ -186,23 +183,23 @@ fn pod(out: &mut String, p: &Value) {
         field(out, w, "Start Time", start);
     }
     meta_maps(out, p, w);
-    let status = if p.pointer("/metadata/deletionTimestamp").is_some() { "Terminating".to_string() } else { or_none(s(p, "/status/phase")) };
+    let status = if p.pointer("/metadata/deletionTimestamp").is_some() { "Terminating".to_string() } else { or_none(str_at(p, "/status/phase")) };
     field(out, w, "Status", &status);
-    field(out, w, "IP", s(p, "/status/podIP"));
+    field(out, w, "IP", str_at(p, "/status/podIP"));
     if let Some(c) = controlled_by(p) {
         field(out, w, "Controlled By", &c);
     }
     out.push_str("Containers:\n");
     let statuses = p.pointer("/status/containerStatuses").and_then(Value::as_array).cloned().unwrap_or_default();
     for c in p.pointer("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
-        let cname = s(c, "/name");
+        let cname = str_at(c, "/name");
         let _ = writeln!(out, "  {cname}:");
         let cw = 20;
         let sub = |out: &mut String, k: &str, v: &str| {
             let label = format!("{k}:");
             let _ = writeln!(out, "    {label:<cw$}{v}");
         };
-        sub(out, "Image", s(c, "/image"));
+        sub(out, "Image", str_at(c, "/image"));
         if let Some(cmd) = c.get("command").and_then(Value::as_array) {
             sub(out, "Command", &cmd.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "));
         }
@@ -233,7 +230,7 @@ fn pod(out: &mut String, p: &Value) {
         sub(out, "Ready", if cs.is_some_and(|st| st["ready"] == true) { "True" } else { "False" });
         sub(out, "Restart Count", &cs.and_then(|st| st["restartCount"].as_i64()).unwrap_or(0).to_string());
         let env: Vec<String> = c.get("env").and_then(Value::as_array).into_iter().flatten()
-            .map(|e| format!("{}={}", s(e, "/name"), s(e, "/value"))).collect();
+            .map(|e| format!("{}={}", str_at(e, "/name"), str_at(e, "/value"))).collect();
         if !env.is_empty() {
             sub(out, "Environment", &env.join(&format!("\n{}", " ".repeat(4 + cw))));
         }
@@ -249,14 +246,14 @@ fn or_none(v: &str) -> String {
 fn deployment(out: &mut String, d: &Value) {
     let w = 24;
     common_header(out, d, w, true);
-    field(out, w, "CreationTimestamp", s(d, "/metadata/creationTimestamp"));
+    field(out, w, "CreationTimestamp", str_at(d, "/metadata/creationTimestamp"));
     meta_maps(out, d, w);
     field(out, w, "Selector", &selector(d));
     let n = |p: &str| d.pointer(p).and_then(Value::as_i64).unwrap_or(0);
     field(out, w, "Replicas", &format!("{} desired | {} updated | {} total | {} available | {} unavailable",
         d.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1), n("/status/updatedReplicas"), n("/status/replicas"),
         n("/status/availableReplicas"), n("/status/unavailableReplicas")));
-    let strategy = or_none(s(d, "/spec/strategy/type"));
+    let strategy = or_none(str_at(d, "/spec/strategy/type"));
     field(out, w, "StrategyType", &strategy);
     field(out, w, "MinReadySeconds", &n("/spec/minReadySeconds").to_string());
     if strategy == "RollingUpdate" {
@@ -271,8 +268,8 @@ fn deployment(out: &mut String, d: &Value) {
     }
     out.push_str("  Containers:\n");
     for c in d.pointer("/spec/template/spec/containers").and_then(Value::as_array).into_iter().flatten() {
-        let _ = writeln!(out, "   {}:", s(c, "/name"));
-        let _ = writeln!(out, "    Image:      {}", s(c, "/image"));
+        let _ = writeln!(out, "   {}:", str_at(c, "/name"));
+        let _ = writeln!(out, "    Image:      {}", str_at(c, "/image"));
         let ports: Vec<String> = c.get("ports").and_then(Value::as_array).into_iter().flatten()
             .map(|p| format!("{}/{}", p["containerPort"], p.get("protocol").and_then(Value::as_str).unwrap_or("TCP"))).collect();
         let _ = writeln!(out, "    Port:       {}", if ports.is_empty() { "<none>".into() } else { ports.join(", ") });
@@ -287,8 +284,8 @@ fn pod_template(out: &mut String, template: Option<&Value>) {
     let _ = writeln!(out, "  Labels:  {}", map_lines(t.pointer("/metadata/labels"), 11, &[]));
     out.push_str("  Containers:\n");
     for c in t.pointer("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
-        let _ = writeln!(out, "   {}:", s(c, "/name"));
-        let _ = writeln!(out, "    Image:      {}", s(c, "/image"));
+        let _ = writeln!(out, "   {}:", str_at(c, "/name"));
+        let _ = writeln!(out, "    Image:      {}", str_at(c, "/image"));
         for (label, key) in [("Command", "/command"), ("Args", "/args")] {
             let Some(words) = c.pointer(key).and_then(Value::as_array).filter(|w| !w.is_empty()) else { continue };
             let _ = writeln!(out, "    {label}:");
@@ -311,7 +308,7 @@ fn job(out: &mut String, j: &Value) {
     let unset = |v: Option<i64>| v.map_or_else(|| "<unset>".to_string(), |v| v.to_string());
     field(out, w, "Parallelism", &unset(n("/spec/parallelism")));
     field(out, w, "Completions", &unset(n("/spec/completions")));
-    field(out, w, "Completion Mode", &or_none(s(j, "/spec/completionMode")));
+    field(out, w, "Completion Mode", &or_none(str_at(j, "/spec/completionMode")));
     field(out, w, "Suspend", &j.pointer("/spec/suspend").and_then(Value::as_bool).unwrap_or(false).to_string());
     field(out, w, "Backoff Limit", &unset(n("/spec/backoffLimit")));
     if let Some(ttl) = n("/spec/ttlSecondsAfterFinished") {
@@ -334,8 +331,8 @@ fn job(out: &mut String, j: &Value) {
     let c = |p: &str| n(p).unwrap_or(0);
     field(out, w, "Pods Statuses", &format!("{} Active ({} Ready) / {} Succeeded / {} Failed",
         c("/status/active"), c("/status/ready"), c("/status/succeeded"), c("/status/failed")));
-    if s(j, "/spec/completionMode") == "Indexed" {
-        field(out, w, "Completed Indexes", &or_none(s(j, "/status/completedIndexes")));
+    if str_at(j, "/spec/completionMode") == "Indexed" {
+        field(out, w, "Completed Indexes", &or_none(str_at(j, "/status/completedIndexes")));
     }
     pod_template(out, j.pointer("/spec/template"));
     conditions(out, j, true);
@@ -346,11 +343,11 @@ fn cron_job(out: &mut String, cj: &Value) {
     common_header(out, cj, w, true);
     meta_maps(out, cj, w);
     let n = |p: &str| cj.pointer(p).and_then(Value::as_i64).map_or_else(|| "<unset>".to_string(), |v| v.to_string());
-    field(out, w, "Schedule", s(cj, "/spec/schedule"));
+    field(out, w, "Schedule", str_at(cj, "/spec/schedule"));
     if cj.pointer("/spec/timeZone").is_some() {
-        field(out, w, "Time Zone", s(cj, "/spec/timeZone"));
+        field(out, w, "Time Zone", str_at(cj, "/spec/timeZone"));
     }
-    field(out, w, "Concurrency Policy", &or_none(s(cj, "/spec/concurrencyPolicy")));
+    field(out, w, "Concurrency Policy", &or_none(str_at(cj, "/spec/concurrencyPolicy")));
     let suspended = cj.pointer("/spec/suspend").and_then(Value::as_bool).unwrap_or(false);
     field(out, w, "Suspend", if suspended { "True" } else { "False" });
     field(out, w, "Successful Job History Limit", &n("/spec/successfulJobsHistoryLimit"));
@@ -372,32 +369,32 @@ fn autoscaler(out: &mut String, hpa: &Value) {
     let w = 55;
     common_header(out, hpa, w, true);
     meta_maps(out, hpa, w);
-    field(out, w, "Reference", &format!("{}/{}", s(hpa, "/spec/scaleTargetRef/kind"), s(hpa, "/spec/scaleTargetRef/name")));
+    field(out, w, "Reference", &format!("{}/{}", str_at(hpa, "/spec/scaleTargetRef/kind"), str_at(hpa, "/spec/scaleTargetRef/name")));
     field(out, w, "Metrics", "( current / target )");
     let current = hpa.pointer("/status/currentMetrics").and_then(Value::as_array).cloned().unwrap_or_default();
     for m in hpa.pointer("/spec/metrics").and_then(Value::as_array).into_iter().flatten() {
-        let name = s(m, "/resource/name");
-        let now = current.iter().find(|c| s(c, "/resource/name") == name);
-        if s(m, "/resource/target/type") == "Utilization" {
+        let name = str_at(m, "/resource/name");
+        let now = current.iter().find(|c| str_at(c, "/resource/name") == name);
+        if str_at(m, "/resource/target/type") == "Utilization" {
             let pct = now.and_then(|c| c.pointer("/resource/current/averageUtilization")).and_then(Value::as_i64);
-            let value = now.map(|c| s(c, "/resource/current/averageValue")).unwrap_or("");
+            let value = now.map(|c| str_at(c, "/resource/current/averageValue")).unwrap_or("");
             let shown = pct.map_or("<unknown>".to_string(), |p| format!("{p}% ({value})"));
             let target = hpa_int(m, "/resource/target/averageUtilization");
             field(out, w, &format!("  resource {name} on pods  (as a percentage of request)"), &format!("{shown} / {target}%"));
         } else {
-            let value = now.map(|c| s(c, "/resource/current/averageValue")).filter(|v| !v.is_empty()).unwrap_or("<unknown>");
-            field(out, w, &format!("  resource {name} on pods"), &format!("{value} / {}", s(m, "/resource/target/averageValue")));
+            let value = now.map(|c| str_at(c, "/resource/current/averageValue")).filter(|v| !v.is_empty()).unwrap_or("<unknown>");
+            field(out, w, &format!("  resource {name} on pods"), &format!("{value} / {}", str_at(m, "/resource/target/averageValue")));
         }
     }
     field(out, w, "Min replicas", &hpa_int(hpa, "/spec/minReplicas"));
     field(out, w, "Max replicas", &hpa_int(hpa, "/spec/maxReplicas"));
     let pods = format!("{} current / {} desired", hpa_int(hpa, "/status/currentReplicas"), hpa_int(hpa, "/status/desiredReplicas"));
-    field(out, w, &format!("{} pods", s(hpa, "/spec/scaleTargetRef/kind")), &pods);
+    field(out, w, &format!("{} pods", str_at(hpa, "/spec/scaleTargetRef/kind")), &pods);
     let Some(conds) = hpa.pointer("/status/conditions").and_then(Value::as_array).filter(|c| !c.is_empty()) else { return };
     let mut t = printer::TextTable { header: ["Type", "Status", "Reason", "Message"].map(String::from).to_vec(), rows: Vec::new() };
     t.rows.push(t.header.iter().map(|h| "-".repeat(h.len())).collect());
     for c in conds {
-        t.rows.push(["/type", "/status", "/reason", "/message"].iter().map(|p| s(c, p).to_string()).collect());
+        t.rows.push(["/type", "/status", "/reason", "/message"].iter().map(|p| str_at(c, p).to_string()).collect());
     }
     out.push_str("Conditions:\n");
     for line in printer::render(&t).lines() {
@@ -411,8 +408,8 @@ fn hpa_int(v: &Value, ptr: &str) -> String {
 
 fn daemon_set(out: &mut String, ds: &Value) {
     let w = 16;
-    field(out, w, "Name", s(ds, "/metadata/name"));
-    field(out, w, "Namespace", s(ds, "/metadata/namespace"));
+    field(out, w, "Name", str_at(ds, "/metadata/name"));
+    field(out, w, "Namespace", str_at(ds, "/metadata/namespace"));
     field(out, w, "Selector", &selector(ds));
     field(out, w, "Node-Selector", &map_lines(ds.pointer("/spec/template/spec/nodeSelector"), w, &[]));
     meta_maps(out, ds, w);
@@ -423,7 +420,7 @@ fn daemon_set(out: &mut String, ds: &Value) {
     field(out, w, "Number of Nodes Scheduled with Up-to-date Pods", &n("/status/updatedNumberScheduled"));
     field(out, w, "Number of Nodes Scheduled with Available Pods", &n("/status/numberAvailable"));
     field(out, w, "Number of Nodes Misscheduled", &n("/status/numberMisscheduled"));
-    let strategy = or_none(s(ds, "/spec/updateStrategy/type"));
+    let strategy = or_none(str_at(ds, "/spec/updateStrategy/type"));
     field(out, 18, "Update Strategy", &strategy);
     if strategy == "RollingUpdate" {
         let v = |p: &str| ds.pointer(p).map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string())).unwrap_or_else(|| "0".into());
@@ -436,21 +433,21 @@ fn daemon_set(out: &mut String, ds: &Value) {
 fn stateful_set(out: &mut String, sts: &Value) {
     let w = 23;
     common_header(out, sts, w, true);
-    field(out, w, "CreationTimestamp", s(sts, "/metadata/creationTimestamp"));
+    field(out, w, "CreationTimestamp", str_at(sts, "/metadata/creationTimestamp"));
     field(out, w, "Selector", &selector(sts));
     meta_maps(out, sts, w);
     let n = |p: &str| sts.pointer(p).and_then(Value::as_i64).unwrap_or(0);
     field(out, w, "Replicas", &format!("{} desired | {} total", sts.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1),
         n("/status/replicas")));
-    field(out, w, "Pod Management Policy", &or_none(s(sts, "/spec/podManagementPolicy")));
-    let strategy = or_none(s(sts, "/spec/updateStrategy/type"));
+    field(out, w, "Pod Management Policy", &or_none(str_at(sts, "/spec/podManagementPolicy")));
+    let strategy = or_none(str_at(sts, "/spec/updateStrategy/type"));
     field(out, w, "Update Strategy", &strategy);
     if strategy == "RollingUpdate" {
         let _ = writeln!(out, "  Partition:           {}", n("/spec/updateStrategy/rollingUpdate/partition"));
     }
-    field(out, w, "Service Name", &or_none(s(sts, "/spec/serviceName")));
-    field(out, w, "Current Revision", &or_none(s(sts, "/status/currentRevision")));
-    field(out, w, "Update Revision", &or_none(s(sts, "/status/updateRevision")));
+    field(out, w, "Service Name", &or_none(str_at(sts, "/spec/serviceName")));
+    field(out, w, "Current Revision", &or_none(str_at(sts, "/status/currentRevision")));
+    field(out, w, "Update Revision", &or_none(str_at(sts, "/status/updateRevision")));
     field(out, w, "Ready Replicas", &n("/status/readyReplicas").to_string());
     pod_template(out, sts.pointer("/spec/template"));
     out.push_str("Volume Claims:  <none>\n");
@@ -461,7 +458,7 @@ fn selector(d: &Value) -> String {
         .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect();
     for e in d.pointer("/spec/selector/matchExpressions").and_then(Value::as_array).into_iter().flatten() {
         let values: Vec<&str> = e["values"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-        parts.push(format!("{} {} ({})", s(e, "/key"), s(e, "/operator").to_lowercase(), values.join(",")));
+        parts.push(format!("{} {} ({})", str_at(e, "/key"), str_at(e, "/operator").to_lowercase(), values.join(",")));
     }
     if parts.is_empty() { "<none>".into() } else { parts.join(",") }
 }
@@ -479,7 +476,7 @@ fn secret(out: &mut String, obj: &Value) {
     let w = 14;
     common_header(out, obj, w, true);
     meta_maps(out, obj, w);
-    let _ = writeln!(out, "\nType:  {}\n\nData\n====", s(obj, "/type"));
+    let _ = writeln!(out, "\nType:  {}\n\nData\n====", str_at(obj, "/type"));
     let data = obj.get("data").and_then(Value::as_object);
     let width = data.into_iter().flatten().map(|(k, _)| k.len() + 3).max().unwrap_or(0);
     for (k, v) in data.into_iter().flatten() {
@@ -507,7 +504,7 @@ fn generic(out: &mut String, res: &ResourceInfo, obj: &Value) {
     let w = 18;
     common_header(out, obj, w, res.namespaced);
     meta_maps(out, obj, w);
-    field(out, w, "CreationTimestamp", s(obj, "/metadata/creationTimestamp"));
+    field(out, w, "CreationTimestamp", str_at(obj, "/metadata/creationTimestamp"));
     for (key, v) in obj.as_object().into_iter().flatten() {
         if matches!(key.as_str(), "apiVersion" | "kind" | "metadata") || holds_nothing(v) {
             continue;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::bail;
 use futures::{AsyncBufReadExt, StreamExt};
 use serde_json::{Value, json};
+use shepherd_api::int_at;
 
 use crate::connection::Cluster;
 use crate::resource;
@@ -18,13 +19,9 @@ pub enum Progress {
     Failed(String),
 }
 
-fn int(obj: &Value, ptr: &str) -> i64 {
-    obj.pointer(ptr).and_then(Value::as_i64).unwrap_or(0)
-}
-
 pub fn progress(d: &Value) -> Progress {
     let name = d.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
-    if int(d, "/metadata/generation") > int(d, "/status/observedGeneration") {
+    if int_at(d, "/metadata/generation") > int_at(d, "/status/observedGeneration") {
         return Progress::Waiting("Waiting for deployment spec update to be observed...".into());
     }
     let deadline_exceeded = d.pointer("/status/conditions").and_then(Value::as_array).into_iter().flatten()
@@ -33,9 +30,9 @@ pub fn progress(d: &Value) -> Progress {
         return Progress::Failed(format!("deployment \"{name}\" exceeded its progress deadline"));
     }
     let desired = d.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
-    let updated = int(d, "/status/updatedReplicas");
-    let total = int(d, "/status/replicas");
-    let available = int(d, "/status/availableReplicas");
+    let updated = int_at(d, "/status/updatedReplicas");
+    let total = int_at(d, "/status/replicas");
+    let available = int_at(d, "/status/availableReplicas");
     if updated < desired {
         Progress::Waiting(format!("Waiting for deployment \"{name}\" rollout to finish: {updated} out of {desired} new replicas have been updated..."))
     } else if total > updated {

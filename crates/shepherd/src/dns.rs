@@ -10,7 +10,7 @@ use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, SOA, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use serde_json::{Value, json};
-use shepherd_api::{JsonPath, kinds};
+use shepherd_api::{JsonPath, kinds, str_at};
 use shepherd_runtime::{Cache, Client, ListParams, Manager};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -91,13 +91,9 @@ pub enum Rec {
     Srv(u16, u16, u16, String),
 }
 
-fn s<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.at(pointer).and_then(Value::as_str).unwrap_or("")
-}
-
 /// A Service with no cluster IP of its own: its name answers with its endpoints' addresses.
 fn headless(svc: &Value) -> bool {
-    matches!(s(svc, "/spec/clusterIP"), "" | "None")
+    matches!(str_at(svc, "/spec/clusterIP"), "" | "None")
 }
 
 /// The ready addresses of an Endpoints object, with their hostnames.
@@ -105,8 +101,8 @@ fn ready_addresses(ep: &Value) -> Vec<(Ipv4Addr, String)> {
     let mut out = BTreeSet::new();
     for subset in ep.at("/subsets").and_then(Value::as_array).into_iter().flatten() {
         for addr in subset.at("/addresses").and_then(Value::as_array).into_iter().flatten() {
-            if let Ok(ip) = s(addr, "/ip").parse::<Ipv4Addr>() {
-                out.insert((ip, s(addr, "/hostname").to_string()));
+            if let Ok(ip) = str_at(addr, "/ip").parse::<Ipv4Addr>() {
+                out.insert((ip, str_at(addr, "/hostname").to_string()));
             }
         }
     }
@@ -121,11 +117,11 @@ fn endpoint_label(ip: Ipv4Addr, hostname: &str) -> String {
 /// The port number and protocol of the Service port named `name` (SRV's `_<port>._<proto>`).
 fn named_port(svc: &Value, name: &str, proto: &str) -> Option<u16> {
     svc.at("/spec/ports").and_then(Value::as_array)?.iter().find_map(|p| {
-        let protocol = match s(p, "/protocol") {
+        let protocol = match str_at(p, "/protocol") {
             "" => "tcp".to_string(),
             other => other.to_ascii_lowercase(),
         };
-        (s(p, "/name").eq_ignore_ascii_case(name) && protocol == proto)
+        (str_at(p, "/name").eq_ignore_ascii_case(name) && protocol == proto)
             .then(|| p.at("/port").and_then(Value::as_u64).and_then(|n| u16::try_from(n).ok()))
             .flatten()
     })
@@ -190,7 +186,7 @@ impl<O: Objects> Zone<O> {
             return Answer::Records(Vec::new());
         }
         if !headless(&svc) {
-            return match s(&svc, "/spec/clusterIP").parse() {
+            return match str_at(&svc, "/spec/clusterIP").parse() {
                 Ok(ip) => Answer::Records(vec![Rec::A(ip)]),
                 // An address of another family (IPv6) has no A record.
                 Err(_) => Answer::Records(Vec::new()),
@@ -234,7 +230,7 @@ impl<O: Objects> Zone<O> {
             .into_iter()
             .flatten()
             .flat_map(|subset| subset.at("/ports").and_then(Value::as_array).into_iter().flatten())
-            .find(|p| s(p, "/name").eq_ignore_ascii_case(port))
+            .find(|p| str_at(p, "/name").eq_ignore_ascii_case(port))
             .and_then(|p| p.at("/port").and_then(Value::as_u64))
             .and_then(|n| u16::try_from(n).ok())
             .unwrap_or(number);

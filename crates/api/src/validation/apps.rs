@@ -4,9 +4,9 @@
 use serde_json::Value;
 
 use super::{
-    Amount, NOT_SUPPORTED, at, check_min, check_one_of, check_unsupported_in_pod_spec, int_or_percent,
-    invalid_value, is_dns1123_label, is_set, selector_of, str_at, strip_nulls, unsupported_value, validate_labels,
-    validate_pod_spec,
+    Amount, NOT_SUPPORTED, check_min, check_one_of, check_unsupported_in_pod_spec, field_str, field_value,
+    int_or_percent, invalid_value, is_dns1123_label, is_set, selector_of, strip_nulls, unsupported_value,
+    validate_labels, validate_pod_spec,
 };
 use crate::error::Cause;
 use crate::selector::LabelSelector;
@@ -19,17 +19,17 @@ const STATEFUL_SET_MUTABLE: &[&str] =
     &["replicas", "ordinals", "template", "updateStrategy", "persistentVolumeClaimRetentionPolicy", "minReadySeconds"];
 
 pub(super) fn validate_daemon_set(obj: &Value, c: &mut Vec<Cause>) {
-    let Some(spec) = at(obj, "spec").filter(|s| s.is_object()) else {
+    let Some(spec) = field_value(obj, "spec").filter(|s| s.is_object()) else {
         c.push(Cause::required("spec"));
         return;
     };
     check_min(spec, "minReadySeconds", "spec", 0, c);
     check_min(spec, "revisionHistoryLimit", "spec", 0, c);
     validate_selector_and_template(spec, "daemonset", c);
-    let Some(strategy) = at(spec, "updateStrategy") else { return };
+    let Some(strategy) = field_value(spec, "updateStrategy") else { return };
     check_one_of(strategy, "type", "spec.updateStrategy", &["RollingUpdate", "OnDelete"], c);
-    let rolling = at(strategy, "rollingUpdate");
-    match (str_at(strategy, "type"), rolling) {
+    let rolling = field_value(strategy, "rollingUpdate");
+    match (field_str(strategy, "type"), rolling) {
         (Some("RollingUpdate"), None) => c.push(Cause::required("spec.updateStrategy.rollingUpdate")),
         (Some("RollingUpdate"), Some(r)) => validate_daemon_set_rolling_update(r, c),
         (Some("OnDelete"), Some(_)) => {
@@ -65,7 +65,7 @@ fn validate_daemon_set_rolling_update(rolling: &Value, c: &mut Vec<Cause>) {
 }
 
 pub(super) fn validate_stateful_set(obj: &Value, c: &mut Vec<Cause>) {
-    let Some(spec) = at(obj, "spec").filter(|s| s.is_object()) else {
+    let Some(spec) = field_value(obj, "spec").filter(|s| s.is_object()) else {
         c.push(Cause::required("spec"));
         return;
     };
@@ -74,30 +74,30 @@ pub(super) fn validate_stateful_set(obj: &Value, c: &mut Vec<Cause>) {
     check_min(spec, "revisionHistoryLimit", "spec", 0, c);
     check_min(spec, "ordinals.start", "spec", 0, c);
     check_one_of(spec, "podManagementPolicy", "spec", &["OrderedReady", "Parallel"], c);
-    if let Some(service) = str_at(spec, "serviceName").filter(|s| !s.is_empty())
+    if let Some(service) = field_str(spec, "serviceName").filter(|s| !s.is_empty())
         && !is_dns1123_label(service)
     {
         c.push(invalid_value("spec.serviceName", &Value::from(service), "must be a DNS-1123 label (the headless Service's name)"));
     }
-    if at(spec, "volumeClaimTemplates").is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
+    if field_value(spec, "volumeClaimTemplates").is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
         c.push(Cause::forbidden("spec.volumeClaimTemplates",
             format!("{NOT_SUPPORTED}: PersistentVolumeClaims are not served yet, so a StatefulSet cannot claim volumes")));
     }
     validate_selector_and_template(spec, "statefulset", c);
-    if let Some(strategy) = at(spec, "updateStrategy") {
+    if let Some(strategy) = field_value(spec, "updateStrategy") {
         check_one_of(strategy, "type", "spec.updateStrategy", &["RollingUpdate", "OnDelete"], c);
-        if let Some(rolling) = at(strategy, "rollingUpdate") {
-            if str_at(strategy, "type") == Some("OnDelete") {
+        if let Some(rolling) = field_value(strategy, "rollingUpdate") {
+            if field_str(strategy, "type") == Some("OnDelete") {
                 c.push(Cause::forbidden("spec.updateStrategy.rollingUpdate",
                     "only allowed for updateStrategy 'RollingUpdate'"));
             }
             check_min(rolling, "partition", "spec.updateStrategy.rollingUpdate", 0, c);
-            if at(rolling, "maxUnavailable").is_some_and(is_set) {
+            if field_value(rolling, "maxUnavailable").is_some_and(is_set) {
                 c.push(Cause::forbidden("spec.updateStrategy.rollingUpdate.maxUnavailable", NOT_SUPPORTED));
             }
         }
     }
-    if let Some(retention) = at(spec, "persistentVolumeClaimRetentionPolicy") {
+    if let Some(retention) = field_value(spec, "persistentVolumeClaimRetentionPolicy") {
         for field in ["whenDeleted", "whenScaled"] {
             check_one_of(retention, field, "spec.persistentVolumeClaimRetentionPolicy", &["Retain", "Delete"], c);
         }
@@ -105,37 +105,37 @@ pub(super) fn validate_stateful_set(obj: &Value, c: &mut Vec<Cause>) {
 }
 
 pub(super) fn validate_replication_controller(obj: &Value, c: &mut Vec<Cause>) {
-    let Some(spec) = at(obj, "spec").filter(|s| s.is_object()) else {
+    let Some(spec) = field_value(obj, "spec").filter(|s| s.is_object()) else {
         c.push(Cause::required("spec"));
         return;
     };
     check_min(spec, "replicas", "spec", 0, c);
     check_min(spec, "minReadySeconds", "spec", 0, c);
     // An equality-based selector: a map of labels, all of which a pod must carry.
-    let selector = at(spec, "selector").and_then(Value::as_object).filter(|m| !m.is_empty());
+    let selector = field_value(spec, "selector").and_then(Value::as_object).filter(|m| !m.is_empty());
     match selector {
         None => c.push(Cause::required("spec.selector")),
-        Some(_) => validate_labels(at(spec, "selector"), "spec.selector", c),
+        Some(_) => validate_labels(field_value(spec, "selector"), "spec.selector", c),
     }
-    let Some(template) = at(spec, "template") else {
+    let Some(template) = field_value(spec, "template") else {
         c.push(Cause::required("spec.template"));
         return;
     };
-    let labels = at(template, "metadata.labels").and_then(Value::as_object);
+    let labels = field_value(template, "metadata.labels").and_then(Value::as_object);
     let matches = selector.map(|sel| sel.iter().all(|(k, v)| labels.is_some_and(|l| l.get(k) == Some(v))));
     validate_template(template, matches, c);
 }
 
 /// The selector is required and must match the template's labels; pods restart always.
 pub(super) fn validate_selector_and_template(spec: &Value, kind: &str, c: &mut Vec<Cause>) {
-    let selector = match at(spec, "selector") {
+    let selector = match field_value(spec, "selector") {
         None => {
             c.push(Cause::required("spec.selector"));
             None
         }
         Some(sel) => selector_of(sel, "spec.selector", kind, c),
     };
-    let Some(template) = at(spec, "template") else {
+    let Some(template) = field_value(spec, "template") else {
         c.push(Cause::required("spec.template"));
         return;
     };
@@ -145,15 +145,15 @@ pub(super) fn validate_selector_and_template(spec: &Value, kind: &str, c: &mut V
 /// A replica controller's pod template: labels its selector matches (when it is usable), a pod
 /// spec Shepherd can run, and pods that restart always.
 fn validate_template(template: &Value, selector_matches: Option<bool>, c: &mut Vec<Cause>) {
-    validate_labels(at(template, "metadata.labels"), "spec.template.metadata.labels", c);
+    validate_labels(field_value(template, "metadata.labels"), "spec.template.metadata.labels", c);
     if selector_matches == Some(false) {
-        let labels = at(template, "metadata.labels").cloned().unwrap_or_else(|| Value::Object(Default::default()));
+        let labels = field_value(template, "metadata.labels").cloned().unwrap_or_else(|| Value::Object(Default::default()));
         c.push(invalid_value("spec.template.metadata.labels", &labels, "`selector` does not match template `labels`"));
     }
     check_unsupported_in_pod_spec(template.get("spec"), "spec.template.spec", c);
     validate_pod_spec(template.get("spec"), "spec.template.spec", c);
     // Any other value is already refused by the pod spec's own check.
-    if let Some(rp) = str_at(template, "spec.restartPolicy")
+    if let Some(rp) = field_str(template, "spec.restartPolicy")
         && matches!(rp, "OnFailure" | "Never")
     {
         c.push(unsupported_value("spec.template.spec.restartPolicy", rp, &["Always"]));
@@ -162,7 +162,7 @@ fn validate_template(template: &Value, selector_matches: Option<bool>, c: &mut V
 
 /// The selector may not change: pods selected by the old one would be left behind.
 fn check_selector_unchanged(old: &Value, new: &Value, c: &mut Vec<Cause>) {
-    if let (Some(o), Some(n)) = (at(old, "spec.selector"), at(new, "spec.selector")) {
+    if let (Some(o), Some(n)) = (field_value(old, "spec.selector"), field_value(new, "spec.selector")) {
         let same = match (LabelSelector::from_k8s(o), LabelSelector::from_k8s(n)) {
             (Ok(a), Ok(b)) => a == b,
             _ => strip_nulls(o) == strip_nulls(n),
@@ -180,7 +180,7 @@ pub(super) fn validate_daemon_set_update(old: &Value, new: &Value, c: &mut Vec<C
 pub(super) fn validate_stateful_set_update(old: &Value, new: &Value, c: &mut Vec<Cause>) {
     check_selector_unchanged(old, new, c);
     let fixed = |v: &Value| -> Value {
-        let mut spec = at(v, "spec").map(strip_nulls).unwrap_or(Value::Null);
+        let mut spec = field_value(v, "spec").map(strip_nulls).unwrap_or(Value::Null);
         if let Some(m) = spec.as_object_mut() {
             for f in STATEFUL_SET_MUTABLE.iter().chain(&["selector"]) {
                 m.remove(*f);

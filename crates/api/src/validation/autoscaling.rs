@@ -2,9 +2,9 @@
 
 use serde_json::Value;
 
-use super::{at, check_one_of, int_at, invalid_value, str_at, unsupported_value};
+use super::{check_one_of, field_int, field_str, field_value, invalid_value, unsupported_value};
 use crate::error::Cause;
-use crate::quantity::Quantity;
+use crate::quantity::{self, Quantity};
 
 /// Metric types of `autoscaling/v2`; only `Resource` has a source of values here (no custom or
 /// external metrics API is served), so the others are refused rather than left never scaling.
@@ -15,15 +15,15 @@ const MAX_WINDOW_SECONDS: i64 = 3600;
 const MAX_PERIOD_SECONDS: i64 = 1800;
 
 pub(super) fn validate_horizontal_pod_autoscaler(obj: &Value, c: &mut Vec<Cause>) {
-    let Some(spec) = at(obj, "spec").filter(|s| s.is_object()) else {
+    let Some(spec) = field_value(obj, "spec").filter(|s| s.is_object()) else {
         c.push(Cause::required("spec"));
         return;
     };
-    match at(spec, "scaleTargetRef") {
+    match field_value(spec, "scaleTargetRef") {
         None => c.push(Cause::required("spec.scaleTargetRef")),
         Some(r) => {
             for field in ["kind", "name"] {
-                match str_at(r, field) {
+                match field_str(r, field) {
                     None | Some("") => c.push(Cause::required(format!("spec.scaleTargetRef.{field}"))),
                     Some(v) if v.contains('/') || v.contains('%') || v == "." || v == ".." => c.push(invalid_value(
                         format!("spec.scaleTargetRef.{field}"),
@@ -35,13 +35,13 @@ pub(super) fn validate_horizontal_pod_autoscaler(obj: &Value, c: &mut Vec<Cause>
             }
         }
     }
-    let min = int_at(spec, "minReplicas");
+    let min = field_int(spec, "minReplicas");
     if let Some(m) = min
         && m < 1
     {
         c.push(invalid_value("spec.minReplicas", &Value::from(m), "must be greater than or equal to 1"));
     }
-    match int_at(spec, "maxReplicas") {
+    match field_int(spec, "maxReplicas") {
         None => c.push(Cause::required("spec.maxReplicas")),
         Some(max) if max < 1 => c.push(invalid_value("spec.maxReplicas", &Value::from(max), "must be greater than 0")),
         Some(max) if min.is_some_and(|m| max < m) => {
@@ -49,14 +49,14 @@ pub(super) fn validate_horizontal_pod_autoscaler(obj: &Value, c: &mut Vec<Cause>
         }
         Some(_) => {}
     }
-    if let Some(Value::Array(metrics)) = at(spec, "metrics") {
+    if let Some(Value::Array(metrics)) = field_value(spec, "metrics") {
         for (i, m) in metrics.iter().enumerate() {
             validate_metric(m, &format!("spec.metrics[{i}]"), c);
         }
     }
-    if let Some(b) = at(spec, "behavior") {
+    if let Some(b) = field_value(spec, "behavior") {
         for (rule, p) in [("scaleUp", "spec.behavior.scaleUp"), ("scaleDown", "spec.behavior.scaleDown")] {
-            if let Some(r) = at(b, rule) {
+            if let Some(r) = field_value(b, rule) {
                 validate_rules(r, p, c);
             }
         }
@@ -64,7 +64,7 @@ pub(super) fn validate_horizontal_pod_autoscaler(obj: &Value, c: &mut Vec<Cause>
 }
 
 fn validate_metric(m: &Value, p: &str, c: &mut Vec<Cause>) {
-    let kind = match str_at(m, "type") {
+    let kind = match field_str(m, "type") {
         None | Some("") => {
             c.push(Cause::required(format!("{p}.type")));
             return;
@@ -76,11 +76,11 @@ fn validate_metric(m: &Value, p: &str, c: &mut Vec<Cause>) {
         Some(t) => t,
     };
     debug_assert_eq!(kind, "Resource");
-    let Some(source) = at(m, "resource") else {
+    let Some(source) = field_value(m, "resource") else {
         c.push(Cause::required(format!("{p}.resource")));
         return;
     };
-    match str_at(source, "name") {
+    match field_str(source, "name") {
         None | Some("") => c.push(Cause::required(format!("{p}.resource.name"))),
         Some(n) if !matches!(n, "cpu" | "memory") => {
             c.push(unsupported_value(format!("{p}.resource.name"), n, &["cpu", "memory"]))
@@ -88,11 +88,11 @@ fn validate_metric(m: &Value, p: &str, c: &mut Vec<Cause>) {
         Some(_) => {}
     }
     let tp = format!("{p}.resource.target");
-    let Some(target) = at(source, "target") else {
+    let Some(target) = field_value(source, "target") else {
         c.push(Cause::required(tp));
         return;
     };
-    let target_type = match str_at(target, "type") {
+    let target_type = match field_str(target, "type") {
         None | Some("") => {
             c.push(Cause::required(format!("{tp}.type")));
             return;
@@ -104,7 +104,7 @@ fn validate_metric(m: &Value, p: &str, c: &mut Vec<Cause>) {
         Some(t) => t,
     };
     match target_type {
-        "Utilization" => match int_at(target, "averageUtilization") {
+        "Utilization" => match field_int(target, "averageUtilization") {
             None => c.push(Cause::required(format!("{tp}.averageUtilization"))),
             Some(u) if u < 1 => {
                 c.push(invalid_value(format!("{tp}.averageUtilization"), &Value::from(u), "must be greater than 0"))
@@ -122,27 +122,23 @@ fn validate_metric(m: &Value, p: &str, c: &mut Vec<Cause>) {
 
 fn positive_quantity(target: &Value, field: &str, base: &str, c: &mut Vec<Cause>) {
     let path = format!("{base}.{field}");
-    let Some(v) = at(target, field) else {
+    let Some(v) = field_value(target, field) else {
         c.push(Cause::required(path));
         return;
     };
-    let text = match v {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        _ => {
-            c.push(invalid_value(path, v, "must be a quantity"));
-            return;
-        }
+    let Some(text) = quantity::text(v) else {
+        c.push(invalid_value(path, v, "must be a quantity"));
+        return;
     };
     match Quantity::parse(&text) {
         Err(why) => c.push(invalid_value(path, v, &why)),
-        Ok(q) if q.is_negative() || q.to_f64() == 0.0 => c.push(invalid_value(path, v, "must be positive")),
+        Ok(q) if !q.is_positive() => c.push(invalid_value(path, v, "must be positive")),
         Ok(_) => {}
     }
 }
 
 fn validate_rules(r: &Value, p: &str, c: &mut Vec<Cause>) {
-    if let Some(w) = int_at(r, "stabilizationWindowSeconds")
+    if let Some(w) = field_int(r, "stabilizationWindowSeconds")
         && !(0..=MAX_WINDOW_SECONDS).contains(&w)
     {
         c.push(invalid_value(
@@ -152,22 +148,22 @@ fn validate_rules(r: &Value, p: &str, c: &mut Vec<Cause>) {
         ));
     }
     check_one_of(r, "selectPolicy", p, &["Max", "Min", "Disabled"], c);
-    let Some(Value::Array(policies)) = at(r, "policies") else { return };
+    let Some(Value::Array(policies)) = field_value(r, "policies") else { return };
     for (i, policy) in policies.iter().enumerate() {
         let pp = format!("{p}.policies[{i}]");
-        match str_at(policy, "type") {
+        match field_str(policy, "type") {
             None | Some("") => c.push(Cause::required(format!("{pp}.type"))),
             Some(t) if !matches!(t, "Pods" | "Percent") => {
                 c.push(unsupported_value(format!("{pp}.type"), t, &["Pods", "Percent"]))
             }
             Some(_) => {}
         }
-        match int_at(policy, "value") {
+        match field_int(policy, "value") {
             None => c.push(Cause::required(format!("{pp}.value"))),
             Some(v) if v < 1 => c.push(invalid_value(format!("{pp}.value"), &Value::from(v), "must be greater than zero")),
             Some(_) => {}
         }
-        match int_at(policy, "periodSeconds") {
+        match field_int(policy, "periodSeconds") {
             None => c.push(Cause::required(format!("{pp}.periodSeconds"))),
             Some(s) if !(1..=MAX_PERIOD_SECONDS).contains(&s) => c.push(invalid_value(
                 format!("{pp}.periodSeconds"),

@@ -3,8 +3,8 @@
 use serde_json::Value;
 
 use super::{
-    NOT_SUPPORTED, at, check_min, check_one_of, check_unsupported_in_pod_spec, int_at, invalid_value, is_set, selector_of,
-    str_at, strip_nulls, unsupported_value, validate_labels, validate_pod_spec,
+    NOT_SUPPORTED, check_min, check_one_of, check_unsupported_in_pod_spec, field_int, field_str, field_value,
+    invalid_value, is_set, selector_of, strip_nulls, unsupported_value, validate_labels, validate_pod_spec,
 };
 use crate::cron;
 use crate::error::Cause;
@@ -19,7 +19,7 @@ const JOB_CONTROLLER: &str = "kubernetes.io/job-controller";
 const CRON_JOB_NAME_MAX: usize = 52;
 
 pub(super) fn validate_job(obj: &Value, c: &mut Vec<Cause>) {
-    let Some(spec) = at(obj, "spec") else {
+    let Some(spec) = field_value(obj, "spec") else {
         c.push(Cause::required("spec"));
         return;
     };
@@ -29,16 +29,16 @@ pub(super) fn validate_job(obj: &Value, c: &mut Vec<Cause>) {
 }
 
 pub(super) fn validate_cron_job(obj: &Value, c: &mut Vec<Cause>) {
-    if let Some(name) = str_at(obj, "metadata.name")
+    if let Some(name) = field_str(obj, "metadata.name")
         && name.len() > CRON_JOB_NAME_MAX
     {
         c.push(invalid_value("metadata.name", &Value::from(name), &format!("must be no more than {CRON_JOB_NAME_MAX} characters")));
     }
-    let Some(spec) = at(obj, "spec").filter(|s| s.is_object()) else {
+    let Some(spec) = field_value(obj, "spec").filter(|s| s.is_object()) else {
         c.push(Cause::required("spec"));
         return;
     };
-    match str_at(spec, "schedule") {
+    match field_str(spec, "schedule") {
         None | Some("") => c.push(Cause::required("spec.schedule")),
         Some(s) => {
             if let Err(why) = cron::Schedule::parse(s) {
@@ -46,7 +46,7 @@ pub(super) fn validate_cron_job(obj: &Value, c: &mut Vec<Cause>) {
             }
         }
     }
-    if let Some(tz) = str_at(spec, "timeZone")
+    if let Some(tz) = field_str(spec, "timeZone")
         && let Err(why) = cron::time_zone(Some(tz))
     {
         c.push(invalid_value("spec.timeZone", &Value::from(tz), &why));
@@ -55,11 +55,11 @@ pub(super) fn validate_cron_job(obj: &Value, c: &mut Vec<Cause>) {
     check_min(spec, "startingDeadlineSeconds", "spec", 0, c);
     check_min(spec, "successfulJobsHistoryLimit", "spec", 0, c);
     check_min(spec, "failedJobsHistoryLimit", "spec", 0, c);
-    match at(spec, "jobTemplate") {
+    match field_value(spec, "jobTemplate") {
         None => c.push(Cause::required("spec.jobTemplate")),
         Some(t) => {
-            validate_labels(at(t, "metadata.labels"), "spec.jobTemplate.metadata.labels", c);
-            match at(t, "spec").filter(|s| s.is_object()) {
+            validate_labels(field_value(t, "metadata.labels"), "spec.jobTemplate.metadata.labels", c);
+            match field_value(t, "spec").filter(|s| s.is_object()) {
                 Some(js) => validate_job_spec(js, "spec.jobTemplate.spec", false, c),
                 None => c.push(Cause::required("spec.jobTemplate.spec")),
             }
@@ -79,27 +79,27 @@ fn validate_job_spec(spec: &Value, p: &str, needs_selector: bool, c: &mut Vec<Ca
     check_min(spec, "backoffLimit", p, 0, c);
     check_min(spec, "ttlSecondsAfterFinished", p, 0, c);
     check_min(spec, "backoffLimitPerIndex", p, 0, c);
-    if let Some(n) = int_at(spec, "activeDeadlineSeconds")
+    if let Some(n) = field_int(spec, "activeDeadlineSeconds")
         && n <= 0
     {
         c.push(invalid_value(path(p, "activeDeadlineSeconds"), &Value::from(n), "must be greater than 0"));
     }
     check_one_of(spec, "completionMode", p, &["NonIndexed", "Indexed"], c);
-    if str_at(spec, "completionMode") == Some("Indexed") && int_at(spec, "completions").is_none() {
+    if field_str(spec, "completionMode") == Some("Indexed") && field_int(spec, "completions").is_none() {
         c.push(Cause::new("FieldValueRequired", path(p, "completions"), "Required value: when completion mode is Indexed"));
     }
     for field in UNSUPPORTED_JOB_FIELDS {
-        if at(spec, field).is_some_and(is_set) {
+        if field_value(spec, field).is_some_and(is_set) {
             c.push(Cause::forbidden(path(p, field), NOT_SUPPORTED));
         }
     }
-    if let Some(m) = str_at(spec, "managedBy").filter(|m| *m != JOB_CONTROLLER) {
+    if let Some(m) = field_str(spec, "managedBy").filter(|m| *m != JOB_CONTROLLER) {
         c.push(unsupported_value(path(p, "managedBy"), m, &[JOB_CONTROLLER]));
     }
     check_one_of(spec, "podReplacementPolicy", p, &["TerminatingOrFailed", "Failed"], c);
 
-    let manual = at(spec, "manualSelector").and_then(Value::as_bool) == Some(true);
-    let selector = match at(spec, "selector") {
+    let manual = field_value(spec, "manualSelector").and_then(Value::as_bool) == Some(true);
+    let selector = match field_value(spec, "selector") {
         None if needs_selector => {
             c.push(Cause::required(path(p, "selector")));
             None
@@ -107,33 +107,33 @@ fn validate_job_spec(spec: &Value, p: &str, needs_selector: bool, c: &mut Vec<Ca
         None => None,
         Some(sel) => selector_of(sel, &path(p, "selector"), "job", c),
     };
-    if !needs_selector && at(spec, "selector").is_some() && !manual {
+    if !needs_selector && field_value(spec, "selector").is_some() && !manual {
         c.push(Cause::invalid(path(p, "selector"),
             "Invalid value: `selector` will be auto-generated unless `manualSelector` is true"));
     }
 
-    let Some(template) = at(spec, "template") else {
+    let Some(template) = field_value(spec, "template") else {
         c.push(Cause::required(path(p, "template")));
         return;
     };
     let tp = path(p, "template");
-    validate_labels(at(template, "metadata.labels"), &path(&tp, "metadata.labels"), c);
+    validate_labels(field_value(template, "metadata.labels"), &path(&tp, "metadata.labels"), c);
     if let Some(sel) = selector
         && !sel.matches_object(template)
     {
-        let labels = at(template, "metadata.labels").cloned().unwrap_or_else(|| Value::Object(Default::default()));
+        let labels = field_value(template, "metadata.labels").cloned().unwrap_or_else(|| Value::Object(Default::default()));
         c.push(invalid_value(path(&tp, "metadata.labels"), &labels, "`selector` does not match template `labels`"));
     }
     let sp = path(&tp, "spec");
     check_unsupported_in_pod_spec(template.get("spec"), &sp, c);
     validate_pod_spec(template.get("spec"), &sp, c);
-    let restart = str_at(template, "spec.restartPolicy");
+    let restart = field_str(template, "spec.restartPolicy");
     if let Some(rp) = restart
         && !matches!(rp, "OnFailure" | "Never")
     {
         c.push(unsupported_value(path(&sp, "restartPolicy"), rp, &["OnFailure", "Never"]));
     }
-    if let Some(policy) = at(spec, "podFailurePolicy") {
+    if let Some(policy) = field_value(spec, "podFailurePolicy") {
         if let Some(rp) = restart.filter(|r| *r != "Never") {
             c.push(invalid_value(path(&sp, "restartPolicy"), &Value::from(rp),
                 "only \"Never\" is supported when podFailurePolicy is specified"));
@@ -143,19 +143,19 @@ fn validate_job_spec(spec: &Value, p: &str, needs_selector: bool, c: &mut Vec<Ca
 }
 
 fn validate_pod_failure_policy(policy: &Value, p: &str, c: &mut Vec<Cause>) {
-    let rules = at(policy, "rules").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+    let rules = field_value(policy, "rules").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
     for (i, rule) in rules.iter().enumerate() {
         let rp = format!("{p}.rules[{i}]");
-        if str_at(rule, "action").is_none() {
+        if field_str(rule, "action").is_none() {
             c.push(Cause::required(path(&rp, "action")));
         }
-        if str_at(rule, "action") == Some("FailIndex") {
+        if field_str(rule, "action") == Some("FailIndex") {
             c.push(Cause::forbidden(path(&rp, "action"), NOT_SUPPORTED));
         } else {
             check_one_of(rule, "action", &rp, &["FailJob", "FailIndex", "Ignore", "Count"], c);
         }
-        let exit = at(rule, "onExitCodes");
-        let conditions = at(rule, "onPodConditions").and_then(Value::as_array).filter(|a| !a.is_empty());
+        let exit = field_value(rule, "onExitCodes");
+        let conditions = field_value(rule, "onPodConditions").and_then(Value::as_array).filter(|a| !a.is_empty());
         // Pods here never carry the DisruptionTarget condition such rules are written for.
         if conditions.is_some() {
             c.push(Cause::forbidden(path(&rp, "onPodConditions"), NOT_SUPPORTED));
@@ -170,10 +170,11 @@ fn validate_pod_failure_policy(policy: &Value, p: &str, c: &mut Vec<Cause>) {
         if let Some(e) = exit {
             let ep = path(&rp, "onExitCodes");
             check_one_of(e, "operator", &ep, &["In", "NotIn"], c);
-            if str_at(e, "operator").is_none() {
+            if field_str(e, "operator").is_none() {
                 c.push(Cause::required(path(&ep, "operator")));
             }
-            let values: Vec<i64> = at(e, "values").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_i64).collect();
+            let values: Vec<i64> =
+                field_value(e, "values").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_i64).collect();
             if values.is_empty() {
                 c.push(Cause::required(path(&ep, "values")));
             }
@@ -181,7 +182,7 @@ fn validate_pod_failure_policy(policy: &Value, p: &str, c: &mut Vec<Cause>) {
                 if values[..n].contains(v) {
                     c.push(Cause::new("FieldValueDuplicate", format!("{ep}.values[{n}]"), format!("Duplicate value: {v}")));
                 }
-                if *v == 0 && str_at(e, "operator") == Some("In") {
+                if *v == 0 && field_str(e, "operator") == Some("In") {
                     c.push(invalid_value(format!("{ep}.values[{n}]"), &Value::from(0), "must not be 0 for the In operator"));
                 }
             }
@@ -192,7 +193,7 @@ fn validate_pod_failure_policy(policy: &Value, p: &str, c: &mut Vec<Cause>) {
 /// The fields of a Job that may not change after creation.
 pub(super) fn validate_job_update(old: &Value, new: &Value, c: &mut Vec<Cause>) {
     for field in ["selector", "template", "completionMode", "completions", "podFailurePolicy", "manualSelector"] {
-        let (o, n) = (at(old, &format!("spec.{field}")), at(new, &format!("spec.{field}")));
+        let (o, n) = (field_value(old, &format!("spec.{field}")), field_value(new, &format!("spec.{field}")));
         if o.map(strip_nulls) != n.map(strip_nulls) {
             let shown = n.cloned().unwrap_or(Value::Null);
             c.push(invalid_value(format!("spec.{field}"), &shown, "field is immutable"));

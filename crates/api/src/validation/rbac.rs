@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::{at, invalid_value, str_at, unsupported_value};
+use super::{field_str, field_value, invalid_value, unsupported_value};
 use crate::error::Cause;
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
@@ -22,7 +22,7 @@ pub(super) fn path_segment_name_problem(name: &str) -> Option<&'static str> {
 
 /// A Role's or ClusterRole's rules; `namespaced` rules cannot name non-resource URLs.
 pub(super) fn validate_role(obj: &Value, namespaced: bool, c: &mut Vec<Cause>) {
-    let Some(rules) = at(obj, "rules") else { return };
+    let Some(rules) = field_value(obj, "rules") else { return };
     let Some(rules) = rules.as_array() else { return };
     for (i, rule) in rules.iter().enumerate() {
         let base = format!("rules[{i}]");
@@ -62,18 +62,18 @@ pub(super) fn validate_role(obj: &Value, namespaced: bool, c: &mut Vec<Cause>) {
 /// A RoleBinding's or ClusterRoleBinding's role reference and subjects.
 pub(super) fn validate_binding(obj: &Value, cluster: bool, c: &mut Vec<Cause>) {
     let kinds: &[&str] = if cluster { &["ClusterRole"] } else { &["Role", "ClusterRole"] };
-    match at(obj, "roleRef") {
+    match field_value(obj, "roleRef") {
         None => c.push(Cause::required("roleRef")),
         Some(role_ref) => {
-            let group = str_at(role_ref, "apiGroup").unwrap_or("");
+            let group = field_str(role_ref, "apiGroup").unwrap_or("");
             if group != RBAC_GROUP {
                 c.push(unsupported_value("roleRef.apiGroup", group, &[RBAC_GROUP]));
             }
-            let kind = str_at(role_ref, "kind").unwrap_or("");
+            let kind = field_str(role_ref, "kind").unwrap_or("");
             if !kinds.contains(&kind) {
                 c.push(unsupported_value("roleRef.kind", kind, kinds));
             }
-            match str_at(role_ref, "name").unwrap_or("") {
+            match field_str(role_ref, "name").unwrap_or("") {
                 "" => c.push(Cause::required("roleRef.name")),
                 name => {
                     if let Some(problem) = path_segment_name_problem(name) {
@@ -83,20 +83,20 @@ pub(super) fn validate_binding(obj: &Value, cluster: bool, c: &mut Vec<Cause>) {
             }
         }
     }
-    let Some(subjects) = at(obj, "subjects").and_then(Value::as_array) else { return };
+    let Some(subjects) = field_value(obj, "subjects").and_then(Value::as_array) else { return };
     for (i, s) in subjects.iter().enumerate() {
         let base = format!("subjects[{i}]");
-        let name = str_at(s, "name").unwrap_or("");
+        let name = field_str(s, "name").unwrap_or("");
         if name.is_empty() {
             c.push(Cause::required(format!("{base}.name")));
         }
-        let group = str_at(s, "apiGroup").unwrap_or("");
-        match str_at(s, "kind").unwrap_or("") {
+        let group = field_str(s, "apiGroup").unwrap_or("");
+        match field_str(s, "kind").unwrap_or("") {
             "ServiceAccount" => {
                 if !group.is_empty() {
                     c.push(unsupported_value(format!("{base}.apiGroup"), group, &[""]));
                 }
-                if cluster && str_at(s, "namespace").unwrap_or("").is_empty() {
+                if cluster && field_str(s, "namespace").unwrap_or("").is_empty() {
                     c.push(Cause::required(format!("{base}.namespace")));
                 }
             }
@@ -112,7 +112,7 @@ pub(super) fn validate_binding(obj: &Value, cluster: bool, c: &mut Vec<Cause>) {
 
 /// A binding's `roleRef` is fixed at creation: a different role is a different binding.
 pub(super) fn validate_binding_update(old: &Value, new: &Value, c: &mut Vec<Cause>) {
-    if let (Some(o), Some(n)) = (at(old, "roleRef"), at(new, "roleRef"))
+    if let (Some(o), Some(n)) = (field_value(old, "roleRef"), field_value(new, "roleRef"))
         && o != n
     {
         c.push(invalid_value("roleRef", n, "cannot change roleRef"));

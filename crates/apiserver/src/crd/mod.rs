@@ -19,7 +19,7 @@ pub(crate) use views::{scale_body, scale_view, set_replicas, simple_path, table}
 
 use serde_json::{Value, json};
 use shepherd_api::kinds::{self, CustomResource, CustomVersion, ResourceInfo};
-use shepherd_api::{ApiError, JsonPath};
+use shepherd_api::{ApiError, JsonPath, str_at};
 
 use crate::codec;
 use crate::service::{ApiService, ListOptions};
@@ -29,10 +29,6 @@ pub const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io"
 
 pub(crate) fn is_definition(res: &ResourceInfo) -> bool {
     res.group == kinds::CUSTOMRESOURCEDEFINITION.group && res.plural == kinds::CUSTOMRESOURCEDEFINITION.plural
-}
-
-fn str_at<'a>(obj: &'a Value, ptr: &str) -> &'a str {
-    obj.at(ptr).and_then(Value::as_str).unwrap_or("")
 }
 
 /// The `Kind.group` a custom object's errors name, as Kubernetes writes it (`Widget.example.com`).

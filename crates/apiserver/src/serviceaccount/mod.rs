@@ -4,7 +4,7 @@
 pub mod token;
 
 use serde_json::{Value, json};
-use shepherd_api::{ApiError, Cause, JsonPath, kinds};
+use shepherd_api::{ApiError, Cause, JsonPath, kinds, str_at};
 
 use crate::auth::UserInfo;
 use crate::service::{ApiService, now_rfc3339};
@@ -20,10 +20,6 @@ const MOUNTED_TOKEN_SECONDS: i64 = 3607;
 const DEFAULT_EXPIRATION_SECONDS: i64 = 3600;
 /// Kubernetes' longest TokenRequest lifetime.
 const MAX_EXPIRATION_SECONDS: i64 = 1 << 32;
-
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.at(pointer).and_then(Value::as_str).unwrap_or("")
-}
 
 fn invalid(name: &str, causes: Vec<Cause>) -> ApiError {
     ApiError::invalid("TokenRequest.authentication.k8s.io", name, causes)

@@ -15,7 +15,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use shepherd_api::defaults::autoscaling::behavior_with_defaults;
-use shepherd_api::{ApiError, JsonPath, LabelSelector, kinds, milli_value};
+use shepherd_api::quantity::{self, milli_value};
+use shepherd_api::{ApiError, JsonPath, LabelSelector, kinds};
+use shepherd_api::{meta, pod};
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, ListParams, Manager, Patch, Reconciler};
 use tokio::time::Instant;
@@ -73,7 +75,7 @@ impl Reconciler for Autoscaler {
     async fn reconcile(&self, key: &str) -> Result<Action, Error> {
         let (ns, name) = key.split_once('/').unwrap_or(("default", key));
         let hpa = match self.client.get(&kinds::HORIZONTALPODAUTOSCALER, Some(ns), name).await {
-            Ok(h) if !podutil::is_deleting(&h) => h,
+            Ok(h) if !meta::is_deleting(&h) => h,
             Ok(_) => return Ok(Action::Done),
             Err(e) if e.is_not_found() => {
                 self.histories.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
@@ -144,17 +146,9 @@ fn group_of(api_version: &str) -> &str {
     api_version.rsplit_once('/').map_or("", |(g, _)| g)
 }
 
-fn quantity_text(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
 /// A pod as the calculation for `resource` reads it; `metrics` is its PodMetrics, if any.
 fn pod_info(pod: &Value, resource: &str, metrics: Option<&Value>, now: jiff::Timestamp, init: &Initialization) -> PodInfo {
-    let name = podutil::name(pod).to_string();
+    let name = meta::name(pod).to_string();
     let phase = pod.at("/status/phase").and_then(Value::as_str).unwrap_or("");
     let condition = pod
         .at("/status/conditions")
@@ -178,14 +172,14 @@ fn pod_info(pod: &Value, resource: &str, metrics: Option<&Value>, now: jiff::Tim
     let mut request: Result<i128, String> = Ok(0);
     for c in pod.at("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
         let cname = c["name"].as_str().unwrap_or("");
-        let q = c.at(&format!("/resources/requests/{resource}")).and_then(quantity_text).and_then(|q| milli_value(&q).ok());
+        let q = pod::container_request_milli(c, resource);
         request = match (request, q) {
             (Ok(sum), Some(q)) => Ok(sum + q),
             (Ok(_), None) => Err(format!("missing request for {resource} in container {cname} of Pod {name}")),
             (e, _) => e,
         };
     }
-    PodInfo { name, ready, ignored: podutil::is_deleting(pod) || matches!(phase, "Pending" | "Failed" | "Succeeded"), request }
+    PodInfo { name, ready, ignored: meta::is_deleting(pod) || matches!(phase, "Pending" | "Failed" | "Succeeded"), request }
 }
 
 /// A milli-unit amount of `resource` as a quantity: millicores, or bytes for memory.
@@ -201,9 +195,9 @@ fn usage_of(metrics: &[Value], resource: &str) -> HashMap<String, i128> {
             let containers = m["containers"].as_array()?;
             let mut total = 0i128;
             for c in containers {
-                total += quantity_text(c.at(&format!("/usage/{resource}"))?).and_then(|q| milli_value(&q).ok())?;
+                total += quantity::text(c.at(&format!("/usage/{resource}"))?).and_then(|q| milli_value(&q).ok())?;
             }
-            Some((podutil::name(m).to_string(), total))
+            Some((meta::name(m).to_string(), total))
         })
         .collect()
 }
@@ -235,7 +229,7 @@ impl Autoscaler {
             let resource = m.at("/resource/name").and_then(Value::as_str).unwrap_or("cpu");
             let target = match m.at("/resource/target/type").and_then(Value::as_str) {
                 Some("Utilization") => Target::Utilization(m.at("/resource/target/averageUtilization").and_then(Value::as_i64).unwrap_or(80)),
-                _ => match m.at("/resource/target/averageValue").and_then(quantity_text).and_then(|q| milli_value(&q).ok()) {
+                _ => match m.at("/resource/target/averageValue").and_then(quantity::text).and_then(|q| milli_value(&q).ok()) {
                     Some(v) => Target::AverageValue(v),
                     None => continue,
                 },
@@ -254,10 +248,10 @@ impl Autoscaler {
                     continue;
                 }
             };
-            let by_name: HashMap<&str, &Value> = metrics.iter().map(|m| (podutil::name(m), m)).collect();
+            let by_name: HashMap<&str, &Value> = metrics.iter().map(|m| (meta::name(m), m)).collect();
             let now = podutil::now();
             let infos: Vec<PodInfo> =
-                pods.iter().map(|p| pod_info(p, resource, by_name.get(podutil::name(p)).copied(), now, &self.init)).collect();
+                pods.iter().map(|p| pod_info(p, resource, by_name.get(meta::name(p)).copied(), now, &self.init)).collect();
             let usage = usage_of(metrics, resource);
             match replicas::replicas(current, &infos, &usage, target) {
                 Ok(p) => {
@@ -414,7 +408,7 @@ impl Autoscaler {
             return Ok(());
         }
         let patch = Patch::Merge(json!({"status": status}));
-        self.client.patch_status(&kinds::HORIZONTALPODAUTOSCALER, Some(ns), podutil::name(hpa), patch).await.map(|_| ())
+        self.client.patch_status(&kinds::HORIZONTALPODAUTOSCALER, Some(ns), meta::name(hpa), patch).await.map(|_| ())
     }
 }
 

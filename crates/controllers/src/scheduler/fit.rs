@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde_json::Value;
-use shepherd_api::JsonPath;
-use shepherd_api::validation::{cpu_millis, memory_bytes};
+use shepherd_api::{JsonPath, pod};
+use shepherd_api::quantity::{self, cpu_millis, memory_bytes};
 
 /// Scoring stand-ins for a container that requests nothing, so such pods still spread (the
 /// values Kubernetes uses: 100 millicores, 200 MiB).
@@ -82,11 +82,7 @@ fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
 /// A quantity that fails to parse counts as zero: the API server validated it, and a node that
 /// reports nonsense should offer nothing rather than stop the scheduler.
 fn quantity(v: Option<&Value>, parse: fn(&str) -> Result<i64, String>) -> Option<i64> {
-    match v? {
-        Value::String(s) => parse(s).ok(),
-        Value::Number(n) => parse(&n.to_string()).ok(),
-        _ => None,
-    }
+    parse(&quantity::text(v?)?).ok()
 }
 
 impl NodeSummary {
@@ -132,14 +128,8 @@ impl Usage {
         let mut requests = Resources { pods: 1, ..Default::default() };
         let mut scoring = Resources { pods: 1, ..Default::default() };
         for c in pod.at("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
-            // A limit without a request is the request, as defaulting does in Kubernetes.
-            let resources = c.get("resources");
-            let get = |name: &str, parse: fn(&str) -> Result<i64, String>| {
-                let of = |list: &str| resources.and_then(|r| r.get(list)).and_then(|l| l.get(name));
-                quantity(of("requests"), parse).or_else(|| quantity(of("limits"), parse))
-            };
-            let cpu = get("cpu", cpu_millis);
-            let memory = get("memory", memory_bytes);
+            let cpu = pod::container_request(c, "cpu", cpu_millis);
+            let memory = pod::container_request(c, "memory", memory_bytes);
             requests.cpu += cpu.unwrap_or(0);
             requests.memory += memory.unwrap_or(0);
             scoring.cpu += cpu.filter(|c| *c > 0).unwrap_or(DEFAULT_CPU_MILLIS);

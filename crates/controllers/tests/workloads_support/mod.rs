@@ -10,6 +10,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use shepherd_api::kinds;
 use shepherd_apiserver::{ApiServer, HttpConfig};
+use shepherd_api::{meta, pod};
 use shepherd_controllers::{ControllerConfig, podutil};
 use shepherd_runtime::intercept::{Call, Intercepted, Interceptor};
 use shepherd_runtime::{Client, ListParams, Manager, Patch, TriggerMode, WatchEvent};
@@ -78,8 +79,8 @@ pub async fn active_pod_names(client: &Arc<dyn Client>, prefix: &str) -> Vec<Str
     let mut names: Vec<String> = pods(client)
         .await
         .iter()
-        .filter(|p| podutil::is_active(p) && podutil::name(p).starts_with(prefix))
-        .map(|p| podutil::name(p).to_string())
+        .filter(|p| pod::is_active(p) && meta::name(p).starts_with(prefix))
+        .map(|p| meta::name(p).to_string())
         .collect();
     names.sort_by_key(|n| (n.len(), n.clone()));
     names
@@ -122,10 +123,10 @@ pub fn kubelet(client: Arc<dyn Client>, startup: Duration) -> tokio::task::JoinH
 }
 
 fn spawn_start(client: &Arc<dyn Client>, pod: &Value, startup: Duration) {
-    if podutil::is_ready(pod) || !podutil::is_active(pod) {
+    if pod::is_ready(pod) || !pod::is_active(pod) {
         return;
     }
-    let (client, name) = (client.clone(), podutil::name(pod).to_string());
+    let (client, name) = (client.clone(), meta::name(pod).to_string());
     tokio::spawn(async move {
         tokio::time::sleep(startup).await;
         mark_ready(&client, &name).await;
