@@ -1,8 +1,12 @@
 //! The informer's local copy of one kind, indexed for the lookups controllers make.
 //!
 //! Guarantees:
-//! - each object is held once, as an `Arc<Value>`; readers get cheap clones of that `Arc`, and the
-//!   indexes hold keys, never copies of objects;
+//! - each object is held once, as its compact JSON text with the fields the indexes and revision
+//!   checks need; readers get an `Arc<Value>` parsed from that text, equal to the object as it
+//!   entered, and the indexes hold keys, never copies of objects. A parsed object is ~10 times its
+//!   text (every JSON object becomes a B-tree node of ~640 bytes, however few its keys), so a pod
+//!   cached as `Value` cost ~18 KB against ~2 KB of text (BENCHMARKS.md section 3, 4, 5). The
+//!   `Arc<Value>` last handed to subscribers is shared with readers while anyone still holds it;
 //! - the indexes (namespace, label `key=value`, controller owner uid, `spec.nodeName`) always agree
 //!   with the objects: both change under the same write lock;
 //! - a copy of an object older than the cached one (by `metadata.resourceVersion`) never replaces
@@ -13,10 +17,12 @@
 //! - `metadata.managedFields` is dropped from every object as it enters, as kube-controller-manager's
 //!   and kube-scheduler's informers drop it: no controller reads it, an update without it keeps the
 //!   server's, and parsed it is most of a pod (its `fieldsV1` sets are many one-key maps: ~20 KB of a
-//!   ~40 KB pod, see BENCHMARKS.md section 3, 4, 5).
+//!   ~40 KB pod, see BENCHMARKS.md section 3, 4, 5);
+//! - a kind may have a projection (`set_transform`, client-go's `SetTransform`): every object of
+//!   it is cached, handed to subscribers and served to readers as the projection made it.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use serde_json::Value;
 use shepherd_api::JsonPath;
@@ -71,15 +77,68 @@ pub fn controller_owner(obj: &Value) -> Option<(&str, &str, &str)> {
     })
 }
 
+/// What a cache keeps of each object of its kind. It must keep `metadata` (the key, the
+/// resourceVersion and the indexed fields are read from it) and every field a reader of that
+/// kind's cache looks at.
+pub type Transform = Arc<dyn Fn(Value) -> Value + Send + Sync>;
+
 /// An object store for one kind with secondary indexes. Shared by every controller of a process.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Cache {
     state: RwLock<State>,
+    transform: OnceLock<Transform>,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache").field("state", &self.state).field("transform", &self.transform.get().is_some()).finish()
+    }
+}
+
+/// One cached object.
+#[derive(Debug)]
+struct Entry {
+    /// The object as `serde_json::to_vec` wrote it: parsing it gives back an equal `Value`.
+    json: Arc<[u8]>,
+    rv: Option<u64>,
+    index: IndexValues,
+    /// The parsed object handed out last, while someone still holds it.
+    parsed: Weak<Value>,
+}
+
+impl Entry {
+    fn new(obj: &Arc<Value>) -> Self {
+        // Writing a `Value` cannot fail: its map keys are strings and its numbers finite.
+        let json = serde_json::to_vec(&**obj).unwrap_or_default().into();
+        Entry { json, rv: resource_version(obj), index: IndexValues::of(obj), parsed: Arc::downgrade(obj) }
+    }
+
+    /// What a reader needs to get the object without holding the cache's lock while parsing.
+    fn handle(&self) -> Handle {
+        Handle { json: self.json.clone(), parsed: self.parsed.clone() }
+    }
+}
+
+/// An object taken out of the cache, to parse after the lock is released.
+struct Handle {
+    json: Arc<[u8]>,
+    parsed: Weak<Value>,
+}
+
+impl Handle {
+    /// The object; `None` only if the text did not parse, which `Entry::new` rules out.
+    fn value(self) -> Option<Arc<Value>> {
+        self.parsed.upgrade().or_else(|| serde_json::from_slice(&self.json).ok().map(Arc::new))
+    }
+}
+
+fn values(handles: Vec<Handle>) -> Vec<Arc<Value>> {
+    handles.into_iter().filter_map(Handle::value).collect()
 }
 
 #[derive(Debug, Default)]
 struct State {
-    objects: HashMap<String, Arc<Value>>,
+    objects: HashMap<String, Entry>,
     by_namespace: Index,
     by_label: Index,
     by_owner: Index,
@@ -98,7 +157,7 @@ struct State {
 type Index = HashMap<String, BTreeSet<String>>;
 
 /// The index values one object contributes.
-#[derive(PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 struct IndexValues {
     namespace: Option<String>,
     labels: Vec<String>,
@@ -157,13 +216,11 @@ fn index_move(index: &mut Index, old: Option<&String>, new: Option<&String>, key
 impl State {
     /// Updates every index for `key` going from `old` (absent when new) to `new` (absent when
     /// deleted), touching only the entries that differ.
-    fn reindex(&mut self, key: &str, old: Option<&Value>, new: Option<&Value>) {
-        let old = old.map(IndexValues::of);
-        let new = new.map(IndexValues::of);
+    fn reindex(&mut self, key: &str, old: Option<&IndexValues>, new: Option<&IndexValues>) {
         if old.is_some() && old == new {
             return;
         }
-        let (o, n) = (old.as_ref(), new.as_ref());
+        let (o, n) = (old, new);
         index_move(&mut self.by_namespace, o.and_then(|v| v.namespace.as_ref()), n.and_then(|v| v.namespace.as_ref()), key);
         index_move(&mut self.by_owner, o.and_then(|v| v.owner.as_ref()), n.and_then(|v| v.owner.as_ref()), key);
         let (o_unowned, n_unowned) = (o.and_then(IndexValues::unowned), n.and_then(IndexValues::unowned));
@@ -182,61 +239,59 @@ impl State {
 
     /// `delivered`: the object came from the watch or a list (it moves `high_water`), not from
     /// a repair that fetched it out of order.
-    fn upsert(&mut self, key: String, mut obj: Value, delivered: bool) -> Option<Change> {
-        strip_managed_fields(&mut obj);
+    fn upsert(&mut self, key: String, obj: Value, delivered: bool) -> Option<Change> {
         let rv = resource_version(&obj).unwrap_or(0);
         if delivered {
             self.high_water = self.high_water.max(rv);
         }
+        if let Some(old) = self.objects.get(&key)
+            && let (Some(have), Some(got)) = (old.rv, resource_version(&obj))
+            && got <= have
+        {
+            return None;
+        }
         let new = Arc::new(obj);
-        let change = match self.objects.get(&key).cloned() {
+        let entry = Entry::new(&new);
+        let change = match self.objects.remove(&key) {
             Some(old) => {
-                let had = resource_version(&old);
-                if let (Some(have), Some(got)) = (had, resource_version(&new))
-                    && got <= have
-                {
-                    return None;
-                }
-                self.reindex(&key, Some(&old), Some(&new));
-                self.digest.remove(&key, had.unwrap_or(0));
-                Change::Updated { old, new: new.clone() }
+                self.reindex(&key, Some(&old.index), Some(&entry.index));
+                self.digest.remove(&key, old.rv.unwrap_or(0));
+                // The text always parses (`Entry::new`); an empty object stands in should it not.
+                let old = old.handle().value().unwrap_or_else(|| Arc::new(Value::Object(serde_json::Map::new())));
+                Change::Updated { old, new }
             }
             None => {
-                self.reindex(&key, None, Some(&new));
-                Change::Added(new.clone())
+                self.reindex(&key, None, Some(&entry.index));
+                Change::Added(new)
             }
         };
         self.digest.insert(&key, rv);
-        self.objects.insert(key, new);
+        self.objects.insert(key, entry);
         Some(change)
     }
 
-    fn remove(&mut self, key: &str, mut last_known: Option<Value>) -> Option<Change> {
-        if let Some(obj) = &mut last_known {
-            strip_managed_fields(obj);
-        }
+    fn remove(&mut self, key: &str, last_known: Option<Value>) -> Option<Change> {
         let deleted_at = last_known.as_ref().and_then(resource_version);
         self.high_water = self.high_water.max(deleted_at.unwrap_or(0));
-        let had = resource_version(self.objects.get(key)?).unwrap_or(0);
+        let had = self.objects.get(key)?.rv.unwrap_or(0);
         if deleted_at.is_some_and(|at| at < had) {
             // A deletion of an older incarnation, arriving after a newer one was cached.
             return None;
         }
         let old = self.objects.remove(key)?;
-        self.reindex(key, Some(&old), None);
+        self.reindex(key, Some(&old.index), None);
         self.digest.remove(key, had);
         // The deletion event carries the final state; fall back to what was cached.
-        Some(Change::Deleted(last_known.map(Arc::new).unwrap_or(old)))
+        match last_known {
+            Some(obj) => Some(Change::Deleted(Arc::new(obj))),
+            None => old.handle().value().map(Change::Deleted),
+        }
     }
 
-    fn lookup(&self, index: &Index, value: &str) -> Vec<Arc<Value>> {
-        index
-            .get(value)
-            .map(|keys| keys.iter().filter_map(|k| self.objects.get(k).cloned()).collect())
-            .unwrap_or_default()
+    fn lookup(&self, index: &Index, value: &str) -> Vec<Handle> {
+        index.get(value).map(|keys| keys.iter().filter_map(|k| self.objects.get(k).map(Entry::handle)).collect()).unwrap_or_default()
     }
 }
-
 impl Cache {
     fn read(&self) -> RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
@@ -248,12 +303,19 @@ impl Cache {
 
     /// The object stored under `key` (`namespace/name` or `name`).
     pub fn get(&self, key: &str) -> Option<Arc<Value>> {
-        self.read().objects.get(key).cloned()
+        let handle = self.read().objects.get(key).map(Entry::handle);
+        handle?.value()
+    }
+
+    /// Whether an object is stored under `key`, without parsing it.
+    pub fn contains(&self, key: &str) -> bool {
+        self.read().objects.contains_key(key)
     }
 
     /// Every cached object, in no particular order.
     pub fn list(&self) -> Vec<Arc<Value>> {
-        self.read().objects.values().cloned().collect()
+        let handles: Vec<Handle> = self.read().objects.values().map(Entry::handle).collect();
+        values(handles)
     }
 
     /// Every cached key, sorted.
@@ -273,27 +335,39 @@ impl Cache {
 
     /// Objects in one namespace.
     pub fn by_namespace(&self, namespace: &str) -> Vec<Arc<Value>> {
-        let s = self.read();
-        s.lookup(&s.by_namespace, namespace)
+        let handles = {
+            let s = self.read();
+            s.lookup(&s.by_namespace, namespace)
+        };
+        values(handles)
     }
 
     /// Objects carrying the label `key=value`.
     pub fn by_label(&self, key: &str, value: &str) -> Vec<Arc<Value>> {
-        let s = self.read();
-        s.lookup(&s.by_label, &format!("{key}={value}"))
+        let handles = {
+            let s = self.read();
+            s.lookup(&s.by_label, &format!("{key}={value}"))
+        };
+        values(handles)
     }
 
     /// Objects whose controlling owner reference has this uid.
     pub fn by_controller_uid(&self, uid: &str) -> Vec<Arc<Value>> {
-        let s = self.read();
-        s.lookup(&s.by_owner, uid)
+        let handles = {
+            let s = self.read();
+            s.lookup(&s.by_owner, uid)
+        };
+        values(handles)
     }
 
     /// Objects in one namespace (`""`: cluster-scoped) that no controller owns: the candidates
     /// for adoption.
     pub fn unowned_in_namespace(&self, namespace: &str) -> Vec<Arc<Value>> {
-        let s = self.read();
-        s.lookup(&s.unowned, namespace)
+        let handles = {
+            let s = self.read();
+            s.lookup(&s.unowned, namespace)
+        };
+        values(handles)
     }
 
     /// Pods bound to a node (`spec.nodeName`).
@@ -305,12 +379,33 @@ impl Cache {
     }
 
     pub fn by_node_name(&self, node: &str) -> Vec<Arc<Value>> {
-        let s = self.read();
-        s.lookup(&s.by_node, node)
+        let handles = {
+            let s = self.read();
+            s.lookup(&s.by_node, node)
+        };
+        values(handles)
+    }
+
+    /// Makes the cache keep `transform(object)` of every object from now on. Only an empty cache
+    /// takes one, and only once: the objects it holds all went through the same projection.
+    /// Returns whether it was set.
+    pub fn set_transform(&self, transform: Transform) -> bool {
+        let s = self.write();
+        s.objects.is_empty() && s.high_water == 0 && self.transform.set(transform).is_ok()
+    }
+
+    /// The object as this cache keeps it: without `managedFields`, projected if the kind has one.
+    fn admit(&self, mut obj: Value) -> Value {
+        strip_managed_fields(&mut obj);
+        match self.transform.get() {
+            Some(t) => t(obj),
+            None => obj,
+        }
     }
 
     /// Applies an added or modified object; `None` when it was not newer than the cached copy.
     pub(crate) fn apply_upsert(&self, obj: Value) -> Option<Change> {
+        let obj = self.admit(obj);
         let key = object_key(&obj)?;
         self.write().upsert(key, obj, true)
     }
@@ -318,6 +413,7 @@ impl Cache {
     /// Applies an object an anti-entropy repair fetched: like `apply_upsert`, but it says nothing
     /// about which events were delivered, so `observed_revision` stays where it is.
     pub(crate) fn apply_repair(&self, obj: Value) -> Option<Change> {
+        let obj = self.admit(obj);
         let key = object_key(&obj)?;
         let mut s = self.write();
         s.verified = s.verified.max(resource_version(&obj).unwrap_or(0));
@@ -327,8 +423,7 @@ impl Cache {
     /// Removes an object a repair found gone, unless the cached copy is newer than `revision`.
     pub(crate) fn apply_repair_delete(&self, key: &str, revision: u64) -> Option<Change> {
         let mut s = self.write();
-        let cached = s.objects.get(key)?;
-        if resource_version(cached).unwrap_or(0) > revision {
+        if s.objects.get(key)?.rv.unwrap_or(0) > revision {
             return None;
         }
         s.remove(key, None)
@@ -358,12 +453,13 @@ impl Cache {
         s.objects
             .iter()
             .filter(|(k, _)| bucket_of(k) == bucket)
-            .map(|(k, o)| (k.clone(), resource_version(o).unwrap_or(0)))
+            .map(|(k, o)| (k.clone(), o.rv.unwrap_or(0)))
             .collect()
     }
 
     /// Applies a deletion; `None` when the object was not cached.
     pub(crate) fn apply_delete(&self, obj: Value) -> Option<Change> {
+        let obj = self.admit(obj);
         let key = object_key(&obj)?;
         self.write().remove(&key, Some(obj))
     }
@@ -375,6 +471,7 @@ impl Cache {
         let mut changes = Vec::new();
         let mut listed = std::collections::HashSet::with_capacity(items.len());
         for obj in items {
+            let obj = self.admit(obj);
             let Some(key) = object_key(&obj) else { continue };
             listed.insert(key.clone());
             // `upsert` ignores equal or older revisions, so unchanged objects emit nothing.
@@ -518,6 +615,104 @@ mod tests {
         }
         assert_eq!(c.get("ns/a").and_then(|o| resource_version(&o)), Some(3));
         assert_eq!(c.by_label("app", "web").len(), 1);
+    }
+
+    /// Objects with every kind of JSON value the API carries: integers at the edges of i64 and
+    /// u64, floats, unicode and escapes, empty and nested containers, nulls.
+    fn odd_pod(name: &str, rv: u64) -> Value {
+        let mut p = pod(name, rv, "n", "u");
+        p["metadata"]["annotations"] = json!({"note": "ünï \"quoted\" \\ \n\t\u{1F600}", "empty": ""});
+        p["spec"]["numbers"] = json!([0, -1, i64::MIN, i64::MAX, u64::MAX, 0.1, -2.5e-300, 1e300, 1.0, 3.0e10]);
+        p["spec"]["nested"] = json!({"a": {"b": {"c": [[], {}, [null, true, false]]}}, "z": null});
+        p["status"] = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+        p
+    }
+
+    #[test]
+    fn objects_come_out_of_the_cache_equal_to_what_went_in() {
+        let c = Cache::default();
+        let first = odd_pod("a", 1);
+        let added = c.apply_upsert(first.clone()).expect("added");
+        assert_eq!(**added.object(), first);
+        let mut second = odd_pod("a", 2);
+        second["status"]["phase"] = json!("Succeeded");
+        let updated = c.apply_upsert(second.clone()).expect("updated");
+        drop(added);
+        match &updated {
+            Change::Updated { old, new } => {
+                assert_eq!(**old, first, "the old object is the one cached before, parsed back");
+                assert_eq!(**new, second);
+            }
+            other => panic!("expected an update, got {other:?}"),
+        }
+        let held = updated.object().clone();
+        drop(updated);
+        let got = c.get("ns/a").expect("cached");
+        assert!(Arc::ptr_eq(&got, &held), "an object still held is handed out again, not parsed anew");
+        drop((got, held));
+        // Nobody holds it now: it is parsed from the cached text, and equal.
+        assert_eq!(*c.get("ns/a").expect("cached"), second);
+        let listed = c.replace(vec![odd_pod("a", 2), odd_pod("b", 3)]);
+        assert_eq!(listed.len(), 1, "an unchanged object emits nothing");
+        for got in [c.list(), c.by_namespace("ns"), c.by_label("app", "web"), c.by_controller_uid("u"), c.by_node_name("n")] {
+            let mut got: Vec<Value> = got.iter().map(|o| (**o).clone()).collect();
+            got.sort_by_key(|o| object_key(o));
+            assert_eq!(got, [second.clone(), odd_pod("b", 3)]);
+        }
+        let deleted = c.replace(Vec::new());
+        let mut gone: Vec<Value> = deleted.iter().map(|ch| (**ch.object()).clone()).collect();
+        gone.sort_by_key(|o| object_key(o));
+        assert_eq!(gone, [second, odd_pod("b", 3)], "a deletion without a final state hands out the cached object");
+        assert!(!c.contains("ns/a") && c.get("ns/a").is_none());
+    }
+
+    /// Keeps the metadata and `spec.nodeName` only.
+    fn node_only(obj: Value) -> Value {
+        json!({"metadata": obj["metadata"].clone(), "spec": {"nodeName": obj["spec"]["nodeName"].clone()}})
+    }
+
+    #[test]
+    fn a_projection_is_what_every_reader_and_change_sees_and_only_an_empty_cache_takes_one() {
+        let whole = |name: &str, rv: u64| {
+            let mut p = pod_with_owners(name, rv);
+            p["status"] = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+            p
+        };
+        let c = Cache::default();
+        assert!(c.set_transform(Arc::new(node_only)));
+        assert!(!c.set_transform(Arc::new(|o| o)), "a second projection would leave the objects inconsistent");
+        let added = c.apply_upsert(whole("a", 1)).expect("added");
+        let updated = c.apply_upsert(whole("a", 2)).expect("updated");
+        let listed = c.replace(vec![whole("a", 3), whole("b", 4)]);
+        let repaired = c.apply_repair(whole("c", 5)).expect("repaired");
+        let deleted = c.apply_delete(whole("b", 6)).expect("deleted");
+        let mut seen: Vec<Arc<Value>> =
+            vec![added.object().clone(), updated.object().clone(), repaired.object().clone(), deleted.object().clone()];
+        if let Change::Updated { old, .. } = &updated {
+            seen.push(old.clone());
+        }
+        seen.extend(listed.iter().map(|ch| ch.object().clone()));
+        seen.extend(c.list());
+        assert_eq!(seen.len(), 9);
+        for o in &seen {
+            let mut expected = node_only(whole("x", 0));
+            expected["metadata"] = o["metadata"].clone();
+            assert_eq!(**o, expected);
+            assert_eq!(o.get("status"), None, "projected away");
+            assert_eq!(o["metadata"].get("managedFields"), None);
+            assert_eq!(o["metadata"]["labels"]["app"], "web", "the metadata is kept whole");
+        }
+        // The indexes and revisions read the projected objects as they would the whole ones.
+        assert_eq!(c.keys(), ["ns/a", "ns/c"]);
+        assert_eq!(c.get("ns/a").and_then(|o| resource_version(&o)), Some(3));
+        assert_eq!(names(c.by_node_name("n")), ["ns/a", "ns/c"]);
+        assert_eq!(names(c.by_label("app", "web")), ["ns/a", "ns/c"]);
+        assert_eq!(c.observed_revision(), 6);
+
+        let filled = Cache::default();
+        filled.apply_upsert(whole("a", 1));
+        assert!(!filled.set_transform(Arc::new(node_only)), "objects already cached were not projected");
+        assert_eq!(filled.get("ns/a").map(|o| o["metadata"]["ownerReferences"].is_array()), Some(true));
     }
 
     fn resident_bytes() -> Option<u64> {
