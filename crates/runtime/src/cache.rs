@@ -656,12 +656,12 @@ mod tests {
         assert_eq!(listed.len(), 1, "an unchanged object emits nothing");
         for got in [c.list(), c.by_namespace("ns"), c.by_label("app", "web"), c.by_controller_uid("u"), c.by_node_name("n")] {
             let mut got: Vec<Value> = got.iter().map(|o| (**o).clone()).collect();
-            got.sort_by_key(|o| object_key(o));
+            got.sort_by_key(object_key);
             assert_eq!(got, [second.clone(), odd_pod("b", 3)]);
         }
         let deleted = c.replace(Vec::new());
         let mut gone: Vec<Value> = deleted.iter().map(|ch| (**ch.object()).clone()).collect();
-        gone.sort_by_key(|o| object_key(o));
+        gone.sort_by_key(object_key);
         assert_eq!(gone, [second, odd_pod("b", 3)], "a deletion without a final state hands out the cached object");
         assert!(!c.contains("ns/a") && c.get("ns/a").is_none());
     }
