@@ -1,12 +1,8 @@
 //! The informer's local copy of one kind, indexed for the lookups controllers make.
 //!
 //! Guarantees:
-//! - each object is held once, as its compact JSON text with the fields the indexes and revision
-//!   checks need; readers get an `Arc<Value>` parsed from that text, equal to the object as it
-//!   entered, and the indexes hold keys, never copies of objects. A parsed object is ~10 times its
-//!   text (every JSON object becomes a B-tree node of ~640 bytes, however few its keys), so a pod
-//!   cached as `Value` cost ~18 KB against ~2 KB of text (BENCHMARKS.md section 3, 4, 5). The
-//!   `Arc<Value>` last handed to subscribers is shared with readers while anyone still holds it;
+//! - each object is held once, as an `Arc<Value>`; readers get cheap clones of that `Arc`, and the
+//!   indexes hold keys, never copies of objects;
 //! - the indexes (namespace, label `key=value`, controller owner uid, `spec.nodeName`) always agree
 //!   with the objects: both change under the same write lock;
 //! - a copy of an object older than the cached one (by `metadata.resourceVersion`) never replaces
@@ -22,7 +18,7 @@
 //!   it is cached, handed to subscribers and served to readers as the projection made it.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde_json::Value;
 use shepherd_api::JsonPath;
@@ -95,50 +91,9 @@ impl std::fmt::Debug for Cache {
     }
 }
 
-/// One cached object.
-#[derive(Debug)]
-struct Entry {
-    /// The object as `serde_json::to_vec` wrote it: parsing it gives back an equal `Value`.
-    json: Arc<[u8]>,
-    rv: Option<u64>,
-    index: IndexValues,
-    /// The parsed object handed out last, while someone still holds it.
-    parsed: Weak<Value>,
-}
-
-impl Entry {
-    fn new(obj: &Arc<Value>) -> Self {
-        // Writing a `Value` cannot fail: its map keys are strings and its numbers finite.
-        let json = serde_json::to_vec(&**obj).unwrap_or_default().into();
-        Entry { json, rv: resource_version(obj), index: IndexValues::of(obj), parsed: Arc::downgrade(obj) }
-    }
-
-    /// What a reader needs to get the object without holding the cache's lock while parsing.
-    fn handle(&self) -> Handle {
-        Handle { json: self.json.clone(), parsed: self.parsed.clone() }
-    }
-}
-
-/// An object taken out of the cache, to parse after the lock is released.
-struct Handle {
-    json: Arc<[u8]>,
-    parsed: Weak<Value>,
-}
-
-impl Handle {
-    /// The object; `None` only if the text did not parse, which `Entry::new` rules out.
-    fn value(self) -> Option<Arc<Value>> {
-        self.parsed.upgrade().or_else(|| serde_json::from_slice(&self.json).ok().map(Arc::new))
-    }
-}
-
-fn values(handles: Vec<Handle>) -> Vec<Arc<Value>> {
-    handles.into_iter().filter_map(Handle::value).collect()
-}
-
 #[derive(Debug, Default)]
 struct State {
-    objects: HashMap<String, Entry>,
+    objects: HashMap<String, Arc<Value>>,
     by_namespace: Index,
     by_label: Index,
     by_owner: Index,
@@ -157,7 +112,7 @@ struct State {
 type Index = HashMap<String, BTreeSet<String>>;
 
 /// The index values one object contributes.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(PartialEq, Eq)]
 struct IndexValues {
     namespace: Option<String>,
     labels: Vec<String>,
@@ -216,11 +171,13 @@ fn index_move(index: &mut Index, old: Option<&String>, new: Option<&String>, key
 impl State {
     /// Updates every index for `key` going from `old` (absent when new) to `new` (absent when
     /// deleted), touching only the entries that differ.
-    fn reindex(&mut self, key: &str, old: Option<&IndexValues>, new: Option<&IndexValues>) {
+    fn reindex(&mut self, key: &str, old: Option<&Value>, new: Option<&Value>) {
+        let old = old.map(IndexValues::of);
+        let new = new.map(IndexValues::of);
         if old.is_some() && old == new {
             return;
         }
-        let (o, n) = (old, new);
+        let (o, n) = (old.as_ref(), new.as_ref());
         index_move(&mut self.by_namespace, o.and_then(|v| v.namespace.as_ref()), n.and_then(|v| v.namespace.as_ref()), key);
         index_move(&mut self.by_owner, o.and_then(|v| v.owner.as_ref()), n.and_then(|v| v.owner.as_ref()), key);
         let (o_unowned, n_unowned) = (o.and_then(IndexValues::unowned), n.and_then(IndexValues::unowned));
@@ -244,54 +201,52 @@ impl State {
         if delivered {
             self.high_water = self.high_water.max(rv);
         }
-        if let Some(old) = self.objects.get(&key)
-            && let (Some(have), Some(got)) = (old.rv, resource_version(&obj))
-            && got <= have
-        {
-            return None;
-        }
         let new = Arc::new(obj);
-        let entry = Entry::new(&new);
-        let change = match self.objects.remove(&key) {
+        let change = match self.objects.get(&key).cloned() {
             Some(old) => {
-                self.reindex(&key, Some(&old.index), Some(&entry.index));
-                self.digest.remove(&key, old.rv.unwrap_or(0));
-                // The text always parses (`Entry::new`); an empty object stands in should it not.
-                let old = old.handle().value().unwrap_or_else(|| Arc::new(Value::Object(serde_json::Map::new())));
-                Change::Updated { old, new }
+                let had = resource_version(&old);
+                if let (Some(have), Some(got)) = (had, resource_version(&new))
+                    && got <= have
+                {
+                    return None;
+                }
+                self.reindex(&key, Some(&old), Some(&new));
+                self.digest.remove(&key, had.unwrap_or(0));
+                Change::Updated { old, new: new.clone() }
             }
             None => {
-                self.reindex(&key, None, Some(&entry.index));
-                Change::Added(new)
+                self.reindex(&key, None, Some(&new));
+                Change::Added(new.clone())
             }
         };
         self.digest.insert(&key, rv);
-        self.objects.insert(key, entry);
+        self.objects.insert(key, new);
         Some(change)
     }
 
     fn remove(&mut self, key: &str, last_known: Option<Value>) -> Option<Change> {
         let deleted_at = last_known.as_ref().and_then(resource_version);
         self.high_water = self.high_water.max(deleted_at.unwrap_or(0));
-        let had = self.objects.get(key)?.rv.unwrap_or(0);
+        let had = resource_version(self.objects.get(key)?).unwrap_or(0);
         if deleted_at.is_some_and(|at| at < had) {
             // A deletion of an older incarnation, arriving after a newer one was cached.
             return None;
         }
         let old = self.objects.remove(key)?;
-        self.reindex(key, Some(&old.index), None);
+        self.reindex(key, Some(&old), None);
         self.digest.remove(key, had);
         // The deletion event carries the final state; fall back to what was cached.
-        match last_known {
-            Some(obj) => Some(Change::Deleted(Arc::new(obj))),
-            None => old.handle().value().map(Change::Deleted),
-        }
+        Some(Change::Deleted(last_known.map(Arc::new).unwrap_or(old)))
     }
 
-    fn lookup(&self, index: &Index, value: &str) -> Vec<Handle> {
-        index.get(value).map(|keys| keys.iter().filter_map(|k| self.objects.get(k).map(Entry::handle)).collect()).unwrap_or_default()
+    fn lookup(&self, index: &Index, value: &str) -> Vec<Arc<Value>> {
+        index
+            .get(value)
+            .map(|keys| keys.iter().filter_map(|k| self.objects.get(k).cloned()).collect())
+            .unwrap_or_default()
     }
 }
+
 impl Cache {
     fn read(&self) -> RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
@@ -303,19 +258,17 @@ impl Cache {
 
     /// The object stored under `key` (`namespace/name` or `name`).
     pub fn get(&self, key: &str) -> Option<Arc<Value>> {
-        let handle = self.read().objects.get(key).map(Entry::handle);
-        handle?.value()
+        self.read().objects.get(key).cloned()
     }
 
-    /// Whether an object is stored under `key`, without parsing it.
+    /// Whether an object is stored under `key`.
     pub fn contains(&self, key: &str) -> bool {
         self.read().objects.contains_key(key)
     }
 
     /// Every cached object, in no particular order.
     pub fn list(&self) -> Vec<Arc<Value>> {
-        let handles: Vec<Handle> = self.read().objects.values().map(Entry::handle).collect();
-        values(handles)
+        self.read().objects.values().cloned().collect()
     }
 
     /// Every cached key, sorted.
@@ -335,39 +288,27 @@ impl Cache {
 
     /// Objects in one namespace.
     pub fn by_namespace(&self, namespace: &str) -> Vec<Arc<Value>> {
-        let handles = {
-            let s = self.read();
-            s.lookup(&s.by_namespace, namespace)
-        };
-        values(handles)
+        let s = self.read();
+        s.lookup(&s.by_namespace, namespace)
     }
 
     /// Objects carrying the label `key=value`.
     pub fn by_label(&self, key: &str, value: &str) -> Vec<Arc<Value>> {
-        let handles = {
-            let s = self.read();
-            s.lookup(&s.by_label, &format!("{key}={value}"))
-        };
-        values(handles)
+        let s = self.read();
+        s.lookup(&s.by_label, &format!("{key}={value}"))
     }
 
     /// Objects whose controlling owner reference has this uid.
     pub fn by_controller_uid(&self, uid: &str) -> Vec<Arc<Value>> {
-        let handles = {
-            let s = self.read();
-            s.lookup(&s.by_owner, uid)
-        };
-        values(handles)
+        let s = self.read();
+        s.lookup(&s.by_owner, uid)
     }
 
     /// Objects in one namespace (`""`: cluster-scoped) that no controller owns: the candidates
     /// for adoption.
     pub fn unowned_in_namespace(&self, namespace: &str) -> Vec<Arc<Value>> {
-        let handles = {
-            let s = self.read();
-            s.lookup(&s.unowned, namespace)
-        };
-        values(handles)
+        let s = self.read();
+        s.lookup(&s.unowned, namespace)
     }
 
     /// Pods bound to a node (`spec.nodeName`).
@@ -379,11 +320,8 @@ impl Cache {
     }
 
     pub fn by_node_name(&self, node: &str) -> Vec<Arc<Value>> {
-        let handles = {
-            let s = self.read();
-            s.lookup(&s.by_node, node)
-        };
-        values(handles)
+        let s = self.read();
+        s.lookup(&s.by_node, node)
     }
 
     /// Makes the cache keep `transform(object)` of every object from now on. Only an empty cache
@@ -423,7 +361,8 @@ impl Cache {
     /// Removes an object a repair found gone, unless the cached copy is newer than `revision`.
     pub(crate) fn apply_repair_delete(&self, key: &str, revision: u64) -> Option<Change> {
         let mut s = self.write();
-        if s.objects.get(key)?.rv.unwrap_or(0) > revision {
+        let cached = s.objects.get(key)?;
+        if resource_version(cached).unwrap_or(0) > revision {
             return None;
         }
         s.remove(key, None)
@@ -453,7 +392,7 @@ impl Cache {
         s.objects
             .iter()
             .filter(|(k, _)| bucket_of(k) == bucket)
-            .map(|(k, o)| (k.clone(), o.rv.unwrap_or(0)))
+            .map(|(k, o)| (k.clone(), resource_version(o).unwrap_or(0)))
             .collect()
     }
 
@@ -648,9 +587,8 @@ mod tests {
         let held = updated.object().clone();
         drop(updated);
         let got = c.get("ns/a").expect("cached");
-        assert!(Arc::ptr_eq(&got, &held), "an object still held is handed out again, not parsed anew");
+        assert!(Arc::ptr_eq(&got, &held), "the cached object itself is handed out");
         drop((got, held));
-        // Nobody holds it now: it is parsed from the cached text, and equal.
         assert_eq!(*c.get("ns/a").expect("cached"), second);
         let listed = c.replace(vec![odd_pod("a", 2), odd_pod("b", 3)]);
         assert_eq!(listed.len(), 1, "an unchanged object emits nothing");
