@@ -32,7 +32,29 @@ const MAX_REPORT_BYTES: usize = 4 * 1024 * 1024;
 struct Report {
     received: Instant,
     node: Value,
-    pods: Vec<Value>,
+    pods: Vec<PodEntry>,
+}
+
+/// One PodMetrics as served, kept as its JSON text: parsed, a PodMetrics is ~3 KB of small maps
+/// against ~300 bytes of text, and the table holds one for every running pod while it is read
+/// only by the occasional `kubectl top` or autoscaler pass.
+struct PodEntry {
+    namespace: String,
+    name: String,
+    json: Box<[u8]>,
+}
+
+impl PodEntry {
+    fn new(pod: &Value) -> Result<Self, ApiError> {
+        let json = serde_json::to_vec(pod).map_err(|e| ApiError::Internal(format!("encoding PodMetrics: {e}")))?;
+        Ok(PodEntry { namespace: namespace_of(pod).to_string(), name: name_of(pod).to_string(), json: json.into() })
+    }
+
+    /// The PodMetrics as it was reported; `None` only if the text kept were not JSON, which
+    /// `new` rules out.
+    fn value(&self) -> Option<Value> {
+        serde_json::from_slice(&self.json).ok()
+    }
 }
 
 /// The latest report of every node.
@@ -77,7 +99,7 @@ impl MetricsTable {
             }
         }
         let node_metrics = finish(&kinds::NODE_METRICS, body);
-        let pods = pods.into_iter().map(|p| finish(&kinds::POD_METRICS, p)).collect();
+        let pods = pods.into_iter().map(|p| PodEntry::new(&finish(&kinds::POD_METRICS, p))).collect::<Result<_, _>>()?;
         let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
         nodes.insert(node, Report { received: Instant::now(), node: node_metrics.clone(), pods });
         Ok(node_metrics)
@@ -103,9 +125,9 @@ impl MetricsTable {
         let mut out: Vec<Value> = self.fresh(|reports| {
             reports
                 .flat_map(|r| r.pods.iter())
-                .filter(|p| namespace.is_none_or(|ns| namespace_of(p) == ns))
+                .filter(|p| namespace.is_none_or(|ns| p.namespace == ns))
+                .filter_map(PodEntry::value)
                 .filter(|p| labels.matches_object(p) && fields.matches(p))
-                .cloned()
                 .collect()
         });
         out.sort_by(|a, b| (namespace_of(a), name_of(a)).cmp(&(namespace_of(b), name_of(b))));
@@ -119,7 +141,7 @@ impl MetricsTable {
 
     pub(crate) fn pod(&self, namespace: &str, name: &str) -> Result<Value, ApiError> {
         self.fresh(|reports| {
-            reports.flat_map(|r| r.pods.iter()).find(|p| namespace_of(p) == namespace && name_of(p) == name).cloned()
+            reports.flat_map(|r| r.pods.iter()).find(|p| p.namespace == namespace && p.name == name).and_then(PodEntry::value)
         })
         .ok_or_else(|| ApiError::not_found("podmetrics.metrics.k8s.io", name))
     }
@@ -279,5 +301,23 @@ mod tests {
         r["pods"][0]["metadata"]["name"] = json!("");
         assert_eq!(t.report(r).unwrap_err().code(), 400);
         assert!(t.list(&kinds::NODE_METRICS, None, None, None).expect("list").is_empty(), "a refused report stores nothing");
+    }
+
+    #[test]
+    fn a_pod_is_served_exactly_as_reported_through_get_and_list() {
+        let t = MetricsTable::default();
+        let mut r = report("n1", &[("default", "web-1", "web")]);
+        r["pods"][0]["containers"][0]["usage"]["share"] = json!(0.1);
+        r["pods"][0]["extra"] = json!({"max": u64::MAX, "neg": -3, "text": "é \" \n", "none": null, "list": [1.5, true, {}]});
+        let reported = r["pods"][0].clone();
+        t.report(r).expect("report");
+        let got = t.pod("default", "web-1").expect("pod");
+        let mut expected = reported;
+        expected["apiVersion"] = json!("metrics.k8s.io/v1beta1");
+        expected["kind"] = json!("PodMetrics");
+        expected["metadata"]["creationTimestamp"] = got["metadata"]["creationTimestamp"].clone();
+        assert!(got["metadata"]["creationTimestamp"].is_string());
+        assert_eq!(got, expected);
+        assert_eq!(t.list(&kinds::POD_METRICS, Some("default"), None, None).expect("list"), [expected]);
     }
 }

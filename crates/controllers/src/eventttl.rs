@@ -30,6 +30,23 @@ fn last_seen(event: &Value) -> Option<Timestamp> {
         .max()
 }
 
+/// The fields of an Event this controller reads: its metadata and the timestamps of `last_seen`.
+/// The Event cache keeps only these (the involved object, source, reason and message are most of
+/// a parsed Event, and a busy cluster holds several Events per pod).
+fn expiry_fields(mut event: Value) -> Value {
+    let Some(fields) = event.as_object_mut() else { return event };
+    let mut kept = serde_json::Map::new();
+    for name in ["metadata", "lastTimestamp", "eventTime"] {
+        if let Some(v) = fields.remove(name) {
+            kept.insert(name.to_string(), v);
+        }
+    }
+    if let Some(seen) = fields.get_mut("series").and_then(|s| s.as_object_mut()).and_then(|s| s.remove("lastObservedTime")) {
+        kept.insert("series".to_string(), serde_json::json!({ "lastObservedTime": seen }));
+    }
+    Value::Object(kept)
+}
+
 /// How long until `event` expires: zero once it has (an Event without any timestamp has).
 fn remaining(event: &Value, ttl: Duration, now: Timestamp) -> Duration {
     let Some(seen) = last_seen(event) else { return Duration::ZERO };
@@ -70,6 +87,9 @@ impl EventTtl {
 
 /// The controller that expires Events `ttl` after their last update.
 pub fn event_ttl_controller(client: Arc<dyn Client>, manager: &Manager, ttl: Duration, config: ControllerConfig) -> Controller {
+    // Nothing else in the controller manager reads Events from its cache; should the projection
+    // already be taken (another TTL controller on the same manager), it is the same one.
+    manager.informers().set_transform(&kinds::EVENT, Arc::new(expiry_fields));
     let events = manager.informers().cache(&kinds::EVENT);
     let reconciler = Arc::new(EventTtl { client, events, ttl });
     Controller::new("eventttl", &kinds::EVENT, move |key: String| {
@@ -102,5 +122,50 @@ mod tests {
     #[test]
     fn an_event_without_timestamps_counts_as_expired() {
         assert_eq!(remaining(&json!({"reason": "x"}), Duration::from_secs(60), Timestamp::now()), Duration::ZERO);
+    }
+
+    /// A whole Event as the recorder writes it, with the optional timestamps given.
+    fn whole(last: Option<&str>, event_time: Option<&str>, series: Option<&str>) -> Value {
+        let mut e = json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "web-0.1", "namespace": "default", "uid": "u-1", "resourceVersion": "42",
+                "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "involvedObject": {"kind": "Pod", "namespace": "default", "name": "web-0", "uid": "p-1", "apiVersion": "v1"},
+            "reason": "Scheduled", "message": "Successfully assigned default/web-0 to node-1", "type": "Normal",
+            "source": {"component": "default-scheduler"}, "count": 3, "firstTimestamp": "2026-01-01T00:00:00Z",
+            "reportingComponent": "default-scheduler", "reportingInstance": "shepherd",
+        });
+        if let Some(t) = last {
+            e["lastTimestamp"] = json!(t);
+        }
+        if let Some(t) = event_time {
+            e["eventTime"] = json!(t);
+        }
+        if let Some(t) = series {
+            e["series"] = json!({"count": 4, "lastObservedTime": t});
+        }
+        e
+    }
+
+    #[test]
+    fn the_cached_projection_expires_every_event_when_the_whole_event_would() {
+        let ttl = Duration::from_secs(3600);
+        let times = [None, Some("2026-01-01T00:10:00Z"), Some("2026-01-01T00:40:00.000000Z"), Some("not a time")];
+        for last in times {
+            for event_time in times {
+                for series in times {
+                    let e = whole(last, event_time, series);
+                    let p = expiry_fields(e.clone());
+                    assert_eq!(p["metadata"], e["metadata"], "the metadata is kept whole");
+                    assert_eq!(last_seen(&p), last_seen(&e));
+                    for now in ["2026-01-01T00:30:00Z", "2026-01-01T01:05:00Z", "2026-01-01T01:45:00Z"] {
+                        assert_eq!(remaining(&p, ttl, at(now)), remaining(&e, ttl, at(now)), "{e}");
+                    }
+                    assert_eq!(p.get("involvedObject"), None);
+                    assert_eq!(p.get("message"), None);
+                }
+            }
+        }
+        assert_eq!(expiry_fields(json!("not an object")), json!("not an object"));
     }
 }

@@ -515,7 +515,7 @@ impl JobReconciler {
             };
             let name = (first..)
                 .map(|n| format!("{prefix}-{n}"))
-                .find(|c| !reserved.contains(c) && self.pods.get(&format!("{ns}/{c}")).is_none())
+                .find(|c| !reserved.contains(c) && !self.pods.contains(&format!("{ns}/{c}")))
                 .unwrap_or_default();
             reserved.insert(name.clone());
             planned.push((name, *index));

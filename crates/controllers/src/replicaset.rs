@@ -206,7 +206,7 @@ impl Ordinals<'_> {
     fn is_taken(&self, ordinal: u64) -> bool {
         self.reserved.contains(&ordinal)
             || (!self.freed.contains(&ordinal)
-                && self.pods.get(&format!("{}/{}-{ordinal}", self.namespace, self.prefix)).is_some())
+                && self.pods.contains(&format!("{}/{}-{ordinal}", self.namespace, self.prefix)))
     }
 
     fn reserve(&mut self, ordinal: u64) {

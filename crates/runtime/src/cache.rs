@@ -13,10 +13,12 @@
 //! - `metadata.managedFields` is dropped from every object as it enters, as kube-controller-manager's
 //!   and kube-scheduler's informers drop it: no controller reads it, an update without it keeps the
 //!   server's, and parsed it is most of a pod (its `fieldsV1` sets are many one-key maps: ~20 KB of a
-//!   ~40 KB pod, see BENCHMARKS.md section 3, 4, 5).
+//!   ~40 KB pod, see BENCHMARKS.md section 3, 4, 5);
+//! - a kind may have a projection (`set_transform`, client-go's `SetTransform`): every object of
+//!   it is cached, handed to subscribers and served to readers as the projection made it.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde_json::Value;
 use shepherd_api::JsonPath;
@@ -71,10 +73,22 @@ pub fn controller_owner(obj: &Value) -> Option<(&str, &str, &str)> {
     })
 }
 
+/// What a cache keeps of each object of its kind. It must keep `metadata` (the key, the
+/// resourceVersion and the indexed fields are read from it) and every field a reader of that
+/// kind's cache looks at.
+pub type Transform = Arc<dyn Fn(Value) -> Value + Send + Sync>;
+
 /// An object store for one kind with secondary indexes. Shared by every controller of a process.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Cache {
     state: RwLock<State>,
+    transform: OnceLock<Transform>,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache").field("state", &self.state).field("transform", &self.transform.get().is_some()).finish()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -182,8 +196,7 @@ impl State {
 
     /// `delivered`: the object came from the watch or a list (it moves `high_water`), not from
     /// a repair that fetched it out of order.
-    fn upsert(&mut self, key: String, mut obj: Value, delivered: bool) -> Option<Change> {
-        strip_managed_fields(&mut obj);
+    fn upsert(&mut self, key: String, obj: Value, delivered: bool) -> Option<Change> {
         let rv = resource_version(&obj).unwrap_or(0);
         if delivered {
             self.high_water = self.high_water.max(rv);
@@ -211,10 +224,7 @@ impl State {
         Some(change)
     }
 
-    fn remove(&mut self, key: &str, mut last_known: Option<Value>) -> Option<Change> {
-        if let Some(obj) = &mut last_known {
-            strip_managed_fields(obj);
-        }
+    fn remove(&mut self, key: &str, last_known: Option<Value>) -> Option<Change> {
         let deleted_at = last_known.as_ref().and_then(resource_version);
         self.high_water = self.high_water.max(deleted_at.unwrap_or(0));
         let had = resource_version(self.objects.get(key)?).unwrap_or(0);
@@ -249,6 +259,11 @@ impl Cache {
     /// The object stored under `key` (`namespace/name` or `name`).
     pub fn get(&self, key: &str) -> Option<Arc<Value>> {
         self.read().objects.get(key).cloned()
+    }
+
+    /// Whether an object is stored under `key`.
+    pub fn contains(&self, key: &str) -> bool {
+        self.read().objects.contains_key(key)
     }
 
     /// Every cached object, in no particular order.
@@ -309,8 +324,26 @@ impl Cache {
         s.lookup(&s.by_node, node)
     }
 
+    /// Makes the cache keep `transform(object)` of every object from now on. Only an empty cache
+    /// takes one, and only once: the objects it holds all went through the same projection.
+    /// Returns whether it was set.
+    pub fn set_transform(&self, transform: Transform) -> bool {
+        let s = self.write();
+        s.objects.is_empty() && s.high_water == 0 && self.transform.set(transform).is_ok()
+    }
+
+    /// The object as this cache keeps it: without `managedFields`, projected if the kind has one.
+    fn admit(&self, mut obj: Value) -> Value {
+        strip_managed_fields(&mut obj);
+        match self.transform.get() {
+            Some(t) => t(obj),
+            None => obj,
+        }
+    }
+
     /// Applies an added or modified object; `None` when it was not newer than the cached copy.
     pub(crate) fn apply_upsert(&self, obj: Value) -> Option<Change> {
+        let obj = self.admit(obj);
         let key = object_key(&obj)?;
         self.write().upsert(key, obj, true)
     }
@@ -318,6 +351,7 @@ impl Cache {
     /// Applies an object an anti-entropy repair fetched: like `apply_upsert`, but it says nothing
     /// about which events were delivered, so `observed_revision` stays where it is.
     pub(crate) fn apply_repair(&self, obj: Value) -> Option<Change> {
+        let obj = self.admit(obj);
         let key = object_key(&obj)?;
         let mut s = self.write();
         s.verified = s.verified.max(resource_version(&obj).unwrap_or(0));
@@ -364,6 +398,7 @@ impl Cache {
 
     /// Applies a deletion; `None` when the object was not cached.
     pub(crate) fn apply_delete(&self, obj: Value) -> Option<Change> {
+        let obj = self.admit(obj);
         let key = object_key(&obj)?;
         self.write().remove(&key, Some(obj))
     }
@@ -375,6 +410,7 @@ impl Cache {
         let mut changes = Vec::new();
         let mut listed = std::collections::HashSet::with_capacity(items.len());
         for obj in items {
+            let obj = self.admit(obj);
             let Some(key) = object_key(&obj) else { continue };
             listed.insert(key.clone());
             // `upsert` ignores equal or older revisions, so unchanged objects emit nothing.
@@ -518,6 +554,103 @@ mod tests {
         }
         assert_eq!(c.get("ns/a").and_then(|o| resource_version(&o)), Some(3));
         assert_eq!(c.by_label("app", "web").len(), 1);
+    }
+
+    /// Objects with every kind of JSON value the API carries: integers at the edges of i64 and
+    /// u64, floats, unicode and escapes, empty and nested containers, nulls.
+    fn odd_pod(name: &str, rv: u64) -> Value {
+        let mut p = pod(name, rv, "n", "u");
+        p["metadata"]["annotations"] = json!({"note": "ünï \"quoted\" \\ \n\t\u{1F600}", "empty": ""});
+        p["spec"]["numbers"] = json!([0, -1, i64::MIN, i64::MAX, u64::MAX, 0.1, -2.5e-300, 1e300, 1.0, 3.0e10]);
+        p["spec"]["nested"] = json!({"a": {"b": {"c": [[], {}, [null, true, false]]}}, "z": null});
+        p["status"] = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+        p
+    }
+
+    #[test]
+    fn objects_come_out_of_the_cache_equal_to_what_went_in() {
+        let c = Cache::default();
+        let first = odd_pod("a", 1);
+        let added = c.apply_upsert(first.clone()).expect("added");
+        assert_eq!(**added.object(), first);
+        let mut second = odd_pod("a", 2);
+        second["status"]["phase"] = json!("Succeeded");
+        let updated = c.apply_upsert(second.clone()).expect("updated");
+        drop(added);
+        match &updated {
+            Change::Updated { old, new } => {
+                assert_eq!(**old, first, "the old object is the one cached before, parsed back");
+                assert_eq!(**new, second);
+            }
+            other => panic!("expected an update, got {other:?}"),
+        }
+        let held = updated.object().clone();
+        drop(updated);
+        let got = c.get("ns/a").expect("cached");
+        assert!(Arc::ptr_eq(&got, &held), "the cached object itself is handed out");
+        drop((got, held));
+        assert_eq!(*c.get("ns/a").expect("cached"), second);
+        let listed = c.replace(vec![odd_pod("a", 2), odd_pod("b", 3)]);
+        assert_eq!(listed.len(), 1, "an unchanged object emits nothing");
+        for got in [c.list(), c.by_namespace("ns"), c.by_label("app", "web"), c.by_controller_uid("u"), c.by_node_name("n")] {
+            let mut got: Vec<Value> = got.iter().map(|o| (**o).clone()).collect();
+            got.sort_by_key(object_key);
+            assert_eq!(got, [second.clone(), odd_pod("b", 3)]);
+        }
+        let deleted = c.replace(Vec::new());
+        let mut gone: Vec<Value> = deleted.iter().map(|ch| (**ch.object()).clone()).collect();
+        gone.sort_by_key(object_key);
+        assert_eq!(gone, [second, odd_pod("b", 3)], "a deletion without a final state hands out the cached object");
+        assert!(!c.contains("ns/a") && c.get("ns/a").is_none());
+    }
+
+    /// Keeps the metadata and `spec.nodeName` only.
+    fn node_only(obj: Value) -> Value {
+        json!({"metadata": obj["metadata"].clone(), "spec": {"nodeName": obj["spec"]["nodeName"].clone()}})
+    }
+
+    #[test]
+    fn a_projection_is_what_every_reader_and_change_sees_and_only_an_empty_cache_takes_one() {
+        let whole = |name: &str, rv: u64| {
+            let mut p = pod_with_owners(name, rv);
+            p["status"] = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+            p
+        };
+        let c = Cache::default();
+        assert!(c.set_transform(Arc::new(node_only)));
+        assert!(!c.set_transform(Arc::new(|o| o)), "a second projection would leave the objects inconsistent");
+        let added = c.apply_upsert(whole("a", 1)).expect("added");
+        let updated = c.apply_upsert(whole("a", 2)).expect("updated");
+        let listed = c.replace(vec![whole("a", 3), whole("b", 4)]);
+        let repaired = c.apply_repair(whole("c", 5)).expect("repaired");
+        let deleted = c.apply_delete(whole("b", 6)).expect("deleted");
+        let mut seen: Vec<Arc<Value>> =
+            vec![added.object().clone(), updated.object().clone(), repaired.object().clone(), deleted.object().clone()];
+        if let Change::Updated { old, .. } = &updated {
+            seen.push(old.clone());
+        }
+        seen.extend(listed.iter().map(|ch| ch.object().clone()));
+        seen.extend(c.list());
+        assert_eq!(seen.len(), 9);
+        for o in &seen {
+            let mut expected = node_only(whole("x", 0));
+            expected["metadata"] = o["metadata"].clone();
+            assert_eq!(**o, expected);
+            assert_eq!(o.get("status"), None, "projected away");
+            assert_eq!(o["metadata"].get("managedFields"), None);
+            assert_eq!(o["metadata"]["labels"]["app"], "web", "the metadata is kept whole");
+        }
+        // The indexes and revisions read the projected objects as they would the whole ones.
+        assert_eq!(c.keys(), ["ns/a", "ns/c"]);
+        assert_eq!(c.get("ns/a").and_then(|o| resource_version(&o)), Some(3));
+        assert_eq!(names(c.by_node_name("n")), ["ns/a", "ns/c"]);
+        assert_eq!(names(c.by_label("app", "web")), ["ns/a", "ns/c"]);
+        assert_eq!(c.observed_revision(), 6);
+
+        let filled = Cache::default();
+        filled.apply_upsert(whole("a", 1));
+        assert!(!filled.set_transform(Arc::new(node_only)), "objects already cached were not projected");
+        assert_eq!(filled.get("ns/a").map(|o| o["metadata"]["ownerReferences"].is_array()), Some(true));
     }
 
     fn resident_bytes() -> Option<u64> {

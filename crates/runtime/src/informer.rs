@@ -31,7 +31,7 @@ use shepherd_api::{ApiError, FieldSelector, LabelSelector, ResourceInfo};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
-use crate::cache::{Cache, Change, resource_version};
+use crate::cache::{Cache, Change, Transform, resource_version};
 use crate::client::{Client, ListParams, WatchEvent};
 use crate::faults::WatchFaults;
 use crate::metrics::{KindLabels, Metrics};
@@ -574,6 +574,19 @@ impl InformerFactory {
             informer.start(self.shutdown.subscribe());
         }
         informer
+    }
+
+    /// Makes the cache of `res` keep `transform(object)` of each object (client-go's
+    /// `SetTransform`), for a kind of which this process reads only a few fields: subscribers and
+    /// readers of that kind then see only the projection. Only before the kind's informer has
+    /// started; returns whether the projection was set.
+    pub fn set_transform(&self, res: &ResourceInfo, transform: Transform) -> bool {
+        let mut informers = self.informers.lock().unwrap_or_else(|e| e.into_inner());
+        let params = self.scopes.lock().unwrap_or_else(|e| e.into_inner()).get(&(res.group, res.kind)).cloned().unwrap_or_default();
+        let informer = informers
+            .entry((res.group, res.kind))
+            .or_insert_with(|| Arc::new(Informer::new(*res, params, self.client.clone(), self.faults.clone(), &self.metrics)));
+        !informer.started.load(Ordering::Acquire) && informer.cache.set_transform(transform)
     }
 
     /// The cache of `res` (shorthand for `informer(res).cache()`).

@@ -17,7 +17,7 @@ pub(crate) mod workqueue;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use cache::{Cache, Change};
+pub use cache::{Cache, Change, Transform};
 pub use controller::{Action, Controller, Reconciler, TriggerMode};
 pub use client::{Client, DeleteParams, ListParams, ObjectList, Patch, Propagation, WatchEvent};
 pub use faults::{ReconcileFaults, WatchFaults};

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -26,10 +27,20 @@ pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta")
 pub(crate) const REVISION_KEY: &str = "revision";
 /// Upper bound on writes sharing one commit, so one batch cannot hold up its first writer forever.
 pub(crate) const MAX_BATCH: usize = 4096;
-/// redb's page cache. Every read is served from the in-memory state, so redb's cache only speeds
-/// up its own commits; its 1 GiB default would grow towards a second copy of every object. At
-/// 16 MiB the scale-out benchmark's commits cost ~10% more CPU; at 64 MiB they cost the same.
-const REDB_CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// redb's page cache, by default. Every read is served from the in-memory state, so redb's cache
+/// only speeds up its own commits; its 1 GiB default would grow towards a second copy of every
+/// object. At 16 MiB the scale-out benchmark's commits cost ~10% more CPU than at 64 MiB, which
+/// is ~50 MiB more resident memory once full (BENCHMARKS.md section 3, 4, 5).
+pub const DEFAULT_REDB_CACHE_BYTES: usize = 16 * 1024 * 1024;
+
+static REDB_CACHE_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_REDB_CACHE_BYTES);
+
+/// Sets redb's page cache for the store files this process opens from now on (a server option,
+/// like the history limits, but one that every opener of the file shares: backups and restores
+/// open it too).
+pub fn set_redb_cache_bytes(bytes: usize) {
+    REDB_CACHE_BYTES.store(bytes, Ordering::Relaxed);
+}
 
 pub(crate) type Reply = oneshot::Sender<Result<KeyValue, StoreError>>;
 
@@ -117,7 +128,7 @@ fn open_with(opener: Opener, limits: HistoryLimits, recovery_wait: Duration) -> 
 }
 
 pub(crate) fn open_db(path: &Path) -> Result<Database, StoreError> {
-    Database::builder().set_cache_size(REDB_CACHE_BYTES).create(path).map_err(|e| match e {
+    Database::builder().set_cache_size(REDB_CACHE_BYTES.load(Ordering::Relaxed)).create(path).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(format!(
             "{} is already open in another Shepherd process; stop it or use another --data-dir",
             path.display()
