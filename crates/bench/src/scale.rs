@@ -66,6 +66,11 @@ impl Drop for Cluster {
 }
 
 impl Cluster {
+    /// The server's and the agent's process ids, for reading their CPU time.
+    pub(crate) fn pids(&self) -> (u32, u32) {
+        (self.server.child.id(), self.agent.id())
+    }
+
     fn server_pid(&self) -> String {
         self.server.child.id().to_string()
     }

@@ -120,13 +120,24 @@ export async function* jsonLines(resp) {
 /** A watch that never opened: the server refused the upgrade (no status reaches a page). */
 class WatchRefused extends Error {}
 
+// How long the page may spend taking watch events in before it lets the browser draw a frame
+// and run other tasks: a burst of thousands of events (a reconnect, a busy cluster) is parsed in
+// slices, never in one long task.
+const SLICE_MS = 8;
+
+/** Lets the browser run its other tasks (a frame, input) before going on. */
+const yieldToBrowser = () => new Promise((resolve) => setTimeout(resolve, 0));
+
 /**
- * Yields the events of a watch carried over a WebSocket, as Kubernetes serves it. The page holds a
- * watch per kind; as HTTP/1.1 streams they would take all six connections a browser allows a host
- * and leave none for the user's actions. A browser cannot set headers on a WebSocket, so the
- * token travels as Kubernetes takes it there: in a subprotocol.
+ * Yields the events of a watch carried over a WebSocket, as Kubernetes serves it, in batches:
+ * each batch is what arrived since the last one, parsed in at most SLICE_MS, each event with the
+ * time its message reached the page (`at`). One batch at a time lets the page redraw once for
+ * many events instead of queueing a promise round per event. The page holds a watch per kind;
+ * as HTTP/1.1 streams they would take all six connections a browser allows a host and leave none
+ * for the user's actions. A browser cannot set headers on a WebSocket, so the token travels as
+ * Kubernetes takes it there: in a subprotocol.
  */
-async function* socketEvents(path) {
+async function* socketBatches(path) {
   const url = new URL(path, location.href);
   url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
   const protocols = ['binary.k8s.io'];
@@ -139,26 +150,47 @@ async function* socketEvents(path) {
   const ws = new WebSocket(url, protocols);
   ws.binaryType = 'arraybuffer';
   const decoder = new TextDecoder();
-  const queue = [];
+  // Raw messages and their arrival times, parsed only when taken: a message costs the socket's
+  // handler a push.
+  let queue = [];
+  let head = 0;
   let opened = false;
   let closed = false;
   let wake = null;
-  const poke = () => { if (wake) { wake(); wake = null; } };
   ws.onopen = () => { opened = true; notify(); };
   ws.onmessage = (m) => {
-    queue.push(JSON.parse(typeof m.data === 'string' ? m.data : decoder.decode(m.data)));
-    poke();
+    queue.push(m.data, performance.now());
+    if (wake) { wake(); wake = null; }
   };
-  ws.onclose = () => { closed = true; poke(); };
+  ws.onclose = () => { closed = true; if (wake) { wake(); wake = null; } };
+  let start = performance.now();
   try {
     for (;;) {
-      if (queue.length) {
-        yield queue.shift();
+      if (head < queue.length) {
+        // The slice counts the caller's work on the batches too: it runs before this resumes.
+        if (performance.now() - start > SLICE_MS) {
+          await yieldToBrowser();
+          start = performance.now();
+        }
+        const batch = [];
+        do {
+          const data = queue[head];
+          const event = JSON.parse(typeof data === 'string' ? data : decoder.decode(data));
+          event.at = queue[head + 1];
+          batch.push(event);
+          head += 2;
+        } while (head < queue.length && performance.now() - start <= SLICE_MS);
+        if (head === queue.length) {
+          queue = [];
+          head = 0;
+        }
+        yield batch;
       } else if (closed) {
         if (!opened) throw new WatchRefused(`cannot watch ${path.split('?')[0]}`);
         return;
       } else {
         await new Promise((r) => { wake = r; });
+        start = performance.now();
       }
     }
   } finally {
@@ -217,6 +249,7 @@ export class Informer {
     this.synced = false;
     this.forbidden = null;
     this.version = 0; // counts changes, for views that cache what they derive from the items
+    this.at = 0; // when the event being applied reached the page (performance.now())
   }
 
   static key(o) {
@@ -278,30 +311,36 @@ export class Informer {
     }
     const url = `${this.path}${sep}watch=true&allowWatchBookmarks=true&resourceVersion=${encodeURIComponent(this.resourceVersion)}`;
     try {
-      for await (const event of socketEvents(url)) {
-        const o = event.object;
-        if (event.type === 'ERROR') {
-          if (o?.code === 410) {
-            this.resourceVersion = '';
-            return;
+      for await (const batch of socketBatches(url)) {
+        let changed = false;
+        for (const event of batch) {
+          const o = event.object;
+          if (event.type === 'ERROR') {
+            if (changed) this.onChange();
+            if (o?.code === 410) {
+              this.resourceVersion = '';
+              return;
+            }
+            throw new ApiError(o?.code || 500, o);
           }
-          throw new ApiError(o?.code || 500, o);
+          if (o?.metadata?.resourceVersion) this.resourceVersion = o.metadata.resourceVersion;
+          if (event.type === 'BOOKMARK') continue;
+          if (window.dashboardPerf) window.dashboardPerf.watchEvents++;
+          const key = Informer.key(o);
+          const old = this.items.get(key);
+          this.at = event.at;
+          if (event.type === 'DELETED') {
+            this.items.delete(key);
+            this.changed(key, old, undefined);
+          } else {
+            const kept = this.compact(o);
+            this.items.set(key, kept);
+            this.changed(key, old, kept);
+          }
+          this.version++;
+          changed = true;
         }
-        if (o?.metadata?.resourceVersion) this.resourceVersion = o.metadata.resourceVersion;
-        if (event.type === 'BOOKMARK') continue;
-        if (window.dashboardPerf) window.dashboardPerf.watchEvents++;
-        const key = Informer.key(o);
-        const old = this.items.get(key);
-        if (event.type === 'DELETED') {
-          this.items.delete(key);
-          this.changed(key, old, undefined);
-        } else {
-          const kept = this.compact(o);
-          this.items.set(key, kept);
-          this.changed(key, old, kept);
-        }
-        this.version++;
-        this.onChange();
+        if (changed) this.onChange();
       }
     } catch (e) {
       // A refused watch says nothing of why; listing again does (401, 403, or a server away).

@@ -11,14 +11,32 @@ window.addEventListener('error', (e) => window.dashboardErrors.push(String(e.mes
 window.addEventListener('unhandledrejection', (e) => window.dashboardErrors.push(String(e.reason?.message || e.reason)));
 
 // What a benchmark reads: frames (the longest gap between two since the last reset, and how many
-// gaps passed 100 ms), the browser's long tasks, and the page's own redraws (how many, how long).
-const fresh = () => ({ maxFrameGapMs: 0, framesOver100: 0, frames: 0, longTasks: [], watchEvents: 0, draws: 0, drawMs: 0, maxDrawMs: 0 });
+// gaps passed 100 ms), the browser's long tasks and long animation frames (where the time of
+// those over 100 ms went: the page's scripts, the browser's style, layout and paint, or neither),
+// and the page's own redraws (how many, how long).
+const fresh = () => ({
+  maxFrameGapMs: 0, framesOver100: 0, frames: 0, longTasks: [], watchEvents: 0, draws: 0, drawMs: 0, maxDrawMs: 0,
+  longFrames: { count: 0, ms: 0, scriptMs: 0, renderMs: 0, styleLayoutMs: 0, forcedStyleLayoutMs: 0, scripts: {} },
+});
 const perf = fresh();
 perf.reset = () => Object.assign(perf, fresh());
 perf.drew = (ms) => {
   perf.draws++;
   perf.drawMs += ms;
   perf.maxDrawMs = Math.max(perf.maxDrawMs, ms);
+};
+// When the watch events of the objects whose key starts with `prefix` reached the page: a
+// benchmark tells the server's part of a change's way to the screen from the page's.
+perf.follow = (prefix) => {
+  perf.following = prefix;
+  perf.followed = {};
+};
+perf.note = (key, o, at) => {
+  if (!perf.following || key === null || !key.startsWith(perf.following)) return;
+  const f = perf.followed[key] ||= {};
+  const wall = performance.timeOrigin + at;
+  f.added ??= wall;
+  if (!o || o.deleting) f.deleting ??= wall;
 };
 window.dashboardPerf = perf;
 let lastFrame = performance.now();
@@ -33,6 +51,25 @@ requestAnimationFrame(function frame(t) {
 if (PerformanceObserver.supportedEntryTypes?.includes('longtask')) {
   new PerformanceObserver((list) => { for (const e of list.getEntries()) perf.longTasks.push(e.duration); })
     .observe({ type: 'longtask', buffered: true });
+}
+if (PerformanceObserver.supportedEntryTypes?.includes('long-animation-frame')) {
+  new PerformanceObserver((list) => {
+    for (const e of list.getEntries()) {
+      if (e.duration <= 100) continue;
+      const f = perf.longFrames;
+      const end = e.startTime + e.duration;
+      f.count++;
+      f.ms += e.duration;
+      f.renderMs += e.renderStart ? end - e.renderStart : 0;
+      f.styleLayoutMs += e.styleAndLayoutStart ? end - e.styleAndLayoutStart : 0;
+      for (const s of e.scripts) {
+        f.scriptMs += s.duration;
+        f.forcedStyleLayoutMs += s.forcedStyleAndLayoutDuration || 0;
+        const what = `${s.invokerType} ${s.invoker} ${s.sourceFunctionName || ''}`.trim();
+        f.scripts[what] = (f.scripts[what] || 0) + s.duration;
+      }
+    }
+  }).observe({ type: 'long-animation-frame', buffered: true });
 }
 
 const VIEWS = ['cluster', 'loop', 'benchmarks'];

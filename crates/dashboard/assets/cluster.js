@@ -34,7 +34,10 @@ export function startCluster() {
   const draw = throttled(() => visible() && render(inf), 50);
   const compact = { pods: compactPod };
   const inf = Object.fromEntries(Object.entries(PATHS).map(([k, p]) => [k, new Informer(p, draw, compact[k])]));
-  inf.pods.observe((key, old, p) => podIndex.apply(inf.pods, key, old, p));
+  inf.pods.observe((key, old, p) => {
+    podIndex.apply(inf.pods, key, old, p);
+    window.dashboardPerf?.note(key, p, inf.pods.at);
+  });
   inf.events.observe((key, old, e) => {
     if (key === null) newestEvents.invalidate();
     else newestEvents.update(old, e, inf.events.items.size);
