@@ -66,9 +66,9 @@ impl Drop for Cluster {
 }
 
 impl Cluster {
-    /// The server's and the agent's process ids, for reading their CPU time.
+    /// The server's and the (first) agent's process ids, for reading their CPU time.
     pub(crate) fn pids(&self) -> (u32, u32) {
-        (self.server.child.id(), self.agent.id())
+        (self.server.child.id(), self.agents.first().map_or(0, |a| a.child.id()))
     }
 
     fn server_pid(&self) -> String {
