@@ -742,7 +742,7 @@ mod tests {
         let err = runtime_inner(false, dir.path()).check_mounts(&spec.mounts, dir.path()).err().unwrap_or_default();
         assert!(err.contains("need the agent to run as root"), "{err}");
         assert!(runtime_inner(true, dir.path()).check_mounts(&spec.mounts, dir.path()).is_ok());
-        assert!(runtime_inner(false, dir.path()).check_mounts(&[], dir.path()).expect("none").is_empty());
+        assert!(runtime_inner(false, dir.path()).check_mounts(&[], dir.path()).expect("none").binds.is_empty());
     }
 
     #[test]
