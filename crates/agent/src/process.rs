@@ -622,14 +622,13 @@ fn read_state(dir: &Path) -> Option<StateFile> {
     serde_json::from_slice(&bytes).ok()
 }
 
+/// Replaces `path` with `bytes` (a reader sees the old file or the new one, never a part). Not
+/// synced: the file only lets a restarted agent re-adopt running containers, and after a crash of
+/// the machine there are none (an unreadable file is ignored with a warning); a sync per container
+/// start would compete with the store's own syncs on the same disk.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
-    {
-        use std::io::Write;
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
+    fs::write(&tmp, bytes)?;
     fs::rename(tmp, path)
 }
 

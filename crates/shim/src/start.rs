@@ -14,6 +14,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io::Read;
+use std::os::fd::FromRawFd;
 
 /// Status record: the container process's pid.
 pub const STATUS_PID: u8 = b'p';
@@ -252,8 +253,14 @@ unsafe extern "C" {
 pub fn main() -> ! {
     // SAFETY: sigprocmask; the agent may signal a shim (SIGUSR1) as soon as it knows its pid.
     unsafe { crate::hold_sigusr1() };
-    let mut input = Vec::new();
-    let start = std::io::stdin().lock().read_to_end(&mut input).map_err(|e| e.to_string()).and_then(|_| Start::decode(&input));
+    let start = {
+        let mut input = Vec::new();
+        // Read unbuffered: std's stdin would keep an 8 KiB buffer, a private page or two in every
+        // shim for the container's whole life.
+        // SAFETY: descriptor 0 is this process's; ManuallyDrop leaves it open.
+        let mut stdin = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(0) });
+        stdin.read_to_end(&mut input).map_err(|e| e.to_string()).and_then(|_| Start::decode(&input))
+    };
     match start {
         // SAFETY: this process is single-threaded and owns its descriptors.
         Ok(start) => unsafe { start.run() },
@@ -270,7 +277,7 @@ impl Start {
     ///
     /// # Safety
     /// Single-threaded; descriptors 0 to 2 as [`main`] says.
-    unsafe fn run(&self) -> ! {
+    unsafe fn run(self) -> ! {
         // SAFETY (whole function): libc calls on this process's own descriptors and on
         // NUL-terminated strings owned by `self`.
         unsafe {
@@ -339,9 +346,18 @@ impl Start {
                 libc::close(status);
                 libc::close(out[1]);
                 libc::close(err[1]);
+                // The shim lives as long as its container: what it allocated goes back to the
+                // system, so that its private memory is its stack and little else.
+                let mut exit_file = [0u8; libc::PATH_MAX as usize];
+                let path = self.exit_file.as_bytes();
+                let n = path.len().min(exit_file.len() - 1);
+                exit_file[..n].copy_from_slice(&path[..n]);
+                drop(self);
+                libc::malloc_trim(0);
+                let exit_file = CStr::from_bytes_until_nul(&exit_file).unwrap_or(c"/dev/null");
                 match terminal {
-                    Some((master, _)) => shim(pid, &self.exit_file, master, -1, keep),
-                    None => shim(pid, &self.exit_file, out[0], err[0], keep),
+                    Some((master, _)) => shim(pid, exit_file, master, -1, keep),
+                    None => shim(pid, exit_file, out[0], err[0], keep),
                 }
             }
             self.container(status, out[1], err[1], terminal.map(|(_, t)| t))
