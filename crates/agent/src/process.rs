@@ -513,6 +513,9 @@ fn start_shim(program: &CStr, start: &Start, log: File) -> io::Result<(i32, i32)
     use std::os::unix::ffi::OsStrExt;
     let mut child = Command::new(std::ffi::OsStr::from_bytes(program.to_bytes()))
         .arg("start")
+        // Names the container (its directory) on the shim's command line, as the shim's other
+        // modes do, for `ps` and for whoever cleans up after an agent.
+        .arg(std::ffi::OsStr::from_bytes(start.exit_file.to_bytes()))
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::from(log))

@@ -425,7 +425,7 @@ pub unsafe fn receive_terminal(listener: libc::c_int) -> libc::c_int {
     }
 }
 
-/// The `shepherd-shim` program: `start`, `process <child pid> <exit file> <-|t|k|tk>`, `oci <runc
+/// The `shepherd-shim` program: `start <exit file>`, `process <child pid> <exit file> <-|t|k|tk>`, `oci <runc
 /// pid> <exit file> <pid file> <-|k|c|kc>` or `pause`, started by the agent with the descriptors
 /// each mode expects (see [`start::main`], [`run_process`], [`run_oci`], [`pause`]).
 pub fn main() -> ! {
@@ -449,13 +449,14 @@ pub fn main() -> ! {
                     run_oci(runc, exit_file, pid_file, flag(4, b'k'), flag(4, b'c'))
                 }
             }
-            (Some(b"start"), 1) => start::main(),
+            // The argument is the container's exit file, which names the container in `ps`.
+            (Some(b"start"), 2) => start::main(),
             (Some(b"pause"), 1) => pause(),
             _ => {}
         }
     }
     eprintln!(
-        "usage: {PROGRAM} start | process CHILD EXIT_FILE FLAGS | oci RUNC_PID EXIT_FILE PID_FILE FLAGS | pause\n\
+        "usage: {PROGRAM} start EXIT_FILE | process CHILD EXIT_FILE FLAGS | oci RUNC_PID EXIT_FILE PID_FILE FLAGS | pause\n\
          (started by the Shepherd node agent for each container, with the descriptors each mode expects)"
     );
     std::process::exit(2)
