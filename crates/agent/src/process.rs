@@ -11,10 +11,11 @@
 //! The shim exists because a new PID namespace only applies to the children of the process that
 //! creates it. It waits for the container process, writes its exit code to the container's `exit`
 //! file (128 + signal for a signal death, so an OOM kill reads 137) and exits with the same code.
-//! The agent's fork makes the namespaces and the container process, then execs the small
-//! `shepherd-shim` program (see `shepherd_shim`), so that a running container costs a shim of a
-//! few hundred KB rather than a copy of the agent; a container of the `minimal` image without a
-//! command idles in that program's `pause` mode.
+//! The agent never forks itself (a fork of a large multi-threaded process stalls its other threads
+//! while the page tables are copied): it spawns the small `shepherd-shim` program, which makes the
+//! namespaces and the container process and stays as the shim (see `shepherd_shim::start`), so a
+//! running container costs a shim of a few hundred KB; a container of the `minimal` image without
+//! a command idles in that program's `pause` mode.
 //! The container process dies with its shim (`PR_SET_PDEATHSIG`), and everything in the PID
 //! namespace dies with the container process. Neither depends on the agent: an agent killed with
 //! `kill -9` leaves its containers running, and the next agent re-adopts them from the
@@ -23,7 +24,7 @@
 //! for adopted processes that are no longer the agent's children.
 //!
 //! Volumes: the container process makes `ContainerSpec.mounts` in its own mount namespace (after
-//! `unshare`, before `exec`), so the host never sees them; `mountns` says how, and how a mount
+//! the shim's `unshare`, before its `exec`), so the host never sees them; `mountns` says how, and how a mount
 //! path the host lacks is made without writing into the host's real filesystem. Without root
 //! there is no mount namespace, and a container with mounts is refused (it waits in
 //! `CreateContainerConfigError`) instead of running without its volumes.
