@@ -1,5 +1,5 @@
-//! The process runtime's volume mounts: planned before the container starts, made in the
-//! container's own mount namespace between fork and exec.
+//! The process runtime's volume mounts: planned before the container starts, made by the
+//! `shepherd-shim` program in the container's own mount namespace before its exec.
 //!
 //! There is no image root, so the container sees the host's filesystem. A mount path that exists
 //! on the host is bound over directly. One that does not is made without touching the host's
@@ -18,62 +18,15 @@
 
 use std::ffi::CString;
 use std::fs;
-use std::io;
 use std::path::{Component, Path, PathBuf};
+
+pub(crate) use shepherd_shim::start::MountPlan;
+use shepherd_shim::start::{BindMount, EntryKind, NewRoot, Overlay, RootEntry};
 
 use crate::runtime::Mount;
 
-/// What the forked child does, prepared before the fork (the child may not allocate).
-#[derive(Debug, Default)]
-pub(crate) struct MountPlan {
-    /// Directories overlaid, parents before children, before any bind.
-    overlays: Vec<Overlay>,
-    binds: Vec<BindMount>,
-    /// Where the overlays' tmpfs goes (a directory in the container's own directory).
-    scratch: Option<CString>,
-    /// A root of the container's own, for mount paths in top-level directories the host lacks.
-    new_root: Option<NewRoot>,
-}
-
-#[derive(Debug)]
-struct NewRoot {
-    /// The new root, on the scratch tmpfs.
-    dir: CString,
-    /// The host's top-level entries, mirrored into it.
-    entries: Vec<RootEntry>,
-}
-
-#[derive(Debug)]
-struct RootEntry {
-    host: CString,
-    inside: CString,
-    kind: EntryKind,
-}
-
-#[derive(Debug)]
-enum EntryKind {
-    Dir,
-    File,
-    Symlink(CString),
-}
-
-#[derive(Debug)]
-struct Overlay {
-    target: CString,
-    upper: CString,
-    work: CString,
-    options: CString,
-}
-
-#[derive(Debug)]
-struct BindMount {
-    source: CString,
-    destination: CString,
-    read_only: bool,
-    /// Made (in the overlay) before the bind, in order; the last is a file for a file volume.
-    create: Vec<CString>,
-    file: bool,
-}
+/// The most volume mounts one container may have.
+const MAX_MOUNTS: usize = 256;
 
 /// A mount whose path does not exist on the host: where the overlay goes and what to create.
 #[derive(Debug, Clone, PartialEq)]
@@ -168,121 +121,51 @@ fn missing_below(dest: &Path, shown: &str) -> Result<Missing, String> {
     Ok(Missing { overlay_at, create })
 }
 
-impl MountPlan {
-    /// The plan for `mounts`, with the overlays' scratch space under `scratch` (which the caller
-    /// creates; it lies in the agent's data directory, not in the host's real filesystem).
-    pub(crate) fn new(mounts: &[Mount], scratch: &Path) -> Result<MountPlan, String> {
-        let checked = check(mounts)?;
-        let mut plan = MountPlan::default();
-        let mut overlaid: Vec<PathBuf> = Vec::new();
-        let mut wanted: Vec<PathBuf> = checked.iter().filter_map(|(_, m)| m.as_ref().map(|m| m.overlay_at.clone())).collect();
-        wanted.sort_by_key(|p| p.components().count());
-        if wanted.first().is_some_and(|p| p == Path::new("/")) {
-            plan.new_root = Some(mirror_root(&scratch.join("root"))?);
-            wanted.retain(|p| p != Path::new("/"));
-        }
-        for dir in wanted {
-            // Everything below an overlaid directory is writable already.
-            if overlaid.iter().any(|o| dir.starts_with(o)) {
-                continue;
-            }
-            let n = overlaid.len();
-            let (upper, work) = (scratch.join(format!("upper{n}")), scratch.join(format!("work{n}")));
-            let options = format!("lowerdir={},upperdir={},workdir={}", dir.display(), upper.display(), work.display());
-            plan.overlays.push(Overlay {
-                target: cstring(&dir)?,
-                upper: cstring(&upper)?,
-                work: cstring(&work)?,
-                options: CString::new(options).map_err(|_| "overlay options contain a NUL byte")?,
-            });
-            overlaid.push(dir);
-        }
-        if !plan.overlays.is_empty() || plan.new_root.is_some() {
-            plan.scratch = Some(cstring(scratch)?);
-        }
-        for (m, missing) in checked {
-            let file = !m.source.is_dir();
-            plan.binds.push(BindMount {
-                source: cstring(&m.source)?,
-                destination: cstring(Path::new(&m.destination))?,
-                read_only: m.read_only,
-                create: missing.map(|x| x.create.iter().map(|p| cstring(p)).collect::<Result<_, _>>()).transpose()?.unwrap_or_default(),
-                file,
-            });
-        }
-        Ok(plan)
+/// The plan for `mounts`, with the overlays' scratch space under `scratch` (which the caller
+/// creates; it lies in the agent's data directory, not in the host's real filesystem).
+pub(crate) fn plan(mounts: &[Mount], scratch: &Path) -> Result<MountPlan, String> {
+    if mounts.len() > MAX_MOUNTS {
+        return Err(format!("{} volume mounts: a container may have at most {MAX_MOUNTS}", mounts.len()));
     }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.binds.is_empty()
+    let checked = check(mounts)?;
+    let mut plan = MountPlan::default();
+    let mut overlaid: Vec<PathBuf> = Vec::new();
+    let mut wanted: Vec<PathBuf> = checked.iter().filter_map(|(_, m)| m.as_ref().map(|m| m.overlay_at.clone())).collect();
+    wanted.sort_by_key(|p| p.components().count());
+    if wanted.first().is_some_and(|p| p == Path::new("/")) {
+        plan.new_root = Some(mirror_root(&scratch.join("root"))?);
+        wanted.retain(|p| p != Path::new("/"));
     }
-
-    /// Makes the mounts. Runs in the forked child, in its own (private) mount namespace.
-    ///
-    /// # Safety
-    /// Async-signal-safe calls only (mount, mkdir, open, close) on data prepared before the fork.
-    pub(crate) unsafe fn apply(&self) -> io::Result<()> {
-        let none = std::ptr::null();
-        let fail = || Err(io::Error::last_os_error());
-        // SAFETY (whole body): the pointers are NUL-terminated strings owned by `self`.
-        unsafe {
-            if let Some(scratch) = &self.scratch {
-                let nosuid = libc::MS_NOSUID | libc::MS_NODEV;
-                if libc::mount(c"tmpfs".as_ptr(), scratch.as_ptr(), c"tmpfs".as_ptr(), nosuid, c"mode=0755".as_ptr().cast()) != 0 {
-                    return fail();
-                }
-            }
-            // The sources may lie below an overlaid directory, where their paths would lead into
-            // the overlay instead of the volume: hold them open from before.
-            let mut held = [-1 as libc::c_int; MAX_MOUNTS];
-            if self.binds.len() > MAX_MOUNTS {
-                return Err(io::Error::other("too many volume mounts"));
-            }
-            for (i, m) in self.binds.iter().enumerate() {
-                held[i] = libc::open(m.source.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
-                if held[i] < 0 {
-                    return fail();
-                }
-            }
-            for o in &self.overlays {
-                if libc::mkdir(o.upper.as_ptr(), 0o755) != 0 || libc::mkdir(o.work.as_ptr(), 0o700) != 0 {
-                    return fail();
-                }
-                if libc::mount(c"overlay".as_ptr(), o.target.as_ptr(), c"overlay".as_ptr(), 0, o.options.as_ptr().cast()) != 0 {
-                    return fail();
-                }
-            }
-            if let Some(root) = &self.new_root {
-                root.enter()?;
-            }
-            for (n, m) in self.binds.iter().enumerate() {
-                for (i, p) in m.create.iter().enumerate() {
-                    if m.file && i + 1 == m.create.len() {
-                        let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC, 0o644);
-                        if fd < 0 {
-                            return fail();
-                        }
-                        libc::close(fd);
-                    } else if libc::mkdir(p.as_ptr(), 0o755) != 0 && *libc::__errno_location() != libc::EEXIST {
-                        return fail();
-                    }
-                }
-                let mut path = [0u8; 32];
-                fd_path(held[n], &mut path);
-                let flags = libc::MS_BIND | libc::MS_REC;
-                if libc::mount(path.as_ptr().cast(), m.destination.as_ptr(), none, flags, none.cast()) != 0 {
-                    return fail();
-                }
-                libc::close(held[n]);
-                // A bind mount takes MS_RDONLY only through a remount of itself.
-                let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
-                if m.read_only && libc::mount(none, m.destination.as_ptr(), none, ro, none.cast()) != 0 {
-                    return fail();
-                }
-            }
+    for dir in wanted {
+        // Everything below an overlaid directory is writable already.
+        if overlaid.iter().any(|o| dir.starts_with(o)) {
+            continue;
         }
-        Ok(())
+        let n = overlaid.len();
+        let (upper, work) = (scratch.join(format!("upper{n}")), scratch.join(format!("work{n}")));
+        let options = format!("lowerdir={},upperdir={},workdir={}", dir.display(), upper.display(), work.display());
+        plan.overlays.push(Overlay {
+            target: cstring(&dir)?,
+            upper: cstring(&upper)?,
+            work: cstring(&work)?,
+            options: CString::new(options).map_err(|_| "overlay options contain a NUL byte")?,
+        });
+        overlaid.push(dir);
     }
+    if !plan.overlays.is_empty() || plan.new_root.is_some() {
+        plan.scratch = Some(cstring(scratch)?);
+    }
+    for (m, missing) in checked {
+        let file = !m.source.is_dir();
+        plan.binds.push(BindMount {
+            source: cstring(&m.source)?,
+            destination: cstring(Path::new(&m.destination))?,
+            read_only: m.read_only,
+            create: missing.map(|x| x.create.iter().map(|p| cstring(p)).collect::<Result<_, _>>()).transpose()?.unwrap_or_default(),
+            file,
+        });
+    }
+    Ok(plan)
 }
 
 /// The plan of a root mirroring the host's top-level entries, at `dir`.
@@ -302,63 +185,6 @@ fn mirror_root(dir: &Path) -> Result<NewRoot, String> {
         entries.push(RootEntry { host: cstring(&host)?, inside: cstring(&dir.join(e.file_name()))?, kind });
     }
     Ok(NewRoot { dir: cstring(dir)?, entries })
-}
-
-impl NewRoot {
-    /// Builds the new root and chroots into it.
-    ///
-    /// # Safety
-    /// Async-signal-safe calls only, on data prepared before the fork.
-    unsafe fn enter(&self) -> io::Result<()> {
-        let none = std::ptr::null();
-        let fail = || Err(io::Error::last_os_error());
-        // SAFETY (whole body): NUL-terminated strings owned by `self`.
-        unsafe {
-            // A tmpfs of its own, left out of the recursive binds below (one of which holds it);
-            // an overlay's upper layer cannot lie on such a mount, so it is not the scratch one.
-            let nosuid = libc::MS_NOSUID | libc::MS_NODEV;
-            if libc::mkdir(self.dir.as_ptr(), 0o755) != 0
-                || libc::mount(c"tmpfs".as_ptr(), self.dir.as_ptr(), c"tmpfs".as_ptr(), nosuid, c"mode=0755".as_ptr().cast()) != 0
-                || libc::mount(none, self.dir.as_ptr(), none, libc::MS_UNBINDABLE, none.cast()) != 0
-            {
-                return fail();
-            }
-            for e in &self.entries {
-                let made = match &e.kind {
-                    EntryKind::Symlink(target) => {
-                        libc::symlink(target.as_ptr(), e.inside.as_ptr());
-                        continue;
-                    }
-                    EntryKind::Dir => libc::mkdir(e.inside.as_ptr(), 0o755) == 0,
-                    EntryKind::File => {
-                        let fd = libc::open(e.inside.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC, 0o644);
-                        fd >= 0 && libc::close(fd) == 0
-                    }
-                };
-                let flags = libc::MS_BIND | libc::MS_REC;
-                if !made || libc::mount(e.host.as_ptr(), e.inside.as_ptr(), none, flags, none.cast()) != 0 {
-                    return fail();
-                }
-            }
-            if libc::chdir(self.dir.as_ptr()) != 0 || libc::chroot(c".".as_ptr()) != 0 || libc::chdir(c"/".as_ptr()) != 0 {
-                return fail();
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The most volume mounts one container may have.
-const MAX_MOUNTS: usize = 256;
-
-/// Writes `/proc/self/fd/<fd>` and a NUL into `out` without allocating.
-fn fd_path(fd: libc::c_int, out: &mut [u8; 32]) {
-    let prefix = b"/proc/self/fd/";
-    out[..prefix.len()].copy_from_slice(prefix);
-    let mut digits = [0u8; 12];
-    let text = crate::process::format_code(fd, &mut digits);
-    out[prefix.len()..prefix.len() + text.len()].copy_from_slice(text);
-    out[prefix.len() + text.len()] = 0;
 }
 
 #[cfg(test)]
@@ -381,7 +207,7 @@ mod tests {
         assert_eq!(missing.create, vec![dir.path().join("not"), deep.clone()]);
         assert!(!dir.path().join("not").exists(), "nothing is created on the host while planning");
 
-        let plan = MountPlan::new(&[mount(&volume, &deep), mount(&volume, &dir.path().join("other"))], &dir.path().join("s"))
+        let plan = super::plan(&[mount(&volume, &deep), mount(&volume, &dir.path().join("other"))], &dir.path().join("s"))
             .expect("plan");
         assert_eq!(plan.overlays.len(), 1, "one overlay serves every missing path below it: {plan:?}");
         assert!(plan.scratch.is_some());
@@ -393,20 +219,13 @@ mod tests {
         let volume = dir.path().join("vol");
         fs::create_dir(&volume).expect("mkdir");
         let top = PathBuf::from(format!("/shepherd-no-such-dir-{}", std::process::id()));
-        let plan = MountPlan::new(&[mount(&volume, &top.join("x"))], &dir.path().join("s")).expect("plan");
+        let plan = super::plan(&[mount(&volume, &top.join("x"))], &dir.path().join("s")).expect("plan");
         let root = plan.new_root.as_ref().expect("a root of its own");
         assert_eq!(root.dir.as_bytes(), dir.path().join("s/root").as_os_str().as_encoded_bytes());
         assert!(root.entries.iter().any(|e| e.host.as_bytes() == b"/etc" && matches!(e.kind, EntryKind::Dir)));
         assert!(plan.overlays.is_empty(), "{plan:?}");
         assert_eq!(plan.binds[0].create.len(), 2, "the top-level directory and the path are made in the new root");
         assert!(!top.exists());
-    }
-
-    #[test]
-    fn descriptor_paths_are_written_without_allocating() {
-        let mut out = [0u8; 32];
-        fd_path(1234, &mut out);
-        assert_eq!(std::ffi::CStr::from_bytes_until_nul(&out).ok(), Some(c"/proc/self/fd/1234"));
     }
 
     #[test]

@@ -11,10 +11,11 @@
 //! The shim exists because a new PID namespace only applies to the children of the process that
 //! creates it. It waits for the container process, writes its exit code to the container's `exit`
 //! file (128 + signal for a signal death, so an OOM kill reads 137) and exits with the same code.
-//! The agent's fork makes the namespaces and the container process, then execs the small
-//! `shepherd-shim` program (see `shepherd_shim`), so that a running container costs a shim of a
-//! few hundred KB rather than a copy of the agent; a container of the `minimal` image without a
-//! command idles in that program's `pause` mode.
+//! The agent never forks itself (a fork of a large multi-threaded process stalls its other threads
+//! while the page tables are copied): it spawns the small `shepherd-shim` program, which makes the
+//! namespaces and the container process and stays as the shim (see `shepherd_shim::start`), so a
+//! running container costs a shim of a few hundred KB; a container of the `minimal` image without
+//! a command idles in that program's `pause` mode.
 //! The container process dies with its shim (`PR_SET_PDEATHSIG`), and everything in the PID
 //! namespace dies with the container process. Neither depends on the agent: an agent killed with
 //! `kill -9` leaves its containers running, and the next agent re-adopts them from the
@@ -23,17 +24,16 @@
 //! for adopted processes that are no longer the agent's children.
 //!
 //! Volumes: the container process makes `ContainerSpec.mounts` in its own mount namespace (after
-//! `unshare`, before `exec`), so the host never sees them; `mountns` says how, and how a mount
+//! the shim's `unshare`, before its `exec`), so the host never sees them; `mountns` says how, and how a mount
 //! path the host lacks is made without writing into the host's real filesystem. Without root
 //! there is no mount namespace, and a container with mounts is refused (it waits in
 //! `CreateContainerConfigError`) instead of running without its volumes.
 
-use std::collections::HashMap;
-use std::ffi::CString;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{CStr, CString};
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,8 +48,7 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
-use shepherd_shim::close_from;
-pub(crate) use shepherd_shim::format_code;
+use shepherd_shim::start::Start;
 
 use crate::cgroup::{self, Cgroups, Limits};
 use crate::mountns::MountPlan;
@@ -173,7 +172,7 @@ impl Inner {
                         container's own mount namespace, which it creates only as root"
                 .into());
         }
-        MountPlan::new(mounts, scratch)
+        crate::mountns::plan(mounts, scratch)
     }
 
     fn containers_dir(&self) -> PathBuf {
@@ -267,17 +266,27 @@ impl Inner {
                 spec.image
             ));
         }
-        match (&self.shim, idle) {
-            (Some(shim), true) => argv.extend([String::from_utf8_lossy(shim.as_bytes()).into_owned(), "pause".into()]),
-            // Never run: the fork idles in place of the exec.
-            (None, true) => argv.push("/bin/true".into()),
-            _ => {}
+        let Some(shim) = &self.shim else {
+            return Err(format!(
+                "the {} program is missing beside the agent's executable: the process runtime starts every container \
+                 through it (cargo build -p shepherd builds it)",
+                shepherd_shim::PROGRAM
+            ));
+        };
+        if idle {
+            argv.extend([String::from_utf8_lossy(shim.as_bytes()).into_owned(), "pause".into()]);
         }
         let scratch = dir.join("mounts");
         let mounts = self.check_mounts(&spec.mounts, &scratch)?;
-        if !mounts.is_empty() {
+        if !mounts.binds.is_empty() {
             fs::create_dir_all(&scratch).map_err(|e| format!("creating {}: {e}", scratch.display()))?;
         }
+        // The pod's own network namespace (the node's without one), entered by the shim first.
+        let netns = crate::network::netns_of(&self.config.data_dir, &id.pod_uid);
+        if let Some(p) = &netns {
+            File::open(p).map_err(|e| format!("opening the pod network namespace {}: {e}", p.display()))?;
+        }
+        let stdin = make_stdin_pipe(spec, &dir)?;
 
         let cgroups = if self.isolate {
             let limits = Limits {
@@ -296,61 +305,42 @@ impl Inner {
             .append(true)
             .open(&files.current)
             .map_err(|e| format!("opening log {}: {e}", files.current.display()))?;
-        let log_err = log.try_clone().map_err(|e| format!("opening log: {e}"))?;
 
-        let mut cmd = Command::new(&argv[0]);
-        cmd.args(&argv[1..]).env_clear().env("PATH", PATH).env("HOSTNAME", &spec.hostname).env("HOME", "/root");
+        // Sorted by name, the last value of a name winning, as the container always saw them.
+        let mut env = BTreeMap::new();
+        env.extend([("PATH", PATH), ("HOSTNAME", spec.hostname.as_str()), ("HOME", "/root")]);
         if spec.interactive.tty {
             // As CRI runtimes and the oci runtime do; the container's own env may override it.
-            cmd.env("TERM", "xterm");
+            env.insert("TERM", "xterm");
         }
         for (k, v) in &spec.env {
-            cmd.env(k, v);
+            env.insert(k, v);
         }
-        if let Some(wd) = &spec.working_dir {
-            cmd.current_dir(wd);
-        }
-        let InteractiveIo { stdin, keep, pty } = interactive_stdio(spec, &dir)?;
-        cmd.stdin(stdin).stdout(Stdio::from(log)).stderr(Stdio::from(log_err));
-
-        // The pod's own network namespace, entered before anything else (the node's without one).
-        let netns = match crate::network::netns_of(&self.config.data_dir, &id.pod_uid) {
-            Some(p) => Some(File::open(&p).map_err(|e| format!("opening the pod network namespace {}: {e}", p.display()))?),
-            None => None,
-        };
-        let child_setup = ChildSetup {
-            netns,
+        let nul = |what: &str| format!("{what} contains a NUL byte");
+        let start = Start {
+            argv: argv.iter().map(|a| CString::new(a.as_str())).collect::<Result<_, _>>().map_err(|_| nul("the command"))?,
+            env: env.iter().map(|(k, v)| CString::new(format!("{k}={v}"))).collect::<Result<_, _>>().map_err(|_| nul("the environment"))?,
+            working_dir: spec.working_dir.as_deref().map(CString::new).transpose().map_err(|_| nul("the working directory"))?,
+            hostname: CString::new(spec.hostname.clone()).map_err(|_| nul("the hostname"))?,
+            exit_file: cstring(&dir.join("exit")).ok_or_else(|| nul("the container directory path"))?,
             procs_files: cgroups.procs_files.iter().filter_map(|p| cstring(p)).collect(),
-            exit_file: cstring(&dir.join("exit")).ok_or("container directory path contains a NUL byte")?,
-            hostname: CString::new(spec.hostname.clone()).map_err(|_| "hostname contains a NUL byte")?,
+            netns: netns.as_deref().map(|p| cstring(p).ok_or_else(|| nul("the network namespace path"))).transpose()?,
             isolate: self.isolate,
             idle,
-            shim: self.shim.clone(),
-            working_dir: spec.working_dir.as_deref().filter(|_| !mounts.is_empty()).and_then(|w| CString::new(w).ok()),
+            tty: spec.interactive.tty,
+            stdin: stdin.as_deref().map(|p| cstring(p).ok_or_else(|| nul("the container directory path"))).transpose()?,
+            stdin_once: spec.interactive.stdin_once,
             mounts,
-            terminal: pty.as_ref().map(|(master, slave)| (master.as_raw_fd(), slave.as_raw_fd())),
-            stdin_keep: keep.as_ref().map(|k| k.as_raw_fd()),
         };
-        // SAFETY: the closure runs between fork and exec; `ChildSetup::run` only makes
-        // async-signal-safe calls (open, write, close, unshare, fork, waitpid, mount, prctl,
-        // sethostname, sigaction, sigprocmask, pause, execve, _exit) on data prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || child_setup.run());
-        }
-        let child = match cmd.spawn() {
-            Ok(c) => c,
+        let (shim_pid, main_pid) = match start_shim(shim, &start, log) {
+            Ok(pids) => pids,
             Err(e) => {
                 cgroup::remove_dirs(&cgroups.dirs);
                 return Err(format!("starting {:?}: {e}", argv[0]));
             }
         };
-        let shim_pid = child.id() as i32;
-        drop(child);
-        drop((pty, keep));
         let shim_start = start_time(shim_pid).unwrap_or(0);
-        let (main_pid, main_start) = find_child(shim_pid)
-            .map(|pid| (pid, start_time(pid).unwrap_or(0)))
-            .unwrap_or((0, 0));
+        let main_start = start_time(main_pid).unwrap_or(0);
         let state = StateFile {
             id: id.clone(),
             image: spec.image.clone(),
@@ -512,48 +502,77 @@ impl Drop for ProcessRuntime {
     }
 }
 
-/// Data the forked child uses; prepared before the fork because the child may not allocate.
-struct ChildSetup {
-    /// The pod's network namespace; entered first, so the shim and the container share it.
-    netns: Option<File>,
-    procs_files: Vec<CString>,
-    exit_file: CString,
-    hostname: CString,
-    isolate: bool,
-    /// The container idles (`pause`): in the fork without the shim program, else in the program's
-    /// `pause` mode, exec'd.
-    idle: bool,
-    /// The `shepherd-shim` program the shim execs; without it the fork runs the shim itself.
-    shim: Option<CString>,
-    /// Made in the container's mount namespace (only when `isolate`).
-    mounts: MountPlan,
-    /// Entered again after the mounts, in case it lies on one (the spawn entered it before).
-    working_dir: Option<CString>,
-    /// A container on a terminal: (controlling side, kept by the shim; terminal side, the
-    /// container's stdin, stdout and stderr).
-    terminal: Option<(libc::c_int, libc::c_int)>,
-    /// A `stdinOnce` container: the shim's writer on the stdin pipe, which keeps the container's
-    /// stdin from ending until the first attach that wrote to it has ended.
-    stdin_keep: Option<libc::c_int>,
-}
-
-/// What `interactive_stdio` opened.
-struct InteractiveIo {
-    stdin: Stdio,
-    keep: Option<File>,
-    pty: Option<(File, File)>,
-}
-
-/// The container's stdin (a named pipe in its directory for `stdin: true`) and, for `tty: true`,
-/// its terminal.
-fn interactive_stdio(spec: &ContainerSpec, dir: &Path) -> Result<InteractiveIo, String> {
-    let (stdin, keep) = stdin_pipe(spec, dir)?;
-    let pty = if spec.interactive.tty {
-        Some(crate::exec::open_pty().map_err(|e| format!("opening a terminal for the container: {e}"))?)
-    } else {
-        None
+/// Spawns the `shepherd-shim` program (`program`) in its `start` mode with `log` as its stdout,
+/// hands it `start` and waits until the container's program has been exec'd: the pids of the shim
+/// and of the container process, or why the start failed.
+///
+/// The spawn is a `posix_spawn` (no `pre_exec`, an absolute path): the child shares the agent's
+/// memory until its exec, so the agent's other threads do not stall on a copy of its page tables
+/// as they would on a fork, however large the agent.
+fn start_shim(program: &CStr, start: &Start, log: File) -> io::Result<(i32, i32)> {
+    use std::io::{Read, Write};
+    use std::os::unix::ffi::OsStrExt;
+    let mut child = Command::new(std::ffi::OsStr::from_bytes(program.to_bytes()))
+        .arg("start")
+        // Names the container (its directory) on the shim's command line, as the shim's other
+        // modes do, for `ps` and for whoever cleans up after an agent.
+        .arg(std::ffi::OsStr::from_bytes(start.exit_file.to_bytes()))
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let shim_pid = child.id() as i32;
+    let (Some(mut input), Some(mut status)) = (child.stdin.take(), child.stderr.take()) else {
+        return Err(io::Error::other("the shim's pipes are missing"));
     };
-    Ok(InteractiveIo { stdin, keep, pty })
+    // The shim reads all of its input before it writes anything, so this cannot deadlock.
+    let written = input.write_all(&start.encode());
+    drop(input);
+    let mut report = Vec::new();
+    let read = status.read_to_end(&mut report);
+    let mut main_pid = None;
+    let mut failure = None;
+    let mut records = report.chunks_exact(5);
+    for r in records.by_ref() {
+        let value = i32::from_ne_bytes([r[1], r[2], r[3], r[4]]);
+        match r[0] {
+            shepherd_shim::start::STATUS_PID => main_pid = Some(value),
+            shepherd_shim::start::STATUS_ERROR => failure = Some(io::Error::from_raw_os_error(value)),
+            _ => {
+                failure = Some(io::Error::other(String::from_utf8_lossy(&report).trim().to_string()));
+                break;
+            }
+        }
+    }
+    if failure.is_none() && !records.remainder().is_empty() {
+        failure = Some(io::Error::other(String::from_utf8_lossy(&report).trim().to_string()));
+    }
+    let failure = failure.or(read.err()).or(written.err());
+    match (failure, main_pid) {
+        (None, Some(main_pid)) => Ok((shim_pid, main_pid)),
+        (failure, _) => {
+            // The shim ends on its own once its container (if it made one) has.
+            let _ = child.wait();
+            Err(failure.unwrap_or_else(|| io::Error::other("the shim ended without starting the container")))
+        }
+    }
+}
+
+/// The named pipe `stdin` in the container's directory for `stdin: true` (the shim opens it as
+/// `stdin_pipe` says); none otherwise.
+fn make_stdin_pipe(spec: &ContainerSpec, dir: &Path) -> Result<Option<PathBuf>, String> {
+    let pipe = dir.join("stdin");
+    let _ = fs::remove_file(&pipe);
+    if !spec.interactive.stdin {
+        return Ok(None);
+    }
+    let c = cstring(&pipe).ok_or("container directory path contains a NUL byte")?;
+    // SAFETY: mkfifo reads a NUL-terminated path.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+        return Err(format!("creating {}: {}", pipe.display(), io::Error::last_os_error()));
+    }
+    Ok(Some(pipe))
 }
 
 /// The stdin a container starts with: for `stdin: true`, a named pipe `stdin` in its directory,
@@ -561,16 +580,7 @@ fn interactive_stdio(spec: &ContainerSpec, dir: &Path) -> Result<InteractiveIo, 
 /// (for `stdinOnce`, read-only, with the returned writer for the shim to keep until the first
 /// attach ends); otherwise nothing. Shared with the oci runtime, whose shim holds it the same way.
 pub(crate) fn stdin_pipe(spec: &ContainerSpec, dir: &Path) -> Result<(Stdio, Option<File>), String> {
-    let pipe = dir.join("stdin");
-    let _ = fs::remove_file(&pipe);
-    if !spec.interactive.stdin {
-        return Ok((Stdio::null(), None));
-    }
-    let c = cstring(&pipe).ok_or("container directory path contains a NUL byte")?;
-    // SAFETY: mkfifo reads a NUL-terminated path.
-    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
-        return Err(format!("creating {}: {}", pipe.display(), io::Error::last_os_error()));
-    }
+    let Some(pipe) = make_stdin_pipe(spec, dir)? else { return Ok((Stdio::null(), None)) };
     let open = |o: &mut OpenOptions| o.open(&pipe).map_err(|e| format!("opening {}: {e}", pipe.display()));
     let both = open(OpenOptions::new().read(true).write(true))?;
     if spec.interactive.stdin_once {
@@ -578,121 +588,6 @@ pub(crate) fn stdin_pipe(spec: &ContainerSpec, dir: &Path) -> Result<(Stdio, Opt
         Ok((Stdio::from(open(OpenOptions::new().read(true))?), Some(both)))
     } else {
         Ok((Stdio::from(both), None))
-    }
-}
-
-impl ChildSetup {
-    /// Runs in the forked child before exec. See the module docs for the process tree.
-    unsafe fn run(&self) -> io::Result<()> {
-        // SAFETY (whole function): only async-signal-safe libc calls on prepared data.
-        unsafe {
-            for f in &self.procs_files {
-                let fd = libc::open(f.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd >= 0 {
-                    libc::write(fd, b"0".as_ptr().cast(), 1);
-                    libc::close(fd);
-                }
-            }
-            libc::setsid();
-            if let Some(ns) = &self.netns
-                && libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            if self.isolate
-                && libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // The container writes into pipes; the shim turns what comes out into timestamped
-            // log records.
-            let (mut out, mut err) = ([0; 2], [0; 2]);
-            if libc::pipe2(out.as_mut_ptr(), libc::O_CLOEXEC) != 0 || libc::pipe2(err.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let pid = libc::fork();
-            if pid < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if pid > 0 {
-                libc::close(out[1]);
-                libc::close(err[1]);
-                match self.terminal {
-                    Some((master, _)) => self.shim(pid, master, -1),
-                    None => self.shim(pid, out[0], err[0]),
-                }
-            }
-            if self.idle {
-                shepherd_shim::hold_stop_signals();
-            }
-            if let Some((_, terminal)) = self.terminal {
-                libc::setsid();
-                libc::dup2(terminal, 0);
-                libc::dup2(terminal, 1);
-                libc::dup2(terminal, 2);
-                libc::ioctl(0, libc::TIOCSCTTY, 0);
-            } else {
-                libc::dup2(out[1], 1);
-                libc::dup2(err[1], 2);
-            }
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-            // The agent keeps its own files private (umask 077); a container gets the usual one.
-            libc::umask(0o022);
-            if self.isolate {
-                libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null());
-                libc::mount(
-                    c"proc".as_ptr(),
-                    c"/proc".as_ptr(),
-                    c"proc".as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                    std::ptr::null(),
-                );
-                libc::sethostname(self.hostname.as_ptr(), self.hostname.as_bytes().len());
-                self.mounts.apply()?;
-                if let Some(wd) = &self.working_dir {
-                    libc::chdir(wd.as_ptr());
-                }
-            } else {
-                // Its own process group, so signals reach whatever the container forks.
-                libc::setpgid(0, 0);
-            }
-            if self.idle && self.shim.is_none() {
-                close_from(3);
-                shepherd_shim::pause();
-            }
-            Ok(())
-        }
-    }
-
-    /// The shim: lays out its descriptors as `shepherd_shim::run_process` expects, then execs the
-    /// shim program, or runs the same code in this fork without one.
-    unsafe fn shim(&self, child: libc::pid_t, stdout: libc::c_int, stderr: libc::c_int) -> ! {
-        // SAFETY (whole function): async-signal-safe calls only.
-        unsafe {
-            shepherd_shim::hold_sigusr1();
-            // Out of the way first, so that placing one cannot close another. On a terminal there
-            // is no stderr, and what comes on the shim's stdin (the container's stdin pipe) is
-            // typed into the terminal.
-            let high = |fd: libc::c_int| if fd >= 0 { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100) } else { -1 };
-            let (out, err, keep) = (high(stdout), high(stderr), high(self.stdin_keep.unwrap_or(-1)));
-            libc::dup2(out, 3);
-            if err >= 0 {
-                libc::dup2(err, 4);
-            } else {
-                libc::close(4);
-            }
-            if keep >= 0 {
-                libc::dup2(keep, 5);
-                close_from(6);
-            } else {
-                close_from(5);
-            }
-            let (terminal, keep) = (err < 0, keep >= 0);
-            if let Some(program) = &self.shim {
-                shepherd_shim::exec_process(program, child, &self.exit_file, terminal, keep);
-            }
-            shepherd_shim::run_process(child, &self.exit_file, terminal, keep)
-        }
     }
 }
 
@@ -731,14 +626,13 @@ fn read_state(dir: &Path) -> Option<StateFile> {
     serde_json::from_slice(&bytes).ok()
 }
 
+/// Replaces `path` with `bytes` (a reader sees the old file or the new one, never a part). Not
+/// synced: the file only lets a restarted agent re-adopt running containers, and after a crash of
+/// the machine there are none (an unreadable file is ignored with a warning); a sync per container
+/// start would compete with the store's own syncs on the same disk.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
-    {
-        use std::io::Write;
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
+    fs::write(&tmp, bytes)?;
     fs::rename(tmp, path)
 }
 
@@ -756,20 +650,6 @@ pub(crate) fn start_time(pid: i32) -> Option<u64> {
         return None;
     }
     fields.get(19)?.parse().ok()
-}
-
-/// The first child of `pid`, waiting briefly for the fork to happen.
-fn find_child(pid: i32) -> Option<i32> {
-    for _ in 0..500 {
-        if let Ok(s) = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-            && let Some(child) = s.split_whitespace().next().and_then(|c| c.parse().ok())
-        {
-            return Some(child);
-        }
-        start_time(pid)?;
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    None
 }
 
 /// Sends `sig` to `pid` only if it is still the process that started at `start`.
@@ -865,7 +745,7 @@ mod tests {
         let err = runtime_inner(false, dir.path()).check_mounts(&spec.mounts, dir.path()).err().unwrap_or_default();
         assert!(err.contains("need the agent to run as root"), "{err}");
         assert!(runtime_inner(true, dir.path()).check_mounts(&spec.mounts, dir.path()).is_ok());
-        assert!(runtime_inner(false, dir.path()).check_mounts(&[], dir.path()).expect("none").is_empty());
+        assert!(runtime_inner(false, dir.path()).check_mounts(&[], dir.path()).expect("none").binds.is_empty());
     }
 
     #[test]

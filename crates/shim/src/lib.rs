@@ -1,8 +1,9 @@
 //! The per-container shim of the node agent's runtimes: waits for a container, writes its output to
 //! the log file as CRI records and records how it ended, whether or not the agent still runs.
 //!
-//! The agent forks, prepares the shim's descriptors and namespaces in the fork, then execs the
-//! small `shepherd-shim` program with one of the modes below. A fork that stayed a copy of the
+//! The process runtime spawns the small `shepherd-shim` program in its `start` mode (see [`start`]),
+//! which makes the container and stays as its shim. The oci runtime forks, prepares the shim's
+//! descriptors in the fork, then execs the program in its `oci` mode. A fork that stayed a copy of the
 //! agent would keep the agent's pages: shared copy-on-write at first, private to the shim as soon
 //! as the agent writes to them, which adds up to megabytes per running container. The exec'd
 //! program holds little more than its stack, and its text pages are shared by all shims. When the
@@ -12,6 +13,7 @@
 //! async-signal-safe calls and never allocates.
 
 mod crilog;
+pub mod start;
 
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -423,9 +425,9 @@ pub unsafe fn receive_terminal(listener: libc::c_int) -> libc::c_int {
     }
 }
 
-/// The `shepherd-shim` program: `process <child pid> <exit file> <-|t|k|tk>`, `oci <runc pid>
-/// <exit file> <pid file> <-|k|c|kc>` or `pause`, started by the agent with the descriptors each
-/// mode expects (see [`run_process`], [`run_oci`], [`pause`]).
+/// The `shepherd-shim` program: `start <exit file>`, `process <child pid> <exit file> <-|t|k|tk>`, `oci <runc
+/// pid> <exit file> <pid file> <-|k|c|kc>` or `pause`, started by the agent with the descriptors
+/// each mode expects (see [`start::main`], [`run_process`], [`run_oci`], [`pause`]).
 pub fn main() -> ! {
     let args: Vec<std::ffi::CString> = std::env::args_os()
         .skip(1)
@@ -447,12 +449,14 @@ pub fn main() -> ! {
                     run_oci(runc, exit_file, pid_file, flag(4, b'k'), flag(4, b'c'))
                 }
             }
+            // The argument is the container's exit file, which names the container in `ps`.
+            (Some(b"start"), 2) => start::main(),
             (Some(b"pause"), 1) => pause(),
             _ => {}
         }
     }
     eprintln!(
-        "usage: {PROGRAM} process CHILD EXIT_FILE FLAGS | oci RUNC_PID EXIT_FILE PID_FILE FLAGS | pause\n\
+        "usage: {PROGRAM} start EXIT_FILE | process CHILD EXIT_FILE FLAGS | oci RUNC_PID EXIT_FILE PID_FILE FLAGS | pause\n\
          (started by the Shepherd node agent for each container, with the descriptors each mode expects)"
     );
     std::process::exit(2)
