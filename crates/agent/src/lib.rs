@@ -291,6 +291,12 @@ impl Agent {
             )),
             _ => None,
         };
+        // Each beat compares the node's status with a watch of the Node instead of reading it:
+        // only its own Node, unless it routes to other nodes' pods (then it watches them all
+        // anyway) or stands in for many nodes.
+        if let ([node], None) = (nodes.as_slice(), &network) {
+            manager.informers().scope(&kinds::NODE, ListParams::default().fields(format!("metadata.name={}", node.name)));
+        }
         let inputs =
             pods::ConfigInputs {
             sources: sources.clone(),
@@ -380,8 +386,8 @@ impl Agent {
         if let Some((listener, token)) = streaming {
             background.spawn(server::serve(listener, vec![Arc::downgrade(&pods)], token));
         }
-        // Simulated nodes report at metrics-server's default resolution (15 s) at the most often:
-        // a thousand of them in one process would otherwise add hundreds of requests a second.
+        // Simulated nodes report at metrics-server's default resolution (15 s) at the most often,
+        // in lists of up to 100 nodes per request (see `usage::batches`).
         let (source, interval) = match config.runtime {
             RuntimeKind::Simulated(_) => (usage::Source::Synthetic, config.metrics_interval.max(Duration::from_secs(15))),
             RuntimeKind::Process | RuntimeKind::Oci => {
@@ -392,9 +398,10 @@ impl Agent {
         background.spawn(usage::report(client.clone(), pods.clone(), node_names, source, interval));
         let spread = config.lease_interval.as_millis().max(1) as u64;
         let count = nodes.len().max(1) as u64;
+        let node_informer = manager.informers().informer(&kinds::NODE);
         for (i, n) in nodes.into_iter().enumerate() {
             let jitter = if count > 1 { Duration::from_millis(spread * i as u64 / count) } else { Duration::ZERO };
-            background.spawn(node::heartbeat(client.clone(), n, config.lease_interval, jitter));
+            background.spawn(node::heartbeat(client.clone(), n, config.lease_interval, jitter, node_informer.clone()));
         }
         if let Some(network) = network.clone() {
             background.spawn(route_to_other_nodes(&manager, network, period_or_default(config.mode)));

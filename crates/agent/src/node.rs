@@ -10,7 +10,8 @@ use jiff::Timestamp;
 use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::{ApiError, kinds};
-use shepherd_runtime::{Client, Patch};
+use shepherd_runtime::{Cache, Client, Informer, Patch};
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::pods::k8s_time;
@@ -77,10 +78,15 @@ fn node_status(id: &NodeIdentity, since: &str) -> Value {
     })
 }
 
-/// Creates the Node if missing and makes sure it reports Ready=True.
-pub(crate) async fn ensure_node(client: &dyn Client, id: &NodeIdentity) -> Result<(), ApiError> {
-    let node = match client.get(&kinds::NODE, None, &id.name).await {
-        Ok(n) => n,
+/// How often a node writes its status when nothing in it changed (kubelet's
+/// `nodeStatusReportFrequency`): the Ready condition's `lastHeartbeatTime` moves on that often.
+/// Liveness is the Lease's business, and every status write is an event for every Node watcher.
+pub(crate) const STATUS_REPORT_FREQUENCY: Duration = Duration::from_secs(5 * 60);
+
+/// The node as the server has it, registering it if it does not exist.
+async fn read_or_register(client: &dyn Client, id: &NodeIdentity) -> Result<Value, ApiError> {
+    match client.get(&kinds::NODE, None, &id.name).await {
+        Ok(n) => Ok(n),
         Err(e) if e.is_not_found() => {
             let obj = json!({
                 "apiVersion": "v1", "kind": "Node",
@@ -92,29 +98,63 @@ pub(crate) async fn ensure_node(client: &dyn Client, id: &NodeIdentity) -> Resul
             match client.create(&kinds::NODE, None, obj).await {
                 Ok(n) => {
                     info!(node = %id.name, "node registered");
-                    n
+                    Ok(n)
                 }
-                Err(ApiError::AlreadyExists { .. }) => client.get(&kinds::NODE, None, &id.name).await?,
-                Err(e) => return Err(e),
+                Err(ApiError::AlreadyExists { .. }) => client.get(&kinds::NODE, None, &id.name).await,
+                Err(e) => Err(e),
             }
         }
-        Err(e) => return Err(e),
-    };
-    let ready = node
-        .at("/status/conditions")
+        Err(e) => Err(e),
+    }
+}
+
+/// When the node's Ready condition turned True, if it is True.
+fn ready_since(node: &Value) -> Option<&str> {
+    node.at("/status/conditions")
         .and_then(Value::as_array)
         .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-        .cloned();
-    let registered = node.at("/status/capacity/pods").is_some()
-        && node.at("/status/daemonEndpoints/kubeletEndpoint/Port").and_then(Value::as_u64) == Some(u64::from(id.streaming_port));
-    match ready {
-        Some(r) if r["status"] == "True" && registered => Ok(()),
-        _ => {
-            let now = k8s_time(Timestamp::now());
-            client.patch_status(&kinds::NODE, None, &id.name, Patch::Merge(json!({"status": node_status(id, &now)}))).await?;
-            Ok(())
-        }
+        .filter(|c| c["status"] == "True")
+        .map(|c| c["lastTransitionTime"].as_str().unwrap_or(""))
+}
+
+/// Whether the node's status already says what this agent would write, heartbeat time aside.
+fn reports_as(node: &Value, id: &NodeIdentity) -> bool {
+    let Some(have) = node.get("status") else { return false };
+    let want = node_status(id, "");
+    let ready = |status: &Value| {
+        status["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "Ready")).map(|c| (c["reason"].clone(), c["message"].clone()))
+    };
+    ["capacity", "allocatable", "addresses", "daemonEndpoints", "nodeInfo"].iter().all(|k| have.get(k) == want.get(k))
+        && ready(have).is_some()
+        && ready(have) == ready(&want)
+}
+
+/// Creates the Node if missing, and writes its status when it differs from what this agent
+/// reports (Ready not True — the node lifecycle controller marked it Unknown —, capacity,
+/// addresses, endpoints) or `STATUS_REPORT_FREQUENCY` has passed since `written`. The Node is
+/// read from `nodes`, the agent's Node informer once synced, as kubelet reads its node from its
+/// lister: a beat of an unchanged node sends nothing. Without a cache it is read from the server.
+pub(crate) async fn ensure_node(
+    client: &dyn Client,
+    id: &NodeIdentity,
+    nodes: Option<&Cache>,
+    written: &mut Option<Instant>,
+) -> Result<(), ApiError> {
+    let node = match nodes.and_then(|c| c.get(&id.name)) {
+        Some(n) => n,
+        None => Arc::new(read_or_register(client, id).await?),
+    };
+    let now = Instant::now();
+    let due = written.is_none_or(|at| now.duration_since(at) >= STATUS_REPORT_FREQUENCY);
+    let since = ready_since(&node).filter(|t| !t.is_empty());
+    if !due && since.is_some() && reports_as(&node, id) {
+        return Ok(());
     }
+    // A node that stays Ready keeps the time it became so.
+    let since = since.map(str::to_string).unwrap_or_else(|| k8s_time(Timestamp::now()));
+    client.patch_status(&kinds::NODE, None, &id.name, Patch::Merge(json!({"status": node_status(id, &since)}))).await?;
+    *written = Some(now);
+    Ok(())
 }
 
 /// Renews (or creates) the node's Lease. `last` is the Lease as the previous renewal wrote it: a
@@ -191,16 +231,20 @@ pub(crate) async fn renew_lease(client: &dyn Client, id: &NodeIdentity, last: &m
     }
 }
 
-/// Registers the node, then beats every `interval` until the task is aborted.
-pub(crate) async fn heartbeat(client: Arc<dyn Client>, id: NodeIdentity, interval: Duration, initial_jitter: Duration) {
+/// Registers the node, then beats every `interval` until the task is aborted. `nodes` is the
+/// agent's Node informer: the node's status is compared with its cache once it has synced.
+pub(crate) async fn heartbeat(client: Arc<dyn Client>, id: NodeIdentity, interval: Duration, initial_jitter: Duration, nodes: Arc<Informer>) {
     tokio::time::sleep(initial_jitter).await;
-    let mut lease = None;
+    let (mut lease, mut written) = (None, None);
     loop {
-        if let Err(e) = ensure_node(client.as_ref(), &id).await {
-            warn!(node = %id.name, error = %e, "node registration failed; retrying next beat");
-        }
+        // The Lease first: a node coming back is fresh by the time its Ready=True is seen, so the
+        // node lifecycle controller does not judge that status by the expired Lease.
         if let Err(e) = renew_lease(client.as_ref(), &id, &mut lease).await {
             warn!(node = %id.name, error = %e, "lease renewal failed; retrying next beat");
+        }
+        let cache = nodes.is_synced().then(|| nodes.cache().as_ref());
+        if let Err(e) = ensure_node(client.as_ref(), &id, cache, &mut written).await {
+            warn!(node = %id.name, error = %e, "node registration failed; retrying next beat");
         }
         tokio::time::sleep(interval).await;
     }
@@ -217,19 +261,22 @@ mod tests {
 
     use super::*;
 
-    /// Counts the Lease reads and writes a client passes on.
-    #[derive(Default)]
-    struct LeaseCalls {
+    /// Counts the reads and writes of one kind a client passes on.
+    struct Calls {
+        kind: &'static str,
         reads: AtomicUsize,
         writes: AtomicUsize,
     }
 
     #[async_trait]
-    impl Interceptor for LeaseCalls {
+    impl Interceptor for Calls {
         async fn before(&self, call: &Call<'_>) -> Result<(), ApiError> {
+            if call.resource().kind != self.kind {
+                return Ok(());
+            }
             let counter = match call {
-                Call::Get { res, .. } if res.kind == "Lease" => &self.reads,
-                Call::Create { res, .. } | Call::Update { res, .. } | Call::Patch { res, .. } if res.kind == "Lease" => {
+                Call::Get { .. } => &self.reads,
+                Call::Create { .. } | Call::Update { .. } | Call::Patch { .. } | Call::UpdateStatus { .. } | Call::PatchStatus { .. } => {
                     &self.writes
                 }
                 _ => return Ok(()),
@@ -239,13 +286,17 @@ mod tests {
         }
     }
 
-    type Counting = Intercepted<LeaseCalls>;
+    type Counting = Intercepted<Calls>;
 
     fn counting(inner: Arc<dyn Client>) -> Counting {
-        Intercepted::new(inner, LeaseCalls::default())
+        counting_kind(inner, "Lease")
     }
 
-    /// Lease (reads, writes) since the last call.
+    fn counting_kind(inner: Arc<dyn Client>, kind: &'static str) -> Counting {
+        Intercepted::new(inner, Calls { kind, reads: AtomicUsize::new(0), writes: AtomicUsize::new(0) })
+    }
+
+    /// (reads, writes) of the counted kind since the last call.
     fn take(client: &Counting) -> (usize, usize) {
         let calls = client.interceptor();
         (calls.reads.swap(0, Ordering::SeqCst), calls.writes.swap(0, Ordering::SeqCst))
@@ -335,5 +386,92 @@ mod tests {
         assert_eq!(lease["spec"]["holderIdentity"], "n1");
         renew_lease(api.as_ref(), &id, &mut last).await.expect("and it keeps renewing");
         assert_eq!(last.as_ref().map(|l| l["metadata"]["resourceVersion"].clone()), Some(stored_lease(api.as_ref()).await["metadata"]["resourceVersion"].clone()));
+    }
+
+    fn ready(node: &Value) -> Value {
+        node["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "Ready")).cloned().unwrap_or(Value::Null)
+    }
+
+    /// Waits (on the paused clock) until the informer's copy of node n1 passes `check`.
+    async fn cached(nodes: &Cache, check: impl Fn(&Value) -> bool) -> Arc<Value> {
+        for _ in 0..1000 {
+            if let Some(n) = nodes.get("n1").filter(|n| check(n)) {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the node informer never saw the expected node: {:?}", nodes.get("n1"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unchanged_node_status_is_not_written_again_and_a_changed_one_is_at_the_next_beat() {
+        let api = server(Arc::new(LocalStore::in_memory(HistoryLimits::default()))).await;
+        let client = counting_kind(api.clone(), "Node");
+        let manager = shepherd_runtime::Manager::new(api.clone());
+        let informer = manager.informers().informer(&kinds::NODE);
+        manager.informers().start();
+        informer.wait_synced().await;
+        let nodes = informer.cache().as_ref();
+        let id = identity();
+        let mut written = None;
+
+        // Registration: no cached node yet, so it is read (missing), created and its status written.
+        ensure_node(&client, &id, Some(nodes), &mut written).await.expect("registration");
+        assert_eq!(take(&client), (1, 2), "a read, the create, the status");
+        cached(nodes, |n| ready(n)["status"] == "True").await;
+
+        // Beats of an unchanged node send nothing, read nothing.
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            ensure_node(&client, &id, Some(nodes), &mut written).await.expect("beat");
+            assert_eq!(take(&client), (0, 0), "an unchanged node is neither read nor written");
+        }
+
+        // The node lifecycle controller marks the node Unknown: the next beat sets it back.
+        let unknown = json!({"status": {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]}});
+        api.patch_status(&kinds::NODE, None, "n1", Patch::Merge(unknown)).await.expect("marked unknown");
+        cached(nodes, |n| ready(n)["status"] == "Unknown").await;
+        ensure_node(&client, &id, Some(nodes), &mut written).await.expect("beat");
+        assert_eq!(take(&client), (0, 1), "one status write, no read");
+        let back = api.get(&kinds::NODE, None, "n1").await.expect("node");
+        assert_eq!(ready(&back)["status"], "True");
+        assert_eq!(ready(&back)["reason"], "KubeletReady");
+
+        // Someone changes what the node reports (its capacity): written back at the next beat too.
+        let capacity = json!({"status": {"capacity": {"cpu": "64", "memory": "1Gi", "pods": "110"}}});
+        api.patch_status(&kinds::NODE, None, "n1", Patch::Merge(capacity)).await.expect("capacity changed");
+        cached(nodes, |n| n["status"]["capacity"]["cpu"] == "64").await;
+        ensure_node(&client, &id, Some(nodes), &mut written).await.expect("beat");
+        assert_eq!(take(&client), (0, 1));
+        let fixed = cached(nodes, |n| n["status"]["capacity"]["cpu"] == "2").await;
+        let since_back = ready(&fixed)["lastTransitionTime"].clone();
+
+        // Nothing changes for a while: the status is written again once the report frequency has
+        // passed (a new heartbeat time), its transition time kept.
+        tokio::time::sleep(STATUS_REPORT_FREQUENCY - Duration::from_secs(20)).await;
+        ensure_node(&client, &id, Some(nodes), &mut written).await.expect("beat");
+        assert_eq!(take(&client), (0, 0), "not yet due");
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        ensure_node(&client, &id, Some(nodes), &mut written).await.expect("beat");
+        assert_eq!(take(&client), (0, 1), "due: one write");
+        let reported = api.get(&kinds::NODE, None, "n1").await.expect("node");
+        assert_eq!(ready(&reported)["lastTransitionTime"], since_back, "still Ready since the same time");
+        manager.informers().shut_down();
+    }
+
+    #[tokio::test]
+    async fn without_a_cache_the_node_is_read_from_the_server_and_a_deleted_one_registered_again() {
+        let api = server(Arc::new(LocalStore::in_memory(HistoryLimits::default()))).await;
+        let client = counting_kind(api.clone(), "Node");
+        let id = identity();
+        let mut written = None;
+        ensure_node(&client, &id, None, &mut written).await.expect("registration");
+        take(&client);
+        ensure_node(&client, &id, None, &mut written).await.expect("beat");
+        assert_eq!(take(&client), (1, 0), "read, unchanged, not written");
+        api.delete(&kinds::NODE, None, "n1", &Default::default()).await.expect("node deleted");
+        ensure_node(&client, &id, None, &mut written).await.expect("beat");
+        assert_eq!(take(&client), (1, 2), "read (missing), created, status written");
+        assert_eq!(ready(&api.get(&kinds::NODE, None, "n1").await.expect("node"))["status"], "True");
     }
 }

@@ -234,7 +234,26 @@ fn reports(
         .collect()
 }
 
-/// Samples every `interval` and sends each node's report, until the task is dropped.
+/// Nodes per report request of an agent that stands in for many: one `NodeMetricsList` of at most
+/// this many NodeMetrics (with their pods, well under the server's 4 MiB bound for a report).
+const NODES_PER_REPORT: usize = 100;
+
+/// The request bodies that carry `reports`: a single node's NodeMetrics as it is, several nodes'
+/// in `NodeMetricsList`s of up to `NODES_PER_REPORT`.
+fn batches(reports: Vec<Value>) -> Vec<Value> {
+    if reports.len() <= 1 {
+        return reports;
+    }
+    let mut reports = reports.into_iter().peekable();
+    let mut out = Vec::new();
+    while reports.peek().is_some() {
+        let items: Vec<Value> = reports.by_ref().take(NODES_PER_REPORT).collect();
+        out.push(json!({"apiVersion": "metrics.k8s.io/v1beta1", "kind": "NodeMetricsList", "items": items}));
+    }
+    out
+}
+
+/// Samples every `interval` and sends the nodes' reports, until the task is dropped.
 pub(crate) async fn report(client: Arc<dyn Client>, pods: Arc<PodManager>, nodes: Vec<String>, source: Source, interval: Duration) {
     let mut sampler = Sampler::new(source);
     let mut last = Instant::now();
@@ -244,8 +263,8 @@ pub(crate) async fn report(client: Arc<dyn Client>, pods: Arc<PodManager>, nodes
         let now = Instant::now();
         let usages = sampler.sample(pods.runtime().as_ref(), &running, now);
         let node = sampler.node(now);
-        for r in reports(&nodes, &running, &usages, node, now.duration_since(last)) {
-            match client.create(&kinds::NODE_METRICS, None, r).await {
+        for body in batches(reports(&nodes, &running, &usages, node, now.duration_since(last))) {
+            match client.create(&kinds::NODE_METRICS, None, body).await {
                 Ok(_) => failing = false,
                 // An API server without the metrics table, or one restarting: logged once per outage.
                 Err(e) if !failing => {
@@ -312,5 +331,19 @@ mod tests {
         assert!(cpu.is_some() && rss.is_some_and(|r| r > 0));
         let (busy, memory) = node_usage();
         assert!(busy.is_some_and(|b| b > 0) && memory.is_some_and(|m| m > 0));
+    }
+
+    #[test]
+    fn one_node_reports_alone_and_many_in_lists_of_at_most_a_hundred() {
+        let report = |i: usize| json!({"kind": "NodeMetrics", "metadata": {"name": format!("n{i}")}});
+        let one = batches(vec![report(0)]);
+        assert_eq!(one, vec![report(0)], "a single node's report is sent as it is");
+        let many = batches((0..250).map(report).collect());
+        assert_eq!(many.len(), 3);
+        assert!(many.iter().all(|b| b["kind"] == "NodeMetricsList"));
+        let sizes: Vec<usize> = many.iter().map(|b| b["items"].as_array().map_or(0, Vec::len)).collect();
+        assert_eq!(sizes, [100, 100, 50]);
+        assert_eq!(many[2]["items"][49]["metadata"]["name"], "n249", "every report, in order");
+        assert!(batches(Vec::new()).is_empty());
     }
 }

@@ -116,7 +116,7 @@ impl Client for LocalClient {
 
     async fn create(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
         if resource_metrics::is_metrics(res) && res.plural == "nodes" {
-            return self.svc.resource_metrics.report(obj);
+            return self.svc.resource_metrics.report_any(obj);
         }
         let ns = namespace_of(res, namespace, &obj).map(str::to_string);
         codec::decode(&self.svc.create(res, ns.as_deref(), obj).await?)

@@ -76,6 +76,37 @@ fn bad(message: impl Into<String>) -> ApiError {
     ApiError::BadRequest(message.into())
 }
 
+/// A node's report, validated and in its served form, with the node's name.
+fn checked(mut body: Value) -> Result<(String, Report), ApiError> {
+    let node = name_of(&body).to_string();
+    if node.is_empty() {
+        return Err(bad("a metrics report needs metadata.name, the node's name"));
+    }
+    let pods = match body.as_object_mut().and_then(|m| m.remove("pods")) {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(pods)) => pods,
+        Some(_) => return Err(bad("pods of a metrics report must be a list of PodMetrics")),
+    };
+    for (i, p) in pods.iter().enumerate() {
+        if name_of(p).is_empty() || namespace_of(p).is_empty() || !p["containers"].is_array() {
+            return Err(bad(format!("pods[{i}] of the report of node {node} needs metadata.name, metadata.namespace and containers")));
+        }
+    }
+    let node_metrics = finish(&kinds::NODE_METRICS, body);
+    let pods = pods.into_iter().map(|p| PodEntry::new(&finish(&kinds::POD_METRICS, p))).collect::<Result<_, _>>()?;
+    Ok((node, Report { received: Instant::now(), node: node_metrics, pods }))
+}
+
+/// The nodes a report (a NodeMetrics or a NodeMetricsList) speaks for.
+fn reported_nodes(body: &Value) -> Vec<&str> {
+    match body.get("items").and_then(Value::as_array) {
+        Some(items) if body.get("kind").and_then(Value::as_str) == Some(kinds::NODE_METRICS.list_kind().as_str()) => {
+            items.iter().map(name_of).collect()
+        }
+        _ => vec![name_of(body)],
+    }
+}
+
 /// Whether `res` is one of the metrics resources (served from the table, not the store).
 pub(crate) fn is_metrics(res: &ResourceInfo) -> bool {
     res.group == GROUP
@@ -83,26 +114,33 @@ pub(crate) fn is_metrics(res: &ResourceInfo) -> bool {
 
 impl MetricsTable {
     /// Takes a node's report; answers the NodeMetrics as it will be served.
-    pub(crate) fn report(&self, mut body: Value) -> Result<Value, ApiError> {
-        let node = name_of(&body).to_string();
-        if node.is_empty() {
-            return Err(bad("a metrics report needs metadata.name, the node's name"));
+    pub(crate) fn report(&self, body: Value) -> Result<Value, ApiError> {
+        let (node, report) = checked(body)?;
+        let served = report.node.clone();
+        self.nodes.write().unwrap_or_else(|e| e.into_inner()).insert(node, report);
+        Ok(served)
+    }
+
+    /// Takes a report (a NodeMetrics) or several nodes' reports in one `NodeMetricsList`, as an
+    /// agent that stands in for many nodes sends them. A list is taken whole or not at all.
+    /// Answers what will be served: the NodeMetrics, or the list of them.
+    pub(crate) fn report_any(&self, body: Value) -> Result<Value, ApiError> {
+        if body.get("kind").and_then(Value::as_str) != Some(kinds::NODE_METRICS.list_kind().as_str()) {
+            return self.report(body);
         }
-        let pods = match body.as_object_mut().and_then(|m| m.remove("pods")) {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(pods)) => pods,
-            Some(_) => return Err(bad("pods of a metrics report must be a list of PodMetrics")),
+        let items = match body {
+            Value::Object(mut m) => match m.remove("items") {
+                Some(Value::Array(items)) => items,
+                None | Some(Value::Null) => Vec::new(),
+                Some(_) => return Err(bad("items of a NodeMetricsList must be a list of NodeMetrics")),
+            },
+            _ => Vec::new(),
         };
-        for (i, p) in pods.iter().enumerate() {
-            if name_of(p).is_empty() || namespace_of(p).is_empty() || !p["containers"].is_array() {
-                return Err(bad(format!("pods[{i}] of the report of node {node} needs metadata.name, metadata.namespace and containers")));
-            }
-        }
-        let node_metrics = finish(&kinds::NODE_METRICS, body);
-        let pods = pods.into_iter().map(|p| PodEntry::new(&finish(&kinds::POD_METRICS, p))).collect::<Result<_, _>>()?;
+        let reports = items.into_iter().map(checked).collect::<Result<Vec<_>, _>>()?;
+        let served: Vec<Value> = reports.iter().map(|(_, r)| r.node.clone()).collect();
         let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
-        nodes.insert(node, Report { received: Instant::now(), node: node_metrics.clone(), pods });
-        Ok(node_metrics)
+        nodes.extend(reports);
+        Ok(list_body(&kinds::NODE_METRICS, served))
     }
 
     fn fresh<T>(&self, f: impl FnOnce(&mut dyn Iterator<Item = &Report>) -> T) -> T {
@@ -223,14 +261,16 @@ async fn handle(
                 Err(_) => return ("POST", "nodes", Err(ApiError::RequestEntityTooLarge("metrics report too large".into()))),
             };
             let parsed = serde_json::from_slice::<Value>(&body).map_err(|e| bad(format!("malformed metrics report: {e}")));
-            let parsed = parsed.and_then(|v| match &reporter {
-                Some(node) if name_of(&v) != node => Err(ApiError::Forbidden(format!(
-                    "nodes.metrics.k8s.io {:?} is forbidden: node {node:?} can only report its own usage",
-                    name_of(&v)
-                ))),
-                _ => Ok(v),
+            let parsed = parsed.and_then(|v| {
+                let other = reporter.as_deref().and_then(|node| reported_nodes(&v).into_iter().find(|n| n != &node).map(|n| (node, n)));
+                match other {
+                    Some((node, other)) => Err(ApiError::Forbidden(format!(
+                        "nodes.metrics.k8s.io {other:?} is forbidden: node {node:?} can only report its own usage"
+                    ))),
+                    None => Ok(v),
+                }
             });
-            ("POST", "nodes", parsed.and_then(|v| table.report(v)).map(|n| (StatusCode::CREATED, n)))
+            ("POST", "nodes", parsed.and_then(|v| table.report_any(v)).map(|n| (StatusCode::CREATED, n)))
         }
         ["nodes"] if get => {
             let r = table.list(&kinds::NODE_METRICS, None, labels, fields);
@@ -319,5 +359,30 @@ mod tests {
         assert!(got["metadata"]["creationTimestamp"].is_string());
         assert_eq!(got, expected);
         assert_eq!(t.list(&kinds::POD_METRICS, Some("default"), None, None).expect("list"), [expected]);
+    }
+
+    #[test]
+    fn a_list_of_reports_is_taken_whole_or_not_at_all() {
+        let t = MetricsTable::default();
+        let list = |items: Vec<Value>| json!({"apiVersion": "metrics.k8s.io/v1beta1", "kind": "NodeMetricsList", "items": items});
+        let served = t
+            .report_any(list(vec![report("n1", &[("default", "web-1", "web")]), report("n2", &[("default", "web-2", "web")])]))
+            .expect("a list of two reports");
+        assert_eq!(served["kind"], "NodeMetricsList");
+        assert_eq!(names(served["items"].as_array().expect("items")), ["n1", "n2"]);
+        assert_eq!(names(&t.list(&kinds::NODE_METRICS, None, None, None).expect("list")), ["n1", "n2"]);
+        assert_eq!(names(&t.list(&kinds::POD_METRICS, None, None, None).expect("list")), ["web-1", "web-2"]);
+
+        // One bad report refuses the whole list: n1 keeps its pod, n3 is not taken.
+        let mut bad_pod = report("n1", &[("default", "", "web")]);
+        bad_pod["timestamp"] = json!("2026-01-01T00:01:00Z");
+        let refused = t.report_any(list(vec![report("n3", &[]), bad_pod])).unwrap_err();
+        assert_eq!(refused.code(), 400);
+        assert_eq!(names(&t.list(&kinds::NODE_METRICS, None, None, None).expect("list")), ["n1", "n2"]);
+        assert_eq!(names(&t.list(&kinds::POD_METRICS, None, None, None).expect("list")), ["web-1", "web-2"]);
+        assert_eq!(t.report_any(json!({"kind": "NodeMetricsList", "items": {}})).unwrap_err().code(), 400);
+
+        // A single NodeMetrics is still one report.
+        assert_eq!(t.report_any(report("n3", &[])).expect("single")["kind"], "NodeMetrics");
     }
 }

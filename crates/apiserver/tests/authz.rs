@@ -295,6 +295,12 @@ async fn a_node_writes_only_its_own_node_lease_and_pods_and_reads_only_its_pods_
     assert_eq!(r.code, StatusCode::CREATED, "{}", r.body);
     let r = n1.post("/apis/metrics.k8s.io/v1beta1/nodes", &usage("n2")).await;
     assert_eq!(r.code, StatusCode::FORBIDDEN, "{}", r.body);
+    let list = |items: Vec<Value>| json!({"apiVersion": "metrics.k8s.io/v1beta1", "kind": "NodeMetricsList", "items": items});
+    let r = n1.post("/apis/metrics.k8s.io/v1beta1/nodes", &list(vec![usage("n1")])).await;
+    assert_eq!(r.code, StatusCode::CREATED, "{}", r.body);
+    let r = n1.post("/apis/metrics.k8s.io/v1beta1/nodes", &list(vec![usage("n1"), usage("n2")])).await;
+    assert_eq!(r.code, StatusCode::FORBIDDEN, "a list that speaks for another node: {}", r.body);
+    assert!(r.body["message"].as_str().is_some_and(|m| m.contains("\"n2\"")), "{}", r.body);
 
     // Its own Lease only.
     let lease = |name: &str| json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name},

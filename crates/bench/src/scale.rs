@@ -249,26 +249,45 @@ pub async fn run_scale_out(binary: &Path, p: Params) -> anyhow::Result<ScenarioR
     Ok(ScenarioResult { name, params: params_json(&p, false), values })
 }
 
-/// Sums of the counters in `/metrics` the steady-state phase reports.
-async fn counters(http: &reqwest::Client, url: &str) -> anyhow::Result<(f64, f64)> {
+/// The counters in `/metrics` the steady-state phase reports: store writes, and API requests by
+/// verb and resource (a subresource is part of the resource, `nodes/status`), summed over codes.
+struct Counters {
+    writes: f64,
+    requests: HashMap<String, f64>,
+}
+
+impl Counters {
+    fn requests(&self) -> f64 {
+        self.requests.values().sum()
+    }
+}
+
+/// The value of `label` in a metric's label set, `{verb="PUT",resource="leases",code="200"}`.
+fn label<'a>(labels: &'a str, label: &str) -> &'a str {
+    let key = format!("{label}=\"");
+    labels.split_once(&key).and_then(|(_, rest)| rest.split_once('"')).map(|(v, _)| v).unwrap_or("")
+}
+
+async fn counters(http: &reqwest::Client, url: &str) -> anyhow::Result<Counters> {
     let text = http.get(format!("{url}/metrics")).send().await?.text().await?;
-    let (mut writes, mut requests) = (0.0, 0.0);
+    let mut c = Counters { writes: 0.0, requests: HashMap::new() };
     for line in text.lines() {
         let Some((name, value)) = line.rsplit_once(' ') else { continue };
         let value: f64 = value.parse().unwrap_or(0.0);
-        let metric = name.split('{').next().unwrap_or("");
+        let (metric, labels) = name.split_once('{').unwrap_or((name, ""));
         if metric == "shepherd_store_write_duration_seconds_count" {
-            writes += value;
+            c.writes += value;
         } else if metric == "apiserver_request_total" {
-            requests += value;
+            let key = format!("{} {}", label(labels, "verb"), label(labels, "resource"));
+            *c.requests.entry(key).or_default() += value;
         }
     }
-    Ok((writes, requests))
+    Ok(c)
 }
 
 async fn steady(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Result<Value> {
     let spid = c.server_pid();
-    let (w0, r0) = counters(http, &c.server.url).await?;
+    let before = counters(http, &c.server.url).await?;
     let cpu0 = procstat::cpu_seconds(&spid);
     let agent_cpu0 = c.agents_cpu_seconds();
     let started = Instant::now();
@@ -280,16 +299,28 @@ async fn steady(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Resu
     let secs = started.elapsed().as_secs_f64();
     let cpu = procstat::cpu_seconds(&spid) - cpu0;
     let agent_cpu = c.agents_cpu_seconds() - agent_cpu0;
-    let (w1, r1) = counters(http, &c.server.url).await?;
+    let after = counters(http, &c.server.url).await?;
     // The second scrape itself is one request; not counted.
-    let (writes, requests) = ((w1 - w0) / secs, (r1 - r0 - 1.0).max(0.0) / secs);
+    let writes = (after.writes - before.writes) / secs;
+    let requests = (after.requests() - before.requests() - 1.0).max(0.0) / secs;
+    let mut by_kind: Vec<(String, f64)> = after
+        .requests
+        .iter()
+        .map(|(k, v)| (k.clone(), (v - before.requests.get(k).copied().unwrap_or(0.0)) / secs))
+        .filter(|(_, rate)| *rate > 0.0)
+        .collect();
+    by_kind.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let rss = procstat::rss_mib(&spid);
     let cpu_pct = cpu / secs * 100.0;
     println!("steady state ({secs:.0} s idle): control plane CPU {cpu_pct:.2}% of one core, RSS {rss:.1} MiB (max {rss_max:.1}), \
               store writes {writes:.1}/s, API requests {requests:.1}/s; agent CPU {:.2}% of one core", agent_cpu / secs * 100.0);
+    let listed: Vec<String> = by_kind.iter().map(|(k, r)| format!("{k} {r:.1}/s")).collect();
+    println!("  API requests by verb and resource: {}", listed.join(", "));
+    let by_kind: serde_json::Map<String, Value> = by_kind.into_iter().map(|(k, r)| (k, json!(r))).collect();
     Ok(json!({"seconds": secs, "control_plane_cpu_percent_of_core": cpu_pct, "control_plane_cpu_seconds": cpu,
         "control_plane_rss_mib": rss, "control_plane_rss_max_mib": rss_max, "store_writes_per_s": writes,
-        "api_requests_per_s": requests, "agent_cpu_percent_of_core": agent_cpu / secs * 100.0,
+        "api_requests_per_s": requests, "api_requests_per_s_by_verb_and_resource": by_kind,
+        "agent_cpu_percent_of_core": agent_cpu / secs * 100.0,
         "agent_rss_mib": c.agents_rss_mib(), "load_average": procstat::load_average()}))
 }
 

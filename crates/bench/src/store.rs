@@ -90,6 +90,8 @@ struct Measured {
     rss: f64,
     /// etcd's own RSS beside the server's (etcd column only).
     etcd_rss: Option<f64>,
+    /// The 1-minute load average when the column's measurements ended.
+    load: f64,
 }
 
 /// One column: its figures, or why the binary under test cannot run that store.
@@ -141,7 +143,7 @@ pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize
     let values = |c: &Column| match c {
         Column::Measured(m) => json!({"creates_per_s_1_client": m.one_rate, "ms_per_create_1_client": m.one_ms,
             "create_1_client": m.one, "creates_per_s_64_clients": m.many_rate, "list": m.list, "listed": m.count,
-            "rss_mib": m.rss, "etcd_rss_mib": m.etcd_rss}),
+            "rss_mib": m.rss, "etcd_rss_mib": m.etcd_rss, "load_average": m.load}),
         Column::NotBuilt(why) => json!({"not_built": why}),
     };
     let mut all = values(&columns[0]);
@@ -162,6 +164,9 @@ pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize
     pair("  store alone, creates/s, 64 writers", rate(&wal_alone), rate(&redb_alone));
     all["at_store"] = wal_alone;
     all["redb_only"]["at_store"] = redb_alone;
+    // Each column has the load when it ended; this one is the load at the end of the run.
+    all["load_average"] = json!(procstat::load_average());
+    println!("load average: {:.2}", procstat::load_average());
     Ok(ScenarioResult {
         name: "store",
         params: json!({"pods": pods, "sequential": sequential, "list_runs": list_runs, "tls": tls}),
@@ -235,9 +240,20 @@ async fn measure(
         None => println!("  server RSS with {count} pods: {rss:.1} MiB"),
     }
     // The server first, then its etcd.
+    let load = procstat::load_average();
     drop(server);
     drop(etcd);
-    Ok(Column::Measured(Measured { one_rate, one_ms, one: serde_json::to_value(&latency)?, many_rate, list: serde_json::to_value(&list)?, count, rss, etcd_rss }))
+    Ok(Column::Measured(Measured {
+        one_rate,
+        one_ms,
+        one: serde_json::to_value(&latency)?,
+        many_rate,
+        list: serde_json::to_value(&list)?,
+        count,
+        rss,
+        etcd_rss,
+        load,
+    }))
 }
 
 /// Creates at the store alone, on a fresh data directory: `one` by a single writer (each one's

@@ -98,6 +98,7 @@ pub fn node_lifecycle_controller(client: Arc<dyn Client>, manager: &Manager, con
         });
     }
     let nodes = informers.cache(&kinds::NODE);
+    let watched = heartbeats.clone();
     let reconciler = Arc::new(NodeLifecycle {
         events: EventRecorder::new(client.clone(), "node-controller"),
         client,
@@ -111,8 +112,17 @@ pub fn node_lifecycle_controller(client: Arc<dyn Client>, manager: &Manager, con
         let r = reconciler.clone();
         async move { r.reconcile(&key).await }
     })
+    // A renewal of a node's Lease only moves the moment its node would expire, and each node's key
+    // is already due then (its last reconcile asked to be requeued at that moment): reconciling
+    // every renewal (all nodes, every 10 s) would change nothing. The reconcile a Lease still
+    // needs is that of a node judged unknown, whose renewal may bring it back.
     .watches(&kinds::LEASE, move |lease| {
-        if str_at(lease, "/metadata/namespace") == lease_ns { vec![str_at(lease, "/metadata/name").to_string()] } else { Vec::new() }
+        let node = str_at(lease, "/metadata/name");
+        if str_at(lease, "/metadata/namespace") == lease_ns && lock(&watched).unknown_since.contains_key(node) {
+            vec![node.to_string()]
+        } else {
+            Vec::new()
+        }
     })
     // A pod bound to a node that does not exist (any more) is that node's business too.
     .watches(&kinds::POD, move |pod| {

@@ -205,6 +205,34 @@ async fn an_expired_lease_makes_the_node_unknown_and_tainted_and_its_pods_failed
     c.shut_down().await;
 }
 
+/// Reconciles the node lifecycle controller has run so far, whatever their result.
+fn reconciles(c: &Cluster) -> u64 {
+    let snapshot = c.running.as_ref().expect("controller running").manager().snapshot();
+    let nl = snapshot.controllers.iter().find(|s| s.name == "nodelifecycle").expect("nodelifecycle runs");
+    nl.reconciles.success + nl.reconciles.error + nl.reconciles.requeue
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_healthy_nodes_renewals_are_not_reconciled_one_by_one() {
+    let mut c = Cluster::new().await;
+    c.node("steady").await;
+    let _renewing = keep_renewing(c.client.clone(), "steady");
+    c.start();
+    let start = Instant::now();
+    until(start, 1.0).await;
+    let first = reconciles(&c);
+    assert!(first >= 1, "the node is reconciled when first seen");
+
+    // 20 renewals in 200 s: the node is looked at when its lease would have expired (every 40 s
+    // at most), not at each renewal.
+    until(start, 201.0).await;
+    let during = reconciles(&c) - first;
+    assert!((3..=6).contains(&during), "{during} reconciles for 20 renewals");
+    assert_eq!(c.ready("steady").await, "True");
+    assert!(c.unreachable_effects("steady").await.is_empty());
+    c.shut_down().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_node_that_comes_back_is_ready_and_untainted() {
     let mut c = Cluster::new().await;

@@ -130,6 +130,11 @@ impl Informer {
         let _ = rx.wait_for(|synced| *synced).await;
     }
 
+    /// Whether the first list has reached the cache (its contents can stand in for a read).
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
     /// When the last full list completed (start, recovery or resync).
     pub fn last_list(&self) -> Option<jiff::Timestamp> {
         *self.last_list.lock().unwrap_or_else(|e| e.into_inner())

@@ -27,7 +27,7 @@ use control_plane::ControllerArgs;
 use node_agent::AgentArgs;
 use shepherd_apiserver::{ApiServer, ConnectionLimits, ConnectionMetrics, HttpConfig};
 use shepherd_runtime::{Client, Manager};
-use shepherd_store::{EtcdConfig, HistoryLimits, LocalStore, Store};
+use shepherd_store::{EtcdConfig, HistoryLimits, LocalStore, Store, WalOptions};
 
 // The daemon allocates and frees many small JSON values per request; jemalloc spends less CPU on
 // that than the system allocator and fragments less (scale-out: 43.6 -> 25.7 CPU s, see BENCHMARKS.md).
@@ -212,6 +212,12 @@ struct ServerArgs {
     /// speeds up writing to the file: a larger cache costs memory and saves some CPU per commit.
     #[arg(long, default_value_t = shepherd_store::DEFAULT_REDB_CACHE_BYTES / (1024 * 1024))]
     store_cache_mib: usize,
+    /// How far the embedded store's write-ahead log may run ahead of its last checkpoint, in MiB:
+    /// while checkpoints fail, writes are refused beyond it (503, or 507 when the disk is full)
+    /// until one succeeds. It bounds the log on disk and the writes held in memory for the next
+    /// checkpoint.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1024 * 1024))]
+    store_wal_max_uncheckpointed_mib: u64,
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 10)]
     bookmark_seconds: u64,
@@ -363,7 +369,10 @@ async fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
     shepherd_store::set_redb_cache_bytes(args.store_cache_mib.max(1).saturating_mul(1024 * 1024));
     let path = backup::store_file(&args.data_dir);
     let opened = match args.store_engine {
-        StoreEngine::Wal => LocalStore::open_redb(&path, limits),
+        StoreEngine::Wal => {
+            let options = WalOptions { max_uncheckpointed_bytes: args.store_wal_max_uncheckpointed_mib << 20, ..WalOptions::default() };
+            LocalStore::open_embedded(&path, limits, options)
+        }
         StoreEngine::Redb => LocalStore::open_redb_only(&path, limits),
     };
     let store = opened.map_err(|e| {
