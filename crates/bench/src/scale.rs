@@ -147,6 +147,14 @@ pub(crate) async fn start_cluster_split(binary: &Path, nodes: usize, agents: usi
     let data = server_dir.path().to_string_lossy().to_string();
     let mut args = vec!["server", "--data-dir", &data, "--controller-workers", "4"];
     args.extend(extra.iter().map(String::as_str));
+    // A /24 per node, as Kubernetes gives; the default /16 has blocks for 256 nodes only, and
+    // the nodes beyond would be left without one (a warning and an Event each).
+    let cidr;
+    if nodes > 256 && !extra.iter().any(|a| a.starts_with("--cluster-cidr")) {
+        let bits = usize::BITS - (nodes - 1).leading_zeros();
+        cidr = format!("--cluster-cidr=10.0.0.0/{}", 24 - bits.min(16));
+        args.push(&cidr);
+    }
     let server = Process::start(binary, &args)?;
     let started = Instant::now();
     let mut cluster = Cluster { _server_dir: server_dir, server, agents: Vec::new() };
@@ -519,12 +527,6 @@ pub async fn run_scale_limits(binary: &Path, p: Params) -> anyhow::Result<Scenar
         p.churn_rate,
         p.churn.as_secs_f64()
     );
-    let mut p = p;
-    // A /24 per node, as Kubernetes gives; the default /16 has blocks for 256 nodes only.
-    if p.nodes > 256 && !p.server_args.iter().any(|a| a.starts_with("--cluster-cidr")) {
-        let bits = usize::BITS - (p.nodes - 1).leading_zeros();
-        p.server_args.push(format!("--cluster-cidr=10.0.0.0/{}", 24 - bits.min(16)));
-    }
     let started = Instant::now();
     let (cluster, nodes_ready) = start_cluster_split(binary, p.nodes, p.agents, &p.server_args).await?;
     println!("{} nodes Ready {:.1} s after the agents started", p.nodes, nodes_ready.as_secs_f64());
