@@ -103,7 +103,7 @@ struct Inner {
     next_instance: AtomicU64,
     live: Mutex<HashMap<ContainerId, Live>>,
     rotation: Mutex<Option<AbortHandle>>,
-    /// The `shepherd-shim` program; without it each shim stays a fork of the agent.
+    /// The `shepherd-shim` program; without it no container starts (each start says why).
     shim: Option<CString>,
 }
 
@@ -117,7 +117,7 @@ pub(crate) fn shim_program() -> Option<CString> {
     if found.is_none() {
         warn!(
             expected = %dir.join(shepherd_shim::PROGRAM).display(),
-            "the shepherd-shim program is missing: each container's shim stays a copy of the agent, a few MB each \
+            "the shepherd-shim program is missing: the process runtime cannot start containers without it \
              (cargo build -p shepherd builds it)"
         );
     }
