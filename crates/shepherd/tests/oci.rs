@@ -659,6 +659,9 @@ async fn on_oci_attach_it_drives_the_containers_own_terminal_follows_resizes_and
     for (label, bin) in common::kubectls_under_test() {
         let name = format!("attach-{}", label.replace('.', "-"));
         let t = Terminal::start(cluster.data(), &name, &cluster.kubectl_in_terminal(&bin, "attach -it console"));
+        // kubectl attach sends the terminal's size plus one, then the size (to make the program
+        // redraw); a shell asked between the two sees the first. Wait for the second.
+        t.ask("echo \"settled=$(stty size)\"", "settled=40 120");
         let shown = t.ask("echo \"tty=$(tty) size=$(stty size) term=$TERM seen=$SEEN\"; SEEN=\"$SEEN+$$\"", "tty=");
         assert!(shown.starts_with("tty=/dev/pts/"), "kubectl {label}: the container's stdin is its own terminal: {shown}");
         assert!(shown.contains("term=xterm "), "kubectl {label}: a terminal container learns its kind: {shown}");

@@ -221,6 +221,9 @@ fn attach_with_a_terminal_drives_the_containers_own_shell_and_follows_resizes() 
         let name = format!("attach-{}", label.replace('.', "-"));
         let cmd = format!("env KUBECONFIG=/dev/null {} --server {} attach -it console; sleep 60", bin.display(), d.url);
         let t = Terminal::start(dir.path(), &name, &cmd);
+        // kubectl attach sends the terminal's size plus one, then the size (to make the program
+        // redraw); a shell asked between the two sees the first. Wait for the second.
+        t.ask("echo \"settled=$(stty size)\"", "settled=40 120");
         let shown = t.ask("echo \"tty=$(tty) size=$(stty size) term=$TERM seen=$SEEN\"; SEEN=\"$SEEN+$$\"", "tty=");
         assert!(shown.starts_with("tty=/dev/pts/"), "kubectl {label}: the container's stdin is a terminal: {shown}");
         assert!(shown.contains("term=xterm "), "kubectl {label}: a terminal container learns its kind: {shown}");
