@@ -74,16 +74,10 @@ impl Cluster {
     fn server_pid(&self) -> String {
         self.server.child.id().to_string()
     }
-    /// CPU seconds of all the agent processes.
-    fn agents_cpu_seconds(&self) -> f64 {
-        self.agents.iter().map(|a| procstat::cpu_seconds(&a.child.id().to_string())).sum()
-    }
-    /// The agents' peak RSS added up (each process's own peak).
-    fn agents_peak_rss_mib(&self) -> f64 {
-        self.agents.iter().map(|a| procstat::peak_rss_mib(&a.child.id().to_string())).sum()
-    }
-    fn agents_rss_mib(&self) -> f64 {
-        self.agents.iter().map(|a| procstat::rss_mib(&a.child.id().to_string())).sum()
+    /// `read` (one of `procstat`'s per-process figures) added up over the agent processes; for
+    /// peak RSS, the sum of each process's own peak.
+    fn agents_total(&self, read: fn(&str) -> f64) -> f64 {
+        self.agents.iter().map(|a| read(&a.child.id().to_string())).sum()
     }
 }
 
@@ -187,7 +181,7 @@ async fn ready_replicas(http: &reqwest::Client, url: &str) -> anyhow::Result<usi
 /// Creates the Deployment and waits for all its replicas to be Ready; returns the results.
 pub(crate) async fn scale_out(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Result<Value> {
     let spid = c.server_pid();
-    let (server_cpu0, agent_cpu0) = (procstat::cpu_seconds(&spid), c.agents_cpu_seconds());
+    let (server_cpu0, agent_cpu0) = (procstat::cpu_seconds(&spid), c.agents_total(procstat::cpu_seconds));
     let rss_before = procstat::rss_mib(&spid);
     let started = Instant::now();
     for i in 0..p.deployments {
@@ -215,8 +209,8 @@ pub(crate) async fn scale_out(c: &Cluster, p: &Params, http: &reqwest::Client) -
     let elapsed = started.elapsed();
     let complete = ready >= p.replicas;
     let server_cpu = procstat::cpu_seconds(&spid) - server_cpu0;
-    let agent_cpu = c.agents_cpu_seconds() - agent_cpu0;
-    let (server_peak, agent_peak) = (procstat::peak_rss_mib(&spid), c.agents_peak_rss_mib());
+    let agent_cpu = c.agents_total(procstat::cpu_seconds) - agent_cpu0;
+    let (server_peak, agent_peak) = (procstat::peak_rss_mib(&spid), c.agents_total(procstat::peak_rss_mib));
     let rate = ready as f64 / elapsed.as_secs_f64();
     if complete {
         println!("{} pods Running and Ready on {} nodes in {:.2} s ({rate:.0} pods/s)", p.replicas, p.nodes, elapsed.as_secs_f64());
@@ -297,7 +291,7 @@ async fn steady(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Resu
     let spid = c.server_pid();
     let before = counters(http, &c.server.url).await?;
     let cpu0 = procstat::cpu_seconds(&spid);
-    let agent_cpu0 = c.agents_cpu_seconds();
+    let agent_cpu0 = c.agents_total(procstat::cpu_seconds);
     let started = Instant::now();
     let mut rss_max: f64 = 0.0;
     while started.elapsed() < p.idle {
@@ -306,7 +300,7 @@ async fn steady(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Resu
     }
     let secs = started.elapsed().as_secs_f64();
     let cpu = procstat::cpu_seconds(&spid) - cpu0;
-    let agent_cpu = c.agents_cpu_seconds() - agent_cpu0;
+    let agent_cpu = c.agents_total(procstat::cpu_seconds) - agent_cpu0;
     let after = counters(http, &c.server.url).await?;
     // The second scrape itself is one request; not counted.
     let writes = (after.writes - before.writes) / secs;
@@ -329,7 +323,7 @@ async fn steady(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Resu
         "control_plane_rss_mib": rss, "control_plane_rss_max_mib": rss_max, "store_writes_per_s": writes,
         "api_requests_per_s": requests, "api_requests_per_s_by_verb_and_resource": by_kind,
         "agent_cpu_percent_of_core": agent_cpu / secs * 100.0,
-        "agent_rss_mib": c.agents_rss_mib(), "load_average": procstat::load_average()}))
+        "agent_rss_mib": c.agents_total(procstat::rss_mib), "load_average": procstat::load_average()}))
 }
 
 /// What the pod watch has seen during churn.
