@@ -57,20 +57,27 @@ fn memory_files(h: &Hierarchy, bytes: Option<u64>) -> Vec<(&'static str, String)
 }
 
 /// The CFS period the quota is given for, in microseconds (Kubernetes' default).
-const CPU_PERIOD_US: u64 = 100_000;
+pub(crate) const CPU_PERIOD_US: u64 = 100_000;
 /// The kernel refuses a quota below 1 ms a period (`1m` CPU is held to 10m, as in Kubernetes)...
 const MIN_QUOTA_US: u64 = 1000;
 /// ...and above 2^44 - 1 us a period (`max_cfs_runtime`): 175,921,860 CPUs, more than any host has.
 const MAX_QUOTA_US: u64 = (1 << 44) - 1;
 
+/// The quota, in microseconds per [`CPU_PERIOD_US`], that holds a container to `millis` thousandths
+/// of a CPU; `None` (no quota) for a limit past the kernel's largest quota, which cannot hold any
+/// host back (and past `u64` would wrap around). Both runtimes use it: runc passes the quota on.
+pub(crate) fn cpu_quota_us(millis: u64) -> Option<u64> {
+    match millis.checked_mul(CPU_PERIOD_US / 1000) {
+        Some(q) if q <= MAX_QUOTA_US => Some(q.max(MIN_QUOTA_US)),
+        _ => None,
+    }
+}
+
 /// What to write into a cpu cgroup to hold it to `millis` thousandths of a CPU. A limit past the
 /// kernel's largest quota cannot hold any host back, so it is written as no quota at all instead of
 /// a value the kernel would refuse (or, past `u64`, one that wrapped around).
 fn cpu_files(h: &Hierarchy, millis: Option<u64>) -> Vec<(&'static str, String)> {
-    let quota = millis.map(|millis| match millis.checked_mul(CPU_PERIOD_US / 1000) {
-        Some(q) if q <= MAX_QUOTA_US => Some(q.max(MIN_QUOTA_US)),
-        _ => None,
-    });
+    let quota = millis.map(cpu_quota_us);
     match (h, quota) {
         (_, None) => vec![],
         (Hierarchy::V1(_), Some(q)) => vec![

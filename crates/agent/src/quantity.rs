@@ -23,10 +23,13 @@ fn saturating(v: i128) -> Option<u64> {
     (v >= 0).then(|| u64::try_from(v).unwrap_or(u64::MAX))
 }
 
-/// The memory limit (bytes) and CPU limit (millicores) of a container spec.
+/// The memory limit (bytes) and CPU limit (millicores) of a container spec. A limit of zero is no
+/// limit, as kubelet reads it (the API accepts `0`; a memory cgroup held to 0 bytes could not start
+/// anything).
 pub(crate) fn limits(container: &Value) -> (Option<u64>, Option<u64>) {
     let of = |name: &str| container.at(&format!("/resources/limits/{name}")).and_then(text);
-    (of("memory").and_then(|q| bytes(&q)), of("cpu").and_then(|q| millicores(&q)))
+    let set = |v: u64| (v > 0).then_some(v);
+    (of("memory").and_then(|q| bytes(&q)).and_then(set), of("cpu").and_then(|q| millicores(&q)).and_then(set))
 }
 
 #[cfg(test)]
@@ -43,6 +46,15 @@ mod tests {
         assert_eq!(bytes("100E"), Some(u64::MAX));
         assert_eq!(bytes("lots"), None);
         assert_eq!(bytes("-1Mi"), None);
+    }
+
+    #[test]
+    fn zero_limits_are_no_limits() {
+        let limits_of = |l: Value| limits(&serde_json::json!({"resources": {"limits": l}}));
+        assert_eq!(limits_of(serde_json::json!({"memory": "0", "cpu": 0})), (None, None));
+        assert_eq!(limits_of(serde_json::json!({"memory": "0Mi", "cpu": "0m"})), (None, None));
+        assert_eq!(limits_of(serde_json::json!({"memory": 1, "cpu": "1m"})), (Some(1), Some(1)));
+        assert_eq!(limits_of(serde_json::json!({})), (None, None));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use serde_json::{Map, Value};
 
 use crate::error::Cause;
-use crate::quantity::Quantity;
+use crate::quantity::{self, Quantity};
 
 const NOT_SUPPORTED: &str = "not supported by Shepherd";
 
@@ -227,10 +227,10 @@ fn validate_source(kind: &str, v: &Value, p: &str, c: &mut Vec<Cause>) {
                 "" | "Memory" => {}
                 other => c.push(unsupported(join(p, "medium"), other, &["", "Memory"])),
             }
-            if let Some(q) = v.get("sizeLimit").and_then(Value::as_str)
-                && !Quantity::parse(q).is_ok_and(|q| !q.is_negative())
+            if let Some(q) = v.get("sizeLimit").and_then(quantity::text)
+                && !Quantity::parse(&q).is_ok_and(|q| !q.is_negative())
             {
-                c.push(invalid(join(p, "sizeLimit"), q, "must be a non-negative quantity"));
+                c.push(invalid(join(p, "sizeLimit"), &q, "must be a non-negative quantity"));
             }
         }
         "configMap" | "secret" => {
@@ -459,6 +459,7 @@ mod tests {
         let spec = json!({"volumes": [
             {"name": "scratch", "emptyDir": {}},
             {"name": "ram", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+            {"name": "counted", "emptyDir": {"sizeLimit": 1048576}},
             {"name": "conf", "configMap": {"name": "app", "items": [{"key": "a", "path": "dir/a.txt", "mode": 0o400}], "defaultMode": 0o644}},
             {"name": "creds", "secret": {"secretName": "db", "optional": true}},
             {"name": "info", "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
@@ -481,6 +482,8 @@ mod tests {
             {"name": "cm", "configMap": {"items": [{"key": "a", "path": "../a"}], "defaultMode": 0o1777}},
             {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"expirationSeconds": 60}},
                 {"clusterTrustBundle": {"path": "b"}}]}},
+            {"name": "neg", "emptyDir": {"sizeLimit": -5}},
+            {"name": "negs", "emptyDir": {"sizeLimit": "-5Mi"}},
         ], "containers": [{"name": "c", "volumeMounts": [
             {"name": "nope", "mountPath": "/a"},
             {"name": "data", "mountPath": "relative"},
@@ -501,6 +504,8 @@ mod tests {
             "spec.volumes[5].projected.sources[0].serviceAccountToken.expirationSeconds: Invalid value: 60: may not \
              specify a duration less than 10 minutes",
             "spec.volumes[5].projected.sources[1].clusterTrustBundle: not supported by Shepherd",
+            "spec.volumes[6].emptyDir.sizeLimit: Invalid value: \"-5\": must be a non-negative quantity",
+            "spec.volumes[7].emptyDir.sizeLimit: Invalid value: \"-5Mi\": must be a non-negative quantity",
             "spec.containers[0].volumeMounts[0].name: Not found: \"nope\"",
             "spec.containers[0].volumeMounts[1].mountPath: Invalid value: \"relative\": must be an absolute path",
             "spec.containers[0].volumeMounts[2].subPath: Invalid value: \"../up\": must not contain '..'",

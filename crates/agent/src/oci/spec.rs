@@ -11,6 +11,7 @@ use oci_spec::runtime::{
     Spec, UserBuilder, get_default_maskedpaths, get_default_mounts, get_default_readonly_paths,
 };
 
+use crate::cgroup;
 use crate::runtime::{ContainerSpec, Security};
 
 const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -309,9 +310,10 @@ pub(crate) fn build(spec: &ContainerSpec, inputs: &SpecInputs<'_>, argv: Vec<Str
         let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
         resources = resources.memory(LinuxMemoryBuilder::default().limit(bytes).build().map_err(err)?);
     }
-    if let Some(millis) = spec.cpu_limit_millis {
-        let quota = i64::try_from(millis.saturating_mul(100).max(1000)).unwrap_or(i64::MAX);
-        resources = resources.cpu(LinuxCpuBuilder::default().quota(quota).period(100_000u64).build().map_err(err)?);
+    if let Some(quota) = spec.cpu_limit_millis.and_then(cgroup::cpu_quota_us) {
+        let quota = i64::try_from(quota).unwrap_or(i64::MAX);
+        resources =
+            resources.cpu(LinuxCpuBuilder::default().quota(quota).period(cgroup::CPU_PERIOD_US).build().map_err(err)?);
     }
     if let Some(pids) = inputs.pids_limit {
         let pids = i64::try_from(pids).unwrap_or(i64::MAX);
@@ -489,5 +491,15 @@ mod tests {
         let env = json["process"]["env"].as_array().cloned().unwrap_or_default();
         assert_eq!(env.iter().filter(|e| e.as_str().is_some_and(|e| e.starts_with("TERM="))).count(), 1, "{env:?}");
         assert!(env.contains(&serde_json::json!("TERM=vt100")));
+
+        // A CPU limit past the kernel's largest quota (`1P`, which the API accepts) is no quota, not
+        // one runc would have the kernel refuse; a small one is held to the kernel's smallest.
+        let cpu = |millis| {
+            let limited = ContainerSpec { cpu_limit_millis: Some(millis), ..told.clone() };
+            let json = serde_json::to_value(build(&limited, &inputs, s(&["sh"]), (0, 0)).expect("spec")).expect("json");
+            json["linux"]["resources"]["cpu"]["quota"].clone()
+        };
+        assert_eq!(cpu(1_000_000_000_000_000), serde_json::Value::Null);
+        assert_eq!(cpu(1), 1000);
     }
 }
