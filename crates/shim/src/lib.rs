@@ -46,13 +46,9 @@ extern "C" fn exit_on_signal(_: libc::c_int) {
 /// # Safety
 /// Async-signal-safe (sigprocmask).
 pub unsafe fn hold_sigusr1() {
-    // SAFETY: a sigset on the stack, filled before use.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGUSR1);
-        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
+    let set = signal_set(&[libc::SIGUSR1]);
+    // SAFETY: sigprocmask on a stack value.
+    unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
 /// Installs the SIGUSR1 handler (closing the kept stdin writer at `keep`, if any), then lets a
@@ -66,9 +62,7 @@ unsafe fn handle_sigusr1(keep: Option<libc::c_int>) {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = close_stdin_keep as *const () as usize;
         libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut());
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGUSR1);
+        let set = signal_set(&[libc::SIGUSR1]);
         libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
     }
 }
@@ -218,16 +212,22 @@ pub unsafe fn run_oci(runc: libc::pid_t, exit_file: &CStr, pid_file: &CStr, stdi
     }
 }
 
-/// SIGTERM and SIGINT, the signals that end [`pause`].
-fn stop_signals() -> libc::sigset_t {
-    // SAFETY: a sigset on the stack, filled before use.
+/// A signal set of `signals` (async-signal-safe: sigemptyset and sigaddset on a stack value).
+fn signal_set(signals: &[libc::c_int]) -> libc::sigset_t {
+    // SAFETY: a sigset on the stack, emptied before use.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
+        for &signal in signals {
+            libc::sigaddset(&mut set, signal);
+        }
         set
     }
+}
+
+/// SIGTERM and SIGINT, the signals that end [`pause`].
+fn stop_signals() -> libc::sigset_t {
+    signal_set(&[libc::SIGTERM, libc::SIGINT])
 }
 
 /// Holds SIGTERM and SIGINT until [`pause`] handles them. Called in the container's process
