@@ -40,10 +40,14 @@ impl Requirement {
     }
 
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        let got = labels.get(self.key());
+        self.matches_label(labels.get(self.key()).map(String::as_str))
+    }
+
+    /// Whether the requirement holds for an object whose label under [`Self::key`] is `got`.
+    fn matches_label(&self, got: Option<&str>) -> bool {
         match self {
-            Requirement::Equals(_, v) => got == Some(v),
-            Requirement::NotEquals(_, v) => got != Some(v),
+            Requirement::Equals(_, v) => got == Some(v.as_str()),
+            Requirement::NotEquals(_, v) => got != Some(v.as_str()),
             Requirement::In(_, set) => got.is_some_and(|g| set.contains(g)),
             Requirement::NotIn(_, set) => !got.is_some_and(|g| set.contains(g)),
             Requirement::Exists(_) => got.is_some(),
@@ -141,6 +145,11 @@ impl LabelSelector {
     /// Matches an object's `metadata.labels` (absent labels are an empty map).
     pub fn matches_object(&self, obj: &Value) -> bool {
         self.matches(&labels_of(obj))
+    }
+
+    /// Matches the labels `get` looks up by key.
+    fn matches_lookup<'s>(&self, get: impl Fn(&str) -> Option<&'s str>) -> bool {
+        self.requirements.iter().all(|r| r.matches_label(get(r.key())))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -381,10 +390,12 @@ impl FieldSelector {
     }
 
     pub fn matches(&self, obj: &Value) -> bool {
-        self.terms.iter().all(|t| {
-            let got = field_value(obj, &t.field);
-            (got == t.value) != t.negated
-        })
+        self.matches_lookup(|field| field_value(obj, field))
+    }
+
+    /// Matches the field values `get` reads by dotted name ("" for a missing one).
+    fn matches_lookup<'s>(&self, get: impl Fn(&str) -> &'s str) -> bool {
+        self.terms.iter().all(|t| (get(&t.field) == t.value) != t.negated)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -411,6 +422,127 @@ impl fmt::Display for FieldSelector {
 
 fn field_value<'a>(obj: &'a Value, dotted: &str) -> &'a str {
     dotted.split('.').try_fold(obj, |v, part| v.get(part)).and_then(Value::as_str).unwrap_or("")
+}
+
+/// A label selector and a field selector together, as list and watch requests carry them: an
+/// object is selected when it matches both (a missing one matches everything).
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    pub labels: Option<LabelSelector>,
+    pub fields: Option<FieldSelector>,
+}
+
+impl Selection {
+    /// Parses `?labelSelector=` and `?fieldSelector=`.
+    pub fn parse(labels: Option<&str>, fields: Option<&str>) -> Result<Selection, ApiError> {
+        Ok(Selection {
+            labels: labels.map(LabelSelector::parse).transpose()?,
+            fields: fields.map(FieldSelector::parse).transpose()?,
+        })
+    }
+
+    /// Whether it selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.labels.as_ref().is_none_or(LabelSelector::is_empty) && self.fields.as_ref().is_none_or(FieldSelector::is_empty)
+    }
+
+    pub fn matches(&self, obj: &Value) -> bool {
+        self.labels.as_ref().is_none_or(|l| l.matches_object(obj)) && self.fields.as_ref().is_none_or(|f| f.matches(obj))
+    }
+
+    /// Whether the object written as the JSON text `json` is selected; `None` when the text is not
+    /// JSON. Only the selectable fields are read (everything else is skipped without building a
+    /// value), so a watch filtering every pod event by `spec.nodeName` costs a scan of the text, not
+    /// a parse of the pod; text of an unusual shape (escaped strings, a field of another type) is
+    /// read in full, with the same answer as [`Self::matches`].
+    pub fn matches_json(&self, json: &[u8]) -> Option<bool> {
+        if self.is_empty() {
+            return Some(true);
+        }
+        match serde_json::from_slice::<Selectable>(json) {
+            Ok(obj) if json.trim_ascii_start().starts_with(b"{") => Some(
+                self.labels.as_ref().is_none_or(|l| l.matches_lookup(|k| obj.label(k)))
+                    && self.fields.as_ref().is_none_or(|f| f.matches_lookup(|field| obj.field(field))),
+            ),
+            _ => serde_json::from_slice::<Value>(json).ok().map(|obj| self.matches(&obj)),
+        }
+    }
+}
+
+/// The fields of an object that selectors read (see [`SELECTABLE_FIELDS`]), borrowed from its JSON
+/// text; deserializing it skips every other field. A string with escapes cannot be borrowed and a
+/// field of another type cannot be read: both fail, and the caller reads the object in full.
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct Selectable<'a> {
+    #[serde(borrow)]
+    metadata: Option<SelectableMeta<'a>>,
+    #[serde(borrow)]
+    spec: Option<SelectableSpec<'a>>,
+    #[serde(borrow)]
+    status: Option<SelectableStatus<'a>>,
+    #[serde(borrow, rename = "involvedObject")]
+    involved_object: Option<SelectableInvolved<'a>>,
+    reason: Option<&'a str>,
+    #[serde(rename = "type")]
+    type_: Option<&'a str>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct SelectableMeta<'a> {
+    name: Option<&'a str>,
+    namespace: Option<&'a str>,
+    #[serde(borrow)]
+    labels: Option<BTreeMap<&'a str, &'a str>>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct SelectableSpec<'a> {
+    #[serde(rename = "nodeName")]
+    node_name: Option<&'a str>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct SelectableStatus<'a> {
+    phase: Option<&'a str>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct SelectableInvolved<'a> {
+    kind: Option<&'a str>,
+    name: Option<&'a str>,
+    namespace: Option<&'a str>,
+    uid: Option<&'a str>,
+}
+
+impl<'a> Selectable<'a> {
+    fn label(&self, key: &str) -> Option<&'a str> {
+        self.metadata.as_ref()?.labels.as_ref()?.get(key).copied()
+    }
+
+    /// The value of a selectable field, "" when missing (as [`FieldSelector::matches`] reads it).
+    fn field(&self, dotted: &str) -> &'a str {
+        let meta = self.metadata.as_ref();
+        let involved = self.involved_object.as_ref();
+        let value = match dotted {
+            "metadata.name" => meta.and_then(|m| m.name),
+            "metadata.namespace" => meta.and_then(|m| m.namespace),
+            "spec.nodeName" => self.spec.as_ref().and_then(|s| s.node_name),
+            "status.phase" => self.status.as_ref().and_then(|s| s.phase),
+            "involvedObject.kind" => involved.and_then(|i| i.kind),
+            "involvedObject.name" => involved.and_then(|i| i.name),
+            "involvedObject.namespace" => involved.and_then(|i| i.namespace),
+            "involvedObject.uid" => involved.and_then(|i| i.uid),
+            "reason" => self.reason,
+            "type" => self.type_,
+            _ => None,
+        };
+        value.unwrap_or("")
+    }
 }
 
 #[cfg(test)]
@@ -589,5 +721,64 @@ mod tests {
             let obj = json!({"metadata": {"labels": map}});
             prop_assert_eq!(sel.matches_object(&obj), model);
         }
+
+        #[test]
+        fn reading_only_the_selected_fields_from_text_agrees_with_the_parsed_object(
+            reqs in proptest::collection::vec(arb_requirement(), 0..4),
+            map in proptest::collection::btree_map(arb_key(), arb_value(), 0..4),
+            field in 0..SELECTABLE_FIELDS.len(),
+            value in "[a-c]{0,2}",
+            negated: bool,
+            other in "[a-c]{0,2}",
+        ) {
+            let labels = LabelSelector { requirements: reqs };
+            let term = format!("{}{}{value}", SELECTABLE_FIELDS[field], if negated { "!=" } else { "=" });
+            let sel = Selection::parse(Some(&labels.to_string()), Some(&term)).unwrap();
+            // Every selectable field set, the chosen one to `other`, so that both answers occur.
+            let mut obj = json!({"metadata": {"name": "n", "namespace": "ns", "labels": map}, "spec": {"nodeName": "x"},
+                "status": {"phase": "Running"}, "reason": "r", "type": "Normal",
+                "involvedObject": {"kind": "Pod", "name": "p", "namespace": "ns", "uid": "u"}});
+            let (head, leaf) = SELECTABLE_FIELDS[field].rsplit_once('.').unwrap_or(("", SELECTABLE_FIELDS[field]));
+            let parent = if head.is_empty() { &mut obj } else { &mut obj[head] };
+            parent[leaf] = json!(other);
+            let text = serde_json::to_vec(&obj).unwrap();
+            prop_assert_eq!(sel.matches_json(&text), Some(sel.matches(&obj)));
+        }
+    }
+
+    #[test]
+    fn objects_of_unusual_shapes_are_selected_as_their_parsed_form_is() {
+        let selections = [
+            Selection::parse(Some("app=web"), None).unwrap(),
+            Selection::parse(Some("!app"), Some("spec.nodeName=")).unwrap(),
+            Selection::parse(None, Some("spec.nodeName=n1")).unwrap(),
+            Selection::parse(None, Some("metadata.name!=web,status.phase=")).unwrap(),
+            Selection::parse(Some("app in (web,db)"), Some("type=Normal")).unwrap(),
+            Selection::default(),
+        ];
+        let texts = [
+            r#"{"metadata": {"name": "web", "labels": {"app": "web"}}, "spec": {"nodeName": "n1"}}"#,
+            r#"{"metadata": {"name": "we\u0062", "labels": {"app": "w\u0065b"}}, "spec": {"nodeName": "n\u0031"}}"#,
+            r#"{"metadata": {"name": "web", "labels": {"app": 5, "tier": null}}, "spec": {"nodeName": 7}}"#,
+            r#"{"metadata": null, "spec": null, "status": {"phase": null}}"#,
+            r#"{"metadata": {"labels": null}, "spec": "a string spec", "status": ["phase"]}"#,
+            r#"{"spec": {"nodeName": {"nested": "n1"}}, "type": ["Normal"]}"#,
+            r#"{"kind": "ConfigMap", "data": {"spec.nodeName": "n1"}, "type": "Normal"}"#,
+            r#"{"metadata": {"name": "a", "name": "web"}, "spec": {"nodeName": "n1"}}"#,
+            "{}",
+        ];
+        for text in texts {
+            let parsed: Value = serde_json::from_str(text).unwrap();
+            for sel in &selections {
+                assert_eq!(sel.matches_json(text.as_bytes()), Some(sel.matches(&parsed)), "{sel:?} on {text}");
+            }
+        }
+        // Escapes read as what they stand for.
+        assert_eq!(selections[3].matches_json(br#"{"metadata":{"name":"we\u0062"}}"#), Some(false));
+        assert_eq!(selections[3].matches_json(br#"{"metadata":{"name":"we\u0063"}}"#), Some(true));
+        assert_eq!(selections[0].matches_json(b"not json"), None);
+        // A list's items would fill the fields in order: not an object, so it is read in full.
+        let list = br#"[{"labels": {"app": "web"}}]"#;
+        assert_eq!(selections[0].matches_json(list), Some(false));
     }
 }

@@ -8,6 +8,7 @@
 use bytes::Bytes;
 use serde_json::Value;
 use shepherd_api::ApiError;
+use shepherd_api::selector::Selection;
 use shepherd_store::{KeyValue, Revision};
 
 const HEAD: &[u8] = br#"{"metadata":{"resourceVersion":""#;
@@ -68,6 +69,12 @@ pub(crate) fn render(kv: &KeyValue) -> Vec<u8> {
 pub(crate) fn decode(kv: &KeyValue) -> Result<Value, ApiError> {
     serde_json::from_slice(&render(kv))
         .map_err(|e| ApiError::Internal(format!("stored object {} is not valid JSON: {e}", kv.key)))
+}
+
+/// Whether `selection` selects the stored object (read straight from its stored text: no selector
+/// reads the resourceVersion the text lacks).
+pub(crate) fn selected(selection: &Selection, kv: &KeyValue) -> Result<bool, ApiError> {
+    selection.matches_json(&kv.value).ok_or_else(|| ApiError::Internal(format!("stored object {} is not valid JSON", kv.key)))
 }
 
 fn to_vec(v: &Value) -> Result<Vec<u8>, ApiError> {

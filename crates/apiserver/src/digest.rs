@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 
 use futures::{FutureExt, StreamExt};
 use shepherd_api::digest::{DigestDetail, ListDigest, SetDigest, bucket_of};
-use shepherd_api::{ApiError, FieldSelector, LabelSelector, ResourceInfo};
+use shepherd_api::selector::Selection;
+use shepherd_api::{ApiError, ResourceInfo};
 use shepherd_store::{EventKind, KeyValue, Revision};
 
 use crate::codec;
@@ -22,8 +23,7 @@ use crate::service::{ApiService, store_err};
 struct Scope {
     /// Store keys start with this; the object key is the rest.
     key_prefix: String,
-    labels: Option<LabelSelector>,
-    fields: Option<FieldSelector>,
+    selection: Selection,
 }
 
 impl Scope {
@@ -32,11 +32,7 @@ impl Scope {
     }
 
     fn contains(&self, kv: &KeyValue) -> Result<bool, ApiError> {
-        if self.labels.as_ref().is_none_or(LabelSelector::is_empty) && self.fields.as_ref().is_none_or(FieldSelector::is_empty) {
-            return Ok(true);
-        }
-        let obj = codec::decode(kv)?;
-        Ok(self.labels.as_ref().is_none_or(|l| l.matches_object(&obj)) && self.fields.as_ref().is_none_or(|f| f.matches(&obj)))
+        codec::selected(&self.selection, kv)
     }
 }
 
@@ -54,8 +50,7 @@ impl ApiService {
     ) -> Result<ListDigest, ApiError> {
         let scope = Scope {
             key_prefix: res.key_prefix(),
-            labels: label_selector.map(LabelSelector::parse).transpose()?,
-            fields: field_selector.map(FieldSelector::parse).transpose()?,
+            selection: Selection::parse(label_selector, field_selector)?,
         };
         if let Some(rv) = revision {
             self.wait_for_revision(rv).await?;

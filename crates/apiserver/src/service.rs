@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::kinds::{self, ResourceInfo};
-use shepherd_api::selector::{FieldSelector, LabelSelector};
+use shepherd_api::selector::Selection;
 use shepherd_api::{ApiError, defaults, validation};
 use shepherd_store::{KeyValue, Revision, Store, StoreError};
 
@@ -371,8 +371,7 @@ impl ApiService {
         opts: &ListOptions,
         at: Option<Revision>,
     ) -> Result<ListPage, ApiError> {
-        let labels = opts.label_selector.as_deref().map(LabelSelector::parse).transpose()?;
-        let fields = opts.field_selector.as_deref().map(FieldSelector::parse).transpose()?;
+        let selection = Selection::parse(opts.label_selector.as_deref(), opts.field_selector.as_deref())?;
         let prefix = match (res.namespaced, ns) {
             (true, Some(ns)) => res.namespace_prefix(ns),
             _ => res.key_prefix(),
@@ -384,7 +383,7 @@ impl ApiService {
             }
             _ => (None, None),
         };
-        let filtering = labels.as_ref().is_some_and(|l| !l.is_empty()) || fields.as_ref().is_some_and(|f| !f.is_empty());
+        let filtering = !selection.is_empty();
         let mut items = Vec::new();
         let mut cursor = start_after;
         let mut revision = first_revision.or(at);
@@ -406,13 +405,8 @@ impl ApiService {
             more = page.more;
             cursor = page.items.last().map(|kv| kv.key.clone()).or(cursor);
             for kv in page.items {
-                if filtering {
-                    let obj = codec::decode(&kv)?;
-                    if !labels.as_ref().is_none_or(|l| l.matches_object(&obj))
-                        || !fields.as_ref().is_none_or(|f| f.matches(&obj))
-                    {
-                        continue;
-                    }
+                if filtering && !codec::selected(&selection, &kv)? {
+                    continue;
                 }
                 items.push(kv);
             }

@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
-use serde_json::{Value, json};
+use serde_json::json;
 use shepherd_api::ApiError;
 use shepherd_api::kinds::ResourceInfo;
-use shepherd_api::selector::{FieldSelector, LabelSelector};
+use shepherd_api::selector::Selection;
 use shepherd_store::{EventKind, Revision, StoreError};
 use tokio::time::Instant;
 
@@ -61,26 +61,10 @@ impl WireEvent {
     }
 }
 
-struct Filter {
-    labels: Option<LabelSelector>,
-    fields: Option<FieldSelector>,
-}
-
-impl Filter {
-    fn active(&self) -> bool {
-        self.labels.as_ref().is_some_and(|l| !l.is_empty()) || self.fields.as_ref().is_some_and(|f| !f.is_empty())
-    }
-    fn matches(&self, obj: &Value) -> bool {
-        self.labels.as_ref().is_none_or(|l| l.matches_object(obj)) && self.fields.as_ref().is_none_or(|f| f.matches(obj))
-    }
-    fn matches_bytes(&self, value: &[u8], rev: Revision) -> bool {
-        if !self.active() {
-            return true;
-        }
-        let mut out = Vec::new();
-        codec::render_at(value, rev, &mut out);
-        serde_json::from_slice::<Value>(&out).is_ok_and(|v| self.matches(&v))
-    }
+/// Whether the stored object `value` is selected. Stored text is the wire JSON without its
+/// resourceVersion, which no selector reads; text that is not JSON is not selected.
+fn selects(selection: &Selection, value: &[u8]) -> bool {
+    selection.matches_json(value).unwrap_or(false)
 }
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -95,10 +79,7 @@ impl ApiService {
         ns: Option<&str>,
         opts: WatchOptions,
     ) -> Result<BoxStream<'static, WireEvent>, ApiError> {
-        let filter = Filter {
-            labels: opts.label_selector.as_deref().map(LabelSelector::parse).transpose()?,
-            fields: opts.field_selector.as_deref().map(FieldSelector::parse).transpose()?,
-        };
+        let filter = Selection::parse(opts.label_selector.as_deref(), opts.field_selector.as_deref())?;
         let prefix = match (res.namespaced, ns) {
             (true, Some(ns)) => res.namespace_prefix(ns),
             _ => res.key_prefix(),
@@ -113,7 +94,7 @@ impl ApiService {
             let listed = store.list(&prefix, None, None).await
                 .map_err(|e| ApiError::Internal(e.to_string()))?;
             for kv in &listed.items {
-                if filter.matches_bytes(&kv.value, kv.mod_revision) {
+                if selects(&filter, &kv.value) {
                     first.push(WireEvent { kind: "ADDED", object: codec::render(kv) });
                 }
             }
@@ -141,7 +122,7 @@ impl ApiService {
         let bookmarks = opts.allow_bookmarks;
         struct St {
             events: shepherd_store::WatchStream,
-            filter: Filter,
+            filter: Selection,
             last: Revision,
             next_bookmark: Instant,
             deadline: Instant,
@@ -177,9 +158,8 @@ impl ApiService {
                     Some(Ok(e)) => e,
                 };
                 st.last = event.revision();
-                let rev = event.revision();
-                let now_matches = event.kind != EventKind::Deleted && st.filter.matches_bytes(&event.kv.value, rev);
-                let was_matching = event.prev.as_ref().is_some_and(|p| st.filter.matches_bytes(&p.value, p.mod_revision));
+                let now_matches = event.kind != EventKind::Deleted && selects(&st.filter, &event.kv.value);
+                let was_matching = event.prev.as_ref().is_some_and(|p| selects(&st.filter, &p.value));
                 let kind = match (event.kind, was_matching, now_matches) {
                     (EventKind::Created, _, true) => "ADDED",
                     (EventKind::Updated, true, true) => "MODIFIED",
