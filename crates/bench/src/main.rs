@@ -22,6 +22,7 @@ mod scale;
 mod service_rules;
 mod soak;
 mod store;
+mod watch_fanout;
 mod workloads;
 
 use std::time::Duration;
@@ -232,6 +233,16 @@ enum Scenario {
         rounds: usize,
         #[arg(long, default_value_t = 1_000)]
         bindings: usize,
+    },
+    /// The API server's CPU per pod change with one `spec.nodeName=` watch per node open (each
+    /// change goes to one of them), against the same changes with no watch open.
+    WatchFanout {
+        #[arg(long, default_value_t = 500)]
+        watchers: usize,
+        #[arg(long, default_value_t = 2_000)]
+        pods: usize,
+        #[arg(long, default_value_t = 4_000)]
+        changes: usize,
     },
     /// `shepherd standalone` (process runtime, root): `kubectl exec -- true` round trip, `kubectl
     /// cp` both ways, `kubectl port-forward` download, ConfigMap change to file in the pod.
@@ -458,6 +469,14 @@ async fn main() -> anyhow::Result<()> {
             soak::run(&cli.shepherd, p).await?
         }
         Scenario::ApplyCost { requests } => apply_cost::run(&cli.shepherd, if cli.smoke { 50 } else { requests }).await?,
+        Scenario::WatchFanout { watchers, pods, changes } => {
+            let p = if cli.smoke {
+                watch_fanout::Params { watchers: 5, pods: 10, changes: 20 }
+            } else {
+                watch_fanout::Params { watchers, pods, changes }
+            };
+            watch_fanout::run(&cli.shepherd, p).await?
+        }
         Scenario::AuthCost { requests, rounds, bindings } => {
             let (requests, rounds, bindings) = if cli.smoke { (40, 2, 50) } else { (requests, rounds, bindings) };
             auth_cost::run(&cli.shepherd, requests, rounds, bindings).await?
