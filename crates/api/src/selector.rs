@@ -469,6 +469,16 @@ impl Selection {
     }
 }
 
+/// The value of the selectable field `dotted` (one of [`SELECTABLE_FIELDS`]) of the object written
+/// as the JSON text `json`, "" when it has none; `None` when the text is not JSON. Reads as
+/// [`Selection::matches_json`] does.
+pub fn selectable_field(json: &[u8], dotted: &str) -> Option<String> {
+    match serde_json::from_slice::<Selectable>(json) {
+        Ok(obj) if json.trim_ascii_start().starts_with(b"{") => Some(obj.field(dotted).to_string()),
+        _ => serde_json::from_slice::<Value>(json).ok().map(|obj| field_value(&obj, dotted).to_string()),
+    }
+}
+
 /// The fields of an object that selectors read (see [`SELECTABLE_FIELDS`]), borrowed from its JSON
 /// text; deserializing it skips every other field. A string with escapes cannot be borrowed and a
 /// field of another type cannot be read: both fail, and the caller reads the object in full.
@@ -777,6 +787,10 @@ mod tests {
         assert_eq!(selections[3].matches_json(br#"{"metadata":{"name":"we\u0062"}}"#), Some(false));
         assert_eq!(selections[3].matches_json(br#"{"metadata":{"name":"we\u0063"}}"#), Some(true));
         assert_eq!(selections[0].matches_json(b"not json"), None);
+        assert_eq!(selectable_field(br#"{"spec":{"nodeName":"n\u0031"}}"#, "spec.nodeName").as_deref(), Some("n1"));
+        assert_eq!(selectable_field(br#"{"spec":{"nodeName":"n1"}}"#, "spec.nodeName").as_deref(), Some("n1"));
+        assert_eq!(selectable_field(br#"{"spec":{}}"#, "spec.nodeName").as_deref(), Some(""));
+        assert_eq!(selectable_field(b"{", "spec.nodeName"), None);
         // A list's items would fill the fields in order: not an object, so it is read in full.
         let list = br#"[{"labels": {"app": "web"}}]"#;
         assert_eq!(selections[0].matches_json(list), Some(false));

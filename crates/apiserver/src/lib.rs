@@ -34,6 +34,7 @@ pub mod serviceaccount;
 mod stream_proxy;
 mod table;
 mod watch;
+mod watch_hub;
 mod watch_socket;
 mod write_options;
 

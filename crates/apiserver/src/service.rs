@@ -164,6 +164,8 @@ pub struct ApiService {
     pub(crate) resource_metrics: Arc<crate::resource_metrics::MetricsTable>,
     /// Signs and checks ServiceAccount tokens; `None`: no tokens are issued nor mounted into pods.
     pub(crate) service_account_tokens: Option<Arc<crate::serviceaccount::ServiceAccountTokens>>,
+    /// Watches that select by node, one store watch per kind for all of them.
+    pub(crate) node_watches: Arc<crate::watch_hub::NodeWatches>,
 }
 
 pub(crate) fn now_rfc3339() -> String {
@@ -283,6 +285,7 @@ impl ApiService {
             node_ports: Arc::default(),
             resource_metrics: Arc::default(),
             service_account_tokens: None,
+            node_watches: Arc::default(),
         }
     }
 

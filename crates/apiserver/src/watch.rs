@@ -105,7 +105,19 @@ impl ApiService {
         } else {
             opts.resource_version.unwrap_or(0)
         };
-        let events = match store.watch(&prefix, from).await {
+        // A cluster-wide watch of the objects bound to given nodes is served by the kind's hub.
+        let nodes = filter.fields.as_ref().and_then(|f| f.exact_value(crate::watch_hub::NODE_FIELD)).filter(|n| !n.is_empty());
+        let by_node = match nodes {
+            Some(node) if !res.namespaced || ns.is_none() => {
+                self.node_watches.watch(&store, &prefix, vec![node.to_string()], from).await.ok().flatten()
+            }
+            _ => None,
+        };
+        let events = match by_node {
+            Some(events) => Ok(shepherd_store::WatchStream::from_stream(events)),
+            None => store.watch(&prefix, from).await,
+        };
+        let events = match events {
             Ok(w) => w,
             Err(e) => {
                 // A 410 for a revision gone from the history; a 503 for a store shutting down.

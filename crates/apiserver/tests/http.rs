@@ -296,6 +296,58 @@ async fn watch_resumes_from_a_resource_version_without_gaps() {
 }
 
 #[tokio::test]
+async fn a_node_watch_sees_its_pods_bound_changed_and_deleted_and_nothing_of_other_nodes() {
+    let s = start().await;
+    let (_, list) = s.get(PODS).await;
+    let rv0 = list["metadata"]["resourceVersion"].as_str().expect("rv").to_string();
+    let node_watch = |from: String| {
+        let url = s.url(&format!("/api/v1/pods?watch=true&resourceVersion={from}&fieldSelector=spec.nodeName%3Dn1"));
+        let http = s.http.clone();
+        async move {
+            let resp = http.get(url).send().await.expect("watch");
+            let mut body = resp.bytes_stream();
+            let (mut buf, mut out) = (Vec::new(), Vec::<(String, String)>::new());
+            while out.last().is_none_or(|(kind, _)| kind != "DELETED") {
+                let chunk = tokio::time::timeout(Duration::from_secs(5), body.next()).await.expect("event in time");
+                let Some(Ok(chunk)) = chunk else { break };
+                buf.extend_from_slice(&chunk);
+                while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Value = serde_json::from_slice(&buf.drain(..=pos).collect::<Vec<_>>()).expect("json line");
+                    let name = line["object"]["metadata"]["name"].as_str().unwrap_or("").to_string();
+                    out.push((line["type"].as_str().unwrap_or("").to_string(), name));
+                }
+            }
+            out
+        }
+    };
+    let first = tokio::spawn(node_watch(rv0));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.post(PODS, &pod("p", json!({}))).await;
+    let mut elsewhere = pod("q", json!({}));
+    elsewhere["spec"]["nodeName"] = json!("n2");
+    s.post(PODS, &elsewhere).await;
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n1"}});
+    let (code, _) = s.post(&format!("{PODS}/p/binding"), &binding).await;
+    assert_eq!(code, StatusCode::CREATED);
+    let (_, bound) = s.get(&format!("{PODS}/p")).await;
+    let bound_rv = bound["metadata"]["resourceVersion"].as_str().expect("rv").to_string();
+    s.patch(&format!("{PODS}/q"), &json!({"metadata": {"labels": {"v": "2"}}}), "application/merge-patch+json").await;
+    s.patch(&format!("{PODS}/p"), &json!({"metadata": {"labels": {"v": "2"}}}), "application/merge-patch+json").await;
+    s.delete(&format!("{PODS}/q?gracePeriodSeconds=0")).await;
+    s.delete(&format!("{PODS}/p?gracePeriodSeconds=0")).await;
+
+    let seen = first.await.expect("watch task");
+    assert!(seen.iter().all(|(_, name)| name == "p"), "only the pod bound to n1: {seen:?}");
+    let kinds: Vec<&str> = seen.iter().map(|(kind, _)| kind.as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"ADDED"), "bound is added: {kinds:?}");
+    assert_eq!(kinds.get(1), Some(&"MODIFIED"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"DELETED"), "{kinds:?}");
+    // Watching again from the binding gives exactly what followed it.
+    let again = node_watch(bound_rv).await;
+    assert_eq!(again, seen[1..], "resumed from the binding");
+}
+
+#[tokio::test]
 async fn boolean_query_parameters_are_read_as_kubernetes_reads_them() {
     let s = start().await;
     s.post(PODS, &pod("a", json!({}))).await;
