@@ -86,7 +86,8 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
     let mut tasks = Vec::new();
     for w in 0..p.watchers {
         let node = format!("node-{w}");
-        let url = format!("{}{PODS}?watch=true&resourceVersion={rv}&fieldSelector=spec.nodeName%3D{node}", server.url);
+        // Cluster-wide, as a node's agent watches.
+        let url = format!("{}/api/v1/pods?watch=true&resourceVersion={rv}&fieldSelector=spec.nodeName%3D{node}", server.url);
         let response = http.get(url).send().await?;
         anyhow::ensure!(response.status().is_success(), "watch failed: {}", response.status());
         let (delivered, misdelivered) = (delivered.clone(), misdelivered.clone());
