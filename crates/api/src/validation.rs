@@ -513,8 +513,9 @@ pub fn prune_and_check(res: &ResourceInfo, obj: &mut Value) -> (Vec<String>, Sch
     }
 }
 
-/// [`prune_and_check`] by the typed form, for objects the in-place walk does not vouch for.
-fn prune_and_check_typed(res: &ResourceInfo, obj: &mut Value) -> (Vec<String>, Schema) {
+/// [`prune_and_check`] by the typed form, for objects the in-place walk does not vouch for; public
+/// so that shepherd-bench can compare the two readings of the same object.
+pub fn prune_and_check_typed(res: &ResourceInfo, obj: &mut Value) -> (Vec<String>, Schema) {
     let out = match typed_form(res, obj) {
         Some(Ok(out)) => out,
         _ => return (Vec::new(), Schema::Check),

@@ -18,10 +18,8 @@ use std::fmt::Write;
 use std::sync::OnceLock;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSON;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, MicroTime, Time};
-use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, SchemaGenerator};
@@ -84,6 +82,12 @@ fn reads_as<T: DeserializeOwned>(v: &Value) -> bool {
     T::deserialize(v).is_ok()
 }
 
+/// For the types that wrap any JSON value (`FieldsV1`, `RawExtension`, `JSON`): asking them would
+/// only copy the value.
+fn any_value(_: &Value) -> bool {
+    true
+}
+
 /// Definitions whose values a type of its own reads: the schema says little (`type: object`,
 /// `x-kubernetes-int-or-string`) or less than the type checks (a timestamp's syntax).
 fn leaf_definition(name: &str) -> Option<fn(&Value) -> bool> {
@@ -92,9 +96,9 @@ fn leaf_definition(name: &str) -> Option<fn(&Value) -> bool> {
         "io.k8s.apimachinery.pkg.util.intstr.IntOrString" => reads_as::<IntOrString>,
         "io.k8s.apimachinery.pkg.apis.meta.v1.Time" => reads_as::<Time>,
         "io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime" => reads_as::<MicroTime>,
-        "io.k8s.apimachinery.pkg.apis.meta.v1.FieldsV1" => reads_as::<FieldsV1>,
-        "io.k8s.apimachinery.pkg.runtime.RawExtension" => reads_as::<RawExtension>,
-        "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSON" => reads_as::<JSON>,
+        "io.k8s.apimachinery.pkg.apis.meta.v1.FieldsV1"
+        | "io.k8s.apimachinery.pkg.runtime.RawExtension"
+        | "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSON" => any_value,
         _ => return None,
     })
 }
