@@ -406,6 +406,15 @@ mod tests {
         json!({"metadata": {"labels": {"app": "web"}}, "spec": pod_spec()})
     }
 
+    #[test]
+    fn the_corpus_has_every_kind_with_a_schema() {
+        let kinds: std::collections::BTreeSet<&str> = corpus().iter().map(|o| res_of(o).kind).collect();
+        for res in kinds::ALL {
+            let has_schema = !matches!(read(res, &json!({})), Reading::NoSchema);
+            assert_eq!(kinds.contains(res.kind), has_schema, "{}", res.kind);
+        }
+    }
+
     /// A realistic object of every kind with a schema, as clients and controllers write them.
     fn corpus() -> Vec<Value> {
         let selector = json!({"matchLabels": {"app": "web"}});
@@ -487,6 +496,16 @@ mod tests {
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta("rb"),
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"},
                 "subjects": [{"kind": "ServiceAccount", "name": "builder", "namespace": "default"}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "crb"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "c"},
+                "subjects": [{"kind": "Group", "name": "system:nodes", "apiGroup": "rbac.authorization.k8s.io"}]}),
+            json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview", "metadata": {},
+                "spec": {"nonResourceAttributes": {"path": "/healthz", "verb": "get"}}}),
+            json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview", "metadata": {},
+                "spec": {"namespace": "default"}}),
+            json!({"apiVersion": "authorization.k8s.io/v1", "kind": "LocalSubjectAccessReview",
+                "metadata": {"namespace": "default"}, "spec": {"uid": "1", "resourceAttributes": {"namespace": "default",
+                    "verb": "list", "group": "apps", "resource": "deployments", "subresource": "scale"}}}),
             json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta("web"),
                 "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
                     "minReplicas": 1, "maxReplicas": 5, "metrics": [{"type": "Resource", "resource": {"name": "cpu",
