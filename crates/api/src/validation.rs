@@ -24,6 +24,7 @@ mod apps;
 mod autoscaling;
 mod batch;
 mod rbac;
+mod schema;
 
 /// Where in an object an unsupported field sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -466,10 +467,22 @@ fn validate_labels(labels: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Schema: unknown fields and JSON type errors, judged by the k8s-openapi types
+// Schema: unknown fields and JSON type errors, judged by the k8s-openapi types (in place, see schema.rs)
 // ---------------------------------------------------------------------------------------------
 
 fn check_schema(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
+    match schema::read(res, obj) {
+        schema::Reading::NoSchema => {}
+        schema::Reading::Fits(unknown) => {
+            c.extend(unknown.iter().map(|u| Cause::not_supported(u.path.clone(), format!("unknown field \"{}\"", u.key()))));
+        }
+        schema::Reading::Doubt => check_schema_typed(res, obj, c),
+    }
+}
+
+/// The schema check by the typed form, for objects the in-place walk does not vouch for: its
+/// first error is the cause reported.
+fn check_schema_typed(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
     match typed_form(res, obj) {
         Some(Ok(out)) => typed_input(res, obj, |input| unknown_fields(input, &out, "", c)),
         Some(Err(cause)) => c.push(cause),
@@ -488,6 +501,21 @@ pub fn prune_unknown_fields(res: &ResourceInfo, obj: &mut Value) -> Vec<String> 
 /// [`prune_unknown_fields`], also saying whether the schema read the object: if it did, what is
 /// left fits the schema and validation need not check it again.
 pub fn prune_and_check(res: &ResourceInfo, obj: &mut Value) -> (Vec<String>, Schema) {
+    match schema::read(res, obj) {
+        schema::Reading::NoSchema => (Vec::new(), Schema::Check),
+        schema::Reading::Fits(unknown) => {
+            if !unknown.is_empty() {
+                schema::prune(res, obj);
+            }
+            (unknown.into_iter().map(|u| u.path).collect(), Schema::AlreadyChecked)
+        }
+        schema::Reading::Doubt => prune_and_check_typed(res, obj),
+    }
+}
+
+/// [`prune_and_check`] by the typed form, for objects the in-place walk does not vouch for; public
+/// so that shepherd-bench can compare the two readings of the same object.
+pub fn prune_and_check_typed(res: &ResourceInfo, obj: &mut Value) -> (Vec<String>, Schema) {
     let out = match typed_form(res, obj) {
         Some(Ok(out)) => out,
         _ => return (Vec::new(), Schema::Check),
@@ -538,52 +566,65 @@ fn prune_value(input: &mut Value, output: &Value, path: &str, found: &mut Vec<St
     }
 }
 
+/// Something done with the k8s-openapi type of a kind.
+trait KindType {
+    type Out;
+    fn of<T: DeserializeOwned + Serialize + schemars::JsonSchema>(self) -> Self::Out;
+}
+
+/// Does `k` with the type of `res`: `None` for kinds without one.
+fn for_kind<K: KindType>(res: &ResourceInfo, k: K) -> Option<K::Out> {
+    use k8s_openapi::api as k8s;
+    Some(match res.kind {
+        "Pod" => k.of::<Pod>(),
+        "Deployment" => k.of::<Deployment>(),
+        "ReplicaSet" => k.of::<ReplicaSet>(),
+        "Service" => k.of::<Service>(),
+        "Endpoints" => k.of::<Endpoints>(),
+        "Namespace" => k.of::<Namespace>(),
+        "Node" => k.of::<Node>(),
+        "Event" => k.of::<Event>(),
+        "Lease" => k.of::<Lease>(),
+        "EndpointSlice" => k.of::<EndpointSlice>(),
+        "PodDisruptionBudget" => k.of::<PodDisruptionBudget>(),
+        "ConfigMap" => k.of::<ConfigMap>(),
+        "Secret" => k.of::<Secret>(),
+        "ServiceAccount" => k.of::<ServiceAccount>(),
+        "CustomResourceDefinition" if res.group == "apiextensions.k8s.io" => k.of::<CustomResourceDefinition>(),
+        "Job" => k.of::<k8s::batch::v1::Job>(),
+        "CronJob" => k.of::<k8s::batch::v1::CronJob>(),
+        "DaemonSet" => k.of::<k8s::apps::v1::DaemonSet>(),
+        "StatefulSet" => k.of::<k8s::apps::v1::StatefulSet>(),
+        "ControllerRevision" => k.of::<k8s::apps::v1::ControllerRevision>(),
+        "ReplicationController" => k.of::<k8s::core::v1::ReplicationController>(),
+        "Role" => k.of::<k8s::rbac::v1::Role>(),
+        "ClusterRole" => k.of::<k8s::rbac::v1::ClusterRole>(),
+        "RoleBinding" => k.of::<k8s::rbac::v1::RoleBinding>(),
+        "ClusterRoleBinding" => k.of::<k8s::rbac::v1::ClusterRoleBinding>(),
+        "SubjectAccessReview" => k.of::<k8s::authorization::v1::SubjectAccessReview>(),
+        "SelfSubjectAccessReview" => k.of::<k8s::authorization::v1::SelfSubjectAccessReview>(),
+        "SelfSubjectRulesReview" => k.of::<k8s::authorization::v1::SelfSubjectRulesReview>(),
+        "LocalSubjectAccessReview" => k.of::<k8s::authorization::v1::LocalSubjectAccessReview>(),
+        "CertificateSigningRequest" => k.of::<k8s::certificates::v1::CertificateSigningRequest>(),
+        "HorizontalPodAutoscaler" => k.of::<k8s::autoscaling::v2::HorizontalPodAutoscaler>(),
+        _ => return None,
+    })
+}
+
+struct RoundTrip<'a>(&'a Value);
+
+impl KindType for RoundTrip<'_> {
+    type Out = Result<Value, Cause>;
+    fn of<T: DeserializeOwned + Serialize + schemars::JsonSchema>(self) -> Self::Out {
+        round_trip::<T>(self.0)
+    }
+}
+
 /// The object as the schema of `res` reads it: `None` for kinds without a schema, a cause for a
 /// value the schema cannot read. The typed forms reject an apiVersion or kind other than their
 /// own; routing already matched these, so the form is of a copy without them then.
 fn typed_form(res: &ResourceInfo, obj: &Value) -> Option<Result<Value, Cause>> {
-    typed_input(res, obj, |input| match res.kind {
-        "Pod" => Some(round_trip::<Pod>(input)),
-        "Deployment" => Some(round_trip::<Deployment>(input)),
-        "ReplicaSet" => Some(round_trip::<ReplicaSet>(input)),
-        "Service" => Some(round_trip::<Service>(input)),
-        "Endpoints" => Some(round_trip::<Endpoints>(input)),
-        "Namespace" => Some(round_trip::<Namespace>(input)),
-        "Node" => Some(round_trip::<Node>(input)),
-        "Event" => Some(round_trip::<Event>(input)),
-        "Lease" => Some(round_trip::<Lease>(input)),
-        "EndpointSlice" => Some(round_trip::<EndpointSlice>(input)),
-        "PodDisruptionBudget" => Some(round_trip::<PodDisruptionBudget>(input)),
-        "ConfigMap" => Some(round_trip::<ConfigMap>(input)),
-        "Secret" => Some(round_trip::<Secret>(input)),
-        "ServiceAccount" => Some(round_trip::<ServiceAccount>(input)),
-        "CustomResourceDefinition" if res.group == "apiextensions.k8s.io" => Some(round_trip::<CustomResourceDefinition>(input)),
-        "Job" => Some(round_trip::<k8s_openapi::api::batch::v1::Job>(input)),
-        "CronJob" => Some(round_trip::<k8s_openapi::api::batch::v1::CronJob>(input)),
-        "DaemonSet" => Some(round_trip::<k8s_openapi::api::apps::v1::DaemonSet>(input)),
-        "StatefulSet" => Some(round_trip::<k8s_openapi::api::apps::v1::StatefulSet>(input)),
-        "ControllerRevision" => Some(round_trip::<k8s_openapi::api::apps::v1::ControllerRevision>(input)),
-        "ReplicationController" => Some(round_trip::<k8s_openapi::api::core::v1::ReplicationController>(input)),
-        "Role" => Some(round_trip::<k8s_openapi::api::rbac::v1::Role>(input)),
-        "ClusterRole" => Some(round_trip::<k8s_openapi::api::rbac::v1::ClusterRole>(input)),
-        "RoleBinding" => Some(round_trip::<k8s_openapi::api::rbac::v1::RoleBinding>(input)),
-        "ClusterRoleBinding" => Some(round_trip::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>(input)),
-        "SubjectAccessReview" => Some(round_trip::<k8s_openapi::api::authorization::v1::SubjectAccessReview>(input)),
-        "SelfSubjectAccessReview" => {
-            Some(round_trip::<k8s_openapi::api::authorization::v1::SelfSubjectAccessReview>(input))
-        }
-        "SelfSubjectRulesReview" => Some(round_trip::<k8s_openapi::api::authorization::v1::SelfSubjectRulesReview>(input)),
-        "LocalSubjectAccessReview" => {
-            Some(round_trip::<k8s_openapi::api::authorization::v1::LocalSubjectAccessReview>(input))
-        }
-        "CertificateSigningRequest" => {
-            Some(round_trip::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>(input))
-        }
-        "HorizontalPodAutoscaler" => {
-            Some(round_trip::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>(input))
-        }
-        _ => None,
-    })
+    typed_input(res, obj, |input| for_kind(res, RoundTrip(input)))
 }
 
 /// Calls `f` with the object as the typed forms read it: itself when it carries its own
@@ -1877,7 +1918,7 @@ mod tests {
         assert_eq!(validate_update(&SERVICE, &old, &new), Ok(()));
     }
 
-    fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
+    pub(super) fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
         use proptest::prelude::*;
         let key = prop_oneof![
             Just("metadata"), Just("name"), Just("labels"), Just("spec"), Just("containers"), Just("image"),

@@ -22,6 +22,7 @@ mod scale;
 mod service_rules;
 mod soak;
 mod store;
+mod validation_cost;
 mod watch_fanout;
 mod workloads;
 
@@ -222,6 +223,14 @@ enum Scenario {
     ApplyCost {
         #[arg(long, default_value_t = 2_000)]
         requests: usize,
+    },
+    /// In process, no server: the API server's schema check per object for a Lease renewal and a
+    /// Pod, in place against the typed round trip it replaced, and the whole validation of a write.
+    ValidationCost {
+        #[arg(long, default_value_t = 21)]
+        batches: usize,
+        #[arg(long, default_value_t = 2_000)]
+        calls_per_batch: usize,
     },
     /// `shepherd server` three ways: plain HTTP without authentication, TLS with token
     /// authentication and RBAC over 1,000 RoleBindings, and that with an audit log: server CPU and
@@ -476,6 +485,10 @@ async fn main() -> anyhow::Result<()> {
                 watch_fanout::Params { watchers, pods, changes }
             };
             watch_fanout::run(&cli.shepherd, p).await?
+        }
+        Scenario::ValidationCost { batches, calls_per_batch } => {
+            let (batches, calls) = if cli.smoke { (3, 20) } else { (batches.max(1), calls_per_batch.max(1)) };
+            validation_cost::run(batches, calls)?
         }
         Scenario::AuthCost { requests, rounds, bindings } => {
             let (requests, rounds, bindings) = if cli.smoke { (40, 2, 50) } else { (requests, rounds, bindings) };
