@@ -40,10 +40,14 @@ impl Requirement {
     }
 
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        let got = labels.get(self.key());
+        self.matches_value(labels.get(self.key()).map(String::as_str))
+    }
+
+    /// Whether the requirement holds when its label has the value `got` (`None`: absent).
+    pub fn matches_value(&self, got: Option<&str>) -> bool {
         match self {
-            Requirement::Equals(_, v) => got == Some(v),
-            Requirement::NotEquals(_, v) => got != Some(v),
+            Requirement::Equals(_, v) => got == Some(v.as_str()),
+            Requirement::NotEquals(_, v) => got != Some(v.as_str()),
             Requirement::In(_, set) => got.is_some_and(|g| set.contains(g)),
             Requirement::NotIn(_, set) => !got.is_some_and(|g| set.contains(g)),
             Requirement::Exists(_) => got.is_some(),
@@ -141,6 +145,12 @@ impl LabelSelector {
     /// Matches an object's `metadata.labels` (absent labels are an empty map).
     pub fn matches_object(&self, obj: &Value) -> bool {
         self.matches(&labels_of(obj))
+    }
+
+    /// Matches labels read through `label` (key to value, `None` when absent), without building
+    /// a map of them.
+    pub fn matches_with<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
+        self.requirements.iter().all(|r| r.matches_value(label(r.key())))
     }
 
     pub fn is_empty(&self) -> bool {
