@@ -40,11 +40,11 @@ impl Requirement {
     }
 
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.matches_label(labels.get(self.key()).map(String::as_str))
+        self.matches_value(labels.get(self.key()).map(String::as_str))
     }
 
-    /// Whether the requirement holds for an object whose label under [`Self::key`] is `got`.
-    fn matches_label(&self, got: Option<&str>) -> bool {
+    /// Whether the requirement holds when its label has the value `got` (`None`: absent).
+    pub fn matches_value(&self, got: Option<&str>) -> bool {
         match self {
             Requirement::Equals(_, v) => got == Some(v.as_str()),
             Requirement::NotEquals(_, v) => got != Some(v.as_str()),
@@ -147,9 +147,10 @@ impl LabelSelector {
         self.matches(&labels_of(obj))
     }
 
-    /// Matches the labels `get` looks up by key.
-    fn matches_lookup<'s>(&self, get: impl Fn(&str) -> Option<&'s str>) -> bool {
-        self.requirements.iter().all(|r| r.matches_label(get(r.key())))
+    /// Matches labels read through `label` (key to value, `None` when absent), without building
+    /// a map of them.
+    pub fn matches_with<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
+        self.requirements.iter().all(|r| r.matches_value(label(r.key())))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -461,7 +462,7 @@ impl Selection {
         }
         match serde_json::from_slice::<Selectable>(json) {
             Ok(obj) if json.trim_ascii_start().starts_with(b"{") => Some(
-                self.labels.as_ref().is_none_or(|l| l.matches_lookup(|k| obj.label(k)))
+                self.labels.as_ref().is_none_or(|l| l.matches_with(|k| obj.label(k)))
                     && self.fields.as_ref().is_none_or(|f| f.matches_lookup(|field| obj.field(field))),
             ),
             _ => serde_json::from_slice::<Value>(json).ok().map(|obj| self.matches(&obj)),

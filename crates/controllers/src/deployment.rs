@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::selector::LabelSelector;
 use shepherd_api::{ApiError, kinds};
-use shepherd_api::{meta, opt_str_at, pod};
+use shepherd_api::{meta, opt_str_at};
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Reconciler};
@@ -423,7 +423,7 @@ impl DeploymentReconciler {
             return Ok(true);
         }
         let old_pods_remain = sets.old.iter().any(|rs| {
-            self.pods.by_controller_uid(meta::uid(rs)).iter().any(|p| !matches!(pod::phase(p), "Failed" | "Succeeded"))
+            self.pods.pod_views_by_controller_uid(meta::uid(rs)).iter().any(|p| !matches!(p.phase(), "Failed" | "Succeeded"))
         });
         if old_pods_remain {
             return Ok(true);

@@ -123,7 +123,7 @@ impl DisruptionController {
         let Some(pdb) = self.pdbs.get(key) else { return Ok(Action::Done) };
         let ns = opt_str_at(&pdb, "/metadata/namespace").unwrap_or("");
         let pods: Vec<Arc<Value>> = match budget_selector(&pdb) {
-            Some(sel) => self.pods.by_namespace(ns).into_iter().filter(|p| sel.matches_object(p)).collect(),
+            Some(sel) => self.pods.by_namespace_where(ns, |p| p.matches(&sel)),
             None => Vec::new(),
         };
         let spec = |f: &str| pdb.at(&format!("/spec/{f}")).filter(|v| !v.is_null());

@@ -124,7 +124,7 @@ impl EndpointSliceController {
             self.remember(key, writes);
             return Ok(Action::Done);
         };
-        let pods: Vec<Arc<Value>> = self.pods.by_namespace(ns).into_iter().filter(|p| selector.matches_object(p)).collect();
+        let pods: Vec<Arc<Value>> = self.pods.by_namespace_where(ns, |p| p.matches(&selector));
         let desired = desired_slices(&svc, &pods);
         let owner = json!([{"apiVersion": "v1", "kind": "Service", "name": name, "uid": svc.at("/metadata/uid"),
             "controller": true, "blockOwnerDeletion": true}]);

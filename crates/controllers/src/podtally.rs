@@ -1,7 +1,7 @@
 //! Per-owner pod counts behind ReplicaSet status, adjusted from pod events instead of recounted per pass.
 //!
-//! Each pod's contribution (counted, fully labeled, ready, ready since) is kept beside a handle on
-//! the pod, and an event subtracts the old contribution and adds the new one, so a status read is
+//! Each pod's contribution (counted, fully labeled, ready, ready since) is kept beside the pod's
+//! view (the one the pod cache keeps), and an event subtracts the old contribution and adds the new one, so a status read is
 //! O(1) in the pods plus the number of distinct ready-since seconds (for `minReadySeconds`, whose
 //! timed availability needs no event: a ready pod is available once `since + minReady <= now`).
 //! What counts depends on the owner's selector and template labels, which the owner's reconcile
@@ -13,10 +13,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::{Map, Value};
-use shepherd_api::JsonPath;
 use shepherd_api::selector::LabelSelector;
-use shepherd_api::{meta, pod};
-use shepherd_runtime::cache::{Change, controller_owner, object_key};
+use shepherd_runtime::cache::{Change, object_key};
+use shepherd_runtime::{Cache, PodView};
 
 use crate::podutil;
 
@@ -55,20 +54,19 @@ struct Facts {
 }
 
 impl Facts {
-    fn of(pod: &Value, spec: Option<&OwnerSpec>) -> Facts {
+    fn of(pod: &PodView, spec: Option<&OwnerSpec>) -> Facts {
         let Some(spec) = spec else { return Facts::default() };
-        if meta::is_deleting(pod) {
+        if pod.is_deleting() {
             return Facts::default();
         }
-        if !spec.selector.matches_object(pod) {
+        if !pod.matches(&spec.selector) {
             return Facts { stray: true, ..Facts::default() };
         }
-        if !pod::is_active(pod) {
-            return Facts { failed: pod::phase(pod) == "Failed", ..Facts::default() };
+        if !pod.is_active() {
+            return Facts { failed: pod.phase() == "Failed", ..Facts::default() };
         }
-        let labels = pod.at("/metadata/labels").and_then(Value::as_object);
-        let fully_labeled = spec.template_labels.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
-        let ready_since = pod::is_ready(pod).then(|| pod::ready_since(pod).unwrap_or(Timestamp::MIN));
+        let fully_labeled = podutil::fully_labeled(pod, &spec.template_labels);
+        let ready_since = pod.is_ready().then(|| pod.ready_since().unwrap_or(Timestamp::MIN));
         Facts { counted: true, fully_labeled, ready_since, ..Facts::default() }
     }
 }
@@ -125,7 +123,7 @@ struct Owner {
 
 struct Entry {
     owner: String,
-    pod: Arc<Value>,
+    pod: Arc<PodView>,
     facts: Facts,
 }
 
@@ -148,12 +146,11 @@ impl State {
         }
     }
 
-    fn put(&mut self, key: String, pod: Arc<Value>) {
-        let Some((_, _, uid)) = controller_owner(&pod) else {
+    fn put(&mut self, key: String, pod: Arc<PodView>) {
+        let Some(uid) = pod.controller_uid().map(str::to_string) else {
             self.forget(&key);
             return;
         };
-        let uid = uid.to_string();
         if self.pods.get(&key).is_some_and(|e| e.owner != uid) {
             self.forget(&key);
         }
@@ -178,9 +175,16 @@ impl State {
 #[derive(Default)]
 pub struct PodTally {
     state: Mutex<State>,
+    /// The pod cache whose views the tally keeps; without one it reads a view per change.
+    pods: Option<Arc<Cache>>,
 }
 
 impl PodTally {
+    /// A tally fed by the changes of `pods`, keeping the views that cache made.
+    pub fn over(pods: Arc<Cache>) -> PodTally {
+        PodTally { state: Mutex::default(), pods: Some(pods) }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -188,10 +192,19 @@ impl PodTally {
     /// Applies one change of the pod cache.
     pub fn apply(&self, change: &Change) {
         let Some(key) = object_key(change.object()) else { return };
+        let view = match change {
+            Change::Added(pod) | Change::Updated { new: pod, .. } => Some(
+                self.pods
+                    .as_ref()
+                    .and_then(|c| c.pod_view_of(&key, pod))
+                    .unwrap_or_else(|| Arc::new(PodView::of(pod))),
+            ),
+            Change::Deleted(_) => None,
+        };
         let mut state = self.lock();
-        match change {
-            Change::Added(pod) | Change::Updated { new: pod, .. } => state.put(key, pod.clone()),
-            Change::Deleted(_) => state.forget(&key),
+        match view {
+            Some(view) => state.put(key, view),
+            None => state.forget(&key),
         }
     }
 
@@ -223,7 +236,7 @@ impl PodTally {
         let mut fully_labeled = o.sums.fully_labeled;
         let mut not_ready = Vec::new();
         for (key, uid) in excluded {
-            let ours = |e: &&Entry| e.owner == owner && e.facts.counted && meta::uid(&e.pod) == uid;
+            let ours = |e: &&Entry| e.owner == owner && e.facts.counted && e.pod.uid() == uid;
             if let Some(e) = state.pods.get(key).filter(ours) {
                 replicas -= 1;
                 fully_labeled -= usize::from(e.facts.fully_labeled);

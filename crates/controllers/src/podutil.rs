@@ -5,10 +5,11 @@
 use std::cmp::Ordering;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use shepherd_api::ResourceInfo;
 use shepherd_api::meta::{name, owner_references, resource_version, uid};
-use shepherd_api::pod::{is_ready, is_scheduled, ordinal, phase};
+use shepherd_api::pod::ordinal;
+use shepherd_runtime::PodView;
 
 /// Label every pod and ReplicaSet of a Deployment carries, naming its template's hash.
 pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
@@ -80,17 +81,22 @@ pub fn release_patch(obj: &Value, owner_uid: &str) -> Value {
 
 /// Scale-down order: which of two pods to delete first. Unscheduled before scheduled, pending
 /// before running, not ready before ready, then the higher ordinal (the newer name) first.
-pub fn victim_order(a: &Value, b: &Value, prefix: &str) -> Ordering {
-    let rank_phase = |p: &Value| match phase(p) {
+pub fn victim_order(a: &PodView, b: &PodView, prefix: &str) -> Ordering {
+    let rank_phase = |p: &PodView| match p.phase() {
         "Pending" => 0,
         "Unknown" => 1,
         _ => 2,
     };
-    let key = |p: &Value| (is_scheduled(p), rank_phase(p), is_ready(p));
+    let key = |p: &PodView| (p.is_scheduled(), rank_phase(p), p.is_ready());
     key(a).cmp(&key(b)).then_with(|| {
-        let (oa, ob) = (ordinal(name(a), prefix), ordinal(name(b), prefix));
-        ob.cmp(&oa).then_with(|| name(b).cmp(name(a)))
+        let (oa, ob) = (ordinal(a.name(), prefix), ordinal(b.name(), prefix));
+        ob.cmp(&oa).then_with(|| b.name().cmp(a.name()))
     })
+}
+
+/// Whether the pod carries every label of a template (`fullyLabeledReplicas`).
+pub fn fully_labeled(pod: &PodView, template_labels: &Map<String, Value>) -> bool {
+    template_labels.iter().all(|(k, v)| v.as_str().is_some_and(|v| pod.label(k) == Some(v)))
 }
 
 #[cfg(test)]
@@ -114,9 +120,10 @@ mod tests {
             pod("web-1", Some("n"), "Running", false),
             pod("web-2", Some("n"), "Pending", false),
             pod("web-3", None, "Pending", false),
-        ];
+        ]
+        .map(|p| PodView::of(&p));
         pods.sort_by(|a, b| victim_order(a, b, "web"));
-        let order: Vec<&str> = pods.iter().map(name).collect();
+        let order: Vec<&str> = pods.iter().map(PodView::name).collect();
         assert_eq!(order, ["web-3", "web-2", "web-1", "web-5", "web-0"]);
     }
 

@@ -21,7 +21,7 @@ use shepherd_api::{meta, opt_str_at, pod};
 use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::ratelimit::WholeTokens;
-use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, Reconciler};
+use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager, Patch, PodView, Reconciler};
 use tokio::time::Instant;
 use tracing::warn;
 
@@ -74,7 +74,7 @@ fn replica_controller(
 ) -> Controller {
     let replicasets = manager.informers().cache(kind);
     let tally = incremental.then(|| {
-        let tally = Arc::new(PodTally::default());
+        let tally = Arc::new(PodTally::over(manager.informers().cache(&kinds::POD)));
         let feed = tally.clone();
         manager.informers().informer(&kinds::POD).subscribe(move |change| feed.apply(change));
         tally
@@ -136,18 +136,18 @@ struct Expectations {
 impl Expectations {
     /// Forgets what the cache now reflects (or what is too old to wait for). `observed` is the
     /// pod cache's revision: a creation at or below it was seen, even if the pod is gone again.
-    fn prune(&mut self, pods: &HashMap<&str, &Value>, observed: u64) {
+    fn prune(&mut self, pods: &HashMap<&str, &PodView>, observed: u64) {
         self.prune_by(|name| pods.get(name).copied(), observed)
     }
 
     /// `prune` with the owned pods looked up by name.
-    fn prune_by<P: std::ops::Deref<Target = Value>>(&mut self, pod: impl Fn(&str) -> Option<P>, observed: u64) {
+    fn prune_by<P: std::ops::Deref<Target = PodView>>(&mut self, pod: impl Fn(&str) -> Option<P>, observed: u64) {
         let fresh = |at: &Instant| at.elapsed() < EXPECTATION_TTL;
         self.creating.retain(|name, (uid, created, at)| {
-            fresh(at) && *created > observed && pod(name.as_str()).is_none_or(|p| meta::uid(&p) != uid)
+            fresh(at) && *created > observed && pod(name.as_str()).is_none_or(|p| p.uid() != uid)
         });
         self.deleting.retain(|name, (uid, at)| {
-            fresh(at) && pod(name.as_str()).is_some_and(|p| meta::uid(&p) == uid && !meta::is_deleting(&p))
+            fresh(at) && pod(name.as_str()).is_some_and(|p| p.uid() == uid && !p.is_deleting())
         })
     }
 
@@ -156,8 +156,8 @@ impl Expectations {
         self.deleting.iter().map(|(name, (uid, _))| (format!("{namespace}/{name}"), uid.clone())).collect()
     }
 
-    fn is_being_deleted(&self, pod: &Value) -> bool {
-        self.deleting.get(meta::name(pod)).is_some_and(|(uid, _)| uid == meta::uid(pod))
+    fn is_being_deleted(&self, pod: &PodView) -> bool {
+        self.deleting.get(pod.name()).is_some_and(|(uid, _)| uid == pod.uid())
     }
 }
 
@@ -260,11 +260,11 @@ impl ReplicaSetReconciler {
         let prefix = pod_name_prefix(rs);
         let min_ready = Duration::from_secs(rs.at("/spec/minReadySeconds").and_then(Value::as_u64).unwrap_or(0));
         let replicas = rs.at("/spec/replicas").and_then(Value::as_u64).unwrap_or(1) as usize;
-        let orphans: Vec<Arc<Value>> = self
+        let orphans: Vec<Arc<PodView>> = self
             .pods
-            .unowned_in_namespace(ns)
+            .pod_views_unowned_in_namespace(ns)
             .into_iter()
-            .filter(|pod| selector.matches_object(pod) && !meta::is_deleting(pod))
+            .filter(|pod| pod.matches(&selector) && !pod.is_deleting())
             .collect();
         if orphans.is_empty()
             && let Some(action) = self.sync_counted(key, rs, &selector, &prefix, replicas, min_ready).await?
@@ -275,17 +275,18 @@ impl ReplicaSetReconciler {
 
         // Claim: keep what is ours and matches, release what stopped matching, adopt orphans. The
         // cache indexes pods by controller and keeps the unowned ones apart, so a reconcile reads
-        // its own pods and the orphans, not the whole namespace.
-        let mut owned: Vec<Arc<Value>> = Vec::new();
-        for pod in self.pods.by_controller_uid(rs_uid) {
-            if selector.matches_object(&pod) || meta::is_deleting(&pod) {
+        // its own pods and the orphans, not the whole namespace. It reads the pods' views; only a
+        // pod to release or adopt is read whole, for the patch.
+        let mut owned: Vec<Arc<PodView>> = Vec::new();
+        for pod in self.pods.pod_views_by_controller_uid(rs_uid) {
+            if pod.matches(&selector) || pod.is_deleting() {
                 owned.push(pod);
             } else if let Err(e) = self.release(&pod, rs_uid).await {
                 errors.push(e.to_string());
             }
         }
         if !orphans.is_empty() && !meta::is_deleting(rs) {
-            match self.adopt_all(rs, &orphans).await {
+            match self.adopt_all(rs, &orphans, &selector).await {
                 Ok(adopted) => owned.extend(adopted),
                 Err(e) => errors.push(e.to_string()),
             }
@@ -300,10 +301,10 @@ impl ReplicaSetReconciler {
         let (status, wait) = {
             let expectations = self.lock_expectations();
             let exp = expectations.get(key);
-            let active: Vec<&Value> = owned
+            let active: Vec<&PodView> = owned
                 .iter()
                 .map(|p| p.as_ref())
-                .filter(|p| pod::is_active(p) && !exp.is_some_and(|e| e.is_being_deleted(p)))
+                .filter(|p| p.is_active() && !exp.is_some_and(|e| e.is_being_deleted(p)))
                 .collect();
             compute_status(rs, &active, min_ready, errors.first().map(String::as_str))
         };
@@ -343,9 +344,9 @@ impl ReplicaSetReconciler {
         let rs_uid = meta::uid(rs);
         tally.set_spec(rs_uid, &owner_spec(rs, selector));
         let owned = |name: &str| {
-            self.pods.get(&format!("{ns}/{name}")).filter(|p| {
-                meta::controller_uid(p) == Some(rs_uid) && (selector.matches_object(p) || meta::is_deleting(p))
-            })
+            self.pods
+                .pod_view(&format!("{ns}/{name}"))
+                .filter(|p| p.controller_uid() == Some(rs_uid) && (p.matches(selector) || p.is_deleting()))
         };
         let (pending_creates, creating, excluded) = {
             let mut all = self.lock_expectations();
@@ -379,17 +380,17 @@ impl ReplicaSetReconciler {
         &self,
         key: &str,
         rs: &Value,
-        owned: &[Arc<Value>],
+        owned: &[Arc<PodView>],
         prefix: &str,
         replicas: usize,
     ) -> Result<(), String> {
-        let by_name: HashMap<&str, &Value> = owned.iter().map(|p| (meta::name(p), p.as_ref())).collect();
+        let by_name: HashMap<&str, &PodView> = owned.iter().map(|p| (p.name(), p.as_ref())).collect();
         let (pending_creates, mut active) = {
             let mut all = self.lock_expectations();
             let exp = all.entry(key.to_string()).or_default();
             exp.prune(&by_name, self.pods.observed_revision());
-            let active: Vec<Arc<Value>> =
-                owned.iter().filter(|p| pod::is_active(p) && !exp.is_being_deleted(p)).cloned().collect();
+            let active: Vec<Arc<PodView>> =
+                owned.iter().filter(|p| p.is_active() && !exp.is_being_deleted(p)).cloned().collect();
             (exp.creating.len(), active)
         };
 
@@ -405,13 +406,13 @@ impl ReplicaSetReconciler {
             taken.reserved.extend(exp.creating.keys().filter_map(|n| pod::ordinal(n, prefix)));
         }
 
-        let failed: Vec<&Arc<Value>> = owned.iter().filter(|p| pod::phase(p) == "Failed" && !meta::is_deleting(p)).collect();
+        let failed: Vec<&Arc<PodView>> = owned.iter().filter(|p| p.phase() == "Failed" && !p.is_deleting()).collect();
         for pod in failed {
             match self.delete_pod(key, pod).await {
                 Ok(gone) => {
-                    let msg = format!("Deleted failed pod: {}", meta::name(pod));
+                    let msg = format!("Deleted failed pod: {}", pod.name());
                     self.events.record(rs, EventType::Normal, "SuccessfulDelete", &msg).await;
-                    if gone && let Some(o) = pod::ordinal(meta::name(pod), prefix) {
+                    if gone && let Some(o) = pod::ordinal(pod.name(), prefix) {
                         taken.free(o);
                     }
                 }
@@ -426,12 +427,12 @@ impl ReplicaSetReconciler {
         } else if have > replicas {
             let excess = (have - replicas).min(BURST).min(active.len());
             active.sort_by(|a, b| podutil::victim_order(a, b, prefix));
-            let victims: Vec<Arc<Value>> = active.into_iter().take(excess).collect();
+            let victims: Vec<Arc<PodView>> = active.into_iter().take(excess).collect();
             let results = futures::future::join_all(victims.iter().map(|p| self.delete_pod(key, p))).await;
             for (pod, r) in victims.iter().zip(results) {
                 match r {
                     Ok(_) => {
-                        let msg = format!("Deleted pod: {}", meta::name(pod));
+                        let msg = format!("Deleted pod: {}", pod.name());
                         self.events.record(rs, EventType::Normal, "SuccessfulDelete", &msg).await;
                     }
                     Err(e) => return Err(self.failed(rs, "FailedDelete", &e).await),
@@ -498,16 +499,16 @@ impl ReplicaSetReconciler {
 
     /// Deletes a pod if it is still the one we saw; `Ok(true)` when it is gone at once (unbound
     /// pods), `Ok(false)` while its node agent stops it.
-    async fn delete_pod(&self, key: &str, pod: &Value) -> Result<bool, ApiError> {
-        let params = DeleteParams { precondition_uid: Some(meta::uid(pod).to_string()), ..Default::default() };
-        let gone = match self.client.delete(&kinds::POD, meta::namespace(pod), meta::name(pod), &params).await {
+    async fn delete_pod(&self, key: &str, pod: &PodView) -> Result<bool, ApiError> {
+        let params = DeleteParams { precondition_uid: Some(pod.uid().to_string()), ..Default::default() };
+        let gone = match self.client.delete(&kinds::POD, pod.namespace(), pod.name(), &params).await {
             Ok(remaining) => remaining.is_none(),
             // Already gone, or replaced by another pod of the same name: either way not ours to delete.
             Err(e) if e.is_not_found() || e.is_conflict() => true,
             Err(e) => return Err(e),
         };
         if let Some(exp) = self.lock_expectations().get_mut(key) {
-            exp.deleting.insert(meta::name(pod).to_string(), (meta::uid(pod).to_string(), Instant::now()));
+            exp.deleting.insert(pod.name().to_string(), (pod.uid().to_string(), Instant::now()));
         }
         Ok(gone)
     }
@@ -520,20 +521,26 @@ impl ReplicaSetReconciler {
 
     /// Takes orphans after checking, live, that this ReplicaSet is still the one we cached and
     /// not being deleted. Each adoption is conditional on the pod's resourceVersion, so of two
-    /// ReplicaSets racing for an orphan exactly one wins.
-    async fn adopt_all(&self, rs: &Value, orphans: &[Arc<Value>]) -> Result<Vec<Arc<Value>>, ApiError> {
+    /// ReplicaSets racing for an orphan exactly one wins. The patch is made from the pod as the
+    /// cache holds it now, which must still be an orphan the selector matches.
+    async fn adopt_all(&self, rs: &Value, orphans: &[Arc<PodView>], selector: &LabelSelector) -> Result<Vec<Arc<PodView>>, ApiError> {
         let fresh = self.client.get(self.kind, meta::namespace(rs), meta::name(rs)).await?;
         if meta::uid(&fresh) != meta::uid(rs) || meta::is_deleting(&fresh) {
             return Ok(Vec::new());
         }
         let mut adopted = Vec::new();
-        for pod in orphans {
-            let patch = podutil::adopt_patch(pod, rs, self.kind);
-            match self.client.patch(&kinds::POD, meta::namespace(pod), meta::name(pod), Patch::Merge(patch)).await {
+        for orphan in orphans {
+            let Some(pod) = self.pods.get(&orphan.key()).filter(|p| {
+                meta::uid(p) == orphan.uid() && meta::controller_ref(p).is_none() && selector.matches_object(p) && !meta::is_deleting(p)
+            }) else {
+                continue;
+            };
+            let patch = podutil::adopt_patch(&pod, rs, self.kind);
+            match self.client.patch(&kinds::POD, meta::namespace(&pod), meta::name(&pod), Patch::Merge(patch)).await {
                 Ok(p) => {
-                    let msg = format!("Adopted pod: {}", meta::name(pod));
+                    let msg = format!("Adopted pod: {}", meta::name(&pod));
                     self.events.record(rs, EventType::Normal, "Adopted", &msg).await;
-                    adopted.push(Arc::new(p));
+                    adopted.push(Arc::new(PodView::of(&p)));
                 }
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),
@@ -542,9 +549,11 @@ impl ReplicaSetReconciler {
         Ok(adopted)
     }
 
-    async fn release(&self, pod: &Value, rs_uid: &str) -> Result<(), ApiError> {
-        let patch = podutil::release_patch(pod, rs_uid);
-        match self.client.patch(&kinds::POD, meta::namespace(pod), meta::name(pod), Patch::Merge(patch)).await {
+    /// Removes `rs_uid` from the owner references of the pod as the cache holds it now.
+    async fn release(&self, view: &PodView, rs_uid: &str) -> Result<(), ApiError> {
+        let Some(pod) = self.pods.get(&view.key()).filter(|p| meta::uid(p) == view.uid()) else { return Ok(()) };
+        let patch = podutil::release_patch(&pod, rs_uid);
+        match self.client.patch(&kinds::POD, meta::namespace(&pod), meta::name(&pod), Patch::Merge(patch)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),
@@ -614,7 +623,7 @@ fn owner_spec(rs: &Value, selector: &LabelSelector) -> OwnerSpec {
 
 /// The status `kubectl get rs` shows, and how long until a ready pod becomes available, counted
 /// over all of `active`.
-fn compute_status(rs: &Value, active: &[&Value], min_ready: Duration, failure: Option<&str>) -> (Value, Option<Duration>) {
+fn compute_status(rs: &Value, active: &[&PodView], min_ready: Duration, failure: Option<&str>) -> (Value, Option<Duration>) {
     let no_labels = serde_json::Map::new();
     let template_labels = rs.at("/spec/template/metadata/labels").and_then(Value::as_object).unwrap_or(&no_labels);
     let now = podutil::now();
@@ -623,14 +632,13 @@ fn compute_status(rs: &Value, active: &[&Value], min_ready: Duration, failure: O
     let mut fully_labeled = 0;
     let mut wait: Option<Duration> = None;
     for pod in active {
-        let labels = pod.at("/metadata/labels").and_then(Value::as_object).unwrap_or(&no_labels);
-        if template_labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+        if podutil::fully_labeled(pod, template_labels) {
             fully_labeled += 1;
         }
-        if pod::is_ready(pod) {
+        if pod.is_ready() {
             ready += 1;
         }
-        match pod::availability(pod, min_ready, now) {
+        match pod.availability(min_ready, now) {
             Ok(true) => available += 1,
             Ok(false) => {}
             Err(w) => wait = Some(wait.map_or(w, |cur| cur.min(w))),
@@ -774,12 +782,13 @@ mod tests {
                 .map(|p| p.as_ref())
                 .filter(|p| meta::controller_uid(p) == Some(uid) && (selector.matches_object(p) || meta::is_deleting(p)))
                 .collect();
-            let active: Vec<&Value> = owned
+            let active: Vec<PodView> = owned
                 .iter()
                 .copied()
                 .filter(|p| pod::is_active(p) && !excluded.contains(&meta::name(p)))
+                .map(PodView::of)
                 .collect();
-            let full = compute_status(&self.rs, &active, min_ready, None);
+            let full = compute_status(&self.rs, &active.iter().collect::<Vec<_>>(), min_ready, None);
 
             self.tally.set_spec(uid, &owner_spec(&self.rs, &selector));
             let excluded: Vec<(String, String)> =

@@ -89,7 +89,8 @@ impl Informer {
             res,
             params,
             client,
-            cache: Arc::default(),
+            // Pods are what controllers scan by the thousand: their cache keeps views.
+            cache: Arc::new(if res.group.is_empty() && res.kind == "Pod" { Cache::with_pod_views() } else { Cache::default() }),
             handlers: Mutex::default(),
             next_handler: AtomicU64::new(0),
             synced: watch::Sender::new(false),

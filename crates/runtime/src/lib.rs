@@ -12,6 +12,7 @@ pub mod leader;
 pub mod manager;
 pub mod metrics;
 pub mod ratelimit;
+pub mod view;
 pub(crate) mod workqueue;
 
 #[cfg(any(test, feature = "testing"))]
@@ -24,3 +25,4 @@ pub use faults::{ReconcileFaults, WatchFaults};
 pub use informer::{Informer, InformerFactory};
 pub use manager::{Manager, RunningManager, TuneError};
 pub use metrics::Metrics;
+pub use view::PodView;

@@ -218,8 +218,7 @@ impl Autoscaler {
     }
 
     async fn evaluate(&self, ns: &str, hpa: &Value, current: i64, selector: &LabelSelector) -> Evaluated {
-        let pods: Vec<Arc<Value>> =
-            self.pods.by_namespace(ns).into_iter().filter(|p| selector.matches_object(p)).collect();
+        let pods: Vec<Arc<Value>> = self.pods.by_namespace_where(ns, |p| p.matches(selector));
         let metrics = match self.client.list(&kinds::POD_METRICS, &ListParams::namespace(ns)).await {
             Ok(l) => Ok(l.items),
             Err(e) => Err(format!("unable to fetch metrics from resource metrics API: {e}")),
