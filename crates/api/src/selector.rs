@@ -373,9 +373,12 @@ fn top_level_terms(s: &str) -> Vec<&str> {
     parts
 }
 
-/// `field in (a,b)` or `field notin (a,b)`: (field, negated, values); `None` if `part` has no
-/// `(` before any `=`, so it is not written as a set at all.
-fn set_term(part: &str) -> Option<Result<(&str, bool, BTreeSet<String>), ApiError>> {
+/// A term naming a set of values: (field, negated, values).
+type SetTerm<'a> = (&'a str, bool, BTreeSet<String>);
+
+/// `field in (a,b)` or `field notin (a,b)`; `None` if `part` has no `(` before any `=`, so it
+/// is not written as a set at all.
+fn set_term(part: &str) -> Option<Result<SetTerm<'_>, ApiError>> {
     let open = part.find('(')?;
     if part[..open].contains('=') {
         return None;
