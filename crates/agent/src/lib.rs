@@ -270,10 +270,13 @@ impl Agent {
             RuntimeKind::Simulated(b) => (Arc::new(simulated::SimulatedRuntime::new(*b, tx)), None),
         };
         let manager = Manager::new(client.clone());
-        // Watch only the pods bound to our node(s), not every pod of the cluster.
+        // Watch only the pods bound to our node(s), not every pod of the cluster: an agent standing
+        // in for 1,000 of 5,000 nodes that watched every bound pod cached (and reconciled) five
+        // times the pods it runs.
+        let names = nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(",");
         let scope = match nodes.as_slice() {
             [one] => format!("spec.nodeName={}", one.name),
-            _ => "spec.nodeName!=".to_string(),
+            _ => format!("spec.nodeName in ({names})"),
         };
         manager.informers().scope(&kinds::POD, ListParams::default().fields(scope));
         let cache = manager.informers().cache(&kinds::POD);
@@ -292,10 +295,13 @@ impl Agent {
             _ => None,
         };
         // Each beat compares the node's status with a watch of the Node instead of reading it:
-        // only its own Node, unless it routes to other nodes' pods (then it watches them all
-        // anyway) or stands in for many nodes.
-        if let ([node], None) = (nodes.as_slice(), &network) {
-            manager.informers().scope(&kinds::NODE, ListParams::default().fields(format!("metadata.name={}", node.name)));
+        // only its own Nodes, unless it routes to other nodes' pods (then it watches them all).
+        if network.is_none() {
+            let scope = match nodes.as_slice() {
+                [one] => format!("metadata.name={}", one.name),
+                _ => format!("metadata.name in ({names})"),
+            };
+            manager.informers().scope(&kinds::NODE, ListParams::default().fields(scope));
         }
         let inputs =
             pods::ConfigInputs {
@@ -343,6 +349,11 @@ impl Agent {
     /// The port of the streaming endpoint, when it serves one.
     pub fn streaming_port(&self) -> Option<u16> {
         self.streaming.as_ref().and_then(|(l, _)| l.local_addr().ok()).map(|a| a.port())
+    }
+
+    /// The agent's copy of the pods it follows (those bound to its nodes) and of its Nodes.
+    pub fn caches(&self) -> (Arc<shepherd_runtime::Cache>, Arc<shepherd_runtime::Cache>) {
+        (self.manager.informers().cache(&kinds::POD), self.manager.informers().cache(&kinds::NODE))
     }
 
     /// The names of the nodes this agent runs.

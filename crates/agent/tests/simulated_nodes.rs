@@ -83,6 +83,41 @@ async fn a_hundred_simulated_nodes_each_get_a_node_and_a_lease_and_their_pods_ru
     agent.finish(&client).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_sharing_a_cluster_each_follow_only_their_own_nodes_and_pods() {
+    let client = api().await;
+    let a = Agent::simulated(client.clone(), sim_config(20), 3, "sim-a-").await.expect("agent a");
+    let b = Agent::simulated(client.clone(), sim_config(20), 3, "sim-b-").await.expect("agent b");
+    let ((a_pods, a_nodes), (b_pods, b_nodes)) = (a.caches(), b.caches());
+    let (a, b) = (RunningAgent::run(a), RunningAgent::run(b));
+    for i in 0..12 {
+        let node = format!("sim-{}-{}", if i % 2 == 0 { "a" } else { "b" }, i % 3);
+        create(&client, pod(&format!("p-{i}"), &node, json!({"containers": [{"name": "c", "image": "minimal"}]}))).await;
+    }
+    let running = || async {
+        let pods = client.list(&kinds::POD, &ListParams::namespace("default")).await.expect("pods");
+        pods.items.iter().filter(|p| running_and_ready(p)).count() == 12
+    };
+    assert!(wait_until_async(Duration::from_secs(20), running).await, "12 pods Running and Ready");
+    // The nodes register over the first lease interval.
+    let registered = || async { client.list(&kinds::NODE, &ListParams::default()).await.is_ok_and(|l| l.items.len() == 6) };
+    assert!(wait_until_async(Duration::from_secs(5), registered).await, "6 nodes registered");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Each agent holds the 6 pods and 3 Nodes it runs, not those of the other agent.
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let a_keys = sorted(a_pods.keys());
+    assert_eq!(a_keys, ["default/p-0", "default/p-10", "default/p-2", "default/p-4", "default/p-6", "default/p-8"]);
+    assert_eq!(b_pods.len(), 6);
+    assert!(b_pods.keys().iter().all(|k| !a_keys.contains(k)));
+    assert_eq!(sorted(a_nodes.keys()), ["sim-a-0", "sim-a-1", "sim-a-2"]);
+    assert_eq!(sorted(b_nodes.keys()), ["sim-b-0", "sim-b-1", "sim-b-2"]);
+    a.finish(&client).await;
+    b.finish(&client).await;
+}
+
 async fn wait_until_async<F, Fut>(limit: Duration, mut cond: F) -> bool
 where
     F: FnMut() -> Fut,

@@ -350,13 +350,71 @@ pub const SELECTABLE_FIELDS: &[&str] = &[
 struct FieldTerm {
     field: String,
     negated: bool,
-    value: String,
+    /// One value for `=`/`!=`; any number for `in`/`notin`.
+    values: BTreeSet<String>,
+    set: bool,
 }
 
 /// A parsed field selector (`spec.nodeName=n1,status.phase!=Running`): every term must hold.
+///
+/// Beyond Kubernetes' `=`, `==` and `!=`, a term may name a set of values, as label selectors do:
+/// `spec.nodeName in (n1,n2)`, `metadata.name notin (a,b)`. A process standing in for many nodes
+/// watches only the pods of its own nodes with one such term instead of every bound pod.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct FieldSelector {
     terms: Vec<FieldTerm>,
+}
+
+/// `s` split at the commas outside parentheses.
+fn top_level_terms(s: &str) -> Vec<&str> {
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth <= 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+/// A term naming a set of values: (field, negated, values).
+type SetTerm<'a> = (&'a str, bool, BTreeSet<String>);
+
+/// `field in (a,b)` or `field notin (a,b)`; `None` if `part` has no `(` before any `=`, so it
+/// is not written as a set at all.
+fn set_term(part: &str) -> Option<Result<SetTerm<'_>, ApiError>> {
+    let open = part.find('(')?;
+    if part[..open].contains('=') {
+        return None;
+    }
+    let bad = |why: &str| {
+        Err(ApiError::BadRequest(format!("invalid field selector term \"{}\": {why}", part.trim())))
+    };
+    let head = part[..open].trim();
+    let (field, negated) = if let Some(f) = head.strip_suffix(" notin") {
+        (f.trim(), true)
+    } else if let Some(f) = head.strip_suffix(" in") {
+        (f.trim(), false)
+    } else {
+        return Some(bad("expected field in (values) or field notin (values)"));
+    };
+    let Some(inner) = part[open + 1..].trim_end().strip_suffix(')') else {
+        return Some(bad("expected ')' to close the set of values"));
+    };
+    let mut values = BTreeSet::new();
+    for v in inner.split(',').map(str::trim) {
+        if v.is_empty() || v.contains(['(', ')', '=', '!']) {
+            return Some(bad(&format!("\"{v}\" is not a value of a set")));
+        }
+        values.insert(v.to_string());
+    }
+    Some(Ok((field, negated, values)))
 }
 
 impl FieldSelector {
@@ -365,18 +423,24 @@ impl FieldSelector {
         if s.trim().is_empty() {
             return Ok(FieldSelector::default());
         }
-        for part in s.split(',') {
-            let (field, negated, value) = if let Some((f, v)) = part.split_once("!=") {
-                (f, true, v)
-            } else if let Some((f, v)) = part.split_once("==") {
-                (f, false, v)
-            } else if let Some((f, v)) = part.split_once('=') {
-                (f, false, v)
+        for part in top_level_terms(s) {
+            let (field, negated, values, set) = if let Some(term) = set_term(part) {
+                let (f, negated, values) = term?;
+                (f, negated, values, true)
             } else {
-                return Err(ApiError::BadRequest(format!(
-                    "invalid field selector term \"{}\": expected field=value, field==value or field!=value",
-                    part.trim()
-                )));
+                let (f, negated, v) = if let Some((f, v)) = part.split_once("!=") {
+                    (f, true, v)
+                } else if let Some((f, v)) = part.split_once("==") {
+                    (f, false, v)
+                } else if let Some((f, v)) = part.split_once('=') {
+                    (f, false, v)
+                } else {
+                    return Err(ApiError::BadRequest(format!(
+                        "invalid field selector term \"{}\": expected field=value, field==value, field!=value or field in (values)",
+                        part.trim()
+                    )));
+                };
+                (f, negated, BTreeSet::from([v.trim().to_string()]), false)
             };
             let field = field.trim();
             if !SELECTABLE_FIELDS.contains(&field) {
@@ -385,7 +449,7 @@ impl FieldSelector {
                     SELECTABLE_FIELDS.join(", ")
                 )));
             }
-            terms.push(FieldTerm { field: field.to_string(), negated, value: value.trim().to_string() });
+            terms.push(FieldTerm { field: field.to_string(), negated, values, set });
         }
         Ok(FieldSelector { terms })
     }
@@ -396,16 +460,26 @@ impl FieldSelector {
 
     /// Matches the field values `get` reads by dotted name ("" for a missing one).
     fn matches_lookup<'s>(&self, get: impl Fn(&str) -> &'s str) -> bool {
-        self.terms.iter().all(|t| (get(&t.field) == t.value) != t.negated)
+        self.terms.iter().all(|t| t.values.contains(get(&t.field)) != t.negated)
     }
 
     pub fn is_empty(&self) -> bool {
         self.terms.is_empty()
     }
 
+    /// The values of a `field=value` or `field in (...)` term: an object selected has one of
+    /// them, so a caller can answer from an index.
+    pub fn values_of(&self, field: &str) -> Option<&BTreeSet<String>> {
+        self.terms.iter().find(|t| t.field == field && !t.negated).map(|t| &t.values)
+    }
+
     /// The value of a `field=value` term, so a caller can answer from an index.
     pub fn exact_value(&self, field: &str) -> Option<&str> {
-        self.terms.iter().find(|t| t.field == field && !t.negated).map(|t| t.value.as_str())
+        self.terms
+            .iter()
+            .find(|t| t.field == field && !t.negated && !t.set)
+            .and_then(|t| t.values.first())
+            .map(String::as_str)
     }
 }
 
@@ -415,7 +489,13 @@ impl fmt::Display for FieldSelector {
             if i > 0 {
                 f.write_str(",")?;
             }
-            write!(f, "{}{}{}", t.field, if t.negated { "!=" } else { "=" }, t.value)?;
+            if t.set {
+                let values: Vec<&str> = t.values.iter().map(String::as_str).collect();
+                write!(f, "{} {} ({})", t.field, if t.negated { "notin" } else { "in" }, values.join(","))?;
+            } else {
+                let value = t.values.first().map(String::as_str).unwrap_or("");
+                write!(f, "{}{}{}", t.field, if t.negated { "!=" } else { "=" }, value)?;
+            }
         }
         Ok(())
     }
@@ -656,6 +736,31 @@ mod tests {
         assert_eq!(sel.exact_value("status.phase"), None);
         assert!(FieldSelector::parse("").unwrap().is_empty());
         assert!(FieldSelector::parse("").unwrap().matches(&bound));
+    }
+
+    #[test]
+    fn field_selector_sets_select_the_pods_of_several_nodes() {
+        let on = |node: &str| json!({"metadata": {"name": "p", "namespace": "default"}, "spec": {"nodeName": node}});
+        let sel = FieldSelector::parse("spec.nodeName in (sim-0-1, sim-0-2),metadata.namespace=default").unwrap();
+        assert!(sel.matches(&on("sim-0-1")) && sel.matches(&on("sim-0-2")));
+        assert!(!sel.matches(&on("sim-1-1")) && !sel.matches(&on("")));
+        assert_eq!(sel.exact_value("spec.nodeName"), None, "a set is no single index value");
+        assert_eq!(sel.to_string(), "spec.nodeName in (sim-0-1,sim-0-2),metadata.namespace=default");
+        assert_eq!(FieldSelector::parse(&sel.to_string()).unwrap(), sel);
+        let not = FieldSelector::parse("spec.nodeName notin (sim-0-1)").unwrap();
+        assert!(!not.matches(&on("sim-0-1")) && not.matches(&on("")));
+        for (bad, says) in [
+            ("spec.nodeName in ()", "is not a value"),
+            ("spec.nodeName in (a,,b)", "is not a value"),
+            ("spec.nodeName in (a,metadata.name=b)", "is not a value"),
+            ("spec.nodeName in (a", "')'"),
+            ("spec.nodeName within (a)", "notin"),
+            ("spec.replicas in (1)", "spec.replicas"),
+        ] {
+            let err = FieldSelector::parse(bad).unwrap_err();
+            assert_eq!(err.code(), 400, "{bad}");
+            assert!(err.to_string().contains(says), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -106,10 +106,11 @@ impl ApiService {
             opts.resource_version.unwrap_or(0)
         };
         // A cluster-wide watch of the objects bound to given nodes is served by the kind's hub.
-        let nodes = filter.fields.as_ref().and_then(|f| f.exact_value(crate::watch_hub::NODE_FIELD)).filter(|n| !n.is_empty());
+        // (Pods not bound, `spec.nodeName=`, have no node to be found under.)
+        let nodes = filter.fields.as_ref().and_then(|f| f.values_of(crate::watch_hub::NODE_FIELD)).filter(|n| !n.contains(""));
         let by_node = match nodes {
-            Some(node) if !res.namespaced || ns.is_none() => {
-                self.node_watches.watch(&store, &prefix, vec![node.to_string()], from).await.ok().flatten()
+            Some(nodes) if !res.namespaced || ns.is_none() => {
+                self.node_watches.watch(&store, &prefix, nodes.iter().cloned().collect(), from).await.ok().flatten()
             }
             _ => None,
         };

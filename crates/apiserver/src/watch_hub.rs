@@ -13,7 +13,7 @@
 //! again from its last resourceVersion. If the hub's own store watch ends, every watch it serves
 //! ends with it, and the next one starts a new hub.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::StreamExt;
@@ -51,8 +51,8 @@ impl Routed {
         Routed { event, now, before }
     }
 
-    fn concerns(&self, nodes: &[String]) -> bool {
-        [&self.now, &self.before].into_iter().flatten().any(|n| nodes.iter().any(|m| **m == **n))
+    fn concerns(&self, nodes: &HashSet<&str>) -> bool {
+        [&self.now, &self.before].into_iter().flatten().any(|n| nodes.contains(&**n))
     }
 }
 
@@ -138,10 +138,11 @@ impl NodeWatches {
         if state.ended || from < state.base {
             return Ok(None);
         }
+        let wanted: HashSet<&str> = nodes.iter().map(String::as_str).collect();
         let replay: Vec<Arc<Event>> = state
             .history
             .iter()
-            .filter(|r| r.event.revision() > from && r.concerns(&nodes))
+            .filter(|r| r.event.revision() > from && r.concerns(&wanted))
             .map(|r| r.event.clone())
             .collect();
         let (tx, rx) = mpsc::channel(QUEUE);

@@ -211,6 +211,10 @@ async fn lists_filter_by_labels_and_fields_and_page_with_continue() {
     assert_eq!(names(&notin), ["p1", "p3", "p5"]);
     let (_, byname) = s.get(&format!("{PODS}?fieldSelector=metadata.name%3Dp3")).await;
     assert_eq!(names(&byname), ["p3"]);
+    let (_, set) = s.get(&format!("{PODS}?fieldSelector=metadata.name%20in%20(p1,p5,gone),spec.nodeName%3D")).await;
+    assert_eq!(names(&set), ["p1", "p5"], "a set of values, as an agent standing in for many nodes asks for its pods");
+    let (code, bad) = s.get(&format!("{PODS}?fieldSelector=metadata.name%20in%20()")).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{bad}");
     let (_, unbound) = s.get("/api/v1/pods?fieldSelector=spec.nodeName%3D").await;
     assert_eq!(names(&unbound).len(), 7);
     for (name, uid) in [("e1", "u-1"), ("e2", "u-2")] {

@@ -263,6 +263,35 @@ async fn a_watcher_behind_its_live_buffer_resumes_from_the_history_without_a_gap
 }
 
 #[tokio::test]
+async fn a_watch_of_a_quiet_prefix_dropped_under_writes_elsewhere_resumes_from_what_it_last_received() {
+    // The authorizer's watch of the RBAC objects: nothing under its prefix for a long time while
+    // pods are written at a high rate, read now and then, and sometimes too late for the live
+    // buffer. It resumes from the history after the last write it received, not after the last
+    // RBAC object (long gone from a history of 30 writes), so it neither ends nor misses a write.
+    let limits = HistoryLimits { watcher_buffer: 10, max_events: 30, ..HistoryLimits::default() };
+    let store = LocalStore::in_memory(limits);
+    store.create("/rbac/r0", b("v")).await.expect("create");
+    let mut w = store.watch("/rbac/", 1).await.expect("watch");
+    let mut written = 0;
+    for _ in 0..10 {
+        for _ in 0..8 {
+            store.create(&format!("/pods/p{written}"), b("v")).await.expect("create");
+            written += 1;
+        }
+        let nothing = tokio::time::timeout(Duration::from_millis(20), w.next()).await;
+        assert!(nothing.is_err(), "no event under /rbac/ yet");
+    }
+    // More writes than the live buffer holds (10, rounded up to 16) before the watcher looks again.
+    for _ in 0..25 {
+        store.create(&format!("/pods/p{written}"), b("v")).await.expect("create");
+        written += 1;
+    }
+    store.create("/rbac/r1", b("v")).await.expect("create");
+    let e = w.next().await.expect("an event").expect("resumed from the history, not Lagged");
+    assert_eq!((e.kv.key.as_str(), e.revision()), ("/rbac/r1", 107));
+}
+
+#[tokio::test]
 async fn redb_store_keeps_every_write_across_reopen_and_refuses_a_second_open() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("s.redb");
