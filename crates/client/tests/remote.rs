@@ -79,7 +79,7 @@ async fn a_list_for_a_cache_leaves_out_managed_fields_and_keeps_everything_else(
     let c = serve(HistoryLimits::default()).await;
     for i in 0..3 {
         let mut p = pod(&format!("p{i}"));
-        p["metadata"]["annotations"] = json!({"note": "managedFields is only a key here", "n": i});
+        p["metadata"]["annotations"] = json!({"note": "managedFields is only a key here", "n": i.to_string()});
         c.create(&kinds::POD, Some("default"), p).await.expect("create");
     }
     let full = c.list(&kinds::POD, &ListParams::namespace("default")).await.expect("list");
