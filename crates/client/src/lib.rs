@@ -6,6 +6,8 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use http::{Method, Request};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::kinds::{self, ResourceInfo};
@@ -99,6 +101,161 @@ fn query(params: &ListParams, extra: &[(&'static str, String)]) -> String {
     if encoded.is_empty() { String::new() } else { format!("?{}", encoded.join("&")) }
 }
 
+/// A list answer as decoded: its revision and its items, taken straight from the text (never
+/// from a parsed copy of the whole list, which would hold every item twice).
+struct DecodedList {
+    resource_version: u64,
+    items: Vec<Value>,
+}
+
+/// Decodes a list answer; with `without_managed_fields`, every item's `metadata.managedFields`
+/// is skipped over in the text instead of being built and dropped later (for a small object such
+/// as a Service they are about half of its parsed size).
+#[derive(Clone, Copy)]
+struct ListSeed {
+    without_managed_fields: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for ListSeed {
+    type Value = DecodedList;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<DecodedList, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ListSeed {
+    type Value = DecodedList;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<DecodedList, A::Error> {
+        let mut list = DecodedList { resource_version: 0, items: Vec::new() };
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "metadata" => {
+                    let meta: Value = map.next_value()?;
+                    list.resource_version = meta.get("resourceVersion").and_then(Value::as_str).and_then(|r| r.parse().ok()).unwrap_or(0);
+                }
+                "items" => list.items = map.next_value_seed(ItemsSeed(self))?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(list)
+    }
+}
+
+/// A list's `items` (`null` counts as none).
+struct ItemsSeed(ListSeed);
+
+impl<'de> DeserializeSeed<'de> for ItemsSeed {
+    type Value = Vec<Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<Value>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ItemsSeed {
+    type Value = Vec<Value>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array of objects")
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Vec<Value>, E> {
+        Ok(Vec::new())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Value>, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        if !self.0.without_managed_fields {
+            while let Some(item) = seq.next_element::<Value>()? {
+                items.push(item);
+            }
+            return Ok(items);
+        }
+        while let Some(item) = seq.next_element_seed(WithoutManagedFields { depth: 0 })? {
+            items.push(item);
+        }
+        Ok(items)
+    }
+}
+
+/// An item (`depth` 0) or its `metadata` (`depth` 1) as a `Value`, leaving out the metadata's
+/// `managedFields`. Anything that is not an object decodes as it is.
+struct WithoutManagedFields {
+    depth: u8,
+}
+
+impl<'de> DeserializeSeed<'de> for WithoutManagedFields {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for WithoutManagedFields {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value = match (self.depth, key.as_str()) {
+                (0, "metadata") => map.next_value_seed(WithoutManagedFields { depth: 1 })?,
+                (1, "managedFields") => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+                _ => map.next_value::<Value>()?,
+            };
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Value, A::Error> {
+        Value::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+}
+
 /// Percent-encodes a query value.
 fn encode(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
@@ -144,26 +301,28 @@ impl Client for RemoteClient {
 
     async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
         let url = format!("{}{}", collection(res, params.namespace.as_deref()), query(params, &[]));
-        let list = self.call(Method::GET, url, None).await?;
-        let resource_version = list
-            .at("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(0);
-        let items = match list.get("items") {
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|i| {
-                    let mut i = i.clone();
-                    // Lists may omit each item's apiVersion/kind; controllers expect them.
-                    i["apiVersion"] = json!(res.api_version());
-                    i["kind"] = json!(res.kind);
-                    i
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        Ok(ObjectList { items, resource_version })
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(url)
+            .body(Vec::new())
+            .map_err(|e| ApiError::Internal(format!("building request: {e}")))?;
+        let text = self.client.request_text(req).await.map_err(from_kube)?;
+        let seed = ListSeed { without_managed_fields: params.without_managed_fields };
+        let list = seed
+            .deserialize(&mut serde_json::Deserializer::from_str(&text))
+            .map_err(|e| ApiError::Internal(format!("decoding a {} list: {e}", res.kind)))?;
+        drop(text);
+        let items = list
+            .items
+            .into_iter()
+            .map(|mut i| {
+                // Lists may omit each item's apiVersion/kind; controllers expect them.
+                i["apiVersion"] = json!(res.api_version());
+                i["kind"] = json!(res.kind);
+                i
+            })
+            .collect();
+        Ok(ObjectList { items, resource_version: list.resource_version })
     }
 
     async fn watch(

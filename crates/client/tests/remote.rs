@@ -73,3 +73,23 @@ async fn an_expired_watch_is_reported_as_expired() {
     let first = tokio::time::timeout(Duration::from_secs(5), w.next()).await.expect("in time").expect("an item");
     assert!(matches!(first, Err(shepherd_api::ApiError::Expired(_))), "{first:?}");
 }
+
+#[tokio::test]
+async fn a_list_for_a_cache_leaves_out_managed_fields_and_keeps_everything_else() {
+    let c = serve(HistoryLimits::default()).await;
+    for i in 0..3 {
+        let mut p = pod(&format!("p{i}"));
+        p["metadata"]["annotations"] = json!({"note": "managedFields is only a key here", "n": i.to_string()});
+        c.create(&kinds::POD, Some("default"), p).await.expect("create");
+    }
+    let full = c.list(&kinds::POD, &ListParams::namespace("default")).await.expect("list");
+    let lean = c.list(&kinds::POD, &ListParams::namespace("default").without_managed_fields()).await.expect("list");
+    assert_eq!(lean.resource_version, full.resource_version);
+    assert_eq!(lean.items.len(), 3);
+    for (mut f, l) in full.items.into_iter().zip(lean.items) {
+        assert!(f["metadata"]["managedFields"].is_array(), "the server records managed fields: {f}");
+        assert!(l["metadata"].get("managedFields").is_none(), "{l}");
+        f["metadata"].as_object_mut().expect("metadata").remove("managedFields");
+        assert_eq!(f, l, "apart from managedFields the items are the same");
+    }
+}

@@ -34,6 +34,10 @@ pub struct ListParams {
     pub label_selector: Option<String>,
     /// Kubernetes field selector syntax: `spec.nodeName=n1`.
     pub field_selector: Option<String>,
+    /// The caller drops every item's `metadata.managedFields` (an informer's cache does), so a
+    /// client that decodes the list itself may skip them instead of building them first: they are
+    /// most of a small object's parsed size. A hint; a client may return them anyway.
+    pub without_managed_fields: bool,
 }
 
 impl ListParams {
@@ -46,6 +50,10 @@ impl ListParams {
     }
     pub fn labels(mut self, selector: impl Into<String>) -> Self {
         self.label_selector = Some(selector.into());
+        self
+    }
+    pub fn without_managed_fields(mut self) -> Self {
+        self.without_managed_fields = true;
         self
     }
 }

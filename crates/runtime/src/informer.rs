@@ -205,7 +205,8 @@ impl Informer {
         let kind = self.res.kind;
         let mut waiters: Vec<ResyncReply> = Vec::new();
         let mut retry = Retry::default();
-        let all = self.params.clone();
+        // The cache strips managedFields from everything it admits.
+        let all = self.params.clone().without_managed_fields();
         loop {
             if *shutdown.borrow() {
                 return;

@@ -138,7 +138,10 @@ impl WorkQueue {
         s.waiting.remove(key);
         self.insert_dirty(&mut s, key, now);
         drop(s);
-        self.changed.notify_waiters();
+        // One new key needs one worker: waking every idle one would send all but the first back
+        // to sleep. A worker that was woken but took another key passes the wake-up on when it
+        // drops its `Notified`, so none is lost.
+        self.changed.notify_one();
     }
 
     fn insert_dirty(&self, s: &mut State, key: &str, now: Instant) {
@@ -170,7 +173,8 @@ impl WorkQueue {
             return;
         }
         drop(s);
-        self.changed.notify_waiters();
+        // One worker re-reads the earliest due time; the others sleep until a later one anyway.
+        self.changed.notify_one();
     }
 
     /// Re-adds a failed key after its rate limiter's delay.
@@ -265,22 +269,27 @@ impl WorkQueue {
             }
             s.cooling.insert(key.to_string(), until);
         }
+        let mut wake = false;
         if s.dirty.contains(key) && !s.shutting_down {
             match cool_until {
                 Some(until) => {
                     // Dirty and waiting are exclusive: the pending add becomes a delayed one.
                     s.dirty.remove(key);
                     s.added_at.remove(key);
-                    s.delay_until(key, until);
+                    wake = s.delay_until(key, until);
                 }
                 None => {
                     s.ready.push_back(key.to_string());
                     self.metrics.depth.set(s.ready.len() as i64);
+                    wake = true;
                 }
             }
         }
         drop(s);
-        self.changed.notify_waiters();
+        // Idle workers only need waking when the release made a key ready or due sooner.
+        if wake {
+            self.changed.notify_one();
+        }
         self.finished.notify_waiters();
     }
 
