@@ -72,13 +72,17 @@ impl Default for WalOptions {
     }
 }
 
-/// What the committer tells the checkpointer.
-enum ToCheckpoint {
-    /// Writes now in the log, each with the time it was made (ms since the Unix epoch).
-    Written(Vec<(Arc<Event>, u64)>),
-    /// Every write so far is in segments up to `through`, which may go once redb has them;
-    /// `logged` counts the log's bytes up to there (see [`Backlog`]).
-    Checkpoint { through: u64, history_from: Revision, logged: u64 },
+/// What the committer tells the checkpointer: the writes logged since the last such message,
+/// each with the time it was made (ms since the Unix epoch), which with the writes before them
+/// are every write in segments up to `through`; those segments may go once redb has them.
+/// `logged` counts the log's bytes up to there (see [`Backlog`]). The writes come with the
+/// segment rather than one message per batch: a message per batch woke the checkpointer at every
+/// write only to queue it.
+struct ToCheckpoint {
+    written: Vec<(Arc<Event>, u64)>,
+    through: u64,
+    history_from: Revision,
+    logged: u64,
 }
 
 /// How far the log runs ahead of redb: shared by the committer, which refuses writes beyond
@@ -151,6 +155,7 @@ pub(crate) fn open(path: &Path, limits: HistoryLimits, options: WalOptions) -> R
         next,
         last_rotation: Instant::now(),
         logged: 0,
+        written: Vec::new(),
         backlog,
         options,
         health: health.clone(),
@@ -473,11 +478,10 @@ fn checkpoint_loop(db: Database, rx: mpsc::Receiver<ToCheckpoint>, epoch: u64, p
             None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
         };
         match message {
-            Ok(ToCheckpoint::Written(events)) => {
-                pending.extend(events);
-                continue;
+            Ok(ToCheckpoint { written, through, history_from, logged }) => {
+                pending.extend(written);
+                due = Some((through, history_from, logged));
             }
-            Ok(ToCheckpoint::Checkpoint { through, history_from, logged }) => due = Some((through, history_from, logged)),
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }
@@ -520,6 +524,8 @@ struct CommitLoop {
     last_rotation: Instant,
     /// Bytes of records appended since the open; `backlog` says how many of them redb holds.
     logged: u64,
+    /// The writes logged since the last segment was handed to the checkpointer.
+    written: Vec<(Arc<Event>, u64)>,
     backlog: Arc<Backlog>,
     options: WalOptions,
     health: Health,
@@ -574,9 +580,10 @@ impl CommitLoop {
         self.checkpoint_through(through, state);
     }
 
-    fn checkpoint_through(&self, through: u64, state: &RwLock<State>) {
+    fn checkpoint_through(&mut self, through: u64, state: &RwLock<State>) {
         let history_from = state.read().map_or(0, |s| s.watchable_from());
-        let _ = self.ckpt.send(ToCheckpoint::Checkpoint { through, history_from, logged: self.logged });
+        let written = std::mem::take(&mut self.written);
+        let _ = self.ckpt.send(ToCheckpoint { written, through, history_from, logged: self.logged });
     }
 
     fn run(mut self, state: Arc<RwLock<State>>, rx: mpsc::Receiver<(Write, Reply)>) {
@@ -654,16 +661,14 @@ impl CommitLoop {
             let now = Instant::now();
             let Ok(mut s) = state.write() else { return };
             let mut replies = Vec::with_capacity(accepted.len());
-            let mut written = Vec::with_capacity(accepted.len());
             for (event, reply) in accepted {
                 replies.push((event.kv.clone(), reply));
-                written.push((s.apply_at(event, now), ms));
+                self.written.push((s.apply_at(event, now), ms));
             }
             drop(s);
             for (kv, reply) in replies {
                 let _ = reply.send(Ok(kv));
             }
-            let _ = self.ckpt.send(ToCheckpoint::Written(written));
             if self.writer.len >= self.options.segment_bytes
                 || self.last_rotation.elapsed() >= self.options.checkpoint_interval
             {

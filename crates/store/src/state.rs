@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -19,9 +19,10 @@ pub struct HistoryLimits {
     /// Bytes of object values the history may hold (superseded versions of objects stay alive
     /// only through it, so this bounds its memory whatever the object sizes).
     pub max_bytes: usize,
-    /// Events a live watcher may fall behind before it is dropped with `Lagged`. A dropped
-    /// watcher resumes from the history, so this can be much smaller than the history; the buffer
-    /// holds this many recent events alive.
+    /// Events of its prefix a live watcher may fall behind before it is dropped with `Lagged`
+    /// (at most 1,024). A dropped watcher resumes from the history, so this can be
+    /// much smaller than the history; each watched prefix's buffer holds this many recent events
+    /// alive.
     pub watcher_buffer: usize,
 }
 
@@ -38,6 +39,19 @@ impl Default for HistoryLimits {
 
 /// Events as they are applied, for watchers to follow after replaying history.
 pub(crate) type LiveEvents = broadcast::Receiver<Arc<Event>>;
+
+/// The most events one watched prefix's live buffer holds, whatever `watcher_buffer` says: every
+/// buffer is allocated in full when its prefix is first watched, and the control plane watches
+/// dozens of prefixes (one per kind). A watcher beyond it resumes from the history.
+pub(crate) const FEED_BUFFER_MAX: usize = 1024;
+
+/// The live events of one watched prefix. Each prefix has its own channel, so a write wakes only
+/// the watchers of the prefixes it falls under: with one channel for all, every Lease renewal woke
+/// every informer of every kind, each to find the event was not for it.
+struct Feed {
+    prefix: String,
+    tx: broadcast::Sender<Arc<Event>>,
+}
 
 /// One requested write.
 #[derive(Debug, Clone)]
@@ -56,14 +70,14 @@ pub(crate) struct State {
     /// Smallest `from_revision` a watch can start at: every event after it is still in `history`.
     watchable_from: Revision,
     limits: HistoryLimits,
-    pub(crate) events: broadcast::Sender<Arc<Event>>,
+    /// One per watched prefix; a feed nobody follows any more goes at the next write.
+    feeds: Mutex<Vec<Feed>>,
     /// Set by `close`: no watch starts or resumes after it.
     closed: bool,
 }
 
 impl State {
     pub(crate) fn new(objects: BTreeMap<String, KeyValue>, revision: Revision, limits: HistoryLimits) -> Self {
-        let (events, _) = broadcast::channel(limits.watcher_buffer.max(1));
         State {
             objects,
             revision,
@@ -71,7 +85,7 @@ impl State {
             history_bytes: 0,
             watchable_from: revision,
             limits,
-            events,
+            feeds: Mutex::new(Vec::new()),
             closed: false,
         }
     }
@@ -143,8 +157,12 @@ impl State {
         self.history_bytes += event.kv.value.len();
         self.history.push_back((event.clone(), at));
         self.trim(Instant::now());
-        // No receivers is fine: nobody is watching.
-        let _ = self.events.send(event.clone());
+        let feeds = self.feeds.get_mut().unwrap_or_else(|e| e.into_inner());
+        feeds.retain(|f| f.tx.receiver_count() > 0);
+        for feed in feeds.iter().filter(|f| event.kv.key.starts_with(&f.prefix)) {
+            // A feed whose last watcher went since the retain is fine: nobody is watching.
+            let _ = feed.tx.send(event.clone());
+        }
         event
     }
 
@@ -208,9 +226,8 @@ impl State {
     /// cannot be taken up again), and refuses new ones.
     pub(crate) fn close(&mut self) {
         self.closed = true;
-        // Dropping the only sender closes every receiver after its buffered events.
-        let (closed, _) = broadcast::channel(1);
-        self.events = closed;
+        // Dropping a feed's only sender closes its receivers after their buffered events.
+        self.feeds.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
     /// Smallest revision a watch can start from.
@@ -226,13 +243,14 @@ impl State {
     }
 
     pub(crate) fn retention(&self) -> Retention {
+        let feeds = self.feeds.lock().unwrap_or_else(|e| e.into_inner());
         Retention {
             objects: self.objects.len(),
             object_bytes: self.objects.values().map(|kv| kv.value.len()).sum(),
             history_events: self.history.len(),
             history_bytes: self.history_bytes,
-            live_watchers: self.events.receiver_count(),
-            live_buffer_events: self.events.len(),
+            live_watchers: feeds.iter().map(|f| f.tx.receiver_count()).sum(),
+            live_buffer_events: feeds.iter().map(|f| f.tx.len()).max().unwrap_or(0),
             limits: self.limits,
         }
     }
@@ -330,7 +348,17 @@ impl State {
         if from < self.watchable_from {
             return Err(StoreError::Expired { requested: from, oldest: self.watchable_from });
         }
-        let rx = self.events.subscribe();
+        let rx = {
+            let mut feeds = self.feeds.lock().unwrap_or_else(|e| e.into_inner());
+            match feeds.iter().find(|f| f.prefix == prefix) {
+                Some(feed) => feed.tx.subscribe(),
+                None => {
+                    let (tx, rx) = broadcast::channel(self.limits.watcher_buffer.clamp(1, FEED_BUFFER_MAX));
+                    feeds.push(Feed { prefix: prefix.to_string(), tx });
+                    rx
+                }
+            }
+        };
         let start = self.history.partition_point(|(e, _)| e.revision() <= from);
         let replay =
             self.history.range(start..).filter(|(e, _)| e.kv.key.starts_with(prefix)).map(|(e, _)| e.clone()).collect();

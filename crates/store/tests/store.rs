@@ -242,6 +242,35 @@ async fn a_watcher_that_falls_behind_is_dropped_and_writers_go_on() {
 }
 
 #[tokio::test]
+async fn writes_under_other_prefixes_do_not_push_a_watcher_out_of_its_live_buffer() {
+    // A live buffer of 4 and a history of 8: 20 writes under /b/ would drop a watcher of /a/ that
+    // shared one buffer with them, past what the history could give back.
+    let limits = HistoryLimits { watcher_buffer: 4, max_events: 8, ..HistoryLimits::default() };
+    let store = LocalStore::in_memory(limits);
+    let mut a = store.watch("/a/", 0).await.expect("watch /a/");
+    let mut b_watch = store.watch("/b/", 0).await.expect("watch /b/");
+    assert_eq!(store.retention().expect("retention").live_watchers, 2);
+    for i in 0..20 {
+        store.create(&format!("/b/k{i}"), b("v")).await.expect("create");
+    }
+    store.create("/a/one", b("v")).await.expect("create");
+    let e = a.next().await.expect("an event").expect("not lagged: nothing under /a/ was missed");
+    assert_eq!((e.kv.key.as_str(), e.revision()), ("/a/one", 21));
+    // The /b/ watcher fell 20 behind its own buffer of 4 and the history holds 8: it lags.
+    let mut lagged = false;
+    while let Some(e) = b_watch.next().await {
+        if let Err(StoreError::Lagged) = e {
+            lagged = true;
+            break;
+        }
+    }
+    assert!(lagged);
+    drop((a, b_watch));
+    store.create("/a/two", b("v")).await.expect("create");
+    assert_eq!(store.retention().expect("retention").live_watchers, 0, "dropped watchers are not followed");
+}
+
+#[tokio::test]
 async fn a_watcher_behind_its_live_buffer_resumes_from_the_history_without_a_gap() {
     let limits = HistoryLimits { watcher_buffer: 4, ..HistoryLimits::default() };
     let store = LocalStore::in_memory(limits);
