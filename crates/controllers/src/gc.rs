@@ -70,11 +70,23 @@ pub fn garbage_collector(client: Arc<dyn Client>, manager: &Manager, config: &Co
                 let shared = shared.clone();
                 c = c.watches(other, move |obj| shared.wake(j, obj, i));
             }
-            c.workers(config.workers).mode(config.mode)
+            c.workers(config.workers).mode(config.mode).primary_changes(concerns_collector)
         })
         .collect();
     controllers.push(custom.mode(config.mode));
     controllers
+}
+
+/// Whether a change of a collected object can matter to the collector, which looks only at an
+/// object's owners, finalizers and deletion: its arrival or removal, or a change of one of those
+/// (not a Lease renewal or a status write, ~100/s with 1,000 nodes).
+fn concerns_collector(change: &Change) -> bool {
+    match change {
+        Change::Updated { old, new } => ["ownerReferences", "finalizers", "deletionTimestamp", "uid"]
+            .iter()
+            .any(|f| old.get("metadata").and_then(|m| m.get(f)) != new.get("metadata").and_then(|m| m.get(f))),
+        Change::Added(_) | Change::Deleted(_) => true,
+    }
 }
 
 /// A node of the dependency graph: kind index and object key.
@@ -472,6 +484,22 @@ mod tests {
     fn obj(name: &str, uid: &str, owners: &[&str]) -> Arc<Value> {
         let refs: Vec<Value> = owners.iter().map(|o| json!({"kind": "ReplicaSet", "name": "rs", "uid": o})).collect();
         Arc::new(json!({"metadata": {"name": name, "namespace": "ns", "uid": uid, "ownerReferences": refs}}))
+    }
+
+    #[test]
+    fn only_changes_of_owners_finalizers_or_deletion_wake_the_collector() {
+        let lease = |renew: &str| Arc::new(json!({"metadata": {"name": "n1", "uid": "u", "ownerReferences": [{"uid": "node"}]},
+            "spec": {"renewTime": renew}}));
+        let updated = |old: Arc<Value>, new: Arc<Value>| Change::Updated { old, new };
+        assert!(!concerns_collector(&updated(lease("t1"), lease("t2"))), "a renewal");
+        let mut deleting = (*lease("t2")).clone();
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-12-01T00:00:00Z");
+        assert!(concerns_collector(&updated(lease("t2"), Arc::new(deleting.clone()))));
+        let mut held = deleting.clone();
+        held["metadata"]["finalizers"] = json!(["foregroundDeletion"]);
+        assert!(concerns_collector(&updated(Arc::new(deleting), Arc::new(held))));
+        assert!(concerns_collector(&updated(obj("a", "1", &["o1"]), obj("a", "1", &[]))));
+        assert!(concerns_collector(&Change::Added(lease("t1"))) && concerns_collector(&Change::Deleted(lease("t1"))));
     }
 
     #[test]

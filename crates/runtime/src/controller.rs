@@ -175,6 +175,9 @@ impl FromStr for TriggerMode {
 /// Maps an object of a watched kind to the keys of primary objects to reconcile.
 pub type Mapper = Arc<dyn Fn(&Value) -> Vec<String> + Send + Sync>;
 
+/// Which changes of a primary object enqueue it.
+pub type ChangeFilter = Arc<dyn Fn(&Change) -> bool + Send + Sync>;
+
 /// A controller declaration: its primary kind, what else it watches, how it reconciles and runs.
 /// Run it by adding it to a `Manager`.
 pub struct Controller {
@@ -189,6 +192,7 @@ pub struct Controller {
     faults: ReconcileFaults,
     shutdown_grace: Duration,
     triggers: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
+    primary_changes: Option<ChangeFilter>,
 }
 
 impl Controller {
@@ -212,6 +216,7 @@ impl Controller {
             faults: ReconcileFaults::default(),
             shutdown_grace: Duration::from_secs(30),
             triggers: None,
+            primary_changes: None,
         }
     }
 
@@ -237,6 +242,14 @@ impl Controller {
     /// change can enqueue the pods bound to it, found through the pod cache's node index).
     pub fn watches(mut self, kind: &ResourceInfo, mapper: impl Fn(&Value) -> Vec<String> + Send + Sync + 'static) -> Self {
         self.watches.push((*kind, Arc::new(mapper)));
+        self
+    }
+
+    /// Enqueues a primary object only for the changes `wanted` accepts, for a controller that
+    /// looks at a part of its objects that most writes leave alone (the garbage collector and a
+    /// Lease renewal). A resync still visits every key.
+    pub fn primary_changes(mut self, wanted: impl Fn(&Change) -> bool + Send + Sync + 'static) -> Self {
+        self.primary_changes = Some(Arc::new(wanted));
         self
     }
 
@@ -300,6 +313,7 @@ impl Controller {
             faults: self.faults,
             shutdown_grace: self.shutdown_grace,
             triggers: self.triggers,
+            primary_changes: self.primary_changes,
         };
         (state, prepared)
     }
@@ -313,6 +327,7 @@ pub(crate) struct Prepared {
     faults: ReconcileFaults,
     shutdown_grace: Duration,
     triggers: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
+    primary_changes: Option<ChangeFilter>,
 }
 
 /// What a running controller shares with the manager's debug view.
@@ -398,7 +413,7 @@ pub(crate) async fn run(
     factory: Arc<InformerFactory>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let Prepared { primary, reconciler, owns, watches, faults, shutdown_grace, triggers } = prepared;
+    let Prepared { primary, reconciler, owns, watches, faults, shutdown_grace, triggers, primary_changes } = prepared;
     let queue = state.queue.clone();
     if let Some(mut keys) = triggers {
         let queue = queue.clone();
@@ -425,6 +440,7 @@ pub(crate) async fn run(
         let (q, st) = (queue.clone(), state.clone());
         let id = primary_informer.subscribe(move |change| {
             if st.wants_event()
+                && primary_changes.as_ref().is_none_or(|wanted| wanted(change))
                 && let Some(key) = object_key(change.object())
             {
                 q.add(&key);

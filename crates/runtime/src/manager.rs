@@ -259,6 +259,32 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_primary_change_filter_keeps_unwanted_changes_out_of_the_queue_but_not_out_of_the_resync() {
+        let client = Arc::new(MemoryClient::new());
+        let names = create_sources(&client, 3, "1").await;
+        let manager = Manager::new(client.clone());
+        let sources = manager.informers().cache(&SERVICE);
+        let c = client.clone();
+        let period = Duration::from_secs(60);
+        manager.add(
+            Controller::new("toy", &SERVICE, move |key: String| {
+                let (c, sources) = (c.clone(), sources.clone());
+                async move { sync_derived(&c, &sources, &key).await }
+            })
+            .mode(TriggerMode::hybrid().with_period(period))
+            .primary_changes(|change| !matches!(change, crate::cache::Change::Updated { .. })),
+        );
+        let running = Manager::spawn(manager);
+        assert!(wait_until(Duration::from_secs(1), || all_derived_are(&client, &names, "1")).await.is_some(), "added: enqueued");
+        set_all_sources(&client, &names, "2").await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(all_derived_are(&client, &names, "1").await, "an update the filter refuses enqueues nothing");
+        let took = wait_until(period * 2, || all_derived_are(&client, &names, "2")).await;
+        assert!(took.is_some(), "the resync still visits every key");
+        running.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn hybrid_reconciles_every_change_within_one_resync_even_when_every_watch_event_is_lost() {
         let client = Arc::new(MemoryClient::new());
         let names = create_sources(&client, 5, "1").await;
