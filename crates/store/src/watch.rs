@@ -50,11 +50,9 @@ impl WatchStream {
         struct S {
             state: Arc<RwLock<State>>,
             prefix: String,
-            /// The last revision received, whether or not it was under the prefix: a watcher
-            /// dropped from the live buffer resumes after it. Only the events delivered would
-            /// leave a watch of a rarely written prefix (the authorizer's of the RBAC objects) at
-            /// a revision long gone from the history under a high write rate elsewhere, and every
-            /// drop would then end the watch and make its consumer read everything again.
+            /// The last revision received: a watcher dropped from the live buffer resumes after
+            /// it. Its feed carries only the events under its prefix (`State::start_watch`), so
+            /// writes elsewhere neither push it out of the buffer nor leave it behind the history.
             last: Revision,
             replay: VecDeque<Arc<Event>>,
             rx: LiveEvents,
@@ -77,10 +75,6 @@ impl WatchStream {
                 match s.rx.recv().await {
                     // Events up to `last` were already replayed from history.
                     Ok(e) if e.revision() <= s.last => continue,
-                    Ok(e) if !e.kv.key.starts_with(&s.prefix) => {
-                        s.last = e.revision();
-                        continue;
-                    }
                     Ok(e) => {
                         s.last = e.revision();
                         return Some((Ok(e), s));
