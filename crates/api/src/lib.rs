@@ -8,6 +8,8 @@ pub mod defaults;
 pub mod digest;
 pub mod duration;
 pub mod error;
+#[doc(hidden)]
+pub mod fixtures;
 pub mod json;
 pub mod kinds;
 pub mod meta;

@@ -365,17 +365,7 @@ mod tests {
         kinds::ALL.iter().find(|r| r.kind == kind).unwrap_or_else(|| panic!("no kind {kind}"))
     }
 
-    fn meta(name: &str) -> Value {
-        json!({"name": name, "namespace": "default", "uid": "6f1c1c4e-8a2e-4b8e-9d7a-2f4d1e0c9b11",
-            "resourceVersion": "42", "generation": 3, "creationTimestamp": "2026-11-30T10:00:00Z",
-            "labels": {"app": "web", "empty": ""}, "annotations": {"note": "x"},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "u-1",
-                "controller": true, "blockOwnerDeletion": true}],
-            "finalizers": ["example.com/hold"],
-            "managedFields": [{"manager": "kubectl", "operation": "Update", "apiVersion": "v1",
-                "time": "2026-11-30T10:00:01Z", "fieldsType": "FieldsV1",
-                "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}}}}]})
-    }
+    use crate::fixtures::full_meta as meta;
 
     fn pod_spec() -> Value {
         json!({
