@@ -35,8 +35,8 @@ impl prometheus_client::collector::Collector for RetentionCollector {
             ("store_live_buffer_events", "Events held in the live buffer for the slowest watcher", r.live_buffer_events as f64),
             (
                 "store_live_buffer_events_limit",
-                "Most events the live buffer holds; a watcher further behind resumes from the history",
-                l.watcher_buffer as f64,
+                "Most events a watched prefix's live buffer holds; a watcher further behind resumes from the history",
+                l.live_buffer() as f64,
             ),
         ];
         for (name, help, value) in gauges {

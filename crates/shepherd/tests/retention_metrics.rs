@@ -17,6 +17,8 @@ async fn retained_buffers_and_their_limits_are_in_the_metrics() {
     assert_eq!(value(&text, "store_watch_history_events_limit"), Some(1234.0), "{text}");
     assert_eq!(value(&text, "store_watch_history_bytes_limit"), Some(3.0 * 1024.0 * 1024.0));
     assert_eq!(value(&text, "store_watch_history_age_limit_seconds"), Some(77.0));
+    // Each watched prefix's live buffer is capped at 1,024 events, and the metric says so.
+    assert_eq!(value(&text, "store_live_buffer_events_limit"), Some(1024.0), "{text}");
     // The system namespaces were written at start: they are objects and history events.
     assert!(value(&text, "store_objects").is_some_and(|v| v >= 1.0), "{text}");
     assert!(value(&text, "store_watch_history_events").is_some_and(|v| v >= 1.0), "{text}");

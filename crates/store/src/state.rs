@@ -32,8 +32,15 @@ impl Default for HistoryLimits {
             max_events: 100_000,
             max_age: Duration::from_secs(15 * 60),
             max_bytes: 64 * 1024 * 1024,
-            watcher_buffer: 10_000,
+            watcher_buffer: FEED_BUFFER_MAX,
         }
+    }
+}
+
+impl HistoryLimits {
+    /// The events each watched prefix's live buffer holds: `watcher_buffer` within 1..=1,024.
+    pub fn live_buffer(&self) -> usize {
+        self.watcher_buffer.clamp(1, FEED_BUFFER_MAX)
     }
 }
 
@@ -353,7 +360,7 @@ impl State {
             match feeds.iter().find(|f| f.prefix == prefix) {
                 Some(feed) => feed.tx.subscribe(),
                 None => {
-                    let (tx, rx) = broadcast::channel(self.limits.watcher_buffer.clamp(1, FEED_BUFFER_MAX));
+                    let (tx, rx) = broadcast::channel(self.limits.live_buffer());
                     feeds.push(Feed { prefix: prefix.to_string(), tx });
                     rx
                 }
