@@ -269,6 +269,11 @@ pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: 
         "CertificateSigningRequest" if field_value(old, "spec") != field_value(new, "spec") => {
             c.push(Cause::forbidden("spec", "a CertificateSigningRequest's spec is immutable"));
         }
+        // The pod CIDR is assigned once, from nothing (Kubernetes' `ValidateNodeUpdate`): routes
+        // and pod addresses on the node were made from it.
+        "Node" if !node_pod_cidrs(old).is_empty() && node_pod_cidrs(new) != node_pod_cidrs(old) => {
+            c.push(Cause::forbidden("spec.podCIDRs", "node updates may not change podCIDR except from \"\" to valid"));
+        }
         "Service" => {
             let stored = field_str(old, "spec.clusterIP").unwrap_or("");
             let sent = field_str(new, "spec.clusterIP").unwrap_or("");
@@ -279,6 +284,18 @@ pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: 
         _ => {}
     }
     finish(res, new, c)
+}
+
+/// A Node's pod CIDRs: `spec.podCIDRs`, or the older single `spec.podCIDR` when only it is set.
+fn node_pod_cidrs(node: &Value) -> Vec<&str> {
+    let list: Vec<&str> = field_value(node, "spec.podCIDRs")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if !list.is_empty() {
+        return list;
+    }
+    field_str(node, "spec.podCIDR").filter(|c| !c.is_empty()).into_iter().collect()
 }
 
 fn finish(res: &ResourceInfo, obj: &Value, causes: Vec<Cause>) -> Result<(), ApiError> {
@@ -1916,6 +1933,32 @@ mod tests {
         assert!(err.to_string().contains("spec.clusterIP"), "{err}");
         new["spec"]["clusterIP"] = json!("10.96.0.10");
         assert_eq!(validate_update(&SERVICE, &old, &new), Ok(()));
+    }
+
+    #[test]
+    fn a_node_pod_cidr_is_set_once_from_nothing() {
+        let bare = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}});
+        let mut assigned = bare.clone();
+        assigned["spec"] = json!({"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]});
+        assert_eq!(validate_update(&NODE, &bare, &assigned), Ok(()), "assigned from nothing");
+        assert_eq!(validate_update(&NODE, &assigned, &assigned), Ok(()), "kept");
+        let mut other = assigned.clone();
+        other["spec"] = json!({"podCIDR": "10.244.2.0/24", "podCIDRs": ["10.244.2.0/24"]});
+        let mut dropped = assigned.clone();
+        dropped["spec"] = json!({"unschedulable": true});
+        let mut only_old_field = bare.clone();
+        only_old_field["spec"] = json!({"podCIDR": "10.244.1.0/24"});
+        for (new, what) in [(&other, "changed"), (&dropped, "removed")] {
+            match validate_update(&NODE, &assigned, new) {
+                Err(ApiError::Invalid { causes, .. }) => {
+                    assert_eq!(causes.len(), 1, "{what}: {causes:?}");
+                    assert_eq!((causes[0].field.as_str(), causes[0].reason), ("spec.podCIDRs", "FieldValueForbidden"), "{what}");
+                }
+                got => panic!("{what}: expected 422, got {got:?}"),
+            }
+        }
+        assert_eq!(validate_update(&NODE, &only_old_field, &assigned), Ok(()), "podCIDRs filled in from podCIDR");
+        assert!(validate_update(&NODE, &only_old_field, &other).is_err(), "the single field counts as assigned");
     }
 
     pub(super) fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {

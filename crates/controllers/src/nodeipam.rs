@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::kinds;
 use shepherd_runtime::controller::Error;
-use shepherd_runtime::{Action, Cache, Client, Controller, Manager};
+use shepherd_runtime::{Action, Cache, Client, Controller, Manager, Patch};
 
 use crate::config::ControllerConfig;
 use crate::events::{EventRecorder, EventType};
@@ -209,13 +209,11 @@ impl NodeIpam {
             return Ok(Action::Done);
         };
         let cidr = self.cidr.block(block);
-        let mut obj = (*node).clone();
-        if !obj.get("spec").is_some_and(Value::is_object) {
-            obj["spec"] = json!({});
-        }
-        obj["spec"]["podCIDR"] = json!(cidr);
-        obj["spec"]["podCIDRs"] = json!([cidr]);
-        match self.client.update(&kinds::NODE, None, obj).await {
+        // A patch, not an update of the cached Node: the agent's status writes while nodes
+        // register made every update from the cache a conflict to retry. The API server refuses
+        // to replace a pod CIDR once set, so a patch cannot overwrite one assigned meanwhile.
+        let patch = Patch::Merge(json!({"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}}));
+        match self.client.patch(&kinds::NODE, None, name, patch).await {
             Ok(_) => {
                 alloc.in_flight.insert(name.to_string(), block);
                 alloc.cursor = (block + 1) % self.cidr.blocks();
