@@ -118,6 +118,13 @@ impl Scheduler {
     }
 
     async fn schedule(&self, key: &str) -> Result<Action, shepherd_runtime::controller::Error> {
+        // Every change of every pod comes here; the view turns away the bound, finished and
+        // terminating ones without reading the pod whole.
+        let settled = self.pods.pod_view(key).map(|v| v.is_scheduled() || v.is_deleting() || matches!(v.phase(), "Succeeded" | "Failed"));
+        if settled == Some(true) {
+            self.state.lock().pending.remove(key);
+            return Ok(Action::Done);
+        }
         let Some(pod) = self.pods.get(key) else {
             let mut s = self.state.lock();
             s.pending.remove(key);
