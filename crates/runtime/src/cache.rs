@@ -22,10 +22,11 @@
 //!   of the JSON; a view always belongs to the object cached with it;
 //! - a compact cache hands subscribers the object the informer decoded (a change parses nothing
 //!   new but the previous copy of an update, and that only once nobody holds it any more), and
-//!   readers the same `Arc` while anyone still holds it. A parsed pod is ~5 times its text (each
-//!   JSON object is a B-tree node of several hundred bytes however few its keys): ~9.6 KB against
-//!   ~1.9 KB in this module's memory test, so a cluster-wide pod cache is kept compact and its
-//!   scanning readers read views (BENCHMARKS.md section 3, 4, 5).
+//!   readers the same `Arc` while anyone still holds it; what must be parsed is parsed after the
+//!   lock is released. A parsed pod is ~4 times its text and view (each JSON object is a B-tree
+//!   node of several hundred bytes however few its keys): ~10 KB against ~2.3 KB in this module's
+//!   memory test, so a cluster-wide pod cache is kept compact and its scanning readers read views
+//!   (BENCHMARKS.md section 3, 4, 5).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
@@ -169,6 +170,26 @@ impl Handle {
             Handle::Parsed(obj) => Some(obj),
             Handle::Text(json, parsed) => parsed.upgrade().or_else(|| serde_json::from_slice(&json).ok().map(Arc::new)),
         }
+    }
+}
+
+/// A change whose previous object may still have to be parsed, which is done once the cache's
+/// lock is released.
+enum Pending {
+    Added(Arc<Value>),
+    Updated { old: Handle, new: Arc<Value> },
+    Deleted(Handle),
+}
+
+impl Pending {
+    fn change(self) -> Option<Change> {
+        // The text always parses (`Cache::admit`); an empty object stands in should it not.
+        let parse = |h: Handle| h.value().unwrap_or_else(|| Arc::new(Value::Object(serde_json::Map::new())));
+        Some(match self {
+            Pending::Added(obj) => Change::Added(obj),
+            Pending::Updated { old, new } => Change::Updated { old: parse(old), new },
+            Pending::Deleted(obj) => Change::Deleted(parse(obj)),
+        })
     }
 }
 
@@ -316,7 +337,7 @@ impl State {
 
     /// `delivered`: the object came from the watch or a list (it moves `high_water`), not from
     /// a repair that fetched it out of order.
-    fn upsert(&mut self, new: Admitted, delivered: bool) -> Option<Change> {
+    fn upsert(&mut self, new: Admitted, delivered: bool) -> Option<Pending> {
         let rv = new.rv.unwrap_or(0);
         if delivered {
             self.high_water = self.high_water.max(rv);
@@ -332,13 +353,11 @@ impl State {
             Some(old) => {
                 self.reindex(&key, Some(&old.index), Some(&entry.index));
                 self.digest.remove(&key, old.rv.unwrap_or(0));
-                // The text always parses (`Cache::admit`); an empty object stands in should it not.
-                let old = old.handle().value().unwrap_or_else(|| Arc::new(Value::Object(serde_json::Map::new())));
-                Change::Updated { old, new: obj }
+                Pending::Updated { old: old.handle(), new: obj }
             }
             None => {
                 self.reindex(&key, None, Some(&entry.index));
-                Change::Added(obj)
+                Pending::Added(obj)
             }
         };
         self.digest.insert(&key, rv);
@@ -346,7 +365,7 @@ impl State {
         Some(change)
     }
 
-    fn remove(&mut self, key: &str, last_known: Option<Value>) -> Option<Change> {
+    fn remove(&mut self, key: &str, last_known: Option<Value>) -> Option<Pending> {
         let deleted_at = last_known.as_ref().and_then(resource_version);
         self.high_water = self.high_water.max(deleted_at.unwrap_or(0));
         let had = self.objects.get(key)?.rv.unwrap_or(0);
@@ -358,10 +377,10 @@ impl State {
         self.reindex(key, Some(&old.index), None);
         self.digest.remove(key, had);
         // The deletion event carries the final state; fall back to what was cached.
-        match last_known {
-            Some(obj) => Some(Change::Deleted(Arc::new(obj))),
-            None => old.handle().value().map(Change::Deleted),
-        }
+        Some(Pending::Deleted(match last_known {
+            Some(obj) => Handle::Parsed(Arc::new(obj)),
+            None => old.handle(),
+        }))
     }
 
     fn lookup(&self, index: &Index, value: &str) -> Vec<Handle> {
@@ -565,7 +584,8 @@ impl Cache {
     /// Applies an added or modified object; `None` when it was not newer than the cached copy.
     pub(crate) fn apply_upsert(&self, obj: Value) -> Option<Change> {
         let admitted = self.admit(obj)?;
-        self.write().upsert(admitted, true)
+        let pending = self.write().upsert(admitted, true);
+        pending?.change()
     }
 
     /// Applies an object an anti-entropy repair fetched: like `apply_upsert`, but it says nothing
@@ -574,7 +594,9 @@ impl Cache {
         let admitted = self.admit(obj)?;
         let mut s = self.write();
         s.verified = s.verified.max(admitted.rv.unwrap_or(0));
-        s.upsert(admitted, false)
+        let pending = s.upsert(admitted, false);
+        drop(s);
+        pending?.change()
     }
 
     /// Removes an object a repair found gone, unless the cached copy is newer than `revision`.
@@ -583,7 +605,9 @@ impl Cache {
         if s.objects.get(key)?.rv.unwrap_or(0) > revision {
             return None;
         }
-        s.remove(key, None)
+        let pending = s.remove(key, None);
+        drop(s);
+        pending?.change()
     }
 
     /// Records that the server's digest at `revision` matched (or was repaired to match).
@@ -614,14 +638,15 @@ impl Cache {
     pub(crate) fn apply_delete(&self, obj: Value) -> Option<Change> {
         let obj = self.project(obj);
         let key = object_key(&obj)?;
-        self.write().remove(&key, Some(obj))
+        let pending = self.write().remove(&key, Some(obj));
+        pending?.change()
     }
 
     /// Makes the cache equal to a fresh list and returns what differed: objects the list has and
     /// the cache lacked or held an older copy of, and cached objects the list no longer has.
     pub(crate) fn replace(&self, items: Vec<Value>) -> Vec<Change> {
         let mut s = self.write();
-        let mut changes = Vec::new();
+        let mut changes: Vec<Pending> = Vec::new();
         let mut listed = std::collections::HashSet::with_capacity(items.len());
         for obj in items {
             let Some(admitted) = self.admit(obj) else { continue };
@@ -633,7 +658,8 @@ impl Cache {
         for key in gone {
             changes.extend(s.remove(&key, None));
         }
-        changes
+        drop(s);
+        changes.into_iter().filter_map(Pending::change).collect()
     }
 }
 
