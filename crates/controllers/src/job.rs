@@ -144,15 +144,18 @@ impl JobReconciler {
     async fn release_orphans(&self, ns: &str, name: &str, live_uid: Option<&str>) -> Result<(), ApiError> {
         // A live Job's earlier namesakes are found by the job-name label; once it is gone, every pod
         // of the namespace is looked at, as its own pods may have been created with a manual selector.
+        // Views pick the namesakes' pods; only those are read whole (for their finalizers).
         let candidates = match live_uid {
-            Some(_) => self.pods.by_label(JOB_NAME_LABEL, name),
-            None => self.pods.by_namespace(ns),
+            Some(_) => self.pods.pod_views_by_label(JOB_NAME_LABEL, name),
+            None => self.pods.pod_views_by_namespace(ns),
         };
-        for pod in candidates.into_iter().filter(|p| meta::namespace(p) == Some(ns)) {
-            let Some(owner) = meta::controller_ref(&pod) else { continue };
-            let ours = owner.get("kind").and_then(Value::as_str) == Some("Job")
-                && owner.get("name").and_then(Value::as_str) == Some(name);
-            if ours && meta::controller_uid(&pod) != live_uid && meta::has_finalizer(&pod, TRACKING_FINALIZER) {
+        for view in candidates.into_iter().filter(|p| p.namespace() == Some(ns)) {
+            let Some(owner) = view.controller() else { continue };
+            if &*owner.kind != "Job" || &*owner.name != name || Some(&*owner.uid) == live_uid {
+                continue;
+            }
+            let Some(pod) = self.pods.get(&view.key()).filter(|p| meta::uid(p) == view.uid()) else { continue };
+            if meta::has_finalizer(&pod, TRACKING_FINALIZER) {
                 self.remove_finalizer(&pod).await?;
             }
         }

@@ -13,7 +13,6 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use shepherd_api::{JsonPath, str_at};
 use shepherd_api::kinds;
-use shepherd_runtime::cache::object_key;
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Change, Client, Controller, DeleteParams, Manager, Patch};
 use tokio::time::Instant;
@@ -190,7 +189,7 @@ impl NodeLifecycle {
         if unknown_for < self.eviction_timeout {
             return Ok(Action::RequeueAfter(self.eviction_timeout - unknown_for + Duration::from_millis(1)));
         }
-        if !self.pods.by_node_name(name).is_empty() {
+        if !self.pods.pod_views_by_node_name(name).is_empty() {
             self.events.record(&node, EventType::Normal, "DeletingAllPods", &format!("Deleting all Pods from Node {name}.")).await;
         }
         self.evict_pods(name, &format!("Node {name} which was running the pod is unresponsive")).await?;
@@ -243,10 +242,10 @@ impl NodeLifecycle {
     /// owner replaces it on another node.
     async fn evict_pods(&self, node: &str, message: &str) -> Result<(), Error> {
         let now = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
-        for pod in self.pods.by_node_name(node) {
-            let Some(key) = object_key(&pod) else { continue };
+        for pod in self.pods.pod_views_by_node_name(node) {
+            let key = pod.key();
             let Some((ns, name)) = key.split_once('/') else { continue };
-            if !matches!(str_at(&pod, "/status/phase"), "Failed" | "Succeeded") {
+            if !matches!(pod.phase(), "Failed" | "Succeeded") {
                 let status = json!({"status": {"phase": "Failed", "reason": "NodeLost", "message": message}});
                 match self.client.patch_status(&kinds::POD, Some(ns), name, Patch::Merge(status)).await {
                     Ok(_) => {}

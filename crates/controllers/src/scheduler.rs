@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::{Value, json};
 use shepherd_api::{JsonPath, str_at};
 use shepherd_api::kinds;
-use shepherd_runtime::{Action, Cache, Client, Controller, Manager, Patch};
+use shepherd_runtime::{Action, Cache, Client, Controller, Manager, Patch, PodView};
 
 use crate::config::ControllerConfig;
 use crate::events::{EventRecorder, EventType};
@@ -118,6 +118,13 @@ impl Scheduler {
     }
 
     async fn schedule(&self, key: &str) -> Result<Action, shepherd_runtime::controller::Error> {
+        // Every change of every pod comes here; the view turns away the bound, finished and
+        // terminating ones without reading the pod whole.
+        let settled = |v: &PodView| v.is_scheduled() || v.is_deleting() || matches!(v.phase(), "Succeeded" | "Failed");
+        if self.pods.pod_view(key).is_some_and(|v| settled(&v)) {
+            self.state.lock().pending.remove(key);
+            return Ok(Action::Done);
+        }
         let Some(pod) = self.pods.get(key) else {
             let mut s = self.state.lock();
             s.pending.remove(key);

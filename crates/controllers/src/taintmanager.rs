@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use shepherd_api::{JsonPath, kinds};
-use shepherd_api::{meta, opt_str_at, pod};
-use shepherd_runtime::cache::object_key;
+use shepherd_api::{meta, opt_str_at};
 use shepherd_runtime::controller::Error;
 use shepherd_runtime::{Action, Cache, Client, Controller, DeleteParams, Manager};
 use tokio::time::Instant;
@@ -57,7 +56,7 @@ pub fn taint_manager(client: Arc<dyn Client>, manager: &Manager, config: Control
     })
     .watches(&kinds::NODE, move |node| {
         let name = opt_str_at(node, "/metadata/name").unwrap_or("");
-        let keys: Vec<String> = pods.by_node_name(name).iter().filter_map(|p| object_key(p)).collect();
+        let keys: Vec<String> = pods.pod_views_by_node_name(name).iter().map(|p| p.key()).collect();
         let tainted = taints_of(node).iter().any(|t| t.effect == Effect::NoExecute);
         let pending = || {
             let s = lock(&scheduled);
@@ -121,14 +120,21 @@ impl TaintManager {
             lock(&self.scheduled).remove(key);
             Ok(Action::Done)
         };
-        let Some(pod) = self.pods.get(key) else { return forget() };
-        if meta::is_deleting(&pod) || matches!(pod::phase(&pod), "Succeeded" | "Failed") {
+        // Every change of every pod comes here: the view answers for the pods on nodes without a
+        // `NoExecute` taint, and only the others are read whole (for their tolerations).
+        let Some(view) = self.pods.pod_view(key) else { return forget() };
+        if view.is_deleting() || matches!(view.phase(), "Succeeded" | "Failed") {
             return forget();
         }
-        let node_name = opt_str_at(&pod, "/spec/nodeName").unwrap_or("");
+        let node_name = view.node_name().unwrap_or("");
         let Some(node) = self.nodes.get(node_name) else { return forget() };
+        let taints = taints_of(&node);
+        if !taints.iter().any(|t| t.effect == Effect::NoExecute) {
+            return forget();
+        }
+        let Some(pod) = self.pods.get(key).filter(|p| meta::uid(p) == view.uid()) else { return forget() };
         let uid = meta::uid(&pod).to_string();
-        let wait = match verdict(&pod, &taints_of(&node)) {
+        let wait = match verdict(&pod, &taints) {
             Verdict::Stay => return forget(),
             Verdict::Evict => Duration::ZERO,
             Verdict::StayFor(limit) => {

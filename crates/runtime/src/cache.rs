@@ -1,8 +1,9 @@
 //! The informer's local copy of one kind, indexed for the lookups controllers make.
 //!
 //! Guarantees:
-//! - each object is held once, as an `Arc<Value>`; readers get cheap clones of that `Arc`, and the
-//!   indexes hold keys, never copies of objects;
+//! - each object is held once: as an `Arc<Value>` readers get cheap clones of, or, in a compact
+//!   cache (`compact_pods`), as its JSON text that each reader gets parsed back into a `Value`
+//!   equal to the object that entered; the indexes hold keys, never copies of objects;
 //! - the indexes (namespace, label `key=value`, controller owner uid, `spec.nodeName`) always agree
 //!   with the objects: both change under the same write lock;
 //! - a copy of an object older than the cached one (by `metadata.resourceVersion`) never replaces
@@ -16,12 +17,19 @@
 //!   ~40 KB pod, see BENCHMARKS.md section 3, 4, 5);
 //! - a kind may have a projection (`set_transform`, client-go's `SetTransform`): every object of
 //!   it is cached, handed to subscribers and served to readers as the projection made it;
-//! - a cache of pods (`with_pod_views`) keeps beside each pod its `PodView`, read from the object
-//!   once as it enters, so controllers that scan many pods read flat fields instead of the JSON;
-//!   a view always belongs to the object cached with it.
+//! - a cache of pods (`with_pod_views`, `compact_pods`) keeps beside each pod its `PodView`, read
+//!   from the object once as it enters, so controllers that scan many pods read flat fields instead
+//!   of the JSON; a view always belongs to the object cached with it;
+//! - a compact cache hands subscribers the object the informer decoded (a change parses nothing
+//!   new but the previous copy of an update, and that only once nobody holds it any more), and
+//!   readers the same `Arc` while anyone still holds it; what must be parsed is parsed after the
+//!   lock is released. A parsed pod is ~4 times its text and view (each JSON object is a B-tree
+//!   node of several hundred bytes however few its keys): ~10 KB against ~2.3 KB in this module's
+//!   memory test, so a cluster-wide pod cache is kept compact and its scanning readers read views
+//!   (BENCHMARKS.md section 3, 4, 5).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use serde_json::Value;
 use shepherd_api::JsonPath;
@@ -83,8 +91,9 @@ pub fn controller_owner(obj: &Value) -> Option<(&str, &str, &str)> {
 /// kind's cache looks at.
 pub type Transform = Arc<dyn Fn(Value) -> Value + Send + Sync>;
 
-/// An object as it enters the cache, with its view when the cache keeps views.
-type Admitted = (Value, Option<PodView>);
+/// How deep a compact cache's text may nest: `serde_json` parses at most 128 levels, so an object
+/// nested deeper is kept parsed rather than as text that would not parse back.
+const TEXT_DEPTH: usize = 100;
 
 /// An object store for one kind with secondary indexes. Shared by every controller of a process.
 #[derive(Default)]
@@ -93,27 +102,107 @@ pub struct Cache {
     transform: OnceLock<Transform>,
     /// Whether each object gets a `PodView` as it enters.
     pod_views: bool,
+    /// Which objects are kept as their JSON text (by their view); none without.
+    compact: Option<fn(&PodView) -> bool>,
 }
 
 impl std::fmt::Debug for Cache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cache").field("state", &self.state).field("transform", &self.transform.get().is_some())
             .field("pod_views", &self.pod_views)
+            .field("compact", &self.compact.is_some())
             .finish()
     }
 }
 
-/// One cached object, with its view when the cache keeps views.
+/// How one cached object is held.
+#[derive(Debug)]
+enum Body {
+    Parsed(Arc<Value>),
+    /// The object as `serde_json::to_vec` wrote it (parsing it gives back an equal `Value`), and
+    /// the parsed copy handed out last, while anyone still holds it.
+    Text { json: Arc<[u8]>, parsed: Weak<Value> },
+}
+
+/// One cached object, with what the indexes and revision checks read of it and its view when the
+/// cache keeps views.
 #[derive(Debug)]
 struct Entry {
-    obj: Arc<Value>,
+    body: Body,
+    rv: Option<u64>,
+    index: IndexValues,
     view: Option<Arc<PodView>>,
 }
 
 impl Entry {
     /// The view kept with the object, or one read from it now in a cache that keeps none.
-    fn view(&self) -> Arc<PodView> {
-        self.view.clone().unwrap_or_else(|| Arc::new(PodView::of(&self.obj)))
+    fn view(&self) -> Option<Arc<PodView>> {
+        self.view.clone().or_else(|| self.handle().value().map(|o| Arc::new(PodView::of(&o))))
+    }
+
+    /// What a reader needs to get the object without holding the cache's lock while parsing.
+    fn handle(&self) -> Handle {
+        match &self.body {
+            Body::Parsed(obj) => Handle::Parsed(obj.clone()),
+            Body::Text { json, parsed } => Handle::Text(json.clone(), parsed.clone()),
+        }
+    }
+
+    /// Whether `obj` is the very object this entry holds or last handed out.
+    fn holds(&self, obj: &Arc<Value>) -> bool {
+        match &self.body {
+            Body::Parsed(o) => Arc::ptr_eq(o, obj),
+            Body::Text { parsed, .. } => std::ptr::eq(parsed.as_ptr(), Arc::as_ptr(obj)),
+        }
+    }
+}
+
+/// An object taken out of the cache, to parse (if it must be) after the lock is released.
+enum Handle {
+    Parsed(Arc<Value>),
+    Text(Arc<[u8]>, Weak<Value>),
+}
+
+impl Handle {
+    /// The object. `None` only if the text did not parse, which `Cache::admit` rules out.
+    fn value(self) -> Option<Arc<Value>> {
+        match self {
+            Handle::Parsed(obj) => Some(obj),
+            Handle::Text(json, parsed) => parsed.upgrade().or_else(|| serde_json::from_slice(&json).ok().map(Arc::new)),
+        }
+    }
+}
+
+/// A change whose previous object may still have to be parsed, which is done once the cache's
+/// lock is released.
+enum Pending {
+    Added(Arc<Value>),
+    Updated { old: Handle, new: Arc<Value> },
+    Deleted(Handle),
+}
+
+impl Pending {
+    fn change(self) -> Option<Change> {
+        // The text always parses (`Cache::admit`); an empty object stands in should it not.
+        let parse = |h: Handle| h.value().unwrap_or_else(|| Arc::new(Value::Object(serde_json::Map::new())));
+        Some(match self {
+            Pending::Added(obj) => Change::Added(obj),
+            Pending::Updated { old, new } => Change::Updated { old: parse(old), new },
+            Pending::Deleted(obj) => Change::Deleted(parse(obj)),
+        })
+    }
+}
+
+fn values(handles: Vec<Handle>) -> Vec<Arc<Value>> {
+    handles.into_iter().filter_map(Handle::value).collect()
+}
+
+/// Whether `v` nests no deeper than `limit` arrays and objects.
+fn depth_at_most(v: &Value, limit: usize) -> bool {
+    match v {
+        Value::Array(items) => limit > 0 && items.iter().all(|i| depth_at_most(i, limit - 1)),
+        Value::Object(map) => limit > 0 && map.values().all(|i| depth_at_most(i, limit - 1)),
+        _ => true,
     }
 }
 
@@ -138,43 +227,50 @@ struct State {
 type Index = HashMap<String, BTreeSet<String>>;
 
 /// The index values one object contributes.
-#[derive(PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 struct IndexValues {
-    namespace: Option<String>,
-    labels: Vec<String>,
-    owner: Option<String>,
-    node: Option<String>,
+    namespace: Option<Box<str>>,
+    labels: Box<[Box<str>]>,
+    owner: Option<Box<str>>,
+    node: Option<Box<str>>,
 }
 
 impl IndexValues {
     fn of(obj: &Value) -> Self {
-        let str_at = |p: &str| obj.at(p).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
+        let str_at = |p: &str| obj.at(p).and_then(Value::as_str).filter(|s| !s.is_empty()).map(Box::from);
         let labels = obj
             .at("/metadata/labels")
             .and_then(Value::as_object)
-            .map(|l| l.iter().filter_map(|(k, v)| Some(format!("{k}={}", v.as_str()?))).collect())
+            .map(|l| l.iter().filter_map(|(k, v)| Some(format!("{k}={}", v.as_str()?).into_boxed_str())).collect())
             .unwrap_or_default();
         IndexValues {
             namespace: str_at("/metadata/namespace"),
             labels,
-            owner: controller_owner(obj).map(|(_, _, uid)| uid.to_string()),
+            owner: controller_owner(obj).map(|(_, _, uid)| Box::from(uid)),
             node: str_at("/spec/nodeName"),
         }
     }
 
     /// The `unowned` index value: the namespace of an object without a controller.
-    fn unowned(&self) -> Option<String> {
+    fn unowned(&self) -> Option<Box<str>> {
         self.owner.is_none().then(|| self.namespace.clone().unwrap_or_default())
     }
 }
 
-fn index_insert(index: &mut Index, value: Option<&String>, key: &str) {
+fn index_insert(index: &mut Index, value: Option<&str>, key: &str) {
     if let Some(v) = value {
-        index.entry(v.clone()).or_default().insert(key.to_string());
+        match index.get_mut(v) {
+            Some(keys) => {
+                keys.insert(key.to_string());
+            }
+            None => {
+                index.insert(v.to_string(), BTreeSet::from([key.to_string()]));
+            }
+        }
     }
 }
 
-fn index_remove(index: &mut Index, value: Option<&String>, key: &str) {
+fn index_remove(index: &mut Index, value: Option<&str>, key: &str) {
     if let Some(v) = value
         && let Some(keys) = index.get_mut(v)
     {
@@ -187,31 +283,50 @@ fn index_remove(index: &mut Index, value: Option<&String>, key: &str) {
 
 /// Moves `key` from `old` to `new` in one index; nothing to do when they are equal, which is the
 /// common case (a status update changes none of the indexed fields).
-fn index_move(index: &mut Index, old: Option<&String>, new: Option<&String>, key: &str) {
+fn index_move(index: &mut Index, old: Option<&str>, new: Option<&str>, key: &str) {
     if old != new {
         index_remove(index, old, key);
         index_insert(index, new, key);
     }
 }
 
+/// An object ready to enter the cache: parsed (as subscribers get it) and as the cache keeps it.
+struct Admitted {
+    obj: Arc<Value>,
+    key: String,
+    rv: Option<u64>,
+    index: IndexValues,
+    view: Option<PodView>,
+    json: Option<Arc<[u8]>>,
+}
+
+impl Admitted {
+    /// The cache's entry, and the key and object for the change it makes.
+    fn into_entry(self) -> (Entry, String, Arc<Value>) {
+        let body = match self.json {
+            Some(json) => Body::Text { json, parsed: Arc::downgrade(&self.obj) },
+            None => Body::Parsed(self.obj.clone()),
+        };
+        (Entry { body, rv: self.rv, index: self.index, view: self.view.map(Arc::new) }, self.key, self.obj)
+    }
+}
+
 impl State {
     /// Updates every index for `key` going from `old` (absent when new) to `new` (absent when
     /// deleted), touching only the entries that differ.
-    fn reindex(&mut self, key: &str, old: Option<&Value>, new: Option<&Value>) {
-        let old = old.map(IndexValues::of);
-        let new = new.map(IndexValues::of);
+    fn reindex(&mut self, key: &str, old: Option<&IndexValues>, new: Option<&IndexValues>) {
         if old.is_some() && old == new {
             return;
         }
-        let (o, n) = (old.as_ref(), new.as_ref());
-        index_move(&mut self.by_namespace, o.and_then(|v| v.namespace.as_ref()), n.and_then(|v| v.namespace.as_ref()), key);
-        index_move(&mut self.by_owner, o.and_then(|v| v.owner.as_ref()), n.and_then(|v| v.owner.as_ref()), key);
+        let (o, n) = (old, new);
+        index_move(&mut self.by_namespace, o.and_then(|v| v.namespace.as_deref()), n.and_then(|v| v.namespace.as_deref()), key);
+        index_move(&mut self.by_owner, o.and_then(|v| v.owner.as_deref()), n.and_then(|v| v.owner.as_deref()), key);
         let (o_unowned, n_unowned) = (o.and_then(IndexValues::unowned), n.and_then(IndexValues::unowned));
-        index_move(&mut self.unowned, o_unowned.as_ref(), n_unowned.as_ref(), key);
-        index_move(&mut self.by_node, o.and_then(|v| v.node.as_ref()), n.and_then(|v| v.node.as_ref()), key);
-        let no_labels = Vec::new();
-        let old_labels = o.map_or(&no_labels, |v| &v.labels);
-        let new_labels = n.map_or(&no_labels, |v| &v.labels);
+        index_move(&mut self.unowned, o_unowned.as_deref(), n_unowned.as_deref(), key);
+        index_move(&mut self.by_node, o.and_then(|v| v.node.as_deref()), n.and_then(|v| v.node.as_deref()), key);
+        let no_labels: &[Box<str>] = &[];
+        let old_labels = o.map_or(no_labels, |v| &v.labels);
+        let new_labels = n.map_or(no_labels, |v| &v.labels);
         for l in old_labels.iter().filter(|l| !new_labels.contains(l)) {
             index_remove(&mut self.by_label, Some(l), key);
         }
@@ -222,55 +337,58 @@ impl State {
 
     /// `delivered`: the object came from the watch or a list (it moves `high_water`), not from
     /// a repair that fetched it out of order.
-    fn upsert(&mut self, key: String, (obj, view): Admitted, delivered: bool) -> Option<Change> {
-        let rv = resource_version(&obj).unwrap_or(0);
+    fn upsert(&mut self, new: Admitted, delivered: bool) -> Option<Pending> {
+        let rv = new.rv.unwrap_or(0);
         if delivered {
             self.high_water = self.high_water.max(rv);
         }
-        let new = Arc::new(obj);
-        let change = match self.objects.get(&key).map(|e| e.obj.clone()) {
+        if let Some(old) = self.objects.get(&new.key)
+            && let (Some(have), Some(got)) = (old.rv, new.rv)
+            && got <= have
+        {
+            return None;
+        }
+        let (entry, key, obj) = new.into_entry();
+        let change = match self.objects.remove(&key) {
             Some(old) => {
-                let had = resource_version(&old);
-                if let (Some(have), Some(got)) = (had, resource_version(&new))
-                    && got <= have
-                {
-                    return None;
-                }
-                self.reindex(&key, Some(&old), Some(&new));
-                self.digest.remove(&key, had.unwrap_or(0));
-                Change::Updated { old, new: new.clone() }
+                self.reindex(&key, Some(&old.index), Some(&entry.index));
+                self.digest.remove(&key, old.rv.unwrap_or(0));
+                Pending::Updated { old: old.handle(), new: obj }
             }
             None => {
-                self.reindex(&key, None, Some(&new));
-                Change::Added(new.clone())
+                self.reindex(&key, None, Some(&entry.index));
+                Pending::Added(obj)
             }
         };
         self.digest.insert(&key, rv);
-        self.objects.insert(key, Entry { obj: new, view: view.map(Arc::new) });
+        self.objects.insert(key, entry);
         Some(change)
     }
 
-    fn remove(&mut self, key: &str, last_known: Option<Value>) -> Option<Change> {
+    fn remove(&mut self, key: &str, last_known: Option<Value>) -> Option<Pending> {
         let deleted_at = last_known.as_ref().and_then(resource_version);
         self.high_water = self.high_water.max(deleted_at.unwrap_or(0));
-        let had = resource_version(&self.objects.get(key)?.obj).unwrap_or(0);
+        let had = self.objects.get(key)?.rv.unwrap_or(0);
         if deleted_at.is_some_and(|at| at < had) {
             // A deletion of an older incarnation, arriving after a newer one was cached.
             return None;
         }
-        let old = self.objects.remove(key)?.obj;
-        self.reindex(key, Some(&old), None);
+        let old = self.objects.remove(key)?;
+        self.reindex(key, Some(&old.index), None);
         self.digest.remove(key, had);
         // The deletion event carries the final state; fall back to what was cached.
-        Some(Change::Deleted(last_known.map(Arc::new).unwrap_or(old)))
+        Some(Pending::Deleted(match last_known {
+            Some(obj) => Handle::Parsed(Arc::new(obj)),
+            None => old.handle(),
+        }))
     }
 
-    fn lookup(&self, index: &Index, value: &str) -> Vec<Arc<Value>> {
-        self.entries(index, value).map(|e| e.obj.clone()).collect()
+    fn lookup(&self, index: &Index, value: &str) -> Vec<Handle> {
+        self.entries(index, value).map(Entry::handle).collect()
     }
 
     fn lookup_views(&self, index: &Index, value: &str) -> Vec<Arc<PodView>> {
-        self.entries(index, value).map(Entry::view).collect()
+        self.entries(index, value).filter_map(Entry::view).collect()
     }
 
     fn entries<'a>(&'a self, index: &'a Index, value: &str) -> impl Iterator<Item = &'a Entry> + 'a {
@@ -289,7 +407,8 @@ impl Cache {
 
     /// The object stored under `key` (`namespace/name` or `name`).
     pub fn get(&self, key: &str) -> Option<Arc<Value>> {
-        self.read().objects.get(key).map(|e| e.obj.clone())
+        let handle = self.read().objects.get(key).map(Entry::handle);
+        handle?.value()
     }
 
     /// Whether an object is stored under `key`.
@@ -299,7 +418,8 @@ impl Cache {
 
     /// Every cached object, in no particular order.
     pub fn list(&self) -> Vec<Arc<Value>> {
-        self.read().objects.values().map(|e| e.obj.clone()).collect()
+        let handles: Vec<Handle> = self.read().objects.values().map(Entry::handle).collect();
+        values(handles)
     }
 
     /// Every cached key, sorted.
@@ -317,32 +437,33 @@ impl Cache {
         self.read().objects.is_empty()
     }
 
+    /// Runs `lookup` under the read lock and parses what it found after releasing it.
+    fn found(&self, lookup: impl FnOnce(&State) -> Vec<Handle>) -> Vec<Arc<Value>> {
+        let handles = lookup(&self.read());
+        values(handles)
+    }
+
     /// Objects in one namespace.
     pub fn by_namespace(&self, namespace: &str) -> Vec<Arc<Value>> {
-        let s = self.read();
-        s.lookup(&s.by_namespace, namespace)
+        self.found(|s| s.lookup(&s.by_namespace, namespace))
     }
 
     /// Objects carrying the label `key=value`.
     pub fn by_label(&self, key: &str, value: &str) -> Vec<Arc<Value>> {
-        let s = self.read();
-        s.lookup(&s.by_label, &format!("{key}={value}"))
+        self.found(|s| s.lookup(&s.by_label, &format!("{key}={value}")))
     }
 
     /// Objects whose controlling owner reference has this uid.
     pub fn by_controller_uid(&self, uid: &str) -> Vec<Arc<Value>> {
-        let s = self.read();
-        s.lookup(&s.by_owner, uid)
+        self.found(|s| s.lookup(&s.by_owner, uid))
     }
 
     /// Objects in one namespace (`""`: cluster-scoped) that no controller owns: the candidates
     /// for adoption.
     pub fn unowned_in_namespace(&self, namespace: &str) -> Vec<Arc<Value>> {
-        let s = self.read();
-        s.lookup(&s.unowned, namespace)
+        self.found(|s| s.lookup(&s.unowned, namespace))
     }
 
-    /// Pods bound to a node (`spec.nodeName`).
     /// The highest resourceVersion among the events applied so far. A watch delivers events in
     /// revision order without gaps, so a write at or below it has been seen: an object created at
     /// such a revision and absent now was seen and deleted, not yet to come.
@@ -350,9 +471,9 @@ impl Cache {
         self.read().high_water
     }
 
+    /// Pods bound to a node (`spec.nodeName`).
     pub fn by_node_name(&self, node: &str) -> Vec<Arc<Value>> {
-        let s = self.read();
-        s.lookup(&s.by_node, node)
+        self.found(|s| s.lookup(&s.by_node, node))
     }
 
     /// A cache that keeps a `PodView` beside each object: for pods only.
@@ -360,16 +481,23 @@ impl Cache {
         Cache { pod_views: true, ..Cache::default() }
     }
 
+    /// A cache of pods that keeps the pods `text` picks as their JSON text beside their views,
+    /// the others parsed (see the module documentation): for a process that holds many pods and
+    /// reads most of them through views.
+    pub fn compact_pods(text: fn(&PodView) -> bool) -> Cache {
+        Cache { pod_views: true, compact: Some(text), ..Cache::default() }
+    }
+
     /// The view of the pod stored under `key`. The `pod_view*` readers answer from the views a
     /// cache `with_pod_views` keeps; in any other cache they read a view from the object per call.
     pub fn pod_view(&self, key: &str) -> Option<Arc<PodView>> {
-        self.read().objects.get(key).map(Entry::view)
+        self.read().objects.get(key).and_then(Entry::view)
     }
 
     /// The view kept with `obj` when it is the object cached under `key` (as it is while a
     /// subscriber handles the change that cached it); `None` otherwise.
     pub fn pod_view_of(&self, key: &str, obj: &Arc<Value>) -> Option<Arc<PodView>> {
-        self.read().objects.get(key).filter(|e| Arc::ptr_eq(&e.obj, obj)).and_then(|e| e.view.clone())
+        self.read().objects.get(key).filter(|e| e.holds(obj)).and_then(|e| e.view.clone())
     }
 
     /// Views of the pods whose controlling owner reference has this uid.
@@ -384,17 +512,38 @@ impl Cache {
         s.lookup_views(&s.unowned, namespace)
     }
 
+    /// Views of the pods bound to a node.
+    pub fn pod_views_by_node_name(&self, node: &str) -> Vec<Arc<PodView>> {
+        let s = self.read();
+        s.lookup_views(&s.by_node, node)
+    }
+
+    /// Views of the pods carrying the label `key=value`.
+    pub fn pod_views_by_label(&self, key: &str, value: &str) -> Vec<Arc<PodView>> {
+        let s = self.read();
+        s.lookup_views(&s.by_label, &format!("{key}={value}"))
+    }
+
+    /// Views of the pods in one namespace.
+    pub fn pod_views_by_namespace(&self, namespace: &str) -> Vec<Arc<PodView>> {
+        let s = self.read();
+        s.lookup_views(&s.by_namespace, namespace)
+    }
+
     /// The pods of one namespace whose views pass `keep`: a scan that reads each pod's view and
     /// only the objects it keeps.
     pub fn by_namespace_where(&self, namespace: &str, keep: impl Fn(&PodView) -> bool) -> Vec<Arc<Value>> {
-        let s = self.read();
-        s.entries(&s.by_namespace, namespace)
-            .filter(|e| match &e.view {
-                Some(v) => keep(v),
-                None => keep(&PodView::of(&e.obj)),
-            })
-            .map(|e| e.obj.clone())
-            .collect()
+        let handles: Vec<Handle> = {
+            let s = self.read();
+            s.entries(&s.by_namespace, namespace)
+                .filter(|e| match &e.view {
+                    Some(v) => keep(v),
+                    None => e.view().is_some_and(|v| keep(&v)),
+                })
+                .map(Entry::handle)
+                .collect()
+        };
+        values(handles)
     }
 
     /// Makes the cache keep `transform(object)` of every object from now on. Only an empty cache
@@ -406,11 +555,21 @@ impl Cache {
     }
 
     /// The object as this cache keeps it: without `managedFields`, projected if the kind has one,
-    /// with its view if the cache keeps views.
-    fn admit(&self, obj: Value) -> Admitted {
+    /// with its view if the cache keeps views and its text if the cache is compact. `None`
+    /// without a name.
+    fn admit(&self, obj: Value) -> Option<Admitted> {
         let obj = self.project(obj);
+        let key = object_key(&obj)?;
         let view = self.pod_views.then(|| PodView::of(&obj));
-        (obj, view)
+        // Writing a `Value` cannot fail (its keys are strings, its numbers finite); should it, or
+        // should the text be too deep to parse back, the object is kept parsed.
+        let text = self.compact.zip(view.as_ref()).is_some_and(|(text, view)| text(view));
+        let json = if text && depth_at_most(&obj, TEXT_DEPTH) {
+            serde_json::to_vec(&obj).ok().map(Arc::from)
+        } else {
+            None
+        };
+        Some(Admitted { rv: resource_version(&obj), index: IndexValues::of(&obj), key, view, json, obj: Arc::new(obj) })
     }
 
     /// The object without `managedFields`, projected if the kind has one.
@@ -424,29 +583,31 @@ impl Cache {
 
     /// Applies an added or modified object; `None` when it was not newer than the cached copy.
     pub(crate) fn apply_upsert(&self, obj: Value) -> Option<Change> {
-        let admitted = self.admit(obj);
-        let key = object_key(&admitted.0)?;
-        self.write().upsert(key, admitted, true)
+        let admitted = self.admit(obj)?;
+        let pending = self.write().upsert(admitted, true);
+        pending?.change()
     }
 
     /// Applies an object an anti-entropy repair fetched: like `apply_upsert`, but it says nothing
     /// about which events were delivered, so `observed_revision` stays where it is.
     pub(crate) fn apply_repair(&self, obj: Value) -> Option<Change> {
-        let admitted = self.admit(obj);
-        let key = object_key(&admitted.0)?;
+        let admitted = self.admit(obj)?;
         let mut s = self.write();
-        s.verified = s.verified.max(resource_version(&admitted.0).unwrap_or(0));
-        s.upsert(key, admitted, false)
+        s.verified = s.verified.max(admitted.rv.unwrap_or(0));
+        let pending = s.upsert(admitted, false);
+        drop(s);
+        pending?.change()
     }
 
     /// Removes an object a repair found gone, unless the cached copy is newer than `revision`.
     pub(crate) fn apply_repair_delete(&self, key: &str, revision: u64) -> Option<Change> {
         let mut s = self.write();
-        let cached = s.objects.get(key)?;
-        if resource_version(&cached.obj).unwrap_or(0) > revision {
+        if s.objects.get(key)?.rv.unwrap_or(0) > revision {
             return None;
         }
-        s.remove(key, None)
+        let pending = s.remove(key, None);
+        drop(s);
+        pending?.change()
     }
 
     /// Records that the server's digest at `revision` matched (or was repaired to match).
@@ -470,38 +631,35 @@ impl Cache {
     /// The (key, resourceVersion) pairs cached in one digest bucket.
     pub fn bucket_members(&self, bucket: usize) -> Vec<(String, u64)> {
         let s = self.read();
-        s.objects
-            .iter()
-            .filter(|(k, _)| bucket_of(k) == bucket)
-            .map(|(k, e)| (k.clone(), resource_version(&e.obj).unwrap_or(0)))
-            .collect()
+        s.objects.iter().filter(|(k, _)| bucket_of(k) == bucket).map(|(k, e)| (k.clone(), e.rv.unwrap_or(0))).collect()
     }
 
     /// Applies a deletion; `None` when the object was not cached.
     pub(crate) fn apply_delete(&self, obj: Value) -> Option<Change> {
         let obj = self.project(obj);
         let key = object_key(&obj)?;
-        self.write().remove(&key, Some(obj))
+        let pending = self.write().remove(&key, Some(obj));
+        pending?.change()
     }
 
     /// Makes the cache equal to a fresh list and returns what differed: objects the list has and
     /// the cache lacked or held an older copy of, and cached objects the list no longer has.
     pub(crate) fn replace(&self, items: Vec<Value>) -> Vec<Change> {
         let mut s = self.write();
-        let mut changes = Vec::new();
+        let mut changes: Vec<Pending> = Vec::new();
         let mut listed = std::collections::HashSet::with_capacity(items.len());
         for obj in items {
-            let admitted = self.admit(obj);
-            let Some(key) = object_key(&admitted.0) else { continue };
-            listed.insert(key.clone());
+            let Some(admitted) = self.admit(obj) else { continue };
+            listed.insert(admitted.key.clone());
             // `upsert` ignores equal or older revisions, so unchanged objects emit nothing.
-            changes.extend(s.upsert(key, admitted, true));
+            changes.extend(s.upsert(admitted, true));
         }
         let gone: Vec<String> = s.objects.keys().filter(|k| !listed.contains(*k)).cloned().collect();
         for key in gone {
             changes.extend(s.remove(&key, None));
         }
-        changes
+        drop(s);
+        changes.into_iter().filter_map(Pending::change).collect()
     }
 }
 
@@ -538,7 +696,12 @@ mod tests {
 
     #[test]
     fn indexes_follow_an_object_as_it_moves_between_nodes() {
-        let c = Cache::default();
+        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true)] {
+            indexes_follow_an_object_as_it_moves_between_nodes_in(c);
+        }
+    }
+
+    fn indexes_follow_an_object_as_it_moves_between_nodes_in(c: Cache) {
         c.apply_upsert(pod("a", 1, "n1", "u1"));
         c.apply_upsert(pod("b", 2, "n1", "u1"));
         assert_eq!(names(c.by_node_name("n1")), ["ns/a", "ns/b"]);
@@ -555,7 +718,12 @@ mod tests {
 
     #[test]
     fn unowned_objects_are_indexed_until_a_controller_adopts_them() {
-        let c = Cache::default();
+        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true)] {
+            unowned_objects_are_indexed_until_a_controller_adopts_them_in(c);
+        }
+    }
+
+    fn unowned_objects_are_indexed_until_a_controller_adopts_them_in(c: Cache) {
         let mut orphan = pod("o", 1, "n1", "u1");
         orphan["metadata"]["ownerReferences"] = json!([]);
         c.apply_upsert(orphan.clone());
@@ -575,7 +743,12 @@ mod tests {
 
     #[test]
     fn an_older_copy_never_replaces_a_newer_one() {
-        let c = Cache::default();
+        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true)] {
+            an_older_copy_never_replaces_a_newer_one_in(c);
+        }
+    }
+
+    fn an_older_copy_never_replaces_a_newer_one_in(c: Cache) {
         c.apply_upsert(pod("a", 5, "n2", "u"));
         assert!(c.apply_upsert(pod("a", 4, "n1", "u")).is_none());
         assert_eq!(c.get("ns/a").map(|o| o["spec"]["nodeName"].clone()), Some(json!("n2")));
@@ -583,7 +756,12 @@ mod tests {
 
     #[test]
     fn replace_reports_exactly_the_missed_adds_updates_and_deletes() {
-        let c = Cache::default();
+        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true)] {
+            replace_reports_exactly_the_missed_adds_updates_and_deletes_in(c);
+        }
+    }
+
+    fn replace_reports_exactly_the_missed_adds_updates_and_deletes_in(c: Cache) {
         c.apply_upsert(pod("same", 1, "n", "u"));
         c.apply_upsert(pod("changed", 2, "n", "u"));
         c.apply_upsert(pod("gone", 3, "n", "u"));
@@ -615,7 +793,12 @@ mod tests {
 
     #[test]
     fn cached_objects_and_changes_carry_no_managed_fields_and_keep_the_rest() {
-        let c = Cache::default();
+        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true)] {
+            cached_objects_and_changes_carry_no_managed_fields_and_keep_the_rest_in(c);
+        }
+    }
+
+    fn cached_objects_and_changes_carry_no_managed_fields_and_keep_the_rest_in(c: Cache) {
         let added = c.apply_upsert(pod_with_owners("a", 1)).expect("added");
         let updated = c.apply_upsert(pod_with_owners("a", 2)).expect("updated");
         let listed = c.replace(vec![pod_with_owners("a", 3), pod_with_owners("b", 4)]);
@@ -650,7 +833,15 @@ mod tests {
 
     #[test]
     fn objects_come_out_of_the_cache_equal_to_what_went_in() {
-        let c = Cache::default();
+        // The last keeps one pod parsed among pods kept as text.
+        let caches =
+            [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true), Cache::compact_pods(|v| v.name() != "b")];
+        for c in caches {
+            objects_come_out_of_the_cache_equal_to_what_went_in_in(c);
+        }
+    }
+
+    fn objects_come_out_of_the_cache_equal_to_what_went_in_in(c: Cache) {
         let first = odd_pod("a", 1);
         let added = c.apply_upsert(first.clone()).expect("added");
         assert_eq!(**added.object(), first);
@@ -678,10 +869,26 @@ mod tests {
             got.sort_by_key(object_key);
             assert_eq!(got, [second.clone(), odd_pod("b", 3)]);
         }
+        // Deeper than a parser takes back from text: such an object is kept as it came.
+        let mut deep = odd_pod("d", 4);
+        let mut nested = json!("bottom");
+        for i in 0..200 {
+            nested = if i % 2 == 0 { json!([nested]) } else { json!({ "k": nested }) };
+        }
+        deep["spec"]["deep"] = nested;
+        deep["metadata"]["ownerReferences"] = json!([]);
+        assert!(c.apply_repair(deep.clone()).is_some());
+        assert_eq!(*c.get("ns/d").expect("cached"), deep);
+        assert_eq!(names(c.unowned_in_namespace("ns")), ["ns/d"]);
+        assert_eq!(names(c.by_namespace_where("ns", |v| v.name() != "b")), ["ns/a", "ns/d"]);
+        for key in c.keys() {
+            let obj = c.get(&key).expect("cached");
+            assert_eq!(c.pod_view(&key).as_deref(), Some(&PodView::of(&obj)), "the view of {key} is the view of its object");
+        }
         let deleted = c.replace(Vec::new());
         let mut gone: Vec<Value> = deleted.iter().map(|ch| (**ch.object()).clone()).collect();
         gone.sort_by_key(object_key);
-        assert_eq!(gone, [second, odd_pod("b", 3)], "a deletion without a final state hands out the cached object");
+        assert_eq!(gone, [second, odd_pod("b", 3), deep], "a deletion without a final state hands out the cached object");
         assert!(!c.contains("ns/a") && c.get("ns/a").is_none());
     }
 
@@ -736,7 +943,12 @@ mod tests {
 
     #[test]
     fn a_pod_cache_keeps_each_pods_view_in_step_with_the_pod_it_holds() {
-        let c = Cache::with_pod_views();
+        for c in [Cache::with_pod_views(), Cache::compact_pods(|_| true)] {
+            a_pod_cache_keeps_each_pods_view_in_step_with_the_pod_it_holds_in(c);
+        }
+    }
+
+    fn a_pod_cache_keeps_each_pods_view_in_step_with_the_pod_it_holds_in(c: Cache) {
         let view_names = |views: Vec<Arc<PodView>>| views.iter().map(|v| v.key()).collect::<Vec<_>>();
         let added = c.apply_upsert(pod("a", 1, "n1", "u1")).expect("added");
         assert_eq!(c.pod_view_of("ns/a", added.object()).as_deref(), Some(&PodView::of(added.object())));
@@ -776,14 +988,16 @@ mod tests {
     }
 
     /// Memory per cached pod (object, key and four indexes), from the resident-set growth while
-    /// 10,000 realistic pods are cached, without and then with pod views. A measurement:
+    /// 10,000 realistic pods are cached, without and then with pod views, then compact. A measurement:
     /// `cargo test --release -p shepherd-runtime -- --ignored --nocapture memory_per_cached`.
     #[test]
     #[ignore]
     fn memory_per_cached_pod_for_ten_thousand_pods() {
         const PODS: u64 = 10_000;
         let mut kept = Vec::new();
-        for (what, c) in [("cache", Cache::default()), ("cache with pod views", Cache::with_pod_views())] {
+        let caches =
+            [("cache", Cache::default()), ("cache with pod views", Cache::with_pod_views()), ("compact pod cache", Cache::compact_pods(|_| true))];
+        for (what, c) in caches {
             let before = resident_bytes().unwrap_or(0);
             for i in 0..PODS {
                 let mut p = pod(&format!("web-{i}"), i + 1, &format!("node-{}", i % 100), &format!("rs-uid-{}", i % 500));

@@ -35,6 +35,7 @@ use crate::cache::{Cache, Change, Transform, resource_version};
 use crate::client::{Client, ListParams, WatchEvent};
 use crate::faults::WatchFaults;
 use crate::metrics::{KindLabels, Metrics};
+use crate::view::PodView;
 
 /// A subscriber callback.
 pub type Handler = Arc<dyn Fn(&Change) + Send + Sync>;
@@ -85,12 +86,12 @@ impl Informer {
         let labels = KindLabels { kind: res.kind.to_string() };
         let m = metrics.inner();
         let (resync_tx, resync_rx) = mpsc::unbounded_channel();
+        let cache = Arc::new(Self::cache_for(&res, &params));
         Informer {
             res,
             params,
             client,
-            // Pods are what controllers scan by the thousand: their cache keeps views.
-            cache: Arc::new(if res.group.is_empty() && res.kind == "Pod" { Cache::with_pod_views() } else { Cache::default() }),
+            cache,
             handlers: Mutex::default(),
             next_handler: AtomicU64::new(0),
             synced: watch::Sender::new(false),
@@ -113,6 +114,19 @@ impl Informer {
             last_check: Mutex::default(),
             last_repair: Mutex::default(),
         }
+    }
+
+    /// Pods are what controllers scan by the thousand: their cache keeps views. A cluster-wide
+    /// pod cache (a controller manager's: every pod of the cluster, read mostly through views) is
+    /// compact; a scoped one (a node agent's pods, each read whole on every sync) stays parsed.
+    /// In a compact cache the pods of DaemonSets, StatefulSets and Jobs stay parsed too: their
+    /// controllers read every pod of an owner whole on each of its reconciles.
+    fn cache_for(res: &ResourceInfo, params: &ListParams) -> Cache {
+        if !res.group.is_empty() || res.kind != "Pod" {
+            return Cache::default();
+        }
+        let cluster_wide = params.namespace.is_none() && params.label_selector.is_none() && params.field_selector.is_none();
+        if cluster_wide { Cache::compact_pods(read_through_views) } else { Cache::with_pod_views() }
     }
 
     /// The kind this informer watches.
@@ -525,6 +539,12 @@ impl Retry {
     fn reset(&mut self) {
         self.failures = 0;
     }
+}
+
+/// Whether a pod is read only through its view or one key at a time (the pods of ReplicaSets and
+/// ReplicationControllers, and pods without a controller), so it can be kept as text.
+fn read_through_views(pod: &PodView) -> bool {
+    !matches!(pod.controller().map(|c| &*c.kind), Some("DaemonSet" | "StatefulSet" | "Job"))
 }
 
 /// Hands out one shared `Informer` per kind. Informers run from `start` until the factory shuts down.
