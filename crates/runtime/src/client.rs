@@ -35,8 +35,8 @@ pub struct ListParams {
     /// Kubernetes field selector syntax: `spec.nodeName=n1`.
     pub field_selector: Option<String>,
     /// The caller drops every item's `metadata.managedFields` (an informer's cache does), so a
-    /// client that decodes lists and watch events itself may skip them instead of building them
-    /// first: they are most of a small object's parsed size. A hint; a client may return them anyway.
+    /// client that decodes the list itself may skip them instead of building them first: they are
+    /// most of a small object's parsed size. A hint; a client may return them anyway.
     pub without_managed_fields: bool,
 }
 
