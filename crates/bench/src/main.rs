@@ -87,6 +87,9 @@ enum Scenario {
         change_rate: f64,
         #[arg(long, default_value_t = 20.0)]
         change_seconds: f64,
+        /// Runs, each measuring both engines (alternating which goes first).
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
     },
     /// The web dashboard in headless Chromium on a cluster of N pods: first paint, time to live
     /// data, then frames and long tasks while pods change at a fixed rate.
@@ -296,7 +299,6 @@ enum Scenario {
         #[arg(long, hide = true)]
         inside: bool,
     },
-    /// (internal) One peer-comparison variant; runs until stdin closes.
     /// HorizontalPodAutoscaler reaction: from a pod starting to burn CPU to new pods Ready, on
     /// standalone with real processes.
     HpaReaction {
@@ -344,6 +346,7 @@ enum Scenario {
         #[arg(long, default_value = "2s")]
         retry_period: String,
     },
+    /// (internal) One peer-comparison variant; runs until stdin closes.
     #[command(hide = true)]
     PeerWorker {
         #[arg(long)]
@@ -381,11 +384,11 @@ async fn main() -> anyhow::Result<()> {
             }
             experiment::run(&params, &cli.out).await?
         }
-        Scenario::Peer { services, change_rate, change_seconds } => {
+        Scenario::Peer { services, change_rate, change_seconds, runs } => {
             let p = if cli.smoke {
-                peer::Params { services: 20, change_rate: 10.0, change_phase: std::time::Duration::from_secs(2) }
+                peer::Params { services: 20, change_rate: 10.0, change_phase: std::time::Duration::from_secs(2), runs: 1 }
             } else {
-                peer::Params { services, change_rate, change_phase: std::time::Duration::from_secs_f64(change_seconds) }
+                peer::Params { services, change_rate, change_phase: std::time::Duration::from_secs_f64(change_seconds), runs: runs.max(1) }
             };
             peer::run(&cli.shepherd, p).await?
         }

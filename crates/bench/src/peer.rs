@@ -21,7 +21,6 @@ use shepherd_api::kinds::{ENDPOINTS, SERVICE};
 use shepherd_api::meta;
 use shepherd_client::RemoteClient;
 use shepherd_runtime::{Action, Client, Controller, ListParams, Manager, Patch, WatchEvent};
-use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::cluster::Process;
@@ -39,6 +38,8 @@ pub struct Params {
     pub services: usize,
     pub change_rate: f64,
     pub change_phase: Duration,
+    /// Each run measures both engines, alternating which goes first.
+    pub runs: usize,
 }
 
 fn service(name: &str) -> Value {
@@ -133,30 +134,63 @@ pub async fn worker(engine: &str, url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Changes waiting for their mirror, by Service name: (value, when it was set).
-type Pending = Arc<Mutex<std::collections::HashMap<String, (String, Instant)>>>;
+/// What the harness sees on its watch of Endpoints, timestamped as each event arrives.
+#[derive(Default)]
+struct Seen {
+    /// Services whose Endpoints first carried the initial value, and when the first and the last
+    /// of them did.
+    synced: std::collections::HashSet<String>,
+    first_synced: Option<Instant>,
+    all_synced: Option<Instant>,
+    /// Changes waiting for their mirror, by Service name: (value, when it was set).
+    pending: std::collections::HashMap<String, (String, Instant)>,
+    latencies: Vec<Duration>,
+}
 
-async fn observe_endpoints(client: Arc<dyn Client>, pending: Pending, latencies: Arc<Mutex<Vec<Duration>>>) {
-    loop {
-        let Ok(list) = client.list(&ENDPOINTS, &ListParams::namespace(NS)).await else { continue };
-        let Ok(mut events) = client.watch(&ENDPOINTS, &ListParams::namespace(NS), list.resource_version).await else { continue };
-        while let Some(Ok(ev)) = events.next().await {
-            let (WatchEvent::Added(ep) | WatchEvent::Modified(ep)) = ev else { continue };
-            let name = meta::name(&ep).to_string();
-            let mut p = pending.lock().await;
-            if let Some((want, at)) = p.get(&name)
-                && value_of(&ep, MIRROR).as_deref() == Some(want.as_str())
-            {
-                latencies.lock().await.push(at.elapsed());
-                p.remove(&name);
-            }
+type Shared = Arc<std::sync::Mutex<Seen>>;
+
+fn lock(s: &Shared) -> std::sync::MutexGuard<'_, Seen> {
+    s.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn observe(seen: &Shared, services: usize, ep: &Value) {
+    let at = Instant::now();
+    let name = meta::name(ep);
+    let value = value_of(ep, MIRROR);
+    let mut s = lock(seen);
+    if value.as_deref() == Some("0") && s.all_synced.is_none() && s.synced.insert(name.to_string()) {
+        s.first_synced.get_or_insert(at);
+        if s.synced.len() == services {
+            s.all_synced = Some(at);
         }
+    }
+    if let Some((want, set_at)) = s.pending.get(name)
+        && value.as_deref() == Some(want.as_str())
+    {
+        let latency = at.duration_since(*set_at);
+        s.latencies.push(latency);
+        s.pending.remove(name);
     }
 }
 
-async fn mirrored(client: &dyn Client, value: &str) -> anyhow::Result<usize> {
-    let list = client.list(&ENDPOINTS, &ListParams::namespace(NS)).await?;
-    Ok(list.items.iter().filter(|e| value_of(e, MIRROR).as_deref() == Some(value)).count())
+/// Watches Endpoints from before the worker starts, so the end of the initial sync is the arrival
+/// of the event that completes it rather than the next step of a poll.
+async fn observe_endpoints(client: Arc<dyn Client>, seen: Shared, services: usize, ready: tokio::sync::oneshot::Sender<()>) {
+    let mut ready = Some(ready);
+    loop {
+        let Ok(list) = client.list(&ENDPOINTS, &ListParams::namespace(NS)).await else { continue };
+        for ep in &list.items {
+            observe(&seen, services, ep);
+        }
+        let Ok(mut events) = client.watch(&ENDPOINTS, &ListParams::namespace(NS), list.resource_version).await else { continue };
+        if let Some(r) = ready.take() {
+            let _ = r.send(());
+        }
+        while let Some(Ok(ev)) = events.next().await {
+            let (WatchEvent::Added(ep) | WatchEvent::Modified(ep)) = ev else { continue };
+            observe(&seen, services, &ep);
+        }
+    }
 }
 
 async fn run_variant(binary: &Path, engine: &str, p: Params) -> anyhow::Result<Value> {
@@ -176,7 +210,16 @@ async fn run_variant(binary: &Path, engine: &str, p: Params) -> anyhow::Result<V
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
 
+    let seen: Shared = Arc::default();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let observer = tokio::spawn(observe_endpoints(client.clone(), seen.clone(), p.services, ready_tx));
+    tokio::time::timeout(Duration::from_secs(30), ready_rx).await.map_err(|_| anyhow::anyhow!("the watch of Endpoints did not start"))??;
+    // Let the server settle after the creates so both variants start on the same footing.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
     let me = std::env::current_exe()?;
+    // Initial sync: from starting the worker to the event that shows the last Service mirrored.
+    let started = Instant::now();
     let mut child = Command::new(me)
         .args(["peer-worker", "--engine", engine, "--url", &server.url])
         .env("RUST_LOG", "error")
@@ -186,17 +229,17 @@ async fn run_variant(binary: &Path, engine: &str, p: Params) -> anyhow::Result<V
         .spawn()?;
     let pid = child.id().to_string();
 
-    // Initial sync: every Service mirrored once.
-    let started = Instant::now();
-    while mirrored(client.as_ref(), "0").await? < p.services {
+    let (first, sync) = loop {
+        {
+            let s = lock(&seen);
+            if let (Some(first), Some(all)) = (s.first_synced, s.all_synced) {
+                break (first.duration_since(started), all.duration_since(started));
+            }
+        }
         anyhow::ensure!(started.elapsed() < Duration::from_secs(300), "{engine}: initial sync did not finish in 300 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let sync = started.elapsed();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
 
-    let pending: Pending = Arc::default();
-    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
-    let observer = tokio::spawn(observe_endpoints(client.clone(), pending.clone(), latencies.clone()));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let cpu0 = procstat::cpu_seconds(&pid);
     let phase_start = Instant::now();
@@ -205,20 +248,20 @@ async fn run_variant(binary: &Path, engine: &str, p: Params) -> anyhow::Result<V
     while phase_start.elapsed() < p.change_phase {
         ticker.tick().await;
         let name = {
-            let p = pending.lock().await;
+            let s = lock(&seen);
             let mut rng = rand::rng();
-            (0..50).map(|_| names[rng.random_range(0..names.len())].clone()).find(|n| !p.contains_key(n))
+            (0..50).map(|_| names[rng.random_range(0..names.len())].clone()).find(|n| !s.pending.contains_key(n))
         };
         let Some(name) = name else { continue };
         changes += 1;
         let value = changes.to_string();
-        let mut pend = pending.lock().await;
         let at = Instant::now();
+        // Registered before the PATCH is sent: its mirror may arrive before the PATCH's answer.
+        lock(&seen).pending.insert(name.clone(), (value.clone(), at));
         client.patch(&SERVICE, Some(NS), &name, Patch::Merge(json!({"metadata": {"annotations": {VALUE: value}}}))).await?;
-        pend.insert(name, (value, at));
     }
     let settle = Instant::now();
-    while !pending.lock().await.is_empty() && settle.elapsed() < Duration::from_secs(10) {
+    while !lock(&seen).pending.is_empty() && settle.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let phase_cpu = procstat::cpu_seconds(&pid) - cpu0;
@@ -234,36 +277,82 @@ async fn run_variant(binary: &Path, engine: &str, p: Params) -> anyhow::Result<V
     }
     let _ = child.wait();
     let reconciles = serde_json::from_str::<Value>(line.trim()).ok().and_then(|v| v["reconciles"].as_u64()).unwrap_or(0);
-    let lat = summarize(&latencies.lock().await);
-    let unconverged = pending.lock().await.len();
+    let (lat, unconverged) = {
+        let s = lock(&seen);
+        (summarize(&s.latencies), s.pending.len())
+    };
     println!(
-        "| {engine} | {:.2} s ({:.0}/s) | {changes} | {:.1} | {:.1} | {unconverged} | {reconciles} | {rss:.1} / {peak:.1} | {phase_cpu:.2} |",
+        "| {engine} | {:.3} s ({:.0}/s) | {:.3} s | {changes} | {:.1} | {:.1} | {unconverged} | {reconciles} | {rss:.1} / {peak:.1} | {phase_cpu:.2} | {total_cpu:.2} |",
         sync.as_secs_f64(),
         p.services as f64 / sync.as_secs_f64(),
+        first.as_secs_f64(),
         lat.p50_ms,
         lat.p99_ms
     );
     let _ = std::io::stdout().flush();
     Ok(json!({"engine": engine, "initial_sync_s": sync.as_secs_f64(), "initial_sync_reconciles_per_s": p.services as f64 / sync.as_secs_f64(),
+        "first_mirrored_s": first.as_secs_f64(),
         "changes": changes, "latency": lat, "unconverged": unconverged, "reconciles_total": reconciles,
         "rss_mib": rss, "peak_rss_mib": peak, "cpu_seconds_change_phase": phase_cpu, "cpu_seconds_total": total_cpu}))
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
 pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
     println!(
-        "scenario peer: services={} change_rate={}/s change_phase={:?} concurrency={CONCURRENCY}",
-        p.services, p.change_rate, p.change_phase
+        "scenario peer: services={} change_rate={}/s change_phase={:?} concurrency={CONCURRENCY} runs={}",
+        p.services, p.change_rate, p.change_phase, p.runs
     );
-    println!("| engine | initial sync | changes | p50 ms | p99 ms | unconverged | reconciles | RSS / peak MiB | CPU s (changes) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
-    let mut variants = Vec::new();
+    println!("| engine | initial sync | first mirrored | changes | p50 ms | p99 ms | unconverged | reconciles | RSS / peak MiB | CPU s (changes) | CPU s (total) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut runs = Vec::new();
+    let mut loads = Vec::new();
+    for run in 0..p.runs {
+        // Alternate which engine goes first, so neither always meets a warmer (or busier) machine.
+        let order = if run % 2 == 0 { ["shepherd", "kube"] } else { ["kube", "shepherd"] };
+        let load_before = procstat::load_average();
+        let mut variants = Vec::new();
+        for engine in order {
+            variants.push(run_variant(binary, engine, p).await?);
+        }
+        let load_after = procstat::load_average();
+        println!("| run {} (load {load_before:.1} -> {load_after:.1}) | | | | | | | | | | |", run + 1);
+        loads.push(json!([load_before, load_after]));
+        runs.push(json!({"order": order, "load_1m_before_after": [load_before, load_after], "variants": variants}));
+    }
+    let mut medians = serde_json::Map::new();
     for engine in ["shepherd", "kube"] {
-        variants.push(run_variant(binary, engine, p).await?);
+        let pick = |f: &dyn Fn(&Value) -> Option<f64>| -> f64 {
+            median(runs.iter().flat_map(|r| r["variants"].as_array().cloned().unwrap_or_default()).filter(|v| v["engine"] == engine).filter_map(|v| f(&v)).collect())
+        };
+        let m = json!({
+            "initial_sync_s": pick(&|v| v["initial_sync_s"].as_f64()),
+            "first_mirrored_s": pick(&|v| v["first_mirrored_s"].as_f64()),
+            "p50_ms": pick(&|v| v["latency"]["p50_ms"].as_f64()),
+            "p99_ms": pick(&|v| v["latency"]["p99_ms"].as_f64()),
+            "rss_mib": pick(&|v| v["rss_mib"].as_f64()),
+            "cpu_seconds_change_phase": pick(&|v| v["cpu_seconds_change_phase"].as_f64()),
+            "cpu_seconds_total": pick(&|v| v["cpu_seconds_total"].as_f64()),
+        });
+        println!(
+            "median {engine}: sync {:.3} s, first {:.3} s, p50 {:.1} ms, p99 {:.1} ms, RSS {:.1} MiB, CPU {:.2} s (changes) {:.2} s (total)",
+            m["initial_sync_s"].as_f64().unwrap_or(0.0),
+            m["first_mirrored_s"].as_f64().unwrap_or(0.0),
+            m["p50_ms"].as_f64().unwrap_or(0.0),
+            m["p99_ms"].as_f64().unwrap_or(0.0),
+            m["rss_mib"].as_f64().unwrap_or(0.0),
+            m["cpu_seconds_change_phase"].as_f64().unwrap_or(0.0),
+            m["cpu_seconds_total"].as_f64().unwrap_or(0.0)
+        );
+        medians.insert(engine.to_string(), m);
     }
     Ok(ScenarioResult {
         name: "peer",
         params: json!({"services": p.services, "change_rate_per_s": p.change_rate, "change_phase_s": p.change_phase.as_secs_f64(),
-            "concurrency": CONCURRENCY}),
-        values: json!({"variants": variants}),
+            "concurrency": CONCURRENCY, "runs": p.runs}),
+        values: json!({"medians": medians, "runs": runs, "load_1m": loads}),
     })
 }

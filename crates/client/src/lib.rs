@@ -256,6 +256,29 @@ impl<'de> Visitor<'de> for WithoutManagedFields {
     }
 }
 
+/// A watched object decoded without its `metadata.managedFields`.
+#[derive(Clone)]
+struct Lean(Value);
+
+impl<'de> Deserialize<'de> for Lean {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Lean, D::Error> {
+        WithoutManagedFields { depth: 0 }.deserialize(d).map(Lean)
+    }
+}
+
+fn watch_event<T>(e: kube::api::WatchEvent<T>, object: impl Fn(T) -> Value) -> Result<WatchEvent, ApiError> {
+    match e {
+        kube::api::WatchEvent::Added(o) => Ok(WatchEvent::Added(object(o))),
+        kube::api::WatchEvent::Modified(o) => Ok(WatchEvent::Modified(object(o))),
+        kube::api::WatchEvent::Deleted(o) => Ok(WatchEvent::Deleted(object(o))),
+        kube::api::WatchEvent::Bookmark(b) => Ok(WatchEvent::Bookmark(b.metadata.resource_version.parse().unwrap_or(0))),
+        kube::api::WatchEvent::Error(e) => Err(ApiError::from_status(&json!({
+            "reason": if e.code == 410 { "Expired".to_string() } else { e.reason.clone() },
+            "message": e.message, "code": e.code,
+        }))),
+    }
+}
+
 /// Percent-encodes a query value.
 fn encode(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
@@ -346,20 +369,14 @@ impl Client for RemoteClient {
             .uri(url)
             .body(Vec::new())
             .map_err(|e| ApiError::Internal(format!("building request: {e}")))?;
+        // An informer drops every object's managedFields on entry: skip them in the text, as the
+        // list does, rather than build them for each event.
+        if params.without_managed_fields {
+            let events = self.client.request_events::<Lean>(req).await.map_err(from_kube)?;
+            return Ok(StreamExt::map(events, |e| e.map_err(from_kube).and_then(|e| watch_event(e, |o: Lean| o.0))).boxed());
+        }
         let events = self.client.request_events::<Value>(req).await.map_err(from_kube)?;
-        Ok(StreamExt::map(events, |e: Result<kube::api::WatchEvent<Value>, kube::Error>| {
-                e.map_err(from_kube).and_then(|e| match e {
-                    kube::api::WatchEvent::Added(o) => Ok(WatchEvent::Added(o)),
-                    kube::api::WatchEvent::Modified(o) => Ok(WatchEvent::Modified(o)),
-                    kube::api::WatchEvent::Deleted(o) => Ok(WatchEvent::Deleted(o)),
-                    kube::api::WatchEvent::Bookmark(b) => Ok(WatchEvent::Bookmark(b.metadata.resource_version.parse().unwrap_or(0))),
-                    kube::api::WatchEvent::Error(e) => Err(ApiError::from_status(&json!({
-                        "reason": if e.code == 410 { "Expired".to_string() } else { e.reason.clone() },
-                        "message": e.message, "code": e.code,
-                    }))),
-                })
-            })
-            .boxed())
+        Ok(StreamExt::map(events, |e| e.map_err(from_kube).and_then(|e| watch_event(e, |o: Value| o))).boxed())
     }
 
     async fn create(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {

@@ -93,3 +93,29 @@ async fn a_list_for_a_cache_leaves_out_managed_fields_and_keeps_everything_else(
         assert_eq!(f, l, "apart from managedFields the items are the same");
     }
 }
+
+#[tokio::test]
+async fn a_watch_for_a_cache_leaves_out_managed_fields_and_keeps_everything_else() {
+    let c = serve(HistoryLimits::default()).await;
+    let list = c.list(&kinds::POD, &ListParams::namespace("default")).await.expect("list");
+    let mut full = c.watch(&kinds::POD, &ListParams::namespace("default"), list.resource_version).await.expect("watch");
+    let lean_params = ListParams::namespace("default").without_managed_fields();
+    let mut lean = c.watch(&kinds::POD, &lean_params, list.resource_version).await.expect("watch");
+    let mut p = pod("a");
+    p["metadata"]["annotations"] = json!({"note": "managedFields is only a key here"});
+    c.create(&kinds::POD, Some("default"), p).await.expect("create");
+    c.patch(&kinds::POD, Some("default"), "a", Patch::Merge(json!({"metadata": {"labels": {"v": "2"}}}))).await.expect("patch");
+    for _ in 0..2 {
+        let f = tokio::time::timeout(Duration::from_secs(5), full.next()).await.expect("in time").expect("event").expect("ok");
+        let l = tokio::time::timeout(Duration::from_secs(5), lean.next()).await.expect("in time").expect("event").expect("ok");
+        let (f, l) = match (f, l) {
+            (WatchEvent::Added(f), WatchEvent::Added(l)) | (WatchEvent::Modified(f), WatchEvent::Modified(l)) => (f, l),
+            other => panic!("the two watches disagree on the event type: {other:?}"),
+        };
+        let mut f = f;
+        assert!(f["metadata"]["managedFields"].is_array(), "the server records managed fields: {f}");
+        assert!(l["metadata"].get("managedFields").is_none(), "{l}");
+        f["metadata"].as_object_mut().expect("metadata").remove("managedFields");
+        assert_eq!(f, l, "apart from managedFields the objects are the same");
+    }
+}
