@@ -435,8 +435,8 @@ impl Start {
     /// An idle container runs this program's `pause`, which the container process already is: it
     /// skips the exec, which would start the C runtime over (the dynamic loader, and glibc's probe
     /// of the CPU's caches, whose CPUID instructions each trap to the hypervisor of a virtual
-    /// machine: about 1 ms of CPU per container there, as much as the rest of a pod's start in
-    /// the agent). What an exec would have shown is put in place first: the command line (`ps`)
+    /// machine: about 1 ms of CPU per container there, half of what the agent spends on a pod's
+    /// start). What an exec would have shown is put in place first: the command line (`ps`)
     /// and the environment (`/proc/PID/environ`, which an exec into the container starts from),
     /// with `PR_SET_MM_MAP`, which CRIU restores processes with. Where the kernel refuses (no
     /// checkpoint/restore support, or a bounds check), this returns false and the program is
