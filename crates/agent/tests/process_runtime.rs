@@ -39,6 +39,21 @@ async fn a_minimal_pod_runs_a_real_isolated_process_and_reports_running_and_read
 
     let pid = main_pid(dir.path(), &p, "web").expect("the agent recorded the container's pid");
     assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "the container process runs");
+    // The idle program as `ps` and an exec into the container see it: `shepherd-shim pause`, the
+    // container's environment, and no descriptor beyond stdin, stdout and stderr.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
+    assert_eq!(args.len(), 2, "{:?}", String::from_utf8_lossy(&cmdline));
+    assert!(args[0].ends_with(b"/shepherd-shim") && args[1] == b"pause", "{:?}", String::from_utf8_lossy(&cmdline));
+    let environ = String::from_utf8(std::fs::read(format!("/proc/{pid}/environ")).expect("environ")).expect("utf-8");
+    let environ: Vec<&str> = environ.split('\0').filter(|v| !v.is_empty()).collect();
+    assert!(environ.contains(&"HOSTNAME=web-0") && environ.iter().any(|v| v.starts_with("PATH=/")), "{environ:?}");
+    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    fds.sort();
+    assert_eq!(fds, ["0", "1", "2"]);
     let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
     if unsafe_is_root() {
         assert_ne!(ns(&pid.to_string()), ns("self"), "the container has its own PID namespace");
