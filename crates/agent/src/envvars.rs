@@ -20,16 +20,21 @@ pub(crate) struct Node<'a> {
 }
 
 /// This host's cpu count (in millicores) and memory: what a container without a limit may use.
+/// Read once per process, as kubelet reads its machine's capacity at start: the cpu count looks
+/// through cgroup files, and with /proc/meminfo that was most of a simulated container's start.
 pub(crate) fn host_allocatable() -> (u64, u64) {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    let memory = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .map_or(0, |kib| kib * 1024);
-    (cpus * 1000, memory)
+    static HOST: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    *HOST.get_or_init(|| {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        let memory = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+                line.split_whitespace().nth(1)?.parse::<u64>().ok()
+            })
+            .map_or(0, |kib| kib * 1024);
+        (cpus * 1000, memory)
+    })
 }
 
 /// A container's environment, and the envFrom keys skipped because they are not valid variable

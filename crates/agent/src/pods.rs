@@ -57,6 +57,9 @@ const SOURCES_SYNC_LIMIT: Duration = Duration::from_secs(10);
 
 /// How often the usage of emptyDirs with a `sizeLimit` is measured (kubelet: every 10 s).
 const DISK_USAGE_CHECK: Duration = Duration::from_secs(2);
+/// The longest a runtime's promised report may take for a pod's ContainerCreating status to be
+/// left unwritten (`Runtime::reports_within`): a user waits at most this long to see it started.
+const COALESCE_CREATING: Duration = Duration::from_secs(1);
 
 /// Where containers' environments and volumes come from.
 pub(crate) struct ConfigInputs {
@@ -558,7 +561,17 @@ impl PodManager {
                 self.start_probes(&pod, spec, c, instance, pod_ip.as_deref());
             }
         }
-        self.write_status(&pod, &rec, &policy).await?;
+        // A runtime that reports its containers within moments (the simulated one) would have
+        // each pod's status written twice in quick succession, ContainerCreating then Running.
+        // As kubelet's status manager replaces a status not yet sent by the newer one, the first
+        // is not written: the report's reconcile writes Running (and Ready) in one patch. At
+        // 10,000 pods that is 10,000 fewer writes, each fanned out to every pod informer.
+        let report_due = self.runtime.reports_within().is_some_and(|d| d <= COALESCE_CREATING)
+            && !rec.containers.is_empty()
+            && rec.containers.iter().all(|c| matches!(c.state, CState::Creating { .. }) && c.waiting.is_none());
+        if !report_due {
+            self.write_status(&pod, &rec, &policy).await?;
+        }
         if let Some(at) = wake {
             self.wake_at(key, at);
         }

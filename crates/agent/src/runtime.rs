@@ -218,6 +218,11 @@ pub(crate) trait Runtime: Send + Sync + 'static {
     }
     /// Starts an instance of `spec`. Its end is reported as `RuntimeEvent::Exited`.
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, String>;
+    /// How soon an instance `start` left creating is reported Running or Exited, when the runtime
+    /// can promise it (the simulated one, after its fixed delay); `None`: no promise.
+    fn reports_within(&self) -> Option<Duration> {
+        None
+    }
     /// Asks an instance to stop: SIGTERM now, SIGKILL once `grace` has passed (at once for zero).
     fn stop(&self, id: &ContainerId, instance: u64, grace: Duration);
     /// Forgets a container whose pod is gone (state, logs, cgroups). Its instance must have ended.

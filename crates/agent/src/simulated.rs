@@ -91,6 +91,10 @@ impl Runtime for SimulatedRuntime {
         Ok(Started { instance, started_at, running: false })
     }
 
+    fn reports_within(&self) -> Option<Duration> {
+        Some(self.behaviour.ready_delay)
+    }
+
     fn stop(&self, id: &ContainerId, instance: u64, _grace: Duration) {
         if let Some(started_at) = self.ended(id, instance) {
             let exit = Exit { code: 0, reason: "Completed".into(), started_at, finished_at: Timestamp::now() };

@@ -149,3 +149,46 @@ async fn a_simulated_pod_told_to_fail_fails_and_with_restart_policy_never_ends_f
     wait_pod(&client, "looping", Duration::from_secs(10), |p| container_status(p)["state"]["waiting"]["reason"] == "CrashLoopBackOff").await;
     agent.finish(&client).await;
 }
+
+/// The simulated runtime reports a container Running after its fixed delay, so the agent does not
+/// write the ContainerCreating status in between: the first status it writes is Running and
+/// Ready, and it is written once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_pod_gets_one_status_write_running_and_ready() {
+    use futures::StreamExt;
+    let client = api().await;
+    let agent = RunningAgent::run(Agent::simulated(client.clone(), sim_config(300), 1, "sim-").await.expect("agent"));
+    let created = create(&client, pod("once", "sim-0", json!({"containers": [{"name": "c", "image": "minimal"}]}))).await;
+    let rv: u64 = created["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse().ok()).expect("resourceVersion");
+    let mut watch = client.watch(&kinds::POD, &ListParams::namespace("default"), rv).await.expect("watch");
+    let mut versions = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !versions.last().is_some_and(running_and_ready) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, watch.next()).await {
+            Ok(Some(Ok(shepherd_runtime::WatchEvent::Modified(p)))) if p["metadata"]["name"] == "once" => versions.push(p),
+            Ok(Some(Ok(_))) => {}
+            other => panic!("pod not Running and Ready; versions seen: {versions:?}; then {:?}", other.map(|o| o.map(|r| r.is_ok()))),
+        }
+    }
+    let ready = versions.last().expect("a version");
+    assert_eq!(ready["status"]["phase"], "Running");
+    assert!(ready["status"]["startTime"].is_string() && ready["status"]["podIP"].is_string(), "{}", ready["status"]);
+    // Every earlier version is without container statuses: no ContainerCreating was written.
+    for v in &versions[..versions.len() - 1] {
+        assert!(v["status"]["containerStatuses"].is_null(), "a status before Running: {}", v["status"]);
+    }
+    // And nothing is written afterwards while the pod runs on unchanged.
+    let later = tokio::time::timeout(Duration::from_millis(800), async {
+        loop {
+            match watch.next().await {
+                Some(Ok(shepherd_runtime::WatchEvent::Modified(p))) if p["metadata"]["name"] == "once" => return p,
+                Some(Ok(_)) => {}
+                _ => std::future::pending::<()>().await,
+            }
+        }
+    })
+    .await;
+    assert!(later.is_err(), "a further write: {:?}", later.map(|p| p["status"].clone()));
+    agent.finish(&client).await;
+}
