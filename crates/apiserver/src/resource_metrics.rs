@@ -17,7 +17,7 @@ use axum::http::{Method, StatusCode, header};
 use axum::response::Response;
 use serde_json::{Value, json};
 use shepherd_api::kinds::{self, ResourceInfo};
-use shepherd_api::{ApiError, FieldSelector, JsonPath, LabelSelector};
+use shepherd_api::{ApiError, FieldSelector, LabelSelector};
 
 use crate::http::AppState;
 
@@ -64,12 +64,14 @@ pub struct MetricsTable {
     nodes: RwLock<HashMap<String, Report>>,
 }
 
+// Looked up field by field rather than by a parsed path: a report names each of its nodes' pods
+// several times over, and every running pod is in a report four times a minute.
 fn name_of(v: &Value) -> &str {
-    v.at("/metadata/name").and_then(Value::as_str).unwrap_or("")
+    v.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("")
 }
 
 fn namespace_of(v: &Value) -> &str {
-    v.at("/metadata/namespace").and_then(Value::as_str).unwrap_or("")
+    v.get("metadata").and_then(|m| m.get("namespace")).and_then(Value::as_str).unwrap_or("")
 }
 
 fn bad(message: impl Into<String>) -> ApiError {
@@ -92,8 +94,9 @@ fn checked(mut body: Value) -> Result<(String, Report), ApiError> {
             return Err(bad(format!("pods[{i}] of the report of node {node} needs metadata.name, metadata.namespace and containers")));
         }
     }
-    let node_metrics = finish(&kinds::NODE_METRICS, body);
-    let pods = pods.into_iter().map(|p| PodEntry::new(&finish(&kinds::POD_METRICS, p))).collect::<Result<_, _>>()?;
+    let now = crate::service::now_rfc3339();
+    let node_metrics = finish(&kinds::NODE_METRICS, body, &now);
+    let pods = pods.into_iter().map(|p| PodEntry::new(&finish(&kinds::POD_METRICS, p, &now))).collect::<Result<_, _>>()?;
     Ok((node, Report { received: Instant::now(), node: node_metrics, pods }))
 }
 
@@ -201,13 +204,13 @@ impl MetricsTable {
 }
 
 /// The served form: apiVersion and kind, and the metadata metrics-server sets.
-fn finish(res: &ResourceInfo, mut v: Value) -> Value {
+fn finish(res: &ResourceInfo, mut v: Value, now: &str) -> Value {
     if let Some(m) = v.as_object_mut() {
         m.insert("apiVersion".into(), json!(res.api_version()));
         m.insert("kind".into(), json!(res.kind));
     }
     if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.entry("creationTimestamp").or_insert_with(|| json!(crate::service::now_rfc3339()));
+        meta.entry("creationTimestamp").or_insert_with(|| json!(now));
     }
     v
 }

@@ -1209,10 +1209,10 @@ fn merge_update(res: &ResourceInfo, old: &Value, body: &Value, part: Part) -> Va
             }
         }
     }
-    let old_meta = meta(old).cloned().unwrap_or_default();
+    let old_meta = meta(old);
     let m = meta_mut(&mut new);
     for owned in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "name", "namespace"] {
-        match old_meta.get(owned) {
+        match old_meta.and_then(|o| o.get(owned)) {
             Some(v) => {
                 m.insert(owned.into(), v.clone());
             }

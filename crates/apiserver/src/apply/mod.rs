@@ -121,13 +121,17 @@ pub(crate) fn record_update(res: &ResourceInfo, old: Option<&Value>, new: &mut V
     let from_old = || old.map(managed::decode).unwrap_or(Ok(Vec::new())).unwrap_or_default();
     let mut entries = if set_by_client { managed::decode(new).unwrap_or_else(|_| from_old()) } else { from_old() };
     let old_obj = old.map_or_else(|| json!({}), without_managed_fields);
-    let new_obj = without_managed_fields(new);
+    // `new` loses its managedFields in place rather than being copied without them: every path
+    // below either writes them anew or puts the old ones back, and the copy was a visible part of
+    // each Lease renewal's cost.
+    if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("managedFields");
+    }
     if entries.is_empty() && old.is_some() {
         // An object that never had owners recorded keeps none until it is applied (Kubernetes).
-        *new = new_obj;
         return;
     }
-    let c = typed::compare(schema, &ty, &old_obj, &new_obj);
+    let c = typed::compare(schema, &ty, &old_obj, new);
     let taken = scope(res, w.subresource, &c.added.union(&c.modified));
     if taken.is_empty() && c.removed.is_empty() && !set_by_client {
         if let (Some(m), Some(fields)) = (new.get_mut("metadata").and_then(Value::as_object_mut), old_fields) {
@@ -154,7 +158,6 @@ pub(crate) fn record_update(res: &ResourceInfo, old: Option<&Value>, new: &mut V
             }),
         }
     }
-    *new = new_obj;
     managed::encode(new, entries);
 }
 
@@ -396,6 +399,46 @@ mod tests {
         let mut same = live.clone();
         record_update(&kinds::DEPLOYMENT, Some(&live), &mut same, Writer { manager: "other", subresource: "" });
         assert_eq!(same, live);
+    }
+
+    fn lease(renew: &str) -> Value {
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "n1", "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": "n1", "leaseDurationSeconds": 40, "renewTime": renew}})
+    }
+
+    #[test]
+    fn a_lease_renewed_by_its_holder_keeps_one_entry_owning_the_same_fields_and_the_object_as_sent() {
+        let agent = Writer { manager: "shepherd-agent", subresource: "" };
+        let mut live = lease("2026-01-01T00:00:00.000000Z");
+        record_update(&kinds::LEASE, None, &mut live, agent);
+        let created = live["metadata"]["managedFields"].clone();
+        assert_eq!(created[0]["fieldsV1"], json!({"f:spec": {"f:holderIdentity": {}, "f:leaseDurationSeconds": {}, "f:renewTime": {}}}));
+        for (i, carries_fields) in [(1, true), (2, false)] {
+            // The agent sends back what it read (managedFields included) or only its own fields.
+            let mut renewed = lease(&format!("2026-01-01T00:00:{i:02}.000000Z"));
+            if carries_fields {
+                renewed["metadata"]["managedFields"] = live["metadata"]["managedFields"].clone();
+            }
+            record_update(&kinds::LEASE, Some(&live), &mut renewed, agent);
+            let entries = renewed["metadata"]["managedFields"].as_array().expect("managedFields").clone();
+            assert_eq!(entries.len(), 1, "{entries:?}");
+            assert_eq!(entries[0]["manager"], "shepherd-agent");
+            assert_eq!(entries[0]["operation"], "Update");
+            assert_eq!(entries[0]["fieldsV1"], created[0]["fieldsV1"], "the holder owned the renewed field already");
+            assert!(entries[0]["time"].as_str().is_some_and(|t| t.parse::<jiff::Timestamp>().is_ok()), "{entries:?}");
+            let mut sent = renewed.clone();
+            sent["metadata"].as_object_mut().expect("metadata").remove("managedFields");
+            assert_eq!(sent, lease(&format!("2026-01-01T00:00:{i:02}.000000Z")), "nothing but managedFields is touched");
+            live = renewed;
+        }
+
+        // Another writer of renewTime takes that field from the holder.
+        let mut taken = lease("2026-01-01T00:01:00.000000Z");
+        record_update(&kinds::LEASE, Some(&live), &mut taken, Writer { manager: "other", subresource: "" });
+        let entries = taken["metadata"]["managedFields"].as_array().expect("managedFields");
+        let of = |m: &str| entries.iter().find(|e| e["manager"] == m).map(|e| e["fieldsV1"]["f:spec"].clone());
+        assert_eq!(of("other"), Some(json!({"f:renewTime": {}})));
+        assert_eq!(of("shepherd-agent"), Some(json!({"f:holderIdentity": {}, "f:leaseDurationSeconds": {}})));
     }
 
     #[test]
