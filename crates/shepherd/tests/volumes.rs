@@ -215,7 +215,7 @@ spec:
     volumeMounts: [{name: shared, mountPath: /srv}]
   - name: reader
     image: minimal
-    command: ["sh", "-c", "until cat /mnt/msg; do sleep 0.2; done; sleep 1000"]
+    command: ["sh", "-c", "until [ -s /mnt/msg ]; do sleep 0.2; done; cat /mnt/msg; sleep 1000"]
     volumeMounts: [{name: shared, mountPath: /mnt}]
   volumes: [{name: shared, emptyDir: {}}]
 "#;
@@ -304,7 +304,7 @@ spec:
     volumeMounts: [{{name: scratch, mountPath: {m}}}]
   - name: reader
     image: minimal
-    command: ["sh", "-c", "until cat /mnt/msg; do sleep 0.2; done; sleep 1000"]
+    command: ["sh", "-c", "until [ -s /mnt/msg ]; do sleep 0.2; done; cat /mnt/msg; sleep 1000"]
     volumeMounts: [{{name: scratch, mountPath: /mnt}}]
   volumes: [{{name: scratch, emptyDir: {{}}}}]
 "#,
