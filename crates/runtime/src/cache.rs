@@ -182,14 +182,14 @@ enum Pending {
 }
 
 impl Pending {
-    fn change(self) -> Option<Change> {
+    fn change(self) -> Change {
         // The text always parses (`Cache::admit`); an empty object stands in should it not.
         let parse = |h: Handle| h.value().unwrap_or_else(|| Arc::new(Value::Object(serde_json::Map::new())));
-        Some(match self {
+        match self {
             Pending::Added(obj) => Change::Added(obj),
             Pending::Updated { old, new } => Change::Updated { old: parse(old), new },
             Pending::Deleted(obj) => Change::Deleted(parse(obj)),
-        })
+        }
     }
 }
 
@@ -585,7 +585,7 @@ impl Cache {
     pub(crate) fn apply_upsert(&self, obj: Value) -> Option<Change> {
         let admitted = self.admit(obj)?;
         let pending = self.write().upsert(admitted, true);
-        pending?.change()
+        pending.map(Pending::change)
     }
 
     /// Applies an object an anti-entropy repair fetched: like `apply_upsert`, but it says nothing
@@ -596,7 +596,7 @@ impl Cache {
         s.verified = s.verified.max(admitted.rv.unwrap_or(0));
         let pending = s.upsert(admitted, false);
         drop(s);
-        pending?.change()
+        pending.map(Pending::change)
     }
 
     /// Removes an object a repair found gone, unless the cached copy is newer than `revision`.
@@ -607,7 +607,7 @@ impl Cache {
         }
         let pending = s.remove(key, None);
         drop(s);
-        pending?.change()
+        pending.map(Pending::change)
     }
 
     /// Records that the server's digest at `revision` matched (or was repaired to match).
@@ -639,7 +639,7 @@ impl Cache {
         let obj = self.project(obj);
         let key = object_key(&obj)?;
         let pending = self.write().remove(&key, Some(obj));
-        pending?.change()
+        pending.map(Pending::change)
     }
 
     /// Makes the cache equal to a fresh list and returns what differed: objects the list has and
@@ -659,7 +659,7 @@ impl Cache {
             changes.extend(s.remove(&key, None));
         }
         drop(s);
-        changes.into_iter().filter_map(Pending::change).collect()
+        changes.into_iter().map(Pending::change).collect()
     }
 }
 
