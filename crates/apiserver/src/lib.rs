@@ -32,6 +32,7 @@ mod serve;
 mod service;
 pub mod serviceaccount;
 mod stream_proxy;
+pub use stream_proxy::CHANNELS_FIRST_BYTES_HOLD;
 mod table;
 mod watch;
 mod watch_hub;

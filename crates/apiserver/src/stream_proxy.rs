@@ -36,6 +36,22 @@ const FORWARDED: [&str; 6] = [
 const MAX_HEAD: usize = 64 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the agent's first bytes wait once the client has its `101` for an exec or attach
+/// over WebSocket. client-go (kubectl 1.30+) starts reading the socket in one goroutine while
+/// another registers its streams, and drops a message for a stream not yet registered; a close
+/// that comes before the registration fails the command ("closed all streams"). A command as
+/// short as `true` ends within that gap when the client's threads are slow to be scheduled. A
+/// kubelet takes longer than this to start any exec; Shepherd's agent can take 2 ms.
+pub const CHANNELS_FIRST_BYTES_HOLD: Duration = Duration::from_millis(50);
+
+/// The remote command channel protocols over WebSocket (`v4.channel.k8s.io`, `v5...`, their
+/// base64 forms), which client-go reads as described at [`CHANNELS_FIRST_BYTES_HOLD`].
+fn is_websocket_channels(answer: &[(HeaderName, HeaderValue)]) -> bool {
+    answer.iter().any(|(k, v)| {
+        k == header::SEC_WEBSOCKET_PROTOCOL && v.to_str().is_ok_and(|p| p.contains(".channel.k8s.io"))
+    })
+}
+
 /// Where to reach the agent that runs a pod, and the path to ask it for.
 struct AgentTarget {
     address: String,
@@ -255,6 +271,7 @@ pub(crate) async fn proxy(
     let on_upgrade = hyper::upgrade::on(&mut req);
     let mut response = Response::new(Body::empty());
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let hold = is_websocket_channels(&answer.headers).then_some(CHANNELS_FIRST_BYTES_HOLD);
     for (k, v) in answer.headers {
         response.headers_mut().append(k, v);
     }
@@ -268,6 +285,9 @@ pub(crate) async fn proxy(
             }
         };
         let mut client = TokioIo::new(client);
+        if let Some(hold) = hold {
+            tokio::time::sleep(hold).await;
+        }
         if !early.is_empty() && client.write_all(&early).await.is_err() {
             return;
         }

@@ -182,3 +182,57 @@ async fn logs_come_from_the_nodes_agent_when_none_runs_in_the_api_server() {
     assert!(agent_saw.starts_with("GET /containerLogs/default/talker/side?container=side&tailLines=2 HTTP/1.0"), "{agent_saw}");
     assert!(agent_saw.contains(&format!("Authorization: Bearer {TOKEN}")), "{agent_saw}");
 }
+
+/// A stand-in agent that upgrades one request with `answer` and at once writes `first` (a
+/// command that has already ended: its status and the close).
+async fn agent_answering_at_once(api: &Api, node: &str, answer: &'static str, first: &'static [u8]) {
+    let agent = TcpListener::bind("127.0.0.1:0").await.expect("agent");
+    node_with_port(api, node, agent.local_addr().expect("addr").port()).await;
+    tokio::spawn(async move {
+        let (mut s, _) = agent.accept().await.expect("the API server connects");
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut b).await.expect("head");
+            head.push(b[0]);
+        }
+        s.write_all(answer.as_bytes()).await.expect("answer");
+        s.write_all(first).await.expect("first bytes");
+        let _ = s.read_to_end(&mut Vec::new()).await;
+    });
+}
+
+/// How long after its `101` a client waits for the first byte of an exec.
+async fn first_byte_after_upgrade(api: &Api, pod: &str, upgrade: &str) -> std::time::Duration {
+    let (head, mut client) = request(
+        api.addr,
+        &format!("GET /api/v1/namespaces/default/pods/{pod}/exec?command=true&container=side&stdout=true HTTP/1.1\r\nHost: x\r\n{upgrade}\r\n"),
+    )
+    .await;
+    let upgraded = std::time::Instant::now();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let mut b = [0u8; 1];
+    client.read_exact(&mut b).await.expect("the agent's first byte");
+    upgraded.elapsed()
+}
+
+#[tokio::test]
+async fn a_websocket_exec_that_ends_at_once_reaches_the_client_after_client_go_has_registered_its_streams() {
+    let api = api().await;
+    // A binary message on channel 3 (the status), then a normal close: an exec of `true`.
+    const ENDED: &[u8] = b"\x82\x15\x03{\"status\":\"Success\"}\x88\x02\x03\xe8";
+    agent_answering_at_once(
+        &api,
+        "n1",
+        "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Accept: x\r\nSec-WebSocket-Protocol: v5.channel.k8s.io\r\n\r\n",
+        ENDED,
+    )
+    .await;
+    pod_on(&api, "web", Some("n1")).await;
+    let ws = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: v5.channel.k8s.io\r\n";
+    let after = first_byte_after_upgrade(&api, "web", ws).await;
+    assert!(
+        after >= shepherd_apiserver::CHANNELS_FIRST_BYTES_HOLD,
+        "the status and close of a finished exec reached the client {after:?} after its 101"
+    );
+}
