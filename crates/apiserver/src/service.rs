@@ -848,9 +848,7 @@ impl ApiService {
                 meta_mut(&mut new).insert("generation".into(), json!(generation.saturating_add(1)));
             }
             // Compare without resourceVersion: an update that changes nothing writes nothing.
-            let mut unchanged = new.clone();
-            meta_mut(&mut unchanged).insert("resourceVersion".into(), json!(current.mod_revision.to_string()));
-            if unchanged == old {
+            if same_but_resource_version(&new, &old, &current.mod_revision.to_string()) {
                 return Ok(Written { kv: current, warnings });
             }
             if check_update {
@@ -1183,6 +1181,22 @@ fn reset_status_on_create(res: &ResourceInfo, obj: &mut Value) {
 
 /// Builds the object an update writes: the body for the part being replaced, the stored object
 /// for everything the server owns.
+/// Whether `new` with `rv` for its resourceVersion would equal `old` (without copying `new`).
+fn same_but_resource_version(new: &Value, old: &Value, rv: &str) -> bool {
+    let (Some(n), Some(o)) = (new.as_object(), old.as_object()) else { return false };
+    let same_meta = |nm: &serde_json::Map<String, Value>, om: &serde_json::Map<String, Value>| {
+        om.get("resourceVersion").and_then(Value::as_str) == Some(rv)
+            && nm.len() - usize::from(nm.contains_key("resourceVersion")) == om.len() - 1
+            && nm.iter().all(|(k, v)| k == "resourceVersion" || om.get(k) == Some(v))
+    };
+    n.len() == o.len()
+        && n.iter().all(|(k, nv)| match (o.get(k), nv.as_object()) {
+            (Some(Value::Object(om)), Some(nm)) if k == "metadata" => same_meta(nm, om),
+            (Some(ov), _) => nv == ov,
+            (None, _) => false,
+        })
+}
+
 fn merge_update(res: &ResourceInfo, old: &Value, body: &Value, part: Part) -> Value {
     let mut new = match part {
         Part::Main => body.clone(),
@@ -1242,5 +1256,18 @@ mod tests {
         assert_eq!(decode_continue(&t).expect("decode"), (42, "/registry/core/pods/default/web-7".to_string()));
         assert!(matches!(decode_continue("zz"), Err(ApiError::BadRequest(_))));
         assert!(matches!(decode_continue("abc"), Err(ApiError::BadRequest(_))));
+    }
+
+    #[test]
+    fn an_update_is_a_no_op_only_when_all_but_the_resource_version_is_the_same() {
+        let old = json!({"kind": "Lease", "metadata": {"name": "n1", "resourceVersion": "7"}, "spec": {"renewTime": "a"}});
+        let same = |new: Value| same_but_resource_version(&new, &old, "7");
+        assert!(same(json!({"kind": "Lease", "metadata": {"name": "n1", "resourceVersion": "3"}, "spec": {"renewTime": "a"}})));
+        assert!(same(json!({"kind": "Lease", "metadata": {"name": "n1"}, "spec": {"renewTime": "a"}})));
+        assert!(!same(json!({"kind": "Lease", "metadata": {"name": "n1"}, "spec": {"renewTime": "b"}})), "a changed field");
+        assert!(!same(json!({"kind": "Lease", "metadata": {"name": "n1", "labels": {}}, "spec": {"renewTime": "a"}})), "an added one");
+        assert!(!same(json!({"kind": "Lease", "metadata": {"name": "n1"}})), "a removed one");
+        assert!(!same(json!({"kind": "Lease", "metadata": {}, "spec": {"renewTime": "a"}})), "a removed metadata field");
+        assert!(!same_but_resource_version(&old, &old, "8"), "the stored object is at another revision");
     }
 }

@@ -120,10 +120,9 @@ pub(crate) fn record_update(res: &ResourceInfo, old: Option<&Value>, new: &mut V
         && new_fields != old_fields;
     let from_old = || old.map(managed::decode).unwrap_or(Ok(Vec::new())).unwrap_or_default();
     let mut entries = if set_by_client { managed::decode(new).unwrap_or_else(|_| from_old()) } else { from_old() };
-    let old_obj = old.map_or_else(|| json!({}), without_managed_fields);
-    // `new` loses its managedFields in place rather than being copied without them: every path
-    // below either writes them anew or puts the old ones back, and the copy was a visible part of
-    // each Lease renewal's cost.
+    // Neither object is copied without its managedFields (the comparison skips them): every path
+    // below either writes `new`'s anew or puts the old ones back, and the copies were a visible
+    // part of each Lease renewal's cost.
     if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("managedFields");
     }
@@ -131,7 +130,7 @@ pub(crate) fn record_update(res: &ResourceInfo, old: Option<&Value>, new: &mut V
         // An object that never had owners recorded keeps none until it is applied (Kubernetes).
         return;
     }
-    let c = typed::compare(schema, &ty, &old_obj, new);
+    let c = typed::compare(schema, &ty, old.unwrap_or(&json!({})), new);
     let taken = scope(res, w.subresource, &c.added.union(&c.modified));
     if taken.is_empty() && c.removed.is_empty() && !set_by_client {
         if let (Some(m), Some(fields)) = (new.get_mut("metadata").and_then(Value::as_object_mut), old_fields) {

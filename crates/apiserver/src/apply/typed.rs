@@ -116,7 +116,7 @@ fn walk_set(schema: &Schema, ty: &Type, v: &Value, path: &mut Path, out: &mut Se
 }
 
 /// What differs between `old` and `new`: leaves added, removed or changed, and map entries and list
-/// items added or removed.
+/// items added or removed. `metadata.managedFields` is not a field anybody owns: it is skipped.
 pub(crate) fn compare(schema: &Schema, ty: &TypeRef, old: &Value, new: &Value) -> Comparison {
     let mut c = Comparison::default();
     walk_compare(schema, schema.resolve(ty), Some(old), Some(new), false, &mut Vec::new(), &mut c);
@@ -168,6 +168,9 @@ fn walk_compare(
             keys.dedup();
             for k in keys {
                 let Some(cty) = field_type(fields, elem, k) else { continue };
+                if k == "managedFields" && matches!(path.as_slice(), [PathElement::Field(m)] if m == "metadata") {
+                    continue;
+                }
                 path.push(PathElement::Field(k.clone()));
                 walk_compare(schema, schema.resolve(cty), om.get(k), nm.get(k), fields.is_none(), path, c);
                 path.pop();
