@@ -167,18 +167,15 @@ pub fn node_ipam_controller(client: Arc<dyn Client>, manager: &Manager, config: 
 }
 
 impl NodeIpam {
+    /// The blocks the cached Nodes carry and those written but not yet seen. Runs once per
+    /// allocation over every Node, so it reads the cached objects in place.
     fn used(&self, alloc: &Allocation) -> HashSet<u32> {
-        let mut used: HashSet<u32> = self
-            .nodes
-            .list()
-            .iter()
-            .flat_map(|n| {
-                let cidrs = n.at("/spec/podCIDRs").and_then(Value::as_array).cloned().unwrap_or_default();
-                let single = pod_cidr(n).to_string();
-                cidrs.into_iter().filter_map(|c| c.as_str().map(str::to_string)).chain(std::iter::once(single)).collect::<Vec<_>>()
-            })
-            .filter_map(|c| self.cidr.index_of(&c))
-            .collect();
+        let nodes = self.nodes.list();
+        let mut used = HashSet::with_capacity(nodes.len() + alloc.in_flight.len());
+        for n in &nodes {
+            let listed = n.at("/spec/podCIDRs").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str);
+            used.extend(listed.chain([pod_cidr(n)]).filter_map(|c| self.cidr.index_of(c)));
+        }
         used.extend(alloc.in_flight.values().copied());
         used
     }
