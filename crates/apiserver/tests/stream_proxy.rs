@@ -44,6 +44,17 @@ async fn request(addr: std::net::SocketAddr, head: &str) -> (String, TcpStream) 
     (String::from_utf8_lossy(&got).into_owned(), s)
 }
 
+/// What a stand-in agent reads of the API server's request: its head.
+async fn head_of(s: &mut TcpStream) -> Vec<u8> {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut b).await.expect("head");
+        head.push(b[0]);
+    }
+    head
+}
+
 async fn body_of(mut s: TcpStream) -> Value {
     let mut rest = Vec::new();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), s.read_to_end(&mut rest)).await;
@@ -91,12 +102,7 @@ async fn an_exec_is_handed_to_the_nodes_agent_with_the_token_and_the_connections
     pod_on(&api, "web", Some("n1")).await;
     let seen = tokio::spawn(async move {
         let (mut s, _) = agent.accept().await.expect("the API server connects");
-        let mut head = Vec::new();
-        let mut b = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            s.read_exact(&mut b).await.expect("head");
-            head.push(b[0]);
-        }
+        let head = head_of(&mut s).await;
         s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n")
             .await
             .expect("answer");
@@ -158,12 +164,7 @@ async fn logs_come_from_the_nodes_agent_when_none_runs_in_the_api_server() {
     pod_on(&api, "talker", Some("n2")).await;
     let seen = tokio::spawn(async move {
         let (mut s, _) = agent.accept().await.expect("the API server connects");
-        let mut head = Vec::new();
-        let mut b = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            s.read_exact(&mut b).await.expect("head");
-            head.push(b[0]);
-        }
+        let head = head_of(&mut s).await;
         s.write_all(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nhello\nworld\n").await.expect("answer");
         String::from_utf8_lossy(&head).into_owned()
     });
@@ -190,12 +191,7 @@ async fn agent_answering_at_once(api: &Api, node: &str, answer: &'static str, fi
     node_with_port(api, node, agent.local_addr().expect("addr").port()).await;
     tokio::spawn(async move {
         let (mut s, _) = agent.accept().await.expect("the API server connects");
-        let mut head = Vec::new();
-        let mut b = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            s.read_exact(&mut b).await.expect("head");
-            head.push(b[0]);
-        }
+        head_of(&mut s).await;
         s.write_all(answer.as_bytes()).await.expect("answer");
         s.write_all(first).await.expect("first bytes");
         let _ = s.read_to_end(&mut Vec::new()).await;
