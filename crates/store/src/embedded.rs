@@ -6,7 +6,7 @@
 //! so costs one append and one fsync, shared with every write of its batch, instead of a B-tree
 //! commit.
 //!
-//! Every five seconds (or every 16 MiB of log) the committer switches to the next log segment, which
+//! Every second (or every 16 MiB of log) the committer switches to the next log segment, which
 //! a thread of its own has already created and synced (three fsyncs the committer never waits
 //! for), and hands the writes of the old one to the checkpointer thread, which writes them into
 //! redb in one transaction: the objects, the watch history (each event with the value before it)
@@ -64,10 +64,7 @@ impl Default for WalOptions {
     fn default() -> Self {
         WalOptions {
             segment_bytes: 16 * 1024 * 1024,
-            // Each checkpoint costs a redb commit and a segment switch, with their fsyncs,
-            // whatever it carries: with 1,000 nodes renewing leases, one a second took 8% of the
-            // idle server's CPU. Recovery replays at most this much log.
-            checkpoint_interval: Duration::from_secs(5),
+            checkpoint_interval: Duration::from_secs(1),
             // Many checkpoint intervals of writes at any rate measured, yet bounded; the log
             // holds each write once and the checkpointer's queue once more.
             max_uncheckpointed_bytes: 256 * 1024 * 1024,
