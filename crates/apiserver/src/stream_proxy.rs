@@ -36,8 +36,8 @@ const FORWARDED: [&str; 6] = [
 const MAX_HEAD: usize = 64 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long the agent's first bytes wait once the client has its `101` for an exec or attach
-/// over WebSocket. client-go (kubectl 1.30+) starts reading the socket in one goroutine while
+/// How long the agent's first bytes wait once the client has its `101` for a session over the
+/// WebSocket channel protocols (exec, attach, and port-forward as kube-rs speaks it). client-go (kubectl 1.30+) starts reading the socket in one goroutine while
 /// another registers its streams, and drops a message for a stream not yet registered; a close
 /// that comes before the registration fails the command ("closed all streams"). A command as
 /// short as `true` ends within that gap when the client's threads are slow to be scheduled. A
