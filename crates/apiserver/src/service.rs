@@ -1179,8 +1179,6 @@ fn reset_status_on_create(res: &ResourceInfo, obj: &mut Value) {
     }
 }
 
-/// Builds the object an update writes: the body for the part being replaced, the stored object
-/// for everything the server owns.
 /// Whether `new` with `rv` for its resourceVersion would equal `old` (without copying `new`).
 fn same_but_resource_version(new: &Value, old: &Value, rv: &str) -> bool {
     let (Some(n), Some(o)) = (new.as_object(), old.as_object()) else { return false };
@@ -1197,6 +1195,8 @@ fn same_but_resource_version(new: &Value, old: &Value, rv: &str) -> bool {
         })
 }
 
+/// Builds the object an update writes: the body for the part being replaced, the stored object
+/// for everything the server owns.
 fn merge_update(res: &ResourceInfo, old: &Value, body: &Value, part: Part) -> Value {
     let mut new = match part {
         Part::Main => body.clone(),

@@ -37,11 +37,12 @@ const MAX_HEAD: usize = 64 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long the agent's first bytes wait once the client has its `101` for a session over the
-/// WebSocket channel protocols (exec, attach, and port-forward as kube-rs speaks it). client-go (kubectl 1.30+) starts reading the socket in one goroutine while
-/// another registers its streams, and drops a message for a stream not yet registered; a close
-/// that comes before the registration fails the command ("closed all streams"). A command as
-/// short as `true` ends within that gap when the client's threads are slow to be scheduled. A
-/// kubelet takes longer than this to start any exec; Shepherd's agent can take 2 ms.
+/// WebSocket channel protocols (exec, attach, and port-forward as kube-rs speaks it). client-go
+/// (kubectl 1.30+) starts reading the socket in one goroutine while another registers its
+/// streams, and drops a message for a stream not yet registered; a close that comes before the
+/// registration fails the command ("closed all streams"). A command as short as `true` ends
+/// within that gap when the client's threads are slow to be scheduled. A kubelet takes longer
+/// than this to start any exec; Shepherd's agent can take 2 ms.
 pub const CHANNELS_FIRST_BYTES_HOLD: Duration = Duration::from_millis(50);
 
 /// The remote command channel protocols over WebSocket (`v4.channel.k8s.io`, `v5...`, their
