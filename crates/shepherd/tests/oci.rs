@@ -581,7 +581,7 @@ async fn logs_of_an_oci_container_carry_timestamps_and_answer_since_time_and_pre
     cluster.push(&ImageBuilder::busybox().expect("busybox-static"), "busybox", "1").await;
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "talk"},
         "spec": {"containers": [{"name": "c", "image": format!("{}/busybox:1", cluster.registry),
-            "command": ["sh", "-c", "echo early; echo oops >&2; sleep 1; echo late; sleep 8; exit 3"]}]}});
+            "command": ["sh", "-c", "echo early; sleep 0.2; echo oops >&2; sleep 1; echo late; sleep 8; exit 3"]}]}});
     cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
     wait_for("a restarted container", 90, async || {
         let cs = cluster.pods().first()?["status"]["containerStatuses"][0].clone();
