@@ -537,7 +537,7 @@ mod tests {
         28
     }
 
-    fn flaky_store(path: &Path, faults: &Arc<Faults>) -> (Arc<RwLock<State>>, Committer, Health) {
+    fn flaky_store(path: &Path, faults: &Arc<Faults>) -> (Arc<RwLock<State>>, Committer, Health, Threads) {
         let (path, faults) = (path.to_path_buf(), faults.clone());
         let opener: Opener = Box::new(move || {
             if faults.refuse_open.load(Ordering::SeqCst) {
@@ -550,7 +550,20 @@ mod tests {
                 .map_err(|e| StoreError::Backend(e.to_string()))
         });
         let opened = open_with(opener, HistoryLimits::default(), Duration::from_millis(200)).expect("open");
-        (opened.state, opened.committer, opened.health)
+        (opened.state, opened.committer, opened.health, Threads(opened.threads))
+    }
+
+    /// The store's threads; `close` waits for them to let go of the file.
+    struct Threads(Vec<thread::JoinHandle<()>>);
+
+    /// Drops the last sender and waits for the committer to drop its database: redb takes no
+    /// file lock through a custom backend, so an open while the committer still closes its
+    /// file would read a half-written header.
+    fn close(c: Committer, threads: Threads) {
+        drop(c);
+        for t in threads.0 {
+            t.join().expect("the committer ends cleanly");
+        }
     }
 
     fn create(c: &Committer, key: &str) -> Result<KeyValue, StoreError> {
@@ -576,17 +589,12 @@ mod tests {
         }
     }
 
-    /// Reads the file fresh, once the store that held it has let go of it.
+    /// Reads the file fresh; the store that held it has been closed.
     fn keys_on_disk(path: &Path) -> Vec<String> {
-        for _ in 0..100 {
-            if let Ok(db) = Database::open(path) {
-                let r = db.begin_read().expect("read");
-                let t = r.open_table(OBJECTS).expect("objects");
-                return t.iter().expect("iter").map(|e| e.expect("entry").0.value().to_string()).collect();
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        panic!("the store file stayed held");
+        let db = Database::open(path).expect("the closed store's file opens");
+        let r = db.begin_read().expect("read");
+        let t = r.open_table(OBJECTS).expect("objects");
+        t.iter().expect("iter").map(|e| e.expect("entry").0.value().to_string()).collect()
     }
 
     #[test]
@@ -594,7 +602,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("store.redb");
         let faults = Arc::new(Faults::default());
-        let (state, c, health) = flaky_store(&path, &faults);
+        let (state, c, health, threads) = flaky_store(&path, &faults);
         let n = syncs_per_commit(&c, &faults);
         faults.fail_sync.store(faults.syncs.load(Ordering::SeqCst) + n, Ordering::SeqCst);
 
@@ -602,7 +610,7 @@ mod tests {
         assert_eq!(state.read().expect("state").get("/a"), Some(kv.clone()));
         assert!(health.read().expect("health").is_none(), "the store writes again");
         create(&c, "/b").expect("later writes go on");
-        drop(c);
+        close(c, threads);
         assert_eq!(keys_on_disk(&path), ["/a", "/b", "/probe"]);
     }
 
@@ -611,7 +619,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("store.redb");
         let faults = Arc::new(Faults::default());
-        let (state, c, health) = flaky_store(&path, &faults);
+        let (state, c, health, threads) = flaky_store(&path, &faults);
         syncs_per_commit(&c, &faults);
         faults.disk_full.store(true, Ordering::SeqCst);
 
@@ -624,7 +632,7 @@ mod tests {
         wait_until_writable(&health);
         assert!(health.read().expect("health").is_none(), "the probe finds room again without a write");
         create(&c, "/b").expect("writes resume");
-        drop(c);
+        close(c, threads);
         assert_eq!(keys_on_disk(&path), ["/b", "/probe"]);
     }
 
@@ -633,7 +641,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("store.redb");
         let faults = Arc::new(Faults::default());
-        let (state, c, health) = flaky_store(&path, &faults);
+        let (state, c, health, threads) = flaky_store(&path, &faults);
         let n = syncs_per_commit(&c, &faults);
         // The commit lands but reports an error, and the file cannot be reopened to find out.
         faults.fail_sync.store(faults.syncs.load(Ordering::SeqCst) + n, Ordering::SeqCst);
@@ -650,7 +658,7 @@ mod tests {
         assert!(health.read().expect("health").is_none(), "the store recovered on its own");
         assert_eq!(state.read().expect("state").get("/a"), None);
         create(&c, "/c").expect("writes resume");
-        drop(c);
+        close(c, threads);
         assert_eq!(keys_on_disk(&path), ["/c", "/probe"], "the write answered with an error never comes back");
     }
 }
