@@ -200,12 +200,17 @@ pub fn redact(text: &str) -> String {
     let text = uid.replace_all(&text, "00000000-0000-0000-0000-000000000000");
     let text = rv.replace_all(&text, "${1}RV\"");
     let text = port.replace_all(&text, "127.0.0.1:PORT");
-    let text = age.replace_all(&text, |c: &regex::Captures| {
-        let width = c[2].len() + c[3].len();
-        let trailing = c.get(3).is_some_and(|m| !m.as_str().is_empty());
-        if trailing { format!("{}{:<width$}", &c[1], "<a>".get(..width.min(3)).unwrap_or("<a>")) } else { format!("{}<a>", &c[1]) }
-    });
-    text.into_owned()
+    let ages = |text: &str| {
+        age.replace_all(text, |c: &regex::Captures| {
+            let width = c[2].len() + c[3].len();
+            let trailing = c.get(3).is_some_and(|m| !m.as_str().is_empty());
+            if trailing { format!("{}{:<width$}", &c[1], "<a>".get(..width.min(3)).unwrap_or("<a>")) } else { format!("{}<a>", &c[1]) }
+        })
+        .into_owned()
+    };
+    // A match takes the spaces after an age, so an age right after another one (a Job's
+    // DURATION then AGE) is only found by a second pass.
+    ages(&ages(&text))
 }
 
 /// Reads lines from a child's stdout on a thread, so a test can wait for output with a timeout.
