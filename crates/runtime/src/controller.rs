@@ -11,8 +11,9 @@
 //!   annotation such as `shepherd.io/force-resync` is how a user asks for a reconcile);
 //! - trigger modes: `Level` enqueues nothing on events and every `interval` re-lists from the API
 //!   and enqueues every key; `Edge` enqueues on events only; `Hybrid` (default) enqueues on events
-//!   and every resync period (with jitter) re-lists from the API, diffs it into the cache and
-//!   enqueues every key, so a change whose event was lost is still reconciled within one period.
+//!   and every resync period (with jitter) brings the cache up to the server (a digest comparison
+//!   that reads again only what differs) and enqueues every key, so a change whose event was lost
+//!   is still reconciled within one period.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -91,8 +92,8 @@ pub enum TriggerMode {
     Level { interval: Duration },
     /// Events only. Fast, and stuck forever when an event is lost.
     Edge,
-    /// Events, plus every `resync` (± `jitter` as a fraction) a re-list diffed into the cache and
-    /// every key enqueued.
+    /// Events, plus every `resync` (± `jitter` as a fraction) the cache brought up to the server
+    /// (`Informer::resync`: by digest, reading again only what differs) and every key enqueued.
     Hybrid { resync: Duration, jitter: f64 },
     /// Events, plus every `check` a digest comparison with the server that repairs exactly the
     /// objects a lost event left stale (no object read when nothing was lost), plus a rare full
@@ -527,14 +528,19 @@ async fn tick(state: Arc<ControllerState>, primary: Arc<Informer>, informers: Ve
 /// One mode's periodic work, forever (edge: nothing). `first`: the informers' initial lists are
 /// fresh, so a level controller enqueues at once without re-listing.
 async fn tick_in(state: &ControllerState, mode: TriggerMode, first: bool, primary: &Informer, informers: &[Arc<Informer>]) {
-    let relist_and_enqueue = || async {
+    // Level and anti-entropy's rare resync read everything again (level polls by definition;
+    // anti-entropy's full resync is for what a digest of versions cannot see); hybrid's resync
+    // compares digests and reads only what differs.
+    let resync_and_enqueue = |full: bool| async move {
         for informer in informers {
-            if let Err(e) = informer.resync().await {
-                warn!(controller = %state.name, kind = informer.resource().kind, error = %e, "re-list failed; using the cache as it is");
+            let done = if full { informer.relist().await } else { informer.resync().await };
+            if let Err(e) = done {
+                warn!(controller = %state.name, kind = informer.resource().kind, error = %e, "resync failed; using the cache as it is");
             }
         }
         state.enqueue_all(primary);
     };
+    let relist_and_enqueue = || resync_and_enqueue(true);
     match mode {
         TriggerMode::Edge => std::future::pending().await,
         TriggerMode::Level { interval } => {
@@ -550,7 +556,7 @@ async fn tick_in(state: &ControllerState, mode: TriggerMode, first: bool, primar
         }
         TriggerMode::Hybrid { resync, jitter } => loop {
             tokio::time::sleep(jittered(resync, jitter)).await;
-            relist_and_enqueue().await;
+            resync_and_enqueue(false).await;
         },
         // The informers check their digests on their own; this is only the rare full resync.
         TriggerMode::AntiEntropy { resync, .. } => loop {
