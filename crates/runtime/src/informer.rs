@@ -715,6 +715,20 @@ mod tests {
         json!({ "metadata": { "name": name, "namespace": "ns" }, "spec": { "nodeName": "n1" } })
     }
 
+    /// A synced pod informer over the pods `names`, and a recorder of the changes after its sync.
+    async fn synced_with(client: &Arc<MemoryClient>, names: &[&str]) -> (InformerFactory, Arc<Informer>, Arc<Mutex<Vec<String>>>) {
+        for n in names {
+            client.create(&POD, None, pod(n)).await.unwrap();
+        }
+        let factory = InformerFactory::new(client.clone(), Metrics::new());
+        let informer = factory.informer(&POD);
+        factory.start();
+        informer.wait_synced().await;
+        let seen = recorder(&informer);
+        seen.lock().unwrap().clear();
+        (factory, informer, seen)
+    }
+
     fn recorder(informer: &Informer) -> Arc<Mutex<Vec<String>>> {
         let seen: Arc<Mutex<Vec<String>>> = Arc::default();
         let s = seen.clone();
@@ -776,15 +790,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn after_an_expired_watch_the_relist_delivers_exactly_what_was_missed() {
         let client = Arc::new(MemoryClient::new());
-        for n in ["keep", "change", "remove"] {
-            client.create(&POD, None, pod(n)).await.unwrap();
-        }
-        let factory = InformerFactory::new(client.clone(), Metrics::new());
-        let informer = factory.informer(&POD);
-        factory.start();
-        informer.wait_synced().await;
-        let seen = recorder(&informer);
-        seen.lock().unwrap().clear();
+        let (_factory, informer, seen) = synced_with(&client, &["keep", "change", "remove"]).await;
 
         client.set_drop_watch_events(true);
         client.patch(&POD, Some("ns"), "change", Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}))).await.unwrap();
@@ -821,15 +827,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_resync_lists_nothing_and_reads_again_only_what_the_watch_lost() {
         let client = Arc::new(MemoryClient::new());
-        for n in ["a", "b", "c"] {
-            client.create(&POD, None, pod(n)).await.unwrap();
-        }
-        let factory = InformerFactory::new(client.clone(), Metrics::new());
-        let informer = factory.informer(&POD);
-        factory.start();
-        informer.wait_synced().await;
-        let seen = recorder(&informer);
-        seen.lock().unwrap().clear();
+        let (_factory, informer, seen) = synced_with(&client, &["a", "b", "c"]).await;
         let reads = client.reads();
 
         informer.resync().await.unwrap();
