@@ -332,17 +332,14 @@ impl Informer {
                             list |= how == Resync::List;
                             waiters.push(reply);
                         }
-                        let verified = if list { None } else { Some(self.verify().await) };
-                        match verified {
-                            Some(Ok(())) => {
-                                waiters.drain(..).for_each(|w| drop(w.send(Ok(()))));
-                                Outcome::Continue
-                            }
-                            Some(Err(e)) => {
-                                debug!(kind, error = %e, "resync by digest not possible; relisting");
-                                Outcome::Relist
-                            }
-                            None => Outcome::Relist,
+                        if list {
+                            Outcome::Relist
+                        } else if let Err(e) = self.verify().await {
+                            debug!(kind, error = %e, "resync by digest not possible; relisting");
+                            Outcome::Relist
+                        } else {
+                            waiters.drain(..).for_each(|w| drop(w.send(Ok(()))));
+                            Outcome::Continue
                         }
                     }
                     event = events.next() => match event {
@@ -411,9 +408,7 @@ impl Informer {
         let (_, count, sum) = self.cache.digest();
         if !same(&server, count, sum) {
             let repaired = self.repair(revision).await?;
-            self.metrics.repairs.inc_by(repaired);
             if repaired > 0 {
-                *lock(&self.last_repair) = Some(jiff::Timestamp::now());
                 debug!(kind = self.res.kind, revision, repaired, "resync repaired the cache");
             }
         }
@@ -454,9 +449,7 @@ impl Informer {
         self.metrics.mismatches.inc();
         let repaired = self.repair(at).await?;
         self.cache.mark_verified(at);
-        self.metrics.repairs.inc_by(repaired);
         if repaired > 0 {
-            *lock(&self.last_repair) = Some(jiff::Timestamp::now());
             info!(kind = self.res.kind, revision = at, repaired, "anti-entropy repaired the cache");
         }
         // A loss rarely comes alone (a change's chain of events runs through several objects):
@@ -465,7 +458,8 @@ impl Informer {
     }
 
     /// Finds the buckets whose digests differ at `at`, and in them the keys whose versions
-    /// differ; fetches those objects (or drops them) and delivers the changes. Returns how many.
+    /// differ; fetches those objects (or drops them) and delivers the changes. Returns how many,
+    /// and counts them as repairs.
     async fn repair(&self, at: u64) -> Result<u64, ApiError> {
         let server = self.client.digest(&self.res, &self.params, at, DigestDetail::Buckets).await?;
         let local = self.cache.digest_buckets();
@@ -488,6 +482,10 @@ impl Informer {
                     repaired += u64::from(self.deliver(self.cache.apply_repair_delete(key, at)));
                 }
             }
+        }
+        self.metrics.repairs.inc_by(repaired);
+        if repaired > 0 {
+            *lock(&self.last_repair) = Some(jiff::Timestamp::now());
         }
         Ok(repaired)
     }
