@@ -537,7 +537,7 @@ mod tests {
         28
     }
 
-    fn flaky_store(path: &Path, faults: &Arc<Faults>) -> (Arc<RwLock<State>>, Committer, Health, Threads) {
+    fn flaky_store(path: &Path, faults: &Arc<Faults>) -> (Arc<RwLock<State>>, Committer, Health, Vec<thread::JoinHandle<()>>) {
         let (path, faults) = (path.to_path_buf(), faults.clone());
         let opener: Opener = Box::new(move || {
             if faults.refuse_open.load(Ordering::SeqCst) {
@@ -550,18 +550,15 @@ mod tests {
                 .map_err(|e| StoreError::Backend(e.to_string()))
         });
         let opened = open_with(opener, HistoryLimits::default(), Duration::from_millis(200)).expect("open");
-        (opened.state, opened.committer, opened.health, Threads(opened.threads))
+        (opened.state, opened.committer, opened.health, opened.threads)
     }
-
-    /// The store's threads; `close` waits for them to let go of the file.
-    struct Threads(Vec<thread::JoinHandle<()>>);
 
     /// Drops the last sender and waits for the committer to drop its database: redb takes no
     /// file lock through a custom backend, so an open while the committer still closes its
     /// file would read a half-written header.
-    fn close(c: Committer, threads: Threads) {
+    fn close(c: Committer, threads: Vec<thread::JoinHandle<()>>) {
         drop(c);
-        for t in threads.0 {
+        for t in threads {
             t.join().expect("the committer ends cleanly");
         }
     }
