@@ -330,11 +330,10 @@ impl Agent {
         {
             let (weak, cache) = (Arc::downgrade(&sources), cache.clone());
             manager.informers().informer(&kinds::POD).subscribe(move |change| {
-                if matches!(change, shepherd_runtime::Change::Deleted(_))
+                if let shepherd_runtime::Change::Deleted(pod) = change
                     && let Some(sources) = weak.upgrade()
                 {
-                    let pods = cache.list();
-                    sources.retain_for(pods.iter().map(|p| &**p));
+                    sources.release(pod, |ns| cache.by_namespace(ns));
                 }
             });
         }

@@ -164,23 +164,31 @@ impl Sources {
         let _ = tokio::time::timeout(limit, all).await;
     }
 
-    /// Stops following every object that none of `pods` names.
-    pub fn retain_for<'a>(&self, pods: impl IntoIterator<Item = &'a Value>) {
+    /// Stops following what `gone`, a pod that left the node, named and no other pod of its
+    /// namespace on the node names; `others` gives those pods for a namespace. What a pod names
+    /// cannot change (its containers' env and its volumes are immutable), so a pod leaving is the
+    /// only moment an object can lose its last reader, and only the leaving pod's objects need a
+    /// look: a pod that names nothing costs nothing. (A pass over every pod of the node per
+    /// deletion kept an agent of 30,000 simulated pods at a full core under 20 deletions a second,
+    /// and its pods' start seconds late.)
+    pub fn release(&self, gone: &Value, others: impl FnOnce(&str) -> Vec<Arc<Value>>) {
         let Some(w) = &self.watches else { return };
-        let mut wanted = HashSet::new();
-        for pod in pods {
-            let ns = pod.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
-            wanted.extend(referenced(pod).into_iter().map(|(kind, name)| (kind, format!("{ns}/{name}"))));
+        let named = referenced(gone);
+        if named.is_empty() {
+            return;
         }
+        let ns = gone.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
+        let others = others(ns);
         let mut followed = w.followed.lock().unwrap_or_else(|e| e.into_inner());
-        followed.retain(|key, f| {
-            let keep = wanted.contains(key);
-            if !keep {
-                debug!(kind = key.0.kind(), object = %key.1, "no pod names it any more: unwatching");
+        for (kind, name) in named {
+            if others.iter().any(|pod| references(pod, kind, &name)) {
+                continue;
+            }
+            if let Some(f) = followed.remove(&(kind, format!("{ns}/{name}"))) {
+                debug!(kind = kind.kind(), object = %format!("{ns}/{name}"), "no pod names it any more: unwatching");
                 f.task.abort();
             }
-            keep
-        });
+        }
     }
 
     /// The objects being followed, as (kind, `namespace/name`).
@@ -477,8 +485,16 @@ mod tests {
         assert_eq!(sources.contents(SourceKind::Secret, "ns", "db").and_then(|c| c.get("k").cloned()), Some(b"new".to_vec()));
         assert!(changed.lock().expect("lock").iter().any(|c| c == "secret:ns/db"));
 
+        // While another pod of the namespace names the Secret, it stays followed when the first goes.
+        let reader = Arc::new(json!({"metadata": {"name": "q", "namespace": "ns"}, "spec": {
+            "containers": [{"name": "c", "envFrom": [{"secretRef": {"name": "db"}}]}]}}));
+        sources.release(&pod, |ns| if ns == "ns" { vec![reader.clone()] } else { Vec::new() });
+        assert_eq!(sources.followed(), [(SourceKind::Secret, "ns/db".to_string())].into(), "the ConfigMap only the gone pod named is unwatched");
+        assert!(sources.contents(SourceKind::Secret, "ns", "db").is_some());
+        assert!(sources.contents(SourceKind::ConfigMap, "ns", "app").is_none());
+
         // Once no pod names them, the watches stop and the objects are forgotten.
-        sources.retain_for(std::iter::empty());
+        sources.release(&reader, |_| Vec::new());
         assert!(sources.followed().is_empty());
         assert!(sources.contents(SourceKind::Secret, "ns", "db").is_none());
         for _ in 0..100 {
