@@ -337,8 +337,42 @@ struct Seen {
     pool: IndexSet<String>,
     /// UIDs ever seen Ready (so that a pod counts as a replacement once; names are reused).
     ready_once: HashSet<String>,
-    /// Times at which a pod created during churn first became Ready, in order.
-    replacements: Vec<Instant>,
+    /// Pods created during churn, as they first became Ready, in order.
+    replacements: Vec<Replacement>,
+}
+
+/// A pod that became Ready during churn.
+struct Replacement {
+    at: Instant,
+    /// Its ReplicaSet, which replaces deletions of its own pods only.
+    owner: String,
+    /// When the pod was created, scheduled, started and Ready, by its own timestamps (seconds).
+    stages: String,
+}
+
+/// The ReplicaSet a pod's generated name belongs to (`{replicaset}-{suffix}`).
+fn owner_of(pod_name: &str) -> &str {
+    pod_name.rsplit_once('-').map_or(pod_name, |(owner, _)| owner)
+}
+
+/// A pod's creation, scheduling, start and readiness times as it records them.
+fn stages(pod: &Value) -> String {
+    let condition = |t: &str| {
+        pod.pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == t))
+            .and_then(|c| c["lastTransitionTime"].as_str())
+            .unwrap_or("-")
+            .to_string()
+    };
+    let at = |p: &str| pod.pointer(p).and_then(Value::as_str).unwrap_or("-").to_string();
+    format!(
+        "created {} scheduled {} started {} ready {}",
+        at("/metadata/creationTimestamp"),
+        condition("PodScheduled"),
+        at("/status/startTime"),
+        condition("Ready")
+    )
 }
 
 /// Follows pod events from `rv`: keeps the pool of deletable pods and records replacements.
@@ -362,7 +396,7 @@ async fn watch_pods(http: reqwest::Client, url: String, rv: String, seen: Arc<Mu
             } else if s.ready_once.insert(uid.to_string()) {
                 s.pool.insert(name.to_string());
                 if now >= churn_start {
-                    s.replacements.push(now);
+                    s.replacements.push(Replacement { at: now, owner: owner_of(name).to_string(), stages: stages(obj) });
                 }
             }
         }
@@ -406,7 +440,7 @@ async fn churn(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Resul
     let cpu0 = procstat::cpu_seconds(&spid);
     let start = Instant::now();
     let watcher = tokio::spawn(watch_pods(http.clone(), url.clone(), rv, seen.clone(), start));
-    let deletions: Arc<Mutex<Vec<(Instant, Duration)>>> = Arc::default();
+    let deletions: Arc<Mutex<Vec<(Instant, Duration, String)>>> = Arc::default();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / p.churn_rate));
     let mut tasks = Vec::new();
     let mut skipped = 0usize;
@@ -429,7 +463,7 @@ async fn churn(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Resul
             let r = http.delete(format!("{url}{PODS}/{victim}")).send().await?;
             let latency = t.elapsed();
             if r.status().is_success() {
-                deletions.lock().unwrap().push((t, latency));
+                deletions.lock().unwrap().push((t, latency, owner_of(&victim).to_string()));
             }
             Ok::<_, anyhow::Error>(r.status().as_u16())
         }));
@@ -459,17 +493,26 @@ async fn churn(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Resul
     let mut dels = deletions.lock().unwrap().clone();
     dels.sort_by_key(|d| d.0);
     let delete_latency = summarize(&dels.iter().map(|d| d.1).collect::<Vec<_>>());
-    // Deletion i is replaced by the i-th pod that became Ready after churn started (FIFO).
-    let mut replacements: VecDeque<Instant> = seen.lock().unwrap().replacements.iter().copied().collect();
+    // A ReplicaSet's i-th deletion is replaced by the i-th of its pods that became Ready after it.
+    let mut ready: HashMap<String, VecDeque<Replacement>> = HashMap::new();
+    for r in std::mem::take(&mut seen.lock().unwrap().replacements) {
+        ready.entry(r.owner.clone()).or_default().push_back(r);
+    }
     let mut replace = Vec::new();
-    for (t, _) in &dels {
-        while replacements.front().is_some_and(|r| r < t) {
-            replacements.pop_front();
+    let mut slowest: Vec<(Duration, Duration, String, String)> = Vec::new();
+    for (t, _, owner) in &dels {
+        let Some(queue) = ready.get_mut(owner) else { continue };
+        while queue.front().is_some_and(|r| r.at < *t) {
+            queue.pop_front();
         }
-        match replacements.pop_front() {
-            Some(r) => replace.push(r - *t),
-            None => break,
+        if let Some(r) = queue.pop_front() {
+            replace.push(r.at - *t);
+            slowest.push((r.at - *t, *t - start, owner.clone(), r.stages));
         }
+    }
+    slowest.sort_by_key(|s| std::cmp::Reverse(s.0));
+    for (took, after, owner, stages) in slowest.iter().take(5) {
+        println!("  slow replacement: {:.1} s, deleted {:.1} s into churn, {owner}: {stages}", took.as_secs_f64(), after.as_secs_f64());
     }
     let unreplaced = dels.len() - replace.len();
     let replacement = summarize(&replace);
