@@ -138,3 +138,19 @@ async fn past_the_connection_cap_new_connections_are_closed_and_counted() {
     assert!(rejected >= 1.0, "rejections counted: {rejected}");
     assert_eq!(metric(&daemon.url, "apiserver_connections_limit").await, Some(20.0));
 }
+
+#[test]
+fn a_server_asked_for_zero_threads_refuses_to_start_and_names_the_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for flag in ["--api-threads", "--controller-threads"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .args(["server", "--in-memory", "--insecure-loopback", "--listen", "127.0.0.1:0", flag, "0"])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .output()
+            .expect("run shepherd");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} 0 started a server");
+        assert!(stderr.contains(flag) && stderr.contains("must be at least 1"), "{flag} 0: {stderr}");
+    }
+}

@@ -56,7 +56,9 @@ fn running_ready(p: &Value) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seed_deployment_runs_real_processes_that_heal_and_survive_a_daemon_kill_9() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let flags = ["--restart-backoff-seconds", "0.2", "--lease-seconds", "1"];
+    // More threads than the default of this suite's two-core machines (one for the API, one for
+    // the controllers), so the heal and the restart below also run with several of each.
+    let flags = ["--restart-backoff-seconds", "0.2", "--lease-seconds", "1", "--api-threads", "2", "--controller-threads", "3"];
     let mut daemon = Daemon::start("standalone", dir.path(), &flags);
     let http = reqwest::Client::new();
     let url = daemon.url.clone();
