@@ -716,15 +716,17 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     // the other thread to look for work it rarely found: with 1,000 nodes renewing their Leases,
     // a quarter of the idle server's CPU was threads parking and waking, and a 10,000-pod
     // scale-out took more CPU than with the API and the controllers on a thread each.
-    let control_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.controller_threads)
-        .thread_name("controllers")
-        .enable_all()
-        .build()?;
+    let control_rt = BackgroundRuntime(Some(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.controller_threads)
+            .thread_name("controllers")
+            .enable_all()
+            .build()?,
+    ));
     let controllers = {
         let manager = manager.clone();
         let stop = stopped(stop_rx.clone());
-        control_rt.spawn(async move { manager.run(stop).await })
+        control_rt.handle().spawn(async move { manager.run(stop).await })
     };
     // Joining nodes: the CSR approver and signer hold the cluster CA's key, cluster-info is signed
     // for each bootstrap token, and expired tokens are removed; only a TLS server has any of it.
@@ -783,10 +785,30 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     if let Err(e) = store.close().await {
         tracing::warn!(error = %e, "closing the store");
     }
-    control_rt.shutdown_background();
+    drop(control_rt);
     served??;
     tracing::info!("shut down cleanly");
     Ok(())
+}
+
+/// A runtime owned by async code (the controllers' beside the API's): dropped, it lets its tasks
+/// go without waiting for them, on every way out of `run_server`, an early error included (a
+/// runtime dropped the usual way inside another one's task would block, which tokio refuses with a
+/// panic).
+struct BackgroundRuntime(Option<tokio::runtime::Runtime>);
+
+impl BackgroundRuntime {
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("taken only on drop").handle()
+    }
+}
+
+impl Drop for BackgroundRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 /// The default of `--api-threads` and `--controller-threads`: the two share the machine's cores.
