@@ -184,8 +184,9 @@ impl Sources {
             if others.iter().any(|pod| references(pod, kind, &name)) {
                 continue;
             }
-            if let Some(f) = followed.remove(&(kind, format!("{ns}/{name}"))) {
-                debug!(kind = kind.kind(), object = %format!("{ns}/{name}"), "no pod names it any more: unwatching");
+            let key = (kind, format!("{ns}/{name}"));
+            if let Some(f) = followed.remove(&key) {
+                debug!(kind = kind.kind(), object = %key.1, "no pod names it any more: unwatching");
                 f.task.abort();
             }
         }

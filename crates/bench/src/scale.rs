@@ -498,20 +498,20 @@ async fn churn(c: &Cluster, p: &Params, http: &reqwest::Client) -> anyhow::Resul
     for r in std::mem::take(&mut seen.lock().unwrap().replacements) {
         ready.entry(r.owner.clone()).or_default().push_back(r);
     }
-    let mut replace = Vec::new();
-    let mut slowest: Vec<(Duration, Duration, String, String)> = Vec::new();
+    // (deletion to replacement Ready, deletion's time into churn, ReplicaSet, the pod's stages)
+    let mut matched: Vec<(Duration, Duration, &str, String)> = Vec::new();
     for (t, _, owner) in &dels {
         let Some(queue) = ready.get_mut(owner) else { continue };
         while queue.front().is_some_and(|r| r.at < *t) {
             queue.pop_front();
         }
         if let Some(r) = queue.pop_front() {
-            replace.push(r.at - *t);
-            slowest.push((r.at - *t, *t - start, owner.clone(), r.stages));
+            matched.push((r.at - *t, *t - start, owner, r.stages));
         }
     }
-    slowest.sort_by_key(|s| std::cmp::Reverse(s.0));
-    for (took, after, owner, stages) in slowest.iter().take(5) {
+    let replace: Vec<Duration> = matched.iter().map(|m| m.0).collect();
+    matched.sort_by_key(|m| std::cmp::Reverse(m.0));
+    for (took, after, owner, stages) in matched.iter().take(5) {
         println!("  slow replacement: {:.1} s, deleted {:.1} s into churn, {owner}: {stages}", took.as_secs_f64(), after.as_secs_f64());
     }
     let unreplaced = dels.len() - replace.len();
