@@ -23,13 +23,23 @@ impl prometheus_client::collector::Collector for RetentionCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let Some(r) = self.store.retention() else { return Ok(()) };
         let l = r.limits;
-        let gauges: [(&str, &str, f64); 10] = [
+        let gauges: [(&str, &str, f64); 12] = [
             ("store_objects", "Objects the store holds (all kinds, in memory)", r.objects as f64),
             ("store_object_bytes", "Bytes of the serialized objects the store holds in memory", r.object_bytes as f64),
             ("store_watch_history_events", "Events kept for watchers to resume from", r.history_events as f64),
             ("store_watch_history_events_limit", "Most events the watch history keeps (--history-events)", l.max_events as f64),
             ("store_watch_history_bytes", "Bytes of object values the watch history keeps alive", r.history_bytes as f64),
             ("store_watch_history_bytes_limit", "Most bytes the watch history keeps alive (--history-mib)", l.max_bytes as f64),
+            (
+                "store_watch_history_memory_bytes",
+                "Of the watch history's bytes, those held in memory (the embedded store reads older events from its file)",
+                r.history_memory_bytes as f64,
+            ),
+            (
+                "store_watch_history_memory_bytes_limit",
+                "Most bytes of the watch history held in memory beyond the last checkpoint (--history-memory-mib)",
+                l.memory_bytes as f64,
+            ),
             ("store_watch_history_age_limit_seconds", "Oldest event the watch history keeps (--history-seconds)", l.max_age.as_secs_f64()),
             ("store_live_watchers", "Watch subscriptions following live events", r.live_watchers as f64),
             ("store_live_buffer_events", "Events held in the live buffer for the slowest watcher", r.live_buffer_events as f64),

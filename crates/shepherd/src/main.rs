@@ -216,6 +216,11 @@ struct ServerArgs {
     /// Watch history kept for clients to resume from, in MiB of objects.
     #[arg(long, default_value_t = 64)]
     history_mib: usize,
+    /// Of the watch history, the newest MiB of objects kept in memory: the embedded store reads
+    /// older events back from its file when a watch or a list at a past revision reaches them
+    /// (the writes since its last checkpoint stay in memory whatever this says).
+    #[arg(long, default_value_t = 8)]
+    history_memory_mib: usize,
     /// Page cache of the store file (redb), in MiB. Reads are served from memory, so it only
     /// speeds up writing to the file: a larger cache costs memory and saves some CPU per commit.
     #[arg(long, default_value_t = shepherd_store::DEFAULT_REDB_CACHE_BYTES / (1024 * 1024))]
@@ -343,6 +348,7 @@ fn history_limits(args: &ServerArgs) -> HistoryLimits {
         max_events: args.history_events,
         max_age: Duration::from_secs(args.history_seconds),
         max_bytes: args.history_mib.saturating_mul(1024 * 1024),
+        memory_bytes: args.history_memory_mib.saturating_mul(1024 * 1024),
         ..HistoryLimits::default()
     }
 }

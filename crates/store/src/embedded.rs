@@ -34,7 +34,7 @@ use crate::durable::{
     Health, META, OBJECTS, Opened, RECOVERY_PROBE, REVISION_KEY, Reply, backend, check_batch, classify, gather,
     open_db, snapshot_of,
 };
-use crate::state::{State, Write};
+use crate::state::{DiskHistory, State, Write};
 use crate::wal::{self, NextSegment, Record, Writer};
 use crate::{Event, EventKind, HistoryLimits, KeyValue, Revision, Snapshot, StoreError};
 
@@ -123,6 +123,12 @@ pub(crate) fn open(path: &Path, limits: HistoryLimits, options: WalOptions) -> R
         .map_err(|e| classify(&format!("creating a log segment in {}", dir.display()), &e.to_string()))?;
     tracing::info!(revision = state.revision, replayed = recovered.replayed.len(), "store opened");
 
+    let db = Arc::new(db);
+    let file: DbSlot = Arc::new(RwLock::new(Some(db.clone())));
+    let mut state = state;
+    // Everything up to here is in redb: the history's older events may leave memory.
+    let revision = state.revision;
+    state.spill_to(Arc::new(FileHistory { file: file.clone() }), revision);
     let state = Arc::new(RwLock::new(state));
     let health: Health = Arc::new(RwLock::new(None));
     let backlog = Arc::new(Backlog::default());
@@ -146,9 +152,11 @@ pub(crate) fn open(path: &Path, limits: HistoryLimits, options: WalOptions) -> R
     let (ckpt_tx, ckpt_rx) = mpsc::channel();
     let db_path = path.to_path_buf();
     let checkpointer_backlog = backlog.clone();
+    let checkpointer_state = state.clone();
+    drop(db);
     let checkpointer = thread::Builder::new()
         .name("store-checkpoint".into())
-        .spawn(move || checkpoint_loop(db, ckpt_rx, epoch, &db_path, &checkpointer_backlog))
+        .spawn(move || checkpoint_loop(&file, ckpt_rx, epoch, &db_path, &checkpointer_backlog, &checkpointer_state))
         .map_err(|e| StoreError::Backend(format!("starting checkpoint thread: {e}")))?;
     let committer = CommitLoop {
         writer,
@@ -167,6 +175,54 @@ pub(crate) fn open(path: &Path, limits: HistoryLimits, options: WalOptions) -> R
         .spawn(move || committer.run(committer_state, rx))
         .map_err(|e| StoreError::Backend(format!("starting committer thread: {e}")))?;
     Ok(Opened { state, committer: tx, health, threads: vec![committer, checkpointer] })
+}
+
+/// The open redb file, shared by the checkpointer and the readers of the history on disk; `None`
+/// while it is reopened after a failed checkpoint.
+type DbSlot = Arc<RwLock<Option<Arc<Database>>>>;
+
+/// The watch history in redb's `HISTORY` table, for the events that have left memory.
+struct FileHistory {
+    file: DbSlot,
+}
+
+impl DiskHistory for FileHistory {
+    fn events(&self, prefix: &str, after: Revision, through: Revision) -> Result<Vec<Arc<Event>>, StoreError> {
+        let db = self.file.read().ok().and_then(|f| f.clone()).ok_or_else(|| {
+            StoreError::Unavailable("the store file is being reopened after a failed checkpoint".into())
+        })?;
+        let r = db.begin_read().map_err(backend("begin read"))?;
+        let meta = r.open_table(META).map_err(backend("open meta"))?;
+        let from = meta.get(HISTORY_FROM_KEY).map_err(backend("read meta"))?.map(|v| v.value());
+        // A checkpoint may have dropped the start of the history since the caller looked.
+        match from {
+            Some(from) if from <= after => {}
+            oldest => return Err(StoreError::Expired { requested: after, oldest: oldest.unwrap_or(through) }),
+        }
+        let table = r.open_table(HISTORY).map_err(backend("open history"))?;
+        let mut events = Vec::new();
+        let mut expected = after + 1;
+        for entry in table.range(after + 1..=through).map_err(backend("scan history"))? {
+            let (rev, raw) = entry.map_err(backend("scan history"))?;
+            let damaged = || StoreError::Backend(format!("history event {} is damaged", rev.value()));
+            if rev.value() != expected {
+                return Err(damaged());
+            }
+            expected += 1;
+            if !key_of_event(raw.value()).ok_or_else(damaged)?.starts_with(prefix.as_bytes()) {
+                continue;
+            }
+            let (event, _) = decode_event(raw.value()).ok_or_else(damaged)?;
+            events.push(Arc::new(event));
+        }
+        if expected != through + 1 {
+            return Err(StoreError::Backend(format!(
+                "the store file's history ends at revision {}, before revision {through}",
+                expected - 1
+            )));
+        }
+        Ok(events)
+    }
 }
 
 /// Writes everything the log of the redb file at `path` holds into the file and removes the
@@ -414,6 +470,14 @@ fn decode_event(b: &[u8]) -> Option<(Event, u64)> {
     Some((Event { kind, kv: KeyValue { key, value, create_revision, mod_revision }, prev }, ms))
 }
 
+/// The key of an encoded history event, without decoding its values.
+fn key_of_event(b: &[u8]) -> Option<&[u8]> {
+    // Kind, time, create and mod revision, then the key's length and the key.
+    const KEY_LEN_AT: usize = 1 + 8 + 8 + 8;
+    let len = u32::from_le_bytes(b.get(KEY_LEN_AT..KEY_LEN_AT + 4)?.try_into().ok()?) as usize;
+    b.get(KEY_LEN_AT + 4..KEY_LEN_AT + 4 + len)
+}
+
 /// Writes `events` into redb in one transaction (objects, history, revision), drops the history
 /// at or before `history_from`, and records the log's epoch.
 fn checkpoint(db: &Database, events: &[(Arc<Event>, u64)], history_from: Revision, epoch: u64) -> Result<(), StoreError> {
@@ -465,9 +529,15 @@ fn remove_segments(dir: &Path, through: u64) -> Result<(), StoreError> {
 /// Writes the log's writes into redb whenever the committer hands over a segment. A checkpoint
 /// that fails is tried again every [`RECOVERY_PROBE`] even when no write comes (the committer may
 /// be refusing them until one succeeds), and the next one takes everything since the last success.
-fn checkpoint_loop(db: Database, rx: mpsc::Receiver<ToCheckpoint>, epoch: u64, path: &Path, backlog: &Backlog) {
+fn checkpoint_loop(
+    file: &DbSlot,
+    rx: mpsc::Receiver<ToCheckpoint>,
+    epoch: u64,
+    path: &Path,
+    backlog: &Backlog,
+    state: &RwLock<State>,
+) {
     let dir = wal::dir_of(path);
-    let mut db = Some(db);
     let mut pending: Vec<(Arc<Event>, u64)> = Vec::new();
     // The newest checkpoint asked for, until one succeeds; and when to try again after a failure.
     let mut due: Option<(u64, Revision, u64)> = None;
@@ -483,21 +553,35 @@ fn checkpoint_loop(db: Database, rx: mpsc::Receiver<ToCheckpoint>, epoch: u64, p
                 due = Some((through, history_from, logged));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                // The store is closed: let go of the file, so it can be opened again at once.
+                if let Ok(mut f) = file.write() {
+                    *f = None;
+                }
+                return;
+            }
         }
         let Some((through, history_from, logged)) = due else { continue };
         // redb refuses every write after an I/O error until it is reopened: a handle that
-        // failed is dropped, and the next try opens the file anew.
-        let handle = match db.take() {
+        // failed is let go, and the next try opens the file anew.
+        let current = file.read().ok().and_then(|f| f.clone());
+        let handle = match current {
             Some(handle) => Ok(handle),
-            None => open_db(path).map_err(|e| classify("reopening the store file", &e.to_string())),
+            None => open_db(path).map(Arc::new).map_err(|e| classify("reopening the store file", &e.to_string())),
         };
         let started = Instant::now();
         let outcome = handle.and_then(|h| checkpoint(&h, &pending, history_from, epoch).map(|()| h));
         match outcome {
             Ok(handle) => {
-                db = Some(handle);
+                if let Ok(mut f) = file.write() {
+                    *f = Some(handle);
+                }
                 tracing::debug!(writes = pending.len(), took = ?started.elapsed(), "store checkpoint");
+                if let Some((last, _)) = pending.last()
+                    && let Ok(mut s) = state.write()
+                {
+                    s.durable_through(last.revision());
+                }
                 pending.clear();
                 (due, retry_at) = (None, None);
                 backlog.checkpointed.store(logged, Ordering::Release);
@@ -508,6 +592,9 @@ fn checkpoint_loop(db: Database, rx: mpsc::Receiver<ToCheckpoint>, epoch: u64, p
             }
             // The segments stay: the next checkpoint takes all of it.
             Err(e) => {
+                if let Ok(mut f) = file.write() {
+                    *f = None;
+                }
                 tracing::warn!(error = %e, writes = pending.len(), "store checkpoint failed; retrying in a second");
                 backlog.stall(Some(e));
                 retry_at = Some(Instant::now() + RECOVERY_PROBE);

@@ -166,6 +166,8 @@ pub struct Retention {
     /// Events kept for watchers to resume from, and the bytes of their values.
     pub history_events: usize,
     pub history_bytes: usize,
+    /// Of `history_bytes`, those held in memory (the embedded store reads the rest from its file).
+    pub history_memory_bytes: usize,
     /// Watch subscriptions following live events.
     pub live_watchers: usize,
     /// Events held in the live buffer for the slowest watcher.

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 
 use crate::durable::{self, Committer, Health, Opened};
 use crate::embedded::{self, WalOptions};
-use crate::state::{State, Write};
+use crate::state::{ListAt, State, Write};
 use crate::{
     HistoryLimits, KeyValue, ListResult, Retention, Revision, Snapshot, Store, StoreError, StoreFuture, WatchStream,
 };
@@ -152,7 +152,18 @@ impl Store for LocalStore {
         limit: Option<usize>,
         revision: Revision,
     ) -> Result<ListResult, StoreError> {
-        self.read(|s| s.list_at(prefix, start_after, limit, revision))?
+        // The events after `revision` that have left memory are read from disk outside the lock,
+        // then the list is made under it; more are read if memory moved on meanwhile.
+        let (mut older, mut read_through) = (Vec::new(), revision);
+        loop {
+            match self.read(|s| s.list_at(prefix, start_after, limit, revision, &older, read_through))? {
+                ListAt::Done(answer) => return answer,
+                ListAt::Disk(disk, after, through) => {
+                    older.extend(disk.events(prefix, after, through)?);
+                    read_through = through;
+                }
+            }
+        }
     }
     fn count<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, Result<usize, StoreError>> {
         ready(self.read(|s| s.count(prefix))).left_future()

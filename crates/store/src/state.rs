@@ -19,6 +19,11 @@ pub struct HistoryLimits {
     /// Bytes of object values the history may hold (superseded versions of objects stay alive
     /// only through it, so this bounds its memory whatever the object sizes).
     pub max_bytes: usize,
+    /// Bytes of object values of the newest part of the history kept in memory, where the
+    /// backend keeps the whole history on disk too (the embedded store): older events are read
+    /// back from its file when a watch or a list at a past revision reaches them. Memory always
+    /// holds every event the file does not have yet, whatever this says.
+    pub memory_bytes: usize,
     /// Events of its prefix a live watcher may fall behind before it is dropped with `Lagged`
     /// (at most 1,024). A dropped watcher resumes from the history, so this can be
     /// much smaller than the history; each watched prefix's buffer holds this many recent events
@@ -32,6 +37,7 @@ impl Default for HistoryLimits {
             max_events: 100_000,
             max_age: Duration::from_secs(15 * 60),
             max_bytes: 64 * 1024 * 1024,
+            memory_bytes: 8 * 1024 * 1024,
             watcher_buffer: FEED_BUFFER_MAX,
         }
     }
@@ -60,6 +66,45 @@ struct Feed {
     tx: broadcast::Sender<Arc<Event>>,
 }
 
+/// The history's events that a backend keeps on disk as well as in memory, read back once they
+/// have left memory.
+pub(crate) trait DiskHistory: Send + Sync {
+    /// The events under `prefix` after revision `after` up to `through`, oldest first. `Expired`
+    /// when the file no longer reaches back to `after`.
+    fn events(&self, prefix: &str, after: Revision, through: Revision) -> Result<Vec<Arc<Event>>, StoreError>;
+}
+
+/// Where the history beyond memory is, and how far it reaches.
+struct Spill {
+    disk: Arc<dyn DiskHistory>,
+    /// Every event up to this revision is on disk: such events may leave memory.
+    durable: Revision,
+}
+
+/// One event of the whole history (in memory or not), for its limits.
+struct Entry {
+    revision: Revision,
+    bytes: usize,
+    at: Instant,
+}
+
+/// A watch's start: the retained events after its revision and the live subscription that
+/// continues where they end. With `older`, the events up to that revision have left memory: the
+/// disk history holds them, and they come before `replay`.
+pub(crate) struct WatchStart {
+    pub(crate) older: Option<(Arc<dyn DiskHistory>, Revision)>,
+    pub(crate) replay: Vec<Arc<Event>>,
+    pub(crate) rx: LiveEvents,
+}
+
+/// What `State::list_at` needs or gives.
+pub(crate) enum ListAt {
+    Done(Result<ListResult, StoreError>),
+    /// The list needs the events under its prefix after the given revision up to the second one,
+    /// which have left memory: read them from `disk` and ask again with them.
+    Disk(Arc<dyn DiskHistory>, Revision, Revision),
+}
+
 /// One requested write.
 #[derive(Debug, Clone)]
 pub(crate) enum Write {
@@ -71,11 +116,19 @@ pub(crate) enum Write {
 pub(crate) struct State {
     pub(crate) objects: BTreeMap<String, KeyValue>,
     pub(crate) revision: Revision,
-    history: VecDeque<(Arc<Event>, Instant)>,
-    /// Sum of the value sizes of the events in `history`.
+    /// The whole history's events, oldest first: what the limits count.
+    ledger: VecDeque<Entry>,
+    /// Sum of the value sizes of the events in `ledger`.
     history_bytes: usize,
-    /// Smallest `from_revision` a watch can start at: every event after it is still in `history`.
+    /// Smallest `from_revision` a watch can start at: every event after it is still in the history.
     watchable_from: Revision,
+    /// The newest events of the history, after `memory_from`: all of them unless `spill` lets the
+    /// older ones go.
+    history: VecDeque<Arc<Event>>,
+    /// Sum of the value sizes of the events in `history`.
+    memory_bytes: usize,
+    memory_from: Revision,
+    spill: Option<Spill>,
     limits: HistoryLimits,
     /// One per watched prefix; a feed nobody follows any more goes at the next write.
     feeds: Mutex<Vec<Feed>>,
@@ -88,9 +141,13 @@ impl State {
         State {
             objects,
             revision,
-            history: VecDeque::new(),
+            ledger: VecDeque::new(),
             history_bytes: 0,
             watchable_from: revision,
+            history: VecDeque::new(),
+            memory_bytes: 0,
+            memory_from: revision,
+            spill: None,
             limits,
             feeds: Mutex::new(Vec::new()),
             closed: false,
@@ -161,8 +218,7 @@ impl State {
             }
         }
         let event = Arc::new(event);
-        self.history_bytes += event.kv.value.len();
-        self.history.push_back((event.clone(), at));
+        self.record(event.clone(), at);
         self.trim(Instant::now());
         let feeds = self.feeds.get_mut().unwrap_or_else(|e| e.into_inner());
         feeds.retain(|f| f.tx.receiver_count() > 0);
@@ -173,21 +229,63 @@ impl State {
         event
     }
 
-    /// Drops the oldest events beyond the limits.
+    fn record(&mut self, event: Arc<Event>, at: Instant) {
+        let bytes = event.kv.value.len();
+        self.ledger.push_back(Entry { revision: event.revision(), bytes, at });
+        self.history_bytes += bytes;
+        self.memory_bytes += bytes;
+        self.history.push_back(event);
+    }
+
+    fn forget_history(&mut self) {
+        self.ledger.clear();
+        self.history.clear();
+        (self.history_bytes, self.memory_bytes) = (0, 0);
+    }
+
+    /// Drops the oldest events beyond the limits, and lets the oldest ones in memory go beyond
+    /// `memory_bytes` once they are on disk.
     fn trim(&mut self, now: Instant) {
         // The newest event always stays, so a watcher can follow even one huge write.
-        while self.history.len() > 1
-            && let Some((oldest, at)) = self.history.front()
+        while self.ledger.len() > 1
+            && let Some(oldest) = self.ledger.front()
         {
-            let over = self.history.len() > self.limits.max_events
+            let over = self.ledger.len() > self.limits.max_events
                 || self.history_bytes > self.limits.max_bytes
-                || now.duration_since(*at) > self.limits.max_age;
+                || now.duration_since(oldest.at) > self.limits.max_age;
             if !over {
                 break;
             }
-            self.watchable_from = oldest.revision();
-            self.history_bytes -= oldest.kv.value.len();
+            self.watchable_from = oldest.revision;
+            self.history_bytes -= oldest.bytes;
+            self.ledger.pop_front();
+        }
+        let durable = self.spill.as_ref().map_or(0, |s| s.durable);
+        while let Some(oldest) = self.history.front() {
+            let expired = oldest.revision() <= self.watchable_from;
+            let spilled =
+                self.history.len() > 1 && self.memory_bytes > self.limits.memory_bytes && oldest.revision() <= durable;
+            if !expired && !spilled {
+                break;
+            }
+            self.memory_from = oldest.revision();
+            self.memory_bytes -= oldest.kv.value.len();
             self.history.pop_front();
+        }
+    }
+
+    /// From now on, events up to `durable` may leave memory beyond the history's `memory_bytes`:
+    /// `disk` holds them.
+    pub(crate) fn spill_to(&mut self, disk: Arc<dyn DiskHistory>, durable: Revision) {
+        self.spill = Some(Spill { disk, durable });
+        self.trim(Instant::now());
+    }
+
+    /// Every event up to `revision` is on disk now.
+    pub(crate) fn durable_through(&mut self, revision: Revision) {
+        if let Some(spill) = &mut self.spill {
+            spill.durable = spill.durable.max(revision);
+            self.trim(Instant::now());
         }
     }
 
@@ -198,21 +296,20 @@ impl State {
         let mut expected = from;
         for (event, at) in events {
             if event.revision() != expected + 1 {
-                self.history.clear();
-                self.history_bytes = 0;
+                self.forget_history();
             }
             expected = event.revision();
-            self.history_bytes += event.kv.value.len();
-            self.history.push_back((event, at));
+            self.record(event, at);
         }
         if expected != self.revision {
             // The history does not reach the current revision: none of it can be replayed.
-            self.history.clear();
-            self.history_bytes = 0;
+            self.forget_history();
             self.watchable_from = self.revision;
+            self.memory_from = self.revision;
             return;
         }
-        self.watchable_from = self.history.front().map_or(self.revision, |(e, _)| e.revision() - 1);
+        self.watchable_from = self.ledger.front().map_or(self.revision, |e| e.revision - 1);
+        self.memory_from = self.watchable_from;
         self.trim(Instant::now());
     }
 
@@ -220,13 +317,15 @@ impl State {
     /// a revision before it are `Expired` from now on.
     pub(crate) fn compact(&mut self, through: Revision) {
         let through = through.min(self.revision);
-        while let Some((oldest, _)) = self.history.front()
-            && oldest.revision() <= through
+        while let Some(oldest) = self.ledger.front()
+            && oldest.revision <= through
         {
-            self.history_bytes -= oldest.kv.value.len();
-            self.history.pop_front();
+            self.history_bytes -= oldest.bytes;
+            self.ledger.pop_front();
         }
         self.watchable_from = self.watchable_from.max(through);
+        // The events it dropped leave memory with the next trim.
+        self.trim(Instant::now());
     }
 
     /// Ends every watch once it has the events applied so far (their live subscription closes and
@@ -254,8 +353,9 @@ impl State {
         Retention {
             objects: self.objects.len(),
             object_bytes: self.objects.values().map(|kv| kv.value.len()).sum(),
-            history_events: self.history.len(),
+            history_events: self.ledger.len(),
             history_bytes: self.history_bytes,
+            history_memory_bytes: self.memory_bytes,
             live_watchers: feeds.iter().map(|f| f.tx.receiver_count()).sum(),
             live_buffer_events: feeds.iter().map(|f| f.tx.len()).max().unwrap_or(0),
             limits: self.limits,
@@ -287,25 +387,36 @@ impl State {
     }
 
     /// The list as it stood at revision `at`: the current objects with the retained writes after
-    /// `at` undone. `Expired` when those writes are no longer all retained.
+    /// `at` undone. `Expired` when those writes are no longer all retained. `older` are the events
+    /// under `prefix` after `at` up to revision `read_through` that were read from disk: when
+    /// memory no longer holds every event after `read_through`, the answer asks for more.
     pub(crate) fn list_at(
         &self,
         prefix: &str,
         start_after: Option<&str>,
         limit: Option<usize>,
         at: Revision,
-    ) -> Result<ListResult, StoreError> {
+        older: &[Arc<Event>],
+        read_through: Revision,
+    ) -> ListAt {
         if at >= self.revision {
-            return Ok(self.list(prefix, start_after, limit));
+            return ListAt::Done(Ok(self.list(prefix, start_after, limit)));
         }
         if at < self.watchable_from {
-            return Err(StoreError::Expired { requested: at, oldest: self.watchable_from });
+            return ListAt::Done(Err(StoreError::Expired { requested: at, oldest: self.watchable_from }));
+        }
+        let read_through = read_through.max(at);
+        if let Some(spill) = &self.spill
+            && read_through < self.memory_from
+        {
+            return ListAt::Disk(spill.disk.clone(), read_through, self.memory_from);
         }
         let after = |k: &str| k.starts_with(prefix) && start_after.is_none_or(|a| k > a);
         // Newest first, so the value that stays for a key is the one before its first later write.
         let mut then: BTreeMap<&str, Option<&KeyValue>> = BTreeMap::new();
-        let first_later = self.history.partition_point(|(e, _)| e.revision() <= at);
-        for (e, _) in self.history.range(first_later..).rev() {
+        let first_later = self.history.partition_point(|e| e.revision() <= read_through);
+        let in_memory = self.history.range(first_later..).rev();
+        for e in in_memory.chain(older.iter().rev().filter(|e| e.revision() > at)) {
             if after(&e.kv.key) {
                 then.insert(&e.kv.key, e.prev.as_ref());
             }
@@ -330,11 +441,11 @@ impl State {
             };
             let Some(Some(kv)) = next else { continue };
             if limit.is_some_and(|l| items.len() >= l) {
-                return Ok(ListResult { items, revision: at, more: true });
+                return ListAt::Done(Ok(ListResult { items, revision: at, more: true }));
             }
             items.push(kv.clone());
         }
-        Ok(ListResult { items, revision: at, more: false })
+        ListAt::Done(Ok(ListResult { items, revision: at, more: false }))
     }
 
     pub(crate) fn count(&self, prefix: &str) -> usize {
@@ -344,11 +455,7 @@ impl State {
 
     /// The retained events after `from` under `prefix`, and a live subscription that continues
     /// exactly where they end (taken under the same lock, so nothing falls between them).
-    pub(crate) fn start_watch(
-        &self,
-        prefix: &str,
-        from: Revision,
-    ) -> Result<(Vec<Arc<Event>>, LiveEvents), StoreError> {
+    pub(crate) fn start_watch(&self, prefix: &str, from: Revision) -> Result<WatchStart, StoreError> {
         if self.closed {
             return Err(StoreError::Closed);
         }
@@ -366,9 +473,12 @@ impl State {
                 }
             }
         };
-        let start = self.history.partition_point(|(e, _)| e.revision() <= from);
-        let replay =
-            self.history.range(start..).filter(|(e, _)| e.kv.key.starts_with(prefix)).map(|(e, _)| e.clone()).collect();
-        Ok((replay, rx))
+        let older = match &self.spill {
+            Some(spill) if from < self.memory_from => Some((spill.disk.clone(), self.memory_from)),
+            _ => None,
+        };
+        let start = self.history.partition_point(|e| e.revision() <= from);
+        let replay = self.history.range(start..).filter(|e| e.kv.key.starts_with(prefix)).cloned().collect();
+        Ok(WatchStart { older, replay, rx })
     }
 }

@@ -9,7 +9,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::state::{LiveEvents, State};
+use crate::state::{LiveEvents, State, WatchStart};
 use crate::{Event, Revision, StoreError};
 
 /// A stream of events under one prefix. A consumer that falls further behind than the store's
@@ -44,7 +44,7 @@ impl WatchStream {
     /// after `from` retained in `state`'s history, then its live events. A watcher dropped from
     /// the live buffer resumes from the history when it still can.
     pub(crate) fn following(state: &Arc<RwLock<State>>, prefix: &str, from: Revision) -> Result<Self, StoreError> {
-        let (replay, rx) = state.read().map_err(|_| StoreError::Closed)?.start_watch(prefix, from)?;
+        let (replay, rx) = start(state, prefix, from)?;
         let state = state.clone();
         let prefix = prefix.to_string();
         struct S {
@@ -58,14 +58,11 @@ impl WatchStream {
             rx: LiveEvents,
         }
         impl S {
-            fn resume(&self) -> Result<(Vec<Arc<Event>>, LiveEvents), StoreError> {
-                match self.state.read() {
-                    Ok(s) => s.start_watch(&self.prefix, self.last),
-                    Err(_) => Err(StoreError::Closed),
-                }
+            fn resume(&self) -> Result<(VecDeque<Arc<Event>>, LiveEvents), StoreError> {
+                start(&self.state, &self.prefix, self.last)
             }
         }
-        let state = S { state, prefix, last: from, replay: replay.into(), rx };
+        let state = S { state, prefix, last: from, replay, rx };
         let events = futures::stream::unfold(state, |mut s| async move {
             if let Some(e) = s.replay.pop_front() {
                 s.last = e.revision();
@@ -83,7 +80,7 @@ impl WatchStream {
                     // compaction) or closed; a replaced one has them if nothing fell between the two.
                     Err(RecvError::Lagged(_) | RecvError::Closed) => match s.resume() {
                         Ok((replay, rx)) => {
-                            s.replay = replay.into();
+                            s.replay = replay;
                             s.rx = rx;
                             if let Some(e) = s.replay.pop_front() {
                                 s.last = e.revision();
@@ -98,6 +95,18 @@ impl WatchStream {
         });
         Ok(WatchStream::from_stream(events))
     }
+}
+
+/// The events after `from` under `prefix` that the history holds, those that left memory read
+/// back from disk first, and the live subscription that continues where they end.
+fn start(state: &RwLock<State>, prefix: &str, from: Revision) -> Result<(VecDeque<Arc<Event>>, LiveEvents), StoreError> {
+    let WatchStart { older, replay, rx } = state.read().map_err(|_| StoreError::Closed)?.start_watch(prefix, from)?;
+    let mut events = match older {
+        Some((disk, through)) => VecDeque::from(disk.events(prefix, from, through)?),
+        None => VecDeque::with_capacity(replay.len()),
+    };
+    events.extend(replay);
+    Ok((events, rx))
 }
 
 impl Stream for WatchStream {

@@ -233,6 +233,84 @@ async fn the_history_survives_checkpoints_and_restarts_and_expires_only_beyond_i
     assert!(matches!(e, StoreError::Expired { .. }), "{e:?}");
 }
 
+/// Waits until the store holds part of its history only in its file.
+async fn history_spilled(store: &LocalStore) -> shepherd_store::Retention {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = store.retention().expect("retention");
+        if r.history_memory_bytes < r.history_bytes {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "the history never left memory: {r:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Watches and lists at every past revision of `store` and of `oracle` (same writes, the whole
+/// history in memory) agree.
+async fn same_past(store: &LocalStore, oracle: &LocalStore, from: Revision, what: &str) {
+    let last = store.revision().await.expect("revision");
+    assert_eq!(oracle.revision().await.expect("revision"), last);
+    for at in from..last {
+        let got = events_after(store, "/k/", at).await;
+        assert_eq!(got, events_after(oracle, "/k/", at).await, "{what}: a watch from revision {at}");
+        assert!(!got.is_empty(), "{what}: the watch from {at} replays the writes after it");
+        let page = |s: &LocalStore| {
+            let s = s.clone();
+            async move {
+                let first = s.list_at("/k/", None, Some(3), at).await.expect("list at");
+                let rest = s.list_at("/k/", first.items.last().map(|kv| kv.key.as_str()), None, at).await.expect("page");
+                first.items.into_iter().chain(rest.items).collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(page(store).await, page(oracle).await, "{what}: the list as it stood at revision {at}");
+    }
+}
+
+#[tokio::test]
+async fn watches_and_lists_reaching_past_the_history_in_memory_read_the_older_events_from_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    // 64 bytes of values in memory: all but the newest few events live only in the file.
+    let limits = HistoryLimits { memory_bytes: 64, max_events: 200, ..HistoryLimits::default() };
+    let options = WalOptions { segment_bytes: 300, checkpoint_interval: Duration::from_millis(1), ..WalOptions::default() };
+    let store = LocalStore::open_embedded(&path, limits, options).expect("open");
+    let oracle = LocalStore::in_memory(limits);
+    for s in [&store, &oracle] {
+        for i in 0..30 {
+            let kv = s.create(&format!("/k/{i:02}"), b(&format!("first value of {i}"))).await.expect("create");
+            s.create(&format!("/q/{i:02}"), b("elsewhere")).await.expect("create");
+            s.update(&kv.key, b(&format!("second value of {i}")), None).await.expect("update");
+            if i % 3 == 0 {
+                s.delete(&kv.key, None).await.expect("delete");
+            }
+        }
+        s.create("/k/last", b("the last write")).await.expect("create");
+    }
+    let r = history_spilled(&store).await;
+    assert!(r.history_memory_bytes < r.history_bytes / 4, "most of the history is only on disk: {r:?}");
+    same_past(&store, &oracle, 0, "open").await;
+
+    drop(store);
+    let store = reopen(&path, limits, options).await;
+    history_spilled(&store).await;
+    same_past(&store, &oracle, 0, "reopened").await;
+
+    // The limits still say how far back the history reaches, on disk as in memory.
+    for _ in 0..150 {
+        for s in [&store, &oracle] {
+            s.update("/k/last", b("again"), None).await.expect("update");
+        }
+    }
+    let e = store.watch("/k/", 10).await.err().expect("beyond the 200 retained events");
+    assert!(matches!(e, StoreError::Expired { .. }), "{e:?}");
+    let e = store.list_at("/k/", None, None, 10).await.expect_err("beyond the retained events");
+    assert!(matches!(e, StoreError::Expired { .. }), "{e:?}");
+    let from = store.revision().await.expect("revision") - 150;
+    history_spilled(&store).await;
+    same_past(&store, &oracle, from, "after more writes").await;
+}
+
 /// Opens `path` once the store that held it has let go of it.
 async fn reopen(path: &Path, limits: HistoryLimits, options: WalOptions) -> LocalStore {
     for _ in 0..100 {
