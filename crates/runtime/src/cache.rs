@@ -102,15 +102,26 @@ pub struct Cache {
     transform: OnceLock<Transform>,
     /// Whether each object gets a `PodView` as it enters.
     pod_views: bool,
-    /// Which objects are kept as their JSON text (by their view); none without.
-    compact: Option<fn(&PodView) -> bool>,
+    /// Which objects are kept as their JSON text.
+    text: TextPolicy,
+}
+
+/// Which objects a cache keeps as their JSON text instead of parsed.
+#[derive(Clone, Copy, Default)]
+enum TextPolicy {
+    #[default]
+    None,
+    /// The pods whose view this picks.
+    Pods(fn(&PodView) -> bool),
+    /// Every object.
+    All,
 }
 
 impl std::fmt::Debug for Cache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cache").field("state", &self.state).field("transform", &self.transform.get().is_some())
             .field("pod_views", &self.pod_views)
-            .field("compact", &self.compact.is_some())
+            .field("compact", &!matches!(self.text, TextPolicy::None))
             .finish()
     }
 }
@@ -485,7 +496,13 @@ impl Cache {
     /// the others parsed (see the module documentation): for a process that holds many pods and
     /// reads most of them through views.
     pub fn compact_pods(text: fn(&PodView) -> bool) -> Cache {
-        Cache { pod_views: true, compact: Some(text), ..Cache::default() }
+        Cache { pod_views: true, text: TextPolicy::Pods(text), ..Cache::default() }
+    }
+
+    /// A cache that keeps every object as its JSON text: for a kind of many objects that are read
+    /// one at a time, if at all (Events: one read when each expires).
+    pub fn compact() -> Cache {
+        Cache { text: TextPolicy::All, ..Cache::default() }
     }
 
     /// The view of the pod stored under `key`. The `pod_view*` readers answer from the views a
@@ -563,7 +580,11 @@ impl Cache {
         let view = self.pod_views.then(|| PodView::of(&obj));
         // Writing a `Value` cannot fail (its keys are strings, its numbers finite); should it, or
         // should the text be too deep to parse back, the object is kept parsed.
-        let text = self.compact.zip(view.as_ref()).is_some_and(|(text, view)| text(view));
+        let text = match self.text {
+            TextPolicy::None => false,
+            TextPolicy::Pods(text) => view.as_ref().is_some_and(text),
+            TextPolicy::All => true,
+        };
         let json = if text && depth_at_most(&obj, TEXT_DEPTH) {
             serde_json::to_vec(&obj).ok().map(Arc::from)
         } else {
@@ -696,7 +717,7 @@ mod tests {
 
     #[test]
     fn indexes_follow_an_object_as_it_moves_between_nodes() {
-        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true)] {
+        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true), Cache::compact()] {
             indexes_follow_an_object_as_it_moves_between_nodes_in(c);
         }
     }
@@ -718,7 +739,7 @@ mod tests {
 
     #[test]
     fn unowned_objects_are_indexed_until_a_controller_adopts_them() {
-        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true)] {
+        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true), Cache::compact()] {
             unowned_objects_are_indexed_until_a_controller_adopts_them_in(c);
         }
     }
@@ -743,7 +764,7 @@ mod tests {
 
     #[test]
     fn an_older_copy_never_replaces_a_newer_one() {
-        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true)] {
+        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true), Cache::compact()] {
             an_older_copy_never_replaces_a_newer_one_in(c);
         }
     }
@@ -756,7 +777,7 @@ mod tests {
 
     #[test]
     fn replace_reports_exactly_the_missed_adds_updates_and_deletes() {
-        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true)] {
+        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true), Cache::compact()] {
             replace_reports_exactly_the_missed_adds_updates_and_deletes_in(c);
         }
     }
@@ -793,7 +814,7 @@ mod tests {
 
     #[test]
     fn cached_objects_and_changes_carry_no_managed_fields_and_keep_the_rest() {
-        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true)] {
+        for c in [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true), Cache::compact()] {
             cached_objects_and_changes_carry_no_managed_fields_and_keep_the_rest_in(c);
         }
     }
@@ -833,9 +854,14 @@ mod tests {
 
     #[test]
     fn objects_come_out_of_the_cache_equal_to_what_went_in() {
-        // The last keeps one pod parsed among pods kept as text.
-        let caches =
-            [Cache::default(), Cache::with_pod_views(), Cache::compact_pods(|_| true), Cache::compact_pods(|v| v.name() != "b")];
+        // The fourth keeps one pod parsed among pods kept as text.
+        let caches = [
+            Cache::default(),
+            Cache::with_pod_views(),
+            Cache::compact_pods(|_| true),
+            Cache::compact_pods(|v| v.name() != "b"),
+            Cache::compact(),
+        ];
         for c in caches {
             objects_come_out_of_the_cache_equal_to_what_went_in_in(c);
         }

@@ -128,7 +128,12 @@ impl Informer {
     /// compact; a scoped one (a node agent's pods, each read whole on every sync) stays parsed.
     /// In a compact cache the pods of DaemonSets, StatefulSets and Jobs stay parsed too: their
     /// controllers read every pod of an owner whole on each of its reconciles.
+    /// Events are the other kind a cluster holds by the thousand (two or more per pod), and their
+    /// only reader, the Event TTL controller, reads each once when it expires: kept as text.
     fn cache_for(res: &ResourceInfo, params: &ListParams) -> Cache {
+        if res.kind == "Event" && matches!(res.group, "" | "events.k8s.io") {
+            return Cache::compact();
+        }
         if !res.group.is_empty() || res.kind != "Pod" {
             return Cache::default();
         }
@@ -725,6 +730,18 @@ mod tests {
         let seen = recorder(&informer);
         seen.lock().unwrap().clear();
         (factory, informer, seen)
+    }
+
+    #[test]
+    fn events_and_a_cluster_wide_informers_pods_are_cached_as_text_other_kinds_parsed() {
+        let compact = |res: &ResourceInfo, params: &ListParams| {
+            format!("{:?}", Informer::cache_for(res, params)).contains("compact: true")
+        };
+        let everything = ListParams::default();
+        assert!(compact(&shepherd_api::kinds::EVENT, &everything));
+        assert!(compact(&POD, &everything));
+        assert!(!compact(&POD, &ListParams::namespace("ns")), "a scoped pod cache is read whole: parsed");
+        assert!(!compact(&shepherd_api::kinds::NODE, &everything));
     }
 
     fn recorder(informer: &Informer) -> Arc<Mutex<Vec<String>>> {
