@@ -343,7 +343,7 @@ impl Store for EtcdStore {
     }
 
     fn watch<'a>(&'a self, prefix: &'a str, from: Revision) -> StoreFuture<'a, Result<WatchStream, StoreError>> {
-        ready(WatchStream::following(&self.inner.cache, prefix, from)).left_future()
+        WatchStream::following(&self.inner.cache, prefix, from)
     }
 
     fn revision(&self) -> StoreFuture<'_, Result<Revision, StoreError>> {

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 
 use crate::durable::{self, Committer, Health, Opened};
 use crate::embedded::{self, WalOptions};
-use crate::state::{ListAt, State, Write};
+use crate::state::{ListAt, State, Write, read_from_disk};
 use crate::{
     HistoryLimits, KeyValue, ListResult, Retention, Revision, Snapshot, Store, StoreError, StoreFuture, WatchStream,
 };
@@ -159,7 +159,7 @@ impl Store for LocalStore {
             match self.read(|s| s.list_at(prefix, start_after, limit, revision, &older, read_through))? {
                 ListAt::Done(answer) => return answer,
                 ListAt::Disk(disk, after, through) => {
-                    older.extend(disk.events(prefix, after, through)?);
+                    older.extend(read_from_disk(disk, prefix, after, through).await?);
                     read_through = through;
                 }
             }
@@ -169,7 +169,7 @@ impl Store for LocalStore {
         ready(self.read(|s| s.count(prefix))).left_future()
     }
     fn watch<'a>(&'a self, prefix: &'a str, from: Revision) -> StoreFuture<'a, Result<WatchStream, StoreError>> {
-        ready(WatchStream::following(&self.state, prefix, from)).left_future()
+        WatchStream::following(&self.state, prefix, from)
     }
     fn revision(&self) -> StoreFuture<'_, Result<Revision, StoreError>> {
         ready(self.read(|s| s.revision)).left_future()

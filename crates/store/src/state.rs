@@ -74,6 +74,23 @@ pub(crate) trait DiskHistory: Send + Sync {
     fn events(&self, prefix: &str, after: Revision, through: Revision) -> Result<Vec<Arc<Event>>, StoreError>;
 }
 
+/// `disk.events(prefix, after, through)` on tokio's blocking threads (inline outside a runtime),
+/// so a long read of the file holds up no async worker.
+pub(crate) async fn read_from_disk(
+    disk: Arc<dyn DiskHistory>,
+    prefix: &str,
+    after: Revision,
+    through: Revision,
+) -> Result<Vec<Arc<Event>>, StoreError> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return disk.events(prefix, after, through);
+    }
+    let prefix = prefix.to_string();
+    tokio::task::spawn_blocking(move || disk.events(&prefix, after, through))
+        .await
+        .map_err(|e| StoreError::Backend(format!("reading the watch history from the store file: {e}")))?
+}
+
 /// Where the history beyond memory is, and how far it reaches.
 struct Spill {
     disk: Arc<dyn DiskHistory>,

@@ -6,11 +6,12 @@ use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
+use futures::future::ready;
+use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::state::{LiveEvents, State, WatchStart};
-use crate::{Event, Revision, StoreError};
+use crate::state::{LiveEvents, State, WatchStart, read_from_disk};
+use crate::{Event, Revision, StoreError, StoreFuture};
 
 /// A stream of events under one prefix. A consumer that falls further behind than the store's
 /// watcher buffer loses its place in the live events; the stream then picks up again from the
@@ -43,10 +44,37 @@ impl WatchStream {
     /// The watch every in-memory state serves (the local store's, the etcd cache's): the events
     /// after `from` retained in `state`'s history, then its live events. A watcher dropped from
     /// the live buffer resumes from the history when it still can.
-    pub(crate) fn following(state: &Arc<RwLock<State>>, prefix: &str, from: Revision) -> Result<Self, StoreError> {
-        let (replay, rx) = start(state, prefix, from)?;
-        let state = state.clone();
-        let prefix = prefix.to_string();
+    pub(crate) fn following<'a>(
+        state: &Arc<RwLock<State>>,
+        prefix: &str,
+        from: Revision,
+    ) -> StoreFuture<'a, Result<Self, StoreError>> {
+        let started = match state.read() {
+            Ok(s) => s.start_watch(prefix, from),
+            Err(_) => Err(StoreError::Closed),
+        };
+        match started {
+            Err(e) => ready(Err(e)).left_future(),
+            Ok(WatchStart { older: None, replay, rx }) => {
+                ready(Ok(Self::follow(state.clone(), prefix.to_string(), from, replay.into(), rx))).left_future()
+            }
+            // Events that have left memory are read from disk first, off the async workers.
+            Ok(WatchStart { older: Some((disk, through)), replay, rx }) => {
+                let (state, prefix) = (state.clone(), prefix.to_string());
+                async move {
+                    let mut events = VecDeque::from(read_from_disk(disk, &prefix, from, through).await?);
+                    events.extend(replay);
+                    Ok(Self::follow(state, prefix, from, events, rx))
+                }
+                .boxed()
+                .right_future()
+            }
+        }
+    }
+
+    /// The watch of `prefix` that has delivered everything up to `from`: `replay`, then the live
+    /// events of `rx` after it, resuming from the history whenever it falls out of the live buffer.
+    fn follow(state: Arc<RwLock<State>>, prefix: String, from: Revision, replay: VecDeque<Arc<Event>>, rx: LiveEvents) -> Self {
         struct S {
             state: Arc<RwLock<State>>,
             prefix: String,
@@ -56,11 +84,6 @@ impl WatchStream {
             last: Revision,
             replay: VecDeque<Arc<Event>>,
             rx: LiveEvents,
-        }
-        impl S {
-            fn resume(&self) -> Result<(VecDeque<Arc<Event>>, LiveEvents), StoreError> {
-                start(&self.state, &self.prefix, self.last)
-            }
         }
         let state = S { state, prefix, last: from, replay, rx };
         let events = futures::stream::unfold(state, |mut s| async move {
@@ -78,7 +101,7 @@ impl WatchStream {
                     }
                     // Closed: the events' state was replaced (an etcd cache reloaded after a
                     // compaction) or closed; a replaced one has them if nothing fell between the two.
-                    Err(RecvError::Lagged(_) | RecvError::Closed) => match s.resume() {
+                    Err(RecvError::Lagged(_) | RecvError::Closed) => match start(&s.state, &s.prefix, s.last).await {
                         Ok((replay, rx)) => {
                             s.replay = replay;
                             s.rx = rx;
@@ -93,16 +116,16 @@ impl WatchStream {
                 }
             }
         });
-        Ok(WatchStream::from_stream(events))
+        WatchStream::from_stream(events)
     }
 }
 
 /// The events after `from` under `prefix` that the history holds, those that left memory read
 /// back from disk first, and the live subscription that continues where they end.
-fn start(state: &RwLock<State>, prefix: &str, from: Revision) -> Result<(VecDeque<Arc<Event>>, LiveEvents), StoreError> {
+async fn start(state: &RwLock<State>, prefix: &str, from: Revision) -> Result<(VecDeque<Arc<Event>>, LiveEvents), StoreError> {
     let WatchStart { older, replay, rx } = state.read().map_err(|_| StoreError::Closed)?.start_watch(prefix, from)?;
     let mut events = match older {
-        Some((disk, through)) => VecDeque::from(disk.events(prefix, from, through)?),
+        Some((disk, through)) => VecDeque::from(read_from_disk(disk, prefix, from, through).await?),
         None => VecDeque::with_capacity(replay.len()),
     };
     events.extend(replay);

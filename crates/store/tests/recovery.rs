@@ -311,6 +311,31 @@ async fn watches_and_lists_reaching_past_the_history_in_memory_read_the_older_ev
     same_past(&store, &oracle, from, "after more writes").await;
 }
 
+#[tokio::test]
+async fn a_watcher_that_fell_out_of_the_live_buffer_resumes_from_the_file_without_a_gap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let limits = HistoryLimits { memory_bytes: 64, watcher_buffer: 4, ..HistoryLimits::default() };
+    let options = WalOptions { segment_bytes: 300, checkpoint_interval: Duration::from_millis(1), ..WalOptions::default() };
+    let store = LocalStore::open_embedded(&path, limits, options).expect("open");
+    let from = store.create("/k/first", b("first")).await.expect("create").mod_revision;
+    // Opened, then not read while 60 writes go by: it falls out of its 4-event live buffer, and
+    // all but the newest few of those writes leave memory.
+    let mut watch = store.watch("/k/", from).await.expect("watch");
+    for i in 0..60 {
+        store.create(&format!("/k/{i:02}"), b(&format!("value {i}"))).await.expect("create");
+    }
+    history_spilled(&store).await;
+    let mut got = Vec::new();
+    while got.len() < 60 {
+        let next = tokio::time::timeout(Duration::from_secs(5), watch.next()).await.expect("the watch goes on");
+        let e = next.expect("open").expect("no error: the history still reaches back");
+        got.push((e.revision(), e.kv.key.clone()));
+    }
+    let expected: Vec<(Revision, String)> = (0..60).map(|i| (from + 1 + i as u64, format!("/k/{i:02}"))).collect();
+    assert_eq!(got, expected);
+}
+
 /// Opens `path` once the store that held it has let go of it.
 async fn reopen(path: &Path, limits: HistoryLimits, options: WalOptions) -> LocalStore {
     for _ in 0..100 {
