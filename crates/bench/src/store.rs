@@ -90,6 +90,8 @@ struct Measured {
     rss: f64,
     /// etcd's own RSS beside the server's (etcd column only).
     etcd_rss: Option<f64>,
+    /// A watch from before the creates: the time until every create's event arrived.
+    replay_ms: f64,
     /// The 1-minute load average when the column's measurements ended.
     load: f64,
 }
@@ -132,6 +134,7 @@ pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize
     row("creates/s, 64 clients", &|m| format!("{:.0}", m.many_rate));
     let listed = columns.iter().find_map(|c| if let Column::Measured(m) = c { Some(m.count) } else { None }).unwrap_or(0);
     row(&format!("list of {listed} pods p50 ms"), &|m| m.list["p50_ms"].as_f64().map_or("-".into(), |v| format!("{v:.1}")));
+    row("watch replaying every create, ms", &|m| format!("{:.1}", m.replay_ms));
     row("server RSS MiB", &|m| format!("{:.1}", m.rss));
     row("etcd RSS MiB", &|m| m.etcd_rss.map_or("-".into(), |v| format!("{v:.1}")));
     for (engine, column) in engines.iter().zip(&columns) {
@@ -143,7 +146,7 @@ pub async fn run(binary: &Path, pods: usize, sequential: usize, list_runs: usize
     let values = |c: &Column| match c {
         Column::Measured(m) => json!({"creates_per_s_1_client": m.one_rate, "ms_per_create_1_client": m.one_ms,
             "create_1_client": m.one, "creates_per_s_64_clients": m.many_rate, "list": m.list, "listed": m.count,
-            "rss_mib": m.rss, "etcd_rss_mib": m.etcd_rss, "load_average": m.load}),
+            "rss_mib": m.rss, "etcd_rss_mib": m.etcd_rss, "watch_replay_ms": m.replay_ms, "load_average": m.load}),
         Column::NotBuilt(why) => json!({"not_built": why}),
     };
     let mut all = values(&columns[0]);
@@ -210,6 +213,10 @@ async fn measure(
     };
     println!("engine {}:", engine.label());
 
+    // The revision before the creates, for the watch that replays them all at the end.
+    let before: Value = http.get(format!("{}/api/v1/namespaces/default/pods?limit=1", server.url)).send().await?.json().await?;
+    let before = before["metadata"]["resourceVersion"].as_str().unwrap_or("0").to_string();
+
     let (one, took) = create_n(&http, &server.url, "seq", sequential, 1).await?;
     let one_rate = sequential as f64 / one.as_secs_f64();
     let one_ms = one.as_secs_f64() * 1000.0 / sequential as f64;
@@ -233,6 +240,11 @@ async fn measure(
     anyhow::ensure!(count == created, "{}: listed {count} pods of the {created} created", engine.label());
     let list = summarize(&samples);
     println!("  list of {count} pods: {list}");
+    // The embedded store keeps only the newest part of its history in memory and reads older events
+    // back from its file; the others answer from memory.
+    let replay = replay_watch(&http, &server.url, &before, count).await?;
+    let replay_ms = replay.as_secs_f64() * 1000.0;
+    println!("  watch from before the creates: all {count} events in {replay_ms:.1} ms");
     let rss = server.rss_mib();
     let etcd_rss = etcd.as_ref().and_then(LocalEtcd::pid).map(|pid| procstat::rss_mib(&pid.to_string()));
     match etcd_rss {
@@ -252,8 +264,32 @@ async fn measure(
         count,
         rss,
         etcd_rss,
+        replay_ms,
         load,
     }))
+}
+
+/// Watches the pods from `revision` until `events` have arrived: how long the replay took.
+async fn replay_watch(http: &reqwest::Client, url: &str, revision: &str, events: usize) -> anyhow::Result<Duration> {
+    use futures::StreamExt;
+    let started = Instant::now();
+    let resp = http.get(format!("{url}/api/v1/namespaces/default/pods?watch=true&resourceVersion={revision}")).send().await?;
+    anyhow::ensure!(resp.status().is_success(), "watching the pods from revision {revision}: {}", resp.status());
+    let mut body = resp.bytes_stream();
+    let (mut seen, mut partial) = (0, Vec::new());
+    while seen < events {
+        let chunk = tokio::time::timeout(Duration::from_secs(60), body.next())
+            .await
+            .map_err(|_| anyhow::anyhow!("the watch from revision {revision} stalled after {seen} of {events} events"))?
+            .ok_or_else(|| anyhow::anyhow!("the watch from revision {revision} ended after {seen} of {events} events"))??;
+        partial.extend_from_slice(&chunk);
+        while let Some(nl) = partial.iter().position(|&b| b == b'\n') {
+            const ADDED: &[u8] = b"\"type\":\"ADDED\"";
+            seen += usize::from(partial[..nl].windows(ADDED.len()).any(|w| w == ADDED));
+            partial.drain(..=nl);
+        }
+    }
+    Ok(started.elapsed())
 }
 
 /// Creates at the store alone, on a fresh data directory: `one` by a single writer (each one's
