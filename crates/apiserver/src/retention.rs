@@ -23,9 +23,14 @@ impl prometheus_client::collector::Collector for RetentionCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let Some(r) = self.store.retention() else { return Ok(()) };
         let l = r.limits;
-        let gauges: [(&str, &str, f64); 12] = [
+        let gauges: [(&str, &str, f64); 13] = [
             ("store_objects", "Objects the store holds (all kinds, in memory)", r.objects as f64),
             ("store_object_bytes", "Bytes of the serialized objects the store holds in memory", r.object_bytes as f64),
+            (
+                "store_object_memory_bytes",
+                "Bytes those objects take in memory, compressed against a dictionary per kind",
+                r.object_memory_bytes as f64,
+            ),
             ("store_watch_history_events", "Events kept for watchers to resume from", r.history_events as f64),
             ("store_watch_history_events_limit", "Most events the watch history keeps (--history-events)", l.max_events as f64),
             ("store_watch_history_bytes", "Bytes of object values the watch history keeps alive", r.history_bytes as f64),

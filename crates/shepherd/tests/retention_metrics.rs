@@ -24,7 +24,7 @@ async fn retained_buffers_and_their_limits_are_in_the_metrics() {
     // The system namespaces were written at start: they are objects and history events.
     assert!(value(&text, "store_objects").is_some_and(|v| v >= 1.0), "{text}");
     assert!(value(&text, "store_watch_history_events").is_some_and(|v| v >= 1.0), "{text}");
-    for name in ["store_object_bytes", "store_watch_history_bytes", "store_watch_history_memory_bytes", "store_live_watchers", "store_live_buffer_events",
+    for name in ["store_object_bytes", "store_object_memory_bytes", "store_watch_history_bytes", "store_watch_history_memory_bytes", "store_live_watchers", "store_live_buffer_events",
         "store_live_buffer_events_limit", "apiserver_connections", "apiserver_connections_limit"] {
         assert!(value(&text, name).is_some(), "{name} missing from /metrics");
         assert!(text.contains(&format!("# HELP {name} ")), "{name} has no HELP text");

@@ -273,8 +273,8 @@ fn roll_back(db: &Database, u: &Unresolved, state: &State) -> Result<(), StoreEr
     {
         let mut objects = txn.open_table(OBJECTS).map_err(backend("open objects"))?;
         for key in &u.keys {
-            match state.objects.get(key) {
-                Some(kv) => objects.insert(key.as_str(), encode(kv).as_slice()).map(drop),
+            match state.get(key) {
+                Some(kv) => objects.insert(key.as_str(), encode(&kv).as_slice()).map(drop),
                 None => objects.remove(key.as_str()).map(drop),
             }
             .map_err(backend("roll back"))?;

@@ -343,7 +343,7 @@ fn recover(db: &Database, path: &Path, limits: HistoryLimits) -> Result<Recovere
                 )));
             }
             let ms = record.unix_ms;
-            let event = event_of(&state.objects, record)?;
+            let event = event_of(state.get(&record.key), record)?;
             let event = state.apply_at(event, when(ms).unwrap_or(now));
             replayed.push((event, ms));
         }
@@ -375,9 +375,8 @@ fn new_epoch() -> u64 {
     (nanos ^ (u64::from(std::process::id()) << 32)).max(1)
 }
 
-/// The event a log record makes on `objects`, the state just before it.
-fn event_of(objects: &BTreeMap<String, KeyValue>, r: Record) -> Result<Event, StoreError> {
-    let prev = objects.get(&r.key).cloned();
+/// The event a log record makes on its key's value just before it, `prev`.
+fn event_of(prev: Option<KeyValue>, r: Record) -> Result<Event, StoreError> {
     let inconsistent = |what: &str| {
         StoreError::Backend(format!("the store's log {what} {} at revision {}, which does not match", r.key, r.revision))
     };
@@ -795,7 +794,7 @@ pub(crate) fn overlay_log(path: &Path, db: &impl ReadableDatabase, snapshot: &mu
                 return Err(StoreError::Backend(format!("the store's log {} has a gap", seg.display())));
             }
             snapshot.revision = record.revision;
-            let event = event_of(&objects, record)?;
+            let event = event_of(objects.get(&record.key).cloned(), record)?;
             match event.kind {
                 EventKind::Deleted => objects.remove(&event.kv.key),
                 _ => objects.insert(event.kv.key.clone(), event.kv),

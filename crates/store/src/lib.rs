@@ -18,6 +18,7 @@ mod error;
 mod etcd;
 mod local_etcd;
 mod local;
+mod packed;
 mod snapshot;
 mod state;
 mod wal;
@@ -163,6 +164,8 @@ pub struct Retention {
     pub objects: usize,
     /// Bytes of the objects' serialized values.
     pub object_bytes: usize,
+    /// The bytes those values take in memory, compressed (their per-kind dictionaries not counted).
+    pub object_memory_bytes: usize,
     /// Events kept for watchers to resume from, and the bytes of their values.
     pub history_events: usize,
     pub history_bytes: usize,

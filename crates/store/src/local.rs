@@ -78,7 +78,7 @@ impl LocalStore {
     /// Every object at the current revision: a consistent cut, since writes reach memory only
     /// after their commit and under the same lock this read takes.
     pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
-        self.read(|s| Snapshot { revision: s.revision, items: s.objects.values().cloned().collect() })
+        self.read(|s| Snapshot { revision: s.revision, items: s.all() })
     }
 
     /// Every object of the redb file at `path` (not open in any process), at its last revision.

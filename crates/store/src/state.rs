@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::broadcast;
 
+use crate::packed::{Packed, Packer};
 use crate::{Event, EventKind, KeyValue, ListResult, Retention, Revision, StoreError};
 
 /// How much write history is kept for watches to replay.
@@ -130,8 +131,33 @@ pub(crate) enum Write {
     Delete { key: String, expected: Option<Revision> },
 }
 
+/// A current object as the state holds it: its value packed (most of the state's memory is these),
+/// and, while its latest write is still in the history in memory, the value as written too,
+/// shared with that event, so the reads and the next write that come soon after a write unpack
+/// nothing.
+struct Stored {
+    value: Packed,
+    recent: Option<Bytes>,
+    create_revision: Revision,
+    mod_revision: Revision,
+}
+
+impl Stored {
+    fn value(&self) -> Bytes {
+        match &self.recent {
+            Some(v) => v.clone(),
+            None => self.value.unpack(),
+        }
+    }
+
+    fn kv(&self, key: &str) -> KeyValue {
+        KeyValue { key: key.to_string(), value: self.value(), create_revision: self.create_revision, mod_revision: self.mod_revision }
+    }
+}
+
 pub(crate) struct State {
-    pub(crate) objects: BTreeMap<String, KeyValue>,
+    objects: BTreeMap<String, Stored>,
+    packer: Packer,
     pub(crate) revision: Revision,
     /// The whole history's events, oldest first: what the limits count.
     ledger: VecDeque<Entry>,
@@ -155,8 +181,17 @@ pub(crate) struct State {
 
 impl State {
     pub(crate) fn new(objects: BTreeMap<String, KeyValue>, revision: Revision, limits: HistoryLimits) -> Self {
+        let mut packer = Packer::default();
+        let objects = objects
+            .into_iter()
+            .map(|(key, kv)| {
+                let value = packer.pack(&key, &kv.value);
+                (key, Stored { value, recent: None, create_revision: kv.create_revision, mod_revision: kv.mod_revision })
+            })
+            .collect();
         State {
             objects,
+            packer,
             revision,
             ledger: VecDeque::new(),
             history_bytes: 0,
@@ -182,7 +217,7 @@ impl State {
         let current = |key: &str| -> Option<KeyValue> {
             match pending.get(key) {
                 Some(v) => v.clone(),
-                None => self.objects.get(key).cloned(),
+                None => self.get(key),
             }
         };
         let check = |key: &str, cur: &KeyValue, expected: Option<Revision>| match expected {
@@ -231,7 +266,15 @@ impl State {
                 self.objects.remove(&event.kv.key);
             }
             _ => {
-                self.objects.insert(event.kv.key.clone(), event.kv.clone());
+                let kv = &event.kv;
+                let value = self.packer.pack(&kv.key, &kv.value);
+                let stored = Stored {
+                    value,
+                    recent: Some(kv.value.clone()),
+                    create_revision: kv.create_revision,
+                    mod_revision: kv.mod_revision,
+                };
+                self.objects.insert(kv.key.clone(), stored);
             }
         }
         let event = Arc::new(event);
@@ -287,6 +330,12 @@ impl State {
             }
             self.memory_from = oldest.revision();
             self.memory_bytes -= oldest.kv.value.len();
+            // The object's value as written goes with its last write: the packed one stays.
+            if let Some(current) = self.objects.get_mut(&oldest.kv.key)
+                && current.mod_revision == oldest.revision()
+            {
+                current.recent = None;
+            }
             self.history.pop_front();
         }
     }
@@ -369,7 +418,8 @@ impl State {
         let feeds = self.feeds.lock().unwrap_or_else(|e| e.into_inner());
         Retention {
             objects: self.objects.len(),
-            object_bytes: self.objects.values().map(|kv| kv.value.len()).sum(),
+            object_bytes: self.objects.values().map(|s| s.value.len()).sum(),
+            object_memory_bytes: self.objects.values().map(|s| s.value.memory()).sum(),
             history_events: self.ledger.len(),
             history_bytes: self.history_bytes,
             history_memory_bytes: self.memory_bytes,
@@ -380,7 +430,12 @@ impl State {
     }
 
     pub(crate) fn get(&self, key: &str) -> Option<KeyValue> {
-        self.objects.get(key).cloned()
+        self.objects.get(key).map(|s| s.kv(key))
+    }
+
+    /// Every current object, in key order.
+    pub(crate) fn all(&self) -> Vec<KeyValue> {
+        self.objects.iter().map(|(k, s)| s.kv(k)).collect()
     }
 
     pub(crate) fn list(&self, prefix: &str, start_after: Option<&str>, limit: Option<usize>) -> ListResult {
@@ -398,7 +453,7 @@ impl State {
                 more = true;
                 break;
             }
-            items.push(v.clone());
+            items.push(v.kv(k));
         }
         ListResult { items, revision: self.revision, more }
     }
@@ -448,19 +503,19 @@ impl State {
         loop {
             let next = match (now.peek(), changed.peek()) {
                 (None, None) => break,
-                (Some((k, _)), Some((c, _))) if k.as_str() < *c => now.next().map(|(_, v)| Some(v)),
+                (Some((k, _)), Some((c, _))) if k.as_str() < *c => now.next().map(|(k, v)| Some(v.kv(k))),
                 (Some((k, _)), Some((c, _))) if k.as_str() == *c => {
                     now.next();
-                    changed.next().map(|(_, v)| v)
+                    changed.next().map(|(_, v)| v.cloned())
                 }
-                (Some(_), None) => now.next().map(|(_, v)| Some(v)),
-                _ => changed.next().map(|(_, v)| v),
+                (Some(_), None) => now.next().map(|(k, v)| Some(v.kv(k))),
+                _ => changed.next().map(|(_, v)| v.cloned()),
             };
             let Some(Some(kv)) = next else { continue };
             if limit.is_some_and(|l| items.len() >= l) {
                 return ListAt::Done(Ok(ListResult { items, revision: at, more: true }));
             }
-            items.push(kv.clone());
+            items.push(kv);
         }
         ListAt::Done(Ok(ListResult { items, revision: at, more: false }))
     }
