@@ -6,7 +6,7 @@
 //! reads each event once, finds the node it is and was bound to, and hands it only to the watches
 //! of those nodes (which then apply their whole selector, as any watch does).
 //!
-//! A hub keeps its last [`HISTORY`] events, so that a watch starting a little in the past (after a
+//! A hub keeps its last [`HISTORY`] events, at most [`HISTORY_BYTES`] of values, so that a watch starting a little in the past (after a
 //! list, or resuming after a timeout) is served from it without a gap: the replay and the
 //! registration happen under one lock. A watch from before that is served by the store directly.
 //! A watch that falls [`QUEUE`] events behind is ended, as a timeout ends it; its client watches
@@ -27,6 +27,10 @@ use tracing::debug;
 pub(crate) const NODE_FIELD: &str = "spec.nodeName";
 /// Events a hub keeps for watches that start in the past.
 const HISTORY: usize = 10_000;
+/// Bytes of object values (each event's value and the one before it) a hub keeps alive for them:
+/// the store keeps its own history in memory to a like bound, and at 10,000 pods the last
+/// 10,000 events would hold the last version of nearly every pod in full.
+const HISTORY_BYTES: usize = 8 * 1024 * 1024;
 /// Events a watch may fall behind before it is ended.
 const QUEUE: usize = 1_000;
 
@@ -41,6 +45,11 @@ struct Routed {
     event: Arc<Event>,
     now: Option<Box<str>>,
     before: Option<Box<str>>,
+}
+
+/// The bytes of object values `event` holds.
+fn value_bytes(event: &Event) -> usize {
+    event.kv.value.len() + event.prev.as_ref().map_or(0, |p| p.value.len())
 }
 
 impl Routed {
@@ -67,6 +76,8 @@ struct HubState {
     base: Revision,
     /// The last events dispatched, oldest first (all after `base`).
     history: VecDeque<Routed>,
+    /// The bytes of values in `history`.
+    history_bytes: usize,
     subscribers: HashMap<u64, Subscriber>,
     by_node: HashMap<String, Vec<u64>>,
     next_id: u64,
@@ -103,12 +114,13 @@ impl HubState {
                 self.remove(id);
             }
         }
-        if self.history.len() == HISTORY
-            && let Some(oldest) = self.history.pop_front()
-        {
+        self.history_bytes += value_bytes(&routed.event);
+        self.history.push_back(routed);
+        while self.history.len() > 1 && (self.history.len() > HISTORY || self.history_bytes > HISTORY_BYTES) {
+            let Some(oldest) = self.history.pop_front() else { break };
+            self.history_bytes -= value_bytes(&oldest.event);
             self.base = oldest.event.revision();
         }
-        self.history.push_back(routed);
     }
 }
 
@@ -301,5 +313,31 @@ mod tests {
         // Its client watches again from where it was: served from the hub's memory.
         let again = hubs.watch(&store, PREFIX, vec!["a".into()], start).await.expect("watch");
         assert!(again.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_hub_remembers_values_up_to_its_byte_bound_and_leaves_older_watches_to_the_store() {
+        let store: Arc<dyn Store> = Arc::new(LocalStore::in_memory(Default::default()));
+        let hubs = NodeWatches::default();
+        let start = store.revision().await.expect("revision");
+        let mut live = hubs.watch(&store, PREFIX, vec!["a".into()], start).await.expect("watch").expect("served");
+        // Each create holds a 100 KiB value: the hub keeps the newest 8 MiB of them.
+        let big = "x".repeat(100 * 1024);
+        let mut revisions = Vec::new();
+        for i in 0..120 {
+            let value = json!({"metadata": {"name": format!("p{i}")}, "spec": {"nodeName": "a"}, "data": big}).to_string();
+            revisions.push(store.create(&format!("{PREFIX}default/p{i}"), value.into()).await.expect("create").mod_revision);
+            names(&mut live, 1).await;
+        }
+        let hub = hubs.hub(&store, PREFIX).await.expect("hub");
+        let (kept, bytes) = {
+            let state = hub.lock();
+            (state.history.len(), state.history_bytes)
+        };
+        assert!(bytes <= HISTORY_BYTES && kept < 120 && kept > 60, "{kept} events, {bytes} bytes kept");
+        // A watch from within what is kept is served by the hub, from before it by the store.
+        let recent = revisions[120 - kept];
+        assert!(hubs.watch(&store, PREFIX, vec!["a".into()], recent).await.expect("watch").is_some());
+        assert!(hubs.watch(&store, PREFIX, vec!["a".into()], recent - 2).await.expect("watch").is_none());
     }
 }
