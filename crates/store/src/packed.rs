@@ -5,16 +5,17 @@
 //! `managedFields`, often the same template. One stored value of the kind, used as a raw-content
 //! dictionary, lets zstd write the others as little more than what differs (a 3.8 KB pod of a
 //! Deployment packs into about a hundred bytes; zstd alone gets about a third). The kind is the
-//! key up to its second `/` after the first character (`/registry/pods/`).
+//! key up to its fourth `/` (`/registry/core/pods/`).
 //!
-//! A kind's dictionary is its first value that is neither tiny nor huge. When values stop
-//! resembling it (a value does not shrink to half), and enough values were packed against it, the
-//! next such value becomes the dictionary; values packed before keep the dictionary they were
-//! packed with alive (its bytes only: the prepared compression tables are kept for the current
-//! one).
+//! A kind's dictionary starts as its first value that is neither tiny nor huge. An object goes
+//! through a few shapes (a pod pending, bound, running), so when a value packs poorly (to more
+//! than a tenth of its size) and enough values were packed since the dictionary last changed, the
+//! value is added to the dictionary, whose oldest samples go beyond [`DICTIONARY_BYTES`]. Values
+//! packed before keep the dictionary they were packed with alive (its bytes only: the prepared
+//! compression tables are kept for the current one).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -22,10 +23,11 @@ use zstd_safe::{CCtx, CDict, DCtx};
 
 /// Values shorter than this are kept as they are.
 const SMALLEST_PACKED: usize = 64;
-/// Largest value that becomes a dictionary: a dictionary's prepared tables cost memory, and a
-/// huge value is rarely like the others.
-const LARGEST_DICTIONARY: usize = 16 * 1024;
-/// Values a dictionary packs before a value unlike it may replace it.
+/// Largest value that joins a dictionary: a huge value is rarely like the others.
+const LARGEST_SAMPLE: usize = 16 * 1024;
+/// Most bytes of samples a dictionary holds (its prepared tables grow with it).
+const DICTIONARY_BYTES: usize = 32 * 1024;
+/// Values a dictionary packs before a value packed poorly against it may join it.
 const DICTIONARY_TENURE: u32 = 256;
 /// zstd's level: its fastest, which with a dictionary compresses about as well as the next ones.
 const LEVEL: i32 = 1;
@@ -98,7 +100,10 @@ impl Packed {
 
 /// The current dictionary of one kind.
 struct Current {
+    /// The samples, oldest first, one after the other.
     bytes: Arc<[u8]>,
+    /// The length of each sample in `bytes`.
+    samples: VecDeque<usize>,
     prepared: CDict<'static>,
     packed: u32,
 }
@@ -109,11 +114,11 @@ pub(crate) struct Packer {
     kinds: HashMap<Box<str>, Current>,
 }
 
-/// The part of `key` that names its kind: up to its second `/` after the first character.
+/// The part of `key` that names its kind: up to its fourth `/`, or its last one if it has fewer.
 fn kind_of(key: &str) -> &str {
-    let mut slashes = key.char_indices().skip(1).filter(|(_, c)| *c == '/');
-    match slashes.nth(1) {
-        Some((i, _)) => &key[..=i],
+    let mut slashes = key.match_indices('/').map(|(i, _)| i);
+    match slashes.nth(3).or_else(|| key.rfind('/')) {
+        Some(i) => &key[..=i],
         None => "",
     }
 }
@@ -125,22 +130,33 @@ impl Packer {
             return Packed::Raw(value.clone());
         }
         let kind = kind_of(key);
+        let mut samples = (Vec::new(), VecDeque::new());
         if let Some(current) = self.kinds.get_mut(kind) {
             current.packed = current.packed.saturating_add(1);
             let packed = compress(value, Some(current));
-            let alike = packed.as_ref().is_some_and(|p| p.len() * 2 <= value.len());
-            if alike || current.packed < DICTIONARY_TENURE || value.len() > LARGEST_DICTIONARY {
+            let well = packed.as_ref().is_some_and(|p| p.len() * 10 <= value.len());
+            if well || current.packed < DICTIONARY_TENURE || value.len() > LARGEST_SAMPLE {
                 return finish(value, packed, Some(current.bytes.clone()));
             }
-        }
-        // The kind's first value, or one unlike its dictionary: it becomes the dictionary.
-        if value.len() > LARGEST_DICTIONARY {
+            // The value joins the dictionary, its oldest samples making room.
+            let mut kept = current.samples.clone();
+            let mut from = 0;
+            while kept.iter().sum::<usize>() + value.len() > DICTIONARY_BYTES
+                && let Some(oldest) = kept.pop_front()
+            {
+                from += oldest;
+            }
+            samples = (current.bytes[from..].to_vec(), kept);
+        } else if value.len() > LARGEST_SAMPLE {
             return finish(value, compress(value, None), None);
         }
-        let Some(prepared) = CDict::try_create(value, LEVEL) else {
+        let (mut bytes, mut lengths) = samples;
+        bytes.extend_from_slice(value);
+        lengths.push_back(value.len());
+        let Some(prepared) = CDict::try_create(&bytes, LEVEL) else {
             return finish(value, compress(value, None), None);
         };
-        let current = Current { bytes: Arc::from(&value[..]), prepared, packed: 0 };
+        let current = Current { bytes: Arc::from(bytes), samples: lengths, prepared, packed: 0 };
         let current = self.kinds.entry(kind.into()).insert_entry(current).into_mut();
         finish(value, compress(value, Some(current)), Some(current.bytes.clone()))
     }
@@ -183,10 +199,10 @@ mod tests {
         let mut p = Packer::default();
         let mut values = vec![Bytes::new(), Bytes::from_static(b"short"), Bytes::from(vec![7u8; 100_000])];
         values.extend((0..600).map(|i| pod(&format!("web-{i}"), &format!("node-{}", i % 7))));
-        // Values unlike the kind's dictionary, past its tenure: they replace it.
+        // Values unlike the kind's dictionary, past its tenure: they join it, pushing the oldest out.
         values.extend((0..50).map(|i| Bytes::from(format!("{i:>200}").repeat(3 + i % 5))));
         values.extend((0..10u8).map(|i| Bytes::from((0..=255u8).map(|b| b.wrapping_mul(31).wrapping_add(i)).collect::<Vec<_>>())));
-        let packed: Vec<Packed> = values.iter().enumerate().map(|(i, v)| p.pack(&format!("/registry/pods/ns/{i}"), v)).collect();
+        let packed: Vec<Packed> = values.iter().enumerate().map(|(i, v)| p.pack(&format!("/registry/core/pods/ns/{i}"), v)).collect();
         for (v, pk) in values.iter().zip(&packed) {
             assert_eq!(&pk.unpack(), v);
             assert_eq!(pk.len(), v.len());
@@ -198,15 +214,40 @@ mod tests {
         let mut p = Packer::default();
         let values: Vec<Bytes> = (0..100).map(|i| pod(&format!("web-{i}"), "node-1")).collect();
         let raw: usize = values.iter().map(Bytes::len).sum();
-        let packed: usize = values.iter().map(|v| p.pack("/registry/pods/default/x", v).memory()).sum();
+        let packed: usize = values.iter().map(|v| p.pack("/registry/core/pods/default/x", v).memory()).sum();
         assert!(packed * 10 < raw, "{packed} bytes packed from {raw}");
     }
 
+    /// A pod as it runs: the pending pod's fields and a status unlike anything in them.
+    fn running(name: &str) -> Bytes {
+        let conditions: Vec<String> =
+            ["Initialized", "Ready", "ContainersReady", "PodScheduled"].iter().map(|c| format!(r#"{{"type":"{c}","status":"True"}}"#)).collect();
+        let pending = pod(name, "node-1");
+        let status = format!(r#","status":{{"phase":"Running","conditions":[{}],"podIP":"10.0.0.9"}}}}"#, conditions.join(","));
+        Bytes::from([&pending[..pending.len() - 1], status.as_bytes()].concat())
+    }
+
     #[test]
-    fn a_kind_is_the_key_up_to_its_second_slash() {
-        assert_eq!(kind_of("/registry/pods/default/web-0"), "/registry/pods/");
-        assert_eq!(kind_of("/registry/nodes/n1"), "/registry/nodes/");
+    fn a_new_shape_of_a_kinds_values_joins_its_dictionary_and_the_old_shape_still_packs() {
+        let mut p = Packer::default();
+        let key = "/registry/core/pods/default/x";
+        let packed = |p: &mut Packer, v: Bytes| (p.pack(key, &v).memory(), v.len());
+        for i in 0..DICTIONARY_TENURE + 10 {
+            packed(&mut p, pod(&format!("web-{i}"), "node-1"));
+        }
+        let first_running = packed(&mut p, running("web-a"));
+        let (pending, raw) = (0..50).map(|i| packed(&mut p, pod(&format!("late-{i}"), "node-2"))).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        assert!(pending * 10 < raw, "pending pods after the change: {pending} bytes packed from {raw}");
+        let (run, raw) = (0..50).map(|i| packed(&mut p, running(&format!("run-{i}")))).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        assert!(run * 10 < raw, "running pods: {run} bytes packed from {raw}");
+        assert!(first_running.0 * 10 < first_running.1, "the value that joined packs against itself: {first_running:?}");
+    }
+
+    #[test]
+    fn a_kind_is_the_key_up_to_its_fourth_slash() {
+        assert_eq!(kind_of("/registry/core/pods/default/web-0"), "/registry/core/pods/");
+        assert_eq!(kind_of("/registry/core/nodes/n1"), "/registry/core/nodes/");
+        assert_eq!(kind_of("/k/1"), "/k/");
         assert_eq!(kind_of("plain"), "");
-        assert_eq!(kind_of("/a"), "");
     }
 }
