@@ -29,11 +29,14 @@
 //!   (BENCHMARKS.md section 3, 4, 5).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+
+use bytes::Bytes;
 
 use serde_json::Value;
 use shepherd_api::JsonPath;
 use shepherd_api::digest::{SetDigest, bucket_of};
+use shepherd_pack::{Packed, Packer};
 
 use crate::view::PodView;
 
@@ -104,6 +107,8 @@ pub struct Cache {
     pod_views: bool,
     /// Which objects are kept as their JSON text.
     text: TextPolicy,
+    /// Packs that text (objects of one kind pack to a few percent of it against each other).
+    packer: Mutex<Packer>,
 }
 
 /// Which objects a cache keeps as their JSON text instead of parsed.
@@ -130,9 +135,9 @@ impl std::fmt::Debug for Cache {
 #[derive(Debug)]
 enum Body {
     Parsed(Arc<Value>),
-    /// The object as `serde_json::to_vec` wrote it (parsing it gives back an equal `Value`), and
-    /// the parsed copy handed out last, while anyone still holds it.
-    Text { json: Arc<[u8]>, parsed: Weak<Value> },
+    /// The object as `serde_json::to_vec` wrote it (parsing it gives back an equal `Value`),
+    /// packed, and the parsed copy handed out last, while anyone still holds it.
+    Text { json: Packed, parsed: Weak<Value> },
 }
 
 /// One cached object, with what the indexes and revision checks read of it and its view when the
@@ -171,7 +176,7 @@ impl Entry {
 /// An object taken out of the cache, to parse (if it must be) after the lock is released.
 enum Handle {
     Parsed(Arc<Value>),
-    Text(Arc<[u8]>, Weak<Value>),
+    Text(Packed, Weak<Value>),
 }
 
 impl Handle {
@@ -179,7 +184,7 @@ impl Handle {
     fn value(self) -> Option<Arc<Value>> {
         match self {
             Handle::Parsed(obj) => Some(obj),
-            Handle::Text(json, parsed) => parsed.upgrade().or_else(|| serde_json::from_slice(&json).ok().map(Arc::new)),
+            Handle::Text(json, parsed) => parsed.upgrade().or_else(|| serde_json::from_slice(&json.unpack()).ok().map(Arc::new)),
         }
     }
 }
@@ -308,7 +313,7 @@ struct Admitted {
     rv: Option<u64>,
     index: IndexValues,
     view: Option<PodView>,
-    json: Option<Arc<[u8]>>,
+    json: Option<Packed>,
 }
 
 impl Admitted {
@@ -586,7 +591,8 @@ impl Cache {
             TextPolicy::All => true,
         };
         let json = if text && depth_at_most(&obj, TEXT_DEPTH) {
-            serde_json::to_vec(&obj).ok().map(Arc::from)
+            let text = serde_json::to_vec(&obj).ok().map(Bytes::from);
+            text.map(|t| self.packer.lock().unwrap_or_else(|e| e.into_inner()).pack("", &t))
         } else {
             None
         };

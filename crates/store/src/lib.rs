@@ -18,7 +18,6 @@ mod error;
 mod etcd;
 mod local_etcd;
 mod local;
-mod packed;
 mod snapshot;
 mod state;
 mod wal;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::broadcast;
 
-use crate::packed::{Packed, Packer};
+use shepherd_pack::{Packed, Packer, kind_of};
 use crate::{Event, EventKind, KeyValue, ListResult, Retention, Revision, StoreError};
 
 /// How much write history is kept for watches to replay.
@@ -185,7 +185,7 @@ impl State {
         let objects = objects
             .into_iter()
             .map(|(key, kv)| {
-                let value = packer.pack(&key, &kv.value);
+                let value = packer.pack(kind_of(&key), &kv.value);
                 (key, Stored { value, recent: None, create_revision: kv.create_revision, mod_revision: kv.mod_revision })
             })
             .collect();
@@ -267,7 +267,7 @@ impl State {
             }
             _ => {
                 let kv = &event.kv;
-                let value = self.packer.pack(&kv.key, &kv.value);
+                let value = self.packer.pack(kind_of(&kv.key), &kv.value);
                 let stored = Stored {
                     value,
                     recent: Some(kv.value.clone()),

@@ -1,11 +1,11 @@
-//! Object values as the state keeps them between writes: compressed with zstd against a
-//! dictionary per kind.
+//! Values kept compressed in memory: zstd against a dictionary per kind, learnt from the values.
+//! The store keeps its current objects so, and the informer caches their objects' text.
 //!
 //! The objects of one kind are mostly the same JSON: the same field names, the same
 //! `managedFields`, often the same template. One stored value of the kind, used as a raw-content
 //! dictionary, lets zstd write the others as little more than what differs (a 3.8 KB pod of a
-//! Deployment packs into about a hundred bytes; zstd alone gets about a third). The kind is the
-//! key up to its fourth `/` (`/registry/core/pods/`).
+//! Deployment packs into about a hundred bytes; zstd alone gets about a third). The caller names
+//! the kind of each value ([`kind_of`] reads it from a store key).
 //!
 //! A kind's dictionary starts as its first value that is neither tiny nor huge. An object goes
 //! through a few shapes (a pod pending, bound, running), so when a value packs poorly (to more
@@ -34,7 +34,7 @@ const LEVEL: i32 = 1;
 
 /// One stored value, packed or not.
 #[derive(Clone)]
-pub(crate) enum Packed {
+pub enum Packed {
     Raw(Bytes),
     /// `dictionary`: the bytes it was packed against, which unpacking needs.
     Zstd { dictionary: Option<Arc<[u8]>>, data: Box<[u8]>, len: u32 },
@@ -63,7 +63,7 @@ fn with_contexts<T>(f: impl FnOnce(&mut CCtx<'static>, &mut DCtx<'static>) -> T)
 
 impl Packed {
     /// The value's length as written.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         match self {
             Packed::Raw(b) => b.len(),
             Packed::Zstd { len, .. } => *len as usize,
@@ -71,7 +71,7 @@ impl Packed {
     }
 
     /// The bytes this value takes in memory (its dictionary not counted: many values share it).
-    pub(crate) fn memory(&self) -> usize {
+    pub fn memory(&self) -> usize {
         match self {
             Packed::Raw(b) => b.len(),
             Packed::Zstd { data, .. } => data.len(),
@@ -79,7 +79,7 @@ impl Packed {
     }
 
     /// The value as written.
-    pub(crate) fn unpack(&self) -> Bytes {
+    pub fn unpack(&self) -> Bytes {
         let (dictionary, data, len) = match self {
             Packed::Raw(b) => return b.clone(),
             Packed::Zstd { dictionary, data, len } => (dictionary, data, *len as usize),
@@ -110,12 +110,13 @@ struct Current {
 
 /// Packs values, choosing each kind's dictionary.
 #[derive(Default)]
-pub(crate) struct Packer {
+pub struct Packer {
     kinds: HashMap<Box<str>, Current>,
 }
 
-/// The part of `key` that names its kind: up to its fourth `/`, or its last one if it has fewer.
-fn kind_of(key: &str) -> &str {
+/// The part of a store key that names its kind: up to its fourth `/` (`/registry/core/pods/`), or
+/// its last one if it has fewer.
+pub fn kind_of(key: &str) -> &str {
     let mut slashes = key.match_indices('/').map(|(i, _)| i);
     match slashes.nth(3).or_else(|| key.rfind('/')) {
         Some(i) => &key[..=i],
@@ -124,12 +125,11 @@ fn kind_of(key: &str) -> &str {
 }
 
 impl Packer {
-    /// Packs `value`, written under `key`.
-    pub(crate) fn pack(&mut self, key: &str, value: &Bytes) -> Packed {
+    /// Packs `value`, a value of `kind`.
+    pub fn pack(&mut self, kind: &str, value: &Bytes) -> Packed {
         if value.len() < SMALLEST_PACKED || u32::try_from(value.len()).is_err() {
             return Packed::Raw(value.clone());
         }
-        let kind = kind_of(key);
         let mut samples = (Vec::new(), VecDeque::new());
         if let Some(current) = self.kinds.get_mut(kind) {
             current.packed = current.packed.saturating_add(1);
@@ -202,7 +202,7 @@ mod tests {
         // Values unlike the kind's dictionary, past its tenure: they join it, pushing the oldest out.
         values.extend((0..50).map(|i| Bytes::from(format!("{i:>200}").repeat(3 + i % 5))));
         values.extend((0..10u8).map(|i| Bytes::from((0..=255u8).map(|b| b.wrapping_mul(31).wrapping_add(i)).collect::<Vec<_>>())));
-        let packed: Vec<Packed> = values.iter().enumerate().map(|(i, v)| p.pack(&format!("/registry/core/pods/ns/{i}"), v)).collect();
+        let packed: Vec<Packed> = values.iter().enumerate().map(|(i, v)| p.pack("pods", v)).collect();
         for (v, pk) in values.iter().zip(&packed) {
             assert_eq!(&pk.unpack(), v);
             assert_eq!(pk.len(), v.len());
@@ -214,7 +214,7 @@ mod tests {
         let mut p = Packer::default();
         let values: Vec<Bytes> = (0..100).map(|i| pod(&format!("web-{i}"), "node-1")).collect();
         let raw: usize = values.iter().map(Bytes::len).sum();
-        let packed: usize = values.iter().map(|v| p.pack("/registry/core/pods/default/x", v).memory()).sum();
+        let packed: usize = values.iter().map(|v| p.pack("pods", v).memory()).sum();
         assert!(packed * 10 < raw, "{packed} bytes packed from {raw}");
     }
 
@@ -230,7 +230,7 @@ mod tests {
     #[test]
     fn a_new_shape_of_a_kinds_values_joins_its_dictionary_and_the_old_shape_still_packs() {
         let mut p = Packer::default();
-        let key = "/registry/core/pods/default/x";
+        let key = "pods";
         let packed = |p: &mut Packer, v: Bytes| (p.pack(key, &v).memory(), v.len());
         for i in 0..DICTIONARY_TENURE + 10 {
             packed(&mut p, pod(&format!("web-{i}"), "node-1"));
