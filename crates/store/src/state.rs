@@ -136,7 +136,7 @@ pub(crate) enum Write {
 /// shared with that event, so the reads and the next write that come soon after a write unpack
 /// nothing.
 struct Stored {
-    value: Packed,
+    packed: Packed,
     recent: Option<Bytes>,
     create_revision: Revision,
     mod_revision: Revision,
@@ -146,7 +146,7 @@ impl Stored {
     fn value(&self) -> Bytes {
         match &self.recent {
             Some(v) => v.clone(),
-            None => self.value.unpack(),
+            None => self.packed.unpack(),
         }
     }
 
@@ -185,8 +185,8 @@ impl State {
         let objects = objects
             .into_iter()
             .map(|(key, kv)| {
-                let value = packer.pack(kind_of(&key), &kv.value);
-                (key, Stored { value, recent: None, create_revision: kv.create_revision, mod_revision: kv.mod_revision })
+                let packed = packer.pack(kind_of(&key), &kv.value);
+                (key, Stored { packed, recent: None, create_revision: kv.create_revision, mod_revision: kv.mod_revision })
             })
             .collect();
         State {
@@ -267,9 +267,8 @@ impl State {
             }
             _ => {
                 let kv = &event.kv;
-                let value = self.packer.pack(kind_of(&kv.key), &kv.value);
                 let stored = Stored {
-                    value,
+                    packed: self.packer.pack(kind_of(&kv.key), &kv.value),
                     recent: Some(kv.value.clone()),
                     create_revision: kv.create_revision,
                     mod_revision: kv.mod_revision,
@@ -416,10 +415,12 @@ impl State {
 
     pub(crate) fn retention(&self) -> Retention {
         let feeds = self.feeds.lock().unwrap_or_else(|e| e.into_inner());
+        let (object_bytes, object_memory_bytes) =
+            self.objects.values().fold((0, 0), |(bytes, memory), s| (bytes + s.packed.unpacked_len(), memory + s.packed.memory()));
         Retention {
             objects: self.objects.len(),
-            object_bytes: self.objects.values().map(|s| s.value.len()).sum(),
-            object_memory_bytes: self.objects.values().map(|s| s.value.memory()).sum(),
+            object_bytes,
+            object_memory_bytes,
             history_events: self.ledger.len(),
             history_bytes: self.history_bytes,
             history_memory_bytes: self.memory_bytes,
