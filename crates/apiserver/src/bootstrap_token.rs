@@ -267,7 +267,7 @@ pub async fn sign_cluster_info(svc: &ApiService) -> Result<bool, ApiError> {
         Err(e) => return Err(e),
     };
     let page = svc.list(&kinds::SECRET, Some(NAMESPACE), &ListOptions::default()).await?;
-    let secrets = page.items.iter().map(crate::codec::decode).collect::<Result<Vec<_>, _>>()?;
+    let secrets = page.items.iter().map(crate::codec::decode_listed).collect::<Result<Vec<_>, _>>()?;
     let tokens = signing_tokens(&secrets, jiff::Timestamp::now());
     let data_of = |cm: &Value| cm.get("data").and_then(Value::as_object).cloned().unwrap_or_default();
     if with_signatures(&data_of(&info), &tokens).is_none() {
@@ -368,7 +368,7 @@ pub async fn remove_expired(svc: &ApiService) -> Result<usize, ApiError> {
     let now = jiff::Timestamp::now();
     let mut removed = 0;
     for kv in &page.items {
-        let secret = crate::codec::decode(kv)?;
+        let secret = crate::codec::decode_listed(kv)?;
         let name = secret.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
         if secret.at("/type").and_then(Value::as_str) != Some(SECRET_TYPE) || !is_expired(&secret, now) {
             continue;

@@ -422,7 +422,7 @@ async fn reconcile_all(svc: &ApiService, ca: &ClusterCa, duration: Duration) -> 
     let res: &ResourceInfo = &kinds::CERTIFICATESIGNINGREQUEST;
     let page = svc.list(res, None, &ListOptions::default()).await?;
     for kv in &page.items {
-        let csr = crate::codec::decode(kv)?;
+        let csr = crate::codec::decode_listed(kv)?;
         let name = str_at(&csr, "/metadata/name").to_string();
         if let Err(e) = reconcile(svc, ca, duration, &csr, &name).await {
             tracing::warn!(csr = %name, error = %e, "certificate signing request not handled");

@@ -80,7 +80,7 @@ impl Client for LocalClient {
             ..Default::default()
         };
         let page = self.svc.list(res, params.namespace.as_deref(), &opts).await?;
-        let items: Result<Vec<Value>, ApiError> = page.items.iter().map(codec::decode).collect();
+        let items: Result<Vec<Value>, ApiError> = page.items.iter().map(codec::decode_listed).collect();
         Ok(ObjectList { items: items?, resource_version: page.revision })
     }
 

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use shepherd_api::ApiError;
 use shepherd_api::selector::Selection;
-use shepherd_store::{KeyValue, Revision};
+use shepherd_store::{KeyValue, PackedKeyValue, Revision};
 
 const HEAD: &[u8] = br#"{"metadata":{"resourceVersion":""#;
 
@@ -93,6 +93,11 @@ pub(crate) fn decode(kv: &KeyValue) -> Result<Value, ApiError> {
 
 /// Whether `selection` selects the stored object (read straight from its stored text: no selector
 /// reads the resourceVersion the text lacks).
+/// A listed object as a JSON value, with its resourceVersion.
+pub(crate) fn decode_listed(kv: &PackedKeyValue) -> Result<Value, ApiError> {
+    decode(&kv.unpack())
+}
+
 pub(crate) fn selected(selection: &Selection, kv: &KeyValue) -> Result<bool, ApiError> {
     selection.matches_json(&kv.value).ok_or_else(|| ApiError::Internal(format!("stored object {} is not valid JSON", kv.key)))
 }

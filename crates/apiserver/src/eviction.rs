@@ -131,7 +131,7 @@ async fn covering_budget(svc: &ApiService, ns: &str, pod: &Value) -> Result<Opti
     let page = svc.list(&kinds::PODDISRUPTIONBUDGET, Some(ns), &ListOptions::default()).await?;
     let mut covering = Vec::new();
     for kv in &page.items {
-        let pdb = codec::decode(kv)?;
+        let pdb = codec::decode_listed(kv)?;
         let Some(selector) = pdb.at("/spec/selector").filter(|s| !s.is_null()) else { continue };
         if LabelSelector::from_k8s(selector).is_ok_and(|s| s.matches_object(pod)) {
             covering.push(pdb);

@@ -16,12 +16,13 @@ use serde_json::{Value, json};
 use shepherd_api::JsonPath;
 use shepherd_api::ApiError;
 use shepherd_api::kinds::{self, ResourceInfo};
+use shepherd_store::PackedKeyValue;
 
 use crate::codec;
 use crate::discovery;
 use crate::protobuf;
 use crate::service::{
-    ApiService, DeleteOptions, Deleted, ListOptions, Part, PatchType, RevisionMatch, Written, parse_resource_version,
+    ApiService, DeleteOptions, Deleted, ListOptions, ListPage, Part, PatchType, RevisionMatch, Written, parse_resource_version,
 };
 use crate::table;
 use crate::watch::{WatchOptions, WireEvent};
@@ -730,28 +731,14 @@ async fn handle(
             }
             let page = svc.list(res, ns, &list_options(query)?).await?;
             if wants_table(&headers) {
-                let objects: Result<Vec<Value>, ApiError> = page.items.iter().map(codec::decode).collect();
+                let objects: Result<Vec<Value>, ApiError> = page.items.iter().map(codec::decode_listed).collect();
                 let mut tbl = table::table(res, &objects?, &page.revision.to_string());
                 if let Some(c) = page.continue_token {
                     tbl["metadata"]["continue"] = json!(c);
                 }
                 return Ok(json_response(StatusCode::OK, tbl.to_string().into_bytes()));
             }
-            let mut out = Vec::with_capacity(page.items.iter().map(|kv| kv.value.len() + 24).sum::<usize>() + 256);
-            out.extend_from_slice(format!("{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{{\"resourceVersion\":\"{}\"",
-                res.list_kind(), res.api_version(), page.revision).as_bytes());
-            if let Some(c) = &page.continue_token {
-                out.extend_from_slice(format!(",\"continue\":\"{c}\"").as_bytes());
-            }
-            out.extend_from_slice(b"},\"items\":[");
-            for (i, kv) in page.items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                codec::render_into(kv, &mut out);
-            }
-            out.extend_from_slice(b"]}");
-            Ok(json_response(StatusCode::OK, out))
+            Ok(list_response(res, page))
         }
         (&Method::GET, Some(name), None) => {
             // A get reads the latest state; a revision newer than the store's is waited for.
@@ -929,7 +916,7 @@ async fn handle(
             let page = svc.list(res, ns, &list_options(query)?).await?;
             let mut deleted = Vec::new();
             for kv in &page.items {
-                let obj = codec::decode(kv)?;
+                let obj = codec::decode_listed(kv)?;
                 let name = obj.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
                 let item_ns = obj.at("/metadata/namespace").and_then(Value::as_str);
                 match svc.delete(res, item_ns, name, &opts).await {
@@ -949,6 +936,74 @@ async fn handle(
             res.plural,
             t.sub.as_deref().map(|s| format!("/{s}")).unwrap_or_default()
         ))),
+    }
+}
+
+/// A list body larger than this is sent as it is rendered, a chunk at a time, each object unpacked
+/// only when its chunk is: a page of 5,000 pods is about 15 MB of JSON, which rendered whole would
+/// sit in memory beside the objects it was rendered from.
+const STREAMED_LIST_BYTES: usize = 256 * 1024;
+/// About how much of a streamed list each chunk holds.
+const LIST_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Answers a page of a list as JSON: whole when small, streamed when large.
+fn list_response(res: &ResourceInfo, page: ListPage) -> Response {
+    let size = page.items.iter().map(|kv| kv.value.unpacked_len() + 24).sum::<usize>() + 256;
+    let mut head = format!("{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{{\"resourceVersion\":\"{}\"",
+        res.list_kind(), res.api_version(), page.revision);
+    if let Some(c) = &page.continue_token {
+        head.push_str(&format!(",\"continue\":\"{c}\""));
+    }
+    head.push_str("},\"items\":[");
+    let streamed = size > STREAMED_LIST_BYTES;
+    let mut body = ListBody {
+        head: Some(head.into_bytes()),
+        items: page.items.into_iter(),
+        chunk: if streamed { LIST_CHUNK_BYTES } else { usize::MAX },
+        capacity: if streamed { LIST_CHUNK_BYTES + 8 * 1024 } else { size },
+        first: true,
+        done: false,
+    };
+    if !streamed {
+        return json_response(StatusCode::OK, body.next().unwrap_or_default());
+    }
+    let mut r = Response::new(Body::from_stream(futures::stream::iter(body.map(Ok::<_, std::convert::Infallible>))));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// A list's JSON in chunks of about `chunk` bytes (each made with room for `capacity`): the head,
+/// the items, the closing brackets.
+struct ListBody {
+    head: Option<Vec<u8>>,
+    items: std::vec::IntoIter<PackedKeyValue>,
+    chunk: usize,
+    capacity: usize,
+    first: bool,
+    done: bool,
+}
+
+impl Iterator for ListBody {
+    type Item = Vec<u8>;
+
+    fn next(&mut self) -> Option<Vec<u8>> {
+        if self.done {
+            return None;
+        }
+        let mut out = self.head.take().unwrap_or_default();
+        out.reserve(self.capacity);
+        while out.len() < self.chunk {
+            let Some(kv) = self.items.next() else {
+                out.extend_from_slice(b"]}");
+                self.done = true;
+                break;
+            };
+            if !std::mem::take(&mut self.first) {
+                out.push(b',');
+            }
+            codec::render_at(&kv.value.unpack(), kv.mod_revision, &mut out);
+        }
+        Some(out)
     }
 }
 

@@ -13,7 +13,7 @@ use shepherd_api::JsonPath;
 use shepherd_api::kinds::{self, ResourceInfo};
 use shepherd_api::selector::Selection;
 use shepherd_api::{ApiError, defaults, validation};
-use shepherd_store::{KeyValue, Revision, Store, StoreError};
+use shepherd_store::{KeyValue, PackedKeyValue, Revision, Store, StoreError};
 
 use crate::apply::{self, Writer};
 use crate::codec;
@@ -87,8 +87,10 @@ pub enum RevisionMatch {
 }
 
 /// A page of a list: the objects, the revision it was read at, and where the next page starts.
+/// The values stay packed as the store keeps them until each is read (`PackedKeyValue::unpack`),
+/// so a page of thousands of objects does not hold them all unpacked at once.
 pub struct ListPage {
-    pub items: Vec<KeyValue>,
+    pub items: Vec<PackedKeyValue>,
     pub revision: Revision,
     pub continue_token: Option<String>,
 }
@@ -395,10 +397,7 @@ impl ApiService {
         loop {
             let want = opts.limit.map(|l| l.saturating_sub(items.len()));
             let want = want.map(|w| w.max(1));
-            let page = match revision {
-                None => self.store.list(&prefix, cursor.as_deref(), want).await,
-                Some(rev) => self.store.list_at(&prefix, cursor.as_deref(), want, rev).await,
-            };
+            let page = self.store.list_packed(&prefix, cursor.as_deref(), want, revision).await;
             let page = page.map_err(|e| match e {
                 StoreError::Expired { .. } if first_revision.is_some() => continue_too_old(),
                 StoreError::Expired { .. } => exact_too_old(),
@@ -408,7 +407,8 @@ impl ApiService {
             more = page.more;
             cursor = page.items.last().map(|kv| kv.key.clone()).or(cursor);
             for kv in page.items {
-                if filtering && !codec::selected(&selection, &kv)? {
+                // The value unpacked for the selector is dropped again: the page keeps it packed.
+                if filtering && !codec::selected(&selection, &kv.unpack())? {
                     continue;
                 }
                 items.push(kv);

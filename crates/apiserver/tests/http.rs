@@ -243,6 +243,69 @@ async fn lists_filter_by_labels_and_fields_and_page_with_continue() {
     assert_eq!(all, (0..7).map(|i| format!("p{i}")).collect::<Vec<_>>());
 }
 
+/// A list too large to render whole (here ~500 KB) is sent as it is rendered; it reads exactly
+/// as the same objects listed in small pages do, with a selector and with a continue token too.
+#[tokio::test]
+async fn a_large_list_is_streamed_and_reads_as_its_small_pages_do() {
+    let server = start().await;
+    let s = &server;
+    const CMS: &str = "/api/v1/namespaces/default/configmaps";
+    let filler = "x".repeat(2_000);
+    for i in 0..250 {
+        let half = if i % 2 == 0 { "even" } else { "odd" };
+        let cm = json!({"metadata": {"name": format!("cm-{i:03}"), "labels": {"half": half}}, "data": {"filler": filler, "i": i.to_string()}});
+        assert_eq!(s.post(CMS, &cm).await.0, StatusCode::CREATED);
+    }
+    // An object written twice reads with its latest value and revision both ways.
+    let (_, one) = s.get(&format!("{CMS}/cm-007")).await;
+    let mut changed = one.clone();
+    changed["data"]["i"] = json!("seven");
+    assert_eq!(s.put(&format!("{CMS}/cm-007"), &changed).await.0, StatusCode::OK);
+
+    let in_pages = |query: &'static str| async move {
+        let (mut items, mut next) = (Vec::new(), String::new());
+        loop {
+            let (code, page) = s.get(&format!("{CMS}?limit=40{query}&continue={next}")).await;
+            assert_eq!(code, StatusCode::OK, "{page}");
+            items.extend(page["items"].as_array().expect("items").iter().cloned());
+            match page["metadata"]["continue"].as_str() {
+                Some(c) if !c.is_empty() => next = c.to_string(),
+                _ => return items,
+            }
+        }
+    };
+    let streamed = |path: String| async move {
+        let resp = s.http.get(s.url(&path)).send().await.expect("list");
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.headers().get("content-length").is_none(), "{path} was rendered whole before it was sent");
+        resp.json::<Value>().await.expect("a list")
+    };
+    let all = streamed(CMS.to_string()).await;
+    assert_eq!(all["kind"], "ConfigMapList");
+    assert_eq!(all["metadata"]["resourceVersion"].as_str(), Some(s.store.revision().await.expect("rev").to_string().as_str()));
+    let items = all["items"].as_array().expect("items");
+    assert_eq!(items.len(), 250);
+    assert_eq!(items, &in_pages("").await);
+    assert_eq!(items[7]["data"]["i"], "seven");
+    assert_eq!(items[7]["metadata"]["resourceVersion"], changed_rv(s, "cm-007").await);
+
+    let even = streamed(format!("{CMS}?labelSelector=half%3Deven")).await;
+    let even = even["items"].as_array().expect("items");
+    assert_eq!(even.len(), 125);
+    assert_eq!(even, &in_pages("&labelSelector=half%3Deven").await);
+
+    let first = streamed(format!("{CMS}?limit=200")).await;
+    assert_eq!(first["items"].as_array().expect("items")[..], items[..200]);
+    let token = first["metadata"]["continue"].as_str().expect("a continue token");
+    let (_, rest) = s.get(&format!("{CMS}?limit=200&continue={token}")).await;
+    assert_eq!(rest["items"].as_array().expect("items")[..], items[200..]);
+    assert!(rest["metadata"]["continue"].is_null(), "{}", rest["metadata"]);
+}
+
+async fn changed_rv(s: &Server, name: &str) -> Value {
+    s.get(&format!("/api/v1/namespaces/default/configmaps/{name}")).await.1["metadata"]["resourceVersion"].clone()
+}
+
 async fn watch_lines(s: &Server, path: &str, n: usize) -> Vec<Value> {
     let resp = s.http.get(s.url(path)).send().await.expect("watch");
     assert_eq!(resp.status(), StatusCode::OK);

@@ -40,6 +40,7 @@ pub use local::LocalStore;
 pub use snapshot::{Snapshot, SnapshotError};
 pub use state::HistoryLimits;
 pub use watch::WatchStream;
+pub use shepherd_pack::Packed;
 
 /// A global revision: strictly increasing, one per successful write.
 pub type Revision = u64;
@@ -77,10 +78,39 @@ impl Event {
     }
 }
 
+/// A listed object with its value as the store keeps it: packed, unpacked only when it is read. A
+/// list of `KeyValue`s holds every value unpacked at once; a large list of these holds a few
+/// hundred bytes per object until each is rendered.
+#[derive(Debug, Clone)]
+pub struct PackedKeyValue {
+    pub key: String,
+    pub value: Packed,
+    pub create_revision: Revision,
+    pub mod_revision: Revision,
+}
+
+impl PackedKeyValue {
+    pub fn unpack(&self) -> KeyValue {
+        KeyValue {
+            key: self.key.clone(),
+            value: self.value.unpack(),
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision,
+        }
+    }
+}
+
+impl From<KeyValue> for PackedKeyValue {
+    fn from(kv: KeyValue) -> Self {
+        let KeyValue { key, value, create_revision, mod_revision } = kv;
+        PackedKeyValue { key, value: Packed::Raw(value), create_revision, mod_revision }
+    }
+}
+
 /// A page of a list, read at one revision.
 #[derive(Debug, Clone)]
-pub struct ListResult {
-    pub items: Vec<KeyValue>,
+pub struct ListResult<T = KeyValue> {
+    pub items: Vec<T>,
     /// The revision the list was read at: a watch from here misses nothing.
     pub revision: Revision,
     /// More items follow the last one returned.
@@ -127,6 +157,22 @@ pub trait Store: Send + Sync + 'static {
             return self.list(prefix, start_after, limit).await;
         }
         Err(StoreError::Expired { requested: revision, oldest: now })
+    }
+    /// As `list`, or `list_at` when `revision` is given, with the values as the store keeps them
+    /// (a backend that keeps them as written answers them unpacked).
+    async fn list_packed(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: Option<usize>,
+        revision: Option<Revision>,
+    ) -> Result<ListResult<PackedKeyValue>, StoreError> {
+        let page = match revision {
+            None => self.list(prefix, start_after, limit).await?,
+            Some(rev) => self.list_at(prefix, start_after, limit, rev).await?,
+        };
+        let ListResult { items, revision, more } = page;
+        Ok(ListResult { items: items.into_iter().map(PackedKeyValue::from).collect(), revision, more })
     }
     /// Number of keys starting with `prefix`.
     fn count<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, Result<usize, StoreError>>;

@@ -13,9 +13,9 @@ use tokio::sync::oneshot;
 
 use crate::durable::{self, Committer, Health, Opened};
 use crate::embedded::{self, WalOptions};
-use crate::state::{ListAt, State, Write, read_from_disk};
+use crate::state::{ListAt, Listed, State, Write, read_from_disk};
 use crate::{
-    HistoryLimits, KeyValue, ListResult, Retention, Revision, Snapshot, Store, StoreError, StoreFuture, WatchStream,
+    HistoryLimits, KeyValue, ListResult, PackedKeyValue, Retention, Revision, Snapshot, Store, StoreError, StoreFuture, WatchStream,
 };
 
 /// Reads are served from memory in both backends. Writes either apply at once under the lock
@@ -126,6 +126,27 @@ impl LocalStore {
     fn read<T>(&self, f: impl FnOnce(&State) -> T) -> Result<T, StoreError> {
         Ok(f(&*self.state.read().map_err(|_| StoreError::Closed)?))
     }
+
+    async fn list_at_as<T: Listed + Send>(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: Option<usize>,
+        revision: Revision,
+    ) -> Result<ListResult<T>, StoreError> {
+        // The events after `revision` that have left memory are read from disk outside the lock,
+        // then the list is made under it; more are read if memory moved on meanwhile.
+        let (mut older, mut read_through) = (Vec::new(), revision);
+        loop {
+            match self.read(|s| s.list_at(prefix, start_after, limit, revision, &older, read_through))? {
+                ListAt::Done(answer) => return answer,
+                ListAt::Disk(disk, after, through) => {
+                    older.extend(read_from_disk(disk, prefix, after, through).await?);
+                    read_through = through;
+                }
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -152,17 +173,18 @@ impl Store for LocalStore {
         limit: Option<usize>,
         revision: Revision,
     ) -> Result<ListResult, StoreError> {
-        // The events after `revision` that have left memory are read from disk outside the lock,
-        // then the list is made under it; more are read if memory moved on meanwhile.
-        let (mut older, mut read_through) = (Vec::new(), revision);
-        loop {
-            match self.read(|s| s.list_at(prefix, start_after, limit, revision, &older, read_through))? {
-                ListAt::Done(answer) => return answer,
-                ListAt::Disk(disk, after, through) => {
-                    older.extend(read_from_disk(disk, prefix, after, through).await?);
-                    read_through = through;
-                }
-            }
+        self.list_at_as(prefix, start_after, limit, revision).await
+    }
+    async fn list_packed(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: Option<usize>,
+        revision: Option<Revision>,
+    ) -> Result<ListResult<PackedKeyValue>, StoreError> {
+        match revision {
+            None => self.read(|s| s.list(prefix, start_after, limit)),
+            Some(rev) => self.list_at_as(prefix, start_after, limit, rev).await,
         }
     }
     fn count<'a>(&'a self, prefix: &'a str) -> StoreFuture<'a, Result<usize, StoreError>> {

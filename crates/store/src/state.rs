@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio::sync::broadcast;
 
 use shepherd_pack::{Packed, Packer, kind_of};
-use crate::{Event, EventKind, KeyValue, ListResult, Retention, Revision, StoreError};
+use crate::{Event, EventKind, KeyValue, ListResult, PackedKeyValue, Retention, Revision, StoreError};
 
 /// How much write history is kept for watches to replay.
 #[derive(Debug, Clone, Copy)]
@@ -116,8 +116,8 @@ pub(crate) struct WatchStart {
 }
 
 /// What `State::list_at` needs or gives.
-pub(crate) enum ListAt {
-    Done(Result<ListResult, StoreError>),
+pub(crate) enum ListAt<T> {
+    Done(Result<ListResult<T>, StoreError>),
     /// The list needs the events under its prefix after the given revision up to the second one,
     /// which have left memory: read them from `disk` and ask again with them.
     Disk(Arc<dyn DiskHistory>, Revision, Revision),
@@ -135,7 +135,7 @@ pub(crate) enum Write {
 /// and, while its latest write is still in the history in memory, the value as written too,
 /// shared with that event, so the reads and the next write that come soon after a write unpack
 /// nothing.
-struct Stored {
+pub(crate) struct Stored {
     packed: Packed,
     recent: Option<Bytes>,
     create_revision: Revision,
@@ -152,6 +152,34 @@ impl Stored {
 
     fn kv(&self, key: &str) -> KeyValue {
         KeyValue { key: key.to_string(), value: self.value(), create_revision: self.create_revision, mod_revision: self.mod_revision }
+    }
+}
+
+/// What a list holds of each object: the value unpacked (`KeyValue`) or as kept (`PackedKeyValue`).
+pub(crate) trait Listed: Sized {
+    fn of_stored(key: &str, stored: &Stored) -> Self;
+    fn of_written(kv: &KeyValue) -> Self;
+}
+
+impl Listed for KeyValue {
+    fn of_stored(key: &str, stored: &Stored) -> Self {
+        stored.kv(key)
+    }
+    fn of_written(kv: &KeyValue) -> Self {
+        kv.clone()
+    }
+}
+
+impl Listed for PackedKeyValue {
+    fn of_stored(key: &str, stored: &Stored) -> Self {
+        let value = match &stored.recent {
+            Some(v) => Packed::Raw(v.clone()),
+            None => stored.packed.clone(),
+        };
+        PackedKeyValue { key: key.to_string(), value, create_revision: stored.create_revision, mod_revision: stored.mod_revision }
+    }
+    fn of_written(kv: &KeyValue) -> Self {
+        PackedKeyValue::from(kv.clone())
     }
 }
 
@@ -439,7 +467,7 @@ impl State {
         self.objects.iter().map(|(k, s)| s.kv(k)).collect()
     }
 
-    pub(crate) fn list(&self, prefix: &str, start_after: Option<&str>, limit: Option<usize>) -> ListResult {
+    pub(crate) fn list<T: Listed>(&self, prefix: &str, start_after: Option<&str>, limit: Option<usize>) -> ListResult<T> {
         let start = match start_after {
             Some(after) if after >= prefix => Bound::Excluded(after.to_string()),
             _ => Bound::Included(prefix.to_string()),
@@ -454,7 +482,7 @@ impl State {
                 more = true;
                 break;
             }
-            items.push(v.kv(k));
+            items.push(T::of_stored(k, v));
         }
         ListResult { items, revision: self.revision, more }
     }
@@ -463,7 +491,7 @@ impl State {
     /// `at` undone. `Expired` when those writes are no longer all retained. `older` are the events
     /// under `prefix` after `at` up to revision `read_through` that were read from disk: when
     /// memory no longer holds every event after `read_through`, the answer asks for more.
-    pub(crate) fn list_at(
+    pub(crate) fn list_at<T: Listed>(
         &self,
         prefix: &str,
         start_after: Option<&str>,
@@ -471,7 +499,7 @@ impl State {
         at: Revision,
         older: &[Arc<Event>],
         read_through: Revision,
-    ) -> ListAt {
+    ) -> ListAt<T> {
         if at >= self.revision {
             return ListAt::Done(Ok(self.list(prefix, start_after, limit)));
         }
@@ -504,13 +532,13 @@ impl State {
         loop {
             let next = match (now.peek(), changed.peek()) {
                 (None, None) => break,
-                (Some((k, _)), Some((c, _))) if k.as_str() < *c => now.next().map(|(k, v)| Some(v.kv(k))),
+                (Some((k, _)), Some((c, _))) if k.as_str() < *c => now.next().map(|(k, v)| Some(T::of_stored(k, v))),
                 (Some((k, _)), Some((c, _))) if k.as_str() == *c => {
                     now.next();
-                    changed.next().map(|(_, v)| v.cloned())
+                    changed.next().map(|(_, v)| v.map(T::of_written))
                 }
-                (Some(_), None) => now.next().map(|(k, v)| Some(v.kv(k))),
-                _ => changed.next().map(|(_, v)| v.cloned()),
+                (Some(_), None) => now.next().map(|(k, v)| Some(T::of_stored(k, v))),
+                _ => changed.next().map(|(_, v)| v.map(T::of_written)),
             };
             let Some(Some(kv)) = next else { continue };
             if limit.is_some_and(|l| items.len() >= l) {

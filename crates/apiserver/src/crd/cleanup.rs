@@ -66,7 +66,7 @@ async fn cleanup_once(svc: &ApiService, name: &str) -> Result<bool, ApiError> {
     {
         let page = svc.list(res, None, &ListOptions::default()).await?;
         for kv in &page.items {
-            let obj = codec::decode(kv)?;
+            let obj = codec::decode_listed(kv)?;
             remaining += 1;
             if obj.at("/metadata/deletionTimestamp").is_some() {
                 continue;

@@ -66,7 +66,7 @@ pub(crate) fn forget(name: &str) {
 pub(crate) async fn load(svc: &ApiService) -> Result<(), ApiError> {
     let page = svc.list(&kinds::CUSTOMRESOURCEDEFINITION, None, &ListOptions::default()).await?;
     for kv in &page.items {
-        let def = codec::decode(kv)?;
+        let def = codec::decode_listed(kv)?;
         sync(&def);
         if def.at("/metadata/deletionTimestamp").is_some() {
             spawn_cleanup(svc.clone(), str_at(&def, "/metadata/name").to_string());
@@ -135,7 +135,7 @@ pub(crate) fn written(svc: &ApiService, res: &ResourceInfo, obj: &Value, gone: b
 async fn accept_freed_names(svc: &ApiService, group: &str) -> Result<(), ApiError> {
     let page = svc.list(&kinds::CUSTOMRESOURCEDEFINITION, None, &ListOptions::default()).await?;
     for kv in &page.items {
-        let def = codec::decode(kv)?;
+        let def = codec::decode_listed(kv)?;
         let refused = def.at("/status/conditions").and_then(Value::as_array).into_iter().flatten()
             .any(|c| c["type"] == "NamesAccepted" && c["status"] == "False");
         if refused && str_at(&def, "/spec/group") == group {
