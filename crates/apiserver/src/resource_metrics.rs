@@ -8,7 +8,7 @@
 //! metrics-server serves them to `kubectl top` and the autoscaler.
 
 use std::collections::HashMap;
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -18,6 +18,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 use shepherd_api::kinds::{self, ResourceInfo};
 use shepherd_api::{ApiError, FieldSelector, LabelSelector};
+use shepherd_pack::{Packed, Packer};
 
 use crate::http::AppState;
 
@@ -35,25 +36,30 @@ struct Report {
     pods: Vec<PodEntry>,
 }
 
-/// One PodMetrics as served, kept as its JSON text: parsed, a PodMetrics is ~3 KB of small maps
-/// against ~300 bytes of text, and the table holds one for every running pod while it is read
-/// only by the occasional `kubectl top` or autoscaler pass.
+/// One PodMetrics as served, kept as its JSON text packed against the others': parsed, a
+/// PodMetrics is ~3 KB of small maps against ~300 bytes of text (a few dozen packed), and the
+/// table holds one for every running pod while it is read only by the occasional `kubectl top`
+/// or autoscaler pass.
 struct PodEntry {
     namespace: String,
     name: String,
-    json: Box<[u8]>,
+    json: Packed,
 }
 
+/// What the packer calls the PodMetrics' kind.
+const PACKED_KIND: &str = "podmetrics";
+
 impl PodEntry {
-    fn new(pod: &Value) -> Result<Self, ApiError> {
+    fn new(pod: &Value, packer: &mut Packer) -> Result<Self, ApiError> {
         let json = serde_json::to_vec(pod).map_err(|e| ApiError::Internal(format!("encoding PodMetrics: {e}")))?;
-        Ok(PodEntry { namespace: namespace_of(pod).to_string(), name: name_of(pod).to_string(), json: json.into() })
+        let json = packer.pack(PACKED_KIND, &json.into());
+        Ok(PodEntry { namespace: namespace_of(pod).to_string(), name: name_of(pod).to_string(), json })
     }
 
     /// The PodMetrics as it was reported; `None` only if the text kept were not JSON, which
     /// `new` rules out.
     fn value(&self) -> Option<Value> {
-        serde_json::from_slice(&self.json).ok()
+        serde_json::from_slice(&self.json.unpack()).ok()
     }
 }
 
@@ -62,6 +68,7 @@ impl PodEntry {
 pub struct MetricsTable {
     /// By node name; replaced whole by each report of that node.
     nodes: RwLock<HashMap<String, Report>>,
+    packer: Mutex<Packer>,
 }
 
 // Looked up field by field rather than by a parsed path: a report names each of its nodes' pods
@@ -79,7 +86,7 @@ fn bad(message: impl Into<String>) -> ApiError {
 }
 
 /// A node's report, validated and in its served form, with the node's name.
-fn checked(mut body: Value) -> Result<(String, Report), ApiError> {
+fn checked(mut body: Value, packer: &Mutex<Packer>) -> Result<(String, Report), ApiError> {
     let node = name_of(&body).to_string();
     if node.is_empty() {
         return Err(bad("a metrics report needs metadata.name, the node's name"));
@@ -96,7 +103,8 @@ fn checked(mut body: Value) -> Result<(String, Report), ApiError> {
     }
     let now = crate::service::now_rfc3339();
     let node_metrics = finish(&kinds::NODE_METRICS, body, &now);
-    let pods = pods.into_iter().map(|p| PodEntry::new(&finish(&kinds::POD_METRICS, p, &now))).collect::<Result<_, _>>()?;
+    let mut packer = packer.lock().unwrap_or_else(|e| e.into_inner());
+    let pods = pods.into_iter().map(|p| PodEntry::new(&finish(&kinds::POD_METRICS, p, &now), &mut packer)).collect::<Result<_, _>>()?;
     Ok((node, Report { received: Instant::now(), node: node_metrics, pods }))
 }
 
@@ -118,7 +126,7 @@ pub(crate) fn is_metrics(res: &ResourceInfo) -> bool {
 impl MetricsTable {
     /// Takes a node's report; answers the NodeMetrics as it will be served.
     pub(crate) fn report(&self, body: Value) -> Result<Value, ApiError> {
-        let (node, report) = checked(body)?;
+        let (node, report) = checked(body, &self.packer)?;
         let served = report.node.clone();
         self.nodes.write().unwrap_or_else(|e| e.into_inner()).insert(node, report);
         Ok(served)
@@ -139,7 +147,7 @@ impl MetricsTable {
             },
             _ => Vec::new(),
         };
-        let reports = items.into_iter().map(checked).collect::<Result<Vec<_>, _>>()?;
+        let reports = items.into_iter().map(|r| checked(r, &self.packer)).collect::<Result<Vec<_>, _>>()?;
         let served: Vec<Value> = reports.iter().map(|(_, r)| r.node.clone()).collect();
         let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
         nodes.extend(reports);
@@ -362,6 +370,27 @@ mod tests {
         assert!(got["metadata"]["creationTimestamp"].is_string());
         assert_eq!(got, expected);
         assert_eq!(t.list(&kinds::POD_METRICS, Some("default"), None, None).expect("list"), [expected]);
+    }
+
+    #[test]
+    fn a_nodes_pods_are_held_packed_and_served_as_reported() {
+        let t = MetricsTable::default();
+        let pods: Vec<(String, String)> = (0..200).map(|i| (format!("web-{i}"), format!("app-{}", i % 7))).collect();
+        let named: Vec<(&str, &str, &str)> = pods.iter().map(|(n, a)| ("default", n.as_str(), a.as_str())).collect();
+        let r = report("n1", &named);
+        let reported = r["pods"].as_array().expect("pods").clone();
+        t.report(r).expect("report");
+        let served = t.list(&kinds::POD_METRICS, Some("default"), None, None).expect("list");
+        assert_eq!(served.len(), reported.len());
+        for got in &served {
+            let sent = reported.iter().find(|p| name_of(p) == name_of(got)).expect("reported");
+            assert_eq!(got["containers"], sent["containers"]);
+            assert_eq!(got["metadata"]["labels"], sent["metadata"]["labels"]);
+        }
+        let nodes = t.nodes.read().expect("lock");
+        let (held, text): (usize, usize) =
+            nodes["n1"].pods.iter().fold((0, 0), |(h, l), p| (h + p.json.memory(), l + p.json.unpacked_len()));
+        assert!(held * 3 < text, "{held} bytes held for {text} bytes of PodMetrics");
     }
 
     #[test]
