@@ -123,8 +123,7 @@ pub(crate) fn open(path: &Path, limits: HistoryLimits, options: WalOptions) -> R
         .map_err(|e| classify(&format!("creating a log segment in {}", dir.display()), &e.to_string()))?;
     tracing::info!(revision = state.revision, replayed = recovered.replayed.len(), "store opened");
 
-    let db = Arc::new(db);
-    let file: DbSlot = Arc::new(RwLock::new(Some(db.clone())));
+    let file: DbSlot = Arc::new(RwLock::new(Some(Arc::new(db))));
     let mut state = state;
     // Everything up to here is in redb: the history's older events may leave memory.
     let revision = state.revision;
@@ -153,7 +152,6 @@ pub(crate) fn open(path: &Path, limits: HistoryLimits, options: WalOptions) -> R
     let db_path = path.to_path_buf();
     let checkpointer_backlog = backlog.clone();
     let checkpointer_state = state.clone();
-    drop(db);
     let checkpointer = thread::Builder::new()
         .name("store-checkpoint".into())
         .spawn(move || checkpoint_loop(&file, ckpt_rx, epoch, &db_path, &checkpointer_backlog, &checkpointer_state))

@@ -10,7 +10,7 @@ use futures::future::ready;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::state::{LiveEvents, State, WatchStart, read_from_disk};
+use crate::state::{DiskHistory, LiveEvents, State, WatchStart, read_from_disk};
 use crate::{Event, Revision, StoreError, StoreFuture};
 
 /// A stream of events under one prefix. A consumer that falls further behind than the store's
@@ -59,11 +59,10 @@ impl WatchStream {
                 ready(Ok(Self::follow(state.clone(), prefix.to_string(), from, replay.into(), rx))).left_future()
             }
             // Events that have left memory are read from disk first, off the async workers.
-            Ok(WatchStart { older: Some((disk, through)), replay, rx }) => {
+            Ok(WatchStart { older: Some(older), replay, rx }) => {
                 let (state, prefix) = (state.clone(), prefix.to_string());
                 async move {
-                    let mut events = VecDeque::from(read_from_disk(disk, &prefix, from, through).await?);
-                    events.extend(replay);
+                    let events = older_then(older, &prefix, from, replay).await?;
                     Ok(Self::follow(state, prefix, from, events, rx))
                 }
                 .boxed()
@@ -124,12 +123,24 @@ impl WatchStream {
 /// back from disk first, and the live subscription that continues where they end.
 async fn start(state: &RwLock<State>, prefix: &str, from: Revision) -> Result<(VecDeque<Arc<Event>>, LiveEvents), StoreError> {
     let WatchStart { older, replay, rx } = state.read().map_err(|_| StoreError::Closed)?.start_watch(prefix, from)?;
-    let mut events = match older {
-        Some((disk, through)) => VecDeque::from(read_from_disk(disk, prefix, from, through).await?),
-        None => VecDeque::with_capacity(replay.len()),
+    let events = match older {
+        Some(older) => older_then(older, prefix, from, replay).await?,
+        None => replay.into(),
     };
-    events.extend(replay);
     Ok((events, rx))
+}
+
+/// The events under `prefix` after `from` that have left memory, read from the disk history up to
+/// its revision, followed by `replay`, the ones memory still holds.
+async fn older_then(
+    (disk, through): (Arc<dyn DiskHistory>, Revision),
+    prefix: &str,
+    from: Revision,
+    replay: Vec<Arc<Event>>,
+) -> Result<VecDeque<Arc<Event>>, StoreError> {
+    let mut events = VecDeque::from(read_from_disk(disk, prefix, from, through).await?);
+    events.extend(replay);
+    Ok(events)
 }
 
 impl Stream for WatchStream {
