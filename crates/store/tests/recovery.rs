@@ -233,15 +233,16 @@ async fn the_history_survives_checkpoints_and_restarts_and_expires_only_beyond_i
     assert!(matches!(e, StoreError::Expired { .. }), "{e:?}");
 }
 
-/// Waits until the store holds part of its history only in its file.
+/// Waits until the store holds most of its history only in its file: the background checkpoint
+/// moves it there, and one that ran before the last writes leaves those in memory until the next.
 async fn history_spilled(store: &LocalStore) -> shepherd_store::Retention {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let r = store.retention().expect("retention");
-        if r.history_memory_bytes < r.history_bytes {
+        if r.history_memory_bytes < r.history_bytes / 4 {
             return r;
         }
-        assert!(Instant::now() < deadline, "the history never left memory: {r:?}");
+        assert!(Instant::now() < deadline, "most of the history never left memory: {r:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -287,8 +288,7 @@ async fn watches_and_lists_reaching_past_the_history_in_memory_read_the_older_ev
         }
         s.create("/k/last", b("the last write")).await.expect("create");
     }
-    let r = history_spilled(&store).await;
-    assert!(r.history_memory_bytes < r.history_bytes / 4, "most of the history is only on disk: {r:?}");
+    history_spilled(&store).await;
     same_past(&store, &oracle, 0, "open").await;
 
     drop(store);
