@@ -58,7 +58,9 @@ pub use service::{
 };
 pub use table::{human_age, pod_status};
 pub use watch::{WatchOptions, WireEvent};
-pub use write_options::{FieldValidation, WriteOptions};
+pub use write_options::{
+    AGENT_FIELD_MANAGER, CONTROLLER_MANAGER_FIELD_MANAGER, FieldValidation, SCHEDULER_FIELD_MANAGER, WriteOptions,
+};
 
 /// The API server: the object service, its metrics registry and the HTTP router over them.
 #[derive(Clone)]

@@ -35,12 +35,32 @@ pub struct WriteOptions {
     pub force: bool,
 }
 
-/// The manager of writes that name none (the in-process controllers, scheduler and agents).
+/// The manager of writes that name none and come from none of the components below.
 pub const DEFAULT_FIELD_MANAGER: &str = "shepherd";
+/// The field managers Shepherd's own components write under, in process (where they act as
+/// `system:kube-controller-manager`, `system:kube-scheduler` and `system:node:NAME`) and as
+/// processes of their own (their User-Agent), as Kubernetes' components each write under their
+/// own name: `--show-managed-fields` says which component set a field.
+pub const CONTROLLER_MANAGER_FIELD_MANAGER: &str = "shepherd-controller-manager";
+pub const SCHEDULER_FIELD_MANAGER: &str = "shepherd-scheduler";
+pub const AGENT_FIELD_MANAGER: &str = "shepherd-agent";
 
 impl WriteOptions {
     pub(crate) fn manager(&self) -> &str {
-        self.field_manager.as_deref().unwrap_or(DEFAULT_FIELD_MANAGER)
+        match &self.field_manager {
+            Some(m) => m,
+            None => crate::authz::requester_name(component_manager).flatten().unwrap_or(DEFAULT_FIELD_MANAGER),
+        }
+    }
+}
+
+/// The field manager of the in-process component acting as `user`, if it is one.
+fn component_manager(user: &str) -> Option<&'static str> {
+    match user {
+        "system:kube-controller-manager" => Some(CONTROLLER_MANAGER_FIELD_MANAGER),
+        "system:kube-scheduler" => Some(SCHEDULER_FIELD_MANAGER),
+        u if u.starts_with("system:node:") => Some(AGENT_FIELD_MANAGER),
+        _ => None,
     }
 }
 

@@ -15,17 +15,34 @@ use shepherd_api::ApiError;
 use shepherd_api::digest::{DigestDetail, ListDigest};
 use shepherd_runtime::{Client, DeleteParams, ListParams, ObjectList, Patch, WatchEvent};
 
+/// `NAME/VERSION`, the User-Agent of a component: the server takes `NAME` as its field manager.
+fn user_agent(name: &str) -> http::HeaderValue {
+    let value = format!("{name}/{}", env!("CARGO_PKG_VERSION"));
+    http::HeaderValue::from_str(&value).unwrap_or_else(|_| http::HeaderValue::from_static("shepherd"))
+}
+
 /// How long a server-side watch runs before the client starts a new one from its last revision.
 const WATCH_TIMEOUT_SECONDS: u32 = 290;
 
 #[derive(Clone)]
 pub struct RemoteClient {
     client: kube::Client,
+    /// Sent with every request: the server records writes that name no field manager under the
+    /// User-Agent's first word, so this names who set a field (the `kube` crate sends none).
+    user_agent: http::HeaderValue,
 }
 
 impl RemoteClient {
+    /// A client whose writes are recorded under the field manager `shepherd`.
     pub fn new(client: kube::Client) -> Self {
-        RemoteClient { client }
+        RemoteClient { client, user_agent: user_agent("shepherd") }
+    }
+
+    /// The client of the component `name` (`shepherd-agent`): its writes are recorded under that
+    /// field manager.
+    pub fn named(mut self, name: &str) -> Self {
+        self.user_agent = user_agent(name);
+        self
     }
 
     /// A client for the server at `url` (`http://127.0.0.1:9876`), with an optional bearer token.
@@ -37,15 +54,20 @@ impl RemoteClient {
             config.auth_info.token = Some(t.to_string().into());
         }
         let client = kube::Client::try_from(config).map_err(|e| ApiError::Internal(format!("building client for {url}: {e}")))?;
-        Ok(RemoteClient { client })
+        Ok(RemoteClient::new(client))
     }
 
     pub fn kube(&self) -> &kube::Client {
         &self.client
     }
 
+    /// A request of this client, with its User-Agent.
+    fn request(&self, method: Method, url: String) -> http::request::Builder {
+        Request::builder().method(method).uri(url).header(http::header::USER_AGENT, self.user_agent.clone())
+    }
+
     async fn call(&self, method: Method, url: String, body: Option<(&str, Vec<u8>)>) -> Result<Value, ApiError> {
-        let mut req = Request::builder().method(method).uri(url);
+        let mut req = self.request(method, url);
         let bytes = match body {
             Some((ct, b)) => {
                 req = req.header(http::header::CONTENT_TYPE, ct);
@@ -324,9 +346,8 @@ impl Client for RemoteClient {
 
     async fn list(&self, res: &ResourceInfo, params: &ListParams) -> Result<ObjectList, ApiError> {
         let url = format!("{}{}", collection(res, params.namespace.as_deref()), query(params, &[]));
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(url)
+        let req = self
+            .request(Method::GET, url)
             .body(Vec::new())
             .map_err(|e| ApiError::Internal(format!("building request: {e}")))?;
         let text = self.client.request_text(req).await.map_err(from_kube)?;
@@ -364,9 +385,8 @@ impl Client for RemoteClient {
                 ("timeoutSeconds", WATCH_TIMEOUT_SECONDS.to_string()),
             ])
         );
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(url)
+        let req = self
+            .request(Method::GET, url)
             .body(Vec::new())
             .map_err(|e| ApiError::Internal(format!("building request: {e}")))?;
         // An informer drops every object's managedFields on entry: skip them in the text, as the

@@ -63,6 +63,22 @@ async fn the_remote_client_does_everything_a_controller_needs() {
     assert!(gone.is_none());
 }
 
+/// Who wrote each field, as `--show-managed-fields` shows it.
+fn managers(obj: &serde_json::Value) -> Vec<(String, String)> {
+    let entries = obj["metadata"]["managedFields"].as_array().cloned().unwrap_or_default();
+    entries.iter().map(|e| (e["manager"].as_str().unwrap_or("").into(), e["subresource"].as_str().unwrap_or("").into())).collect()
+}
+
+#[tokio::test]
+async fn a_components_writes_are_recorded_under_its_name() {
+    let c = serve(HistoryLimits::default()).await;
+    let created = c.create(&kinds::POD, Some("default"), pod("a")).await.expect("create");
+    assert_eq!(managers(&created), [("shepherd".to_string(), String::new())]);
+    let agent = c.clone().named("shepherd-agent");
+    let st = agent.patch_status(&kinds::POD, Some("default"), "a", Patch::Merge(json!({"status": {"phase": "Running"}}))).await.expect("status");
+    assert_eq!(managers(&st), [("shepherd".to_string(), String::new()), ("shepherd-agent".to_string(), "status".to_string())]);
+}
+
 #[tokio::test]
 async fn an_expired_watch_is_reported_as_expired() {
     let c = serve(HistoryLimits { max_events: 2, ..HistoryLimits::default() }).await;

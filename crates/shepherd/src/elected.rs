@@ -28,6 +28,14 @@ impl Role {
         }
     }
 
+    /// The field manager its writes are recorded under, as the same component's in `standalone`.
+    fn field_manager(self) -> &'static str {
+        match self {
+            Role::ControllerManager => shepherd_apiserver::CONTROLLER_MANAGER_FIELD_MANAGER,
+            Role::Scheduler => shepherd_apiserver::SCHEDULER_FIELD_MANAGER,
+        }
+    }
+
     /// Kubernetes' own Lease names, so tools that look for them find them.
     fn lease(self) -> &'static str {
         match self {
@@ -118,7 +126,7 @@ pub async fn run(role: Role, mut args: ElectedArgs, shutdown: impl Future<Output
         args.controllers.root_ca_pem = Some(crate::service_accounts::pem_bundle(roots));
     }
     let kube = kube::Client::try_from(kube_config).map_err(|e| anyhow::anyhow!("building a client for {server}: {e}"))?;
-    let client: Arc<dyn Client> = Arc::new(shepherd_client::RemoteClient::new(kube));
+    let client: Arc<dyn Client> = Arc::new(shepherd_client::RemoteClient::new(kube).named(role.field_manager()));
     let elector = LeaderElector::new(client.clone(), config);
     // The first line on stdout names this candidate, for scripts and tests.
     println!("shepherd {} candidate {identity} against {server}", role.command());

@@ -455,7 +455,8 @@ async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
     if let (None, Some(path)) = (&args.kubeconfig, &node_kubeconfig) {
         kube = node_certificate::keep_renewed(path.clone(), kube, args.join_timeout);
     }
-    let client: Arc<dyn Client> = Arc::new(shepherd_client::RemoteClient::new(kube));
+    let client: Arc<dyn Client> =
+        Arc::new(shepherd_client::RemoteClient::new(kube).named(shepherd_apiserver::AGENT_FIELD_MANAGER));
     if let Some(dns) = config.cluster_dns.as_mut() {
         dns.domain = args.cluster_domain.clone();
     }

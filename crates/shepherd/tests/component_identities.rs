@@ -1,6 +1,7 @@
 //! The controllers and the scheduler inside `shepherd standalone` act as `system:kube-controller-manager`
 //! and `system:kube-scheduler`, held to their roles like any client: take a binding away and that
-//! component is refused (and says so); give it back and the cluster converges.
+//! component is refused (and says so); give it back and the cluster converges. Each records its
+//! writes under its own field manager.
 
 mod common;
 
@@ -91,9 +92,19 @@ async fn in_process_controllers_and_scheduler_are_held_to_their_own_roles() {
         "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "system:kube-scheduler"}]});
     let r = http.post(url(BINDINGS)).json(&scheduler).send().await.expect("rebind scheduler");
     assert_eq!(r.status(), 201);
-    wait_for("the pod to run", async || {
+    let running = wait_for("the pod to run", async || {
         let pod = get(&http, &url(&format!("/api/v1/namespaces/default/pods/{name}"))).await;
         (pod["status"]["phase"] == "Running").then_some(pod)
     })
     .await;
+
+    // Each component's writes are recorded under its own field manager.
+    let entries = running["metadata"]["managedFields"].as_array().cloned().unwrap_or_default();
+    let mut managers: Vec<(String, String)> = entries
+        .iter()
+        .map(|e| (e["manager"].as_str().unwrap_or("").into(), e["subresource"].as_str().unwrap_or("").into()))
+        .collect();
+    managers.sort();
+    let expected = [("shepherd-agent", "status"), ("shepherd-controller-manager", ""), ("shepherd-scheduler", "binding")];
+    assert_eq!(managers, expected.map(|(m, s)| (m.to_string(), s.to_string())), "{running}");
 }

@@ -266,6 +266,11 @@ tokio::task_local! {
     static REQUESTER: Requester;
 }
 
+/// `f` of the name of the user the request being served comes from; `None` outside a request.
+pub(crate) fn requester_name<T>(f: impl FnOnce(&str) -> T) -> Option<T> {
+    REQUESTER.try_with(|r| f(&r.user.name)).ok()
+}
+
 /// Runs `call` as `user`: the admission checks inside the object service apply to its writes, as
 /// they do to an HTTP request of that user.
 pub(crate) async fn acting_as<F: Future>(user: UserInfo, authz: Authorizer, call: F) -> F::Output {
