@@ -91,13 +91,13 @@ pub(crate) fn decode(kv: &KeyValue) -> Result<Value, ApiError> {
         .map_err(|e| ApiError::Internal(format!("stored object {} is not valid JSON: {e}", kv.key)))
 }
 
-/// Whether `selection` selects the stored object (read straight from its stored text: no selector
-/// reads the resourceVersion the text lacks).
 /// A listed object as a JSON value, with its resourceVersion.
 pub(crate) fn decode_listed(kv: &PackedKeyValue) -> Result<Value, ApiError> {
     decode(&kv.unpack())
 }
 
+/// Whether `selection` selects the stored object (read straight from its stored text: no selector
+/// reads the resourceVersion the text lacks).
 pub(crate) fn selected(selection: &Selection, kv: &KeyValue) -> Result<bool, ApiError> {
     selection.matches_json(&kv.value).ok_or_else(|| ApiError::Internal(format!("stored object {} is not valid JSON", kv.key)))
 }
