@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::pods::k8s_time;
 
-pub(crate) const LEASE_NAMESPACE: &str = "kube-node-lease";
+pub(crate) use shepherd_api::kinds::NODE_LEASE_NAMESPACE as LEASE_NAMESPACE;
 
 /// What a node reports about itself.
 #[derive(Debug, Clone)]

@@ -111,6 +111,8 @@ pub const REPLICASET: ResourceInfo =
 pub const REPLICATIONCONTROLLER: ResourceInfo =
     res("", "ReplicationController", "replicationcontrollers", "replicationcontroller", true, &["rc"], true, true)
         .in_categories(&["all"]);
+/// The namespace of the node agents' heartbeat Leases, one per node, named after it.
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 pub const LEASE: ResourceInfo = res("coordination.k8s.io", "Lease", "leases", "lease", true, &[], false, false);
 pub const ENDPOINTSLICE: ResourceInfo =
     res("discovery.k8s.io", "EndpointSlice", "endpointslices", "endpointslice", true, &[], false, false);

@@ -25,9 +25,10 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use control_plane::ControllerArgs;
 use node_agent::AgentArgs;
+use shepherd_api::kinds;
 use shepherd_apiserver::{ApiServer, ConnectionLimits, ConnectionMetrics, HttpConfig};
 use shepherd_runtime::{Client, Manager};
-use shepherd_store::{EtcdConfig, HistoryLimits, LocalStore, Store, WalOptions};
+use shepherd_store::{EtcdConfig, Heartbeats, HistoryLimits, LocalStore, Store, WalOptions};
 
 // The daemon allocates and frees many small JSON values per request; jemalloc spends less CPU on
 // that than the system allocator and fragments less (scale-out: 43.6 -> 25.7 CPU s, see BENCHMARKS.md).
@@ -231,6 +232,11 @@ struct ServerArgs {
     /// checkpoint.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1024 * 1024))]
     store_wal_max_uncheckpointed_mib: u64,
+    /// How long a node Lease renewal may wait, in milliseconds, for other writes to share its
+    /// commit (one `fdatasync` for several renewals); any other write commits at once with
+    /// them. 0: every renewal is committed on its own.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    store_heartbeat_wait_ms: u64,
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 10)]
     bookmark_seconds: u64,
@@ -390,7 +396,15 @@ async fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
     let path = backup::store_file(&args.data_dir);
     let opened = match args.store_engine {
         StoreEngine::Wal => {
-            let options = WalOptions { max_uncheckpointed_bytes: args.store_wal_max_uncheckpointed_mib << 20, ..WalOptions::default() };
+            let heartbeats = Heartbeats {
+                prefix: kinds::LEASE.namespace_prefix(kinds::NODE_LEASE_NAMESPACE).leak(),
+                wait: Duration::from_millis(args.store_heartbeat_wait_ms),
+            };
+            let options = WalOptions {
+                max_uncheckpointed_bytes: args.store_wal_max_uncheckpointed_mib << 20,
+                heartbeats,
+                ..WalOptions::default()
+            };
             LocalStore::open_embedded(&path, limits, options)
         }
         StoreEngine::Redb => LocalStore::open_redb_only(&path, limits),

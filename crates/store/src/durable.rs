@@ -60,6 +60,39 @@ pub(crate) fn gather(first: (Write, Reply), rx: &mpsc::Receiver<(Write, Reply)>)
     batch
 }
 
+/// Like [`gather`], but a batch of heartbeat writes only (keys under `heartbeats.prefix`) waits up
+/// to `heartbeats.wait` for more writes to share its commit; any other write ends the wait.
+pub(crate) fn gather_heartbeats(
+    first: (Write, Reply),
+    rx: &mpsc::Receiver<(Write, Reply)>,
+    heartbeats: Heartbeats,
+) -> Vec<(Write, Reply)> {
+    let mut batch = gather(first, rx);
+    if heartbeats.prefix.is_empty() || heartbeats.wait.is_zero() {
+        return batch;
+    }
+    let deadline = Instant::now() + heartbeats.wait;
+    while batch.len() < MAX_BATCH && batch.iter().all(|(w, _)| w.key().starts_with(heartbeats.prefix)) {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(w) => batch.extend(gather(w, rx)),
+            // The time is up (or the store is closing): commit what came.
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+/// Writes that may wait a little for company before they are committed: each commit is an
+/// `fdatasync`, and heartbeats (node Leases, renewed by every node every few seconds) arrive one
+/// by one, so without a wait nearly every renewal costs the disk a flush of its own.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Heartbeats {
+    /// Keys that start with this are heartbeats; empty: none are.
+    pub prefix: &'static str,
+    /// The longest a batch of heartbeats alone waits for more writes.
+    pub wait: Duration,
+}
+
 /// Checks each write of `batch` against `state` as the writes before it in the batch left it, and
 /// numbers the accepted ones from the next revision; a refused write is answered at once and takes
 /// no revision. Only the committer thread changes the state, so it cannot move meanwhile.

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use redb::{Database, ReadableDatabase, TableDefinition};
 
 use crate::durable::{
-    Health, META, OBJECTS, Opened, RECOVERY_PROBE, REVISION_KEY, Reply, backend, check_batch, classify, gather,
+    Health, META, OBJECTS, Opened, RECOVERY_PROBE, REVISION_KEY, Reply, backend, check_batch, classify, gather_heartbeats, Heartbeats,
     open_db, snapshot_of,
 };
 use crate::state::{DiskHistory, State, Write};
@@ -58,6 +58,8 @@ pub struct WalOptions {
     /// (503, or 507 when the disk is full, and `/readyz` false) until a checkpoint succeeds. While
     /// checkpoints fail, the log and the writes held for the checkpoint grow; this bounds them.
     pub max_uncheckpointed_bytes: u64,
+    /// Writes that wait for company before their commit (none by default).
+    pub heartbeats: Heartbeats,
 }
 
 impl Default for WalOptions {
@@ -68,6 +70,7 @@ impl Default for WalOptions {
             // Many checkpoint intervals of writes at any rate measured, yet bounded; the log
             // holds each write once and the checkpointer's queue once more.
             max_uncheckpointed_bytes: 256 * 1024 * 1024,
+            heartbeats: Heartbeats::default(),
         }
     }
 }
@@ -691,7 +694,7 @@ impl CommitLoop {
                     return;
                 }
             };
-            let batch = gather(first, &rx);
+            let batch = gather_heartbeats(first, &rx, self.options.heartbeats);
             if let Some(refusal) = self.backlog_refusal() {
                 if !failing {
                     tracing::error!(error = %refusal, "store log backlog at its limit");

@@ -34,7 +34,7 @@ use futures::future::{BoxFuture, Either, Ready};
 pub use etcd::EtcdStore;
 pub use local_etcd::{LocalEtcd, LocalEtcdTls};
 pub use embedded::WalOptions;
-pub use durable::{DEFAULT_REDB_CACHE_BYTES, set_redb_cache_bytes};
+pub use durable::{DEFAULT_REDB_CACHE_BYTES, Heartbeats, set_redb_cache_bytes};
 pub use error::StoreError;
 pub use local::LocalStore;
 pub use snapshot::{Snapshot, SnapshotError};

@@ -131,6 +131,14 @@ pub(crate) enum Write {
     Delete { key: String, expected: Option<Revision> },
 }
 
+impl Write {
+    pub(crate) fn key(&self) -> &str {
+        match self {
+            Write::Create { key, .. } | Write::Update { key, .. } | Write::Delete { key, .. } => key,
+        }
+    }
+}
+
 /// A current object as the state holds it: its value packed (most of the state's memory is these),
 /// and, while its latest write is still in the history in memory, the value as written too,
 /// shared with that event, so the reads and the next write that come soon after a write unpack

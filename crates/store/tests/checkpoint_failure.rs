@@ -41,6 +41,7 @@ async fn writes_are_refused_while_checkpoints_fail_past_the_log_limit_and_resume
         segment_bytes: 32 * 1024,
         checkpoint_interval: Duration::from_millis(20),
         max_uncheckpointed_bytes: LIMIT,
+        ..WalOptions::default()
     };
     let store = LocalStore::open_embedded(&path, HistoryLimits::default(), options).expect("open");
     store.create("/before", Bytes::from_static(b"v")).await.expect("create");

@@ -604,3 +604,52 @@ async fn objects_are_held_compressed_and_read_back_exactly_as_written() {
         }
     }
 }
+
+/// Heartbeat writes (node Lease renewals) wait a little for company before their commit, so that
+/// several share one `fdatasync`; any other write is not delayed by them and takes them along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_wait_for_company_and_an_ordinary_write_takes_them_along_at_once() {
+    use shepherd_store::{Heartbeats, WalOptions};
+    use std::time::Instant;
+    let open = |dir: &tempfile::TempDir, wait: Duration| {
+        let options = WalOptions { heartbeats: Heartbeats { prefix: "/leases/", wait }, ..WalOptions::default() };
+        LocalStore::open_embedded(&dir.path().join("s.redb"), HistoryLimits::default(), options).expect("open")
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(open(&dir, Duration::from_millis(300)));
+    store.create("/leases/n0", b("0")).await.expect("first");
+
+    // A heartbeat alone is committed once the wait is over, not before.
+    let started = Instant::now();
+    store.update("/leases/n0", b("1"), None).await.expect("renewal");
+    assert!(started.elapsed() >= Duration::from_millis(300), "a lone heartbeat committed after {:?}", started.elapsed());
+
+    // Heartbeats that come during the wait share it; an ordinary write ends it at once.
+    let wait = Duration::from_secs(30);
+    store.close().await.expect("close");
+    let store = Arc::new(open(&dir, wait));
+    let started = Instant::now();
+    let beats: Vec<_> = (1..=3)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { store.create(&format!("/leases/n{i}"), b("1")).await.map(|kv| kv.mod_revision) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for beat in &beats {
+        assert!(!beat.is_finished(), "a heartbeat was committed alone");
+    }
+    let other = store.create("/pods/p", b("1")).await.expect("ordinary write");
+    let mut revisions = Vec::new();
+    for beat in beats {
+        revisions.push(beat.await.expect("task").expect("heartbeat"));
+    }
+    assert!(started.elapsed() < wait / 2, "the ordinary write waited {:?}", started.elapsed());
+    assert!(revisions.iter().all(|r| *r < other.mod_revision), "{revisions:?} then {}", other.mod_revision);
+    store.close().await.expect("close");
+    // And all of it is on disk.
+    let store = open(&dir, Duration::ZERO);
+    for key in ["/leases/n0", "/leases/n1", "/leases/n2", "/leases/n3", "/pods/p"] {
+        assert!(store.get(key).await.expect("get").is_some(), "{key} lost");
+    }
+}

@@ -13,7 +13,7 @@ use super::request_info::Attributes;
 use shepherd_api::JsonPath;
 
 /// The namespace of node heartbeats.
-const LEASE_NAMESPACE: &str = "kube-node-lease";
+use shepherd_api::kinds::NODE_LEASE_NAMESPACE as LEASE_NAMESPACE;
 
 /// What a node may do at all, before the per-object checks below (Kubernetes' node rules, for the kinds
 /// Shepherd serves).
