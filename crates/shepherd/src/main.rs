@@ -235,7 +235,7 @@ struct ServerArgs {
     /// How long a node Lease renewal may wait, in milliseconds, for other writes to share its
     /// commit (one `fdatasync` for several renewals); any other write commits at once with
     /// them. 0: every renewal is committed on its own.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=1000))]
     store_heartbeat_wait_ms: u64,
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 10)]
