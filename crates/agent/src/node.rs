@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::pods::k8s_time;
 
-pub(crate) use shepherd_api::kinds::NODE_LEASE_NAMESPACE as LEASE_NAMESPACE;
+use shepherd_api::kinds::NODE_LEASE_NAMESPACE;
 
 /// What a node reports about itself.
 #[derive(Debug, Clone)]
@@ -177,21 +177,21 @@ pub(crate) async fn renew_lease(client: &dyn Client, id: &NodeIdentity, last: &m
     };
     let known = match last.take() {
         Some(lease) => Some(lease),
-        None => match client.get(&kinds::LEASE, Some(LEASE_NAMESPACE), &id.name).await {
+        None => match client.get(&kinds::LEASE, Some(NODE_LEASE_NAMESPACE), &id.name).await {
             Ok(lease) => Some(lease),
             Err(e) if e.is_not_found() => None,
             Err(e) => return Err(e),
         },
     };
     if let Some(lease) = known {
-        match client.update(&kinds::LEASE, Some(LEASE_NAMESPACE), renewed(lease.clone())).await {
+        match client.update(&kinds::LEASE, Some(NODE_LEASE_NAMESPACE), renewed(lease.clone())).await {
             Ok(written) => {
                 *last = Some(written);
                 return Ok(());
             }
             Err(e) if e.is_conflict() => {
-                let fresh = client.get(&kinds::LEASE, Some(LEASE_NAMESPACE), &id.name).await?;
-                *last = Some(client.update(&kinds::LEASE, Some(LEASE_NAMESPACE), renewed(fresh)).await?);
+                let fresh = client.get(&kinds::LEASE, Some(NODE_LEASE_NAMESPACE), &id.name).await?;
+                *last = Some(client.update(&kinds::LEASE, Some(NODE_LEASE_NAMESPACE), renewed(fresh)).await?);
                 return Ok(());
             }
             Err(e) if e.is_not_found() => {}
@@ -202,9 +202,9 @@ pub(crate) async fn renew_lease(client: &dyn Client, id: &NodeIdentity, last: &m
             }
         }
     }
-    let mut lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": id.name, "namespace": LEASE_NAMESPACE}});
+    let mut lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": id.name, "namespace": NODE_LEASE_NAMESPACE}});
     lease["spec"] = spec;
-    match client.create(&kinds::LEASE, Some(LEASE_NAMESPACE), lease.clone()).await {
+    match client.create(&kinds::LEASE, Some(NODE_LEASE_NAMESPACE), lease.clone()).await {
         Ok(written) => {
             *last = Some(written);
             Ok(())
@@ -213,12 +213,12 @@ pub(crate) async fn renew_lease(client: &dyn Client, id: &NodeIdentity, last: &m
         Err(ApiError::AlreadyExists { .. }) => Ok(()),
         Err(e) if e.is_not_found() => {
             // The namespace itself is missing (a fresh cluster): create it, then the lease.
-            let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}});
+            let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NODE_LEASE_NAMESPACE}});
             match client.create(&kinds::NAMESPACE, None, ns).await {
                 Ok(_) | Err(ApiError::AlreadyExists { .. }) => {}
                 Err(e) => return Err(e),
             }
-            match client.create(&kinds::LEASE, Some(LEASE_NAMESPACE), lease).await {
+            match client.create(&kinds::LEASE, Some(NODE_LEASE_NAMESPACE), lease).await {
                 Ok(written) => {
                     *last = Some(written);
                     Ok(())
@@ -316,7 +316,7 @@ mod tests {
     }
 
     async fn stored_lease(client: &dyn Client) -> Value {
-        client.get(&kinds::LEASE, Some(LEASE_NAMESPACE), "n1").await.expect("the lease exists")
+        client.get(&kinds::LEASE, Some(NODE_LEASE_NAMESPACE), "n1").await.expect("the lease exists")
     }
 
     #[tokio::test]
@@ -348,7 +348,7 @@ mod tests {
         renew_lease(&client, &id, &mut last).await.expect("first renewal");
         // Another writer (a node lifecycle controller, an operator) bumps the resourceVersion.
         let label = Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}}));
-        api.patch(&kinds::LEASE, Some(LEASE_NAMESPACE), "n1", label).await.expect("someone else writes");
+        api.patch(&kinds::LEASE, Some(NODE_LEASE_NAMESPACE), "n1", label).await.expect("someone else writes");
         take(&client);
         tokio::time::sleep(Duration::from_millis(2)).await;
         let before = renew_time(&stored_lease(api.as_ref()).await);

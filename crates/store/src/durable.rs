@@ -51,13 +51,18 @@ pub(crate) type Committer = mpsc::Sender<(Write, Reply)>;
 /// `first` and every write waiting behind it, up to [`MAX_BATCH`]: what one commit takes.
 pub(crate) fn gather(first: (Write, Reply), rx: &mpsc::Receiver<(Write, Reply)>) -> Vec<(Write, Reply)> {
     let mut batch = vec![first];
+    take_waiting(&mut batch, rx);
+    batch
+}
+
+/// Adds the writes waiting in `rx` to `batch`, up to [`MAX_BATCH`] in all.
+fn take_waiting(batch: &mut Vec<(Write, Reply)>, rx: &mpsc::Receiver<(Write, Reply)>) {
     while batch.len() < MAX_BATCH {
         match rx.try_recv() {
             Ok(w) => batch.push(w),
             Err(_) => break,
         }
     }
-    batch
 }
 
 /// Like [`gather`], but a batch of heartbeat writes only (keys under `heartbeats.prefix`) waits up
@@ -71,12 +76,19 @@ pub(crate) fn gather_heartbeats(
     if heartbeats.prefix.is_empty() || heartbeats.wait.is_zero() {
         return batch;
     }
+    let beat = |(w, _): &(Write, Reply)| w.key().starts_with(heartbeats.prefix);
+    if !batch.iter().all(beat) {
+        return batch;
+    }
     let deadline = Instant::now() + heartbeats.wait;
-    while batch.len() < MAX_BATCH && batch.iter().all(|(w, _)| w.key().starts_with(heartbeats.prefix)) {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(w) => batch.extend(gather(w, rx)),
-            // The time is up (or the store is closing): commit what came.
-            Err(_) => break,
+    while batch.len() < MAX_BATCH {
+        // The time is up (or the store is closing): commit what came.
+        let Ok(w) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) else { break };
+        let ends_wait = !beat(&w);
+        batch.push(w);
+        if ends_wait {
+            take_waiting(&mut batch, rx);
+            break;
         }
     }
     batch

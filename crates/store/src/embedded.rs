@@ -31,8 +31,8 @@ use bytes::Bytes;
 use redb::{Database, ReadableDatabase, TableDefinition};
 
 use crate::durable::{
-    Health, META, OBJECTS, Opened, RECOVERY_PROBE, REVISION_KEY, Reply, backend, check_batch, classify, gather_heartbeats, Heartbeats,
-    open_db, snapshot_of,
+    Health, Heartbeats, META, OBJECTS, Opened, RECOVERY_PROBE, REVISION_KEY, Reply, backend, check_batch, classify,
+    gather_heartbeats, open_db, snapshot_of,
 };
 use crate::state::{DiskHistory, State, Write};
 use crate::wal::{self, NextSegment, Record, Writer};

@@ -12,8 +12,7 @@ use super::rbac::PolicyRule;
 use super::request_info::Attributes;
 use shepherd_api::JsonPath;
 
-/// The namespace of node heartbeats.
-use shepherd_api::kinds::NODE_LEASE_NAMESPACE as LEASE_NAMESPACE;
+use shepherd_api::kinds::NODE_LEASE_NAMESPACE;
 
 /// What a node may do at all, before the per-object checks below (Kubernetes' node rules, for the kinds
 /// Shepherd serves).
@@ -169,7 +168,7 @@ pub fn authorize(node: &str, graph: &NodeGraph, a: &Attributes) -> Result<(), St
         }
     }
     if a.api_group == "coordination.k8s.io" && a.resource == "leases" {
-        let own = a.namespace == LEASE_NAMESPACE && (a.verb == "create" || a.name == node);
+        let own = a.namespace == NODE_LEASE_NAMESPACE && (a.verb == "create" || a.name == node);
         if !own {
             return Err("can only access node lease with the same name as the requesting node".to_string());
         }
