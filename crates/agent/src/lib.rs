@@ -205,7 +205,7 @@ impl Agent {
         let mut identity = node::NodeIdentity::of_host(&config.node_name, &config.node_ip, config.lease_duration_seconds);
         let streaming = match &config.streaming {
             Some(s) => {
-                let listener = tokio::net::TcpListener::bind(s.address)
+                let listener = server::listen(s.address, &config.data_dir)
                     .await
                     .map_err(|source| AgentError::Listen { address: s.address, source })?;
                 identity.streaming_port = listener.local_addr().map(|a| a.port()).unwrap_or(0);

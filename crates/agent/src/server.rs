@@ -37,6 +37,38 @@ pub struct StreamingConfig {
     pub token: String,
 }
 
+/// The file in an agent's data directory that keeps the port its streaming endpoint last had.
+const PORT_FILE: &str = "streaming-port";
+
+/// Listens on `address`. With port 0, the port an earlier agent on the same `data_dir` had is
+/// taken again when it is free, as kubelet keeps its 10250: the Node still publishes that port
+/// until this agent's first status write, and an exec or attach in that window reaches this agent
+/// instead of a closed port. The port bound is kept for the next agent.
+pub(crate) async fn listen(address: SocketAddr, data_dir: &std::path::Path) -> std::io::Result<TcpListener> {
+    let file = data_dir.join(PORT_FILE);
+    let earlier = (address.port() == 0)
+        .then(|| std::fs::read_to_string(&file).ok()?.trim().parse::<u16>().ok())
+        .flatten()
+        .filter(|p| *p != 0);
+    let listener = match earlier {
+        Some(port) => match TcpListener::bind(SocketAddr::new(address.ip(), port)).await {
+            Ok(l) => l,
+            Err(e) => {
+                debug!(port, error = %e, "the streaming endpoint's earlier port is taken; picking another");
+                TcpListener::bind(address).await?
+            }
+        },
+        None => TcpListener::bind(address).await?,
+    };
+    if address.port() == 0 {
+        let port = listener.local_addr()?.port();
+        if let Err(e) = std::fs::create_dir_all(data_dir).and_then(|()| std::fs::write(&file, format!("{port}\n"))) {
+            warn!(path = %file.display(), error = %e, "cannot keep the streaming port for the next agent");
+        }
+    }
+    Ok(listener)
+}
+
 impl std::fmt::Debug for StreamingConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StreamingConfig").field("address", &self.address).field("token", &"<redacted>").finish()
@@ -377,6 +409,22 @@ fn pod_dialer() -> spdy_session::Dialer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_agent_on_the_same_data_directory_gets_the_earlier_port_back_when_it_is_free() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let first = listen(any, dir.path()).await.expect("listen").local_addr().unwrap().port();
+        // The first listener is gone (dropped), as after a kill -9.
+        let again = listen(any, dir.path()).await.expect("listen again");
+        assert_eq!(again.local_addr().unwrap().port(), first, "the restarted agent's port is the one the Node publishes");
+        // Someone else holds it now: another port, kept for the next time.
+        let other = listen(any, dir.path()).await.expect("listen while the port is taken").local_addr().unwrap().port();
+        assert_ne!(other, first);
+        drop(again);
+        let third = listen(any, dir.path()).await.expect("listen a third time").local_addr().unwrap().port();
+        assert_eq!(third, other, "the port last bound is the one remembered");
+    }
 
     #[test]
     fn exec_queries_keep_every_command_word_in_order() {

