@@ -38,7 +38,8 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc's options, read once at its start (`_RJEM_MALLOC_CONF` in the environment still adds
 /// to or overrides them). Freed pages go back to the kernel 250 ms after they were last used
 /// instead of 10 s: a scale-out frees and reuses much, and the old delay kept its garbage resident
-/// for the whole burst (peak RSS at 10,000 pods 151-154 MiB against 143 MiB; BENCHMARKS.md §3-5).
+/// for the whole burst (peak RSS at 10,000 pods 144-151 MiB against 151-156, for ~4% more CPU in
+/// the scale-out; BENCHMARKS.md §3-5, "A fast sitting").
 #[repr(transparent)]
 struct MallocConf(*const std::ffi::c_char);
 // SAFETY: the pointer is to a static, immutable, NUL-terminated string.
