@@ -45,11 +45,11 @@ const PORT_FILE: &str = "streaming-port";
 /// until this agent's first status write, and an exec or attach in that window reaches this agent
 /// instead of a closed port. The port bound is kept for the next agent.
 pub(crate) async fn listen(address: SocketAddr, data_dir: &std::path::Path) -> std::io::Result<TcpListener> {
+    if address.port() != 0 {
+        return TcpListener::bind(address).await;
+    }
     let file = data_dir.join(PORT_FILE);
-    let earlier = (address.port() == 0)
-        .then(|| std::fs::read_to_string(&file).ok()?.trim().parse::<u16>().ok())
-        .flatten()
-        .filter(|p| *p != 0);
+    let earlier = std::fs::read_to_string(&file).ok().and_then(|p| p.trim().parse::<u16>().ok()).filter(|p| *p != 0);
     let listener = match earlier {
         Some(port) => match TcpListener::bind(SocketAddr::new(address.ip(), port)).await {
             Ok(l) => l,
@@ -60,11 +60,11 @@ pub(crate) async fn listen(address: SocketAddr, data_dir: &std::path::Path) -> s
         },
         None => TcpListener::bind(address).await?,
     };
-    if address.port() == 0 {
-        let port = listener.local_addr()?.port();
-        if let Err(e) = std::fs::create_dir_all(data_dir).and_then(|()| std::fs::write(&file, format!("{port}\n"))) {
-            warn!(path = %file.display(), error = %e, "cannot keep the streaming port for the next agent");
-        }
+    let port = listener.local_addr()?.port();
+    let kept = std::fs::create_dir_all(data_dir)
+        .and_then(|()| crate::process::write_atomically(&file, format!("{port}\n").as_bytes()));
+    if let Err(e) = kept {
+        warn!(path = %file.display(), error = %e, "cannot keep the streaming port for the next agent");
     }
     Ok(listener)
 }
