@@ -89,13 +89,23 @@ impl Set {
         self.members.is_empty() && self.children.is_empty()
     }
 
+    /// Adds `path`; elements already in the tree are not copied again.
     pub(crate) fn insert(&mut self, path: &[PathElement]) {
         match path {
             [] => {}
             [last] => {
-                self.members.insert(last.clone());
+                if !self.members.contains(last) {
+                    self.members.insert(last.clone());
+                }
             }
-            [first, rest @ ..] => self.children.entry(first.clone()).or_default().insert(rest),
+            [first, rest @ ..] => match self.children.get_mut(first) {
+                Some(c) => c.insert(rest),
+                None => {
+                    let mut c = Set::new();
+                    c.insert(rest);
+                    self.children.insert(first.clone(), c);
+                }
+            },
         }
     }
 
@@ -139,31 +149,62 @@ impl Set {
 
     pub(crate) fn union(&self, other: &Set) -> Set {
         let mut out = self.clone();
-        out.members.extend(other.members.iter().cloned());
-        for (pe, c) in &other.children {
-            let merged = match out.children.get(pe) {
-                Some(mine) => mine.union(c),
-                None => c.clone(),
-            };
-            out.children.insert(pe.clone(), merged);
-        }
+        out.absorb(other);
         out
     }
 
+    /// Adds every path of `other`, in place.
+    pub(crate) fn absorb(&mut self, other: &Set) {
+        for pe in &other.members {
+            if !self.members.contains(pe) {
+                self.members.insert(pe.clone());
+            }
+        }
+        for (pe, c) in &other.children {
+            match self.children.get_mut(pe) {
+                Some(mine) => mine.absorb(c),
+                None => {
+                    self.children.insert(pe.clone(), c.clone());
+                }
+            }
+        }
+    }
+
     pub(crate) fn difference(&self, other: &Set) -> Set {
-        let members = self.members.difference(&other.members).cloned().collect();
-        let children = self
-            .children
-            .iter()
-            .filter_map(|(pe, c)| {
-                let rest = match other.children.get(pe) {
-                    Some(o) => c.difference(o),
-                    None => c.clone(),
-                };
-                (!rest.is_empty()).then(|| (pe.clone(), rest))
-            })
-            .collect();
-        Set { members, children }
+        let mut out = self.clone();
+        out.remove(other);
+        out
+    }
+
+    /// Takes the paths of `other` out of this set, in place; whether any was in it. A subtree that
+    /// `other` does not reach is neither walked nor copied.
+    pub(crate) fn remove(&mut self, other: &Set) -> bool {
+        self.remove_with(other, false)
+    }
+
+    /// Takes the paths of `other` and everything below them out of this set, in place; whether
+    /// anything was in it.
+    pub(crate) fn remove_recursive(&mut self, other: &Set) -> bool {
+        self.remove_with(other, true)
+    }
+
+    fn remove_with(&mut self, other: &Set, recursive: bool) -> bool {
+        let mut changed = false;
+        for pe in &other.members {
+            changed |= self.members.remove(pe);
+            if recursive {
+                changed |= self.children.remove(pe).is_some();
+            }
+        }
+        for (pe, o) in &other.children {
+            if let Some(c) = self.children.get_mut(pe) {
+                changed |= c.remove_with(o, recursive);
+                if c.is_empty() {
+                    self.children.remove(pe);
+                }
+            }
+        }
+        changed
     }
 
     pub(crate) fn intersection(&self, other: &Set) -> Set {
@@ -174,24 +215,6 @@ impl Set {
             .filter_map(|(pe, c)| {
                 let both = c.intersection(other.children.get(pe)?);
                 (!both.is_empty()).then(|| (pe.clone(), both))
-            })
-            .collect();
-        Set { members, children }
-    }
-
-    /// This set without the paths of `other` and everything below them.
-    pub(crate) fn recursive_difference(&self, other: &Set) -> Set {
-        let members = self.members.difference(&other.members).cloned().collect();
-        let children = self
-            .children
-            .iter()
-            .filter(|(pe, _)| !other.members.contains(pe))
-            .filter_map(|(pe, c)| {
-                let rest = match other.children.get(pe) {
-                    Some(o) => c.recursive_difference(o),
-                    None => c.clone(),
-                };
-                (!rest.is_empty()).then(|| (pe.clone(), rest))
             })
             .collect();
         Set { members, children }
@@ -334,14 +357,23 @@ mod tests {
         assert_eq!(a.difference(&b), set(&[&[f("spec"), f("paused")]]));
         assert_eq!(a.intersection(&b), set(&[&[f("spec"), f("replicas")]]));
         assert!(a.difference(&a).is_empty(), "no empty children are left behind");
+        let mut c = a.clone();
+        assert!(c.remove(&b), "spec.replicas was in both");
+        assert_eq!(c, a.difference(&b));
+        assert!(!c.remove(&b), "and is gone");
+        c.absorb(&b);
+        assert_eq!(c, a.union(&b));
     }
 
     #[test]
-    fn recursive_difference_removes_everything_below_a_member() {
+    fn a_recursive_removal_takes_everything_below_a_member() {
         let a = set(&[&[f("status")], &[f("status"), f("replicas")], &[f("spec"), f("replicas")]]);
         let status = set(&[&[f("status")]]);
-        assert_eq!(a.recursive_difference(&status), set(&[&[f("spec"), f("replicas")]]));
+        let mut r = a.clone();
+        assert!(r.remove_recursive(&status));
+        assert_eq!(r, set(&[&[f("spec"), f("replicas")]]));
         assert_eq!(a.difference(&status).paths().len(), 2, "a plain difference keeps the children");
+        assert!(!r.remove_recursive(&status), "nothing left to remove");
     }
 
     #[test]

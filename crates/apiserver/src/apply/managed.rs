@@ -26,7 +26,7 @@ impl Operation {
 }
 
 /// Who owns a set of fields, and since when.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Entry {
     pub(crate) manager: String,
     pub(crate) operation: Operation,
@@ -35,6 +35,17 @@ pub(crate) struct Entry {
     /// Empty for the main resource.
     pub(crate) subresource: String,
     pub(crate) set: Set,
+    /// The entry as this server wrote it before, while nothing above has changed: written back
+    /// as it is instead of being encoded again.
+    pub(crate) written: Option<Value>,
+}
+
+/// Equal entries say the same; where the text came from does not matter.
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.manager, self.operation, &self.api_version, &self.time, &self.subresource, &self.set)
+            == (&other.manager, other.operation, &other.api_version, &other.time, &other.subresource, &other.set)
+    }
 }
 
 impl Entry {
@@ -98,6 +109,7 @@ impl Entry {
             time: v.get("time").and_then(Value::as_str).map(str::to_string),
             subresource: text("subresource"),
             set,
+            written: None,
         })
     }
 }
@@ -109,6 +121,21 @@ pub(crate) fn decode(obj: &Value) -> Result<Vec<Entry>, String> {
         Some(Value::Array(a)) => a.iter().map(Entry::from_json).collect(),
         Some(_) => Err("managedFields must be a list".into()),
     }
+}
+
+/// The entries of `fields`, a stored object's `managedFields` taken out of it, each keeping its
+/// text for [`encode`] to write back while the entry stays as it is. Only for what this server
+/// stored: a client's own text may not be in the form [`encode`] writes.
+pub(crate) fn decode_stored(fields: Value) -> Vec<Entry> {
+    let Value::Array(items) = fields else { return Vec::new() };
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        match Entry::from_json(&item) {
+            Ok(e) => out.push(Entry { written: Some(item), ..e }),
+            Err(_) => return Vec::new(),
+        }
+    }
+    out
 }
 
 /// Writes `entries` into the object's metadata, in Kubernetes' order (Apply before Update, then
@@ -129,7 +156,11 @@ pub(crate) fn encode(obj: &mut Value, mut entries: Vec<Entry>) {
     if entries.is_empty() {
         meta.remove("managedFields");
     } else {
-        meta.insert("managedFields".into(), Value::Array(entries.iter().map(Entry::to_json).collect()));
+        let items = entries.into_iter().map(|e| match e.written {
+            Some(v) => v,
+            None => e.to_json(),
+        });
+        meta.insert("managedFields".into(), Value::Array(items.collect()));
     }
 }
 
@@ -149,6 +180,7 @@ fn cap_updates(entries: &mut Vec<Entry>) {
         time: entries[oldest[oldest.len() - 1]].time.clone(),
         subresource: String::new(),
         set: Set::new(),
+        written: None,
     };
     for i in &oldest {
         merged.set = merged.set.union(&entries[*i].set);
@@ -176,6 +208,7 @@ mod tests {
             time: Some(time.into()),
             subresource: String::new(),
             set,
+            written: None,
         }
     }
 

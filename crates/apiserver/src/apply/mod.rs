@@ -59,9 +59,9 @@ fn f(name: &str) -> PathElement {
     PathElement::Field(name.into())
 }
 
-/// Fields the server sets, which no manager owns (Kubernetes strips the same ones).
-fn server_owned() -> &'static (Set, Set) {
-    static SETS: OnceLock<(Set, Set)> = OnceLock::new();
+/// Fields the server sets, which no manager owns (Kubernetes strips the same ones), and `status`.
+fn server_owned() -> &'static (Set, Set, Set) {
+    static SETS: OnceLock<(Set, Set, Set)> = OnceLock::new();
     SETS.get_or_init(|| {
         let mut plain = Set::new();
         for p in [vec![f("apiVersion")], vec![f("kind")], vec![f("metadata")]] {
@@ -73,20 +73,22 @@ fn server_owned() -> &'static (Set, Set) {
         {
             recursive.insert(&[f("metadata"), f(field)]);
         }
-        (plain, recursive)
+        let mut status = Set::new();
+        status.insert(&[f("status")]);
+        (plain, recursive, status)
     })
 }
 
 /// The part of `set` a write through `subresource` can own: not the server's fields; not status
 /// through the main resource of a kind with a status subresource; only status through `/status`.
-fn scope(res: &ResourceInfo, subresource: &str, set: &Set) -> Set {
-    let (plain, recursive) = server_owned();
-    let set = set.difference(plain).recursive_difference(recursive);
+fn scope(res: &ResourceInfo, subresource: &str, mut set: Set) -> Set {
+    let (plain, recursive, status) = server_owned();
+    set.remove(plain);
+    set.remove_recursive(recursive);
     match subresource {
         "" if res.has_status => {
-            let mut status = Set::new();
-            status.insert(&[f("status")]);
-            set.recursive_difference(&status)
+            set.remove_recursive(status);
+            set
         }
         "status" => set.restricted_to(&f("status")),
         _ => set,
@@ -114,38 +116,52 @@ pub(crate) fn record_update(res: &ResourceInfo, old: Option<&Value>, new: &mut V
     let ty = Schema::root(res);
     let api_version = res.api_version();
     let old_fields = old.and_then(|o| o.get("metadata")).and_then(|m| m.get("managedFields"));
-    let new_fields = new.get("metadata").and_then(|m| m.get("managedFields"));
-    let set_by_client = w.subresource.is_empty()
-        && new_fields.and_then(Value::as_array).is_some_and(|a| !a.is_empty())
-        && new_fields != old_fields;
-    let from_old = || old.map(managed::decode).unwrap_or(Ok(Vec::new())).unwrap_or_default();
-    let mut entries = if set_by_client { managed::decode(new).unwrap_or_else(|_| from_old()) } else { from_old() };
     // Neither object is copied without its managedFields (the comparison skips them): every path
     // below either writes `new`'s anew or puts the old ones back, and the copies were a visible
     // part of each Lease renewal's cost.
-    if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("managedFields");
+    let new_fields = new.get_mut("metadata").and_then(Value::as_object_mut).and_then(|m| m.remove("managedFields"));
+    let set_by_client = w.subresource.is_empty()
+        && new_fields.as_ref().and_then(Value::as_array).is_some_and(|a| !a.is_empty())
+        && new_fields.as_ref() != old_fields;
+    let from_old = || old.map(managed::decode).unwrap_or(Ok(Vec::new())).unwrap_or_default();
+    let mut entries = match new_fields {
+        Some(fields) if set_by_client => managed::decode_stored(fields)
+            .into_iter()
+            // The client's text is read, and written again in the server's form.
+            .map(|e| managed::Entry { written: None, ..e })
+            .collect::<Vec<_>>(),
+        // The stored entries, carried over in `new` as they are: their text is the server's own.
+        Some(fields) if Some(&fields) == old_fields => managed::decode_stored(fields),
+        _ => from_old(),
+    };
+    if set_by_client && entries.is_empty() {
+        entries = from_old();
     }
     if entries.is_empty() && old.is_some() {
         // An object that never had owners recorded keeps none until it is applied (Kubernetes).
         return;
     }
-    let c = typed::compare(schema, &ty, old.unwrap_or(&json!({})), new);
-    let taken = scope(res, w.subresource, &c.added.union(&c.modified));
-    if taken.is_empty() && c.removed.is_empty() && !set_by_client {
+    let typed::Comparison { added, removed, modified } = typed::compare(schema, &ty, old.unwrap_or(&json!({})), new);
+    let mut changed = added;
+    changed.absorb(&modified);
+    let taken = scope(res, w.subresource, changed);
+    if taken.is_empty() && removed.is_empty() && !set_by_client {
         if let (Some(m), Some(fields)) = (new.get_mut("metadata").and_then(Value::as_object_mut), old_fields) {
             m.insert("managedFields".into(), fields.clone());
         }
         return;
     }
     for e in &mut entries {
-        e.set = e.set.difference(&taken).difference(&c.removed);
+        if e.set.remove(&taken) | e.set.remove(&removed) {
+            e.written = None;
+        }
     }
     if !taken.is_empty() {
         match entries.iter_mut().find(|e| e.is(w.manager, Operation::Update, w.subresource, &api_version)) {
             Some(e) => {
-                e.set = e.set.union(&taken);
+                e.set.absorb(&taken);
                 e.time = Some(now());
+                e.written = None;
             }
             None => entries.push(Entry {
                 manager: w.manager.to_string(),
@@ -154,6 +170,7 @@ pub(crate) fn record_update(res: &ResourceInfo, old: Option<&Value>, new: &mut V
                 time: Some(now()),
                 subresource: w.subresource.to_string(),
                 set: taken,
+                written: None,
             }),
         }
     }
@@ -205,7 +222,7 @@ pub(crate) fn apply(
     let live_obj = without_managed_fields(live);
     if entries.is_empty() && !creating {
         let c = typed::compare(schema, &ty, &json!({}), &live_obj);
-        let set = scope(res, "", &c.added);
+        let set = scope(res, "", c.added);
         if !set.is_empty() {
             entries.push(Entry {
                 manager: BEFORE_FIRST_APPLY.into(),
@@ -214,12 +231,13 @@ pub(crate) fn apply(
                 time: Some(now()),
                 subresource: String::new(),
                 set,
+                written: None,
             });
         }
     }
     let config = applicable(res, w.subresource, config);
     let mut merged = typed::merge(schema, &ty, &live_obj, &config);
-    let config_set = scope(res, w.subresource, &typed::field_set(schema, &ty, &config));
+    let config_set = scope(res, w.subresource, typed::field_set(schema, &ty, &config));
     let (me, last) = match entries.iter().position(|e| e.is(w.manager, Operation::Apply, w.subresource, "")) {
         Some(i) => {
             let last = std::mem::replace(&mut entries[i].set, config_set);
@@ -234,6 +252,7 @@ pub(crate) fn apply(
                 time: None,
                 subresource: w.subresource.to_string(),
                 set: config_set,
+                written: None,
             });
             (entries.len() - 1, Set::new())
         }
@@ -243,7 +262,7 @@ pub(crate) fn apply(
         typed::prune(schema, &ty, &mut merged, &last, &owned_now);
     }
     let c = typed::compare(schema, &ty, &live_obj, &merged);
-    let changed = scope(res, w.subresource, &c.added.union(&c.modified));
+    let changed = scope(res, w.subresource, c.added.union(&c.modified));
     let mut conflicts: Vec<(usize, Set)> = entries
         .iter()
         .enumerate()
@@ -268,11 +287,11 @@ pub(crate) fn apply(
         }
     }
     for (i, taken) in conflicts.drain(..) {
-        entries[i].set = entries[i].set.difference(&taken);
+        entries[i].set.remove(&taken);
     }
     for (i, e) in entries.iter_mut().enumerate() {
         if i != me {
-            e.set = e.set.difference(&c.removed);
+            e.set.remove(&c.removed);
         }
     }
     if merged != live_obj || entries[me].time.is_none() {
@@ -438,6 +457,62 @@ mod tests {
         let of = |m: &str| entries.iter().find(|e| e["manager"] == m).map(|e| e["fieldsV1"]["f:spec"].clone());
         assert_eq!(of("other"), Some(json!({"f:renewTime": {}})));
         assert_eq!(of("shepherd-agent"), Some(json!({"f:holderIdentity": {}, "f:leaseDurationSeconds": {}})));
+    }
+
+    /// The object with its managedFields decoded and encoded afresh, none of the stored text kept.
+    fn encoded_afresh(obj: &Value) -> Value {
+        let mut fresh = obj.clone();
+        managed::encode(&mut fresh, managed::decode(obj).expect("decode"));
+        fresh
+    }
+
+    #[test]
+    fn entries_written_back_as_stored_are_what_encoding_them_afresh_gives() {
+        let rs = Writer { manager: "shepherd-controller-manager", subresource: "" };
+        let mut pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default",
+            "uid": "u1", "labels": {"app": "web"}, "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "name": "web", "uid": "u0", "controller": true}]},
+            "spec": {"containers": [{"name": "web", "image": "x", "ports": [{"containerPort": 80}]}]}});
+        record_update(&kinds::POD, None, &mut pod, rs);
+        let steps: Vec<(Writer, Box<dyn Fn(&mut Value)>)> = vec![
+            (Writer { manager: "shepherd-scheduler", subresource: "binding" }, Box::new(|p| p["spec"]["nodeName"] = json!("n1"))),
+            (Writer { manager: "shepherd-agent", subresource: "status" }, Box::new(|p| {
+                p["status"] = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]})
+            })),
+            (Writer { manager: "kubectl-label", subresource: "" }, Box::new(|p| p["metadata"]["labels"]["tier"] = json!("a"))),
+            // Takes a field of the first writer, and removes one.
+            (Writer { manager: "kubectl-edit", subresource: "" }, Box::new(|p| {
+                p["metadata"]["labels"]["app"] = json!("api");
+                p["spec"]["containers"][0].as_object_mut().expect("container").remove("ports");
+            })),
+            (Writer { manager: "shepherd-agent", subresource: "status" }, Box::new(|p| p["status"]["phase"] = json!("Succeeded"))),
+            // Nothing changes: the entries stay as they were.
+            (Writer { manager: "other", subresource: "" }, Box::new(|_| {})),
+        ];
+        let mut managers = 1;
+        for (w, change) in steps {
+            let mut next = pod.clone();
+            change(&mut next);
+            record_update(&kinds::POD, Some(&pod), &mut next, w);
+            assert_eq!(next, encoded_afresh(&next), "after a write by {}", w.manager);
+            managers = managers.max(next["metadata"]["managedFields"].as_array().map_or(0, Vec::len));
+            pod = next;
+        }
+        assert_eq!(managers, 5, "{pod}");
+        let of = |m: &str| pod["metadata"]["managedFields"].as_array().and_then(|a| a.iter().find(|e| e["manager"] == m)).cloned();
+        assert_eq!(of("kubectl-edit").expect("kubectl-edit")["fieldsV1"], json!({"f:metadata": {"f:labels": {"f:app": {}}}}));
+        let rs_fields = &of("shepherd-controller-manager").expect("creator")["fieldsV1"];
+        assert!(rs_fields["f:metadata"]["f:labels"].get("f:app").is_none(), "{rs_fields}");
+        assert!(rs_fields["f:spec"]["f:containers"]["k:{\"name\":\"web\"}"].get("f:ports").is_none(), "{rs_fields}");
+
+        // A client's own managedFields, in a form of its own, are stored in the server's form.
+        let mut set = pod.clone();
+        set["metadata"]["managedFields"] = json!([{"manager": "mine", "operation": "Update", "apiVersion": "v1",
+            "fieldsV1": {"f:spec": {"f:containers": {"k:{\"name\": \"web\"}": {"f:image": {}}}}}}]);
+        record_update(&kinds::POD, Some(&pod), &mut set, Writer { manager: "kubectl", subresource: "" });
+        assert_eq!(set, encoded_afresh(&set));
+        assert_eq!(set["metadata"]["managedFields"][0]["fieldsType"], "FieldsV1");
+        assert!(set["metadata"]["managedFields"][0]["fieldsV1"]["f:spec"]["f:containers"].get("k:{\"name\":\"web\"}").is_some());
     }
 
     #[test]
