@@ -19,7 +19,7 @@
 //! [`WalOptions::max_uncheckpointed_bytes`] beyond the last checkpoint; then writes are refused,
 //! and readiness reports why, until a checkpoint (retried every second) succeeds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -485,14 +485,22 @@ fn checkpoint(db: &Database, events: &[(Arc<Event>, u64)], history_from: Revisio
     {
         let mut objects = txn.open_table(OBJECTS).map_err(backend("open objects"))?;
         let mut history = txn.open_table(HISTORY).map_err(backend("open history"))?;
-        for (event, ms) in events {
-            match event.kind {
-                EventKind::Deleted => {
-                    objects.remove(event.kv.key.as_str()).map_err(backend("remove"))?;
-                }
-                _ => {
-                    let raw = crate::durable::encode(&event.kv);
-                    objects.insert(event.kv.key.as_str(), raw.as_slice()).map_err(backend("insert"))?;
+        // Only a key's last write of the batch goes into the objects table: a pod created, bound
+        // and started within a second is written there once, not three times. History keeps each.
+        let mut last = HashMap::with_capacity(events.len());
+        for (i, (event, _)) in events.iter().enumerate() {
+            last.insert(event.kv.key.as_str(), i);
+        }
+        for (i, (event, ms)) in events.iter().enumerate() {
+            if last.get(event.kv.key.as_str()) == Some(&i) {
+                match event.kind {
+                    EventKind::Deleted => {
+                        objects.remove(event.kv.key.as_str()).map_err(backend("remove"))?;
+                    }
+                    _ => {
+                        let raw = crate::durable::encode(&event.kv);
+                        objects.insert(event.kv.key.as_str(), raw.as_slice()).map_err(backend("insert"))?;
+                    }
                 }
             }
             if event.revision() > history_from {

@@ -189,6 +189,36 @@ async fn after_close_the_redb_file_alone_holds_every_write_and_the_log_nothing_m
 }
 
 #[tokio::test]
+async fn a_key_written_many_times_in_one_checkpoint_holds_its_last_value_and_keeps_every_version() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let store = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("open");
+    let a = store.create("/p/a", b("a1")).await.expect("create");
+    let a = store.update("/p/a", b("a2"), Some(a.mod_revision)).await.expect("update");
+    store.update("/p/a", b("a3"), Some(a.mod_revision)).await.expect("update");
+    store.create("/p/gone", b("g1")).await.expect("create");
+    store.delete("/p/gone", None).await.expect("delete");
+    store.create("/p/back", b("k1")).await.expect("create");
+    store.delete("/p/back", None).await.expect("delete");
+    store.create("/p/back", b("k2")).await.expect("create again");
+    let revision = store.revision().await.expect("revision");
+    // Everything reaches redb in the one checkpoint of the close.
+    store.close().await.expect("close");
+
+    let copy = tempfile::tempdir().expect("tempdir");
+    let alone = copy.path().join("s.redb");
+    fs::copy(&path, &alone).expect("copy the redb file");
+    let file = LocalStore::open_redb(&alone, HistoryLimits::default()).expect("open the copy");
+    let items: Vec<(String, Bytes)> =
+        file.list("/", None, None).await.expect("list").items.into_iter().map(|kv| (kv.key, kv.value)).collect();
+    assert_eq!(items, [("/p/a".to_string(), b("a3")), ("/p/back".to_string(), b("k2"))]);
+    let history = events_after(&file, "/p/", 0).await;
+    assert_eq!(history.len() as u64, revision, "every version is in the history: {history:?}");
+    let values: Vec<Option<Bytes>> = history.iter().filter(|e| e.1 == "/p/a").map(|e| e.3.clone()).collect();
+    assert_eq!(values, [None, Some(b("a1")), Some(b("a2"))], "each update carries the value before it");
+}
+
+#[tokio::test]
 async fn a_compaction_reaches_the_disk_with_the_next_checkpoint() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("s.redb");
