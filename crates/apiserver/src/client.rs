@@ -12,6 +12,7 @@ use shepherd_api::kinds::ResourceInfo;
 use shepherd_runtime::{Client, DeleteParams, ListParams, ObjectList, Patch, WatchEvent};
 
 use crate::codec;
+use crate::write_options::WriteOptions;
 use crate::resource_metrics;
 use crate::service::{ApiService, DeleteOptions, ListOptions, Part, PatchType};
 use crate::watch::WatchOptions;
@@ -119,31 +120,31 @@ impl Client for LocalClient {
             return self.svc.resource_metrics.report_any(obj);
         }
         let ns = namespace_of(res, namespace, &obj).map(str::to_string);
-        codec::decode(&self.svc.create(res, ns.as_deref(), obj).await?)
+        self.svc.create_with(res, ns.as_deref(), obj, &WriteOptions::default()).await?.into_value()
     }
 
     async fn update(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
         let name = name_of(&obj)?;
         let ns = namespace_of(res, namespace, &obj).map(str::to_string);
-        codec::decode(&self.svc.update(res, ns.as_deref(), &name, obj, Part::Main).await?)
+        self.svc.update_with(res, ns.as_deref(), &name, obj, Part::Main, &WriteOptions::default()).await?.into_value()
     }
 
     async fn update_status(&self, res: &ResourceInfo, namespace: Option<&str>, obj: Value) -> Result<Value, ApiError> {
         let name = name_of(&obj)?;
         let ns = namespace_of(res, namespace, &obj).map(str::to_string);
         let part = if res.has_status { Part::Status } else { Part::Main };
-        codec::decode(&self.svc.update(res, ns.as_deref(), &name, obj, part).await?)
+        self.svc.update_with(res, ns.as_deref(), &name, obj, part, &WriteOptions::default()).await?.into_value()
     }
 
     async fn patch(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
         let (t, p) = patch_parts(patch);
-        codec::decode(&self.svc.patch(res, namespace, name, t, &p, Part::Main).await?)
+        self.svc.patch_with(res, namespace, name, t, &p, Part::Main, &WriteOptions::default()).await?.into_value()
     }
 
     async fn patch_status(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, patch: Patch) -> Result<Value, ApiError> {
         let (t, p) = patch_parts(patch);
         let part = if res.has_status { Part::Status } else { Part::Main };
-        codec::decode(&self.svc.patch(res, namespace, name, t, &p, part).await?)
+        self.svc.patch_with(res, namespace, name, t, &p, part, &WriteOptions::default()).await?.into_value()
     }
 
     async fn delete(&self, res: &ResourceInfo, namespace: Option<&str>, name: &str, params: &DeleteParams) -> Result<Option<Value>, ApiError> {
@@ -187,5 +188,50 @@ impl Client for LocalClient {
         let (labels, fields) = (params.label_selector.as_deref(), params.field_selector.as_deref());
         let revision = (revision > 0).then_some(revision);
         self.svc.digest(registered(res)?, params.namespace.as_deref(), labels, fields, revision, detail).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+    use shepherd_api::kinds;
+    use shepherd_runtime::Client;
+    use shepherd_store::{HistoryLimits, LocalStore};
+
+    use crate::{ApiServer, HttpConfig};
+
+    #[tokio::test]
+    async fn what_a_write_returns_is_what_a_read_then_gives() {
+        let store = Arc::new(LocalStore::in_memory(HistoryLimits::default()));
+        let server = ApiServer::new(store, HttpConfig::default()).await.expect("server");
+        let c = server.client();
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default",
+            "labels": {"app": "web"}, "annotations": {"ratio": "0.25"}},
+            "spec": {"containers": [{"name": "c", "image": "minimal", "resources": {"limits": {"cpu": "1.5"}}}],
+                "terminationGracePeriodSeconds": 7}});
+        let read = || async { c.get(&kinds::POD, Some("default"), "p").await.expect("get") };
+        let created = c.create(&kinds::POD, Some("default"), pod).await.expect("create");
+        assert_eq!(created, read().await);
+        assert!(created["metadata"]["resourceVersion"].as_str().is_some_and(|v| !v.is_empty()));
+        assert!(created["metadata"]["managedFields"].is_array() && created["metadata"]["uid"].is_string());
+
+        let patched = c
+            .patch(&kinds::POD, Some("default"), "p", shepherd_runtime::Patch::Merge(json!({"metadata": {"labels": {"tier": "a"}}})))
+            .await
+            .expect("patch");
+        assert_eq!(patched, read().await);
+        let status = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+        let started = c.patch_status(&kinds::POD, Some("default"), "p", shepherd_runtime::Patch::Merge(status)).await.expect("status");
+        assert_eq!(started, read().await);
+        let mut changed = started.clone();
+        changed["metadata"]["labels"]["tier"] = json!("b");
+        let updated = c.update(&kinds::POD, Some("default"), changed).await.expect("update");
+        assert_eq!(updated, read().await);
+        assert_ne!(updated["metadata"]["resourceVersion"], started["metadata"]["resourceVersion"]);
+        // A write that changes nothing returns the stored object as it was.
+        let same = c.update(&kinds::POD, Some("default"), updated.clone()).await.expect("no-op update");
+        assert_eq!(same, updated);
     }
 }

@@ -137,6 +137,22 @@ pub struct DeleteOptions {
 pub struct Written {
     pub kv: KeyValue,
     pub warnings: Vec<String>,
+    /// The object as written, where the write had it at hand (without its new resourceVersion).
+    pub object: Option<Value>,
+}
+
+impl Written {
+    /// The object as stored, with its resourceVersion: the one the write had at hand when it
+    /// has it (what decoding the stored text gives, without the parse), else the stored text decoded.
+    pub fn into_value(self) -> Result<Value, ApiError> {
+        match self.object {
+            Some(mut obj) => {
+                meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(self.kv.mod_revision.to_string()));
+                Ok(obj)
+            }
+            None => codec::decode(&self.kv),
+        }
+    }
 }
 
 /// What a delete did.
@@ -610,7 +626,7 @@ impl ApiService {
             if self.store.get(&key).await.map_err(|e| store_err(res, &name, e))?.is_some() {
                 return Err(ApiError::already_exists(&res.qualified_plural(), &name));
             }
-            return Ok(Written { kv: dry_run_kv(key, &obj, 0)?, warnings });
+            return Ok(Written { kv: dry_run_kv(key, &obj, 0)?, warnings, object: None });
         }
         let bytes = codec::encode(&obj)?;
         let started = Instant::now();
@@ -622,7 +638,7 @@ impl ApiService {
         }
         let kv = r.map_err(|e| store_err(res, &name, e))?;
         crate::crd::written(self, res, &obj, false);
-        Ok(Written { kv, warnings })
+        Ok(Written { kv, warnings, object: Some(obj) })
     }
 
     /// Replaces an object (or only its status), as `PUT` does. A `metadata.resourceVersion` in
@@ -849,7 +865,7 @@ impl ApiService {
             }
             // Compare without resourceVersion: an update that changes nothing writes nothing.
             if same_but_resource_version(&new, &old, &current.mod_revision.to_string()) {
-                return Ok(Written { kv: current, warnings });
+                return Ok(Written { kv: current, warnings, object: None });
             }
             if check_update {
                 validation::validate_update_as(res, &old, &new, schema)?;
@@ -857,7 +873,7 @@ impl ApiService {
                 validation::validate_as(res, &new, schema)?;
             }
             if opts.dry_run {
-                return Ok(Written { kv: dry_run_kv(key, &new, current.mod_revision)?, warnings });
+                return Ok(Written { kv: dry_run_kv(key, &new, current.mod_revision)?, warnings, object: None });
             }
             let started = Instant::now();
             let deleting = meta(&new).is_some_and(|m| m.contains_key("deletionTimestamp")) && finalizers(&new) == 0;
@@ -875,8 +891,9 @@ impl ApiService {
             }
             match result {
                 Ok(kv) => {
-                    crate::crd::written(self, res, &new, deleting && !graceful_pod);
-                    return Ok(Written { kv, warnings });
+                    let gone = deleting && !graceful_pod;
+                    crate::crd::written(self, res, &new, gone);
+                    return Ok(Written { kv, warnings, object: (!gone).then_some(new) });
                 }
                 Err(StoreError::Conflict { .. }) if precondition.is_none() && retry.wait().await => continue,
                 Err(StoreError::Conflict { .. }) if precondition.is_none() => {
