@@ -137,6 +137,12 @@ fn walk_compare(
     c: &mut Comparison,
 ) {
     let (old, new) = (present(old), present(new));
+    if let (Some(o), Some(n)) = (old, new)
+        && o == n
+    {
+        // Nothing below differs: a write that changes one field of a pod walks that branch only.
+        return;
+    }
     let (o_shape, n_shape) = (old.map(|o| shape(ty, o)), new.map(|n| shape(ty, n)));
     let leaf = matches!(o_shape, Some(Shape::Leaf)) || matches!(n_shape, Some(Shape::Leaf));
     if leaf {
@@ -163,10 +169,7 @@ fn walk_compare(
             let empty = Map::new();
             let om = old.and_then(Value::as_object).unwrap_or(&empty);
             let nm = new.and_then(Value::as_object).unwrap_or(&empty);
-            let mut keys: Vec<&String> = om.keys().chain(nm.keys()).collect();
-            keys.sort();
-            keys.dedup();
-            for k in keys {
+            for k in sorted_union(om, nm) {
                 let Some(cty) = field_type(fields, elem, k) else { continue };
                 if k == "managedFields" && matches!(path.as_slice(), [PathElement::Field(m)] if m == "metadata") {
                     continue;
@@ -194,6 +197,24 @@ fn walk_compare(
         }
         _ => {}
     }
+}
+
+/// The keys of both maps, each once, in order: the maps keep their keys sorted, so one pass
+/// through both gives them.
+fn sorted_union<'a>(a: &'a Map<String, Value>, b: &'a Map<String, Value>) -> impl Iterator<Item = &'a String> {
+    let (mut a, mut b) = (a.keys().peekable(), b.keys().peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) => match x.cmp(y) {
+            std::cmp::Ordering::Less => a.next(),
+            std::cmp::Ordering::Greater => b.next(),
+            std::cmp::Ordering::Equal => {
+                b.next();
+                a.next()
+            }
+        },
+        (Some(_), None) => a.next(),
+        (None, _) => b.next(),
+    })
 }
 
 /// `config` merged into `live`: fields and keyed items merge, everything else `config` replaces.
@@ -298,6 +319,15 @@ fn prune_value(schema: &Schema, ty: &Type, v: &mut Value, last: &Set, now: Optio
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_keys_of_two_objects_come_once_each_in_order() {
+        let a = json!({"z": 1, "b": 1, "m": 1});
+        let b = json!({"a": 1, "m": 2, "zz": 1, "b": 0});
+        let keys: Vec<&String> = sorted_union(a.as_object().expect("a"), b.as_object().expect("b")).collect();
+        assert_eq!(keys, ["a", "b", "m", "z", "zz"]);
+        assert_eq!(sorted_union(&Map::new(), b.as_object().expect("b")).count(), 4);
+    }
 
     fn deployment() -> TypeRef {
         TypeRef::Named("io.k8s.api.apps.v1.Deployment".into())
