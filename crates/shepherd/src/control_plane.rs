@@ -22,8 +22,10 @@ pub const CONTROLLERS: &[&str] = &["deployment", "replicaset", "endpoints", "end
     "daemonset", "statefulset", "replicationcontroller", "horizontalpodautoscaler", "root-ca-cert-publisher",
     "clusterrole-aggregation"];
 
-/// The scheduler's default workers, after kube-scheduler's default parallelism of 16.
-const SCHEDULER_WORKERS: usize = 16;
+/// The scheduler's default workers: placement is serialized, so they are the binds in flight.
+/// kube-scheduler binds each pod in a goroutine of its own; 16 kept a scale-out of 10,000 pods
+/// waiting on the binds (thousands of pods queued while the store wrote ~7,000/s), 64 do not.
+const SCHEDULER_WORKERS: usize = 64;
 
 #[derive(Args, Clone, Debug)]
 pub struct ControllerArgs {
@@ -45,7 +47,7 @@ pub struct ControllerArgs {
     /// Digest check interval in anti-entropy mode (seconds; default 1).
     #[arg(long)]
     pub anti_entropy_seconds: Option<f64>,
-    /// Default workers per controller (the scheduler has at least 16: its binds in flight).
+    /// Default workers per controller (the scheduler has at least 64: its binds in flight).
     #[arg(long, default_value_t = 4)]
     pub controller_workers: usize,
     /// Per-controller override, repeatable: `NAME:mode=level,interval=5,workers=2`.
