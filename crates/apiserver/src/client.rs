@@ -81,7 +81,11 @@ impl Client for LocalClient {
             ..Default::default()
         };
         let page = self.svc.list(res, params.namespace.as_deref(), &opts).await?;
-        let items: Result<Vec<Value>, ApiError> = page.items.iter().map(codec::decode_listed).collect();
+        let items: Result<Vec<Value>, ApiError> = if params.without_managed_fields {
+            page.items.iter().map(codec::decode_listed_without_managed_fields).collect()
+        } else {
+            page.items.iter().map(codec::decode_listed).collect()
+        };
         Ok(ObjectList { items: items?, resource_version: page.revision })
     }
 
@@ -98,10 +102,12 @@ impl Client for LocalClient {
             ..Default::default()
         };
         let stream = self.svc.watch(registered(res)?, params.namespace.as_deref(), opts).await?;
+        let skip = params.without_managed_fields;
         Ok(stream
-            .map(|e| {
-                let obj: Value = serde_json::from_slice(&e.object)
-                    .map_err(|err| ApiError::Internal(format!("decoding watch event: {err}")))?;
+            .map(move |e| {
+                let decoded =
+                    if skip { codec::from_slice_without_managed_fields(&e.object) } else { serde_json::from_slice(&e.object) };
+                let obj: Value = decoded.map_err(|err| ApiError::Internal(format!("decoding watch event: {err}")))?;
                 match e.kind {
                     "ADDED" => Ok(WatchEvent::Added(obj)),
                     "MODIFIED" => Ok(WatchEvent::Modified(obj)),

@@ -96,6 +96,113 @@ pub(crate) fn decode_listed(kv: &PackedKeyValue) -> Result<Value, ApiError> {
     decode(&kv.unpack())
 }
 
+/// The same without `metadata.managedFields`.
+pub(crate) fn decode_listed_without_managed_fields(kv: &PackedKeyValue) -> Result<Value, ApiError> {
+    let kv = kv.unpack();
+    from_slice_without_managed_fields(&render(&kv))
+        .map_err(|e| ApiError::Internal(format!("stored object {} is not valid JSON: {e}", kv.key)))
+}
+
+/// JSON text of an object decoded without its `metadata.managedFields`, which are read past
+/// rather than built: for an informer, whose cache drops them, they are most of what decoding a
+/// small object allocates. Anything else decodes as `serde_json::from_slice` would.
+pub(crate) fn from_slice_without_managed_fields(text: &[u8]) -> serde_json::Result<Value> {
+    use serde::de::DeserializeSeed as _;
+    let mut de = serde_json::Deserializer::from_slice(text);
+    let value = Skipping { at: Depth::Object }.deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Depth {
+    /// The object itself: its `metadata` is read with the skip.
+    Object,
+    /// Its `metadata`: `managedFields` is skipped.
+    Metadata,
+    /// Anywhere else: read whole.
+    Below,
+}
+
+struct Skipping {
+    at: Depth,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Skipping {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        match self.at {
+            Depth::Below => serde::Deserialize::deserialize(d),
+            _ => d.deserialize_any(self),
+        }
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Skipping {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value = match (self.at, key.as_str()) {
+                (Depth::Object, "metadata") => map.next_value_seed(Skipping { at: Depth::Metadata })?,
+                (Depth::Metadata, "managedFields") => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    continue;
+                }
+                _ => map.next_value()?,
+            };
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+}
+
 /// Whether `selection` selects the stored object (read straight from its stored text: no selector
 /// reads the resourceVersion the text lacks).
 pub(crate) fn selected(selection: &Selection, kv: &KeyValue) -> Result<bool, ApiError> {
@@ -106,6 +213,28 @@ pub(crate) fn selected(selection: &Selection, kv: &KeyValue) -> Result<bool, Api
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_object_decoded_without_its_managed_fields_is_the_object_less_those() {
+        let texts = [
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","labels":{"a":"b"},"managedFields":[{"manager":"m",
+                "fieldsV1":{"f:spec":{}}}],"annotations":{"managedFields":"kept"}},"spec":{"metadata":{"managedFields":1},
+                "n":-3,"u":18446744073709551615,"f":0.25,"t":true,"z":null,"l":[1,"x",{"y":[]}]}}"#,
+            r#"{"metadata":null,"managedFields":[1]}"#,
+            r#"{"kind":"Status","code":404}"#,
+            r#"[1,2]"#,
+            r#""text""#,
+        ];
+        for text in texts {
+            let mut whole: Value = serde_json::from_str(text).expect("json");
+            if let Some(m) = whole.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.remove("managedFields");
+            }
+            assert_eq!(from_slice_without_managed_fields(text.as_bytes()).expect("decode"), whole, "{text}");
+        }
+        assert!(from_slice_without_managed_fields(br#"{"metadata":{"managedFields":[}}"#).is_err(), "what is skipped is still checked");
+        assert!(from_slice_without_managed_fields(br#"{"a":1} x"#).is_err(), "trailing text is refused");
+    }
 
     #[test]
     fn stored_objects_read_back_with_their_revision() {
