@@ -120,8 +120,6 @@ enum Depth {
     Object,
     /// Its `metadata`: `managedFields` is skipped.
     Metadata,
-    /// Anywhere else: read whole.
-    Below,
 }
 
 struct Skipping {
@@ -132,10 +130,7 @@ impl<'de> serde::de::DeserializeSeed<'de> for Skipping {
     type Value = Value;
 
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-        match self.at {
-            Depth::Below => serde::Deserialize::deserialize(d),
-            _ => d.deserialize_any(self),
-        }
+        d.deserialize_any(self)
     }
 }
 
