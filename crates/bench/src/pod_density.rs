@@ -83,11 +83,17 @@ fn process_tree(root: u32) -> Vec<(u32, u32, String)> {
     all.into_iter().filter(|(p, _, _)| below(*p)).collect()
 }
 
+/// Pods Running and Ready: a pod whose container could not start is Running too (restarting,
+/// as kubelet reports it), but not Ready, and holds no container to measure.
 async fn count_running(http: &reqwest::Client, url: &str) -> anyhow::Result<usize> {
     let list: Value = http.get(format!("{url}{PODS}?labelSelector=app%3Ddensity")).send().await?.json().await?;
-    Ok(list["items"]
-        .as_array()
-        .map_or(0, |items| items.iter().filter(|p| p.pointer("/status/phase").and_then(Value::as_str) == Some("Running")).count()))
+    let ready = |p: &Value| {
+        p.pointer("/status/conditions").and_then(Value::as_array).into_iter().flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    };
+    Ok(list["items"].as_array().map_or(0, |items| {
+        items.iter().filter(|p| p.pointer("/status/phase").and_then(Value::as_str) == Some("Running") && ready(p)).count()
+    }))
 }
 
 fn stats(kib: &mut [u64]) -> Value {
@@ -122,7 +128,7 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
     anyhow::ensure!(r.status().is_success(), "creating the warm-up pod: {}", r.status());
     let started = Instant::now();
     while count_running(&http, &server.url).await? < 1 {
-        anyhow::ensure!(started.elapsed() < p.timeout, "the warm-up pod did not run");
+        anyhow::ensure!(started.elapsed() < p.timeout, "the warm-up pod did not run and become Ready (is shepherd-shim beside the shepherd binary?)");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -162,7 +168,7 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
         if running >= total {
             break;
         }
-        anyhow::ensure!(created.elapsed() < p.timeout, "{running}/{total} pods Running after {:?}", p.timeout);
+        anyhow::ensure!(created.elapsed() < p.timeout, "{running}/{total} pods Running and Ready after {:?}", p.timeout);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let all_running = created.elapsed();
@@ -172,7 +178,7 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
     let faults = minor_faults(root).saturating_sub(faults_before);
     println!("standalone while starting them: {:.2} CPU s ({:.1} ms per pod), {faults} minor page faults ({} per pod)",
         cpu, cpu * 1000.0 / p.pods as f64, faults / p.pods as u64);
-    println!("{total} pods Running after {:.1} s", all_running.as_secs_f64());
+    println!("{total} pods Running and Ready after {:.1} s", all_running.as_secs_f64());
     // Let the agent's status writes and the kernel's copy-on-write settle into their steady state.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let rss_after = procstat::rss_mib(&root.to_string());
