@@ -116,10 +116,15 @@ impl Entry {
 
 /// The entries of an object's `metadata.managedFields` (none if absent), or what is wrong with them.
 pub(crate) fn decode(obj: &Value) -> Result<Vec<Entry>, String> {
-    match obj.get("metadata").and_then(|m| m.get("managedFields")) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(a)) => a.iter().map(Entry::from_json).collect(),
-        Some(_) => Err("managedFields must be a list".into()),
+    obj.get("metadata").and_then(|m| m.get("managedFields")).map_or(Ok(Vec::new()), decode_list)
+}
+
+/// The entries of a `managedFields` value (none if null), or what is wrong with them.
+pub(crate) fn decode_list(fields: &Value) -> Result<Vec<Entry>, String> {
+    match fields {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(a) => a.iter().map(Entry::from_json).collect(),
+        _ => Err("managedFields must be a list".into()),
     }
 }
 

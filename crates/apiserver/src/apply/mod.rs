@@ -125,18 +125,12 @@ pub(crate) fn record_update(res: &ResourceInfo, old: Option<&Value>, new: &mut V
         && new_fields.as_ref() != old_fields;
     let from_old = || old.map(managed::decode).unwrap_or(Ok(Vec::new())).unwrap_or_default();
     let mut entries = match new_fields {
-        Some(fields) if set_by_client => managed::decode_stored(fields)
-            .into_iter()
-            // The client's text is read, and written again in the server's form.
-            .map(|e| managed::Entry { written: None, ..e })
-            .collect::<Vec<_>>(),
+        // The client's text is read, and written again in the server's form.
+        Some(fields) if set_by_client => managed::decode_list(&fields).unwrap_or_else(|_| from_old()),
         // The stored entries, carried over in `new` as they are: their text is the server's own.
         Some(fields) if Some(&fields) == old_fields => managed::decode_stored(fields),
         _ => from_old(),
     };
-    if set_by_client && entries.is_empty() {
-        entries = from_old();
-    }
     if entries.is_empty() && old.is_some() {
         // An object that never had owners recorded keeps none until it is applied (Kubernetes).
         return;
