@@ -54,6 +54,16 @@ async fn a_minimal_pod_runs_a_real_isolated_process_and_reports_running_and_read
         .collect();
     fds.sort();
     assert_eq!(fds, ["0", "1", "2"]);
+    // Containers start at the lowest priority, then run at the agent's, as does their shim; the
+    // agent's threads that spawned them are back at theirs.
+    let own = stat_field("self", NICE);
+    assert_eq!(stat_field(&pid.to_string(), NICE), own, "the container runs at the agent's priority");
+    let shim = stat_field(&pid.to_string(), PPID);
+    assert_eq!(stat_field(&shim, NICE), own, "its shim runs at the agent's priority");
+    for task in std::fs::read_dir("/proc/self/task").expect("tasks").filter_map(Result::ok) {
+        let tid = task.file_name().into_string().expect("a tid");
+        assert_eq!(stat_field(&format!("self/task/{tid}"), NICE), own, "thread {tid} of the agent");
+    }
     let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
     if unsafe_is_root() {
         assert_ne!(ns(&pid.to_string()), ns("self"), "the container has its own PID namespace");
@@ -71,6 +81,18 @@ async fn a_minimal_pod_runs_a_real_isolated_process_and_reports_running_and_read
     let gone = wait_until(Duration::from_secs(5), || !std::path::Path::new(&format!("/proc/{pid}")).exists()).await;
     assert!(gone, "the process stops when its pod is deleted");
     agent.finish(&client).await;
+}
+
+/// Fields of proc(5)'s `/proc/PID/stat`, counted from 1.
+const PPID: usize = 4;
+const NICE: usize = 19;
+
+/// Field `n` of `/proc/{pid}/stat`.
+fn stat_field(pid: &str, n: usize) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let (_, rest) = stat.rsplit_once(')').expect("stat has a command in parentheses");
+    // pid and comm come before `rest`.
+    rest.split_whitespace().nth(n - 3).expect("stat has the field").to_string()
 }
 
 fn unsafe_is_root() -> bool {

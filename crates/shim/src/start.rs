@@ -49,6 +49,10 @@ pub struct Start {
     pub stdin_once: bool,
     /// Made in the container's mount namespace (only with `isolate`).
     pub mounts: MountPlan,
+    /// The nice value the shim and the container take once the container is made: the agent
+    /// starts the shim at a lower priority than its own (see the agent's `START_NICE`) and
+    /// passes its own here. None: the shim keeps the priority it started with.
+    pub nice: Option<i32>,
 }
 
 /// The container's volume mounts; the agent's `mountns` plans them.
@@ -136,6 +140,9 @@ impl Start {
         for p in &self.procs_files {
             push(&mut out, b'c', &[p]);
         }
+        if let Some(n) = self.nice {
+            push(&mut out, b'N', &[&CString::new(n.to_string()).unwrap_or_default()]);
+        }
         for o in &self.mounts.overlays {
             push(&mut out, b'O', &[&o.target, &o.upper, &o.work, &o.options]);
         }
@@ -191,6 +198,11 @@ impl Start {
                 b's' => s.stdin = Some(take(b)?),
                 b'S' => s.mounts.scratch = Some(take(b)?),
                 b'c' => s.procs_files.push(take(b)?),
+                b'N' => {
+                    let n = take(b)?;
+                    let n = n.to_str().ok().and_then(|n| n.parse::<i32>().ok()).filter(|n| (-20..=19).contains(n));
+                    s.nice = Some(n.ok_or("a nice value that is not a whole number from -20 to 19")?);
+                }
                 b'O' => {
                     let overlay = Overlay { target: take(b)?, upper: take(b)?, work: take(b)?, options: take(b)? };
                     s.mounts.overlays.push(overlay);
@@ -343,6 +355,11 @@ impl Start {
                 fail(status);
             }
             if pid > 0 {
+                // Watching the container is not start-up work: back to the agent's priority, so
+                // that its logs keep pace with it. Nothing is lost if this is refused.
+                if let Some(n) = self.nice {
+                    libc::setpriority(libc::PRIO_PROCESS, 0, n);
+                }
                 report(status, STATUS_PID, pid);
                 libc::close(status);
                 libc::close(out[1]);
@@ -413,6 +430,12 @@ impl Start {
             } else {
                 // Its own process group, so signals reach whatever the container forks.
                 libc::setpgid(0, 0);
+            }
+            // The container runs at the agent's priority, never at the one its start had.
+            if let Some(n) = self.nice
+                && libc::setpriority(libc::PRIO_PROCESS, 0, n) != 0
+            {
+                fail(status);
             }
             if self.idle && self.look_as_if_execd() {
                 // Everything the exec would close is close-on-exec: the status pipe's end tells the
@@ -701,6 +724,7 @@ mod tests {
             tty: true,
             stdin: Some(c("/d/stdin")),
             stdin_once: true,
+            nice: Some(-3),
             mounts: MountPlan {
                 scratch: Some(c("/d/mounts")),
                 overlays: vec![Overlay { target: c("/etc"), upper: c("/u"), work: c("/w"), options: c("lowerdir=/etc") }],
@@ -729,5 +753,8 @@ mod tests {
         assert!(Start::decode(b"ash").is_err(), "a field without its NUL");
         assert!(Start::decode(b"ash\0x/e\0Z\0").is_err(), "an unknown field");
         assert!(Start::decode(b"ash\0x/e\0C/p\0").is_err(), "a path to create before its mount");
+        assert!(Start::decode(b"ash\0x/e\0N20\0").is_err(), "a nice value above 19");
+        assert!(Start::decode(b"ash\0x/e\0N-\0").is_err(), "a nice value that is no number");
+        assert_eq!(Start::decode(b"ash\0x/e\0N-20\0").map(|s| s.nice), Ok(Some(-20)));
     }
 }
