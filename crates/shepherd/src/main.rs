@@ -230,8 +230,9 @@ struct ServerArgs {
     #[arg(long, default_value_t = 64)]
     history_mib: usize,
     /// Of the watch history, the newest MiB of objects kept in memory: the embedded store reads
-    /// older events back from its file when a watch or a list at a past revision reaches them
-    /// (the writes since its last checkpoint stay in memory whatever this says).
+    /// older events back from its file when a watch or a list at a past revision reaches them.
+    /// The writes since its last checkpoint stay in memory whatever this says; a checkpoint comes
+    /// once half of this (1 to 16 MiB) is written since the last one, or after a second.
     #[arg(long, default_value_t = 8)]
     history_memory_mib: usize,
     /// Page cache of the store file (redb), in MiB. Reads are served from memory, so it only
@@ -414,6 +415,7 @@ async fn open_store(args: &ServerArgs) -> anyhow::Result<LocalStore> {
                 wait: Duration::from_millis(args.store_heartbeat_wait_ms),
             };
             let options = WalOptions {
+                segment_bytes: WalOptions::segment_bytes_for(limits.memory_bytes),
                 max_uncheckpointed_bytes: args.store_wal_max_uncheckpointed_mib << 20,
                 heartbeats,
                 ..WalOptions::default()

@@ -50,7 +50,9 @@ const HISTORY_FROM_KEY: &str = "history_from";
 /// small to checkpoint constantly, or to reach the limit quickly.
 #[derive(Debug, Clone, Copy)]
 pub struct WalOptions {
-    /// A segment this large is checkpointed.
+    /// A segment this large is checkpointed. The writes since the last checkpoint stay in memory
+    /// (the watch history lets none of them go before redb holds it), so under heavy writing this
+    /// bounds how far the history runs above its in-memory limit: see [`WalOptions::segment_bytes_for`].
     pub segment_bytes: u64,
     /// A segment with records is checkpointed at least this often.
     pub checkpoint_interval: Duration,
@@ -62,10 +64,20 @@ pub struct WalOptions {
     pub heartbeats: Heartbeats,
 }
 
+impl WalOptions {
+    /// The segment size for a watch history that keeps `history_memory_bytes` of objects in
+    /// memory: half of it, from 1 to 16 MiB. Checkpoints come that much more often only while
+    /// writes run faster than that many bytes a `checkpoint_interval`.
+    pub fn segment_bytes_for(history_memory_bytes: usize) -> u64 {
+        const MIB: u64 = 1024 * 1024;
+        (history_memory_bytes as u64 / 2).clamp(MIB, 16 * MIB)
+    }
+}
+
 impl Default for WalOptions {
     fn default() -> Self {
         WalOptions {
-            segment_bytes: 16 * 1024 * 1024,
+            segment_bytes: Self::segment_bytes_for(HistoryLimits::default().memory_bytes),
             checkpoint_interval: Duration::from_secs(1),
             // Many checkpoint intervals of writes at any rate measured, yet bounded; the log
             // holds each write once and the checkpointer's queue once more.

@@ -277,6 +277,50 @@ async fn history_spilled(store: &LocalStore) -> shepherd_store::Retention {
     }
 }
 
+/// Writes faster than a checkpoint a second keeps up with hold memory only until half the
+/// history's in-memory budget is logged: then a checkpoint comes without waiting for the second.
+#[tokio::test]
+async fn heavy_writing_is_checkpointed_by_size_so_the_history_in_memory_stays_near_its_limit() {
+    const MIB: usize = 1024 * 1024;
+    assert_eq!(WalOptions::segment_bytes_for(8 * MIB), 4 * MIB as u64);
+    assert_eq!(WalOptions::segment_bytes_for(0), MIB as u64, "never a segment per write");
+    assert_eq!(WalOptions::segment_bytes_for(1024 * MIB), 16 * MIB as u64);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let limits = HistoryLimits { memory_bytes: 2 * MIB, ..HistoryLimits::default() };
+    // No checkpoint by time during the test: only the log's size can bring one.
+    let options = WalOptions {
+        segment_bytes: WalOptions::segment_bytes_for(limits.memory_bytes),
+        checkpoint_interval: Duration::from_secs(3600),
+        ..WalOptions::default()
+    };
+    let store = LocalStore::open_embedded(&path, limits, options).expect("open");
+    let value = Bytes::from(vec![b'x'; 64 * 1024]);
+    let first = store.create("/k/000", value.clone()).await.expect("create").mod_revision;
+    for i in 1..200 {
+        store.create(&format!("/k/{i:03}"), value.clone()).await.expect("create");
+    }
+    let r = store.retention().expect("retention");
+    assert_eq!(r.history_bytes, 200 * value.len(), "the whole history is kept, on disk or in memory");
+    // The budget, the segment being written and the one being checkpointed, and a value over.
+    let bound = limits.memory_bytes + 2 * MIB + value.len();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = store.retention().expect("retention");
+        if r.history_memory_bytes <= bound {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{:.1} MiB of history still in memory after 12.5 MiB written (limit 2 MiB): {r:?}",
+            r.history_memory_bytes as f64 / MIB as f64
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The events that left memory are read back from the file by a watch from the first write.
+    assert_eq!(events_after(&store, "/k/", first).await.len(), 199);
+}
+
 /// Watches and lists at every past revision of `store` and of `oracle` (same writes, the whole
 /// history in memory) agree.
 async fn same_past(store: &LocalStore, oracle: &LocalStore, from: Revision, what: &str) {
