@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use shepherd_store::Store;
@@ -57,6 +58,21 @@ impl prometheus_client::collector::Collector for RetentionCollector {
         for (name, help, value) in gauges {
             let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(value).encode(metric)?;
+        }
+        // Either grows steadily when the history kept in memory or the live buffers are too small
+        // for the watchers: each resume replays from the history, each file read decodes events.
+        let counters: [(&str, &str, u64); 3] = [
+            ("store_watch_resumes", "Watches that fell out of their live buffer and resumed from the history", r.watch_resumes),
+            (
+                "store_watch_history_file_reads",
+                "Reads of the watch history from the store file, by watches and lists reaching past the history in memory",
+                r.history_file_reads,
+            ),
+            ("store_watch_history_file_events", "Events those reads returned", r.history_file_events),
+        ];
+        for (name, help, value) in counters {
+            let metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value).encode(metric)?;
         }
         Ok(())
     }

@@ -233,7 +233,8 @@ struct ServerArgs {
     /// older events back from its file when a watch or a list at a past revision reaches them.
     /// The writes since its last checkpoint stay in memory whatever this says; a checkpoint comes
     /// once half of this (1 to 16 MiB) is written since the last one, or after a second.
-    #[arg(long, default_value_t = 8)]
+    /// `store_watch_history_file_events_total` in `/metrics` counts the events read back.
+    #[arg(long, default_value_t = 4)]
     history_memory_mib: usize,
     /// Page cache of the store file (redb), in MiB. Reads are served from memory, so it only
     /// speeds up writing to the file: a larger cache costs memory and saves some CPU per commit.

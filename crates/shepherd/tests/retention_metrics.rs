@@ -29,4 +29,9 @@ async fn retained_buffers_and_their_limits_are_in_the_metrics() {
         assert!(value(&text, name).is_some(), "{name} missing from /metrics");
         assert!(text.contains(&format!("# HELP {name} ")), "{name} has no HELP text");
     }
+    // Counters: nothing has fallen behind or read the history back yet.
+    for name in ["store_watch_resumes", "store_watch_history_file_reads", "store_watch_history_file_events"] {
+        assert_eq!(value(&text, &format!("{name}_total")), Some(0.0), "{name}_total in {text}");
+        assert!(text.contains(&format!("# TYPE {name} counter")), "{name} is not a counter");
+    }
 }

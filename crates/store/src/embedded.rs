@@ -142,7 +142,7 @@ pub(crate) fn open(path: &Path, limits: HistoryLimits, options: WalOptions) -> R
     let mut state = state;
     // Everything up to here is in redb: the history's older events may leave memory.
     let revision = state.revision;
-    state.spill_to(Arc::new(FileHistory { file: file.clone() }), revision);
+    state.spill_to(Arc::new(FileHistory { file: file.clone(), reads: AtomicU64::new(0), events: AtomicU64::new(0) }), revision);
     let state = Arc::new(RwLock::new(state));
     let health: Health = Arc::new(RwLock::new(None));
     let backlog = Arc::new(Backlog::default());
@@ -197,6 +197,9 @@ type DbSlot = Arc<RwLock<Option<Arc<Database>>>>;
 /// The watch history in redb's `HISTORY` table, for the events that have left memory.
 struct FileHistory {
     file: DbSlot,
+    /// Reads so far, and the events they returned.
+    reads: AtomicU64,
+    events: AtomicU64,
 }
 
 impl DiskHistory for FileHistory {
@@ -234,7 +237,13 @@ impl DiskHistory for FileHistory {
                 expected - 1
             )));
         }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.events.fetch_add(events.len() as u64, Ordering::Relaxed);
         Ok(events)
+    }
+
+    fn reads(&self) -> (u64, u64) {
+        (self.reads.load(Ordering::Relaxed), self.events.load(Ordering::Relaxed))
     }
 }
 

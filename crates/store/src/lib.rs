@@ -216,6 +216,12 @@ pub struct Retention {
     pub history_bytes: usize,
     /// Of `history_bytes`, those held in memory (the embedded store reads the rest from its file).
     pub history_memory_bytes: usize,
+    /// Watches that fell out of their live buffer and resumed from the history, since the open.
+    pub watch_resumes: u64,
+    /// Reads of the history from the store file (watches and lists reaching past memory), and
+    /// the events they returned, since the open.
+    pub history_file_reads: u64,
+    pub history_file_events: u64,
     /// Watch subscriptions following live events.
     pub live_watchers: usize,
     /// Events held in the live buffer for the slowest watcher.

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,7 +39,7 @@ impl Default for HistoryLimits {
             max_events: 100_000,
             max_age: Duration::from_secs(15 * 60),
             max_bytes: 64 * 1024 * 1024,
-            memory_bytes: 8 * 1024 * 1024,
+            memory_bytes: 4 * 1024 * 1024,
             watcher_buffer: FEED_BUFFER_MAX,
         }
     }
@@ -73,6 +74,8 @@ pub(crate) trait DiskHistory: Send + Sync {
     /// The events under `prefix` after revision `after` up to `through`, oldest first. `Expired`
     /// when the file no longer reaches back to `after`.
     fn events(&self, prefix: &str, after: Revision, through: Revision) -> Result<Vec<Arc<Event>>, StoreError>;
+    /// Reads of the file so far, and the events they returned.
+    fn reads(&self) -> (u64, u64);
 }
 
 /// `disk.events(prefix, after, through)` on tokio's blocking threads (inline outside a runtime),
@@ -213,6 +216,8 @@ pub(crate) struct State {
     feeds: Mutex<Vec<Feed>>,
     /// Set by `close`: no watch starts or resumes after it.
     closed: bool,
+    /// Watches that fell out of their live buffer and resumed from the history.
+    resumes: AtomicU64,
 }
 
 impl State {
@@ -239,7 +244,13 @@ impl State {
             limits,
             feeds: Mutex::new(Vec::new()),
             closed: false,
+            resumes: AtomicU64::new(0),
         }
+    }
+
+    /// Counts a watch that fell out of its live buffer and resumes from the history.
+    pub(crate) fn note_resume(&self) {
+        self.resumes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Checks `write` against the current state plus `pending` (writes earlier in the same batch,
@@ -460,6 +471,9 @@ impl State {
             history_events: self.ledger.len(),
             history_bytes: self.history_bytes,
             history_memory_bytes: self.memory_bytes,
+            watch_resumes: self.resumes.load(Ordering::Relaxed),
+            history_file_reads: self.spill.as_ref().map_or(0, |s| s.disk.reads().0),
+            history_file_events: self.spill.as_ref().map_or(0, |s| s.disk.reads().1),
             live_watchers: feeds.iter().map(|f| f.tx.receiver_count()).sum(),
             live_buffer_events: feeds.iter().map(|f| f.tx.len()).max().unwrap_or(0),
             limits: self.limits,

@@ -122,7 +122,11 @@ impl WatchStream {
 /// The events after `from` under `prefix` that the history holds, those that left memory read
 /// back from disk first, and the live subscription that continues where they end.
 async fn start(state: &RwLock<State>, prefix: &str, from: Revision) -> Result<(VecDeque<Arc<Event>>, LiveEvents), StoreError> {
-    let WatchStart { older, replay, rx } = state.read().map_err(|_| StoreError::Closed)?.start_watch(prefix, from)?;
+    let WatchStart { older, replay, rx } = {
+        let s = state.read().map_err(|_| StoreError::Closed)?;
+        s.note_resume();
+        s.start_watch(prefix, from)?
+    };
     let events = match older {
         Some(older) => older_then(older, prefix, from, replay).await?,
         None => replay.into(),

@@ -399,7 +399,8 @@ async fn a_watcher_that_fell_out_of_the_live_buffer_resumes_from_the_file_withou
     for i in 0..60 {
         store.create(&format!("/k/{i:02}"), b(&format!("value {i}"))).await.expect("create");
     }
-    history_spilled(&store).await;
+    let before = history_spilled(&store).await;
+    assert_eq!((before.watch_resumes, before.history_file_reads, before.history_file_events), (0, 0, 0));
     let mut got = Vec::new();
     while got.len() < 60 {
         let next = tokio::time::timeout(Duration::from_secs(5), watch.next()).await.expect("the watch goes on");
@@ -408,6 +409,11 @@ async fn a_watcher_that_fell_out_of_the_live_buffer_resumes_from_the_file_withou
     }
     let expected: Vec<(Revision, String)> = (0..60).map(|i| (from + 1 + i as u64, format!("/k/{i:02}"))).collect();
     assert_eq!(got, expected);
+    // What `/metrics` shows of it: one resume, and the events that had left memory read back.
+    let after = store.retention().expect("retention");
+    assert_eq!(after.watch_resumes, 1, "{after:?}");
+    assert_eq!(after.history_file_reads, 1, "{after:?}");
+    assert!(after.history_file_events > 50 && after.history_file_events <= 60, "{after:?}");
 }
 
 /// Opens `path` once the store that held it has let go of it.
