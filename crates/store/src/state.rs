@@ -462,6 +462,7 @@ impl State {
 
     pub(crate) fn retention(&self) -> Retention {
         let feeds = self.feeds.lock().unwrap_or_else(|e| e.into_inner());
+        let (history_file_reads, history_file_events) = self.spill.as_ref().map_or((0, 0), |s| s.disk.reads());
         let (object_bytes, object_memory_bytes) =
             self.objects.values().fold((0, 0), |(bytes, memory), s| (bytes + s.packed.unpacked_len(), memory + s.packed.memory()));
         Retention {
@@ -472,8 +473,8 @@ impl State {
             history_bytes: self.history_bytes,
             history_memory_bytes: self.memory_bytes,
             watch_resumes: self.resumes.load(Ordering::Relaxed),
-            history_file_reads: self.spill.as_ref().map_or(0, |s| s.disk.reads().0),
-            history_file_events: self.spill.as_ref().map_or(0, |s| s.disk.reads().1),
+            history_file_reads,
+            history_file_events,
             live_watchers: feeds.iter().map(|f| f.tx.receiver_count()).sum(),
             live_buffer_events: feeds.iter().map(|f| f.tx.len()).max().unwrap_or(0),
             limits: self.limits,
