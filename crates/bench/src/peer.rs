@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use crate::cluster::Process;
 use crate::procstat;
 use crate::report::{ScenarioResult, summarize};
+use crate::scale;
 
 const NS: &str = "default";
 const VALUE: &str = "bench.shepherd.io/value";
@@ -218,6 +219,10 @@ async fn run_variant(binary: &Path, engine: &str, p: Params) -> anyhow::Result<V
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let me = std::env::current_exe()?;
+    let http = reqwest::Client::new();
+    let server_pid = server.child.id().to_string();
+    let requests_before = scale::counters(&http, &server.url).await?;
+    let server_cpu0 = procstat::cpu_seconds(&server_pid);
     // Initial sync: from starting the worker to the event that shows the last Service mirrored.
     let started = Instant::now();
     let mut child = Command::new(me)
@@ -239,6 +244,17 @@ async fn run_variant(binary: &Path, engine: &str, p: Params) -> anyhow::Result<V
         anyhow::ensure!(started.elapsed() < Duration::from_secs(300), "{engine}: initial sync did not finish in 300 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    // What the sync asked of the server, by verb and resource (the scrape itself not counted).
+    let server_sync_cpu = procstat::cpu_seconds(&server_pid) - server_cpu0;
+    let requests_after = scale::counters(&http, &server.url).await?;
+    let mut sync_requests: Vec<(String, u64)> = requests_after
+        .requests
+        .iter()
+        .map(|(k, v)| (k.clone(), (v - requests_before.requests.get(k).copied().unwrap_or(0.0)) as u64))
+        .filter(|(k, n)| *n > 0 && !k.ends_with(" metrics"))
+        .collect();
+    sync_requests.sort();
+    let sync_request_total: u64 = sync_requests.iter().map(|(_, n)| n).sum();
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     let cpu0 = procstat::cpu_seconds(&pid);
@@ -282,7 +298,7 @@ async fn run_variant(binary: &Path, engine: &str, p: Params) -> anyhow::Result<V
         (summarize(&s.latencies), s.pending.len())
     };
     println!(
-        "| {engine} | {:.3} s ({:.0}/s) | {:.3} s | {changes} | {:.1} | {:.1} | {unconverged} | {reconciles} | {rss:.1} / {peak:.1} | {phase_cpu:.2} | {total_cpu:.2} |",
+        "| {engine} | {:.3} s ({:.0}/s) | {:.3} s | {sync_request_total} | {server_sync_cpu:.2} | {changes} | {:.1} | {:.1} | {unconverged} | {reconciles} | {rss:.1} / {peak:.1} | {phase_cpu:.2} | {total_cpu:.2} |",
         sync.as_secs_f64(),
         p.services as f64 / sync.as_secs_f64(),
         first.as_secs_f64(),
@@ -292,6 +308,7 @@ async fn run_variant(binary: &Path, engine: &str, p: Params) -> anyhow::Result<V
     let _ = std::io::stdout().flush();
     Ok(json!({"engine": engine, "initial_sync_s": sync.as_secs_f64(), "initial_sync_reconciles_per_s": p.services as f64 / sync.as_secs_f64(),
         "first_mirrored_s": first.as_secs_f64(),
+        "sync_requests": sync_requests.into_iter().map(|(k, n)| (k, json!(n))).collect::<serde_json::Map<String, Value>>(), "sync_server_cpu_seconds": server_sync_cpu,
         "changes": changes, "latency": lat, "unconverged": unconverged, "reconciles_total": reconciles,
         "rss_mib": rss, "peak_rss_mib": peak, "cpu_seconds_change_phase": phase_cpu, "cpu_seconds_total": total_cpu}))
 }
@@ -306,8 +323,10 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
         "scenario peer: services={} change_rate={}/s change_phase={:?} concurrency={CONCURRENCY} runs={}",
         p.services, p.change_rate, p.change_phase, p.runs
     );
-    println!("| engine | initial sync | first mirrored | changes | p50 ms | p99 ms | unconverged | reconciles | RSS / peak MiB | CPU s (changes) | CPU s (total) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| engine | initial sync | first mirrored | server requests (sync) | server CPU s (sync) | changes | p50 ms | p99 ms | unconverged | reconciles | RSS / peak MiB | CPU s (changes) | CPU s (total) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut runs = Vec::new();
     let mut loads = Vec::new();
     for run in 0..p.runs {
@@ -319,10 +338,16 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
             variants.push(run_variant(binary, engine, p).await?);
         }
         let load_after = procstat::load_average();
-        println!("| run {} (load {load_before:.1} -> {load_after:.1}) | | | | | | | | | | |", run + 1);
+        println!("| run {} (load {load_before:.1} -> {load_after:.1}) | | | | | | | | | | | | |", run + 1);
         loads.push(json!([load_before, load_after]));
         runs.push(json!({"order": order, "load_1m_before_after": [load_before, load_after], "variants": variants}));
     }
+    // Which engine finished its initial sync first, run by run: a median alone hides a split.
+    let sync_of = |r: &Value, engine: &str| {
+        r["variants"].as_array().and_then(|v| v.iter().find(|v| v["engine"] == engine)).and_then(|v| v["initial_sync_s"].as_f64())
+    };
+    let shepherd_first = runs.iter().filter(|r| matches!((sync_of(r, "shepherd"), sync_of(r, "kube")), (Some(s), Some(k)) if s < k)).count();
+    println!("initial sync: shepherd's engine finished first in {shepherd_first} of {} runs", runs.len());
     let mut medians = serde_json::Map::new();
     for engine in ["shepherd", "kube"] {
         let pick = |f: &dyn Fn(&Value) -> Option<f64>| -> f64 {
@@ -353,6 +378,6 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
         name: "peer",
         params: json!({"services": p.services, "change_rate_per_s": p.change_rate, "change_phase_s": p.change_phase.as_secs_f64(),
             "concurrency": CONCURRENCY, "runs": p.runs}),
-        values: json!({"medians": medians, "runs": runs, "load_1m": loads}),
+        values: json!({"medians": medians, "runs": runs, "load_1m": loads, "shepherd_synced_first_runs": shepherd_first}),
     })
 }

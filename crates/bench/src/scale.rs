@@ -254,13 +254,13 @@ pub async fn run_scale_out(binary: &Path, p: Params) -> anyhow::Result<ScenarioR
 
 /// The counters in `/metrics` the steady-state phase reports: store writes, and API requests by
 /// verb and resource (a subresource is part of the resource, `nodes/status`), summed over codes.
-struct Counters {
-    writes: f64,
-    requests: HashMap<String, f64>,
+pub(crate) struct Counters {
+    pub(crate) writes: f64,
+    pub(crate) requests: HashMap<String, f64>,
 }
 
 impl Counters {
-    fn requests(&self) -> f64 {
+    pub(crate) fn requests(&self) -> f64 {
         self.requests.values().sum()
     }
 }
@@ -271,7 +271,7 @@ fn label<'a>(labels: &'a str, label: &str) -> &'a str {
     labels.split_once(&key).and_then(|(_, rest)| rest.split_once('"')).map(|(v, _)| v).unwrap_or("")
 }
 
-async fn counters(http: &reqwest::Client, url: &str) -> anyhow::Result<Counters> {
+pub(crate) async fn counters(http: &reqwest::Client, url: &str) -> anyhow::Result<Counters> {
     let text = http.get(format!("{url}/metrics")).send().await?.text().await?;
     let mut c = Counters { writes: 0.0, requests: HashMap::new() };
     for line in text.lines() {
