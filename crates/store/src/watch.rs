@@ -100,18 +100,24 @@ impl WatchStream {
                     }
                     // Closed: the events' state was replaced (an etcd cache reloaded after a
                     // compaction) or closed; a replaced one has them if nothing fell between the two.
-                    Err(RecvError::Lagged(_) | RecvError::Closed) => match start(&s.state, &s.prefix, s.last).await {
-                        Ok((replay, rx)) => {
-                            s.replay = replay;
-                            s.rx = rx;
-                            if let Some(e) = s.replay.pop_front() {
-                                s.last = e.revision();
-                                return Some((Ok(e), s));
-                            }
+                    Err(e @ (RecvError::Lagged(_) | RecvError::Closed)) => {
+                        if let RecvError::Lagged(missed) = e {
+                            // Which watches fall behind, for whoever tunes the buffer or the history.
+                            tracing::debug!(prefix = %s.prefix, after = s.last, missed, "a watch fell out of its live buffer; resuming from the history");
                         }
-                        Err(StoreError::Closed) => return Some((Err(StoreError::Closed), s)),
-                        Err(_) => return Some((Err(StoreError::Lagged), s)),
-                    },
+                        match start(&s.state, &s.prefix, s.last).await {
+                            Ok((replay, rx)) => {
+                                s.replay = replay;
+                                s.rx = rx;
+                                if let Some(e) = s.replay.pop_front() {
+                                    s.last = e.revision();
+                                    return Some((Ok(e), s));
+                                }
+                            }
+                            Err(StoreError::Closed) => return Some((Err(StoreError::Closed), s)),
+                            Err(_) => return Some((Err(StoreError::Lagged), s)),
+                        }
+                    }
                 }
             }
         });
