@@ -255,12 +255,12 @@ pub async fn run_scale_out(binary: &Path, p: Params) -> anyhow::Result<ScenarioR
 /// The counters in `/metrics` the steady-state phase reports: store writes, and API requests by
 /// verb and resource (a subresource is part of the resource, `nodes/status`), summed over codes.
 pub(crate) struct Counters {
-    pub(crate) writes: f64,
+    writes: f64,
     pub(crate) requests: HashMap<String, f64>,
 }
 
 impl Counters {
-    pub(crate) fn requests(&self) -> f64 {
+    fn requests(&self) -> f64 {
         self.requests.values().sum()
     }
 }

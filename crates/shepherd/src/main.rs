@@ -781,7 +781,7 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     // The standalone's node agent gets a thread of its own too. On the API's threads, each pod it
     // started held a thread that a request needed: tokio does not preempt a task, and the kernel
     // shares a core more finely between threads than a busy task yields (`shepherd-bench
-    // pod-density`: sequential creates while pods start, p99 3.8-6.6 ms on the API's threads,
+    // pod-density`: sequential creates while pods start, p99 3.0-6.6 ms on the API's threads,
     // 2.0-3.9 ms on the agent's own).
     let agent_rt = match agent {
         Some(_) => Some(BackgroundRuntime(Some(
