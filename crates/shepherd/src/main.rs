@@ -232,7 +232,7 @@ struct ServerArgs {
     /// Of the watch history, the newest MiB of objects kept in memory: the embedded store reads
     /// older events back from its file when a watch or a list at a past revision reaches them.
     /// The writes since its last checkpoint stay in memory whatever this says; a checkpoint comes
-    /// once half of this (1 to 16 MiB) is written since the last one, or after a second.
+    /// once half of this (1 to 16 MiB) is written since the last one, or after five seconds.
     /// `store_watch_history_file_events_total` in `/metrics` counts the events read back.
     #[arg(long, default_value_t = 4)]
     history_memory_mib: usize,
