@@ -247,14 +247,13 @@ async fn run_variant(binary: &Path, engine: &str, p: Params) -> anyhow::Result<V
     // What the sync asked of the server, by verb and resource (the scrape itself not counted).
     let server_sync_cpu = procstat::cpu_seconds(&server_pid) - server_cpu0;
     let requests_after = scale::counters(&http, &server.url).await?;
-    let mut sync_requests: Vec<(String, u64)> = requests_after
+    let sync_requests: std::collections::BTreeMap<String, u64> = requests_after
         .requests
         .iter()
         .map(|(k, v)| (k.clone(), (v - requests_before.requests.get(k).copied().unwrap_or(0.0)) as u64))
         .filter(|(k, n)| *n > 0 && !k.ends_with(" metrics"))
         .collect();
-    sync_requests.sort();
-    let sync_request_total: u64 = sync_requests.iter().map(|(_, n)| n).sum();
+    let sync_request_total: u64 = sync_requests.values().sum();
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     let cpu0 = procstat::cpu_seconds(&pid);
@@ -308,7 +307,7 @@ async fn run_variant(binary: &Path, engine: &str, p: Params) -> anyhow::Result<V
     let _ = std::io::stdout().flush();
     Ok(json!({"engine": engine, "initial_sync_s": sync.as_secs_f64(), "initial_sync_reconciles_per_s": p.services as f64 / sync.as_secs_f64(),
         "first_mirrored_s": first.as_secs_f64(),
-        "sync_requests": sync_requests.into_iter().map(|(k, n)| (k, json!(n))).collect::<serde_json::Map<String, Value>>(), "sync_server_cpu_seconds": server_sync_cpu,
+        "sync_requests": sync_requests, "sync_server_cpu_seconds": server_sync_cpu,
         "changes": changes, "latency": lat, "unconverged": unconverged, "reconciles_total": reconciles,
         "rss_mib": rss, "peak_rss_mib": peak, "cpu_seconds_change_phase": phase_cpu, "cpu_seconds_total": total_cpu}))
 }

@@ -783,17 +783,18 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     // shares a core more finely between threads than a busy task yields (`shepherd-bench
     // pod-density`: sequential creates while pods start, p99 3.0-6.6 ms on the API's threads,
     // 2.0-3.9 ms on the agent's own).
-    let agent_rt = match agent {
-        Some(_) => Some(BackgroundRuntime(Some(
-            tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("agent").enable_all().build()?,
-        ))),
-        None => None,
+    let (agent_rt, agent_task) = match agent {
+        Some(a) => {
+            let rt = BackgroundRuntime(Some(
+                tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("agent").enable_all().build()?,
+            ));
+            tracing::info!(nodes = ?node_names, "local node agent starting");
+            let stop = stopped(stop_rx.clone());
+            let task = rt.handle().spawn(async move { a.run(stop).await });
+            (Some(rt), Some(task))
+        }
+        None => (None, None),
     };
-    let agent_task = agent.map(|a| {
-        tracing::info!(nodes = ?node_names, "local node agent starting");
-        let stop = stopped(stop_rx.clone());
-        agent_rt.as_ref().expect("made for the agent").handle().spawn(async move { a.run(stop).await })
-    });
     let snapshotter = local_store.filter(|_| !args.in_memory && !args.snapshot_interval.is_zero()).map(|local| {
         tokio::spawn(snapshots::run_periodic(
             local,

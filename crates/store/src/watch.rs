@@ -127,7 +127,8 @@ impl WatchStream {
 
 /// The events after `from` under `prefix` that the history holds, those that left memory read
 /// back from disk first, and the live subscription that continues where they end. Called only
-/// when a watch resumes (it fell out of its live buffer), so it counts the resume.
+/// when a watch resumes (it fell out of its live buffer, or the events' state was replaced), so
+/// it counts the resume.
 async fn start(state: &RwLock<State>, prefix: &str, from: Revision) -> Result<(VecDeque<Arc<Event>>, LiveEvents), StoreError> {
     let WatchStart { older, replay, rx } = {
         let s = state.read().map_err(|_| StoreError::Closed)?;
