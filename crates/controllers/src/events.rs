@@ -183,6 +183,30 @@ fn event_name(object: &str) -> String {
     format!("{object}.{:016x}", nanos.wrapping_add(seq))
 }
 
+/// The fields of `obj` an Event about it is made from: `apiVersion`, `kind`, the namespace, name,
+/// uid and resourceVersion, and `spec.nodeName` (a node agent's Events name it as their host).
+/// [`EventRecorder::record`] makes the same Event from this as from the whole object; a write
+/// that waits in the background keeps this rather than a copy of, say, a whole pod.
+pub fn subject(obj: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    for field in ["apiVersion", "kind"] {
+        if let Some(v) = obj.get(field) {
+            out.insert(field.to_string(), v.clone());
+        }
+    }
+    if let Some(m) = obj.get("metadata").and_then(Value::as_object) {
+        let kept: serde_json::Map<String, Value> = ["namespace", "name", "uid", "resourceVersion"]
+            .iter()
+            .filter_map(|f| m.get(*f).map(|v| (f.to_string(), v.clone())))
+            .collect();
+        out.insert("metadata".to_string(), Value::Object(kept));
+    }
+    if let Some(node) = obj.at("/spec/nodeName") {
+        out.insert("spec".to_string(), json!({ "nodeName": node }));
+    }
+    Value::Object(out)
+}
+
 fn now() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
@@ -199,9 +223,9 @@ impl EventRecorder {
     }
 
     /// As [`EventRecorder::record`], without waiting: for code that cannot await, and callers
-    /// that must not be held up by the write.
+    /// that must not be held up by the write. Only the [`subject`] of `obj` waits with the write.
     pub fn record_in_background(&self, obj: &Value, type_: EventType, reason: &str, message: &str) {
-        let (recorder, obj, reason, message) = (self.clone(), obj.clone(), reason.to_string(), message.to_string());
+        let (recorder, obj, reason, message) = (self.clone(), subject(obj), reason.to_string(), message.to_string());
         tokio::spawn(async move { recorder.record(&obj, type_, &reason, &message).await });
     }
 
@@ -290,6 +314,46 @@ impl EventRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shepherd_runtime::testing::MemoryClient;
+
+    /// The Events in `client`, without what differs between two recordings of the same one
+    /// (their names and times).
+    async fn recorded(client: &MemoryClient) -> Vec<Value> {
+        let list = client.list(&kinds::EVENT, &Default::default()).await.expect("list events");
+        list.items
+            .into_iter()
+            .map(|mut e| {
+                let o = e.as_object_mut().expect("an event is an object");
+                for volatile in ["metadata", "firstTimestamp", "lastTimestamp"] {
+                    o.remove(volatile);
+                }
+                e
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_event_made_from_the_subject_is_the_event_made_from_the_whole_object() {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-1", "resourceVersion": "42",
+                "labels": {"app": "web"}, "annotations": {"note": "x"}, "ownerReferences": [{"kind": "ReplicaSet", "name": "web"}]},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "minimal"}]},
+            "status": {"phase": "Running"}});
+        let unbound = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-1", "namespace": "shop"},
+            "spec": {"containers": []}});
+        for recorder in [EventRecorder::new as fn(Arc<dyn Client>, &'static str) -> EventRecorder, |c, _| EventRecorder::for_node_agent(c)] {
+            for obj in [&pod, &unbound] {
+                let (whole, slim) = (Arc::new(MemoryClient::new()), Arc::new(MemoryClient::new()));
+                recorder(whole.clone(), "default-scheduler").record(obj, EventType::Normal, "Scheduled", "assigned").await;
+                recorder(slim.clone(), "default-scheduler").record(&subject(obj), EventType::Normal, "Scheduled", "assigned").await;
+                let (a, b) = (recorded(&whole).await, recorded(&slim).await);
+                assert_eq!(a.len(), 1, "one Event recorded");
+                assert_eq!(a, b);
+            }
+        }
+        let kept = subject(&pod);
+        assert!(kept["metadata"].get("labels").is_none() && kept.get("status").is_none(), "only what an Event reads: {kept}");
+    }
 
     #[test]
     fn the_tenth_distinct_message_is_combined_until_a_quiet_window() {

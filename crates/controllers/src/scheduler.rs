@@ -143,9 +143,8 @@ impl Scheduler {
             Decision::Place(node) => match self.client.bind_pod(ns, name, &node).await {
                 Ok(()) => {
                     self.state.lock().reported.remove(key);
-                    let (events, pod) = (self.events.clone(), pod.clone());
                     let message = format!("Successfully assigned {ns}/{name} to {node}");
-                    tokio::spawn(async move { events.record(&pod, EventType::Normal, "Scheduled", &message).await });
+                    self.events.record(&pod, EventType::Normal, "Scheduled", &message).await;
                     Ok(Action::Done)
                 }
                 // Bound already (by an earlier attempt or another scheduler) or being deleted:

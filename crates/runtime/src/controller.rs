@@ -194,6 +194,7 @@ pub struct Controller {
     shutdown_grace: Duration,
     triggers: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
     primary_changes: Option<ChangeFilter>,
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Controller {
@@ -218,6 +219,7 @@ impl Controller {
             shutdown_grace: Duration::from_secs(30),
             triggers: None,
             primary_changes: None,
+            runtime: None,
         }
     }
 
@@ -252,6 +254,19 @@ impl Controller {
     pub fn primary_changes(mut self, wanted: impl Fn(&Change) -> bool + Send + Sync + 'static) -> Self {
         self.primary_changes = Some(Arc::new(wanted));
         self
+    }
+
+    /// Runs this controller's workers on `runtime` rather than on the manager's. The informers
+    /// stay on the manager's runtime and wake the workers across threads; a controller that writes
+    /// much in bursts (the scheduler) then works beside the others instead of queueing behind them.
+    pub fn on_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// The runtime given to [`Controller::on_runtime`], if any.
+    pub(crate) fn runtime(&self) -> Option<&tokio::runtime::Handle> {
+        self.runtime.as_ref()
     }
 
     /// Replaces the default backoff (5 ms doubling to 1000 s, within a 10/s burst 100 bucket).

@@ -63,9 +63,14 @@ impl Manager {
         let controllers: Vec<Controller> = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
         let mut tasks = tokio::task::JoinSet::new();
         for c in controllers {
+            let runtime = c.runtime().cloned();
             let (state, prepared) = c.prepare(&self.metrics);
             self.running.lock().unwrap_or_else(|e| e.into_inner()).push(state.clone());
-            tasks.spawn(controller::run(state, prepared, self.factory.clone(), stop_rx.clone()));
+            let run = controller::run(state, prepared, self.factory.clone(), stop_rx.clone());
+            match runtime {
+                Some(runtime) => tasks.spawn_on(run, &runtime),
+                None => tasks.spawn(run),
+            };
         }
         self.factory.start();
         shutdown.await;
@@ -256,6 +261,47 @@ mod tests {
         for n in names {
             client.patch(&SERVICE, Some("ns"), n, Patch::Merge(json!({ "spec": { "value": value } }))).await.unwrap();
         }
+    }
+
+    #[test]
+    fn a_controller_given_a_runtime_of_its_own_reconciles_on_that_runtime_s_threads() {
+        let own = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("own-runtime")
+            .enable_all()
+            .build()
+            .unwrap();
+        let managers = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("manager-runtime")
+            .enable_all()
+            .build()
+            .unwrap();
+        let threads = Arc::new(Mutex::new(HashSet::new()));
+        managers.block_on(async {
+            let client = Arc::new(MemoryClient::new());
+            let names = create_sources(&client, 3, "1").await;
+            let manager = Manager::new(client.clone());
+            let sources = manager.informers().cache(&SERVICE);
+            let (c, seen) = (client.clone(), threads.clone());
+            manager.add(
+                Controller::new("toy", &SERVICE, move |key: String| {
+                    let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
+                    seen.lock().unwrap().insert(thread);
+                    let (c, sources) = (c.clone(), sources.clone());
+                    async move { sync_derived(&c, &sources, &key).await }
+                })
+                .on_runtime(own.handle().clone()),
+            );
+            let running = Manager::spawn(manager);
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while !all_derived_are(&client, &names, "1").await {
+                assert!(std::time::Instant::now() < deadline, "the controller on its own runtime never reconciled");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            running.stop().await;
+        });
+        assert_eq!(*threads.lock().unwrap(), HashSet::from(["own-runtime".to_string()]));
     }
 
     #[tokio::test(start_paused = true)]

@@ -171,12 +171,13 @@ impl ControllerArgs {
     }
 
     /// Adds the enabled controllers to `manager`; the scheduler writes through `scheduler_client`,
-    /// the others through `client`.
+    /// the others through `client`. The scheduler runs on `scheduler_runtime` when given one.
     pub fn install(
         &self,
         client: Arc<dyn Client>,
         scheduler_client: Arc<dyn Client>,
         manager: &Manager,
+        scheduler_runtime: Option<tokio::runtime::Handle>,
     ) -> anyhow::Result<Vec<&'static str>> {
         let enabled = self.enabled()?;
         let configs = self.configs()?;
@@ -287,7 +288,11 @@ impl ControllerArgs {
                 }
                 "scheduler" => {
                     let config = SchedulerConfig { run: cfg, ..SchedulerConfig::default() };
-                    manager.add(scheduler(scheduler_client.clone(), manager, config));
+                    let scheduler = scheduler(scheduler_client.clone(), manager, config);
+                    manager.add(match &scheduler_runtime {
+                        Some(runtime) => scheduler.on_runtime(runtime.clone()),
+                        None => scheduler,
+                    });
                 }
                 _ => {}
             }

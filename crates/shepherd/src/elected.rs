@@ -139,7 +139,7 @@ pub async fn run(role: Role, mut args: ElectedArgs, shutdown: impl Future<Output
     }
     let writes = if args.election.leader_elect { elector.fence(client) } else { client };
     let manager = Arc::new(Manager::new(writes.clone()));
-    let enabled = args.controllers.install(writes.clone(), writes, &manager).context("starting the controllers")?;
+    let enabled = args.controllers.install(writes.clone(), writes, &manager, None).context("starting the controllers")?;
     tracing::info!(identity, controllers = ?enabled, "leading: {} running", role.command());
     eprintln!("shepherd {} {identity} is leading", role.command());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

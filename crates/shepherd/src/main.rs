@@ -183,8 +183,8 @@ struct ServerArgs {
     /// agent has a thread of its own beside them. Default: half the cores, at least one.
     #[arg(long, default_value_t = half_the_cores(), value_parser = at_least_one)]
     api_threads: usize,
-    /// Threads of the controllers, the scheduler and their informers, a runtime of their own
-    /// beside the API's. Default: half the cores, at least one.
+    /// Threads of the controllers and their informers, a runtime of their own beside the API's
+    /// (the scheduler has one more thread of its own). Default: half the cores, at least one.
     #[arg(long, default_value_t = half_the_cores(), value_parser = at_least_one)]
     controller_threads: usize,
     /// Where the objects live: `embedded` (a redb file under --data-dir, one server) or `etcd`
@@ -650,7 +650,13 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     let controllers: Arc<dyn Client> = Arc::new(server.client_as(as_user("system:kube-controller-manager")).await);
     let scheduler: Arc<dyn Client> = Arc::new(server.client_as(as_user("system:kube-scheduler")).await);
     let manager = Arc::new(Manager::new(controllers.clone()));
-    let enabled = args.controllers.install(controllers, scheduler, &manager)?;
+    // The scheduler gets a thread of its own beside the controllers': during a scale-out its
+    // binds and Events (a third of that thread's work) no longer wait behind the ReplicaSet
+    // controller and the informers, and at idle, with nothing to place, it sleeps.
+    let scheduler_rt = BackgroundRuntime(Some(
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("scheduler").enable_all().build()?,
+    ));
+    let enabled = args.controllers.install(controllers, scheduler, &manager, Some(scheduler_rt.handle().clone()))?;
     // Event expiry is the API server's duty in Kubernetes (--event-ttl), so it runs whatever
     // --controllers says.
     let ttl = shepherd_controllers::eventttl::event_ttl_controller(client.clone(), &manager, args.event_ttl, Default::default());
@@ -835,6 +841,7 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
         tracing::warn!(error = %e, "closing the store");
     }
     drop(control_rt);
+    drop(scheduler_rt);
     drop(agent_rt);
     served??;
     tracing::info!("shut down cleanly");
