@@ -13,9 +13,9 @@ window.addEventListener('unhandledrejection', (e) => window.dashboardErrors.push
 // What a benchmark reads: frames (the longest gap between two since the last reset, and how many
 // gaps passed 100 ms), the browser's long tasks and long animation frames (where the time of
 // those over 100 ms went: the page's scripts, the browser's style, layout and paint, or neither),
-// and the page's own redraws (how many, how long).
+// and the page's own redraws (how many, how long, and how many times each view was drawn).
 const fresh = () => ({
-  maxFrameGapMs: 0, framesOver100: 0, frames: 0, longTasks: [], watchEvents: 0, draws: 0, drawMs: 0, maxDrawMs: 0,
+  maxFrameGapMs: 0, framesOver100: 0, frames: 0, longTasks: [], watchEvents: 0, draws: 0, drawMs: 0, maxDrawMs: 0, rendered: {},
   longFrames: { count: 0, ms: 0, scriptMs: 0, renderMs: 0, styleLayoutMs: 0, forcedStyleLayoutMs: 0, scripts: {} },
 });
 const perf = fresh();
@@ -24,6 +24,9 @@ perf.drew = (ms) => {
   perf.draws++;
   perf.drawMs += ms;
   perf.maxDrawMs = Math.max(perf.maxDrawMs, ms);
+};
+perf.render = (view) => {
+  perf.rendered[view] = (perf.rendered[view] || 0) + 1;
 };
 // When the watch events of the objects whose key starts with `prefix` reached the page: a
 // benchmark tells the server's part of a change's way to the screen from the page's.

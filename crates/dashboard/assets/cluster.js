@@ -2,7 +2,7 @@
 // and node, Services with their endpoints, and the Events feed, all kept live by informers.
 
 import { Informer, call } from './api.js';
-import { h, fill, age, throttled, order, keyed, firstK, compare, TopK } from './dom.js';
+import { h, fill, age, throttled, order, keyed, firstK, compare, editable, TopK } from './dom.js';
 
 const PATHS = {
   nodes: '/api/v1/nodes',
@@ -55,6 +55,7 @@ function more(hidden, what) {
 let shownLive = false;
 
 function render(inf) {
+  window.dashboardPerf?.render('cluster');
   renderDeployments(inf);
   renderNodes(inf);
   renderNamespaces(inf);
@@ -133,15 +134,17 @@ function deploymentCard(d) {
   });
   const scaleForm = h('form', { class: 'action', 'data-action': 'scale' },
     h('label', { for: `scale-${id}` }, 'Replicas'), scaleInput, h('button', { type: 'submit' }, 'Scale'), parts.scaleError);
+  const scale = editable(scaleInput, () => { parts.scaleError.textContent = ''; });
   scaleForm.addEventListener('submit', async (e) => {
     e.preventDefault();
-    await act(parts.scaleError, () => call('PATCH', `/apis/apps/v1/namespaces/${ns}/deployments/${name}/scale`,
+    const ok = await act(parts.scaleError, () => call('PATCH', `/apis/apps/v1/namespaces/${ns}/deployments/${name}/scale`,
       { spec: { replicas: asNumber(scaleInput.value) } }, 'application/merge-patch+json'));
+    if (ok) scale.accepted();
   });
   const card = h('article', { class: 'card', 'data-deployment': `${ns}/${name}` },
     h('h3', {}, name, ' ', h('span', { class: 'muted' }, ns)),
     parts.summary, parts.replicas, legend(), scaleForm, parts.images);
-  return { card, parts, scaleInput, imageForms: new Map(), ns, name, id, drawn: '' };
+  return { card, parts, scale, imageForms: new Map(), ns, name, id, drawn: '' };
 }
 
 /** What the user typed, as JSON would carry it: a number when it is one, the text otherwise (for the server to judge). */
@@ -150,12 +153,15 @@ function asNumber(text) {
   return /^-?\d+$/.test(t) ? Number(t) : t;
 }
 
+/** Runs the call `f`; its error goes beside the field. True when the server accepted it. */
 async function act(errorEl, f) {
   errorEl.textContent = '';
   try {
     await f();
+    return true;
   } catch (e) {
     errorEl.textContent = e.body?.message || e.message;
+    return false;
   }
 }
 
@@ -208,7 +214,7 @@ function updateCard(c, d) {
       }));
     }
   }
-  if (document.activeElement !== c.scaleInput && !c.parts.scaleError.textContent) c.scaleInput.value = desired;
+  c.scale.show(desired);
   for (const container of d.spec?.template?.spec?.containers || []) {
     let f = c.imageForms.get(container.name);
     if (!f) {
@@ -216,7 +222,7 @@ function updateCard(c, d) {
       c.imageForms.set(container.name, f);
       c.parts.images.append(f.form);
     }
-    if (document.activeElement !== f.input && !f.error.textContent) f.input.value = container.image || '';
+    f.field.show(container.image || '');
   }
 }
 
@@ -227,13 +233,15 @@ function imageForm(c, container) {
   const form = h('form', { class: 'action', 'data-action': 'image' },
     h('label', { for: id }, `Image (${container})`),
     input, h('button', { type: 'submit' }, 'Set image'), error);
+  const field = editable(input, () => { error.textContent = ''; });
   form.addEventListener('submit', async (e) => {
     e.preventDefault();
     const patch = { spec: { template: { spec: { containers: [{ name: container, image: input.value }] } } } };
-    await act(error, () => call('PATCH', `/apis/apps/v1/namespaces/${c.ns}/deployments/${c.name}`, patch,
+    const ok = await act(error, () => call('PATCH', `/apis/apps/v1/namespaces/${c.ns}/deployments/${c.name}`, patch,
       'application/strategic-merge-patch+json'));
+    if (ok) field.accepted();
   });
-  return { form, input, error };
+  return { form, field, error };
 }
 
 // ---- Nodes and namespaces -------------------------------------------------------------------

@@ -119,6 +119,33 @@ export function throttled(draw, minMs = 100) {
 }
 
 /**
+ * A form field that the page keeps showing the cluster's value in, until a person changes it:
+ * from their first keystroke what they typed stays, through redraws and when the field loses the
+ * focus, until the form is accepted (`accepted()`) or they press Escape, which puts the cluster's
+ * value back (and calls `onRevert`). `show(value)` is what a redraw calls.
+ */
+export function editable(input, onRevert = () => {}) {
+  let edited = false;
+  let latest = '';
+  input.addEventListener('input', () => { edited = true; });
+  input.addEventListener('keydown', (e) => {
+    if (e.key !== 'Escape' || !edited) return;
+    edited = false;
+    input.value = latest;
+    onRevert();
+  });
+  return {
+    input,
+    show(value) {
+      latest = String(value);
+      if (!edited && document.activeElement !== input) input.value = latest;
+    },
+    accepted() { edited = false; },
+    get edited() { return edited; },
+  };
+}
+
+/**
  * The first `k` of `items` in `cmp` order, without sorting them all: what a capped list shows
  * of thousands, at a cost that grows with the items, not with their sort.
  */

@@ -48,6 +48,7 @@ function rate(points, field, now = Date.now()) {
 const cards = new Map(); // controller name -> {card, body, demo}
 
 function render() {
+  window.dashboardPerf?.render('loop');
   const box = document.getElementById('controllers');
   if (denied) {
     cards.clear();
@@ -131,11 +132,24 @@ function demoForm(c) {
       error.textContent = err.body?.message || err.message;
     }
   });
-  const update = (now) => {
-    if (touched || form.contains(document.activeElement)) return;
+  // What a person changed stays until it is applied or they press Escape, which shows the
+  // controller's settings again.
+  let shown = null;
+  const showSettings = (now) => {
     mode.value = ['level', 'edge', 'hybrid'].includes(now.mode) ? now.mode : 'hybrid';
     period.value = now.periodSeconds ?? '';
     loss.value = Math.round((now.eventLoss || 0) * 100);
+  };
+  form.addEventListener('keydown', (e) => {
+    if (e.key !== 'Escape' || !touched) return;
+    touched = false;
+    error.textContent = '';
+    if (shown) showSettings(shown);
+  });
+  const update = (now) => {
+    shown = now;
+    if (touched || form.contains(document.activeElement)) return;
+    showSettings(now);
   };
   return { form, update };
 }

@@ -22,13 +22,22 @@ pub struct Browser {
     /// chromedriver's port on loopback.
     pub port: u16,
     driver: Child,
-    _profile: tempfile::TempDir,
+    profile: tempfile::TempDir,
 }
 
 impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+        // The browser outlives chromedriver when its session was not closed (a test that failed
+        // half-way): its processes are the ones started with this session's profile.
+        let profile = format!("--user-data-dir={}", self.profile.path().display());
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+            if cmdline.split(|b| *b == 0).any(|arg| arg == profile.as_bytes()) {
+                let _ = Command::new("kill").arg("-KILL").arg(entry.file_name()).status();
+            }
+        }
     }
 }
 
@@ -74,7 +83,7 @@ impl Browser {
         loop {
             let connector = hyper_util::client::legacy::connect::HttpConnector::new();
             match ClientBuilder::new(connector).capabilities(caps.clone()).connect(&format!("http://127.0.0.1:{port}")).await {
-                Ok(client) => return Ok(Browser { client, port, driver, _profile: profile }),
+                Ok(client) => return Ok(Browser { client, port, driver, profile }),
                 Err(e) if Instant::now() >= deadline => {
                     let mut driver = driver;
                     let _ = driver.kill();
