@@ -136,7 +136,7 @@ struct AgentCommand {
     #[arg(long, default_value = "5m", value_parser = shepherd_api::duration::parse)]
     join_timeout: Duration,
     /// Directory for container state and logs; must survive restarts for re-adoption.
-    #[arg(long, env = "SHEPHERD_AGENT_DATA_DIR", default_value = "shepherd-agent-data")]
+    #[arg(long, env = "SHEPHERD_AGENT_DATA_DIR", default_value = "shepherd-agent-data", value_parser = absolute_dir)]
     data_dir: PathBuf,
     /// Run this many simulated nodes in this one process (implies the simulated runtime).
     #[arg(long)]
@@ -154,7 +154,7 @@ struct AgentCommand {
 #[derive(Args, Clone)]
 struct ServerArgs {
     /// Directory for the store and other state; created if absent.
-    #[arg(long, env = "SHEPHERD_DATA_DIR", default_value = "shepherd-data")]
+    #[arg(long, env = "SHEPHERD_DATA_DIR", default_value = "shepherd-data", value_parser = absolute_dir)]
     data_dir: PathBuf,
     /// Address to serve the API on.
     #[arg(long, env = "SHEPHERD_LISTEN", default_value = "127.0.0.1:9876")]
@@ -308,6 +308,13 @@ struct ServerArgs {
     controllers: ControllerArgs,
     #[command(flatten)]
     dns: dns::DnsArgs,
+}
+
+/// A data directory, made absolute against the working directory at start: paths derived from it
+/// reach runc (which resolves a relative root against the container's bundle) and processes that
+/// start in other directories, and must mean the same there.
+fn absolute_dir(arg: &str) -> Result<PathBuf, String> {
+    std::path::absolute(arg).map_err(|e| format!("{arg}: {e}"))
 }
 
 fn main() -> anyhow::Result<()> {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{Daemon, Netns};
 use serde_json::{Value, json};
 
 /// The underlay's addresses: the server's, then one per node.
@@ -33,41 +33,6 @@ fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("run command");
     assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     out
-}
-
-/// A network namespace the test made (`ip netns add`), deleted when dropped.
-struct Netns(String);
-
-impl Netns {
-    fn new(name: String) -> Netns {
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        run(Command::new("ip").args(["netns", "add", &name]));
-        run(Command::new("ip").args(["-n", &name, "link", "set", "lo", "up"]));
-        Netns(name)
-    }
-
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.0)
-    }
-
-    /// `ip -n NAME ARGS...`: configures this namespace only.
-    fn ip(&self, args: &[&str]) {
-        run(Command::new("ip").arg("-n").arg(&self.0).args(args));
-    }
-
-    /// A command run inside this namespace. nsenter (not `ip netns exec`) keeps the host's mount
-    /// namespace, so the agent's bind mounts of pod namespaces outlive the agent process.
-    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net={}", self.path())).arg("--").arg(program);
-        cmd
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
 }
 
 /// An agent process; dropping it kills it and the containers it left: the shims, which name its

@@ -147,7 +147,10 @@ pub(crate) fn unavailable(runc: &Path) -> Option<String> {
 
 impl OciRuntime {
     /// Needs a Tokio runtime (it starts the log rotation task).
-    pub fn new(config: OciConfig, events: EventSender) -> io::Result<Self> {
+    pub fn new(mut config: OciConfig, events: EventSender) -> io::Result<Self> {
+        // runc resolves a relative root path against the bundle directory, and some paths are
+        // handed to it from here: every path below starts from an absolute data directory.
+        config.data_dir = std::path::absolute(&config.data_dir)?;
         let store = ImageStore::open(config.data_dir.join("images")).map_err(io::Error::other)?;
         let puller = Puller::new(Arc::new(store), config.insecure_registries.clone());
         fs::create_dir_all(config.data_dir.join("oci/runc"))?;

@@ -340,3 +340,43 @@ impl Drop for Candidate {
         let _ = self.child.wait();
     }
 }
+
+/// A network namespace the test made (`ip netns add`), deleted when dropped.
+pub struct Netns(pub String);
+
+impl Netns {
+    pub fn new(name: String) -> Netns {
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        run_ok(Command::new("ip").args(["netns", "add", &name]));
+        run_ok(Command::new("ip").args(["-n", &name, "link", "set", "lo", "up"]));
+        Netns(name)
+    }
+
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.0)
+    }
+
+    /// `ip -n NAME ARGS...`: configures this namespace only.
+    pub fn ip(&self, args: &[&str]) {
+        run_ok(Command::new("ip").arg("-n").arg(&self.0).args(args));
+    }
+
+    /// A command run inside this namespace. nsenter (not `ip netns exec`) keeps the host's mount
+    /// namespace, so the agent's bind mounts of pod namespaces outlive the agent process.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.path())).arg("--").arg(program);
+        cmd
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
