@@ -8,6 +8,15 @@ let unauthorized = false;
 /** The token this tab signed in with, if any. */
 export const token = () => sessionStorage.getItem(TOKEN);
 
+// A sign-in link (`/dashboard/#token=...`, as `shepherd standalone` prints it): the token is kept
+// as a typed one is, and leaves the address bar and the history at once. A fragment is never sent
+// to the server; a wrong token gets the sign-in form, as a typed one does.
+const linked = new URLSearchParams(location.hash.slice(1)).get('token');
+if (linked) {
+  sessionStorage.setItem(TOKEN, linked);
+  history.replaceState(null, '', location.pathname + location.search);
+}
+
 function headers(extra = {}, t = token()) {
   return t ? { ...extra, Authorization: `Bearer ${t}` } : extra;
 }

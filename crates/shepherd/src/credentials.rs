@@ -78,6 +78,8 @@ pub struct Secured {
     pub serving_by_cluster_ca: bool,
     /// The CA bundle (PEM) pods get to verify the server with, in `kube-root-ca.crt`.
     pub root_ca_pem: String,
+    /// The administrator's sign-in token of `<data-dir>/admin.token`, when no `--token` was given.
+    pub sign_in_token: Option<String>,
 }
 
 pub(crate) fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
@@ -166,12 +168,38 @@ pub fn secure(args: &TlsArgs, data_dir: &Path, listen: SocketAddr, token: Option
         Some(path) => authn::parse_token_file(&read(path)?).with_context(|| format!("--token-auth-file {}", path.display()))?,
         None => Vec::new(),
     };
-    if let Some(t) = token {
+    let sign_in_token = match token {
+        Some(_) => None,
+        None => Some(sign_in_token(data_dir)?),
+    };
+    if let Some(t) = token.or(sign_in_token.as_deref()) {
         tokens.push(authn::admin_token(t));
     }
     let authenticator = Arc::new(Authenticator::new(&client_cas, tokens)?);
     let root_ca_pem = root_ca_bundle(args, &ca, &serving, by_cluster_ca)?;
-    Ok(Secured { tls, authenticator, ca, serving_by_cluster_ca: by_cluster_ca, root_ca_pem })
+    Ok(Secured { tls, authenticator, ca, serving_by_cluster_ca: by_cluster_ca, root_ca_pem, sign_in_token })
+}
+
+/// Where the administrator's sign-in token is kept (mode 0600, beside `admin.kubeconfig`).
+pub fn sign_in_token_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("admin.token")
+}
+
+/// The administrator's bearer token for a browser, which holds no client certificate: made at the
+/// first start without `--token` and kept, so the dashboard link printed at start stays good
+/// across restarts. Anyone who can read the data directory is the administrator anyway (the CA
+/// key and `admin.kubeconfig` are there); delete the file to have a new token made.
+fn sign_in_token(data_dir: &Path) -> anyhow::Result<String> {
+    let path = sign_in_token_path(data_dir);
+    match std::fs::read_to_string(&path) {
+        Ok(t) if t.trim().len() >= 32 => return Ok(t.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let token = crate::node_agent::random_token()?;
+    write_private(&path, &format!("{token}\n"))?;
+    Ok(token)
 }
 
 /// What verifies the serving certificate, for pods: --root-ca-file, else the cluster CA that signed

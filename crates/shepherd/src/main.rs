@@ -570,16 +570,6 @@ struct LocalAgent {
     runtime_note: Option<String>,
 }
 
-/// How a person signs in to the dashboard of a TLS server: a browser holds no client
-/// certificate, so with a bearer token.
-fn dashboard_sign_in(args: &ServerArgs) -> String {
-    match (&args.token, &args.tls.token_auth_file) {
-        (Some(_), _) => "sign in with the --token value".into(),
-        (None, Some(file)) => format!("sign in with a token of {}", file.display()),
-        (None, None) => "signing in takes a bearer token: start with --token or --token-auth-file".into(),
-    }
-}
-
 async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow::Result<()> {
     let standalone = local_agent.is_some();
     credentials::check_insecure_listen(&args.tls, args.listen)?;
@@ -751,7 +741,16 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     if let Some(path) = &kubeconfig {
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "admin kubeconfig: {} (kubectl --kubeconfig {0} get pods)", path.display());
-        let _ = writeln!(std::io::stderr(), "dashboard: {url}/dashboard/ ({})", dashboard_sign_in(&args));
+        let dashboard = match secured.as_ref().and_then(|s| s.sign_in_token.as_ref()) {
+            // A fragment never reaches the server, its logs or a proxy; the page takes the token
+            // out of the address bar at once.
+            Some(token) => format!(
+                "dashboard: {url}/dashboard/#token={token} (signs you in as the administrator; the token is in {})",
+                credentials::sign_in_token_path(&args.data_dir).display()
+            ),
+            None => format!("dashboard: {url}/dashboard/ (sign in with the --token value)"),
+        };
+        let _ = writeln!(std::io::stderr(), "{dashboard}");
     }
     if let Some(note) = local_agent.as_ref().and_then(|l| l.runtime_note.as_ref()) {
         // On stderr: scripts read the address from stdout and may close it after that line.

@@ -99,7 +99,7 @@ pub fn random_token() -> anyhow::Result<String> {
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
-        .context("reading /dev/urandom for the streaming token")?;
+        .context("reading /dev/urandom for a token")?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 

@@ -21,7 +21,8 @@ const PHONE: (u32, u32) = (390, 844);
 /// Runs `script` in the page until it returns something truthy, and returns that; on time-out,
 /// fails with what the page showed.
 async fn wait_for(browser: &Browser, what: &str, script: &str) -> Value {
-    match browser.wait_for(script, Duration::from_secs(45)).await {
+    // Generous: on a loaded machine (scripts/under-load.sh) a step can take tens of seconds.
+    match browser.wait_for(script, Duration::from_secs(90)).await {
         Ok(v) => v,
         Err(last) => {
             let page = browser.client.execute(SEEN, vec![]).await.unwrap_or_else(|e| json!(e.to_string()));
@@ -44,12 +45,34 @@ async fn js(client: &Client, script: &str) -> Value {
     client.execute(script, vec![]).await.unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
 }
 
-/// Types `text` into the field `css` (replacing what it held) and submits its form.
-async fn submit(client: &Client, css: &str, text: &str) {
+/// WebDriver's keys (the spec's table of normalized key values).
+const CONTROL: &str = "\u{E009}";
+const RELEASE_MODIFIERS: &str = "\u{E000}";
+const ENTER: &str = "\u{E007}";
+const ESCAPE: &str = "\u{E00C}";
+
+/// Types `text` into the field `css` over what it held, as a person does: a click into it, Ctrl+A,
+/// then the keys, with the focus in the field throughout (WebDriver's Element Clear would blur it,
+/// and a redraw landing after that may refill the field before the keys arrive).
+async fn type_into(client: &Client, css: &str, text: &str) -> fantoccini::elements::Element {
     let field = client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("no field {css}: {e}"));
-    field.clear().await.expect("clear");
-    field.send_keys(text).await.expect("type");
-    field.send_keys("\u{E007}").await.expect("press Enter"); // WebDriver's Enter key
+    field.click().await.unwrap_or_else(|e| panic!("click into {css}: {e}"));
+    field.send_keys(&format!("{CONTROL}a{RELEASE_MODIFIERS}{text}")).await.unwrap_or_else(|e| panic!("type into {css}: {e}"));
+    field
+}
+
+/// Types `text` into the field `css` (replacing what it held) and presses Enter to submit its form.
+async fn submit(client: &Client, css: &str, text: &str) {
+    type_into(client, css, text).await.send_keys(ENTER).await.expect("press Enter");
+}
+
+/// Waits until the page has drawn `view` `n` more times (`dashboardPerf.rendered`): a positive
+/// signal that redraws happened, whatever the machine's speed.
+async fn redraws(browser: &Browser, view: &str, n: u64) {
+    let count = format!("return window.dashboardPerf.rendered['{view}'] || 0;");
+    let now = js(&browser.client, &count).await.as_u64().expect("a draw count");
+    let more = format!("return (window.dashboardPerf.rendered['{view}'] || 0) >= {};", now + n);
+    wait_for(browser, &format!("{n} redraws of the {view} view"), &more).await;
 }
 
 /// The page's own record of uncaught errors and rejected promises; none may happen.
@@ -67,7 +90,11 @@ async fn screenshots(client: &Client, name: &str) {
     std::fs::create_dir_all(&dir).expect("screenshot dir");
     for (width_name, (w, h)) in [("desktop", DESKTOP), ("phone", PHONE)] {
         client.set_window_size(w, h).await.expect("resize");
-        tokio::time::sleep(Duration::from_millis(400)).await; // one throttled redraw at the new width
+        // Laid out at the new width: the browser has drawn two frames since it took the size.
+        let frames = "const done = arguments[arguments.length - 1];
+            requestAnimationFrame(() => requestAnimationFrame(() => done(window.innerWidth)));";
+        let width = client.execute_async(frames, vec![]).await.expect("two frames");
+        assert!(width.as_u64().is_some_and(|got| got <= u64::from(w)), "window {width} wide, asked {w}");
         let png = client.screenshot().await.expect("screenshot");
         assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
         std::fs::write(dir.join(format!("dashboard-{name}-{width_name}.png")), png).expect("write screenshot");
@@ -82,9 +109,7 @@ async fn tune_from_page(client: &Client, card: &str, mode: &str, period: &str, l
     let select = client.find(Locator::Css(&format!("{card} select[name=\"mode\"]"))).await.expect("mode select");
     select.select_by_value(mode).await.expect("choose a mode");
     for (name, value) in [("periodSeconds", period), ("eventLoss", loss)] {
-        let field = client.find(Locator::Css(&format!("{card} input[name=\"{name}\"]"))).await.expect("demo field");
-        field.clear().await.expect("clear");
-        field.send_keys(value).await.expect("type");
+        type_into(client, &format!("{card} input[name=\"{name}\"]"), value).await;
     }
     client.find(Locator::Css(&format!("{card} form.demo button"))).await.expect("apply").click().await.expect("click apply");
 }
@@ -100,14 +125,19 @@ const VICTOR: &str = "victor-t0ken-0123456789";
 fn secure_standalone(dir: &Path, extra: &[&str]) -> (Daemon, String) {
     let tokens = dir.join("tokens.csv");
     std::fs::write(&tokens, format!("{ALICE},alice,1001\n{VICTOR},victor,1002\n")).expect("token file");
+    let tokens = tokens.to_str().expect("utf-8 path");
+    standalone(dir, &[&["--token", ADMIN, "--token-auth-file", tokens], extra].concat())
+}
+
+/// `shepherd standalone` over TLS in `dir/data` with `flags`; returns it and its `dashboard:` line.
+fn standalone(dir: &Path, flags: &[&str]) -> (Daemon, String) {
     let data = dir.join("data");
     let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
         .arg("standalone")
         .arg("--data-dir")
         .arg(&data)
-        .args(["--listen", "127.0.0.1:0", "--runtime", "process", "--token", ADMIN, "--token-auth-file"])
-        .arg(&tokens)
-        .args(extra)
+        .args(["--listen", "127.0.0.1:0", "--runtime", "process"])
+        .args(flags)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -280,8 +310,22 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     assert_no_page_errors(&client, "loop").await;
     screenshots(&client, "loop").await;
 
-    // Bad input from the page: the server's 422 message appears next to the field; nothing changes.
+    // What a person typed stays through redraws, also once the field has lost the focus, until
+    // they submit it or press Escape, which shows the cluster's value again.
     client.find(Locator::Css("nav a[data-view=\"cluster\"]")).await.expect("cluster link").click().await.expect("open the cluster view");
+    let scale = "input[data-deployment=\"default/web\"]";
+    let field = type_into(&client, scale, "7").await;
+    field.send_keys("\u{E004}").await.expect("press Tab"); // WebDriver's Tab: the focus moves on
+    redraws(&browser, "cluster", 2).await;
+    assert_eq!(field.prop("value").await.expect("value").as_deref(), Some("7"), "a redraw replaced what was typed");
+    assert_eq!(deployment(&http, &url).await["spec"]["replicas"], json!(5), "typing alone changed the Deployment");
+    field.click().await.expect("back into the field");
+    field.send_keys(ESCAPE).await.expect("press Escape");
+    field.send_keys("\u{E004}").await.expect("press Tab");
+    redraws(&browser, "cluster", 2).await;
+    assert_eq!(field.prop("value").await.expect("value").as_deref(), Some("5"), "Escape puts the cluster's value back");
+
+    // Bad input from the page: the server's 422 message appears next to the field; nothing changes.
     let before = deployment(&http, &url).await;
     for bad in ["-1", "five"] {
         submit(&client, "input[data-deployment=\"default/web\"]", bad).await;
@@ -305,7 +349,7 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     // The view redraws every second; a person typing in its form keeps the focus through that.
     let period = client.find(Locator::Css(&format!("{card} input[name=\"periodSeconds\"]"))).await.expect("period field");
     period.click().await.expect("focus the period field");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    redraws(&browser, "loop", 3).await;
     let focused = js(&client, "return document.activeElement?.name || document.activeElement?.tagName;").await;
     assert_eq!(focused, json!("periodSeconds"), "a redraw took the focus from the field being typed in");
     tune_from_page(&client, card, "edge", "", "150").await;
@@ -342,4 +386,37 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     client.close().await.expect("close the browser");
     drop(browser);
     drop(daemon);
+}
+
+/// Without `--token`, the `dashboard:` link standalone prints signs a browser in as the
+/// administrator, takes the token out of the address bar, and stays good across a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_link_signs_the_administrator_in() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (daemon, printed) = standalone(dir.path(), &[]);
+    let url = daemon.url.clone();
+    let link = printed.strip_prefix("dashboard: ").and_then(|l| l.split_whitespace().next()).expect("a link").to_string();
+    let token = link.strip_prefix(&format!("{url}/dashboard/#token=")).unwrap_or_else(|| panic!("not a sign-in link: {printed}"));
+    let file = dir.path().join("data/admin.token");
+    assert_eq!(std::fs::read_to_string(&file).expect("admin.token").trim(), token, "the link carries the kept token");
+    let mode = std::fs::metadata(&file).expect("admin.token").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "admin.token is for its owner only");
+    let nodes = https_client(dir.path()).get(format!("{url}/api/v1/nodes")).bearer_auth(token).send().await.expect("list nodes");
+    assert_eq!(nodes.status(), 200, "the token is the administrator's");
+    let refused = https_client(dir.path()).get(format!("{url}/api/v1/nodes")).bearer_auth("0".repeat(64)).send().await.expect("list nodes");
+    assert_eq!(refused.status(), 401, "another token is not");
+
+    let browser = Browser::start(DESKTOP.0, DESKTOP.1).await.unwrap_or_else(|e| panic!("{e}"));
+    browser.client.goto(&link).await.expect("open the link");
+    wait_for(&browser, "signed in from the link", SIGNED_IN).await;
+    wait_for(&browser, "the node", "return document.querySelector('#nodes tr[data-node] .yes');").await;
+    let address = js(&browser.client, "return location.href;").await;
+    assert_eq!(address, json!(format!("{url}/dashboard/")), "the token left the address bar");
+    assert_no_page_errors(&browser.client, "cluster, signed in from the link").await;
+
+    drop(daemon);
+    let (_again, printed_again) = standalone(dir.path(), &[]);
+    assert!(printed_again.contains(&format!("#token={token} ")), "a restart keeps the token: {printed_again}");
+    browser.client.clone().close().await.expect("close the browser");
 }
