@@ -283,10 +283,15 @@ fn add_token_volume(pod: &mut Value) {
             if mounts_there(c) {
                 continue;
             }
+            // A container that is not an object is left for validation to refuse.
+            let Some(c) = c.as_object_mut() else { continue };
             let mount = json!({"name": volume_name, "readOnly": true, "mountPath": MOUNT_PATH});
-            match c.get_mut("volumeMounts").and_then(Value::as_array_mut) {
-                Some(ms) => ms.push(mount),
-                None => c["volumeMounts"] = json!([mount]),
+            match c.get_mut("volumeMounts") {
+                Some(Value::Array(ms)) => ms.push(mount),
+                None | Some(Value::Null) => {
+                    c.insert("volumeMounts".into(), json!([mount]));
+                }
+                Some(_) => {} // not a list: validation refuses it as written
             }
         }
     }
@@ -313,6 +318,19 @@ mod tests {
             json!({"name": name, "readOnly": true, "mountPath": MOUNT_PATH})
         );
         assert_eq!(pod["spec"]["containers"][1]["volumeMounts"].as_array().unwrap().len(), 1, "its own mount is kept");
+    }
+
+    #[test]
+    fn containers_of_the_wrong_shape_are_left_for_validation_to_refuse() {
+        for containers in [json!([1]), json!(["x", null, [true]]), json!([{"name": "a", "volumeMounts": 7}])] {
+            let mut pod = json!({"spec": {"containers": containers.clone(), "volumes": "no"}});
+            add_token_volume(&mut pod);
+            if containers[0].is_object() {
+                assert_eq!(pod["spec"]["containers"][0]["volumeMounts"], 7, "a wrong volumeMounts is not replaced");
+            } else {
+                assert_eq!(pod["spec"]["containers"], containers, "a container that is not an object is left as it was");
+            }
+        }
     }
 
     #[test]
