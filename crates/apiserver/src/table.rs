@@ -23,23 +23,43 @@ fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
     obj.at("/status/conditions")?.as_array()?.iter().find(|c| c["type"] == type_)
 }
 
-/// The STATUS column of a pod, as kubectl derives it: the phase, overridden by a container's
-/// waiting or terminated reason, and `Terminating` once deletion started.
+/// The STATUS column of a pod, as Kubernetes' pod printer derives it: the phase (or the pod's
+/// reason), overridden by its containers', last container first: a waiting reason, a terminated
+/// reason (`Completed`, `Error`, `OOMKilled`; `ExitCode:N` or `Signal:N` without one); `Completed`
+/// turns back into `Running` (or `NotReady`) while another container still runs; `Terminating`
+/// once deletion started, unless the pod has already finished (`Unknown` when its node was lost).
 pub fn pod_status(pod: &Value) -> String {
+    let phase = str_at(pod, "/status/phase");
+    let mut status = match str_at(pod, "/status/reason") {
+        "" => phase.to_string(),
+        reason => reason.to_string(),
+    };
+    let mut running = false;
+    let statuses = pod.at("/status/containerStatuses").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    for cs in statuses.iter().rev() {
+        let (waiting, terminated) = (cs.at("/state/waiting"), cs.at("/state/terminated"));
+        if let Some(reason) = waiting.map(|w| str_at(w, "/reason")).filter(|r| !r.is_empty()) {
+            status = reason.to_string();
+        } else if let Some(t) = terminated {
+            status = match (str_at(t, "/reason"), int_at(t, "/signal")) {
+                ("", signal) if signal != 0 => format!("Signal:{signal}"),
+                ("", _) => format!("ExitCode:{}", int_at(t, "/exitCode")),
+                (reason, _) => reason.to_string(),
+            };
+        } else if cs["ready"] == true && cs.at("/state/running").is_some() {
+            running = true;
+        }
+    }
+    if status == "Completed" && running {
+        status = if condition(pod, "Ready").is_some() { "Running" } else { "NotReady" }.to_string();
+    }
     if pod.at("/metadata/deletionTimestamp").is_some() {
-        return "Terminating".into();
-    }
-    let mut status = str_at(pod, "/status/phase").to_string();
-    if !str_at(pod, "/status/reason").is_empty() {
-        status = str_at(pod, "/status/reason").to_string();
-    }
-    for cs in pod.at("/status/containerStatuses").and_then(Value::as_array).into_iter().flatten() {
-        let waiting = str_at(cs, "/state/waiting/reason");
-        let terminated = str_at(cs, "/state/terminated/reason");
-        if !waiting.is_empty() && waiting != "ContainerCreating" || (!waiting.is_empty() && status == "Pending") {
-            status = waiting.to_string();
-        } else if !terminated.is_empty() && status != "Succeeded" {
-            status = terminated.to_string();
+        // The node lifecycle controller's reason for pods of a node that stopped answering.
+        if str_at(pod, "/status/reason") == "NodeLost" {
+            return "Unknown".into();
+        }
+        if !matches!(phase, "Succeeded" | "Failed") {
+            return "Terminating".into();
         }
     }
     if status.is_empty() { "Unknown".into() } else { status }
@@ -502,6 +522,39 @@ mod tests {
         assert_eq!(row[2], "CrashLoopBackOff");
         assert_eq!(row[3], 4);
         assert_eq!(row[6], "n1");
+    }
+
+    #[test]
+    fn pod_status_reads_as_kubectl_prints_it() {
+        let pod = |phase: &str, states: Value| {
+            let statuses: Vec<Value> = states.as_array().into_iter().flatten().map(|s| json!({"state": s, "ready": s.get("running").is_some()})).collect();
+            json!({"metadata": {"name": "p"}, "status": {"phase": phase, "containerStatuses": statuses}})
+        };
+        let done = json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
+        let failed = json!({"terminated": {"exitCode": 2, "reason": "Error"}});
+        let running = json!({"running": {}});
+        // A finished Job's pod reads Completed, a failed one Error.
+        assert_eq!(pod_status(&pod("Succeeded", json!([done]))), "Completed");
+        assert_eq!(pod_status(&pod("Failed", json!([failed]))), "Error");
+        assert_eq!(pod_status(&pod("Failed", json!([{"terminated": {"exitCode": 3}}]))), "ExitCode:3");
+        assert_eq!(pod_status(&pod("Failed", json!([{"terminated": {"exitCode": 137, "signal": 9}}]))), "Signal:9");
+        // A container that finished beside one still running: the pod is Running (NotReady without
+        // a Ready condition).
+        let mut both = pod("Running", json!([running, done]));
+        assert_eq!(pod_status(&both), "NotReady");
+        both["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
+        assert_eq!(pod_status(&both), "Running");
+        assert_eq!(pod_status(&pod("Pending", json!([{"waiting": {"reason": "ContainerCreating"}}]))), "ContainerCreating");
+        // Deleting: Terminating, unless it had finished; Unknown for a lost node's pod.
+        let mut finished = pod("Succeeded", json!([done]));
+        finished["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        assert_eq!(pod_status(&finished), "Completed");
+        let mut deleting = pod("Running", json!([running]));
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        assert_eq!(pod_status(&deleting), "Terminating");
+        deleting["status"]["reason"] = json!("NodeLost");
+        assert_eq!(pod_status(&deleting), "Unknown");
+        assert_eq!(pod_status(&json!({"status": {}})), "Unknown");
     }
 
     #[test]

@@ -51,10 +51,6 @@ fn session_params(container: Option<&String>, stdin: bool, tty: bool) -> AttachP
     }
 }
 
-fn pod_name(arg: &str) -> &str {
-    arg.strip_prefix("pod/").or_else(|| arg.strip_prefix("pods/")).unwrap_or(arg)
-}
-
 /// Puts the local terminal in raw mode until dropped.
 struct RawTerminal {
     saved: libc::termios,
@@ -190,7 +186,7 @@ fn reason(e: kube::Error) -> String {
 pub async fn exec(cluster: &Cluster, args: &ExecArgs) -> anyhow::Result<i32> {
     anyhow::ensure!(!args.command.is_empty(), "you must specify at least one command for the container");
     let api: kube::Api<Pod> = kube::Api::namespaced(cluster.client(), &cluster.namespace);
-    let name = pod_name(&args.pod);
+    let name = &crate::target::pod(cluster, &args.pod).await?;
     let tty = use_terminal(args.stdin, args.tty);
     let params = session_params(args.container.as_ref(), args.stdin, tty);
     let attached = api.exec(name, args.command.clone(), &params).await.map_err(|e| anyhow::anyhow!("exec in pod \"{name}\": {}", reason(e)))?;
@@ -202,7 +198,7 @@ pub async fn exec(cluster: &Cluster, args: &ExecArgs) -> anyhow::Result<i32> {
 /// ends or the user interrupts; on a terminal with `-it` when the container has one.
 pub async fn attach(cluster: &Cluster, args: &AttachArgs) -> anyhow::Result<i32> {
     let api: kube::Api<Pod> = kube::Api::namespaced(cluster.client(), &cluster.namespace);
-    let name = pod_name(&args.pod);
+    let name = &crate::target::pod(cluster, &args.pod).await?;
     let mut tty = use_terminal(args.stdin, args.tty);
     if tty {
         // As kubectl: a terminal only when the container has one of its own.

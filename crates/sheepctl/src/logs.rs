@@ -21,7 +21,7 @@ pub struct LogsArgs {
 }
 
 pub async fn run(cluster: &Cluster, args: &LogsArgs) -> anyhow::Result<()> {
-    let name = args.pod.strip_prefix("pod/").or_else(|| args.pod.strip_prefix("pods/")).unwrap_or(&args.pod);
+    let name = &crate::target::pod(cluster, &args.pod).await?;
     let path = format!("{}/log", resource::object_path(&shepherd_api::kinds::POD, &cluster.namespace, name));
     let query = resource::query(&[
         ("container", args.container.clone()),

@@ -20,6 +20,7 @@ mod printer;
 mod resource;
 mod rollout;
 mod scale;
+mod target;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -91,6 +91,22 @@ async fn a_job_whose_first_pods_fail_backs_off_and_completes_with_exactly_five_s
     let first_after = items.iter().filter(|p| p["status"]["phase"] == "Succeeded")
         .filter_map(|p| time(&p["metadata"]["creationTimestamp"])).min().expect("a pod after the failures");
     assert!(first_after.as_second() - last_failure.as_second() >= 1, "no back-off: {last_failure} then {first_after}");
+
+    // kubectl's STATUS column, as a Kubernetes user reads a finished Job's pods: Completed for
+    // those that succeeded, Error for those that failed.
+    for (version, bin) in kubectls_under_test() {
+        let (status, out, err) = run_with_stdin(kubectl_command(&bin, &daemon.url).args(["get", "pods", "-l", "job-name=flaky"]), None);
+        assert!(status.success(), "kubectl {version} get pods: {err}");
+        let column = |word: &str| out.lines().filter(|l| l.split_whitespace().nth(2) == Some(word)).count();
+        assert_eq!((column("Completed"), column("Error")), (5, 2), "kubectl {version}:\n{out}");
+    }
+    // `sheepctl logs job/flaky`: one of the Job's pods, named on stderr as kubectl does.
+    let sheepctl = Path::new(env!("CARGO_BIN_EXE_shepherd")).with_file_name("sheepctl");
+    let (status, _, err) = run_with_stdin(std::process::Command::new(&sheepctl).args(["--server", &daemon.url, "logs", "job/flaky"]), None);
+    assert!(status.success(), "sheepctl logs job/flaky: {err}");
+    assert!(err.starts_with("Found 7 pods, using pod/flaky-"), "{err}");
+    let (status, _, err) = run_with_stdin(std::process::Command::new(&sheepctl).args(["--server", &daemon.url, "logs", "job/nothing"]), None);
+    assert!(!status.success() && err.contains("\"nothing\" not found"), "{err}");
     drop(daemon);
 }
 
