@@ -848,6 +848,9 @@ impl PodManager {
             }
             Err(message) => {
                 warn!(pod = %c.id.pod_key, container = %c.id.name, error = %message, "container could not start");
+                // As kubelet: the cause in a Warning Event, which `kubectl describe pod` lists (it
+                // shows a waiting container's reason, not its message).
+                self.events.record_in_background(pod, EventType::Warning, "Failed", &format!("Error: {message}"));
                 let now = Timestamp::now();
                 if let Some(p) = previous {
                     c.last = Some(p);
