@@ -375,6 +375,12 @@ impl Agent {
     /// agent is killed) and the next agent on the same data directory takes them over, unless
     /// `stop_containers_on_exit` is set.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+        self.run_then(shutdown, Stopping::default()).await
+    }
+
+    /// As [`Agent::run`], with `stopping` for how the pods are stopped at the end (with
+    /// `stop_containers_on_exit`).
+    pub async fn run_then(self, shutdown: impl Future<Output = ()>, stopping: Stopping) -> Result<(), AgentError> {
         let Agent { client, config, nodes, manager, pods, streaming, network, _lock } = self;
         info!(nodes = nodes.len(), runtime = ?config.runtime, "node agent starting");
         let reconciler = pods.clone();
@@ -437,7 +443,7 @@ impl Agent {
         while background.join_next().await.is_some() {}
         if config.stop_containers_on_exit {
             info!("node agent stopping its containers");
-            pods.stop_everything().await;
+            pods.stop_everything(stopping).await;
             pods.runtime().detach();
             info!("node agent stopped with its containers");
         } else {
@@ -494,6 +500,21 @@ pub fn memory_limits_unavailable() -> Option<String> {
 /// `None` when it can.
 pub fn oci_unavailable(runc: &Path) -> Option<String> {
     oci::unavailable(runc)
+}
+
+/// How an agent that stops its containers on exit goes about it: `notice` hears how many pods it
+/// is stopping and the longest grace period they get (not called when none runs); once `hurry`
+/// completes, whatever still runs is killed at once.
+pub struct Stopping {
+    pub hurry: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    pub notice: Box<dyn FnOnce(usize, Duration) + Send>,
+}
+
+impl Default for Stopping {
+    /// Every container gets its whole grace period, in silence.
+    fn default() -> Self {
+        Stopping { hurry: Box::pin(std::future::pending()), notice: Box::new(|_, _| {}) }
+    }
 }
 
 /// `shepherd agent --server URL --node-name NAME`: one agent until `shutdown`.

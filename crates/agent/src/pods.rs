@@ -1100,9 +1100,10 @@ impl PodManager {
         }
     }
 
-    /// Stops every container on the node (each pod's grace period, SIGKILL after it) and removes
-    /// them; no reconcile starts anything afterwards. For a node going away with its pods.
-    pub async fn stop_everything(&self) {
+    /// Stops every container on the node (each pod's grace period, SIGKILL after it, or at once
+    /// when `stopping.hurry` completes) and removes them; no reconcile starts anything afterwards.
+    /// For a node going away with its pods.
+    pub async fn stop_everything(&self, stopping: crate::Stopping) {
         self.shutting_down.store(true, std::sync::atomic::Ordering::Relaxed);
         let records: Vec<Arc<AsyncMutex<PodRecord>>> = self
             .records
@@ -1111,21 +1112,40 @@ impl PodManager {
             .values()
             .flat_map(|incarnations| incarnations.values().cloned())
             .collect();
-        let mut longest = Duration::ZERO;
+        let (mut longest, mut running, mut longest_running) = (Duration::ZERO, 0, Duration::ZERO);
         for r in &records {
             let mut rec = r.lock().await;
             let grace = rec.grace;
             longest = longest.max(grace);
-            self.stop_all(&mut rec, grace);
+            if !self.stop_all(&mut rec, grace) {
+                running += 1;
+                longest_running = longest_running.max(grace);
+            }
+        }
+        if running > 0 {
+            (stopping.notice)(running, longest_running);
         }
         let deadline = Instant::now() + longest + Duration::from_secs(5);
+        let mut hurry = Some(stopping.hurry);
         for r in &records {
             loop {
                 let live = r.lock().await.containers.iter().any(|c| c.live_instance().is_some());
                 if !live || Instant::now() >= deadline {
                     break;
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                let pause = tokio::time::sleep(Duration::from_millis(50));
+                match hurry.as_mut() {
+                    Some(h) => tokio::select! {
+                        () = h => {
+                            hurry = None;
+                            for r in &records {
+                                self.stop_all(&mut *r.lock().await, Duration::ZERO);
+                            }
+                        }
+                        () = pause => {}
+                    },
+                    None => pause.await,
+                }
             }
             for c in &r.lock().await.containers {
                 self.runtime.remove(&c.id);

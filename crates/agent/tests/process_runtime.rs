@@ -352,5 +352,20 @@ async fn a_security_context_the_process_runtime_cannot_honour_is_refused_by_name
     .await;
     let message = container_status(&p)["state"]["waiting"]["message"].as_str().unwrap_or_default().to_string();
     assert!(message.contains("securityContext.runAsUser") && message.contains("--runtime oci"), "{message}");
+    // `kubectl describe pod` shows a waiting container's reason only: the cause is in a Warning
+    // Event, as kubelet records it.
+    let params = shepherd_runtime::ListParams::namespace("default");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let event = loop {
+        let events = client.list(&kinds::EVENT, &params).await.expect("events");
+        let failed = events.items.into_iter().find(|e| e["involvedObject"]["name"] == "nonroot" && e["reason"] == "Failed");
+        match failed {
+            Some(e) => break e,
+            None if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+            None => panic!("no Failed Event for the pod"),
+        }
+    };
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["message"], format!("Error: {message}"));
     agent.finish(&client).await;
 }

@@ -694,6 +694,7 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
         shepherd_apiserver::register_retention(store.clone(), &mut registry);
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (hurry_tx, hurry_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
@@ -802,7 +803,16 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
             ));
             tracing::info!(nodes = ?node_names, "local node agent starting");
             let stop = stopped(stop_rx.clone());
-            let task = rt.handle().spawn(async move { a.run(stop).await });
+            let stopping = shepherd_agent::Stopping {
+                hurry: Box::pin(stopped(hurry_rx.clone())),
+                notice: Box::new(|pods, grace| {
+                    use std::io::Write;
+                    let s = if pods == 1 { "" } else { "s" };
+                    let grace = grace.as_secs_f64();
+                    let _ = writeln!(std::io::stderr(), "stopping {pods} pod{s}, up to {grace:.0} s; Ctrl-C again to kill them now");
+                }),
+            };
+            let task = rt.handle().spawn(async move { a.run_then(stop, stopping).await });
             (Some(rt), Some(task))
         }
         None => (None, None),
@@ -828,6 +838,13 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     };
     shutdown_signal().await;
     stop_tx.send_replace(true);
+    // A second Ctrl-C (or SIGTERM) while the pods get their grace periods kills them at once.
+    let hurry = tokio::spawn(async move {
+        shutdown_signal().await;
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "killing the pods now");
+        hurry_tx.send_replace(true);
+    });
     if let Some(s) = snapshotter {
         s.abort();
     }
@@ -840,6 +857,7 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     {
         tracing::warn!(error = %e, "node agent stopped with an error");
     }
+    hurry.abort();
     let served = serving.await;
     // Every writer has stopped: the store finishes what it took, checkpoints, and lets go of its
     // files (or of etcd), so the next start replays nothing.

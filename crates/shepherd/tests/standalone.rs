@@ -151,3 +151,72 @@ async fn the_seed_deployment_runs_real_processes_that_heal_and_survive_a_daemon_
     })
     .await;
 }
+
+/// Ctrl-C says what it waits for, and a second one kills the pods at once: the daemon exits within
+/// 5 s although its container ignores SIGTERM and has 30 s of grace, and leaves no container
+/// process and no mount behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_says_what_it_waits_for_and_a_second_one_kills_the_pods_at_once() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("standalone")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--listen", "127.0.0.1:0", "--insecure-loopback", "--runtime", "process"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start shepherd");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, said) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            let _ = tx.send(line);
+        }
+    });
+    let mut daemon = Daemon::from_child(child);
+    let url = daemon.url.clone();
+    let http = reqwest::Client::new();
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stubborn"},
+        "spec": {"terminationGracePeriodSeconds": 30, "containers": [{"name": "c", "image": "busybox",
+            "command": ["sh", "-c", "trap '' TERM; while :; do sleep 1; done"]}]}});
+    let r = http.post(format!("{url}/api/v1/namespaces/default/pods")).json(&pod).send().await.expect("create");
+    assert_eq!(r.status(), 201);
+    wait_for("the pod Running", async || pods(&http, &url).await.iter().any(running_ready).then_some(())).await;
+    let pid = wait_for("its process", async || container_pids(dir.path()).values().copied().find(|p| alive(*p))).await;
+
+    let interrupt = || {
+        let _ = Command::new("kill").arg("-INT").arg(daemon.child.id().to_string()).status();
+    };
+    interrupt();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match said.recv_timeout(left) {
+            Ok(line) if line.starts_with("stopping ") => break line,
+            Ok(_) => {}
+            Err(_) => panic!("no line saying what Ctrl-C waits for"),
+        }
+    };
+    assert_eq!(line, "stopping 1 pod, up to 30 s; Ctrl-C again to kill them now");
+    assert!(alive(pid), "the first Ctrl-C gives the container its grace period");
+    interrupt();
+    let second = Instant::now();
+    let status = loop {
+        if let Ok(Some(status)) = daemon.child.try_wait() {
+            break status;
+        }
+        assert!(second.elapsed() < Duration::from_secs(5), "standalone still running 5 s after a second Ctrl-C");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!("second Ctrl-C -> exited ({status}) in {:?}", second.elapsed());
+    assert!(!alive(pid), "the container's process outlived the second Ctrl-C");
+    let prefix = format!("{}/", dir.path().display());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let left: Vec<&str> = mounts.lines().filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&prefix))).collect();
+    assert!(left.is_empty(), "mounts left under the data dir: {left:#?}");
+}
