@@ -99,6 +99,19 @@ impl Session {
         stdout.into_owned()
     }
 
+    /// Runs `statement`, which runs until interrupted (a watch), for `time`, then interrupts it as
+    /// Ctrl-C in a terminal does (SIGINT to its process group); returns what it printed.
+    fn interrupted_after(&self, statement: &str, time: Duration) -> String {
+        let out = self.dir.join("interrupted.out");
+        let file = std::fs::File::create(&out).expect("output file");
+        let mut child = self.bash(statement).stdin(Stdio::null()).stdout(file).stderr(Stdio::null()).spawn().expect("run bash");
+        std::thread::sleep(time);
+        // SAFETY: kill has no memory preconditions; the group is the one just started.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGINT) };
+        let _ = child.wait();
+        std::fs::read_to_string(&out).unwrap_or_default()
+    }
+
     /// Runs `statement` until `holds` is true of its output, for up to `limit`.
     fn until(&self, statement: &str, limit: Duration, holds: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + limit;
@@ -141,15 +154,20 @@ fn mounts_below(dir: &Path) -> Vec<String> {
     found
 }
 
-/// The standalone started by README's first block: Ctrl-C'd (SIGINT to its group) when dropped,
-/// then whatever it left is killed and unmounted and the fresh directory removed.
+/// The standalone started by README's first block: Ctrl-C'd (SIGINT to its group, as a terminal
+/// sends it) by `stop` or when dropped, then whatever it left is killed and unmounted and the
+/// fresh directory removed.
 struct Standalone {
     child: Child,
     dir: PathBuf,
+    stopped: bool,
 }
 
-impl Drop for Standalone {
-    fn drop(&mut self) {
+impl Standalone {
+    /// Ctrl-C, once, and up to a minute for the pods' grace periods; returns the mounts it left
+    /// below the fresh directory.
+    fn stop(&mut self) -> Vec<String> {
+        self.stopped = true;
         let group = -(self.child.id() as i32);
         // SAFETY: kill has no memory preconditions; the group is the one this test started.
         unsafe { libc::kill(group, libc::SIGINT) };
@@ -160,11 +178,21 @@ impl Drop for Standalone {
         // SAFETY: as above.
         unsafe { libc::kill(group, libc::SIGKILL) };
         let _ = self.child.wait();
+        let left = mounts_below(&self.dir);
         common::kill_leftovers(&[], Some(&self.dir));
-        for m in mounts_below(&self.dir) {
-            let _ = Command::new("umount").arg("-l").arg(&m).status();
+        for m in &left {
+            let _ = Command::new("umount").arg("-l").arg(m).status();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        left
+    }
+}
+
+impl Drop for Standalone {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.stop();
+        }
     }
 }
 
@@ -192,7 +220,7 @@ fn readme_quick_start_works_literally_as_root_with_runc() {
         .stderr(out)
         .spawn()
         .expect("start README's first block");
-    let standalone = Standalone { child, dir: dir.clone() };
+    let standalone = std::cell::RefCell::new(Standalone { child, dir: dir.clone(), stopped: false });
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
 
     // The second block, statement by statement, in another "terminal" in the same directory.
@@ -204,8 +232,19 @@ fn readme_quick_start_works_literally_as_root_with_runc() {
             session.prelude.push_str(&command);
             session.prelude.push('\n');
         } else if command.starts_with("sheepctl apply") {
-            // The reader types this once the server is up; until then sheepctl cannot connect.
-            session.until(&statement, Duration::from_secs(120), |_| true);
+            // The reader types this once the first block's build is done and the server says it
+            // listens (a cold release build takes minutes).
+            let mut first = standalone.borrow_mut();
+            let deadline = Instant::now() + Duration::from_secs(40 * 60);
+            while !log_text().contains(" listening on ") {
+                if let Ok(Some(status)) = first.child.try_wait() {
+                    panic!("README's first block ended ({status}) before Shepherd listened:\n{}", log_text());
+                }
+                assert!(Instant::now() < deadline, "README's first block did not start Shepherd:\n{}", log_text());
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            drop(first);
+            session.until(&statement, Duration::from_secs(30), |_| true);
         } else if command == "sheepctl get pods" {
             let table = session.until(&command, Duration::from_secs(60), |t| running(t).len() == 3);
             assert_eq!(running(&table), ["web-0", "web-1", "web-2"], "README: web-0, web-1, web-2 Running\n{table}");
@@ -217,8 +256,8 @@ fn readme_quick_start_works_literally_as_root_with_runc() {
         } else if command == "sheepctl get pods -w" {
             // A watch runs until interrupted: the replacement shows there, Running.
             let (pod, uid) = deleted.clone().expect("README deletes a pod before watching");
-            let seen = session.until(&format!("timeout 3 {command}; true"), Duration::from_secs(30), |t| running(t).len() >= 3);
-            assert!(running(&seen).len() >= 3, "{seen}");
+            let seen = session.interrupted_after(&command, Duration::from_secs(3));
+            assert!(running(&seen).len() >= 3, "`{command}` for 3 s showed fewer than 3 Running pods:\n{seen}");
             session.until(&format!("{} 2>/dev/null; true", uid_of(&pod)), Duration::from_secs(30), |now| now.trim() != uid.trim());
             session.until("sheepctl get pods", Duration::from_secs(30), |t| running(t).len() == 3);
         } else {
@@ -229,5 +268,6 @@ fn readme_quick_start_works_literally_as_root_with_runc() {
     let text = log_text();
     assert!(text.contains("runtime: oci"), "as root with runc installed, standalone picks the oci runtime and says so:\n{text}");
     assert!(!text.contains("RunContainerError") && !text.contains("could not start"), "a container failed to start:\n{text}");
-    drop(standalone);
+    let left = standalone.borrow_mut().stop();
+    assert!(left.is_empty(), "Ctrl-C left mounts under the directory: {left:#?}");
 }
