@@ -40,6 +40,8 @@ const APPLETS: &[&str] = &[
     "find",
     "free",
     "grep",
+    "gunzip",
+    "gzip",
     "head",
     "hostname",
     "httpd",
@@ -73,6 +75,8 @@ const APPLETS: &[&str] = &[
     "stat",
     "sync",
     "tail",
+    // kubectl cp runs `tar cf -` and `tar xmf -` in the container.
+    "tar",
     "tee",
     "test",
     "timeout",
@@ -512,6 +516,7 @@ mod tests {
         }
         assert_eq!(seen["bin/sh"].1.as_deref(), Some("busybox"));
         assert_eq!(seen["bin/httpd"].1.as_deref(), Some("busybox"));
+        assert_eq!(seen["bin/tar"].1.as_deref(), Some("busybox"), "kubectl cp needs tar in the container");
         assert!(seen["bin/busybox"].2 > 100_000, "the static binary is in the layer");
         assert!(seen.contains_key("etc/shepherd-test-image"));
         assert!(seen["tmp/"].0.is_dir());
