@@ -7,6 +7,7 @@ mod credentials;
 mod dns;
 mod elected;
 mod etcd_wait;
+mod help;
 mod join;
 mod node_agent;
 mod node_certificate;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use control_plane::ControllerArgs;
 use node_agent::AgentArgs;
 use shepherd_api::kinds;
@@ -327,7 +328,8 @@ fn main() -> anyhow::Result<()> {
         // Colour codes only for a person watching; journald, files and pipes get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
+    // `-h` shows the everyday flags under headings, `--help-all` every one (help.rs).
+    let cli = Cli::from_arg_matches(&help::arrange(Cli::command()).get_matches()).unwrap_or_else(|e| e.exit());
     private_dir::private_umask();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     match &cli.command {
