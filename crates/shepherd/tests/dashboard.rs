@@ -5,9 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::Daemon;
@@ -131,31 +129,9 @@ fn secure_standalone(dir: &Path, extra: &[&str]) -> (Daemon, String) {
 
 /// `shepherd standalone` over TLS in `dir/data` with `flags`; returns it and its `dashboard:` line.
 fn standalone(dir: &Path, flags: &[&str]) -> (Daemon, String) {
-    let data = dir.join("data");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .arg("standalone")
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--listen", "127.0.0.1:0", "--runtime", "process"])
-        .args(flags)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start shepherd");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.starts_with("dashboard: ") {
-                let _ = tx.send(line.clone());
-            }
-            eprintln!("{line}");
-        }
-    });
-    let daemon = Daemon::from_child(child);
+    let (daemon, said) = common::standalone_with_stderr(&dir.join("data"), &[&["--runtime", "process"], flags].concat());
     assert!(daemon.url.starts_with("https://"), "served without TLS: {}", daemon.url);
-    let line = rx.recv_timeout(Duration::from_secs(30)).expect("a line saying where the dashboard is");
+    let line = common::line_starting(&said, "dashboard: ", Duration::from_secs(30));
     (daemon, line)
 }
 

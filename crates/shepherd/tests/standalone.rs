@@ -157,28 +157,9 @@ async fn the_seed_deployment_runs_real_processes_that_heal_and_survive_a_daemon_
 /// process and no mount behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_says_what_it_waits_for_and_a_second_one_kills_the_pods_at_once() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
+    use std::process::Command;
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .arg("standalone")
-        .arg("--data-dir")
-        .arg(dir.path())
-        .args(["--listen", "127.0.0.1:0", "--insecure-loopback", "--runtime", "process"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start shepherd");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, said) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("{line}");
-            let _ = tx.send(line);
-        }
-    });
-    let mut daemon = Daemon::from_child(child);
+    let (mut daemon, said) = common::standalone_with_stderr(dir.path(), &["--insecure-loopback", "--runtime", "process"]);
     let url = daemon.url.clone();
     let http = reqwest::Client::new();
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stubborn"},
@@ -193,15 +174,7 @@ async fn ctrl_c_says_what_it_waits_for_and_a_second_one_kills_the_pods_at_once()
         let _ = Command::new("kill").arg("-INT").arg(daemon.child.id().to_string()).status();
     };
     interrupt();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let line = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match said.recv_timeout(left) {
-            Ok(line) if line.starts_with("stopping ") => break line,
-            Ok(_) => {}
-            Err(_) => panic!("no line saying what Ctrl-C waits for"),
-        }
-    };
+    let line = common::line_starting(&said, "stopping ", Duration::from_secs(10));
     assert_eq!(line, "stopping 1 pod, up to 30 s; Ctrl-C again to kill them now");
     assert!(alive(pid), "the first Ctrl-C gives the container its grace period");
     interrupt();

@@ -103,6 +103,43 @@ fn data_dir_of(pid: u32, cmdline: &[u8]) -> Option<PathBuf> {
     if dir.is_absolute() { Some(dir) } else { std::fs::read_link(format!("/proc/{pid}/cwd")).ok().map(|cwd| cwd.join(dir)) }
 }
 
+/// Starts `shepherd standalone --data-dir DIR --listen 127.0.0.1:0 FLAGS`; returns it and every
+/// line it writes to stderr (each also passed on to the test's own stderr).
+pub fn standalone_with_stderr(data_dir: &Path, flags: &[&str]) -> (Daemon, std::sync::mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("standalone")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(flags)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start shepherd");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            let _ = tx.send(line);
+        }
+    });
+    (Daemon::from_child(child), lines)
+}
+
+/// The first of `lines` that starts with `prefix`, within `limit`; fails the test otherwise.
+pub fn line_starting(lines: &std::sync::mpsc::Receiver<String>, prefix: &str, limit: Duration) -> String {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match lines.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(line) if line.starts_with(prefix) => return line,
+            Ok(_) => {}
+            Err(_) => panic!("no line starting with {prefix:?} within {limit:?}"),
+        }
+    }
+}
+
 /// Kills what a `shepherd` process (already killed) left running: the processes with its exact
 /// command line (a standalone's containers forked without a `shepherd-shim` keep it) and the
 /// `shepherd-shim` processes whose command line names a path inside `data_dir`
