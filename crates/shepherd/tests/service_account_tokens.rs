@@ -100,6 +100,14 @@ async fn a_requested_token_authenticates_as_its_account_until_it_expires_then_ge
     );
     let api = api(dir.path(), &daemon);
     api.create_account("bot").await;
+    // Pods of the wrong shape reach the admission that mounts the account's token (it once panicked
+    // on them: a 500): validation refuses them with a 422.
+    for containers in [json!([1]), json!([{"name": "c", "image": "minimal", "volumeMounts": 7}])] {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "odd"},
+            "spec": {"serviceAccountName": "bot", "containers": containers}});
+        let (code, refused) = api.post("/api/v1/namespaces/default/pods", ADMIN, pod).await;
+        assert_eq!(code, 422, "{refused}");
+    }
     let (code, refused) = api.token_request("bot", json!({"expirationSeconds": 2})).await;
     assert_eq!(code, 422, "{refused}");
     assert!(
