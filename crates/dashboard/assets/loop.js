@@ -57,7 +57,11 @@ function render() {
   }
   if (!latest) return;
   document.getElementById('demo-banner').hidden = !latest.demo;
-  const controllers = (latest.controllers || []).slice().sort((a, b) => a.name.localeCompare(b.name));
+  // The controllers at work first (the ones the cluster's objects have made reconcile), then the
+  // idle ones, each group by name: the seed's Deployment is not below four idle cards.
+  const worked = (c) => Object.values(c.reconciles || {}).some((n) => n > 0);
+  const controllers = (latest.controllers || []).slice()
+    .sort((a, b) => (worked(b) - worked(a)) || a.name.localeCompare(b.name));
   if (!controllers.length) {
     fill(box, h('p', { class: 'empty' }, 'No controllers run in this process.'));
     return;
@@ -71,6 +75,7 @@ function render() {
       cards.set(c.name, entry);
     }
     entry.card.dataset.mode = c.mode;
+    entry.card.dataset.worked = worked(c);
     entry.card.dataset.eventLoss = c.eventLoss || 0;
     fill(entry.body, cardBody(c));
     if (latest.demo && !entry.demo) {

@@ -283,6 +283,13 @@ async fn the_dashboard_shows_the_cluster_and_its_loop_live_and_acts_on_what_a_pe
     wait_for(&browser, "the replicaset queue chart to move", &added).await;
     let mode = js(&client, "return document.querySelector('[data-controller=\"replicaset\"]').dataset.mode;").await;
     assert_eq!(mode, json!("hybrid"));
+    // The controllers at work come before the idle ones.
+    let cards = "return [...document.querySelectorAll('#controllers [data-controller]')].map(c => [c.dataset.controller, c.dataset.worked === 'true']);";
+    let order = js(&client, cards).await;
+    let order: Vec<(String, bool)> = serde_json::from_value(order).expect("cards");
+    let first_idle = order.iter().position(|(_, worked)| !worked).unwrap_or(order.len());
+    assert!(order[first_idle..].iter().all(|(_, worked)| !worked), "an idle controller above one at work: {order:?}");
+    assert!(order[..first_idle].iter().any(|(name, _)| name == "replicaset"), "{order:?}");
     assert_no_page_errors(&client, "loop").await;
     screenshots(&client, "loop").await;
 
