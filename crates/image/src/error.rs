@@ -36,6 +36,8 @@ pub enum ImageError {
     },
     #[error("image store record {path}: {reason}")]
     Corrupt { path: PathBuf, reason: String },
+    #[error("image archive: {0}")]
+    Archive(String),
     #[error("{0}")]
     Internal(String),
 }

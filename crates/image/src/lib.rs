@@ -3,6 +3,7 @@
 mod digest;
 mod error;
 mod gc;
+mod import;
 mod overlay;
 mod policy;
 mod pull;
@@ -14,6 +15,7 @@ mod unpack;
 pub use digest::Digest;
 pub use error::{ImageError, Result};
 pub use gc::{Collected, DiskUsage, GcPolicy};
+pub use import::import;
 pub use policy::{PullDecision, PullPolicy};
 pub use pull::{Credentials, Ensured, Puller};
 pub use reference::ImageRef;

@@ -269,7 +269,7 @@ async fn fetch_blob(
     }
 }
 
-fn diff_ids(reference: &str, config: &[u8]) -> Result<Vec<Digest>> {
+pub(crate) fn diff_ids(reference: &str, config: &[u8]) -> Result<Vec<Digest>> {
     #[derive(serde::Deserialize)]
     struct Config {
         rootfs: RootFs,

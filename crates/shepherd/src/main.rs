@@ -8,6 +8,7 @@ mod dns;
 mod elected;
 mod etcd_wait;
 mod help;
+mod image;
 mod join;
 mod node_agent;
 mod node_certificate;
@@ -83,6 +84,9 @@ enum Command {
     /// Bootstrap tokens with which agents join: `token create`, `token list`.
     #[command(subcommand)]
     Token(join::TokenCommand),
+    /// A node's images without a registry: `image import FILE`, `image ls`, `image rm NAME`.
+    #[command(subcommand)]
+    Image(image::ImageCommand),
 }
 
 #[derive(Args, Clone)]
@@ -357,6 +361,7 @@ fn main() -> anyhow::Result<()> {
             Command::Scheduler(args) => elected::run(elected::Role::Scheduler, *args, shutdown_signal()).await,
             Command::Kubeconfig(args) => credentials::print_kubeconfig(args),
             Command::Token(command) => join::run(command).await,
+            Command::Image(command) => image::run(command),
         }
     })
 }

@@ -860,3 +860,56 @@ async fn on_oci_config_map_and_secret_volumes_carry_their_modes_follow_edits_and
     let restarts = cluster.kubectl(&["get", "pod", "app", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"], None);
     assert_eq!(restarts, "0", "the file changed without a restart");
 }
+
+/// `shepherd image import` while standalone runs: archives made by skopeo from an OCI layout (a
+/// `docker save` tarball and an OCI archive) put busybox into the node's store, and pods under
+/// `imagePullPolicy: Never` run it with no registry; `image ls` and `image rm` see it; a truncated
+/// archive is refused with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_imported_from_docker_and_oci_archives_run_without_a_registry() {
+    let cluster = Cluster::start(&[]);
+    let work = tempfile::tempdir().expect("tempdir");
+    let layout = work.path().join("layout");
+    let image = ImageBuilder::busybox().expect("busybox-static").build().expect("build");
+    image.write_oci_layout(&layout, "1").expect("layout");
+    let shepherd = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_shepherd")).arg("image").args(args).arg("--data-dir").arg(cluster.data()).output().expect("run");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let archives = [
+        ("docker-archive", "imported/busybox:1", "docker.io/imported/busybox:1"),
+        ("oci-archive", "example.com/imported/busybox:2", "example.com/imported/busybox:2"),
+    ];
+    for (format, name, stored_as) in archives {
+        let archive = work.path().join(format!("{format}.tar"));
+        let out = skopeo(work.path(), &["copy", &format!("oci:{}:1", layout.display()), &format!("{format}:{}:{name}", archive.display())]);
+        assert!(out.status.success(), "skopeo copy to {format}: {}", String::from_utf8_lossy(&out.stderr));
+        let (ok, said, err) = shepherd(&["import", archive.to_str().expect("utf-8")]);
+        assert!(ok, "import of a {format}: {err}");
+        assert!(said.starts_with(&format!("imported {stored_as} (sha256:")), "{said}");
+
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": name, "imagePullPolicy": "Never",
+                "command": ["cat", shepherd_registry::testimage::MARKER_PATH]}]}});
+        cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+        wait_for("the pod to finish", 60, async || {
+            cluster.pods().into_iter().find(|p| p["metadata"]["name"] == format && p["status"]["phase"] == "Succeeded")
+        })
+        .await;
+        let log = cluster.kubectl(&["logs", format], None);
+        assert_eq!(log, "shepherd busybox test image\n", "the pod ran the imported image");
+    }
+    let (ok, listed, err) = shepherd(&["ls"]);
+    assert!(ok, "{err}");
+    assert!(listed.contains("docker.io/imported/busybox:1") && listed.contains("example.com/imported/busybox:2"), "{listed}");
+    let (ok, _, err) = shepherd(&["rm", "example.com/imported/busybox:2"]);
+    assert!(ok, "{err}");
+    let (_, listed, _) = shepherd(&["ls"]);
+    assert!(!listed.contains("example.com/imported/busybox:2") && listed.contains("docker.io/imported/busybox:1"), "{listed}");
+
+    let whole = std::fs::read(work.path().join("oci-archive.tar")).expect("archive");
+    let truncated = work.path().join("truncated.tar");
+    std::fs::write(&truncated, &whole[..whole.len() / 2]).expect("write");
+    let (ok, _, err) = shepherd(&["import", truncated.to_str().expect("utf-8")]);
+    assert!(!ok && err.contains("truncated"), "{err}");
+}
