@@ -236,6 +236,18 @@ pub fn validate_update_as(res: &ResourceInfo, old: &Value, new: &Value, schema: 
             c.push(Cause::invalid(path, format!("Invalid value: \"{sent}\": field is immutable")));
         }
     }
+    // An object being deleted waits only for the finalizers it had then (the deletion itself may
+    // add the propagation policy's; that path does not come through here).
+    if field_value(old, "metadata.deletionTimestamp").is_some_and(|t| !t.is_null()) {
+        let had = crate::meta::finalizers(old);
+        let added: Vec<&str> = crate::meta::finalizers(new).into_iter().filter(|f| !had.contains(f)).collect();
+        if !added.is_empty() {
+            c.push(Cause::forbidden(
+                "metadata.finalizers",
+                format!("no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
+            ));
+        }
+    }
     match res.kind {
         "Deployment" | "ReplicaSet" => {
             if let (Some(o), Some(n)) = (field_value(old, "spec.selector"), field_value(new, "spec.selector")) {
@@ -450,6 +462,11 @@ fn validate_metadata(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
         }
     }
     validate_labels(meta.get("labels"), "metadata.labels", c);
+    for f in meta.get("finalizers").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
+        if !is_qualified_name(f) {
+            c.push(invalid_value("metadata.finalizers", &Value::from(f), QUALIFIED_NAME_RULE));
+        }
+    }
     if let Some(Value::Object(annotations)) = meta.get("annotations") {
         let mut total = 0;
         for (k, v) in annotations {

@@ -718,6 +718,7 @@ impl ApiService {
         self.mutate_checked(res, ns, name, precondition, true, opts, part.track(), |old| {
             let patched = apply_patch(old, patch_type, patch)?;
             check_type_unchanged(res, old, &patched)?;
+            check_patched_identity(res, ns, name, &patched)?;
             // A JSON patch that replaces the resourceVersion makes it a precondition, as in Kubernetes
             // (kubectl moves client-side ownership to server-side apply so).
             if patch_type == PatchType::Json && patched.pointer("/metadata/resourceVersion") != old.pointer("/metadata/resourceVersion") {
@@ -1128,6 +1129,25 @@ fn check_type_unchanged(res: &ResourceInfo, old: &Value, new: &Value) -> Result<
         return Ok(());
     }
     Err(ApiError::invalid(res.kind, meta_str(old, "name").unwrap_or(""), causes))
+}
+
+/// A patch may not rename an object or move it to another namespace: Kubernetes answers 400, as
+/// for an update whose body names another object than its URL.
+fn check_patched_identity(res: &ResourceInfo, ns: Option<&str>, name: &str, patched: &Value) -> Result<(), ApiError> {
+    let patched_name = meta_str(patched, "name").unwrap_or("");
+    if patched_name != name {
+        return Err(ApiError::BadRequest(format!(
+            "the name of the object ({patched_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    if let (true, Some(ns), Some(b)) = (res.namespaced, ns, meta_str(patched, "namespace").filter(|b| !b.is_empty()))
+        && b != ns
+    {
+        return Err(ApiError::BadRequest(format!(
+            "the namespace of the provided object ({b}) does not match the namespace sent on the request ({ns})"
+        )));
+    }
+    Ok(())
 }
 
 /// A `metadata.uid` in a write is a precondition, as in Kubernetes: it must be the stored object's,

@@ -112,6 +112,38 @@ async fn kind_and_api_version_cannot_be_changed_by_a_patch_or_an_update() {
 }
 
 #[tokio::test]
+async fn a_patch_may_not_rename_or_move_an_object_and_finalizers_are_names_a_deleting_object_cannot_gain() {
+    let s = start().await;
+    const CONFIGMAPS: &str = "/api/v1/namespaces/default/configmaps";
+    s.create(CONFIGMAPS, &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "finalizers": ["example.com/hold"]}})).await;
+    let path = format!("{CONFIGMAPS}/a");
+    let before = s.store.revision().await.expect("revision");
+    for (patch, ct, says) in [
+        (json!({"metadata": {"name": "b"}}), MERGE, "the name of the object (b) does not match the name on the URL (a)"),
+        (json!([{"op": "remove", "path": "/metadata/name"}]), JSON_PATCH, "the name of the object () does not match"),
+        (json!({"metadata": {"namespace": "kube-system"}}), STRATEGIC, "the namespace of the provided object (kube-system) does not match"),
+    ] {
+        let r = s.patch(&path, &patch, ct).await;
+        assert_eq!(r.code, StatusCode::BAD_REQUEST, "{patch}: {}", r.body);
+        assert!(r.body["message"].as_str().is_some_and(|m| m.contains(says)), "{}", r.body);
+    }
+    let r = s.patch(&path, &json!({"metadata": {"finalizers": ["example.com/hold", "bad name!"]}}), MERGE).await;
+    assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    assert_eq!(r.body["details"]["causes"][0]["field"], "metadata.finalizers", "{}", r.body);
+    assert_eq!(s.store.revision().await.expect("revision"), before, "nothing was written");
+
+    // Being deleted (held by its finalizer), it may lose finalizers but not gain one.
+    assert!(s.delete(&path).await.code.is_success());
+    let r = s.patch(&path, &json!({"metadata": {"finalizers": ["example.com/hold", "example.com/more"]}}), MERGE).await;
+    assert_eq!(r.code, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    let message = r.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no new finalizers can be added if the object is being deleted") && message.contains("example.com/more"), "{message}");
+    let r = s.patch(&path, &json!({"metadata": {"finalizers": null}}), MERGE).await;
+    assert!(r.code.is_success(), "{}", r.body);
+    assert_eq!(s.get(&path).await.code, StatusCode::NOT_FOUND, "gone once its last finalizer is");
+}
+
+#[tokio::test]
 async fn a_uid_in_a_patch_or_an_update_is_a_precondition() {
     let s = start().await;
     let created = s.create(DEPLOYMENTS, &deployment("web")).await;
