@@ -350,17 +350,17 @@ async fn handle(State(state): State<ServerState>, mut req: Request) -> Response 
                 let _ = session.await;
             }
             (Transport::Spdy { .. }, Session::PortForward(pod)) => {
-                spdy_session::serve_port_forward(upgraded, pod, pod_dialer()).await;
+                spdy_session::serve_port_forward(upgraded, pod, pod_dialer(pid)).await;
             }
             (Transport::WebSocket { protocol }, Session::PortForward(pod)) if protocol != websocket::SPDY_TUNNEL => {
                 let ws = WebSocketStream::from_raw_socket(upgraded, Role::Server, None).await;
-                websocket::serve_port_forward(ws, pod, query.ports, pod_dialer()).await;
+                websocket::serve_port_forward(ws, pod, query.ports, pod_dialer(pid)).await;
             }
             (Transport::WebSocket { .. }, Session::PortForward(pod)) => {
                 let ws = WebSocketStream::from_raw_socket(upgraded, Role::Server, None).await;
                 let (ours, theirs) = tokio::io::duplex(256 * 1024);
                 tokio::spawn(websocket::tunnel(ws, theirs));
-                spdy_session::serve_port_forward(ours, pod, pod_dialer()).await;
+                spdy_session::serve_port_forward(ours, pod, pod_dialer(pid)).await;
             }
         }
     });
@@ -400,10 +400,51 @@ enum Session {
     PortForward(String),
 }
 
-/// Pods share the node's network today: a pod's port is the node's loopback port. A pod network
-/// namespace would be entered here.
-fn pod_dialer() -> spdy_session::Dialer {
-    Arc::new(|port| Box::pin(tokio::net::TcpStream::connect(("127.0.0.1", port))))
+/// Connects to a pod's port as kubelet does: to `localhost` inside the pod's network namespace,
+/// the one its container `pid` is in (a pod network, an oci sandbox), or the node's loopback for
+/// pods on the node's network (and when no container runs to say).
+fn pod_dialer(pid: Option<u32>) -> spdy_session::Dialer {
+    let netns = pid.map(|p| std::path::PathBuf::from(format!("/proc/{p}/ns/net"))).filter(|ns| !same_namespace(ns));
+    Arc::new(move |port| {
+        let netns = netns.clone();
+        Box::pin(async move {
+            match netns {
+                None => tokio::net::TcpStream::connect(("127.0.0.1", port)).await,
+                Some(ns) => connect_inside(ns, port).await,
+            }
+        })
+    })
+}
+
+/// Whether the network namespace `ns` is this process's own.
+fn same_namespace(ns: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(ns), std::fs::metadata("/proc/self/ns/net")) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => true,
+    }
+}
+
+/// A TCP connection to `127.0.0.1:port` made inside the network namespace `ns`: from a thread of
+/// its own that enters it and ends (a socket stays in the namespace it was made in).
+async fn connect_inside(ns: std::path::PathBuf, port: u16) -> std::io::Result<tokio::net::TcpStream> {
+    use std::os::fd::AsRawFd;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let connected = std::fs::File::open(&ns).and_then(|file| {
+            // SAFETY: setns on a descriptor we own; it changes only this thread's namespace, and
+            // the thread ends right after.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+            stream.set_nonblocking(true)?;
+            Ok(stream)
+        });
+        let _ = tx.send(connected);
+    });
+    let stream = rx.await.map_err(|_| std::io::Error::other("the connecting thread ended"))??;
+    tokio::net::TcpStream::from_std(stream)
 }
 
 #[cfg(test)]

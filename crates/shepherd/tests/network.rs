@@ -439,6 +439,34 @@ fn a_pod_beyond_the_nodes_pod_cidr_gets_failed_create_pod_sandbox_and_runs_once_
     assert_eq!(c.running_ip("one-too-many"), freed, "the deleted pod's address was the only one free");
 }
 
+/// `kubectl port-forward` reaches the pod's own port, inside its network namespace (where its
+/// `localhost` is), not the node's: the node's loopback has nothing on 8080.
+#[test]
+fn port_forward_reaches_a_pod_inside_its_network_namespace() {
+    const STREAMING: &str = "network-test-streaming";
+    let agent: &[&str] = &["--streaming-token", STREAMING, "--streaming-address", "0.0.0.0:0"];
+    let c = Cluster::start_with("process", "pf", 1, &["--node-streaming-token", STREAMING], agent);
+    let www = c.dir.path().join("www");
+    c.kubectl(&["apply", "-f", "-"], Some(&web_pod("web-pf", 0, &www)));
+    let ip = c.running_ip("web-pf");
+    assert_eq!(c.http_from(&c.nodes[0].path(), &ip), "web-pf");
+    assert_eq!(c.http_from(&c.nodes[0].path(), "127.0.0.1"), "", "the node's own loopback serves nothing on 8080");
+    let port = common::free_port().to_string();
+    let mut forward = c.server_ns.command(common::installed_kubectl());
+    forward
+        .arg("--kubeconfig")
+        .arg(c.dir.path().join("server/admin.kubeconfig"))
+        .args(["port-forward", "pod/web-pf", &format!("{port}:8080")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _forward = common::KillOnDrop(forward.spawn().expect("kubectl port-forward"));
+    let answer = c.wait_for("an answer through port-forward", 30, |c| {
+        let out = c.server_ns.command("curl").args(["-s", "-m", "5", &format!("http://127.0.0.1:{port}/")]).output().ok()?;
+        Some(String::from_utf8_lossy(&out.stdout).trim().to_string()).filter(|a| !a.is_empty())
+    });
+    assert_eq!(answer, "web-pf");
+}
+
 #[test]
 fn oci_containers_join_their_pods_network_namespace() {
     let runc = Command::new("runc").arg("--version").output().is_ok_and(|o| o.status.success());
