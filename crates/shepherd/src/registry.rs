@@ -33,6 +33,10 @@ pub struct BesideArgs {
     /// The registry's data directory; default: `registry` under --data-dir.
     #[arg(long, value_name = "DIR")]
     registry_data_dir: Option<PathBuf>,
+    /// Push the busybox test image (built from the host's /bin/busybox) into that registry as
+    /// REPOSITORY:TAG at start, e.g. `--registry-test-image busybox:1`; may be given more than once.
+    #[arg(long, value_name = "REPOSITORY:TAG", requires = "registry_listen")]
+    registry_test_image: Vec<String>,
 }
 
 /// Starts the registry `shepherd standalone` was asked for, if any; it serves until the process stops.
@@ -50,7 +54,20 @@ pub async fn start_beside(args: &BesideArgs, server_data_dir: &Path) -> anyhow::
             tracing::error!(%error, "the registry stopped");
         }
     });
+    push_test_images(address, &args.registry_test_image).await?;
     tracing::info!(address = %format!("http://{address}"), data_dir = %data_dir.display(), "registry serving");
+    Ok(())
+}
+
+/// Pushes the busybox test image as each `REPOSITORY:TAG` of `references` to the registry serving at `address`.
+async fn push_test_images(address: SocketAddr, references: &[String]) -> anyhow::Result<()> {
+    for reference in references {
+        let (repository, tag) =
+            reference.rsplit_once(':').with_context(|| format!("test image {reference}: expected REPOSITORY:TAG"))?;
+        let image = ImageBuilder::busybox()?.build()?;
+        image.push(&format!("http://{address}"), repository, tag).await?;
+        tracing::info!(%repository, %tag, digest = %image.manifest_digest, "pushed the busybox test image");
+    }
     Ok(())
 }
 
@@ -62,13 +79,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let address = listener.local_addr()?;
     let server = tokio::spawn(serve(listener, registry));
-    for reference in &args.test_image {
-        let (repository, tag) =
-            reference.rsplit_once(':').with_context(|| format!("--test-image {reference}: expected REPOSITORY:TAG"))?;
-        let image = ImageBuilder::busybox()?.build()?;
-        image.push(&format!("http://{address}"), repository, tag).await?;
-        tracing::info!(%repository, %tag, digest = %image.manifest_digest, "pushed the busybox test image");
-    }
+    push_test_images(address, &args.test_image).await?;
     println!("registry serving on http://{address}");
     server.await.context("registry task")?.context("serving the registry")
 }

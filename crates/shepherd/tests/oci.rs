@@ -913,3 +913,22 @@ async fn images_imported_from_docker_and_oci_archives_run_without_a_registry() {
     let (ok, _, err) = shepherd(&["import", truncated.to_str().expect("utf-8")]);
     assert!(!ok && err.contains("truncated"), "{err}");
 }
+
+/// `standalone --registry-test-image busybox:1` seeds its own registry at start: a pod pulls the
+/// test image from it with nothing pushed by hand, and `kubectl cp` works through its `tar`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_seeds_its_registry_with_the_test_image_and_kubectl_cp_uses_its_tar() {
+    let cluster = Cluster::start(&["--registry-test-image", "busybox:1"]);
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "seeded"},
+        "spec": {"containers": [{"name": "c", "image": format!("{}/busybox:1", cluster.registry), "command": ["sleep", "3600"]}]}});
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+    wait_for("the pod Running", 60, async || cluster.pods().into_iter().find(|p| p["metadata"]["name"] == "seeded" && ready(p))).await;
+    let work = tempfile::tempdir().expect("tempdir");
+    let sent = work.path().join("sent.txt");
+    std::fs::write(&sent, "through tar\n").expect("write");
+    cluster.kubectl(&["cp", sent.to_str().expect("utf-8"), "seeded:/tmp/got.txt"], None);
+    assert_eq!(cluster.kubectl(&["exec", "seeded", "--", "cat", "/tmp/got.txt"], None), "through tar\n");
+    let back = work.path().join("back.txt");
+    cluster.kubectl(&["cp", "seeded:/tmp/got.txt", back.to_str().expect("utf-8")], None);
+    assert_eq!(std::fs::read_to_string(&back).expect("copied back"), "through tar\n");
+}
