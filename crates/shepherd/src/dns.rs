@@ -483,11 +483,26 @@ pub fn kube_dns_cluster_ip(service_range: &str) -> Option<Ipv4Addr> {
 
 /// The `kube-dns` Service and its Endpoints in kube-system, naming the DNS server at `addr`
 /// (how Kubernetes exposes CoreDNS): created if absent, their ports and address kept current.
+/// A server listening on every address (`0.0.0.0`) is named by the InternalIP of `node`, the
+/// local node it serves beside (a NotFound until that node has registered); without one it names
+/// no endpoint.
 pub async fn ensure_kube_dns_service(
     client: &dyn Client,
     addr: SocketAddr,
     service_range: &str,
+    node: Option<&str>,
 ) -> Result<(), shepherd_api::ApiError> {
+    let addr = match (addr.ip().is_unspecified(), node) {
+        (true, Some(node)) => {
+            let node = client.get(&kinds::NODE, None, node).await?;
+            let internal = node.at("/status/addresses").and_then(Value::as_array).into_iter().flatten().find(|a| a["type"] == "InternalIP");
+            match internal.and_then(|a| a["address"].as_str()).and_then(|ip| ip.parse::<std::net::IpAddr>().ok()) {
+                Some(ip) => SocketAddr::new(ip, addr.port()),
+                None => return Err(shepherd_api::ApiError::not_found("nodes", &format!("{} with an InternalIP", str_at(&node, "/metadata/name")))),
+            }
+        }
+        _ => addr,
+    };
     const NS: &str = "kube-system";
     const NAME: &str = "kube-dns";
     let labels = json!({"k8s-app": "kube-dns", "kubernetes.io/name": "KubeDNS"});

@@ -712,11 +712,13 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "cluster DNS listening on {addr} (udp and tcp)");
         let (client, addr, range) = (client.clone(), *addr, args.controllers.service_cluster_ip_range.clone());
+        let node = node_names.first().cloned();
         tokio::spawn(async move {
-            // The API may refuse for a moment (a store busy at start): try again a few times.
+            // The API may refuse for a moment (a store busy at start), the local node may not have
+            // registered yet: try again a few times.
             for wait in [0u64, 1, 2, 5, 10, 30, 60] {
                 tokio::time::sleep(Duration::from_secs(wait)).await;
-                match dns::ensure_kube_dns_service(client.as_ref(), addr, &range).await {
+                match dns::ensure_kube_dns_service(client.as_ref(), addr, &range, node.as_deref()).await {
                     Ok(()) => return,
                     Err(e) => tracing::warn!(error = %e, "cannot write the kube-dns Service; retrying"),
                 }

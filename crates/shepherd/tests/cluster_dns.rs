@@ -290,3 +290,51 @@ fn a_cluster_dns_port_in_use_fails_the_start_with_the_address_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("cluster DNS on udp {addr}")), "{err}");
 }
+
+/// A cluster DNS listening on every address (`--cluster-dns-listen 0.0.0.0:PORT`) is named in
+/// `kube-dns`'s Endpoints by the local node's address, where pods can reach it, not left without
+/// endpoints. Runs inside a network namespace the test makes, with a veth link (both ends inside)
+/// for the node's address.
+#[test]
+fn a_cluster_dns_on_every_address_is_reached_at_the_nodes_address() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test makes a network namespace and needs root");
+    let ns = common::Netns::new(format!("shp{}dns", std::process::id() % 100_000));
+    ns.ip(&["link", "add", "node0", "type", "veth", "peer", "name", "node0-peer"]);
+    ns.ip(&["addr", "add", "10.99.0.1/24", "dev", "node0"]);
+    ns.ip(&["link", "set", "node0", "up"]);
+    ns.ip(&["link", "set", "node0-peer", "up"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let child = ns
+        .command(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("standalone")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--in-memory", "--insecure-loopback", "--listen", "127.0.0.1:0", "--runtime", "process", "--node-ip", "10.99.0.1"])
+        .args(["--cluster-dns-listen", "0.0.0.0:5353", "--dns-upstream", "127.0.0.1:9"])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start shepherd");
+    let daemon = Daemon::from_child(child);
+    let endpoints = format!("{}/api/v1/namespaces/kube-system/endpoints/kube-dns", daemon.url);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let subsets = loop {
+        let out = ns.command("curl").args(["-s", "-m", "5", &endpoints]).output().expect("curl");
+        let ep: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if ep["subsets"].as_array().is_some_and(|s| !s.is_empty()) {
+            break ep["subsets"].clone();
+        }
+        assert!(Instant::now() < deadline, "kube-dns has no endpoints: {ep}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(subsets[0]["addresses"][0]["ip"], "10.99.0.1", "{subsets}");
+    assert_eq!(subsets[0]["ports"][0]["port"], 5353, "{subsets}");
+    let out = ns
+        .command("dig")
+        .args(["@10.99.0.1", "-p", "5353", "+tries=1", "+time=2", "+short", "kube-dns.kube-system.svc.cluster.local"])
+        .output()
+        .expect("dig");
+    let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(answer.parse::<std::net::Ipv4Addr>().is_ok(), "no address for kube-dns at the node's address: {out:?}");
+}
