@@ -1101,8 +1101,8 @@ impl PodManager {
     }
 
     /// Stops every container on the node (each pod's grace period, SIGKILL after it, or at once
-    /// when `stopping.hurry` completes) and removes them; no reconcile starts anything afterwards.
-    /// For a node going away with its pods.
+    /// when `stopping.hurry` completes) and retires them; no reconcile starts anything afterwards.
+    /// For a node going down with its pods.
     pub async fn stop_everything(&self, stopping: crate::Stopping) {
         self.shutting_down.store(true, std::sync::atomic::Ordering::Relaxed);
         let records: Vec<Arc<AsyncMutex<PodRecord>>> = self
@@ -1147,8 +1147,9 @@ impl PodManager {
                     None => pause.await,
                 }
             }
+            // Their records and logs stay for the next agent, as a node's do across its restart.
             for c in &r.lock().await.containers {
-                self.runtime.remove(&c.id);
+                self.runtime.retire(&c.id);
             }
         }
     }

@@ -448,6 +448,19 @@ impl Runtime for ProcessRuntime {
     }
 
     fn remove(&self, id: &ContainerId) {
+        self.retire(id);
+        let dir = self.inner.dir_of(id);
+        if let Err(e) = fs::remove_dir_all(&dir)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            warn!(dir = %dir.display(), error = %e, "cannot remove container directory");
+        }
+        if let Some(parent) = dir.parent() {
+            let _ = fs::remove_dir(parent);
+        }
+    }
+
+    fn retire(&self, id: &ContainerId) {
         let removed = self.inner.lock().remove(id);
         let dir = self.inner.dir_of(id);
         let dirs = match &removed {
@@ -458,14 +471,6 @@ impl Runtime for ProcessRuntime {
             None => read_state(&dir).map(|s| s.cgroup_dirs).unwrap_or_else(|| self.inner.cgroups.dirs_of(&Inner::cgroup_name(id))),
         };
         tokio::spawn(cgroup::remove_dirs_when_empty(dirs));
-        if let Err(e) = fs::remove_dir_all(&dir)
-            && e.kind() != io::ErrorKind::NotFound
-        {
-            warn!(dir = %dir.display(), error = %e, "cannot remove container directory");
-        }
-        if let Some(parent) = dir.parent() {
-            let _ = fs::remove_dir(parent);
-        }
     }
 
     fn adopt(&self) -> Vec<Adopted> {

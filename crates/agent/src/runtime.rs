@@ -227,6 +227,13 @@ pub(crate) trait Runtime: Send + Sync + 'static {
     fn stop(&self, id: &ContainerId, instance: u64, grace: Duration);
     /// Forgets a container whose pod is gone (state, logs, cgroups). Its instance must have ended.
     fn remove(&self, id: &ContainerId);
+    /// Lets go of an ended container for a node going down with its pods: its root, cgroups and
+    /// sandbox go, its record and logs stay, so the next agent on this data directory adopts it as
+    /// ended and restarts it (one more restart, its log as the previous one), as kubelet does after
+    /// a node restart. Its instance must have ended.
+    fn retire(&self, id: &ContainerId) {
+        self.remove(id);
+    }
     /// Containers left by an earlier run; each running one is watched from now on.
     fn adopt(&self) -> Vec<Adopted>;
     /// The host pid of a running instance's main process, if it has one.

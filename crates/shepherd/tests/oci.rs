@@ -396,6 +396,13 @@ async fn the_seed_session_runs_on_the_oci_runtime_standalone_picks_and_stopping_
     std::mem::forget(daemon);
     assert!(cluster.runc_list().is_empty(), "no container outlives a stopped standalone: {:?}", cluster.runc_list());
     assert!(mounts_under(cluster.data()).is_empty(), "{:?}", mounts_under(cluster.data()));
+    // Started again, it brings the pods back as a node restart does: each restarted once.
+    cluster.daemon = Some(Cluster::launch(cluster.dir.path(), &cluster.flags));
+    wait_for("the three pods Running again, each restarted once", 90, async || {
+        let ps = cluster.pods();
+        (ps.len() == 3 && ps.iter().all(|p| ready(p) && p["status"]["containerStatuses"][0]["restartCount"] == 1)).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -193,3 +193,51 @@ async fn ctrl_c_says_what_it_waits_for_and_a_second_one_kills_the_pods_at_once()
     let left: Vec<&str> = mounts.lines().filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&prefix))).collect();
     assert!(left.is_empty(), "mounts left under the data dir: {left:#?}");
 }
+
+/// Stopped with Ctrl-C and started again on the same data directory, standalone brings its pods
+/// back as a node restart does: each container once more restarted, and the log of the one before
+/// the stop served as `--previous`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_of_standalone_a_pod_counts_one_more_restart_and_keeps_its_previous_log() {
+    use std::process::Command;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let flags = ["--insecure-loopback", "--runtime", "process"];
+    let (mut daemon, _said) = common::standalone_with_stderr(dir.path(), &flags);
+    let url = daemon.url.clone();
+    let http = reqwest::Client::new();
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "diary"},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "c", "image": "busybox",
+            "command": ["sh", "-c", "echo started; od -An -N8 -tx8 /dev/urandom; exec sleep 3600"]}]}});
+    let r = http.post(format!("{url}/api/v1/namespaces/default/pods")).json(&pod).send().await.expect("create");
+    assert_eq!(r.status(), 201);
+    let log = |url: String, previous: bool| {
+        let http = http.clone();
+        async move {
+            let r = http.get(format!("{url}/api/v1/namespaces/default/pods/diary/log?previous={previous}")).send().await.ok()?;
+            if !r.status().is_success() {
+                return None;
+            }
+            Some(r.text().await.ok()?).filter(|t| t.starts_with("started\n") && t.lines().count() == 2)
+        }
+    };
+    let first = wait_for("the first log line", async || log(url.clone(), false).await).await;
+    let _ = Command::new("kill").arg("-INT").arg(daemon.child.id().to_string()).status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while daemon.child.try_wait().ok().flatten().is_none() {
+        assert!(Instant::now() < deadline, "standalone did not stop within 20 s of Ctrl-C");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(daemon);
+
+    let (daemon, _said) = common::standalone_with_stderr(dir.path(), &flags);
+    let url = daemon.url.clone();
+    let restarted = wait_for("the pod Running again", async || {
+        pods(&http, &url).await.into_iter().find(|p| running_ready(p) && p["status"]["containerStatuses"][0]["restartCount"] == 1)
+    })
+    .await;
+    assert_eq!(restarted["status"]["containerStatuses"][0]["lastState"]["terminated"].is_object(), true, "{}", restarted["status"]);
+    let previous = wait_for("the previous log", async || log(url.clone(), true).await).await;
+    assert_eq!(previous, first, "--previous is the log from before the restart");
+    let current = wait_for("the new log", async || log(url.clone(), false).await).await;
+    assert_ne!(current, first, "a new instance (other random bytes) writes the current log");
+}

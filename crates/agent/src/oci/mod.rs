@@ -852,6 +852,16 @@ impl Runtime for OciRuntime {
         }
     }
 
+    fn retire(&self, id: &ContainerId) {
+        if let Some(l) = self.inner.lock().remove(id) {
+            l.watcher.abort();
+        }
+        // Blocking (a runc delete at most): done now, so an agent stopping right after leaves
+        // nothing mounted.
+        self.inner.clean_instance(id);
+        sandbox::remove(&self.inner.sandbox_dir(&id.pod_uid));
+    }
+
     fn adopt(&self) -> Vec<Adopted> {
         let mut found = Vec::new();
         let Ok(pods) = fs::read_dir(self.inner.containers_dir()) else { return found };
