@@ -287,16 +287,7 @@ impl Drop for Cluster {
             }
         }
         // Pinned pod and sandbox namespaces, image roots: mounts under the test's directory.
-        let dir = self.dir.path().display().to_string();
-        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(&dir))
-            .map(str::to_string)
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in mounts {
+        for m in common::mounts_under(self.dir.path()) {
             let _ = Command::new("umount").args(["-l", &m]).status();
         }
     }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, free_port, processes_with};
+use common::{Daemon, free_port, mounts_under, processes_with};
 use serde_json::{Value, json};
 use shepherd_registry::testimage::ImageBuilder;
 
@@ -161,13 +161,6 @@ fn runc_containers(root: &Path) -> BTreeMap<String, (i64, String)> {
         .collect()
 }
 
-/// Mount points at or under `dir`, from this process's mount table.
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let dir = dir.to_string_lossy().to_string();
-    table.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&dir)).map(str::to_string).collect()
-}
-
 impl Drop for Cluster {
     fn drop(&mut self) {
         if let Some(mut d) = self.daemon.take() {
@@ -177,9 +170,7 @@ impl Drop for Cluster {
         for id in runc_containers(&root).keys() {
             let _ = Command::new(RUNC).arg("--root").arg(&root).args(["delete", "--force", id]).status();
         }
-        let mut mounts = mounts_under(self.dir.path());
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in mounts {
+        for m in mounts_under(self.dir.path()) {
             let _ = Command::new("umount").args(["-l", &m]).status();
         }
     }

@@ -144,16 +144,6 @@ fn uid_of(name: &str) -> String {
     format!("kubectl --kubeconfig shepherd-data/admin.kubeconfig get pod {name} -o jsonpath='{{.metadata.uid}}'")
 }
 
-/// Every mount below `dir`, deepest first.
-fn mounts_below(dir: &Path) -> Vec<String> {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let prefix = format!("{}/", dir.display());
-    let mut found: Vec<String> =
-        table.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&prefix)).map(str::to_string).collect();
-    found.sort_by_key(|m| std::cmp::Reverse(m.len()));
-    found
-}
-
 /// The standalone started by README's first block: Ctrl-C'd (SIGINT to its group, as a terminal
 /// sends it) by `stop` or when dropped, then whatever it left is killed and unmounted and the
 /// fresh directory removed.
@@ -178,7 +168,7 @@ impl Standalone {
         // SAFETY: as above.
         unsafe { libc::kill(group, libc::SIGKILL) };
         let _ = self.child.wait();
-        let left = mounts_below(&self.dir);
+        let left = common::mounts_under(&self.dir);
         common::kill_leftovers(&[], Some(&self.dir));
         for m in &left {
             let _ = Command::new("umount").arg("-l").arg(m).status();

@@ -188,9 +188,7 @@ async fn ctrl_c_says_what_it_waits_for_and_a_second_one_kills_the_pods_at_once()
     };
     eprintln!("second Ctrl-C -> exited ({status}) in {:?}", second.elapsed());
     assert!(!alive(pid), "the container's process outlived the second Ctrl-C");
-    let prefix = format!("{}/", dir.path().display());
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let left: Vec<&str> = mounts.lines().filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&prefix))).collect();
+    let left = common::mounts_under(dir.path());
     assert!(left.is_empty(), "mounts left under the data dir: {left:#?}");
 }
 

@@ -140,6 +140,16 @@ pub fn line_starting(lines: &std::sync::mpsc::Receiver<String>, prefix: &str, li
     }
 }
 
+/// Every mount at or below `dir`, deepest first (the order to unmount them in).
+pub fn mounts_under(dir: &Path) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let (dir, below) = (dir.display().to_string(), format!("{}/", dir.display()));
+    let mut found: Vec<String> =
+        table.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| *m == dir || m.starts_with(&below)).map(str::to_string).collect();
+    found.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    found
+}
+
 /// Kills what a `shepherd` process (already killed) left running: the processes with its exact
 /// command line (a standalone's containers forked without a `shepherd-shim` keep it) and the
 /// `shepherd-shim` processes whose command line names a path inside `data_dir`
