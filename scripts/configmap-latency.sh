@@ -13,7 +13,7 @@ changes=${2:-20}
 
 dir=$(mktemp -d)
 out="$dir/out"
-"$bin" standalone --runtime process --data-dir "$dir/data" --listen 127.0.0.1:0 --insecure-loopback >"$out" 2>"$dir/err" &
+"$bin" standalone --runtime process --pod-network host --data-dir "$dir/data" --listen 127.0.0.1:0 --insecure-loopback >"$out" 2>"$dir/err" &
 pid=$!
 cleanup() {
   # Containers outlive their agent by design: delete the pod and wait for it before stopping.

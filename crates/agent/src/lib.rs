@@ -128,6 +128,12 @@ pub struct AgentConfig {
     /// Where containers reach the API server (host, port): the `KUBERNETES_SERVICE_HOST`/`_PORT`
     /// variables every container gets, as kubelet gives them the `kubernetes` Service's address.
     pub kubernetes_service: Option<(String, u16)>,
+    /// The Service range (the server's --service-cluster-ip-range): with a pod network, routed to
+    /// the bridge so the node itself reaches ClusterIPs.
+    pub service_cidr: Option<String>,
+    /// Every pod address of the cluster (the server's --cluster-cidr): with a pod network, pods'
+    /// traffic to anywhere else leaves masqueraded as the node.
+    pub cluster_cidr: Option<String>,
 }
 
 impl AgentConfig {
@@ -155,6 +161,8 @@ impl AgentConfig {
             cluster_dns: None,
             metrics_interval: Duration::from_secs(5),
             kubernetes_service: None,
+            service_cidr: None,
+            cluster_cidr: None,
         }
     }
 }
@@ -290,7 +298,8 @@ impl Agent {
         });
         let network = match (&config.pod_network, &config.runtime, nodes.as_slice()) {
             (PodNetworkMode::Bridge, RuntimeKind::Process | RuntimeKind::Oci, [node]) => Some(Arc::new(
-                network::PodNetwork::new(&config.data_dir, &node.name, client.clone()).map_err(|e| AgentError::Network(e.to_string()))?,
+                network::PodNetwork::new(&config.data_dir, &node.name, client.clone(), network::Ranges::parse(&config)?)
+                    .map_err(|e| AgentError::Network(e.to_string()))?,
             )),
             _ => None,
         };
@@ -420,6 +429,10 @@ impl Agent {
             background.spawn(node::heartbeat(client.clone(), n, config.lease_interval, jitter, node_informer.clone()));
         }
         if let Some(network) = network.clone() {
+            // The bridge is there before the first pod, for the node's own traffic to Services
+            // and for a cluster DNS listening on its address.
+            let eager = network.clone();
+            background.spawn(async move { eager.wait_ready().await });
             background.spawn(route_to_other_nodes(&manager, network, period_or_default(config.mode)));
             // Pods with addresses of their own reach Services through the node's nftables table.
             background.spawn(proxy::run(&manager, SERVICE_RULES_RESYNC));
@@ -444,6 +457,9 @@ impl Agent {
         if config.stop_containers_on_exit {
             info!("node agent stopping its containers");
             pods.stop_everything(stopping).await;
+            if let Some(n) = &network {
+                n.release_namespaces().await;
+            }
             pods.runtime().detach();
             info!("node agent stopped with its containers");
         } else {

@@ -2,9 +2,12 @@
 //! joined by a veth pair to the node's bridge, with an address from the node's podCIDR and a
 //! default route via the bridge; other nodes' pod CIDRs are routed via their InternalIPs.
 //!
-//! All of it happens in the agent's own network namespace (which must not be the host's: the
-//! agent turns on forwarding and adds a bridge and routes there) and in the pods' namespaces,
-//! through netlink. A pod's namespace is pinned by a bind mount under the agent's data dir, like
+//! All of it happens in the agent's network namespace (the node's: the agent turns on forwarding
+//! and adds a bridge, routes and a masquerading nftables table there, as a CNI bridge plugin
+//! does) and in the pods' namespaces, through netlink. The Service range is routed to the bridge,
+//! so the node's own connections to ClusterIPs leave from the bridge's address and reach pods
+//! after the Service rules' DNAT; pods' traffic to anywhere outside the cluster's pod range leaves
+//! masqueraded as the node. A pod's namespace is pinned by a bind mount under the agent's data dir, like
 //! the oci sandbox's IPC and UTS namespaces, so it outlives the agent; its address is reserved on
 //! disk (`network_ipam`). A pod is set up once: a marker file written last says it is complete,
 //! so an agent killed half-way redoes the pod's setup instead of trusting it.
@@ -20,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use futures::TryStreamExt;
-use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteProtocol};
+use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteProtocol, RouteScope};
 use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
 use serde_json::Value;
 use shepherd_api::{JsonPath, kinds};
@@ -35,14 +38,33 @@ const POD_INTERFACE: &str = "eth0";
 /// Marks the routes to other nodes' pod CIDRs as this agent's, so stale ones can be told apart
 /// from routes someone else added.
 const ROUTE_PROTOCOL: u8 = 0x53;
+/// The nftables table that masquerades pods' traffic leaving the cluster's pod range.
+pub const MASQUERADE_TABLE: &str = "shepherd-pods";
+
+/// The cluster's address ranges a node's pod network needs to know.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Ranges {
+    /// Routed to the bridge, so the node reaches ClusterIPs.
+    pub services: Option<Cidr>,
+    /// Pods' traffic to addresses outside it is masqueraded.
+    pub cluster: Option<Cidr>,
+}
+
+impl Ranges {
+    pub fn parse(config: &crate::AgentConfig) -> Result<Ranges, crate::AgentError> {
+        let parse = |what: &str, v: &Option<String>| -> Result<Option<Cidr>, crate::AgentError> {
+            v.as_deref()
+                .map(|text| text.parse::<Cidr>().map_err(|why| crate::AgentError::Network(format!("{what} {why}"))))
+                .transpose()
+        };
+        Ok(Ranges { services: parse("the Service range", &config.service_cidr)?, cluster: parse("the cluster CIDR", &config.cluster_cidr)? })
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum NetworkError {
-    #[error(
-        "--pod-network bridge needs the agent in a network namespace of its own (it adds a bridge, \
-         routes and forwarding there), but it runs in the host's; start it with `ip netns exec` or use --pod-network host"
-    )]
-    HostNamespace,
+    #[error("cannot write the nftables table {MASQUERADE_TABLE} (pods' traffic out of the cluster): {0}")]
+    Masquerade(String),
     #[error("node {0} has no spec.podCIDR yet (the nodeipam controller of the server assigns one)")]
     NoPodCidr(String),
     #[error("node {node} has an unusable spec.podCIDR: {why}")]
@@ -96,12 +118,6 @@ fn c_path(p: &Path) -> io::Result<CString> {
 fn host_interface(uid: &str) -> String {
     let hex: String = uid.chars().filter(char::is_ascii_alphanumeric).take(11).collect();
     format!("veth{hex}")
-}
-
-/// Whether this process runs in the network namespace of PID 1 (the host's).
-fn in_host_namespace() -> bool {
-    let ino = |p: &str| fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
-    matches!((ino("/proc/self/ns/net"), ino("/proc/1/ns/net")), (Some(a), Some(b)) if a == b)
 }
 
 /// Makes a new network namespace and pins it at `path`. A thread of its own unshares (the
@@ -196,17 +212,15 @@ pub(crate) struct PodNetwork {
     node_name: String,
     client: Arc<dyn Client>,
     handle: Handle,
+    ranges: Ranges,
     node: tokio::sync::Mutex<Option<Arc<NodeNet>>>,
     /// Pod uids whose setup is complete, so a reconcile of a running pod costs no system call.
     ready: Mutex<HashSet<String>>,
 }
 
 impl PodNetwork {
-    /// Opens netlink in the agent's namespace; refuses the host's. Needs a Tokio runtime.
-    pub fn new(data_dir: &Path, node_name: &str, client: Arc<dyn Client>) -> Result<PodNetwork, NetworkError> {
-        if in_host_namespace() {
-            return Err(NetworkError::HostNamespace);
-        }
+    /// Opens netlink in the agent's namespace. Needs a Tokio runtime.
+    pub fn new(data_dir: &Path, node_name: &str, client: Arc<dyn Client>, ranges: Ranges) -> Result<PodNetwork, NetworkError> {
         let (connection, handle, _) = rtnetlink::new_connection().map_err(io_err("opening a netlink socket"))?;
         tokio::spawn(connection);
         Ok(PodNetwork {
@@ -214,6 +228,7 @@ impl PodNetwork {
             node_name: node_name.to_string(),
             client,
             handle,
+            ranges,
             node: tokio::sync::Mutex::default(),
             ready: Mutex::default(),
         })
@@ -233,9 +248,12 @@ impl PodNetwork {
         if let Some(n) = &*node {
             return Ok(n.clone());
         }
-        let obj = self.client.get(&kinds::NODE, None, &self.node_name).await.map_err(|e| NetworkError::Io {
-            what: format!("reading node {}", self.node_name),
-            source: io::Error::other(e.to_string()),
+        let obj = self.client.get(&kinds::NODE, None, &self.node_name).await.map_err(|e| {
+            // A node not registered yet has no podCIDR yet either.
+            if e.is_not_found() {
+                return NetworkError::NoPodCidr(self.node_name.clone());
+            }
+            NetworkError::Io { what: format!("reading node {}", self.node_name), source: io::Error::other(e.to_string()) }
         })?;
         let cidr_text = obj.at("/spec/podCIDR").and_then(Value::as_str).unwrap_or("");
         if cidr_text.is_empty() {
@@ -268,7 +286,69 @@ impl PodNetwork {
         links.set(LinkUnspec::new_with_index(index).up().build()).execute().await.map_err(nl_err(format!("bringing {BRIDGE} up")))?;
         // Pods on other nodes are reached through this namespace.
         fs::write("/proc/sys/net/ipv4/ip_forward", b"1").map_err(io_err("turning on IPv4 forwarding in the node's namespace"))?;
+        if let Some(services) = self.ranges.services {
+            let route = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(services.network, services.prefix)
+                .output_interface(index)
+                .pref_source(cidr.gateway())
+                .scope(RouteScope::Link)
+                .build();
+            self.handle
+                .route()
+                .add(route)
+                .replace()
+                .execute()
+                .await
+                .map_err(nl_err(format!("routing the Service range {services} to {BRIDGE}")))?;
+        }
+        if let Some(cluster) = self.ranges.cluster {
+            let t = MASQUERADE_TABLE;
+            let script = format!(
+                "add table ip {t}\ndelete table ip {t}\nadd table ip {t}\n\
+                 add chain ip {t} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}\n\
+                 add rule ip {t} postrouting ip saddr {cidr} ip daddr != {cluster} masquerade\n"
+            );
+            crate::proxy::apply(&script).map_err(|e| NetworkError::Masquerade(e.to_string()))?;
+        }
         Ok(())
+    }
+
+    /// Sets up the node's bridge as soon as the node has its podCIDR, trying again until it can.
+    pub async fn wait_ready(&self) {
+        let mut wait = std::time::Duration::from_millis(100);
+        loop {
+            match self.node_net().await {
+                Ok(n) => {
+                    tracing::info!(pod_cidr = %n.cidr, bridge = BRIDGE, "pod network ready");
+                    return;
+                }
+                // Expected for a moment: the server's nodeipam controller assigns it.
+                Err(NetworkError::NoPodCidr(_)) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot set up the node's pod network yet; trying again");
+                    wait = (wait * 2).min(std::time::Duration::from_secs(5));
+                }
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Lets go of every pod's network namespace and link, keeping the addresses reserved: for a
+    /// node stopping with its pods, whose next start gives each pod its address again.
+    pub async fn release_namespaces(&self) {
+        let uids: Vec<String> = self.ready.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
+        let dir = self.data_dir.join("network/netns");
+        let pinned: HashSet<String> = fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        for uid in uids.into_iter().chain(pinned).collect::<HashSet<_>>() {
+            let _ = fs::remove_file(self.marker(&uid));
+            self.remove_links(&uid).await;
+            remove_netns(&netns_path(&self.data_dir, &uid));
+        }
     }
 
     /// Gives pod `uid` its namespace, veth pair, address and default route (idempotent); returns

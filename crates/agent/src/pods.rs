@@ -447,7 +447,7 @@ impl PodManager {
                 .filter(|c| c.stop_sent.is_none() && c.live_instance().is_some())
                 .map(|c| c.id.name.clone())
                 .collect();
-            let ended = self.stop_all(&mut rec, grace);
+            let ended = self.stop_all_after_hooks(&mut rec, grace, Some(&pod));
             for name in stopping {
                 self.events.record(&pod, EventType::Normal, "Killing", &format!("Stopping container {name}")).await;
             }
@@ -883,6 +883,13 @@ impl PodManager {
 
     /// Asks every live container to stop within `grace`; true once none is live.
     fn stop_all(&self, rec: &mut PodRecord, grace: Duration) -> bool {
+        self.stop_all_after_hooks(rec, grace, None)
+    }
+
+    /// As `stop_all`, running first the preStop hooks `pod` gives its containers (a deleted pod's,
+    /// as kubelet does): a container whose hook sleeps gets its stop signal once the sleep is over,
+    /// within the same grace period, while the pod is already out of its Services' endpoints.
+    fn stop_all_after_hooks(&self, rec: &mut PodRecord, grace: Duration, pod: Option<&Value>) -> bool {
         let mut all_ended = true;
         let deadline = Instant::now() + grace;
         for c in &mut rec.containers {
@@ -890,10 +897,22 @@ impl PodManager {
             if let Some(instance) = c.live_instance() {
                 all_ended = false;
                 if c.stop_sent.is_none_or(|(i, d)| i != instance || deadline < d) {
+                    let first = c.stop_sent.is_none_or(|(i, _)| i != instance);
                     c.stop_sent = Some((instance, deadline));
                     c.stop_probes();
                     c.ready = false;
-                    self.runtime.stop(&c.id, instance, grace);
+                    let sleep = pod.filter(|_| first).and_then(|p| pre_stop_sleep(p, &c.id.name)).map(|s| s.min(grace));
+                    match sleep {
+                        Some(sleep) if !sleep.is_zero() => {
+                            let (runtime, id) = (self.runtime.clone(), c.id.clone());
+                            debug!(pod = %id.pod_key, container = %id.name, ?sleep, "preStop hook: sleeping before the stop signal");
+                            tokio::spawn(async move {
+                                tokio::time::sleep(sleep).await;
+                                runtime.stop(&id, instance, grace.saturating_sub(sleep));
+                            });
+                        }
+                        _ => self.runtime.stop(&c.id, instance, grace),
+                    }
                 }
             }
         }
@@ -1230,3 +1249,11 @@ impl PodManager {
         out
     }
 }
+
+/// The seconds the preStop hook of container `name` sleeps (`lifecycle.preStop.sleep`), if any.
+fn pre_stop_sleep(pod: &Value, name: &str) -> Option<Duration> {
+    let containers = pod.at("/spec/containers").and_then(Value::as_array)?;
+    let container = containers.iter().find(|c| str_at(c, "/name") == name)?;
+    container.at("/lifecycle/preStop/sleep/seconds").and_then(Value::as_u64).map(Duration::from_secs)
+}
+

@@ -76,7 +76,11 @@ const UNSUPPORTED: &[(Scope, &str)] = &[
     (Scope::Container, "securityContext.appArmorProfile"),
     (Scope::Container, "securityContext.procMount"),
     (Scope::Container, "securityContext.windowsOptions"),
-    (Scope::Container, "lifecycle"),
+    (Scope::Container, "lifecycle.postStart"),
+    (Scope::Container, "lifecycle.preStop.exec"),
+    (Scope::Container, "lifecycle.preStop.httpGet"),
+    (Scope::Container, "lifecycle.preStop.tcpSocket"),
+    (Scope::Container, "lifecycle.stopSignal"),
     (Scope::Container, "startupProbe"),
     (Scope::Container, "resizePolicy"),
     (Scope::Probe, "grpc"),
@@ -848,6 +852,22 @@ fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut
         Some(_) => {}
     }
     check_one_of(ct, "imagePullPolicy", p, &["Always", "IfNotPresent", "Never"], c);
+    // A preStop hook that sleeps (the kubelet's `sleep` action): the only handler Shepherd runs;
+    // the others are refused above as unsupported.
+    if let Some(pre_stop) = ct.get("lifecycle").and_then(|l| l.get("preStop")).filter(|v| v.is_object()) {
+        let hp = join(p, "lifecycle.preStop");
+        let handlers = ["exec", "httpGet", "tcpSocket", "sleep"];
+        if !handlers.iter().any(|h| pre_stop.get(h).is_some_and(is_set)) {
+            c.push(Cause::new("FieldValueRequired", hp.clone(), "Required value: must specify a handler type"));
+        }
+        if let Some(sleep) = pre_stop.get("sleep").filter(|v| v.is_object()) {
+            let sp = join(&hp, "sleep");
+            match field_int(sleep, "seconds") {
+                None => c.push(Cause::required(join(&sp, "seconds"))),
+                Some(_) => check_min(sleep, "seconds", &sp, 0, c),
+            }
+        }
+    }
     validate_security_context(ct.get("securityContext"), &join(p, "securityContext"), c);
     if let Some(Value::Array(ports)) = ct.get("ports") {
         let mut port_names = BTreeSet::new();

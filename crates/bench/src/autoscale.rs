@@ -65,7 +65,7 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("data").to_string_lossy().to_string();
     let sync = p.sync_seconds.to_string();
-    let mut server = Process::start(binary, &["standalone", "--data-dir", &data, "--runtime", "process", "--hpa-sync-seconds", &sync])?;
+    let mut server = Process::start(binary, &["standalone", "--data-dir", &data, "--runtime", "process", "--pod-network", "host", "--hpa-sync-seconds", &sync])?;
     let http = reqwest::Client::new();
     let limit = Duration::from_secs(180);
     let (mut decided, mut ready) = (Vec::new(), Vec::new());

@@ -108,7 +108,7 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
     let data = dir.path().to_string_lossy().to_string();
     let command = format!("shepherd-bench --shepherd {} pod-density --pods {} --clients {}", binary.display(), p.pods, p.clients);
     println!("scenario pod-density: standalone, process runtime, {} running `minimal` pods ({command})", p.pods);
-    let mut server = Process::start(binary, &["standalone", "--data-dir", &data, "--runtime", "process"])?;
+    let mut server = Process::start(binary, &["standalone", "--data-dir", &data, "--runtime", "process", "--pod-network", "host"])?;
     let root = server.child.id();
     let http = reqwest::Client::new();
 

@@ -112,7 +112,7 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("data");
     let data_arg = data.to_string_lossy().to_string();
-    let server = Process::start(binary, &["standalone", "--data-dir", &data_arg, "--runtime", "process"])?;
+    let server = Process::start(binary, &["standalone", "--data-dir", &data_arg, "--runtime", "process", "--pod-network", "host"])?;
     let url = server.url.clone();
     let http = reqwest::Client::new();
 

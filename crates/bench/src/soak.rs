@@ -111,7 +111,7 @@ pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {
     );
     let dir = tempfile::tempdir()?;
     let data = dir.path().to_string_lossy().to_string();
-    let mut args: Vec<&str> = vec!["standalone", "--data-dir", &data, "--runtime", "process"];
+    let mut args: Vec<&str> = vec!["standalone", "--data-dir", &data, "--runtime", "process", "--pod-network", "host"];
     args.extend(p.server_args.iter().map(String::as_str));
     let server = Process::start(binary, &args)?;
     let http = reqwest::Client::new();

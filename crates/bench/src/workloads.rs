@@ -69,7 +69,7 @@ fn standalone_reachable(
 ) -> anyhow::Result<(tempfile::TempDir, Process, reqwest::Client)> {
     let dir = tempfile::tempdir()?;
     let data = dir.path().to_string_lossy().to_string();
-    let mut args = vec!["standalone", "--data-dir", &data, "--runtime", runtime];
+    let mut args = vec!["standalone", "--data-dir", &data, "--runtime", runtime, "--pod-network", "host"];
     args.extend_from_slice(extra);
     let (p, http) = Process::start_reachable(binary, &args, dir.path(), tls)?;
     Ok((dir, p, http))

@@ -453,6 +453,15 @@ pub async fn start(
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<Option<(SocketAddr, tokio::task::JoinHandle<()>)>> {
     let Some(listen) = args.cluster_dns_listen else { return Ok(None) };
+    let server = server(args, manager, listen)?;
+    let (addr, task) = server.serve(listen, stop).await?;
+    tracing::info!(%addr, domain = %args.cluster_domain, "cluster DNS serving");
+    Ok(Some((addr, task)))
+}
+
+/// The DNS server of `args`, forwarding to the upstreams named (or /etc/resolv.conf's), never
+/// to its own address `listen`.
+fn server(args: &DnsArgs, manager: &Manager, listen: SocketAddr) -> anyhow::Result<Arc<DnsServer<CacheObjects>>> {
     let domain = args.cluster_domain.trim_matches('.');
     if domain.is_empty() || Name::from_ascii(format!("{domain}.")).is_err() {
         anyhow::bail!("--cluster-domain {:?} is not a DNS name", args.cluster_domain);
@@ -465,10 +474,80 @@ pub async fn start(
     };
     // Forwarding to ourselves would loop until every query timed out.
     let upstreams: Vec<SocketAddr> = upstreams.into_iter().filter(|u| *u != listen).collect();
-    let server = DnsServer::new(Zone::new(domain, CacheObjects::new(manager)), upstreams.clone());
-    let (addr, task) = server.serve(listen, stop).await?;
-    tracing::info!(%addr, domain, upstreams = ?upstreams, "cluster DNS serving");
-    Ok(Some((addr, task)))
+    tracing::debug!(upstreams = ?upstreams, "cluster DNS upstreams");
+    Ok(DnsServer::new(Zone::new(domain, CacheObjects::new(manager)), upstreams))
+}
+
+/// The cluster DNS of a node with a pod network, as a cluster add-on would be: served on port 53
+/// of the pod bridge's address (the first of the node's podCIDR, which every pod routes to) once
+/// the node has its podCIDR and the bridge is up, and named by the `kube-dns` Service, whose
+/// ClusterIP pods are told. The domain is checked at once; the rest happens in the task.
+pub fn start_on_pod_network(
+    args: &DnsArgs,
+    manager: &Manager,
+    client: Arc<dyn Client>,
+    node: String,
+    service_range: String,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let server = server(args, manager, SocketAddr::from((Ipv4Addr::UNSPECIFIED, 53)))?;
+    Ok(tokio::spawn(async move {
+        let mut stopped = stop.clone();
+        let stopping = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        let serving = async {
+            let gateway = loop {
+                let node = client.get(&kinds::NODE, None, &node).await.ok();
+                if let Some(ip) = node.as_ref().and_then(|n| first_host(str_at(n, "/spec/podCIDR"))) {
+                    break ip;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let listen = SocketAddr::from((gateway, 53));
+            let mut attempts = 0u32;
+            let task = loop {
+                // Refused until the agent has given the bridge its address.
+                let mut stop = stop.clone();
+                let stop = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                match server.clone().serve(listen, stop).await {
+                    Ok((_, task)) => break task,
+                    Err(e) => {
+                        // The address is missing for a moment; anything lasting is said, once.
+                        attempts += 1;
+                        if attempts == 50 {
+                            tracing::warn!(error = %e, "cluster DNS cannot listen yet; trying again");
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            };
+            tracing::info!(addr = %listen, "cluster DNS serving on the pod network");
+            for wait in [0u64, 1, 2, 5, 10, 30, 60] {
+                tokio::time::sleep(Duration::from_secs(wait)).await;
+                match ensure_kube_dns_service(client.as_ref(), listen, &service_range, None).await {
+                    Ok(()) => break,
+                    Err(e) => tracing::warn!(error = %e, "cannot write the kube-dns Service; retrying"),
+                }
+            }
+            let _ = task.await;
+        };
+        tokio::select! {
+            () = stopping => {}
+            () = serving => {}
+        }
+    }))
+}
+
+/// The first host address of an IPv4 CIDR (`10.244.0.0/24` → `10.244.0.1`).
+fn first_host(cidr: &str) -> Option<Ipv4Addr> {
+    let (ip, len) = cidr.split_once('/')?;
+    let ip: Ipv4Addr = ip.parse().ok()?;
+    let len: u32 = len.parse().ok().filter(|l| (1..=30).contains(l))?;
+    let mask = u32::MAX << (32 - len);
+    Some(Ipv4Addr::from((u32::from(ip) & mask) + 1))
 }
 
 /// The `kube-dns` Service's cluster IP: the tenth address of the Service range, as kubeadm picks

@@ -349,7 +349,8 @@ fn main() -> anyhow::Result<()> {
                 registry::start_beside(&args.registry, &args.server.data_dir).await?;
                 let StandaloneArgs { server, agent: mut agent_args, keep_pods, .. } = *args;
                 let runtime_note = agent_args.choose_standalone_runtime();
-                let local = LocalAgent { args: agent_args, keep_pods, runtime_note };
+                let host_network_reason = agent_args.choose_standalone_pod_network();
+                let local = LocalAgent { args: agent_args, keep_pods, runtime_note, host_network_reason };
                 run_server(server, Some(local)).await
             }
             Command::Agent(args) => run_agent(*args).await,
@@ -575,6 +576,14 @@ struct LocalAgent {
     keep_pods: bool,
     /// Which runtime was chosen and why, printed at start.
     runtime_note: Option<String>,
+    /// Why pods share the host's network, when standalone chose it.
+    host_network_reason: Option<String>,
+}
+
+impl LocalAgent {
+    fn bridged(&self) -> bool {
+        matches!(self.args.pod_network, Some(node_agent::PodNetworkArg::Bridge))
+    }
 }
 
 async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> anyhow::Result<()> {
@@ -626,6 +635,16 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
             config.stop_containers_on_exit = !local.keep_pods;
             if !args.tls.insecure_loopback && args.listen.port() != 0 {
                 config.kubernetes_service = kube_config_host(&credentials::client_url("https", args.listen));
+            }
+            if local.bridged() {
+                config.service_cidr = Some(args.controllers.service_cluster_ip_range.clone());
+                config.cluster_cidr = Some(args.controllers.cluster_cidr.clone());
+                // The cluster DNS standalone serves on the pod network, unless told otherwise.
+                if config.cluster_dns.is_none() && args.dns.cluster_dns_listen.is_none() {
+                    let ip = dns::kube_dns_cluster_ip(&args.controllers.service_cluster_ip_range)
+                        .context("--service-cluster-ip-range leaves no address for the kube-dns Service")?;
+                    config.cluster_dns = Some(shepherd_agent::ClusterDns { nameservers: vec![ip.into()], domain: String::new() });
+                }
             }
             if let Some(dns) = config.cluster_dns.as_mut() {
                 dns.domain = args.dns.cluster_domain.clone();
@@ -707,6 +726,18 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     };
     // Bound before the API's address is printed: a port in use fails the start, not a running server.
     let cluster_dns = dns::start(&args.dns, &manager, stopped(stop_rx.clone())).await?;
+    let bridged = local_agent.as_ref().is_some_and(LocalAgent::bridged);
+    let pod_network_dns = match (&cluster_dns, node_names.first()) {
+        (None, Some(node)) if bridged => Some(dns::start_on_pod_network(
+            &args.dns,
+            &manager,
+            client.clone(),
+            node.clone(),
+            args.controllers.service_cluster_ip_range.clone(),
+            stop_rx.clone(),
+        )?),
+        _ => None,
+    };
     if let Some((addr, _)) = &cluster_dns {
         // On stderr: scripts read the API's address from stdout's first line.
         use std::io::Write;
@@ -762,10 +793,33 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
         };
         let _ = writeln!(std::io::stderr(), "{dashboard}");
     }
-    if let Some(note) = local_agent.as_ref().and_then(|l| l.runtime_note.as_ref()) {
+    if let Some(local) = &local_agent {
         // On stderr: scripts read the address from stdout and may close it after that line.
         use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "{note}");
+        if let Some(note) = &local.runtime_note {
+            let _ = writeln!(std::io::stderr(), "{note}");
+        }
+        let c = &args.controllers;
+        let network = if local.bridged() {
+            let dns = match (&cluster_dns, dns::kube_dns_cluster_ip(&c.service_cluster_ip_range)) {
+                (None, Some(ip)) => format!(", cluster DNS {ip} ({})", args.dns.cluster_domain),
+                _ => String::new(),
+            };
+            Some(format!(
+                "pod network: bridge {}, pods in {}, Services in {} (reachable from this host){dns}; \
+                 --pod-network host shares this host's network instead",
+                shepherd_agent::POD_BRIDGE,
+                c.cluster_cidr,
+                c.service_cluster_ip_range
+            ))
+        } else {
+            local.host_network_reason.as_ref().map(|why| {
+                format!("pod network: host (pods share this host's network; no Services or cluster DNS for them): {why}")
+            })
+        };
+        if let Some(line) = network {
+            let _ = writeln!(std::io::stderr(), "{line}");
+        }
     }
     let revision = store.revision().await?;
     tracing::info!(%addr, data_dir = %args.data_dir.display(), revision, controllers = ?enabled,
@@ -859,6 +913,9 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
     }
     let _ = controllers.await;
     if let Some((_, task)) = cluster_dns {
+        let _ = task.await;
+    }
+    if let Some(task) = pod_network_dns {
         let _ = task.await;
     }
     if let Some(t) = agent_task

@@ -84,9 +84,11 @@ pub struct AgentArgs {
     /// standalone generates one.
     #[arg(long, env = "SHEPHERD_STREAMING_TOKEN", hide_env_values = true)]
     pub streaming_token: Option<String>,
-    /// Pods' network: `host` (the node's) or `bridge` (one namespace and address per pod).
-    #[arg(long, value_enum, default_value = "host")]
-    pub pod_network: PodNetworkArg,
+    /// Pods' network: `bridge` (a namespace and an address per pod, Services and cluster DNS)
+    /// or `host` (the node's). Default: host for `agent`; for `standalone`, bridge where it can be
+    /// built (root, nftables), host otherwise.
+    #[arg(long, value_enum)]
+    pub pod_network: Option<PodNetworkArg>,
     /// The cluster DNS address pods' /etc/resolv.conf names (kubelet's --cluster-dns), for pods
     /// of dnsPolicy ClusterFirst off the host network; repeatable. Unset: pods use the node's.
     #[arg(long = "cluster-dns", value_name = "IP")]
@@ -133,6 +135,29 @@ impl AgentArgs {
         })
     }
 
+    /// The pod network `standalone` uses when none is named (after the runtime is chosen): the
+    /// bridge where pods run as processes or containers and this process may build it (root,
+    /// nftables in the kernel); else the host's, with the reason.
+    pub fn choose_standalone_pod_network(&mut self) -> Option<String> {
+        if self.pod_network.is_some() {
+            return None;
+        }
+        let why = if matches!(self.runtime, Some(RuntimeArg::Simulated)) {
+            Some("simulated pods have no network".to_string())
+        // SAFETY: geteuid has no preconditions.
+        } else if unsafe { libc::geteuid() } != 0 {
+            Some("it needs root".to_string())
+        } else {
+            match std::process::Command::new("nft").args(["list", "tables"]).output() {
+                Ok(out) if out.status.success() => None,
+                Ok(out) => Some(format!("nft cannot list tables: {}", String::from_utf8_lossy(&out.stderr).trim())),
+                Err(e) => Some(format!("nft cannot run ({e}); install nftables")),
+            }
+        };
+        self.pod_network = Some(if why.is_some() { PodNetworkArg::Host } else { PodNetworkArg::Bridge });
+        why
+    }
+
     pub fn config(&self, data_dir: &Path) -> anyhow::Result<AgentConfig> {
         let name = self.node_name.clone().unwrap_or_else(hostname);
         let mut config = AgentConfig::new(name, PathBuf::from(data_dir));
@@ -159,7 +184,7 @@ impl AgentArgs {
         config.restart_backoff_max = secs(self.restart_backoff_max_seconds, "--restart-backoff-max-seconds")?;
         config.workers = self.agent_workers.max(1);
         config.mode = self.agent_mode;
-        config.pod_network = match self.pod_network {
+        config.pod_network = match self.pod_network.unwrap_or(PodNetworkArg::Host) {
             PodNetworkArg::Host => PodNetworkMode::Host,
             PodNetworkArg::Bridge => PodNetworkMode::Bridge,
         };

@@ -214,7 +214,7 @@ fn insecure_loopback_off_loopback_is_refused_before_anything_is_bound() {
 fn the_seed_session_works_with_no_flags_from_the_directory_standalone_ran_in() {
     let cwd = tempfile::tempdir().expect("tempdir");
     let child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .args(["standalone", "--runtime", "process", "--listen", "127.0.0.1:0"])
+        .args(["standalone", "--runtime", "process", "--pod-network", "host", "--listen", "127.0.0.1:0"])
         .current_dir(cwd.path())
         .env_remove("SHEPHERD_DATA_DIR")
         .env("RUST_LOG", "warn")

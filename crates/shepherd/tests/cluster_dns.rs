@@ -310,7 +310,7 @@ fn a_cluster_dns_on_every_address_is_reached_at_the_nodes_address() {
         .arg("standalone")
         .arg("--data-dir")
         .arg(dir.path())
-        .args(["--in-memory", "--insecure-loopback", "--listen", "127.0.0.1:0", "--runtime", "process", "--node-ip", "10.99.0.1"])
+        .args(["--in-memory", "--insecure-loopback", "--listen", "127.0.0.1:0", "--runtime", "process", "--pod-network", "host", "--node-ip", "10.99.0.1"])
         .args(["--cluster-dns-listen", "0.0.0.0:5353", "--dns-upstream", "127.0.0.1:9"])
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())

@@ -62,6 +62,7 @@ impl Cluster {
             .arg("--data-dir")
             .arg(dir)
             .args(["--listen", "127.0.0.1:0", "--insecure-loopback"])
+            .args(common::host_network_unless_named("standalone", &flags.iter().map(String::as_str).collect::<Vec<_>>()))
             .args(flags)
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())

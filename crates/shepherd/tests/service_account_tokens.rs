@@ -282,7 +282,7 @@ fn a_pod_calls_the_api_with_its_mounted_token_and_is_held_to_rbac() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = common::free_port().to_string();
     let listen = format!("127.0.0.1:{port}");
-    let _daemon = secure("standalone", dir.path(), &["--listen", &listen, "--runtime", "process"]);
+    let _daemon = secure("standalone", dir.path(), &["--listen", &listen, "--runtime", "process", "--pod-network", "host"]);
     let kubeconfig = dir.path().join("admin.kubeconfig");
     let (_, bin) = common::newest_kubectl();
     let kubectl = |args: &[&str], stdin: Option<&str>| {

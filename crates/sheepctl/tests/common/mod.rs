@@ -77,6 +77,8 @@ impl Shepherd {
             .arg(dir.path())
             .args(["--listen", "127.0.0.1:0", "--insecure-loopback"])
             .args(default_runtime)
+            // Run as root, standalone would build its pod network in this machine's namespace.
+            .args(if mode == "standalone" && !extra.contains(&"--pod-network") { &["--pod-network", "host"][..] } else { &[] })
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())

@@ -38,6 +38,7 @@ impl Daemon {
             .args(["--listen", "127.0.0.1:0"])
             .args(flags)
             .args(default_runtime)
+            .args(host_network_unless_named(mode, &[flags, extra].concat()))
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -103,14 +104,25 @@ fn data_dir_of(pid: u32, cmdline: &[u8]) -> Option<PathBuf> {
     if dir.is_absolute() { Some(dir) } else { std::fs::read_link(format!("/proc/{pid}/cwd")).ok().map(|cwd| cwd.join(dir)) }
 }
 
-/// Starts `shepherd standalone --data-dir DIR --listen 127.0.0.1:0 FLAGS`; returns it and every
-/// line it writes to stderr (each also passed on to the test's own stderr).
+/// `--pod-network host` for a standalone whose flags name no pod network. Run as root, standalone
+/// builds its pod network (a bridge, routes, nftables rules) in the network namespace it runs in;
+/// tests leave the machine's own namespace untouched, and those that exercise the pod network
+/// start standalone inside a namespace they made, naming `--pod-network bridge` or running
+/// README's command there.
+pub fn host_network_unless_named(mode: &str, flags: &[&str]) -> &'static [&'static str] {
+    if mode == "standalone" && !flags.contains(&"--pod-network") { &["--pod-network", "host"] } else { &[] }
+}
+
+/// Starts `shepherd standalone --data-dir DIR --listen 127.0.0.1:0 FLAGS` (with
+/// `--pod-network host` unless FLAGS name one); returns it and every line it writes to stderr
+/// (each also passed on to the test's own stderr).
 pub fn standalone_with_stderr(data_dir: &Path, flags: &[&str]) -> (Daemon, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_shepherd"))
         .arg("standalone")
         .arg("--data-dir")
         .arg(data_dir)
         .args(["--listen", "127.0.0.1:0"])
+        .args(host_network_unless_named("standalone", flags))
         .args(flags)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
