@@ -857,7 +857,7 @@ fn validate_container(ct: &Value, p: &str, names: &mut BTreeSet<String>, c: &mut
     if let Some(pre_stop) = ct.get("lifecycle").and_then(|l| l.get("preStop")).filter(|v| v.is_object()) {
         let hp = join(p, "lifecycle.preStop");
         let handlers = ["exec", "httpGet", "tcpSocket", "sleep"];
-        if !handlers.iter().any(|h| pre_stop.get(h).is_some_and(is_set)) {
+        if !handlers.iter().any(|h| pre_stop.get(h).is_some_and(|v| !v.is_null())) {
             c.push(Cause::new("FieldValueRequired", hp.clone(), "Required value: must specify a handler type"));
         }
         if let Some(sleep) = pre_stop.get("sleep").filter(|v| v.is_object()) {
@@ -1631,6 +1631,23 @@ mod tests {
         let mut d = seed_deployment();
         d["spec"]["template"]["spec"]["initContainers"] = json!([{"name": "init", "image": "busybox"}]);
         assert_eq!(causes(&DEPLOYMENT, &d), vec![("spec.template.spec.initContainers".to_string(), "FieldValueForbidden")]);
+    }
+
+    #[test]
+    fn a_pre_stop_hook_may_sleep_and_the_other_handlers_are_refused_by_name() {
+        let with = |lifecycle: Value| pod(json!({"containers": [{"name": "web", "image": "busybox", "lifecycle": lifecycle}]}));
+        assert_eq!(causes(&POD, &with(json!({"preStop": {"sleep": {"seconds": 5}}}))), vec![]);
+        assert_eq!(fields(&POD, &with(json!({"preStop": {"sleep": {"seconds": -1}}}))), ["spec.containers[0].lifecycle.preStop.sleep.seconds"]);
+        assert_eq!(fields(&POD, &with(json!({"preStop": {"sleep": {}}}))), ["spec.containers[0].lifecycle.preStop.sleep.seconds"]);
+        assert_eq!(fields(&POD, &with(json!({"preStop": {}}))), ["spec.containers[0].lifecycle.preStop"]);
+        let refused = with(json!({"postStart": {"exec": {"command": ["true"]}}, "preStop": {"httpGet": {"port": 80}}}));
+        assert_eq!(
+            causes(&POD, &refused),
+            vec![
+                ("spec.containers[0].lifecycle.postStart".to_string(), "FieldValueForbidden"),
+                ("spec.containers[0].lifecycle.preStop.httpGet".to_string(), "FieldValueForbidden"),
+            ]
+        );
     }
 
     #[test]

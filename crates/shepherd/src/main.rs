@@ -10,6 +10,7 @@ mod etcd_wait;
 mod help;
 mod image;
 mod join;
+mod manifests;
 mod node_agent;
 mod node_certificate;
 mod private_dir;
@@ -820,6 +821,10 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
         if let Some(line) = network {
             let _ = writeln!(std::io::stderr(), "{line}");
         }
+        if !args.in_memory {
+            let dir = manifests::dir(&args.data_dir);
+            let _ = writeln!(std::io::stderr(), "add-ons: every manifest in {} is applied, and again when it changes", dir.display());
+        }
     }
     let revision = store.revision().await?;
     tracing::info!(%addr, data_dir = %args.data_dir.display(), revision, controllers = ?enabled,
@@ -841,6 +846,14 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
         let stop = stopped(stop_rx.clone());
         control_rt.handle().spawn(async move { manager.run(stop).await })
     };
+    // Add-ons by files (k3s's auto-deploying manifests), as the administrator.
+    let manifests_dir = manifests::dir(&args.data_dir);
+    if !args.in_memory {
+        if let Err(e) = std::fs::create_dir_all(&manifests_dir) {
+            tracing::warn!(dir = %manifests_dir.display(), error = %e, "cannot create the manifests directory");
+        }
+        tokio::spawn(manifests::run(server.service().clone(), client.clone(), manifests_dir.clone(), stop_rx.clone()));
+    }
     // Joining nodes: the CSR approver and signer hold the cluster CA's key, cluster-info is signed
     // for each bootstrap token, and expired tokens are removed; only a TLS server has any of it.
     if !args.tls.insecure_loopback {
