@@ -113,6 +113,8 @@ pub struct AgentConfig {
     pub runc: PathBuf,
     /// Registries (`HOST:PORT`) the oci runtime pulls from over plain http (loopback ones always are).
     pub insecure_registries: Vec<String>,
+    /// Registry mirrors, credentials and TLS, as k3s's `registries.yaml` (a missing file is none).
+    pub registries_file: Option<PathBuf>,
     /// Stop and remove every container when the agent stops (a node going away with its pods)
     /// instead of leaving them for the next agent to adopt.
     pub stop_containers_on_exit: bool,
@@ -155,6 +157,7 @@ impl AgentConfig {
             pids_limit: Some(4096),
             runc: PathBuf::from(oci::DEFAULT_RUNC),
             insecure_registries: Vec::new(),
+            registries_file: None,
             stop_containers_on_exit: false,
             streaming: None,
             pod_network: PodNetworkMode::Host,
@@ -263,7 +266,12 @@ impl Agent {
                     return Err(AgentError::Runtime(why));
                 }
                 let lock = lock_data_dir(&config.data_dir)?;
+                let registries = match &config.registries_file {
+                    Some(path) => shepherd_image::RegistriesConfig::load(path).map_err(AgentError::Runtime)?.unwrap_or_default(),
+                    None => Default::default(),
+                };
                 let oc = oci::OciConfig {
+                    registries,
                     data_dir: config.data_dir.clone(),
                     runc: config.runc.clone(),
                     node_ip: config.node_ip.clone(),

@@ -727,9 +727,10 @@ impl PodManager {
                 let message = match ready {
                     ImageReady::Unused => None,
                     ImageReady::Present => Some(format!("Container image {:?} already present on machine", c.image)),
-                    ImageReady::Pulled { size, duration } => Some(format!(
-                        "Successfully pulled image {:?} in {duration:.3?}. Image size: {size} bytes.",
-                        c.image
+                    ImageReady::Pulled { size, duration, via } => Some(format!(
+                        "Successfully pulled image {:?} in {duration:.3?}{}. Image size: {size} bytes.",
+                        c.image,
+                        via.map(|v| format!(" ({v})")).unwrap_or_default()
                     )),
                 };
                 if let Some(m) = message {

@@ -176,7 +176,8 @@ pub(crate) enum ImageReady {
     Unused,
     /// Already on the node.
     Present,
-    Pulled { size: u64, duration: Duration },
+    /// `via`: which mirror answered, and what failed first, when not the registry at once.
+    Pulled { size: u64, duration: Duration, via: Option<String> },
 }
 
 /// Why a container's image is not available, by kubelet's waiting reasons.

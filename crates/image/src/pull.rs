@@ -7,13 +7,14 @@ use std::time::Instant;
 
 use futures::{StreamExt, TryStreamExt};
 use oci_client::Client;
-use oci_client::client::{ClientConfig, ClientProtocol, linux_amd64_resolver};
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol, linux_amd64_resolver};
 use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 
 use crate::digest::Digest;
 use crate::error::{ImageError, Result};
+use crate::mirrors::{Endpoint, RegistriesConfig};
 use crate::policy::{PullDecision, PullPolicy};
 use crate::reference::ImageRef;
 use crate::singleflight::SingleFlight;
@@ -47,6 +48,9 @@ pub enum Ensured {
     Pulled {
         image: ImageRecord,
         duration: std::time::Duration,
+        /// How it came, when not from its own registry at the first try: which mirror answered
+        /// and which endpoints failed before.
+        via: Option<String>,
     },
 }
 
@@ -61,9 +65,11 @@ impl Ensured {
 pub struct Puller {
     store: Arc<ImageStore>,
     insecure_registries: Vec<String>,
+    /// Mirrors and per-registry credentials and TLS (`registries.yaml`).
+    registries: RegistriesConfig,
     /// One client per (registry, protocol): each keeps the bearer tokens of its registry.
     clients: Mutex<HashMap<String, Client>>,
-    flights: SingleFlight<String, ImageRecord>,
+    flights: SingleFlight<String, (ImageRecord, Option<String>)>,
 }
 
 impl Puller {
@@ -74,9 +80,16 @@ impl Puller {
         Puller {
             store,
             insecure_registries,
+            registries: RegistriesConfig::default(),
             clients: Mutex::new(HashMap::new()),
             flights: SingleFlight::new(),
         }
+    }
+
+    /// Pulls through the mirrors of `registries`, with its credentials and TLS settings.
+    pub fn with_registries(mut self, registries: RegistriesConfig) -> Self {
+        self.registries = registries;
+        self
     }
 
     pub fn store(&self) -> &Arc<ImageStore> {
@@ -95,10 +108,11 @@ impl Puller {
             (PullDecision::UsePresent, Some(record)) => Ensured::AlreadyPresent(record),
             _ => {
                 let started = Instant::now();
-                let record = self.pull(image, credentials).await?;
+                let (record, via) = self.pull_via(image, credentials).await?;
                 Ensured::Pulled {
                     image: record,
                     duration: started.elapsed(),
+                    via,
                 }
             }
         };
@@ -109,40 +123,96 @@ impl Puller {
     /// Pulls an image: its manifest (for an index, the linux/amd64 one), config and the layers the
     /// store lacks, each verified, then unpacks the layers. Concurrent pulls of one reference share
     /// one pull and its result.
+    /// Each endpoint (the registry's mirrors, then the registry) is tried in turn; an endpoint
+    /// that fails is logged and the next one tried, and the last one's error is the pull's.
     pub async fn pull(&self, image: &ImageRef, credentials: &Credentials) -> Result<ImageRecord> {
-        let client = self.client_for(image);
+        Ok(self.pull_via(image, credentials).await?.0)
+    }
+
+    /// As `pull`, saying how the image came when that was not its registry at the first try.
+    pub async fn pull_via(&self, image: &ImageRef, credentials: &Credentials) -> Result<(ImageRecord, Option<String>)> {
+        let plain = image.uses_plain_http(&self.insecure_registries);
+        let mut sources = Vec::new();
+        for endpoint in self.registries.endpoints(image.registry(), plain) {
+            let source = image.on_registry(&endpoint.host)?;
+            let client = self.client_for(&endpoint)?;
+            let auth = match self.registries.host(&endpoint.host).and_then(|h| h.auth.as_ref()) {
+                Some(a) => Credentials::Basic { username: a.username.clone(), password: a.password.clone() },
+                None if endpoint.host == image.registry() => credentials.clone(),
+                // A pod's pull secrets are for the registry it names, not for a mirror.
+                None => Credentials::Anonymous,
+            };
+            sources.push((endpoint, source, client, auth));
+        }
         let store = Arc::clone(&self.store);
-        let (image, credentials) = (image.clone(), credentials.clone());
+        let image = image.clone();
         self.flights
-            .run(image.to_string(), move || pull_image(client, store, image, credentials))
+            .run(image.to_string(), move || async move {
+                let count = sources.len();
+                let own = image.registry().to_string();
+                let (mut failed, mut failures) = (None, Vec::new());
+                for (i, (endpoint, source, client, auth)) in sources.into_iter().enumerate() {
+                    match pull_image(client, Arc::clone(&store), &source, image.clone(), auth).await {
+                        Ok(record) => {
+                            let mirror = endpoint.host != own;
+                            let via = match (mirror, failures.is_empty()) {
+                                (false, true) => None,
+                                (true, true) => Some(format!("from mirror {endpoint}")),
+                                (true, false) => Some(format!("from mirror {endpoint} after {}", failures.join("; "))),
+                                (false, false) => Some(format!("from {endpoint} after {}", failures.join("; "))),
+                            };
+                            if let Some(via) = &via {
+                                tracing::info!(image = %image, "pulled {via}");
+                            }
+                            return Ok((record, via));
+                        }
+                        Err(e) if i + 1 < count => {
+                            tracing::warn!(image = %image, endpoint = %endpoint, error = %e, "registry endpoint failed; trying the next one");
+                            failures.push(format!("{endpoint} failed ({e})"));
+                        }
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                Err(failed.unwrap_or_else(|| ImageError::Registry { reference: image.to_string(), detail: "no endpoint to pull from".into() }))
+            })
             .await
     }
 
-    fn client_for(&self, image: &ImageRef) -> Client {
-        let plain = image.uses_plain_http(&self.insecure_registries);
-        let key = format!("{}|{}", if plain { "http" } else { "https" }, image.registry());
+    fn client_for(&self, endpoint: &Endpoint) -> Result<Client> {
+        let key = endpoint.to_string();
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        clients
-            .entry(key)
-            .or_insert_with(|| {
-                Client::new(ClientConfig {
-                    protocol: if plain {
-                        ClientProtocol::Http
-                    } else {
-                        ClientProtocol::Https
-                    },
-                    // The host's platform; other architectures' images could not run here anyway.
-                    platform_resolver: Some(Box::new(linux_amd64_resolver)),
-                    ..Default::default()
-                })
-            })
-            .clone()
+        if let Some(c) = clients.get(&key) {
+            return Ok(c.clone());
+        }
+        let tls = self.registries.host(&endpoint.host).and_then(|h| h.tls.clone()).unwrap_or_default();
+        let mut extra_root_certificates = Vec::new();
+        if let Some(ca) = &tls.ca_file {
+            let data = std::fs::read(ca).map_err(|e| ImageError::Registry {
+                reference: endpoint.to_string(),
+                detail: format!("cannot read the CA file {} of registries.yaml: {e}", ca.display()),
+            })?;
+            extra_root_certificates.push(Certificate { encoding: CertificateEncoding::Pem, data });
+        }
+        let client = Client::new(ClientConfig {
+            protocol: if endpoint.plain_http { ClientProtocol::Http } else { ClientProtocol::Https },
+            // The host's platform; other architectures' images could not run here anyway.
+            platform_resolver: Some(Box::new(linux_amd64_resolver)),
+            accept_invalid_certificates: tls.insecure_skip_verify,
+            extra_root_certificates,
+            // A mirror that does not answer costs this long before the next endpoint is tried.
+            connect_timeout: Some(std::time::Duration::from_secs(5)),
+            ..Default::default()
+        });
+        clients.insert(key, client.clone());
+        Ok(client)
     }
 }
 
+/// Pulls `image` from `source` (itself, or the same image on a mirror) and stores it as `image`.
 async fn pull_image(
     client: Client,
     store: Arc<ImageStore>,
+    source: &ImageRef,
     image: ImageRef,
     credentials: Credentials,
 ) -> Result<ImageRecord> {
@@ -153,7 +223,7 @@ async fn pull_image(
     };
     tracing::info!(image = %reference, "pulling image");
     let (manifest, manifest_digest, config) = client
-        .pull_manifest_and_config(image.oci(), &auth)
+        .pull_manifest_and_config(source.oci(), &auth)
         .await
         .map_err(|e| registry_error(&reference, e))?;
     let manifest_digest = Digest::parse(&manifest_digest)?;
@@ -191,7 +261,7 @@ async fn pull_image(
     let work: Vec<_> = layers.iter().cloned().zip(manifest.layers.iter().cloned()).collect();
     futures::stream::iter(work)
         .map(|(layer, descriptor)| {
-            let (client, store, image) = (client.clone(), Arc::clone(&store), image.clone());
+            let (client, store, image) = (client.clone(), Arc::clone(&store), source.clone());
             async move {
                 if !store.has_blob(&layer.digest) && !store.layer_path(&layer.diff_id).is_dir() {
                     fetch_blob(&client, &store, &image, &descriptor, &layer.digest).await?;

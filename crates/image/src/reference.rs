@@ -68,6 +68,22 @@ impl ImageRef {
         self.explicit_tag
     }
 
+    /// The same repository, tag and digest on another registry (a mirror's `HOST[:PORT]`).
+    pub fn on_registry(&self, host: &str) -> Result<ImageRef> {
+        let mut text = format!("{host}/{}", self.repository());
+        if let Some(tag) = self.tag() {
+            text.push(':');
+            text.push_str(tag);
+        }
+        if let Some(digest) = self.digest() {
+            text.push('@');
+            text.push_str(digest);
+        }
+        let mut moved = ImageRef::parse(&text)?;
+        moved.explicit_tag = self.explicit_tag;
+        Ok(moved)
+    }
+
     pub(crate) fn oci(&self) -> &Reference {
         &self.inner
     }

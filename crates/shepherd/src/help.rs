@@ -15,7 +15,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ("Networking", &[
         "pod-network", "cluster-dns", "cluster-dns-listen", "cluster-domain", "dns-upstream", "service-cluster-ip-range",
         "service-node-port-range", "cluster-cidr", "node-cidr-mask-size", "node-ip", "streaming-address", "registry-listen",
-        "registry-data-dir", "registry-test-image", "insecure-registry", "runc",
+        "registry-data-dir", "registry-test-image", "insecure-registry", "registries", "runc",
     ]),
     ("Security", &[
         "token", "token-auth-file", "insecure-loopback", "tls-cert", "tls-key", "tls-san", "root-ca-file", "client-ca",
@@ -42,7 +42,7 @@ const REST: &str = "Tuning, fault injection and benchmarks (--help-all)";
 const EVERYDAY: &[&str] = &[
     "data-dir", "listen", "runtime", "keep-pods", "in-memory", "node-name", "server", "kubeconfig", "join-token",
     "discovery-token-ca-cert-hash", "output", "user", "group", "ttl", "file", "pod-network", "cluster-dns",
-    "registry-listen", "insecure-registry", "token", "token-auth-file", "insecure-loopback", "tls-san", "audit-log-path",
+    "registry-listen", "insecure-registry", "registries", "token", "token-auth-file", "insecure-loopback", "tls-san", "audit-log-path",
     "store", "etcd-endpoints", "controllers", "controller-mode", "certificate-authority",
 ];
 

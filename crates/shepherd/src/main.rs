@@ -469,6 +469,7 @@ const MAX_SIMULATED_AGENT_WORKERS: usize = 64;
 async fn run_agent(args: AgentCommand) -> anyhow::Result<()> {
     private_dir::secure(&args.data_dir)?;
     let mut config = args.agent.config(&args.data_dir)?;
+    config.registries_file.get_or_insert_with(|| args.data_dir.join("registries.yaml"));
     // A joined agent is its node from then on: the token is needed only until the first certificate.
     let joined = join::node_kubeconfig_path(&args.data_dir);
     let rejoin = args.join_token.is_some() && node_certificate::expired(&joined);
@@ -633,6 +634,7 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
             agent_args.streaming_token = Some(token.clone());
             streaming_token = Some(token);
             let mut config = agent_args.config(&dir)?;
+            config.registries_file.get_or_insert_with(|| args.data_dir.join("registries.yaml"));
             config.stop_containers_on_exit = !local.keep_pods;
             if !args.tls.insecure_loopback && args.listen.port() != 0 {
                 config.kubernetes_service = kube_config_host(&credentials::client_url("https", args.listen));

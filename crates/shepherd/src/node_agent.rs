@@ -52,6 +52,11 @@ pub struct AgentArgs {
     /// always are.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     pub insecure_registries: Vec<String>,
+    /// Registry mirrors, credentials and TLS in k3s's `registries.yaml` shape (mirrors of
+    /// docker.io and others tried in order before the registry itself); default
+    /// `<data-dir>/registries.yaml` when it exists.
+    #[arg(long, value_name = "FILE")]
+    pub registries: Option<PathBuf>,
     /// Seconds between lease renewals.
     #[arg(long, default_value_t = 10.0)]
     pub lease_seconds: f64,
@@ -164,6 +169,7 @@ impl AgentArgs {
         config.node_ip = self.node_ip.clone();
         config.runc = self.runc.clone();
         config.insecure_registries = self.insecure_registries.clone();
+        config.registries_file = self.registries.clone();
         config.runtime = match self.runtime.unwrap_or(RuntimeArg::Process) {
             RuntimeArg::Process => RuntimeKind::Process,
             RuntimeArg::Oci => RuntimeKind::Oci,

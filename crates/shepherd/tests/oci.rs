@@ -931,3 +931,49 @@ async fn standalone_seeds_its_registry_with_the_test_image_and_kubectl_cp_uses_i
     cluster.kubectl(&["cp", "seeded:/tmp/got.txt", back.to_str().expect("utf-8")], None);
     assert_eq!(std::fs::read_to_string(&back).expect("copied back"), "through tar\n");
 }
+
+/// Registry mirrors from `<data-dir>/registries.yaml`, as k3s's: an image of a registry that is
+/// nowhere (`mirror.test`) is pulled through its mirrors in order (the first does not answer, the
+/// second is standalone's registry), stored under its own name, and the Pulled Event says which
+/// mirror answered after which failed. A file with a mistake stops the start with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_come_through_the_mirrors_of_registries_yaml_in_order() {
+    let mut cluster = Cluster::start(&["--registry-test-image", "busybox:1"]);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
+    let config = format!(
+        "mirrors:\n  mirror.test:\n    endpoint:\n      - http://127.0.0.1:{closed}\n      - http://{}\n",
+        cluster.registry
+    );
+    std::fs::write(cluster.data().join("registries.yaml"), config).expect("write registries.yaml");
+    cluster.kill9_and_restart();
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mirrored"},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "mirror.test/busybox:1",
+            "command": ["cat", shepherd_registry::testimage::MARKER_PATH]}]}});
+    cluster.kubectl(&["apply", "-f", "-"], Some(&pod.to_string()));
+    wait_for("the pod to finish", 60, async || {
+        cluster.pods().into_iter().find(|p| p["metadata"]["name"] == "mirrored" && p["status"]["phase"] == "Succeeded")
+    })
+    .await;
+    assert_eq!(cluster.kubectl(&["logs", "mirrored"], None), "shepherd busybox test image\n");
+    let pulled: Vec<String> = cluster
+        .events()
+        .into_iter()
+        .filter(|e| e["reason"] == "Pulled" && e["involvedObject"]["name"] == "mirrored")
+        .map(|e| e["message"].as_str().unwrap_or("").to_string())
+        .collect();
+    let expected = format!("(from mirror http://{} after http://127.0.0.1:{closed} failed (", cluster.registry);
+    assert!(pulled.iter().any(|m| m.contains(&expected)), "the Pulled Event names the mirror and the failure: {pulled:?}");
+    let out = Command::new(env!("CARGO_BIN_EXE_shepherd")).args(["image", "ls", "--data-dir"]).arg(cluster.data()).output().expect("run");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("mirror.test/busybox:1"), "stored under its own name: {out:?}");
+
+    std::fs::write(cluster.data().join("registries.yaml"), "mirrors:\n  docker.io:\n    endpoint: [mirror.lan:5000]\n").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(["standalone", "--runtime", "oci", "--pod-network", "host", "--insecure-loopback", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(tempfile::tempdir().expect("tempdir").path())
+        .args(["--registries"])
+        .arg(cluster.data().join("registries.yaml"))
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("registries.yaml: mirrors.docker.io: endpoint \"mirror.lan:5000\" must start with http:// or https://"), "{err}");
+}

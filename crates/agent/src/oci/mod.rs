@@ -82,6 +82,8 @@ pub(crate) struct OciConfig {
     /// Every pod's address (pods share the node's network for now), for `/etc/hosts`.
     pub node_ip: String,
     pub insecure_registries: Vec<String>,
+    /// Registry mirrors, credentials and TLS (`registries.yaml`).
+    pub registries: shepherd_image::RegistriesConfig,
     pub log_max_bytes: u64,
     pub pids_limit: Option<u64>,
 }
@@ -152,7 +154,7 @@ impl OciRuntime {
         // handed to it from here: every path below starts from an absolute data directory.
         config.data_dir = std::path::absolute(&config.data_dir)?;
         let store = ImageStore::open(config.data_dir.join("images")).map_err(io::Error::other)?;
-        let puller = Puller::new(Arc::new(store), config.insecure_registries.clone());
+        let puller = Puller::new(Arc::new(store), config.insecure_registries.clone()).with_registries(config.registries.clone());
         fs::create_dir_all(config.data_dir.join("oci/runc"))?;
         let inner = Arc::new(Inner {
             config,
@@ -769,7 +771,7 @@ impl Runtime for OciRuntime {
             .unwrap_or_default();
         match self.inner.puller.ensure(&reference, policy, &credentials).await {
             Ok(Ensured::AlreadyPresent(_)) => Ok(ImageReady::Present),
-            Ok(Ensured::Pulled { image, duration }) => Ok(ImageReady::Pulled { size: image.size, duration }),
+            Ok(Ensured::Pulled { image, duration, via }) => Ok(ImageReady::Pulled { size: image.size, duration, via }),
             Err(e @ ImageError::NeverPull { .. }) => Err(ImageUnavailable::NeverPull(e.to_string())),
             Err(e) => Err(ImageUnavailable::PullFailed(e.to_string())),
         }
