@@ -21,6 +21,7 @@ mod report;
 mod scale;
 mod service_rules;
 mod soak;
+mod startup;
 mod store;
 mod validation_cost;
 mod watch_fanout;
@@ -299,6 +300,16 @@ enum Scenario {
         #[arg(long, hide = true)]
         inside: bool,
     },
+    /// What a newcomer waits for: `shepherd standalone` on its defaults (oci runtime, pod network,
+    /// DNS) in a network namespace of its own, to the API ready, the node Ready and the cluster DNS
+    /// answering; a 5 MB image import; a small web app from apply to Ready. Needs root and runc.
+    Startup {
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// (internal) Measure here: already inside the scenario's namespace.
+        #[arg(long, hide = true)]
+        inside: bool,
+    },
     /// HorizontalPodAutoscaler reaction: from a pod starting to burn CPU to new pods Ready, on
     /// standalone with real processes.
     HpaReaction {
@@ -365,6 +376,9 @@ async fn main() -> anyhow::Result<()> {
     if let Scenario::ServiceRules { services, endpoints, changes, inside: true } = cli.scenario {
         let p = service_rules::Params { services, endpoints, changes };
         return service_rules::inside(&cli.shepherd, &p).await;
+    }
+    if let Scenario::Startup { runs, inside: true } = cli.scenario {
+        return startup::inside(&cli.shepherd, &startup::Params { runs }).await;
     }
     let machine = report::Machine::read();
     println!("machine: {machine}");
@@ -524,6 +538,9 @@ async fn main() -> anyhow::Result<()> {
                 service_rules::Params { services: services.max(1), endpoints: endpoints.max(1), changes: changes.max(1) }
             };
             service_rules::run(&cli.shepherd, &cli.out, &p)?
+        }
+        Scenario::Startup { runs, .. } => {
+            startup::run(&cli.shepherd, &cli.out, &startup::Params { runs: if cli.smoke { 1 } else { runs.max(1) } })?
         }
         Scenario::HpaReaction { runs, sync_seconds } => {
             let p = autoscale::Params { runs: if cli.smoke { 1 } else { runs.max(1) }, sync_seconds };
