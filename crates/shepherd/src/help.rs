@@ -15,7 +15,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ("Networking", &[
         "pod-network", "cluster-dns", "cluster-dns-listen", "cluster-domain", "dns-upstream", "service-cluster-ip-range",
         "service-node-port-range", "cluster-cidr", "node-cidr-mask-size", "node-ip", "streaming-address", "registry-listen",
-        "registry-data-dir", "registry-test-image", "insecure-registry", "registries", "runc",
+        "registry-data-dir", "registry-test-image", "no-registry", "insecure-registry", "registries", "runc",
     ]),
     ("Security", &[
         "token", "token-auth-file", "insecure-loopback", "tls-cert", "tls-key", "tls-san", "root-ca-file", "client-ca",

@@ -347,11 +347,11 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Server(args) => run_server(*args, None).await,
             Command::Standalone(args) => {
-                registry::start_beside(&args.registry, &args.server.data_dir).await?;
+                let registry = registry::start_beside(&args.registry, &args.server.data_dir).await?;
                 let StandaloneArgs { server, agent: mut agent_args, keep_pods, .. } = *args;
                 let runtime_note = agent_args.choose_standalone_runtime();
                 let host_network_reason = agent_args.choose_standalone_pod_network();
-                let local = LocalAgent { args: agent_args, keep_pods, runtime_note, host_network_reason };
+                let local = LocalAgent { args: agent_args, keep_pods, runtime_note, host_network_reason, registry };
                 run_server(server, Some(local)).await
             }
             Command::Agent(args) => run_agent(*args).await,
@@ -580,6 +580,8 @@ struct LocalAgent {
     runtime_note: Option<String>,
     /// Why pods share the host's network, when standalone chose it.
     host_network_reason: Option<String>,
+    /// The registry beside it.
+    registry: registry::Beside,
 }
 
 impl LocalAgent {
@@ -822,6 +824,15 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
         };
         if let Some(line) = network {
             let _ = writeln!(std::io::stderr(), "{line}");
+        }
+        match &local.registry {
+            registry::Beside::Serving(addr) => {
+                let _ = writeln!(std::io::stderr(), "registry: http://{addr} (pods pull {addr}/NAME:TAG); --no-registry starts none");
+            }
+            registry::Beside::PortTaken => {
+                let _ = writeln!(std::io::stderr(), "registry: none, 127.0.0.1:5000 is taken (--registry-listen ADDR to pick another)");
+            }
+            registry::Beside::Off => {}
         }
         if !args.in_memory {
             let dir = manifests::dir(&args.data_dir);

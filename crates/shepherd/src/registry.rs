@@ -27,27 +27,53 @@ pub struct RegistryArgs {
 /// `shepherd standalone`'s flags for a registry in the same process.
 #[derive(Args, Clone)]
 pub struct BesideArgs {
-    /// Also serve an OCI registry on this address (e.g. 127.0.0.1:5000); off when absent.
+    /// Serve the built-in OCI registry on this address (default 127.0.0.1:5000; when that port
+    /// is taken, standalone says so and starts without one).
     #[arg(long, value_name = "ADDR")]
     registry_listen: Option<SocketAddr>,
+    /// Start no registry.
+    #[arg(long, conflicts_with = "registry_listen")]
+    no_registry: bool,
     /// The registry's data directory; default: `registry` under --data-dir.
     #[arg(long, value_name = "DIR")]
     registry_data_dir: Option<PathBuf>,
     /// Push the busybox test image (built from the host's /bin/busybox) into that registry as
     /// REPOSITORY:TAG at start, e.g. `--registry-test-image busybox:1`; may be given more than once.
-    #[arg(long, value_name = "REPOSITORY:TAG", requires = "registry_listen")]
+    #[arg(long, value_name = "REPOSITORY:TAG", conflicts_with = "no_registry")]
     registry_test_image: Vec<String>,
 }
 
-/// Starts the registry `shepherd standalone` was asked for, if any; it serves until the process stops.
-pub async fn start_beside(args: &BesideArgs, server_data_dir: &Path) -> anyhow::Result<()> {
-    let Some(listen) = args.registry_listen else { return Ok(()) };
+/// Where standalone's registry listens unless told otherwise.
+const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 5000);
+
+/// What became of standalone's registry, for the lines it prints at start.
+pub enum Beside {
+    Serving(SocketAddr),
+    /// The default port was taken: none was started.
+    PortTaken,
+    Off,
+}
+
+/// Starts standalone's registry (unless `--no-registry`); it serves until the process stops. An
+/// address given with `--registry-listen` must be free; the default one may be taken (another
+/// registry on the machine), and then none is started.
+pub async fn start_beside(args: &BesideArgs, server_data_dir: &Path) -> anyhow::Result<Beside> {
+    if args.no_registry {
+        return Ok(Beside::Off);
+    }
+    let (listen, explicit) = match args.registry_listen {
+        Some(l) => (l, true),
+        None => (DEFAULT_LISTEN, false),
+    };
+    let listener = match tokio::net::TcpListener::bind(listen).await {
+        Ok(l) => l,
+        Err(e) if !explicit && e.kind() == std::io::ErrorKind::AddrInUse => return Ok(Beside::PortTaken),
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("registry: listening on {listen}"))),
+    };
     let data_dir = args.registry_data_dir.clone().unwrap_or_else(|| server_data_dir.join("registry"));
     crate::private_dir::secure(&data_dir)?;
     let registry = Registry::open(&data_dir)
         .with_context(|| format!("opening the registry's data directory {}", data_dir.display()))?;
-    let listener =
-        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("registry: listening on {listen}"))?;
     let address = listener.local_addr()?;
     tokio::spawn(async move {
         if let Err(error) = serve(listener, registry).await {
@@ -56,7 +82,7 @@ pub async fn start_beside(args: &BesideArgs, server_data_dir: &Path) -> anyhow::
     });
     push_test_images(address, &args.registry_test_image).await?;
     tracing::info!(address = %format!("http://{address}"), data_dir = %data_dir.display(), "registry serving");
-    Ok(())
+    Ok(Beside::Serving(address))
 }
 
 /// Pushes the busybox test image as each `REPOSITORY:TAG` of `references` to the registry serving at `address`.

@@ -254,6 +254,10 @@ fn a_small_web_app_runs_on_the_defaults_and_survives_a_rollout_and_a_restart() {
     let mut cluster = Cluster::start(&ns, data.clone());
     let network = common::line_starting(&cluster.said, "pod network:", Duration::from_secs(10));
     assert!(network.starts_with("pod network: bridge shep0"), "standalone picks the bridge pod network as root: {network}");
+    let registry = common::line_starting(&cluster.said, "registry:", Duration::from_secs(10));
+    assert!(registry.starts_with("registry: http://127.0.0.1:5000 "), "the built-in registry, on by default: {registry}");
+    let addons = common::line_starting(&cluster.said, "add-ons:", Duration::from_secs(10));
+    assert!(addons.contains(&format!("{}/manifests", data.display())), "{addons}");
     import_busybox(work.path(), &data);
 
     cluster.apply(&manifests());
