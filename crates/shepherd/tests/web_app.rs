@@ -269,6 +269,31 @@ fn a_small_web_app_runs_on_the_defaults_and_survives_a_rollout_and_a_restart() {
     let done = done.lines().next().expect("a succeeded pod of the Job").to_string();
     assert_eq!(cluster.ok(&["logs", &done]), PAGE, "the Job fetched the page by the Service's name");
 
+    // Pods reach beyond the node, masqueraded: a server in another test-made namespace, which
+    // has no route back to the pod addresses, answers a pod.
+    let outside = Netns::new(format!("shpout{}", std::process::id() % 100_000));
+    let (inner, outer) = (format!("o{}", std::process::id() % 100_000), format!("i{}", std::process::id() % 100_000));
+    ns.ip(&["link", "add", &inner, "type", "veth", "peer", "name", &outer, "netns", &outside.0]);
+    ns.ip(&["addr", "add", "192.0.2.1/24", "dev", &inner]);
+    ns.ip(&["link", "set", &inner, "up"]);
+    outside.ip(&["addr", "add", "192.0.2.2/24", "dev", &outer]);
+    outside.ip(&["link", "set", &outer, "up"]);
+    let www = work.path().join("outside-www");
+    std::fs::create_dir_all(&www).expect("mkdir");
+    std::fs::write(www.join("index.html"), "from outside\n").expect("write");
+    let mut server = outside.command("busybox").args(["httpd", "-f", "-p", "8080", "-h"]).arg(&www).spawn().expect("busybox httpd");
+    cluster.apply(&format!(
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: egress\nspec:\n  backoffLimit: 0\n  template:\n    spec:\n      \
+         restartPolicy: Never\n      containers:\n      - name: get\n        image: {IMAGE}\n        \
+         command: [wget, -q, -O, -, http://192.0.2.2:8080/]\n"
+    ));
+    let (waited, _, err) = cluster.kubectl(&["wait", "--for=condition=complete", "job/egress", "--timeout=60s"]);
+    let log = cluster.kubectl(&["logs", "job/egress"]).1;
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(waited, "a pod's request leaves the node masqueraded and is answered: {err} {log}");
+    assert_eq!(log, "from outside\n");
+
     // The node reaches the ClusterIP, and port-forward reaches the Service's pods.
     let ip = cluster.ok(&["get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"]);
     assert_eq!(cluster.curl(&format!("http://{ip}/")).as_deref(), Some(PAGE), "the ClusterIP answers from the node");
