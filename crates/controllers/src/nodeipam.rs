@@ -189,6 +189,11 @@ impl NodeIpam {
         // Forget in-flight blocks the cache now shows (or whose node is gone).
         let nodes = &self.nodes;
         alloc.in_flight.retain(|n, _| nodes.get(n).is_some_and(|node| pod_cidr(&node).is_empty()));
+        // This node's block is written and the cache has not caught up (another event of the
+        // node came first): its next event shows the block; a second one would be refused.
+        if alloc.in_flight.contains_key(name) {
+            return Ok(Action::Done);
+        }
         let Some(block) = self.cidr.next_free(alloc.cursor, &self.used(&alloc)) else {
             let message = format!(
                 "Node {name} status is now: CIDRNotAvailable (all {} /{} blocks of the cluster CIDR are in use; \
