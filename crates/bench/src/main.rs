@@ -12,6 +12,7 @@ mod dns;
 mod experiment;
 mod failover;
 mod job_throughput;
+mod netns;
 mod peer;
 mod plot;
 mod pod_density;

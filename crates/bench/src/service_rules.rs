@@ -33,51 +33,10 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// Deletes the scenario's network namespace when dropped.
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
 /// Runs the measurement in a network namespace of its own and returns what it found.
 pub fn run(binary: &Path, out: &Path, p: &Params) -> anyhow::Result<ScenarioResult> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let root = status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
-    anyhow::ensure!(root, "service-rules needs root (a network namespace, nftables)");
-    let name = format!("shepbench{}", std::process::id());
-    let ok = Command::new("ip").args(["netns", "add", &name]).status().is_ok_and(|s| s.success());
-    anyhow::ensure!(ok, "ip netns add {name} failed (package iproute2)");
-    let ns = Netns(name);
-    let _ = Command::new("ip").args(["-n", &ns.0, "link", "set", "lo", "up"]).status();
-    let me = std::env::current_exe()?;
-    let child = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", ns.0))
-        .arg("--")
-        .arg(me)
-        .arg("--shepherd")
-        .arg(binary)
-        .arg("--out")
-        .arg(out)
-        .args(["service-rules", "--inside"])
-        .args(["--services", &p.services.to_string(), "--endpoints", &p.endpoints.to_string()])
-        .args(["--changes", &p.changes.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let output = child.wait_with_output()?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let mut values = None;
-    for line in text.lines() {
-        match line.strip_prefix("RESULT ") {
-            Some(r) => values = serde_json::from_str::<Value>(r).ok(),
-            None => println!("{line}"),
-        }
-    }
-    anyhow::ensure!(output.status.success(), "the measurement inside the namespace failed");
-    let values = values.ok_or_else(|| anyhow::anyhow!("the measurement printed no result"))?;
+    let args = ["--services".to_string(), p.services.to_string(), "--endpoints".into(), p.endpoints.to_string(), "--changes".into(), p.changes.to_string()];
+    let values = crate::netns::measure_inside("service-rules", binary, out, &args)?;
     Ok(ScenarioResult {
         name: "service-rules",
         params: json!({"services": p.services, "endpoints_per_service": p.endpoints, "changes": p.changes}),

@@ -26,48 +26,9 @@ const IMAGE: &str = "bench.test/app:1";
 /// The kube-dns ClusterIP of the default Service range.
 const CLUSTER_DNS: &str = "10.96.0.10";
 
-/// Deletes the scenario's network namespace when dropped.
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
 /// Runs the measurement in a network namespace of its own.
 pub fn run(binary: &Path, out: &Path, p: &Params) -> anyhow::Result<ScenarioResult> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let root = status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
-    anyhow::ensure!(root, "startup needs root (the oci runtime, a network namespace, nftables)");
-    let name = format!("shepstart{}", std::process::id());
-    let ok = Command::new("ip").args(["netns", "add", &name]).status().is_ok_and(|s| s.success());
-    anyhow::ensure!(ok, "ip netns add {name} failed (package iproute2)");
-    let ns = Netns(name);
-    let _ = Command::new("ip").args(["-n", &ns.0, "link", "set", "lo", "up"]).status();
-    let output = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", ns.0))
-        .arg("--")
-        .arg(std::env::current_exe()?)
-        .arg("--shepherd")
-        .arg(binary)
-        .arg("--out")
-        .arg(out)
-        .args(["startup", "--inside", "--runs", &p.runs.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?
-        .wait_with_output()?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let mut values = None;
-    for line in text.lines() {
-        match line.strip_prefix("RESULT ") {
-            Some(r) => values = serde_json::from_str::<Value>(r).ok(),
-            None => println!("{line}"),
-        }
-    }
-    anyhow::ensure!(output.status.success(), "the measurement inside the namespace failed");
-    let values = values.ok_or_else(|| anyhow::anyhow!("the measurement printed no result"))?;
+    let values = crate::netns::measure_inside("startup", binary, out, &["--runs".into(), p.runs.to_string()])?;
     Ok(ScenarioResult { name: "startup", params: json!({"runs": p.runs}), values })
 }
 
