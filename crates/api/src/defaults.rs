@@ -29,10 +29,15 @@ fn default_subjects(obj: &mut Value) {
 pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
     match res.kind {
         "Pod" => {
+            // A mirror pod (a node's static pod) runs with no account, as Kubernetes' ServiceAccount
+            // admission leaves it.
+            let mirror = obj.pointer("/metadata/annotations/kubernetes.io~1config.mirror").is_some();
             if let Some(spec) = existing_spec(obj) {
                 default_pod_spec(spec);
                 // The ServiceAccount admission plugin's default, for pods only (not templates).
-                set_absent(spec, "serviceAccountName", json!("default"));
+                if !mirror {
+                    set_absent(spec, "serviceAccountName", json!("default"));
+                }
             }
         }
         "Deployment" => {

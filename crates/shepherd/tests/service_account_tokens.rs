@@ -445,3 +445,63 @@ async fn an_rsa_key_made_by_openssl_signs_rs256_tokens_in_either_form_and_other_
     client = api(dir.path(), &daemon);
     assert_eq!(client.get("/api/v1", &token).await.0, 200, "a token of the same key read in PKCS#8");
 }
+
+/// The node escalation of issue 46, refused: a node (`system:node:evil`, from a token file) may
+/// not create a mirror pod that runs as a cluster-admin ServiceAccount or reads a Secret, gets no
+/// token through a mirror pod it may create, and cannot read the Secret.
+#[tokio::test]
+async fn a_node_cannot_reach_an_account_or_a_secret_through_a_mirror_pod() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens.csv");
+    std::fs::write(&tokens, "evil-node-t0ken,system:node:evil,evil,system:nodes\n").expect("token file");
+    let data = dir.path().join("data");
+    let daemon = secure(
+        "server",
+        &data,
+        &["--listen", "127.0.0.1:0", "--controllers", "none", "--token-auth-file", tokens.to_str().expect("utf-8")],
+    );
+    let api = api(&data, &daemon);
+    const NODE: &str = "evil-node-t0ken";
+    let ks = "/api/v1/namespaces/kube-system";
+    let (code, body) = api.post(&format!("{ks}/serviceaccounts"), ADMIN, json!({"metadata": {"name": "root"}})).await;
+    assert_eq!(code, 201, "{body}");
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "root"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "root", "namespace": "kube-system"}]});
+    let (code, body) = api.post("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", ADMIN, binding).await;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = api.post(&format!("{ks}/secrets"), ADMIN, json!({"metadata": {"name": "crown"}, "stringData": {"k": "jewels"}})).await;
+    assert_eq!(code, 201, "{body}");
+
+    let mirror = |name: &str, spec: Value| {
+        let mut spec = spec;
+        spec["nodeName"] = json!("evil");
+        if spec.get("containers").is_none() {
+            spec["containers"] = json!([{"name": "c", "image": "minimal"}]);
+        }
+        json!({"apiVersion": "v1", "kind": "Pod", "spec": spec,
+            "metadata": {"name": name, "annotations": {"kubernetes.io/config.mirror": "hash"}}})
+    };
+    let (code, body) = api.post(&format!("{ks}/pods"), NODE, mirror("as-root", json!({"serviceAccountName": "root"}))).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body["message"].as_str().unwrap_or("").ends_with("node \"evil\" can not create pods that reference a service account"), "{body}");
+    let reads_secret = json!({"containers": [{"name": "c", "image": "minimal",
+        "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "crown", "key": "k"}}}]}]});
+    let (code, body) = api.post(&format!("{ks}/pods"), NODE, mirror("reads", reads_secret)).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body["message"].as_str().unwrap_or("").ends_with("node \"evil\" can not create pods that reference secrets"), "{body}");
+
+    // A mirror pod that references nothing is the node's to create; it opens nothing.
+    let (code, made) = api.post(&format!("{ks}/pods"), NODE, mirror("static", json!({}))).await;
+    assert_eq!(code, 201, "{made}");
+    let uid = made["metadata"]["uid"].as_str().expect("uid");
+    for account in ["root", "default"] {
+        let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "static", "uid": uid}}});
+        let (code, answer) = api.post(&format!("{ks}/serviceaccounts/{account}/token"), NODE, body).await;
+        assert!(code == 403 || code == 400, "a token for {account} through a mirror pod: {code} {answer}");
+        assert!(answer["status"]["token"].is_null(), "{answer}");
+    }
+    let (code, body) = api.get(&format!("{ks}/secrets/crown"), NODE).await;
+    assert_eq!(code, 403, "{body}");
+}

@@ -6,7 +6,7 @@
 //! and are not subject to authorization.
 
 mod bootstrap;
-mod node;
+pub(crate) mod node;
 mod rbac;
 mod request_info;
 mod review;

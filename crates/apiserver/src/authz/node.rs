@@ -81,8 +81,13 @@ impl NodeGraph {
             return;
         }
         let ns = id.split_once('/').map_or("", |(ns, _)| ns);
-        let refs: Vec<(Reachable, String)> =
-            references(pod).into_iter().map(|(k, n)| (k, format!("{ns}/{n}"))).collect();
+        // A mirror pod is the node's own word: it reaches nothing (one stored before the
+        // admission below refused references would otherwise open what it names).
+        let refs: Vec<(Reachable, String)> = if is_mirror(pod) {
+            Vec::new()
+        } else {
+            references(pod).into_iter().map(|(k, n)| (k, format!("{ns}/{n}"))).collect()
+        };
         for (kind, name) in &refs {
             *self.edges.entry((node.to_string(), *kind, name.clone())).or_default() += 1;
         }
@@ -97,6 +102,35 @@ impl NodeGraph {
     fn reaches(&self, node: &str, kind: Reachable, namespace: &str, name: &str) -> bool {
         self.edges.contains_key(&(node.to_string(), kind, format!("{namespace}/{name}")))
     }
+}
+
+/// A mirror pod: the API's copy of a pod a node runs from its own files.
+pub fn is_mirror(pod: &Value) -> bool {
+    pod.at("/metadata/annotations/kubernetes.io~1config.mirror").is_some()
+}
+
+/// What a mirror pod may not use, as Kubernetes' NodeRestriction refuses it: the first found, as
+/// the reason's words ("a service account", "secrets", "configmaps", "persistentvolumeclaims"). A
+/// projected service account token counts as a service account.
+fn mirror_pod_reference(pod: &Value) -> Option<&'static str> {
+    let spec = pod.get("spec").unwrap_or(&Value::Null);
+    let sa = spec.get("serviceAccountName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+    let volumes: Vec<&Value> = spec.get("volumes").and_then(Value::as_array).into_iter().flatten().collect();
+    let projected = || volumes.iter().flat_map(|v| v.at("/projected/sources").and_then(Value::as_array).into_iter().flatten());
+    if sa || projected().any(|s| s.get("serviceAccountToken").is_some_and(|t| !t.is_null())) {
+        return Some("a service account");
+    }
+    let refs = references(pod);
+    if refs.iter().any(|(k, _)| *k == Reachable::Secret) {
+        return Some("secrets");
+    }
+    if refs.iter().any(|(k, _)| *k == Reachable::ConfigMap) {
+        return Some("configmaps");
+    }
+    if volumes.iter().any(|v| v.get("persistentVolumeClaim").is_some_and(|c| !c.is_null())) {
+        return Some("persistentvolumeclaims");
+    }
+    None
 }
 
 /// The Secrets, ConfigMaps and ServiceAccount a pod uses.
@@ -224,8 +258,7 @@ pub fn admit(node: &str, kind: &str, old: Option<&Value>, new: &Value) -> Result
                 }
                 Some(_) => {}
                 None => {
-                    let mirror = new.at("/metadata/annotations/kubernetes.io~1config.mirror").is_some();
-                    if !mirror {
+                    if !is_mirror(new) {
                         return Err(format!(
                             "pod does not have \"kubernetes.io/config.mirror\" annotation, node {node:?} \
                             can only create mirror pods"
@@ -233,6 +266,9 @@ pub fn admit(node: &str, kind: &str, old: Option<&Value>, new: &Value) -> Result
                     }
                     if !bound(new) {
                         return Err(format!("node {node:?} can only create pods with spec.nodeName set to itself"));
+                    }
+                    if let Some(what) = mirror_pod_reference(new) {
+                        return Err(format!("node {node:?} can not create pods that reference {what}"));
                     }
                 }
             }
@@ -294,6 +330,70 @@ mod tests {
         g.apply("/registry/core/pods/default/db", Some(&json!({"spec": {"nodeName": "n2",
             "containers": [{"name": "c", "env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "p"}}}]}]}})));
         g
+    }
+
+    /// Kubernetes' NodeRestriction rules for pods a node creates, one row each: a node creates
+    /// only mirror pods, bound to itself, that reference no other API object.
+    #[test]
+    fn a_node_creates_only_mirror_pods_of_its_own_that_reference_nothing() {
+        let mirror = |spec: Value| {
+            let mut spec = spec;
+            spec["nodeName"] = json!("n1");
+            spec["containers"] = spec.get("containers").cloned().unwrap_or(json!([{"name": "c", "image": "minimal"}]));
+            json!({"metadata": {"name": "p", "annotations": {"kubernetes.io/config.mirror": "x"}}, "spec": spec})
+        };
+        let container = |extra: Value| {
+            let mut c = json!({"name": "c", "image": "minimal"});
+            c.as_object_mut().expect("object").extend(extra.as_object().cloned().unwrap_or_default());
+            json!([c])
+        };
+        let rows: Vec<(&str, Value, Option<&str>)> = vec![
+            ("a plain mirror pod", mirror(json!({})), None),
+            (
+                "not a mirror pod",
+                json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "minimal"}]}}),
+                Some("pod does not have \"kubernetes.io/config.mirror\" annotation, node \"n1\" can only create mirror pods"),
+            ),
+            ("bound to another node", {
+                let mut p = mirror(json!({}));
+                p["spec"]["nodeName"] = json!("n2");
+                p
+            }, Some("node \"n1\" can only create pods with spec.nodeName set to itself")),
+            ("a service account", mirror(json!({"serviceAccountName": "admin"})), Some("a service account")),
+            ("a projected token", mirror(json!({"volumes": [{"name": "t", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token"}}]}}]})), Some("a service account")),
+            ("a secret volume", mirror(json!({"volumes": [{"name": "s", "secret": {"secretName": "x"}}]})), Some("secrets")),
+            ("a projected secret", mirror(json!({"volumes": [{"name": "s", "projected": {"sources": [{"secret": {"name": "x"}}]}}]})), Some("secrets")),
+            ("an image pull secret", mirror(json!({"imagePullSecrets": [{"name": "x"}]})), Some("secrets")),
+            ("a secretKeyRef", mirror(json!({"containers": container(json!({"env": [{"name": "P",
+                "valueFrom": {"secretKeyRef": {"name": "x", "key": "k"}}}]}))})), Some("secrets")),
+            ("a secretRef", mirror(json!({"containers": container(json!({"envFrom": [{"secretRef": {"name": "x"}}]}))})), Some("secrets")),
+            ("a configMap volume", mirror(json!({"volumes": [{"name": "c", "configMap": {"name": "x"}}]})), Some("configmaps")),
+            ("a configMapKeyRef", mirror(json!({"containers": container(json!({"env": [{"name": "P",
+                "valueFrom": {"configMapKeyRef": {"name": "x", "key": "k"}}}]}))})), Some("configmaps")),
+            ("a claim", mirror(json!({"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "x"}}]})), Some("persistentvolumeclaims")),
+        ];
+        for (what, pod, refused) in rows {
+            let got = admit("n1", "Pod", None, &pod);
+            match refused {
+                None => assert_eq!(got, Ok(()), "{what}"),
+                Some(why) if why.starts_with("pod ") || why.starts_with("node ") => assert_eq!(got, Err(why.to_string()), "{what}"),
+                Some(what_kind) => assert_eq!(got, Err(format!("node \"n1\" can not create pods that reference {what_kind}")), "{what}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_mirror_pod_opens_nothing_to_its_node() {
+        let mut g = NodeGraph::default();
+        g.apply("/registry/core/pods/kube-system/static", Some(&json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}},
+            "spec": {"nodeName": "evil", "serviceAccountName": "admin",
+            "containers": [{"name": "c", "env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "root-secret", "key": "k"}}}]}]}})));
+        for path in ["/api/v1/namespaces/kube-system/secrets/root-secret", "/api/v1/namespaces/kube-system/serviceaccounts/admin"] {
+            assert!(authorize("evil", &g, &attrs(Method::GET, path)).is_err(), "{path}");
+        }
+        assert!(authorize("evil", &g, &attrs(Method::POST, "/api/v1/namespaces/kube-system/serviceaccounts/admin/token")).is_err());
+        assert_eq!(g.node_of("kube-system", "static"), Some("evil"), "the node still owns its mirror pod's status");
     }
 
     #[test]
