@@ -342,7 +342,7 @@ fn recover(db: &Database, path: &Path, limits: HistoryLimits) -> Result<Recovere
         let (seg, scan) = (&segment.path, segment.scan);
         match scan.epoch {
             // A segment being prepared when the process died: nothing was written to it.
-            None if segment.at_end => {}
+            None if segment.at_end && !scan.records_after_damage => {}
             Some(e) if e == epoch => {}
             None => return Err(damaged(seg, 0)),
             Some(_) => {
@@ -351,7 +351,7 @@ fn recover(db: &Database, path: &Path, limits: HistoryLimits) -> Result<Recovere
             }
         }
         if scan.torn && scan.epoch.is_some() {
-            if !segment.at_end {
+            if !segment.at_end || scan.records_after_damage {
                 return Err(damaged(seg, scan.valid_len));
             }
             tracing::warn!(segment = %seg.display(), bytes = scan.torn_bytes, "cutting off a torn log tail");
@@ -382,8 +382,8 @@ fn recover(db: &Database, path: &Path, limits: HistoryLimits) -> Result<Recovere
 
 fn damaged(segment: &Path, offset: u64) -> StoreError {
     StoreError::Backend(format!(
-        "the store's log segment {} is damaged at byte {offset}, before its newest segment: writes after it \
-         cannot be trusted; restore from a backup or snapshot",
+        "the store's log segment {} is damaged at byte {offset}, with acknowledged writes after it: the log \
+         cannot be replayed past it; restore from a backup or snapshot",
         segment.display()
     ))
 }
@@ -818,7 +818,7 @@ pub(crate) fn overlay_log(path: &Path, db: &impl ReadableDatabase, snapshot: &mu
         if scan.epoch.is_some_and(|e| e != epoch) {
             break;
         }
-        if (scan.torn || scan.epoch.is_none()) && !segment.at_end {
+        if ((scan.torn || scan.epoch.is_none()) && !segment.at_end) || scan.records_after_damage {
             return Err(damaged(seg, scan.valid_len));
         }
         for record in scan.records {

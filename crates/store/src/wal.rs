@@ -146,6 +146,10 @@ pub(crate) struct Scan {
     /// Some of them are not zero: a record cut short or damaged (zeros alone are space made
     /// ahead for records, or a tail whose size reached the disk before its bytes).
     pub(crate) torn: bool,
+    /// A whole record with a later revision stands after the damage: the damage is not a crash's
+    /// torn tail (a crash tears only the record being written, the last) but corruption in the
+    /// middle of the log, and what follows it was acknowledged.
+    pub(crate) records_after_damage: bool,
 }
 
 /// Reads a segment up to its first incomplete or damaged record.
@@ -154,7 +158,8 @@ pub(crate) fn scan(path: &Path) -> io::Result<Scan> {
     let header_ok = data.len() as u64 >= HEADER_LEN && &data[..8] == MAGIC;
     let Some(epoch) = header_ok.then(|| u64_at(&data, 8)).flatten() else {
         let torn = data.iter().any(|b| *b != 0);
-        return Ok(Scan { epoch: None, records: Vec::new(), valid_len: 0, torn_bytes: data.len() as u64, torn });
+        let records_after_damage = torn && record_after(&data, HEADER_LEN as usize, 0);
+        return Ok(Scan { epoch: None, records: Vec::new(), valid_len: 0, torn_bytes: data.len() as u64, torn, records_after_damage });
     };
     let mut at = HEADER_LEN as usize;
     let mut records = Vec::new();
@@ -172,7 +177,25 @@ pub(crate) fn scan(path: &Path) -> io::Result<Scan> {
         at += 8 + len;
     }
     let torn = data[at..].iter().any(|b| *b != 0);
-    Ok(Scan { epoch: Some(epoch), records, valid_len: at as u64, torn_bytes: (data.len() - at) as u64, torn })
+    let last = records.last().map_or(0, |r: &Record| r.revision);
+    let records_after_damage = torn && record_after(&data, at + 1, last);
+    Ok(Scan { epoch: Some(epoch), records, valid_len: at as u64, torn_bytes: (data.len() - at) as u64, torn, records_after_damage })
+}
+
+/// Whether a whole, checksummed record of a revision after `last` starts anywhere from `from` on.
+/// Only looked for once a segment is known to be damaged; the revision and length are checked
+/// before the checksum, so a search through a large segment costs little.
+fn record_after(data: &[u8], from: usize, last: u64) -> bool {
+    (from..data.len().saturating_sub(8 + MIN_PAYLOAD)).any(|at| {
+        let (Some(len), Some(crc)) = (u32_at(data, at), u32_at(data, at + 4)) else { return false };
+        let len = len as usize;
+        if !(MIN_PAYLOAD..=MAX_PAYLOAD).contains(&len) {
+            return false;
+        }
+        let Some(payload) = data.get(at + 8..at + 8 + len) else { return false };
+        let revision = u64_at(payload, 0).unwrap_or(0);
+        revision > last && crc32fast::hash(payload) == crc && decode(payload).is_some()
+    })
 }
 
 /// One segment of the log as recovery reads it.
@@ -455,6 +478,27 @@ mod tests {
         assert_eq!(scan2.records.len(), 2);
         assert_eq!(scan2.torn_bytes, 4096);
         assert!(!scan2.torn, "zeros are not a tear");
+    }
+
+    #[test]
+    fn damage_with_whole_records_after_it_is_corruption_not_a_torn_tail() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let events: Vec<Event> = (1..=5).map(|r| event(r, &format!("/key-{r}"), b"a value of some length")).collect();
+        let path = write(dir.path(), &events);
+        let mut one = Vec::new();
+        encode(&mut one, &events[0], 1000);
+        let file = OpenOptions::new().write(true).open(&path).expect("open");
+        // 16 bytes overwritten inside the second record: records 3 to 5 stand after the damage.
+        file.write_all_at(&[0xAB; 16], HEADER_LEN + one.len() as u64 + 20).expect("corrupt");
+        let s = scan(&path).expect("scan");
+        assert_eq!((s.records.len(), s.torn, s.records_after_damage), (1, true, true));
+        // The last record damaged: nothing after it, a tail a crash could have torn.
+        let other = tempfile::tempdir().expect("tempdir");
+        let path = write(other.path(), &events);
+        let full = fs::metadata(&path).expect("meta").len();
+        OpenOptions::new().write(true).open(&path).expect("open").write_all_at(&[0xAB; 4], full - 6).expect("corrupt");
+        let s = scan(&path).expect("scan");
+        assert_eq!((s.records.len(), s.torn, s.records_after_damage), (4, true, false));
     }
 
     #[test]

@@ -692,3 +692,28 @@ async fn a_kill_9_during_a_checkpoint_loses_no_acknowledged_write() {
     assert!(mid_checkpoint >= 1, "no kill landed during a checkpoint");
     assert!(with_prepared >= 1, "no kill left a prepared segment behind");
 }
+
+/// The issue 46 case: 16 bytes overwritten in the middle of the newest segment, after a crash.
+/// Records stand after the damage, so it is no torn tail: the store refuses to open and says to
+/// restore, instead of cutting off acknowledged writes in silence.
+#[tokio::test]
+async fn damage_in_the_middle_of_the_newest_segment_refuses_to_open_instead_of_losing_writes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let crashed = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    let store = LocalStore::open_embedded(&path, HistoryLimits::default(), log_only()).expect("open");
+    for i in 0..520 {
+        store.create(&format!("/k/{i}"), b("an acknowledged value")).await.expect("create");
+    }
+    let image = crash_image(&path, crashed.path());
+    drop(store);
+    let last = written_segments(&wal_dir(&image)).pop().expect("a segment");
+    // Inside the records, not in the zeroed space after them: at the key of the 260th write.
+    let bytes = fs::read(&last).expect("read");
+    let at = bytes.windows(6).position(|w| w == b"/k/260").expect("the 260th write is in the newest segment");
+    let file = fs::OpenOptions::new().write(true).open(&last).expect("open");
+    std::os::unix::fs::FileExt::write_all_at(&file, &[0x5a; 16], at as u64).expect("corrupt");
+    let e = LocalStore::open_redb(&image, HistoryLimits::default()).err().expect("refused");
+    let text = e.to_string();
+    assert!(text.contains("is damaged") && text.contains("restore from a backup or snapshot"), "{text}");
+}
