@@ -11,8 +11,9 @@ use shepherd_store::{KeyValue, LocalStore, Snapshot};
 
 #[derive(Subcommand, Clone)]
 pub enum StoreCommand {
-    /// Read every record of a store no server holds; report counts, the revision, and every
-    /// record that is not a JSON object or does not fit its key. Exits 1 on any problem.
+    /// Read every record of a store no server holds, its log, and every page of its file
+    /// against its checksum; report counts, the revision, and every record that is not a JSON
+    /// object or does not fit its key. Exits 1 on any problem.
     Check(CheckArgs),
 }
 
@@ -31,8 +32,14 @@ pub fn run(command: StoreCommand) -> anyhow::Result<()> {
 
 fn check(args: CheckArgs) -> anyhow::Result<()> {
     let path = crate::backup::store_file(&args.data_dir);
+    // Every object and the log (this also refuses a store a server holds)...
     let snapshot = LocalStore::read_redb_snapshot(&path).map_err(|e| {
         anyhow::anyhow!("cannot read {}: {e}; {}", path.display(), crate::snapshots::recovery_hint(&args.data_dir))
+    })?;
+    // ... then every page of the file against its checksum: a damaged page may hold nothing the
+    // read above came to (free space, another table, an index page).
+    LocalStore::check_redb_integrity(&path).map_err(|e| {
+        anyhow::anyhow!("{e}; {}", crate::snapshots::recovery_hint(&args.data_dir))
     })?;
     let report = Report::of(&snapshot);
     let counts: Vec<String> = report.counts.iter().map(|(plural, n)| format!("{plural} {n}")).collect();

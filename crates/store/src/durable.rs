@@ -173,6 +173,39 @@ fn open_with(opener: Opener, limits: HistoryLimits, recovery_wait: Duration) -> 
     Ok(Opened { state, committer: tx, health, threads: vec![committer] })
 }
 
+/// Runs `f` on the file at `path`, turning a panic inside the storage library (a file damaged
+/// in a way it does not check for) into an error that says the file is damaged.
+pub(crate) fn without_panics<T>(path: &Path, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        Err(StoreError::Backend(format!("{} is damaged: the storage library failed reading it ({what})", path.display())))
+    })
+}
+
+/// Copies the file at `path` beside it, checks every page of the copy, removes the copy.
+pub(crate) fn check_integrity(path: &Path) -> Result<(), StoreError> {
+    let copy = path.with_extension("redb.checking");
+    let _ = std::fs::remove_file(&copy);
+    std::fs::copy(path, &copy).map_err(|e| StoreError::Backend(format!("copying {} to check it: {e}", path.display())))?;
+    let checked = without_panics(path, || {
+        let mut db = Database::builder().create(&copy).map_err(|e| StoreError::Backend(format!("opening {}: {e}", path.display())))?;
+        match db.check_integrity() {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(StoreError::Backend(format!(
+                "{} failed its integrity check (redb could repair its copy: committed data may be missing)",
+                path.display()
+            ))),
+            Err(e) => Err(StoreError::Backend(format!("{} failed its integrity check: {e}", path.display()))),
+        }
+    });
+    let _ = std::fs::remove_file(&copy);
+    checked
+}
+
 pub(crate) fn open_db(path: &Path) -> Result<Database, StoreError> {
     Database::builder().set_cache_size(REDB_CACHE_BYTES.load(Ordering::Relaxed)).create(path).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(format!(

@@ -65,14 +65,14 @@ impl LocalStore {
 
     /// As `open_redb`, checkpointing the log as `options` say.
     pub fn open_embedded(path: &Path, limits: HistoryLimits, options: WalOptions) -> Result<Self, StoreError> {
-        Ok(Self::on_disk(embedded::open(path, limits, options)?))
+        Ok(Self::on_disk(durable::without_panics(path, || embedded::open(path, limits, options))?))
     }
 
     /// The previous engine on the same file: every batch of writes a redb commit, no log, no
     /// history across restarts. A log left by the default engine is folded into the file first.
     pub fn open_redb_only(path: &Path, limits: HistoryLimits) -> Result<Self, StoreError> {
-        embedded::fold_log(path)?;
-        Ok(Self::on_disk(durable::open(path, limits)?))
+        durable::without_panics(path, || embedded::fold_log(path))?;
+        Ok(Self::on_disk(durable::without_panics(path, || durable::open(path, limits))?))
     }
 
     /// Every object at the current revision: a consistent cut, since writes reach memory only
@@ -83,7 +83,13 @@ impl LocalStore {
 
     /// Every object of the redb file at `path` (not open in any process), at its last revision.
     pub fn read_redb_snapshot(path: &Path) -> Result<Snapshot, StoreError> {
-        durable::read_snapshot(path)
+        durable::without_panics(path, || durable::read_snapshot(path))
+    }
+
+    /// Checks every page of the idle redb file at `path` against its checksum, on a copy made
+    /// beside it (a check may repair, and the file itself is left as it is).
+    pub fn check_redb_integrity(path: &Path) -> Result<(), StoreError> {
+        durable::without_panics(path, || durable::check_integrity(path))
     }
 
     /// Whether a process holds the redb file at `path` open.
