@@ -14,6 +14,7 @@ mod client;
 mod codec;
 mod crd;
 mod digest;
+mod drain;
 mod discovery;
 mod eviction;
 mod http;

@@ -135,6 +135,8 @@ async fn serve_with(
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    // A request answered early has the rest of its body read out first (see drain.rs).
+    let router = router.layer(axum::middleware::from_fn(crate::drain::drain_unread_body));
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     metrics.limit.set(limits.max_connections as i64);
     let rejections = RejectionLog { since: AtomicU64::new(0), last: std::sync::Mutex::new(None) };
