@@ -1,6 +1,9 @@
 //! An HTTP fuzzer: random create, update, patch (every type) and dry-run delete requests of every
 //! kind against a real server on loopback. No request may panic or get a 5xx, and a refused one
-//! writes nothing. Runs for `SHEPHERD_FUZZ_SECONDS` (default 10) seconds.
+//! writes nothing. Runs for `SHEPHERD_FUZZ_SECONDS` (default 10) seconds. Every request is
+//! authenticated, as an administrator or as a user holding `edit` in the namespace, on a server
+//! that issues ServiceAccount tokens: authorization and every admission step run, the token
+//! mounting included.
 
 mod common;
 
@@ -360,8 +363,11 @@ impl Fuzz {
                 None => apply_edits(base, &c.edits).to_string(),
             };
             let before = self.server.store.revision().await.expect("revision");
+            let (user, groups) = if c.name % 2 == 0 { ("fuzz-admin", "system:masters") } else { ("fuzz-editor", "") };
             let request = self.server.http.request(c.method.clone(), self.server.url(&path))
                 .header("content-type", c.content_type)
+                .header(TEST_USER, user)
+                .header(TEST_GROUPS, groups)
                 .body(body.clone());
             let resp = request.send().await.map_err(|e| {
                 TestCaseError::fail(format!("{} {path}: no response ({e}); body {body}", c.method))
@@ -391,10 +397,14 @@ fn random_writes_never_panic_never_5xx_and_refusals_write_nothing() {
     let seconds: u64 = std::env::var("SHEPHERD_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let server = rt.block_on(async {
-        let s = start().await;
+        let s = start_issuing_tokens().await;
         for k in KINDS {
             s.create(k.collection, &(k.seed)()).await;
         }
+        let edit = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "fuzz-editor"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "fuzz-editor"}]});
+        s.create("/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings", &edit).await;
         s
     });
     let fuzz = Fuzz { server, rt, codes: Default::default() };

@@ -42,9 +42,26 @@ pub async fn start_with(config: HttpConfig, extra: axum::Router) -> Server {
 
 /// A server whose store keeps the watch history `limits` allow.
 pub async fn start_on(limits: HistoryLimits, config: HttpConfig, extra: axum::Router) -> Server {
+    start_configured(limits, config, extra, |s| s).await
+}
+
+/// A server that issues ServiceAccount tokens and mounts them into pods, as a TLS server does:
+/// the admission that mounts them runs for pods written by an authenticated user.
+#[allow(dead_code)]
+pub async fn start_issuing_tokens() -> Server {
+    start_configured(HistoryLimits::default(), HttpConfig::default(), axum::Router::new(), |s| {
+        let key = shepherd_apiserver::serviceaccount::generate_key_pem().expect("a signing key");
+        let tokens = shepherd_apiserver::serviceaccount::ServiceAccountTokens::new(&key, shepherd_apiserver::serviceaccount::DEFAULT_ISSUER, vec![])
+            .expect("tokens");
+        s.with_service_account_tokens(tokens)
+    })
+    .await
+}
+
+async fn start_configured(limits: HistoryLimits, config: HttpConfig, extra: axum::Router, configure: impl FnOnce(ApiServer) -> ApiServer) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let store: Arc<dyn Store> = Arc::new(LocalStore::open_redb(&dir.path().join("s.redb"), limits).expect("store"));
-    let server = ApiServer::new(store.clone(), config).await.expect("server");
+    let server = configure(ApiServer::new(store.clone(), config).await.expect("server"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let router = server.router_with(extra).layer(axum::middleware::from_fn(test_identity));
