@@ -31,7 +31,7 @@ pub fn apply_defaults(res: &ResourceInfo, obj: &mut Value) {
         "Pod" => {
             // A mirror pod (a node's static pod) runs with no account, as Kubernetes' ServiceAccount
             // admission leaves it.
-            let mirror = obj.pointer("/metadata/annotations/kubernetes.io~1config.mirror").is_some();
+            let mirror = crate::pod::is_mirror(obj);
             if let Some(spec) = existing_spec(obj) {
                 default_pod_spec(spec);
                 // The ServiceAccount admission plugin's default, for pods only (not templates).

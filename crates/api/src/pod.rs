@@ -8,6 +8,12 @@ use crate::json::{array_at, opt_str_at};
 use crate::meta::is_deleting;
 use crate::quantity;
 
+/// A mirror pod: the API's copy of a static pod a node runs from its own files
+/// (`kubernetes.io/config.mirror`).
+pub fn is_mirror(pod: &Value) -> bool {
+    pod.pointer("/metadata/annotations/kubernetes.io~1config.mirror").is_some()
+}
+
 pub fn phase(pod: &Value) -> &str {
     opt_str_at(pod, "/status/phase").unwrap_or("Pending")
 }

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use crate::cluster::Process;
 use crate::procstat;
-use crate::report::{ScenarioResult, summarize};
+use crate::report::{ScenarioResult, median, summarize};
 use crate::scale;
 
 const NS: &str = "default";
@@ -310,11 +310,6 @@ async fn run_variant(binary: &Path, engine: &str, p: Params) -> anyhow::Result<V
         "sync_requests": sync_requests, "sync_server_cpu_seconds": server_sync_cpu,
         "changes": changes, "latency": lat, "unconverged": unconverged, "reconciles_total": reconciles,
         "rss_mib": rss, "peak_rss_mib": peak, "cpu_seconds_change_phase": phase_cpu, "cpu_seconds_total": total_cpu}))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }
 
 pub async fn run(binary: &Path, p: Params) -> anyhow::Result<ScenarioResult> {

@@ -49,6 +49,12 @@ pub struct Summary {
     pub max_ms: f64,
 }
 
+/// The middle value of `v` (the upper of the two middle ones for an even count), 0 when empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 pub fn summarize(samples: &[Duration]) -> Summary {
     let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
     ms.sort_by(|a, b| a.total_cmp(b));

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::cluster::Process;
-use crate::report::ScenarioResult;
+use crate::report::{ScenarioResult, median};
 
 pub struct Params {
     pub services: usize,
@@ -62,11 +62,6 @@ fn logged(log: &str, message: &str, field: &str) -> Vec<f64> {
         .filter(|l| l.contains(message))
         .filter_map(|l| l.split(&format!("{field}=")).nth(1)?.split_whitespace().next()?.parse().ok())
         .collect()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn p99(mut v: Vec<f64>) -> f64 {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use rand::RngCore;
 use serde_json::{Value, json};
 
-use crate::report::ScenarioResult;
+use crate::report::{ScenarioResult, median};
 
 pub struct Params {
     pub runs: usize,
@@ -70,11 +70,6 @@ fn dns_answers() -> bool {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 struct Run {

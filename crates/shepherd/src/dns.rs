@@ -525,13 +525,7 @@ pub fn start_on_pod_network(
                 }
             };
             tracing::info!(addr = %listen, "cluster DNS serving on the pod network");
-            for wait in [0u64, 1, 2, 5, 10, 30, 60] {
-                tokio::time::sleep(Duration::from_secs(wait)).await;
-                match ensure_kube_dns_service(client.as_ref(), listen, &service_range, None).await {
-                    Ok(()) => break,
-                    Err(e) => tracing::warn!(error = %e, "cannot write the kube-dns Service; retrying"),
-                }
-            }
+            publish_kube_dns(client.as_ref(), listen, &service_range, None).await;
             let _ = task.await;
         };
         tokio::select! {
@@ -541,23 +535,37 @@ pub fn start_on_pod_network(
     }))
 }
 
-/// The first host address of an IPv4 CIDR (`10.244.0.0/24` → `10.244.0.1`).
-fn first_host(cidr: &str) -> Option<Ipv4Addr> {
+/// [`ensure_kube_dns_service`], tried again a few times over two minutes: the API may refuse for
+/// a moment (a store busy at start), the local node may not have registered yet.
+pub async fn publish_kube_dns(client: &dyn Client, addr: SocketAddr, service_range: &str, node: Option<&str>) {
+    for wait in [0u64, 1, 2, 5, 10, 30, 60] {
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+        match ensure_kube_dns_service(client, addr, service_range, node).await {
+            Ok(()) => return,
+            Err(e) => tracing::warn!(error = %e, "cannot write the kube-dns Service; retrying"),
+        }
+    }
+}
+
+/// Address `n` of an IPv4 CIDR (its network address plus `n`), for a prefix length in
+/// `prefixes`: `10.244.0.0/24`, 1 → `10.244.0.1`.
+fn nth_address(cidr: &str, n: u32, prefixes: std::ops::RangeInclusive<u32>) -> Option<Ipv4Addr> {
     let (ip, len) = cidr.split_once('/')?;
     let ip: Ipv4Addr = ip.parse().ok()?;
-    let len: u32 = len.parse().ok().filter(|l| (1..=30).contains(l))?;
-    let mask = u32::MAX << (32 - len);
-    Some(Ipv4Addr::from((u32::from(ip) & mask) + 1))
+    let len: u32 = len.parse().ok().filter(|l| prefixes.contains(l))?;
+    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+    Some(Ipv4Addr::from((u32::from(ip) & mask) + n))
+}
+
+/// The first host address of an IPv4 CIDR: a pod bridge's own (`10.244.0.0/24` → `10.244.0.1`).
+fn first_host(cidr: &str) -> Option<Ipv4Addr> {
+    nth_address(cidr, 1, 1..=30)
 }
 
 /// The `kube-dns` Service's cluster IP: the tenth address of the Service range, as kubeadm picks
 /// it, so agents can be told it (`--cluster-dns`) before the Service exists.
 pub fn kube_dns_cluster_ip(service_range: &str) -> Option<Ipv4Addr> {
-    let (ip, len) = service_range.split_once('/')?;
-    let ip: Ipv4Addr = ip.parse().ok()?;
-    let len: u32 = len.parse().ok().filter(|l| *l <= 28)?;
-    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
-    Some(Ipv4Addr::from((u32::from(ip) & mask) + 10))
+    nth_address(service_range, 10, 0..=28)
 }
 
 /// The `kube-dns` Service and its Endpoints in kube-system, naming the DNS server at `addr`

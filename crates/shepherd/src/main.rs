@@ -749,17 +749,7 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
         let _ = writeln!(std::io::stderr(), "cluster DNS listening on {addr} (udp and tcp)");
         let (client, addr, range) = (client.clone(), *addr, args.controllers.service_cluster_ip_range.clone());
         let node = node_names.first().cloned();
-        tokio::spawn(async move {
-            // The API may refuse for a moment (a store busy at start), the local node may not have
-            // registered yet: try again a few times.
-            for wait in [0u64, 1, 2, 5, 10, 30, 60] {
-                tokio::time::sleep(Duration::from_secs(wait)).await;
-                match dns::ensure_kube_dns_service(client.as_ref(), addr, &range, node.as_deref()).await {
-                    Ok(()) => return,
-                    Err(e) => tracing::warn!(error = %e, "cannot write the kube-dns Service; retrying"),
-                }
-            }
-        });
+        tokio::spawn(async move { dns::publish_kube_dns(client.as_ref(), addr, &range, node.as_deref()).await });
     }
     let printed = bound_listener.is_some();
     let listener = match bound_listener {
@@ -829,8 +819,8 @@ async fn run_server(mut args: ServerArgs, local_agent: Option<LocalAgent>) -> an
             registry::Beside::Serving(addr) => {
                 let _ = writeln!(std::io::stderr(), "registry: http://{addr} (pods pull {addr}/NAME:TAG); --no-registry starts none");
             }
-            registry::Beside::PortTaken => {
-                let _ = writeln!(std::io::stderr(), "registry: none, 127.0.0.1:5000 is taken (--registry-listen ADDR to pick another)");
+            registry::Beside::PortTaken(addr) => {
+                let _ = writeln!(std::io::stderr(), "registry: none, {addr} is taken (--registry-listen ADDR to pick another)");
             }
             registry::Beside::Off => {}
         }

@@ -6,7 +6,7 @@
 //! and are not subject to authorization.
 
 mod bootstrap;
-pub(crate) mod node;
+mod node;
 mod rbac;
 mod request_info;
 mod review;

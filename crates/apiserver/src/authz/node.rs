@@ -83,7 +83,7 @@ impl NodeGraph {
         let ns = id.split_once('/').map_or("", |(ns, _)| ns);
         // A mirror pod is the node's own word: it reaches nothing (one stored before the
         // admission below refused references would otherwise open what it names).
-        let refs: Vec<(Reachable, String)> = if is_mirror(pod) {
+        let refs: Vec<(Reachable, String)> = if shepherd_api::pod::is_mirror(pod) {
             Vec::new()
         } else {
             references(pod).into_iter().map(|(k, n)| (k, format!("{ns}/{n}"))).collect()
@@ -102,11 +102,6 @@ impl NodeGraph {
     fn reaches(&self, node: &str, kind: Reachable, namespace: &str, name: &str) -> bool {
         self.edges.contains_key(&(node.to_string(), kind, format!("{namespace}/{name}")))
     }
-}
-
-/// A mirror pod: the API's copy of a pod a node runs from its own files.
-pub fn is_mirror(pod: &Value) -> bool {
-    pod.at("/metadata/annotations/kubernetes.io~1config.mirror").is_some()
 }
 
 /// What a mirror pod may not use, as Kubernetes' NodeRestriction refuses it: the first found, as
@@ -258,7 +253,7 @@ pub fn admit(node: &str, kind: &str, old: Option<&Value>, new: &Value) -> Result
                 }
                 Some(_) => {}
                 None => {
-                    if !is_mirror(new) {
+                    if !shepherd_api::pod::is_mirror(new) {
                         return Err(format!(
                             "pod does not have \"kubernetes.io/config.mirror\" annotation, node {node:?} \
                             can only create mirror pods"

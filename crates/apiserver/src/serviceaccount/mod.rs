@@ -169,7 +169,7 @@ pub(crate) async fn create_token(
         }
         // A mirror pod runs with no account at all: no token binds to it.
         let account = match str_at(&pod, "/spec/serviceAccountName") {
-            "" if !crate::authz::node::is_mirror(&pod) => "default",
+            "" if !shepherd_api::pod::is_mirror(&pod) => "default",
             a => a,
         };
         if account != name {
@@ -225,7 +225,7 @@ pub(crate) async fn create_token(
 /// mount something there. Does nothing when this server issues no tokens, and for mirror pods.
 pub(crate) async fn mount_token(svc: &ApiService, namespace: &str, pod: &mut Value) -> Result<(), ApiError> {
     if svc.service_account_tokens.is_none()
-        || pod.at("/metadata/annotations/kubernetes.io~1config.mirror").is_some()
+        || shepherd_api::pod::is_mirror(pod)
         || pod.at("/spec/automountServiceAccountToken").and_then(Value::as_bool) == Some(false)
     {
         return Ok(());
