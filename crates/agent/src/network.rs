@@ -336,15 +336,12 @@ impl PodNetwork {
     /// Lets go of every pod's network namespace and link, keeping the addresses reserved: for a
     /// node stopping with its pods, whose next start gives each pod its address again.
     pub async fn release_namespaces(&self) {
-        let uids: Vec<String> = self.ready.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
+        // Every pod set up (the ready ones among them) has its namespace pinned in this directory.
+        self.ready.lock().unwrap_or_else(|e| e.into_inner()).clear();
         let dir = self.data_dir.join("network/netns");
-        let pinned: HashSet<String> = fs::read_dir(&dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        for uid in uids.into_iter().chain(pinned).collect::<HashSet<_>>() {
+        let pinned: Vec<String> =
+            fs::read_dir(&dir).into_iter().flatten().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        for uid in pinned {
             let _ = fs::remove_file(self.marker(&uid));
             self.remove_links(&uid).await;
             remove_netns(&netns_path(&self.data_dir, &uid));

@@ -123,13 +123,13 @@ impl Puller {
     /// Pulls an image: its manifest (for an index, the linux/amd64 one), config and the layers the
     /// store lacks, each verified, then unpacks the layers. Concurrent pulls of one reference share
     /// one pull and its result.
-    /// Each endpoint (the registry's mirrors, then the registry) is tried in turn; an endpoint
-    /// that fails is logged and the next one tried, and the last one's error is the pull's.
     pub async fn pull(&self, image: &ImageRef, credentials: &Credentials) -> Result<ImageRecord> {
         Ok(self.pull_via(image, credentials).await?.0)
     }
 
-    /// As `pull`, saying how the image came when that was not its registry at the first try.
+    /// As `pull`, saying how the image came when that was not its registry at the first try. Each
+    /// endpoint (the registry's mirrors, then the registry) is tried in turn; an endpoint that
+    /// fails is logged and the next one tried, and the last one's error is the pull's.
     pub async fn pull_via(&self, image: &ImageRef, credentials: &Credentials) -> Result<(ImageRecord, Option<String>)> {
         let plain = image.uses_plain_http(&self.insecure_registries);
         let mut sources = Vec::new();

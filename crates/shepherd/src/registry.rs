@@ -49,8 +49,8 @@ const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net
 /// What became of standalone's registry, for the lines it prints at start.
 pub enum Beside {
     Serving(SocketAddr),
-    /// The default port was taken: none was started.
-    PortTaken,
+    /// The default address was taken: none was started.
+    PortTaken(SocketAddr),
     Off,
 }
 
@@ -67,7 +67,7 @@ pub async fn start_beside(args: &BesideArgs, server_data_dir: &Path) -> anyhow::
     };
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(l) => l,
-        Err(e) if !explicit && e.kind() == std::io::ErrorKind::AddrInUse => return Ok(Beside::PortTaken),
+        Err(e) if !explicit && e.kind() == std::io::ErrorKind::AddrInUse => return Ok(Beside::PortTaken(listen)),
         Err(e) => return Err(anyhow::Error::new(e).context(format!("registry: listening on {listen}"))),
     };
     let data_dir = args.registry_data_dir.clone().unwrap_or_else(|| server_data_dir.join("registry"));

@@ -89,7 +89,7 @@ impl LocalStore {
     /// Checks every page of the idle redb file at `path` against its checksum, on a copy made
     /// beside it (a check may repair, and the file itself is left as it is).
     pub fn check_redb_integrity(path: &Path) -> Result<(), StoreError> {
-        durable::without_panics(path, || durable::check_integrity(path))
+        durable::check_integrity(path)
     }
 
     /// Whether a process holds the redb file at `path` open.
